@@ -1,0 +1,234 @@
+"""Side-by-side benchmark harness shared by every ``bench_<algo>.py`` script.
+
+Each case is a named callable returning a dict of quality metrics. The harness
+runs all cases in one process on the same data, with warm-up and repeats, and
+records the median wall time, the peak extra memory (resident set size sampled
+in a background thread on CPU; ``torch.cuda.max_memory_allocated`` on CUDA) and
+the metrics of the last repeat. It prints a Markdown table with ratios against a
+chosen baseline and writes JSON with ``--out``.
+
+Usage in a script::
+
+    from _harness import Case, benchmark_main
+
+    def cases(quick):
+        X = ...
+        return [Case("ours", lambda: {"accuracy": ...}),
+                Case("baseline", lambda: {"accuracy": ...})]
+
+    if __name__ == "__main__":
+        benchmark_main(cases, baseline="baseline", title="...")
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass
+class Case:
+    """A named benchmark case.
+
+    Parameters
+    ----------
+    name : str
+        Row label.
+    fn : callable
+        ``fn() -> dict[str, float]`` of quality metrics. Called ``warmup +
+        repeats`` times.
+    warmup : int or None
+        Override of the harness' warm-up count for this case (e.g. 0 for a slow
+        peer library).
+    repeats : int or None
+        Override of the repeat count.
+    note : str
+        Free text shown in the table (e.g. "peer: faiss").
+    """
+
+    name: str
+    fn: Callable[[], dict[str, float]]
+    warmup: int | None = None
+    repeats: int | None = None
+    note: str = ""
+
+
+@dataclass
+class Result:
+    name: str
+    time_s: float
+    times_s: list[float]
+    peak_mem_mb: float
+    metrics: dict[str, float]
+    note: str = ""
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _PeakMemory:
+    """Peak resident memory above the level at entry, sampled every ``interval`` s."""
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.peak = 0
+
+    def __enter__(self):
+        self.base = _rss_bytes()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._cuda = _cuda_reset()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_bytes())
+            self._stop.wait(self.interval)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+        self.extra_mb = (self.peak - self.base) / 2**20
+        if self._cuda is not None:
+            self.extra_mb = max(self.extra_mb, self._cuda.cuda.max_memory_allocated() / 2**20)
+        return False
+
+
+def _cuda_reset():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch
+    return None
+
+
+def _sync():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_cases(cases: Sequence[Case], *, warmup: int = 1, repeats: int = 3,
+              verbose: bool = True) -> list[Result]:
+    """Run every case; a case that raises is reported with its error, not fatal."""
+    results = []
+    for case in cases:
+        n_warm = case.warmup if case.warmup is not None else warmup
+        n_rep = max(1, case.repeats if case.repeats is not None else repeats)
+        times, metrics, peak, error = [], {}, 0.0, None
+        try:
+            for _ in range(n_warm):
+                case.fn()
+            for _ in range(n_rep):
+                with _PeakMemory() as mem:
+                    _sync()
+                    start = time.perf_counter()
+                    metrics = case.fn() or {}
+                    _sync()
+                    times.append(time.perf_counter() - start)
+                peak = max(peak, mem.extra_mb)
+        except Exception as exc:  # noqa: BLE001 -- a failing peer must not hide the others
+            error = f"{type(exc).__name__}: {exc}"
+        res = Result(case.name, statistics.median(times) if times else float("nan"), times,
+                     peak, {k: float(v) for k, v in metrics.items()}, case.note, error)
+        results.append(res)
+        if verbose:
+            status = f"error: {error}" if error else f"{res.time_s:.3f} s"
+            print(f"  {case.name}: {status}", file=sys.stderr)
+    return results
+
+
+def _fmt(x: float) -> str:
+    if x != x:  # NaN
+        return "–"
+    return f"{x:.4g}"
+
+
+def format_table(results: Sequence[Result], baseline: str | None = None) -> str:
+    """Markdown table: metrics, median time, peak memory, and ratios to ``baseline``."""
+    metric_names: list[str] = []
+    for r in results:
+        metric_names += [m for m in r.metrics if m not in metric_names]
+    base = next((r for r in results if r.name == baseline), None)
+    headers = ["method", *metric_names, "time (s)", "peak mem (MB)"]
+    if base is not None:
+        headers += [f"time / {base.name}", *(f"{m} / {base.name}" for m in metric_names)]
+    headers.append("note")
+    rows = []
+    for r in results:
+        row = [r.name, *(_fmt(r.metrics.get(m, float("nan"))) for m in metric_names),
+               _fmt(r.time_s), _fmt(r.peak_mem_mb)]
+        if base is not None:
+            row.append(_fmt(r.time_s / base.time_s) if base.time_s > 0 else "–")
+            for m in metric_names:
+                a, b = r.metrics.get(m, float("nan")), base.metrics.get(m, float("nan"))
+                row.append(_fmt(a / b) if b not in (0.0,) and b == b else "–")
+        row.append(r.error or r.note)
+        rows.append(row)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine(),
+                            "cpus": os.cpu_count()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["torch"] = torch.__version__
+        info["threads"] = torch.get_num_threads()
+    return info
+
+
+def benchmark_main(
+    make_cases: Callable[[bool], Sequence[Case]],
+    *,
+    baseline: str | None,
+    title: str,
+    argv: list[str] | None = None,
+) -> list[Result]:
+    """Parse ``--quick``/``--out``/``--repeats``, run the cases, print and save the table."""
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--out", help="write results as JSON to this path")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per case")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up runs per case")
+    args = parser.parse_args(argv)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
+    cases = make_cases(args.quick)
+    print(f"# {title}{' (quick)' if args.quick else ''}", file=sys.stderr)
+    results = run_cases(cases, warmup=warmup, repeats=repeats)
+    print(f"\n## {title}\n")
+    print(format_table(results, baseline))
+    if args.out:
+        payload = {"title": title, "quick": args.quick, "baseline": baseline,
+                   "environment": environment(),
+                   "results": [r.__dict__ for r in results]}
+        with open(args.out, "w") as f:
+            json.dump(payload, f, indent=2)
+    return results

@@ -1,0 +1,5 @@
+import sys
+
+from mlpapers.cli import main
+
+sys.exit(main())

@@ -1,0 +1,317 @@
+"""The common base of every mlpapers estimator.
+
+:class:`TorchEstimatorMixin` gives torch-backed estimators the pieces that would
+otherwise be copied into each algorithm: device and generator set-up from the
+``device``/``random_state`` parameters, input validation that records
+``n_features_in_``, numpy output, fitted-state checks, and safe persistence.
+
+Persistence
+-----------
+:meth:`TorchEstimatorMixin.save` writes ``{class, params, state}`` with
+:func:`torch.save`; :meth:`TorchEstimatorMixin.load` reads it back with
+``torch.load(weights_only=True)``, which refuses arbitrary pickled objects. The
+state holds only tensors, numpy arrays (stored as tensors), numbers, strings and
+nested lists/tuples/dicts of them. Estimators holding ``torch.nn.Module`` objects
+override :meth:`_get_state` / :meth:`_set_state` to store state dicts instead.
+Plain :mod:`pickle` also works for every estimator (for trusted files).
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from mlpapers._utils import (
+    check_tensor,
+    make_generators,
+    resolve_device,
+    resolve_dtype,
+    to_numpy,
+)
+
+__all__ = ["TorchEstimatorMixin", "load", "save"]
+
+_FORMAT_VERSION = 1
+_NDARRAY_TAG = "__mlpapers_ndarray__"
+_TUPLE_TAG = "__mlpapers_tuple__"
+
+
+class TorchEstimatorMixin:
+    """Mixin for scikit-learn estimators computed with PyTorch.
+
+    Expects the estimator to have ``device``, ``random_state`` and ``verbose``
+    parameters (any of them may be absent; defaults are then CPU, fresh entropy
+    and silent).
+
+    Notes
+    -----
+    Call :meth:`_init_fit` at the start of ``fit``: it resolves the device and
+    creates ``self._torch_gen`` / ``self._numpy_gen`` from ``random_state``, so
+    fits are reproducible and never touch the global RNG state.
+    """
+
+    # -- fitting helpers ---------------------------------------------------
+    def _init_fit(self) -> None:
+        self._device = resolve_device(getattr(self, "device", "cpu"))
+        self._torch_gen, self._numpy_gen = make_generators(
+            getattr(self, "random_state", None), device="cpu"
+        )
+
+    @property
+    def _resolved_device(self) -> torch.device:
+        dev = getattr(self, "_device", None)
+        return dev if dev is not None else resolve_device(getattr(self, "device", "cpu"))
+
+    def _validate_data(
+        self,
+        X: Any,
+        y: Any = "no_validation",
+        *,
+        reset: bool,
+        ndim: int | tuple[int, ...] = 2,
+        dtype: torch.dtype | str = torch.float32,
+        min_samples: int = 1,
+        allow_nan: bool = False,
+        y_numeric: bool = False,
+        multi_output: bool = False,
+    ):
+        """Validate ``X`` (and ``y``) into a tensor on the estimator's device.
+
+        Array-likes go through scikit-learn's ``validate_data`` (so messages,
+        ``n_features_in_`` and ``feature_names_in_`` behave exactly as in
+        scikit-learn); torch tensors are checked by :func:`check_tensor` without
+        a round trip through numpy.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor
+            Input; ``ndim`` gives the allowed number of dimensions.
+        y : array-like, torch.Tensor, None or "no_validation"
+            Targets. ``"no_validation"`` (default) means ``X`` only; ``None``
+            raises when the estimator requires ``y``.
+        reset : bool
+            ``True`` in ``fit`` (records ``n_features_in_``), else the feature
+            count must match the fitted one.
+
+        Returns
+        -------
+        X : torch.Tensor
+            Validated input of ``dtype`` on the estimator's device.
+        y : numpy.ndarray
+            Validated targets (only when ``y`` is given).
+        """
+        if not reset:
+            self._check_fitted()
+        torch_dtype = resolve_dtype(dtype)
+        allowed = {ndim} if isinstance(ndim, int) else set(ndim)
+        has_y = not (isinstance(y, str) and y == "no_validation")
+        if isinstance(X, torch.Tensor):
+            if reset and hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+            Xt = check_tensor(
+                X, ndim=tuple(allowed), dtype=torch_dtype, device=self._resolved_device,
+                allow_nan=allow_nan, min_samples=min_samples,
+                n_features=None if reset else getattr(self, "n_features_in_", None),
+                owner=type(self).__name__,
+            )
+            if reset:
+                self.n_features_in_ = int(Xt.shape[1]) if Xt.ndim >= 2 else 1
+            if not has_y:
+                return Xt
+            if y is None:
+                raise ValueError(f"This {type(self).__name__} estimator requires y to be "
+                                 "passed, but the target y is None.")
+            y_np = to_numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
+            if y_np.shape[:1] != (Xt.shape[0],):
+                raise ValueError(f"Found input variables with inconsistent numbers of "
+                                 f"samples: [{Xt.shape[0]}, {len(y_np)}]")
+            return Xt, y_np
+        np_dtype = np.float64 if torch_dtype == torch.float64 else np.float32
+        kwargs = dict(
+            reset=reset, dtype=np_dtype,
+            allow_nd=max(allowed) > 2, ensure_2d=min(allowed) >= 2,
+            ensure_min_samples=min_samples,
+            ensure_all_finite="allow-nan" if allow_nan else True,
+        )
+        if has_y:
+            X_np, y_np = validate_data(self, X, y, y_numeric=y_numeric,
+                                       multi_output=multi_output, **kwargs)
+        else:
+            X_np = validate_data(self, X, **kwargs)
+        if X_np.ndim not in allowed:
+            want = " or ".join(f"{d}D" for d in sorted(allowed))
+            raise ValueError(f"Expected {want} array for X, got {X_np.ndim}D array instead.")
+        if not X_np.flags.writeable:  # read-only memmaps: torch needs writable memory
+            X_np = X_np.copy()
+        Xt = torch.from_numpy(np.ascontiguousarray(X_np)).to(
+            device=self._resolved_device, dtype=torch_dtype)
+        return (Xt, y_np) if has_y else Xt
+
+    @staticmethod
+    def _to_numpy(t: Any) -> np.ndarray:
+        return to_numpy(t)
+
+    def _check_fitted(self) -> None:
+        check_is_fitted(self)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return any(
+            k.endswith("_") and not k.startswith("__") for k in vars(self)
+        )
+
+    # -- persistence -------------------------------------------------------
+    def _get_state(self) -> dict[str, Any]:
+        """Fitted state to persist: every public attribute ending in ``_``."""
+        return {
+            k: v for k, v in vars(self).items()
+            if k.endswith("_") and not k.startswith("_")
+        }
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save the parameters and fitted state to ``path`` (a ``torch.save`` file).
+
+        The file contains only tensors, numbers, strings and containers, so
+        :meth:`load` can read it with ``torch.load(weights_only=True)``.
+
+        Parameters
+        ----------
+        path : str or path-like
+            Destination file.
+        """
+        save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, map_location: Any = "cpu"):
+        """Load an estimator written by :meth:`save`, safely (``weights_only=True``).
+
+        Parameters
+        ----------
+        path : str or path-like
+            File written by :meth:`save`.
+        map_location : str or torch.device, default="cpu"
+            Where tensors are loaded.
+
+        Returns
+        -------
+        estimator
+            A fitted instance of this class.
+        """
+        est = load(path, map_location=map_location, trusted=cls)
+        if not isinstance(est, cls):
+            raise TypeError(
+                f"{os.fspath(path)!r} holds a {type(est).__name__}, not a {cls.__name__}."
+            )
+        return est
+
+    # -- scikit-learn integration -------------------------------------------
+    @classmethod
+    def _estimator_check_instances(cls) -> list:
+        """Instances run through scikit-learn's ``parametrize_with_checks``.
+
+        Return ``[]`` for estimators outside the standard ``fit(X, y)`` contract
+        (samplers, losses); override to pass non-default parameters (small
+        epoch counts) that keep the checks fast.
+        """
+        return [cls()]
+
+    def _expected_failed_checks(self) -> dict[str, str]:
+        """Checks that genuinely do not apply, mapped to the reason."""
+        return {}
+
+
+# -- encoding to a weights_only-safe structure -------------------------------
+def _encode(obj: Any, where: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "biuf":
+            raise TypeError(f"cannot save {where}: numpy arrays of dtype {obj.dtype} are "
+                            "not supported (only bool, integer and float).")
+        return {_NDARRAY_TAG: torch.from_numpy(np.ascontiguousarray(obj))}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, numbers.Number, str)):
+        return obj
+    if isinstance(obj, list):
+        return [_encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {_TUPLE_TAG: [_encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        return {k: _encode(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, torch.device):
+        return str(obj)
+    raise TypeError(
+        f"cannot save {where} of type {type(obj).__name__}: only tensors, arrays, "
+        "numbers, strings and containers of them can be saved safely. Use pickle for "
+        "trusted files, or override _get_state/_set_state."
+    )
+
+
+def _decode(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {_NDARRAY_TAG}:
+            return obj[_NDARRAY_TAG].numpy()
+        if set(obj) == {_TUPLE_TAG}:
+            return tuple(_decode(v) for v in obj[_TUPLE_TAG])
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
+    """Save a fitted mlpapers estimator to ``path``; see :meth:`TorchEstimatorMixin.save`."""
+    if not isinstance(estimator, TorchEstimatorMixin):
+        raise TypeError(f"save expects an mlpapers estimator, got {type(estimator).__name__}.")
+    try:
+        check_is_fitted(estimator)
+    except NotFittedError as exc:
+        raise NotFittedError(f"cannot save an unfitted {type(estimator).__name__}.") from exc
+    cls = type(estimator)
+    payload = {
+        "format": _FORMAT_VERSION,
+        "class": f"{cls.__module__}:{cls.__qualname__}",
+        "params": _encode(estimator.get_params(deep=False), "a parameter"),
+        "state": _encode(estimator._get_state(), "the fitted state"),
+    }
+    torch.save(payload, os.fspath(path))
+
+
+def load(
+    path: str | os.PathLike, map_location: Any = "cpu", *, trusted: type | None = None
+) -> BaseEstimator:
+    """Load an estimator saved by :func:`save`, with ``torch.load(weights_only=True)``.
+
+    Only classes defined inside :mod:`mlpapers`, or the class ``trusted`` itself
+    (what ``SomeEstimator.load(path)`` passes, so user subclasses load too), are
+    reconstructed; no other module is ever imported.
+    """
+    import importlib
+
+    payload = torch.load(os.fspath(path), map_location=map_location, weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != _FORMAT_VERSION:
+        raise ValueError(f"{os.fspath(path)!r} is not an mlpapers estimator file.")
+    module_name, _, qualname = payload["class"].partition(":")
+    if trusted is not None and payload["class"] == f"{trusted.__module__}:{trusted.__qualname__}":
+        est = trusted(**_decode(payload["params"]))
+        est._set_state(_decode(payload["state"]))
+        return est
+    if module_name != "mlpapers" and not module_name.startswith("mlpapers."):
+        raise ValueError(f"refusing to load class {payload['class']!r} from outside mlpapers.")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    est = obj(**_decode(payload["params"]))
+    est._set_state(_decode(payload["state"]))
+    return est

@@ -1,0 +1,24 @@
+"""Shared helpers used by every algorithm: validation, conversion, seeding, progress."""
+
+from mlpapers._utils._progress import ProgressLogger
+from mlpapers._utils._random import check_generator, make_generators
+from mlpapers._utils._validation import (
+    check_in_options,
+    check_positive,
+    check_tensor,
+    resolve_device,
+    resolve_dtype,
+    to_numpy,
+)
+
+__all__ = [
+    "ProgressLogger",
+    "check_generator",
+    "check_in_options",
+    "check_positive",
+    "check_tensor",
+    "make_generators",
+    "resolve_device",
+    "resolve_dtype",
+    "to_numpy",
+]

@@ -1,0 +1,61 @@
+"""Seeding without touching global RNG state."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+from sklearn.utils import check_random_state
+
+_SEED_HIGH = 2**63 - 1
+
+
+def make_generators(
+    random_state: None | int | np.random.RandomState | np.random.Generator,
+    device: str | torch.device | None = None,
+) -> tuple[torch.Generator, np.random.Generator]:
+    """Return a seeded ``torch.Generator`` and numpy ``Generator`` from ``random_state``.
+
+    The pair is derived deterministically from ``random_state`` so that a fit with
+    the same ``random_state`` is reproducible, while the global torch and numpy
+    RNGs are never seeded or advanced (except that ``None`` draws a fresh seed).
+
+    Parameters
+    ----------
+    random_state : None, int, numpy.random.RandomState or numpy.random.Generator
+        As in scikit-learn: ``None`` for fresh entropy, an int for a reproducible
+        stream, or an existing generator (which is advanced by one draw).
+    device : str or torch.device, optional
+        The device of the torch generator (default CPU).
+
+    Returns
+    -------
+    torch_gen : torch.Generator
+    numpy_gen : numpy.random.Generator
+    """
+    if isinstance(random_state, np.random.Generator):
+        seed = int(random_state.integers(0, _SEED_HIGH))
+    elif random_state is None or isinstance(random_state, np.random.RandomState):
+        seed = int(check_random_state(random_state).randint(0, 2**31 - 1))
+    elif isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
+        if random_state < 0:
+            raise ValueError(f"random_state must be a non-negative integer, got {random_state}.")
+        seed = int(random_state)
+    else:
+        raise TypeError(
+            "random_state must be None, an int, a numpy RandomState or Generator, "
+            f"got {random_state!r}."
+        )
+    # SeedSequence decorrelates the two streams even for small consecutive seeds.
+    torch_seed, numpy_seed = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    gen = torch.Generator(device=torch.device(device) if device is not None else "cpu")
+    gen.manual_seed(int(torch_seed) & _SEED_HIGH)
+    return gen, np.random.default_rng(int(numpy_seed))
+
+
+def check_generator(random_state, device=None) -> torch.Generator:
+    """Return only the torch generator of :func:`make_generators`."""
+    if isinstance(random_state, torch.Generator):
+        return random_state
+    return make_generators(random_state, device)[0]

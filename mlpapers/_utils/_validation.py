@@ -1,0 +1,239 @@
+"""Input validation and conversion between array-likes, numpy and torch.
+
+Error messages follow scikit-learn's wording ("Expected 2D array, got 1D array
+instead") and always name the offending argument, so that a user sees *which*
+input was wrong before any expensive work starts.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+_FLOAT_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """Turn ``device`` into a :class:`torch.device`, checking it is usable.
+
+    Parameters
+    ----------
+    device : str, torch.device or None
+        ``None`` and ``"cpu"`` mean the CPU; ``"auto"`` picks CUDA when available.
+
+    Returns
+    -------
+    torch.device
+    """
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got {device!r}."
+        ) from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was requested but CUDA is not available.")
+    return dev
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype:
+    """Turn a floating dtype given as torch dtype, numpy dtype or string into a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating point dtype, got {dtype}.")
+        return dtype
+    try:
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    except TypeError as exc:
+        raise TypeError(f"dtype must be a floating point dtype, got {dtype!r}.") from exc
+    name = name.replace("torch.", "")
+    if name not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"dtype must be one of {sorted(_FLOAT_DTYPES)}, got {dtype!r}."
+        )
+    return _FLOAT_DTYPES[name]
+
+
+def check_tensor(
+    X: Any,
+    *,
+    name: str = "X",
+    ndim: int | Iterable[int] | None = 2,
+    dtype: torch.dtype | str | None = torch.float32,
+    device: str | torch.device | None = None,
+    allow_nan: bool = False,
+    min_samples: int = 1,
+    min_features: int = 1,
+    n_features: int | None = None,
+    owner: str = "this estimator",
+) -> torch.Tensor:
+    """Validate an array-like, numpy array or tensor and return a torch tensor.
+
+    Parameters
+    ----------
+    X : array-like, numpy.ndarray or torch.Tensor
+        The input. Lists and numpy arrays are converted; tensors keep their data
+        (moved to ``device`` and cast to ``dtype`` when these differ).
+    name : str, default="X"
+        The argument's name, used in error messages.
+    ndim : int, iterable of int or None, default=2
+        The allowed number of dimensions. ``None`` accepts any.
+    dtype : torch.dtype, str or None, default=torch.float32
+        The floating dtype of the result. ``None`` keeps a floating input's dtype
+        (integer and boolean inputs are then returned unchanged, for labels and
+        indices).
+    device : str, torch.device or None
+        Where the result lives (default CPU).
+    allow_nan : bool, default=False
+        Whether NaN and infinite values are accepted.
+    min_samples : int, default=1
+        The minimum size of the first axis.
+    min_features : int, default=1
+        The minimum size of the second axis (when ``ndim >= 2``).
+    n_features : int or None
+        If given, the exact required size of the second axis (the number of
+        features seen in ``fit``).
+
+    Returns
+    -------
+    torch.Tensor
+        The validated tensor of shape ``X.shape``.
+
+    Raises
+    ------
+    TypeError
+        If ``X`` is not numeric (strings, objects).
+    ValueError
+        On complex data, a wrong number of dimensions, too few samples or features, a feature
+        count that differs from ``n_features``, or non-finite values.
+    """
+    dev = resolve_device(device)
+    if X is None:
+        raise ValueError(f"{name} must be an array-like or tensor, got None.")
+    if isinstance(X, torch.Tensor):
+        t = X.detach()
+        if t.is_complex():
+            raise ValueError(f"Complex data not supported: {name} has dtype {t.dtype}.")
+    else:
+        if hasattr(X, "__array__") or isinstance(X, (list, tuple, numbers.Number)):
+            try:
+                arr = np.asarray(X)
+            except ValueError as exc:  # ragged nested sequences
+                raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
+        else:
+            raise TypeError(
+                f"{name} must be an array-like, numpy array or torch tensor, "
+                f"got {type(X).__name__}."
+            )
+        if arr.dtype.kind == "c":
+            raise ValueError(f"Complex data not supported: {name} has dtype {arr.dtype}.")
+        if arr.dtype.kind in "OUSV":
+            try:
+                arr = arr.astype(np.float64)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"{name} must contain numbers, got an array of dtype {arr.dtype}."
+                ) from exc
+        if not arr.flags.writeable or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr).copy()
+        t = torch.from_numpy(arr)
+
+    allowed = None if ndim is None else ({ndim} if isinstance(ndim, int) else set(ndim))
+    if allowed is not None and t.ndim not in allowed:
+        want = " or ".join(f"{d}D" for d in sorted(allowed))
+        hint = ""
+        if t.ndim == 1 and 2 in allowed:
+            hint = (
+                " Reshape your data either using array.reshape(-1, 1) if your data has a "
+                "single feature or array.reshape(1, -1) if it contains a single sample."
+            )
+        raise ValueError(f"Expected {want} array for {name}, got {t.ndim}D array instead.{hint}")
+
+    if t.ndim >= 1 and t.shape[0] < min_samples:
+        raise ValueError(
+            f"Found array with {t.shape[0]} sample(s) (shape={tuple(t.shape)}) in {name} "
+            f"while a minimum of {min_samples} is required."
+        )
+    if t.ndim >= 2 and t.shape[1] < min_features:
+        raise ValueError(
+            f"Found array with {t.shape[1]} feature(s) (shape={tuple(t.shape)}) in {name} "
+            f"while a minimum of {min_features} is required."
+        )
+    if n_features is not None and t.ndim >= 2 and t.shape[1] != n_features:
+        raise ValueError(
+            f"{name} has {t.shape[1]} features, but {owner} is expecting "
+            f"{n_features} features as input."
+        )
+
+    if dtype is not None:
+        t = t.to(device=dev, dtype=resolve_dtype(dtype))
+    else:
+        if t.dtype == torch.float16 and dev.type == "cpu":
+            t = t.float()
+        t = t.to(device=dev)
+    if t.is_floating_point() and not allow_nan and not bool(torch.isfinite(t).all()):
+        kind = "NaN" if bool(torch.isnan(t).any()) else "infinity"
+        raise ValueError(f"Input {name} contains {kind} or a value too large for {t.dtype}.")
+    return t
+
+
+def to_numpy(t: Any) -> np.ndarray:
+    """Return ``t`` as a numpy array (tensors are detached and moved to the CPU).
+
+    bfloat16 and float16 tensors become float32, since numpy has no bfloat16.
+    """
+    if isinstance(t, torch.Tensor):
+        t = t.detach()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        return t.cpu().numpy()
+    return np.asarray(t)
+
+
+def check_positive(value: Any, name: str, *, strict: bool = True, integer: bool = False) -> Any:
+    """Check that a scalar parameter is a (strictly) positive number.
+
+    Parameters
+    ----------
+    value : object
+        The value to check.
+    name : str
+        The parameter name, used in the message.
+    strict : bool, default=True
+        Require ``value > 0`` (else ``value >= 0``).
+    integer : bool, default=False
+        Require an integer (booleans are rejected).
+
+    Returns
+    -------
+    The value, unchanged.
+    """
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        what = "an integer" if integer else "a real number"
+        raise TypeError(f"{name} must be {what}, got {value!r} of type {type(value).__name__}.")
+    if not np.isfinite(value) or (value <= 0 if strict else value < 0):
+        bound = "> 0" if strict else ">= 0"
+        raise ValueError(f"{name} must be {bound}, got {value!r}.")
+    return value
+
+
+def check_in_options(value: Any, name: str, options: Iterable[Any]) -> Any:
+    """Check that ``value`` is one of ``options``; raise a ``ValueError`` listing them."""
+    options = tuple(options)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}.")
+    return value

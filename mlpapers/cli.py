@@ -1,0 +1,74 @@
+"""Command line: ``python -m mlpapers list`` and ``python -m mlpapers demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from mlpapers._registry import discover
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    algos = discover()
+    if not algos:
+        print("No algorithms are registered yet.")
+        return 0
+    rows = [[a.name, a.module, a.estimator, a.paper, a.arxiv] for a in algos.values()]
+    print(_table(["name", "module", "estimator", "paper", "arXiv"], rows))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    algos = discover()
+    if not algos:
+        print("No algorithms are registered yet: nothing to demo.")
+        return 0
+    names = args.names or list(algos)
+    unknown = [n for n in names if n not in algos]
+    if unknown:
+        print(f"unknown algorithm(s): {', '.join(unknown)}; choose from {', '.join(algos)}",
+              file=sys.stderr)
+        return 2
+    rows = []
+    for name in names:
+        start = time.perf_counter()
+        results = algos[name].demo(args.quick)
+        elapsed = time.perf_counter() - start
+        for r in results:
+            rows.append([
+                name, r.method, r.baseline, r.metric + (" (↑)" if r.higher_is_better else " (↓)"),
+                f"{r.value:.4g}", f"{r.baseline_value:.4g}",
+                f"{r.time_s:.2f}", f"{r.baseline_time_s:.2f}",
+            ])
+        print(f"[{name}] done in {elapsed:.1f} s", file=sys.stderr)
+    print(_table(["algorithm", "method", "baseline", "metric", "ours", "baseline value",
+                  "ours time (s)", "baseline time (s)"], rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlpapers", description="ICML 2026 algorithms as scikit-learn-style estimators."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="list the registered algorithms")
+    p_list.set_defaults(func=cmd_list)
+    p_demo = sub.add_parser("demo", help="run algorithm demos on offline data")
+    p_demo.add_argument("names", nargs="*", help="algorithms to run (default: all)")
+    p_demo.add_argument("--quick", action="store_true", help="smaller runs (< 15 s each)")
+    p_demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,45 @@
+import subprocess
+import sys
+
+import pytest
+
+from mlpapers import _registry
+from mlpapers._registry import DemoResult, register
+from mlpapers.cli import main
+
+
+def test_list_and_demo_run(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    algos = _registry.discover()
+    if algos:
+        for name in algos:
+            assert name in out
+    else:
+        assert "No algorithms" in out
+
+
+def test_demo_table_with_a_registered_demo(capsys, monkeypatch):
+    monkeypatch.setattr(_registry, "_REGISTRY", {})
+
+    @register("toy", module="mlpapers.toy", estimator="Toy", paper="A toy", arxiv="0000.00000")
+    def _demo(quick):
+        return [DemoResult("toy", "base", "accuracy", 0.9, 0.5, 0.01, 0.02)]
+
+    monkeypatch.setattr(_registry, "discover", lambda: dict(_registry._REGISTRY))
+    monkeypatch.setattr("mlpapers.cli.discover", _registry.discover)
+    assert main(["demo", "toy", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "| toy" in out and "0.9" in out and "accuracy (↑)" in out
+    assert main(["demo", "nope"]) == 2
+
+
+def test_module_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "mlpapers", "list"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_unknown_command_exits_with_usage():
+    with pytest.raises(SystemExit):
+        main(["frobnicate"])

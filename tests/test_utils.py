@@ -1,0 +1,157 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from mlpapers._utils import (
+    ProgressLogger,
+    check_generator,
+    check_in_options,
+    check_positive,
+    check_tensor,
+    make_generators,
+    resolve_device,
+    resolve_dtype,
+    to_numpy,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=2, max_dims=2, min_side=1),
+                  elements=st.floats(-1e6, 1e6)))
+def test_numpy_tensor_numpy_round_trip_is_exact(arr):
+    t = check_tensor(arr, dtype=torch.float64)
+    assert t.dtype == torch.float64 and t.shape == arr.shape
+    np.testing.assert_array_equal(to_numpy(t), arr)
+    # tensors go through unchanged
+    np.testing.assert_array_equal(to_numpy(check_tensor(t, dtype=None)), arr)
+
+
+def test_lists_and_non_contiguous_arrays_are_accepted():
+    t = check_tensor([[1, 2], [3, 4]])
+    assert t.dtype == torch.float32
+    arr = np.arange(12.0).reshape(3, 4)[:, ::2]
+    np.testing.assert_array_equal(to_numpy(check_tensor(arr, dtype="float64")), arr)
+
+
+@pytest.mark.parametrize("bad,kind", [(np.nan, "NaN"), (np.inf, "infinity")])
+def test_non_finite_values_are_rejected_with_the_name(bad, kind):
+    X = np.ones((3, 2))
+    X[1, 1] = bad
+    with pytest.raises(ValueError, match=f"Input queries contains {kind}"):
+        check_tensor(X, name="queries")
+    assert torch.isnan(check_tensor(np.full((2, 2), np.nan), allow_nan=True)).all()
+
+
+def test_wrong_ndim_uses_sklearn_wording():
+    with pytest.raises(ValueError, match="Expected 2D array for X, got 1D array instead"):
+        check_tensor(np.ones(3))
+    with pytest.raises(ValueError, match="Expected 3D or 4D array for images"):
+        check_tensor(np.ones((2, 2)), name="images", ndim=(3, 4))
+
+
+def test_min_samples_and_features():
+    with pytest.raises(ValueError, match="0 sample"):
+        check_tensor(np.ones((0, 3)))
+    with pytest.raises(ValueError, match="minimum of 5 is required"):
+        check_tensor(np.ones((3, 3)), min_samples=5)
+    with pytest.raises(ValueError, match="0 feature"):
+        check_tensor(np.ones((3, 0)))
+
+
+def test_feature_count_mismatch():
+    with pytest.raises(ValueError, match="X has 4 features, but this estimator is expecting 3"):
+        check_tensor(np.ones((2, 4)), n_features=3)
+
+
+def test_type_errors():
+    with pytest.raises(TypeError, match="X must contain numbers"):
+        check_tensor(np.array([["a", "b"]]))
+    with pytest.raises(ValueError, match="Complex data not supported"):
+        check_tensor(torch.ones(2, 2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="Complex data not supported"):
+        check_tensor(np.ones((2, 2), dtype=complex))
+    with pytest.raises(TypeError, match="array-like"):
+        check_tensor({"a": 1})
+    with pytest.raises(ValueError, match="None"):
+        check_tensor(None)
+
+
+def test_dtype_none_keeps_integer_labels():
+    t = check_tensor(np.array([1, 2, 3]), ndim=1, dtype=None)
+    assert t.dtype == torch.int64
+
+
+def test_resolve_dtype_and_device():
+    assert resolve_dtype("float64") is torch.float64
+    assert resolve_dtype(np.float32) is torch.float32
+    with pytest.raises(TypeError):
+        resolve_dtype(torch.int64)
+    with pytest.raises(TypeError):
+        resolve_dtype("int8")
+    assert resolve_device(None).type == "cpu"
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match="device"):
+        resolve_device("not-a-device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def test_to_numpy_half_precision():
+    out = to_numpy(torch.ones(2, dtype=torch.bfloat16))
+    assert out.dtype == np.float32
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32))
+def test_generators_are_deterministic_per_seed(seed):
+    g1, n1 = make_generators(seed)
+    g2, n2 = make_generators(seed)
+    assert torch.equal(torch.rand(5, generator=g1), torch.rand(5, generator=g2))
+    np.testing.assert_array_equal(n1.random(5), n2.random(5))
+
+
+def test_generators_differ_between_seeds_and_accept_numpy_rngs():
+    a = torch.rand(4, generator=make_generators(0)[0])
+    b = torch.rand(4, generator=make_generators(1)[0])
+    assert not torch.equal(a, b)
+    for rs in (np.random.RandomState(0), np.random.default_rng(0), None):
+        g, n = make_generators(rs)
+        assert isinstance(g, torch.Generator) and isinstance(n, np.random.Generator)
+    with pytest.raises(TypeError, match="random_state"):
+        make_generators("seed")
+    with pytest.raises(ValueError, match="random_state"):
+        make_generators(-1)
+    g = torch.Generator()
+    assert check_generator(g) is g
+
+
+def test_check_positive_and_options():
+    assert check_positive(3, "n", integer=True) == 3
+    assert check_positive(0.0, "lr", strict=False) == 0.0
+    with pytest.raises(ValueError, match="n_epochs must be > 0"):
+        check_positive(0, "n_epochs", integer=True)
+    with pytest.raises(TypeError, match="n_epochs must be an integer"):
+        check_positive(1.5, "n_epochs", integer=True)
+    with pytest.raises(TypeError):
+        check_positive(True, "n", integer=True)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        check_positive(float("nan"), "lr")
+    with pytest.raises(ValueError, match=r"method must be one of \['a', 'b'\]"):
+        check_in_options("c", "method", ["a", "b"])
+
+
+def test_progress_logger_records_history_and_shows_bar(capsys):
+    log = ProgressLogger(4, verbose=1, desc="fit")
+    for step in log:
+        log.log(epoch=step, loss=float(4 - step), note="x")
+    assert log.column("loss") == [4.0, 3.0, 2.0, 1.0]
+    assert len(log.history) == 4
+    assert "fit" in capsys.readouterr().err
+    quiet = ProgressLogger(2, verbose=0)
+    for _ in quiet:
+        quiet.log(loss=1.0)
+    assert capsys.readouterr().err == ""
