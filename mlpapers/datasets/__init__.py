@@ -7,6 +7,40 @@ Conventions
 * Every function returns numpy arrays and takes ``random_state``.
 """
 
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
 from mlpapers.datasets._digits import make_shifted_digits
 
-__all__ = ["make_shifted_digits"]
+# Generators owned by the algorithm families, imported on first use.
+_LAZY = {
+    "make_extreme_classification": "_extreme",
+    "make_mips_problem": "_mips",
+    "make_federated_linear": "_federated",
+    "make_federated_digits": "_federated",
+    "make_texture_anomalies": "_textures",
+}
+
+
+def _available_lazy() -> list[str]:
+    return [
+        name for name, mod in _LAZY.items()
+        if importlib.util.find_spec(f"{__name__}.{mod}") is not None
+    ]
+
+
+__all__ = ["make_shifted_digits", *_available_lazy()]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
