@@ -52,3 +52,25 @@ def test_oversampling_and_bad_arguments():
         make_shifted_digits(noise=-1.0)
     with pytest.raises(TypeError, match="n_samples must be an integer"):
         make_shifted_digits(n_samples=2.5)
+
+
+@pytest.mark.slow
+def test_offsets_are_uniform_chi_square():
+    from scipy.stats import chisquare
+
+    canvas = 12
+    X, _ = make_shifted_digits(n_samples=6000, canvas=canvas, noise=0.0, random_state=5)
+    # the leftmost column of every 8x8 digit in sklearn's set has ink in rows or not;
+    # use the bounding box of the ink and the known 8x8 window width of 5 free offsets
+    cols_any = X[:, 0].max(axis=1) > 0
+    left_ink = cols_any.argmax(axis=1)
+    digits = load_digits().images
+    # the offset distribution convolved with the digit's own left margin must match
+    margins = (digits.max(axis=1) > 0).argmax(axis=1)
+    p_margin = np.bincount(margins, minlength=8) / len(margins)
+    n_off = canvas - 8 + 1
+    expected = np.convolve(np.full(n_off, 1.0 / n_off), p_margin)[:canvas]
+    observed = np.bincount(left_ink, minlength=canvas)[:canvas]
+    keep = expected > 0
+    stat = chisquare(observed[keep], expected[keep] / expected[keep].sum() * observed.sum())
+    assert stat.pvalue > 1e-3
