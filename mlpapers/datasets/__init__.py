@@ -22,6 +22,7 @@ _LAZY = {
     "make_federated_linear": "_federated",
     "make_federated_digits": "_federated",
     "make_texture_anomalies": "_textures",
+    "make_relevance_problem": "_relevance",
 }
 
 
