@@ -1,10 +1,9 @@
-import os
-
 import pytest
 import torch
 
-# Two cores: avoid oversubscription when pytest-xdist or BLAS threads compete.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Tests use small tensors: one intra-op thread avoids thread start-up and spinning
+# costs that dominate tiny ops (and oversubscription when several runs share cores).
+torch.set_num_threads(1)
 
 
 @pytest.fixture

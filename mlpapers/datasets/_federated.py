@@ -1,0 +1,214 @@
+"""Federations of clients with a hidden cluster structure, for clustered federated learning."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.utils import check_random_state
+
+from mlpapers._utils import check_in_options, check_positive
+
+__all__ = ["make_federated_digits", "make_federated_linear"]
+
+
+def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
+                 max_tries: int = 200) -> np.ndarray:
+    """K unit vectors in R^d with pairwise distances in [separation, 5 * separation]."""
+    # Perturb a common centre c by an angle alpha: two such vectors with (almost)
+    # orthogonal perturbations are sqrt(2) sin(alpha) apart; aim at 2 * separation.
+    sin_a = min(1.0, np.sqrt(2.0) * separation)
+    for _ in range(max_tries):
+        c = rng.standard_normal(d)
+        c /= np.linalg.norm(c)
+        U = rng.standard_normal((K, d))
+        U -= np.outer(U @ c, c)
+        U /= np.linalg.norm(U, axis=1, keepdims=True)
+        if sin_a >= 1.0:
+            theta = U if K > 1 else rng.standard_normal((K, d))
+        else:
+            theta = np.sqrt(1 - sin_a**2) * c + sin_a * U
+        theta /= np.linalg.norm(theta, axis=1, keepdims=True)
+        if K == 1:
+            return theta
+        dist = np.linalg.norm(theta[:, None] - theta[None], axis=2)[np.triu_indices(K, 1)]
+        if dist.min() >= separation and dist.max() <= 5 * separation:
+            return theta
+    raise ValueError(
+        f"could not place {K} unit-norm models in {d} dimensions with pairwise distances in "
+        f"[{separation}, {5 * separation}]; lower separation or raise n_features."
+    )
+
+
+def make_federated_linear(
+    n_clusters: int = 5,
+    n_clients_per_cluster: int = 5,
+    n_samples: int = 200,
+    n_features: int = 20,
+    separation: float = 1.0,
+    noise: float = 0.01,
+    random_state=None,
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """Mixture of linear regressions split across clients (CLoVE's theory setting).
+
+    Cluster :math:`k` has a unit-norm model :math:`\\theta^*_k`, with pairwise
+    distances between :math:`\\Delta` (``separation``) and :math:`5\\Delta`. A client
+    of cluster :math:`k` holds :math:`x \\sim \\mathcal{N}(0, I_d)` and
+    :math:`y = \\langle x, \\theta^*_k \\rangle + \\varepsilon`,
+    :math:`\\varepsilon \\sim \\mathcal{N}(0, \\sigma^2)` (no intercept). Clients are
+    listed cluster by cluster.
+
+    Parameters
+    ----------
+    n_clusters : int, default=5
+        Number of clusters :math:`K`.
+    n_clients_per_cluster : int, default=5
+        Clients per cluster.
+    n_samples : int, default=200
+        Samples per client.
+    n_features : int, default=20
+        Dimension :math:`d`.
+    separation : float, default=1.0
+        Minimum pairwise distance :math:`\\Delta` of the true models (at most 2,
+        the diameter of the unit sphere).
+    noise : float, default=0.01
+        Noise standard deviation :math:`\\sigma`.
+    random_state : int, RandomState instance or None, default=None
+
+    Returns
+    -------
+    clients : list of (X, y)
+        ``n_clusters * n_clients_per_cluster`` pairs, ``X`` of shape
+        ``(n_samples, n_features)`` and ``y`` of shape ``(n_samples,)``, float32.
+    cluster_labels : ndarray of int of shape (n_clients,)
+        True cluster of each client.
+    coef : ndarray of shape (n_clusters, n_features)
+        True models :math:`\\theta^*_k`.
+
+    References
+    ----------
+    .. [1] Bhatia, Papadis, Kodialam, Lakshman, Chakrabarty, "CLoVE: Personalized
+       Federated Learning through Clustering of Loss Vector Embeddings", ICML 2026,
+       arXiv:2506.22427.
+
+    Examples
+    --------
+    >>> from mlpapers.datasets import make_federated_linear
+    >>> clients, labels, coef = make_federated_linear(n_clusters=2, random_state=0)
+    >>> len(clients), clients[0][0].shape, coef.shape
+    (10, (200, 20), (2, 20))
+    """
+    for name, value in (("n_clusters", n_clusters), ("n_clients_per_cluster",
+                        n_clients_per_cluster), ("n_samples", n_samples),
+                        ("n_features", n_features)):
+        check_positive(value, name, integer=True)
+    check_positive(separation, "separation")
+    check_positive(noise, "noise", strict=False)
+    if separation > 2:
+        raise ValueError(f"separation must be <= 2 for unit-norm models, got {separation}.")
+    rng = check_random_state(random_state)
+    coef = _unit_models(n_clusters, n_features, separation, rng)
+    labels = np.repeat(np.arange(n_clusters), n_clients_per_cluster)
+    clients = []
+    for k in labels:
+        X = rng.standard_normal((n_samples, n_features))
+        y = X @ coef[k] + noise * rng.standard_normal(n_samples)
+        clients.append((X.astype(np.float32), y.astype(np.float32)))
+    return clients, labels, coef
+
+
+def _transform(images: np.ndarray, k: int) -> np.ndarray:
+    """The k-th element of the dihedral group of the square (k < 8) on 8x8 images."""
+    out = np.rot90(images, k % 4, axes=(1, 2))
+    return out[:, :, ::-1] if k >= 4 else out
+
+
+def _label_permutations(K: int, n_swaps: int, rng: np.random.RandomState) -> list[np.ndarray]:
+    perms: list[np.ndarray] = []
+    seen: set[tuple[int, ...]] = set()
+    while len(perms) < K:
+        perm = np.arange(10)
+        if perms:  # cluster 0 keeps the true labels
+            pairs = rng.permutation(10)[: 2 * n_swaps].reshape(n_swaps, 2)
+            for a, b in pairs:
+                perm[a], perm[b] = perm[b], perm[a]
+        key = tuple(perm)
+        if key not in seen:
+            seen.add(key)
+            perms.append(perm)
+    return perms
+
+
+def make_federated_digits(
+    kind: str = "rotation",
+    n_clusters: int = 4,
+    n_clients_per_cluster: int = 5,
+    n_samples: int = 80,
+    n_swaps: int = 2,
+    random_state=None,
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Scikit-learn's bundled digits split across clients with a hidden cluster shift.
+
+    The 1,797 8x8 digits are shuffled and dealt out to the clients (without
+    replacement while they last). Clients of cluster :math:`k` then see
+
+    * ``kind="rotation"`` (feature shift): images rotated by :math:`90k` degrees
+      (clusters 4-7 add a mirror flip, so up to 8 clusters);
+    * ``kind="label_swap"`` (concept shift): true images whose labels are
+      permuted by ``n_swaps`` random transpositions (cluster 0 keeps the true
+      labels; every cluster has a different permutation).
+
+    Parameters
+    ----------
+    kind : {"rotation", "label_swap"}, default="rotation"
+    n_clusters : int, default=4
+        Number of clusters (at most 8 for rotations).
+    n_clients_per_cluster : int, default=5
+    n_samples : int, default=80
+        Samples per client.
+    n_swaps : int, default=2
+        Label transpositions per cluster (``label_swap`` only, 1..5).
+    random_state : int, RandomState instance or None, default=None
+
+    Returns
+    -------
+    clients : list of (X, y)
+        ``X`` of shape ``(n_samples, 64)`` in [0, 1], float32; ``y`` int64 labels.
+    cluster_labels : ndarray of int of shape (n_clients,)
+
+    Examples
+    --------
+    >>> from mlpapers.datasets import make_federated_digits
+    >>> clients, labels = make_federated_digits("label_swap", n_clusters=2, random_state=0)
+    >>> len(clients), clients[0][0].shape
+    (10, (80, 64))
+    """
+    check_in_options(kind, "kind", ("rotation", "label_swap"))
+    for name, value in (("n_clusters", n_clusters), ("n_clients_per_cluster",
+                        n_clients_per_cluster), ("n_samples", n_samples),
+                        ("n_swaps", n_swaps)):
+        check_positive(value, name, integer=True)
+    if kind == "rotation" and n_clusters > 8:
+        raise ValueError(f"kind='rotation' supports at most 8 clusters, got {n_clusters}.")
+    if kind == "label_swap" and n_swaps > 5:
+        raise ValueError(f"n_swaps must be <= 5 (10 labels), got {n_swaps}.")
+    rng = check_random_state(random_state)
+    digits = load_digits()
+    images = digits.images.astype(np.float32) / 16.0
+    target = digits.target.astype(np.int64)
+    n_clients = n_clusters * n_clients_per_cluster
+    total = n_clients * n_samples
+    idx = rng.permutation(len(images))
+    if total > len(images):
+        idx = np.concatenate([idx, rng.choice(len(images), total - len(idx))])
+    idx = idx[:total].reshape(n_clients, n_samples)
+    labels = np.repeat(np.arange(n_clusters), n_clients_per_cluster)
+    perms = _label_permutations(n_clusters, n_swaps, rng) if kind == "label_swap" else None
+    clients = []
+    for i, k in enumerate(labels):
+        imgs, y = images[idx[i]], target[idx[i]]
+        if kind == "rotation":
+            imgs = _transform(imgs, int(k))
+        else:
+            y = perms[k][y]
+        clients.append((np.ascontiguousarray(imgs.reshape(n_samples, 64)), y))
+    return clients, labels

@@ -1,0 +1,169 @@
+"""Assignment searches on a fixed schedule: MSR multipliers and the baselines.
+
+All functions take the link-delay matrix ``E`` (``E[u, v]`` for a message
+``u -> v``; already symmetrised in undirected mode) and a validated schedule.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from mlpapers.decentralized.btsp._bottleneck import _round_maxima
+from mlpapers.decentralized.btsp._hamilton import EXACT_MAX_N, _exact_minimax
+
+#: Largest ``n`` of the brute-force exact solver for schedules other than a ring.
+BRUTE_FORCE_MAX_N = 10
+
+
+def coprime_multipliers(n: int) -> np.ndarray:
+    """Multipliers ``c`` in ``1..n-1`` with ``gcd(c, n) = 1`` (``[1]`` for ``n = 2``)."""
+    c = np.arange(1, max(n, 2))
+    return c[np.gcd(c, n) == 1]
+
+
+def relabel(perm: np.ndarray, c: int) -> np.ndarray:
+    """``pi'(i) = pi(c * i mod n)``."""
+    n = perm.shape[0]
+    return perm[(int(c) * np.arange(n)) % n]
+
+
+def msr(E: np.ndarray, perm: np.ndarray, schedule) -> tuple[int, np.ndarray, np.ndarray]:
+    """Best multiplier: returns ``(c, relabelled perm, per-round maxima)``.
+
+    Every unit ``c`` of ``Z_n`` is scored in one batched evaluation; ``c = 1`` comes
+    first and ties keep the smallest ``c``, so the result is never worse than ``perm``.
+    """
+    n = perm.shape[0]
+    cs = coprime_multipliers(n)
+    batch = perm[(cs[:, None] * np.arange(n)[None, :]) % n]  # (phi(n), n)
+    rounds = _round_maxima(E, batch, schedule)
+    k = int(rounds.sum(axis=1).argmin())
+    return int(cs[k]), batch[k].copy(), rounds[k]
+
+
+def greedy(E: np.ndarray, schedule, rng: np.random.Generator) -> np.ndarray:
+    """Greedy construction of the official code, vectorised over candidates.
+
+    A random node takes position 0; position ``k`` then gets the unplaced node that
+    minimises the partial BCD, counting only links whose two ends are placed.
+    ``O(n^2 sum |S_l|)`` work in ``O(n tau)`` vectorised steps.
+    """
+    n = E.shape[0]
+    perm = np.full(n, -1, dtype=np.int64)
+    free = np.ones(n, dtype=bool)
+    first = int(rng.integers(n))
+    perm[0], free[first] = first, False
+    cur = np.zeros(len(schedule))
+    skips = [np.asarray(s) for s in schedule]
+    for k in range(1, n):
+        cand = np.flatnonzero(free)
+        new = np.tile(cur[:, None], (1, cand.size))  # (tau, m)
+        for l, s in enumerate(skips):
+            back = (k - s) % n
+            back = back[back < k]  # placed senders to k
+            fwd = (k + s) % n
+            fwd = fwd[fwd < k]  # placed receivers from k
+            if back.size:
+                new[l] = np.maximum(new[l], E[perm[back]][:, cand].max(axis=0))
+            if fwd.size:
+                new[l] = np.maximum(new[l], E[cand][:, perm[fwd]].max(axis=1))
+        score = new.sum(axis=0)
+        best = np.flatnonzero(score == score.min())
+        j = int(best[rng.integers(best.size)])
+        perm[k], free[cand[j]] = cand[j], False
+        cur = new[:, j]
+    return perm
+
+
+def _eval_one(E, perm, idxs):
+    maxima = np.empty(len(idxs))
+    where = []
+    for l, idx in enumerate(idxs):
+        vals = E[perm[:, None], perm[idx]]  # (n, k)
+        a = int(vals.argmax())
+        maxima[l] = vals.flat[a]
+        i, j = divmod(a, idx.shape[1])
+        where.append((i, int(idx[i, j])))
+    return maxima, where
+
+
+def anneal(E: np.ndarray, schedule, rng: np.random.Generator, n_iter: int,
+           init: np.ndarray | None = None, t0_frac: float = 0.1) -> np.ndarray:
+    """Simulated annealing over assignments with swap moves.
+
+    A fairer version of the official baseline (100 iterations there): geometric
+    cooling from ``T0 = t0_frac * (max - min)`` of the link delays to ``1e-3 T0`` over
+    ``n_iter`` iterations, and half of the moves swap an end of a bottleneck link of
+    a random round with a random position (the other half swap two random
+    positions). The best assignment seen is returned.
+    """
+    n = E.shape[0]
+    perm = rng.permutation(n) if init is None else init.copy()
+    base = np.arange(n)
+    idxs = [(base[:, None] + np.asarray(s)[None, :]) % n for s in schedule]
+    off = E[~np.eye(n, dtype=bool)]
+    t0 = t0_frac * float(off.max() - off.min()) or 1.0
+    cool = 1e-3 ** (1.0 / max(n_iter, 1))
+    maxima, where = _eval_one(E, perm, idxs)
+    cost = float(maxima.sum())
+    best, best_cost = perm.copy(), cost
+    T = t0
+    for _ in range(int(n_iter)):
+        if rng.random() < 0.5:
+            a = where[int(rng.integers(len(where)))][int(rng.integers(2))]
+        else:
+            a = int(rng.integers(n))
+        b = int(rng.integers(n - 1))
+        b += b >= a
+        perm[a], perm[b] = perm[b], perm[a]
+        new_max, new_where = _eval_one(E, perm, idxs)
+        new_cost = float(new_max.sum())
+        d = new_cost - cost
+        if d <= 0 or rng.random() < math.exp(-d / T):
+            cost, where = new_cost, new_where
+            if cost < best_cost:
+                best, best_cost = perm.copy(), cost
+        else:
+            perm[a], perm[b] = perm[b], perm[a]
+        T *= cool
+    return best
+
+
+def exact(E: np.ndarray, schedule) -> np.ndarray:
+    """An optimal assignment.
+
+    A single round with a single skip ``s`` coprime with ``n`` is a bottleneck TSP
+    (solved exactly by minimax Held--Karp, ``n <= 16``; the tour is relabelled by
+    ``s^{-1}``); any other schedule is brute-forced over the ``(n - 1)!``
+    assignments with ``pi(0) = 0`` (BCD is rotation invariant), ``n <= 10``.
+    """
+    n = E.shape[0]
+    if len(schedule) == 1 and len(schedule[0]) == 1 and math.gcd(schedule[0][0], n) == 1:
+        if n > EXACT_MAX_N:
+            raise ValueError(f"method='exact' on a ring is limited to n <= {EXACT_MAX_N}, "
+                             f"got n={n}.")
+        tour, _ = _exact_minimax(E)
+        s = schedule[0][0]
+        perm = np.empty(n, dtype=np.int64)
+        perm[(s * np.arange(n)) % n] = tour
+        return perm
+    if n > BRUTE_FORCE_MAX_N:
+        raise ValueError(f"method='exact' is limited to n <= {BRUTE_FORCE_MAX_N} for this "
+                         f"topology (brute force), got n={n}.")
+    best, best_cost = None, np.inf
+    it = itertools.permutations(range(1, n))
+    chunk = 40320
+    while True:
+        rows = list(itertools.islice(it, chunk))
+        if not rows:
+            break
+        perms = np.zeros((len(rows), n), dtype=np.int64)
+        perms[:, 1:] = rows
+        cost = _round_maxima(E, perms, schedule).sum(axis=1)
+        k = int(cost.argmin())
+        if cost[k] < best_cost:
+            best, best_cost = perms[k].copy(), float(cost[k])
+    return best

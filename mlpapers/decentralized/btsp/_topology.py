@@ -1,0 +1,320 @@
+"""Circulant communication schedules, their mixing matrices, and delay-matrix helpers.
+
+Convention: in round ``l`` of a schedule ``[S_1, ..., S_tau]`` every virtual node ``i``
+*sends* to virtual node ``(i + s) mod n`` for every skip ``s`` in ``S_l`` (equivalently,
+node ``j`` receives from ``j - s``). One period is ``tau`` rounds.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mlpapers._utils import check_tensor, to_numpy
+
+__all__ = [
+    "TOPOLOGIES",
+    "check_assignment",
+    "check_delays",
+    "circulant_schedule",
+    "delays_from_graph",
+    "metric_closure",
+    "mixing_matrices",
+    "scale_schedule",
+]
+
+#: Names accepted by :func:`circulant_schedule` (aliases of the official code included).
+TOPOLOGIES = (
+    "ring",
+    "exponential",
+    "one_peer_exponential",
+    "sparse_exponential",
+)
+_ALIASES = {
+    "exp": "exponential",
+    "one_peer_exp": "one_peer_exponential",
+    "sparse_exp": "sparse_exponential",
+}
+
+Schedule = list[list[int]]
+
+
+def _check_n(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"n must be an integer, got {n!r} of type {type(n).__name__}.")
+    if n < 2:
+        raise ValueError(f"n must be >= 2 (a topology needs two nodes), got {n}.")
+    return int(n)
+
+
+def circulant_schedule(n: int, topology: str | Sequence = "exponential") -> Schedule:
+    """Skip sets of a circulant (time-varying) topology on ``n`` virtual nodes.
+
+    With ``k_max = floor(log2(n - 1))`` there are ``ceil(log2 n)`` powers of two
+    ``1, 2, ..., 2**k_max`` below ``n``:
+
+    * ``"ring"``: ``[[1]]``;
+    * ``"exponential"`` (static exponential graph of Ying et al.): one round with all
+      powers of two, ``[[1, 2, 4, ..., 2**k_max]]``;
+    * ``"one_peer_exponential"``: one power of two per round,
+      ``[[1], [2], ..., [2**k_max]]`` (``tau = ceil(log2 n)`` rounds);
+    * ``"sparse_exponential"``: ``[[1, 2**(k_max - 1)]]`` (duplicates removed).
+
+    Parameters
+    ----------
+    n : int
+        Number of nodes (``>= 2``).
+    topology : str or sequence
+        One of :data:`TOPOLOGIES` (or the aliases ``"exp"``, ``"one_peer_exp"``,
+        ``"sparse_exp"`` of the official code), or explicit skips: a sequence of
+        rounds, each a sequence of integer skips. A flat sequence of integers is
+        one round. Skips are reduced modulo ``n``; a skip ``0 mod n`` is an error.
+
+    Returns
+    -------
+    schedule : list of list of int
+        ``schedule[l]`` are the sorted, distinct skips of round ``l``, each in
+        ``1..n-1``.
+
+    Examples
+    --------
+    >>> from mlpapers.decentralized.btsp import circulant_schedule
+    >>> circulant_schedule(9, "exponential")
+    [[1, 2, 4, 8]]
+    >>> circulant_schedule(8, "one_peer_exponential")
+    [[1], [2], [4]]
+    """
+    n = _check_n(n)
+    if isinstance(topology, str):
+        name = _ALIASES.get(topology, topology)
+        if name not in TOPOLOGIES:
+            raise ValueError(
+                f"topology must be one of {list(TOPOLOGIES)} or a sequence of skip sets, "
+                f"got {topology!r}."
+            )
+        k_max = int(math.floor(math.log2(n - 1))) if n > 2 else 0
+        powers = [1 << k for k in range(k_max + 1)]
+        if name == "ring":
+            rounds: list[list[int]] = [[1]]
+        elif name == "exponential":
+            rounds = [powers]
+        elif name == "one_peer_exponential":
+            rounds = [[p] for p in powers]
+        else:
+            rounds = [[1, 1 << max(k_max - 1, 0)]]
+        return [sorted(set(r)) for r in rounds]
+    return _explicit_schedule(n, topology)
+
+
+def _explicit_schedule(n: int, topology: Any) -> Schedule:
+    if isinstance(topology, np.ndarray):
+        topology = topology.tolist()
+    if not isinstance(topology, Sequence) or len(topology) == 0:
+        raise ValueError(
+            "topology must be a topology name or a non-empty sequence of skip sets, "
+            f"got {topology!r}."
+        )
+    if all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in topology):
+        topology = [topology]
+    rounds = []
+    for l, skips in enumerate(topology):
+        if isinstance(skips, np.ndarray):
+            skips = skips.tolist()
+        if not isinstance(skips, Sequence) or len(skips) == 0:
+            raise ValueError(f"topology round {l} must be a non-empty sequence of skips, "
+                             f"got {skips!r}.")
+        red = set()
+        for s in skips:
+            if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+                raise TypeError(f"skips must be integers, got {s!r} in round {l}.")
+            if int(s) % n == 0:
+                raise ValueError(f"skip {s} in round {l} is 0 modulo n={n}: a node cannot "
+                                 "send to itself.")
+            red.add(int(s) % n)
+        rounds.append(sorted(red))
+    return rounds
+
+
+def scale_schedule(schedule: Schedule, c: int, n: int) -> Schedule:
+    """Multiply every skip by ``c`` modulo ``n`` (the schedule ``c * S`` of the MSR step).
+
+    ``bottleneck_delay(D, multiplier_relabel(pi, c), S) == bottleneck_delay(D, pi, c * S)``
+    for every ``c`` coprime with ``n``.
+    """
+    if math.gcd(int(c), int(n)) != 1:
+        raise ValueError(f"c={c} is not coprime with n={n}.")
+    return [sorted({(int(c) * s) % n for s in r}) for r in schedule]
+
+
+def mixing_matrices(n: int, topology: str | Sequence = "exponential") -> np.ndarray:
+    """Doubly stochastic gossip matrices of a circulant schedule, in virtual indices.
+
+    Round ``l`` uses ``W_l = (I + sum_{s in S_l} P^s) / (|S_l| + 1)`` where
+    ``(P^s x)_j = x_{j - s}``: node ``j`` averages its own value with those received
+    from ``j - s``. Each ``W_l`` is circulant, hence doubly stochastic. For the
+    one-peer exponential graph with ``n = 2**k`` the product over one period is
+    exactly ``11^T / n`` (finite-time consensus).
+
+    Parameters
+    ----------
+    n : int
+        Number of nodes.
+    topology : str or sequence
+        As in :func:`circulant_schedule`.
+
+    Returns
+    -------
+    W : ndarray of shape (tau, n, n), float64
+        ``W[l]`` is the mixing matrix of round ``l``; ``x <- W[l] @ x`` mixes rows.
+    """
+    schedule = circulant_schedule(n, topology)
+    W = np.zeros((len(schedule), n, n))
+    rows = np.arange(n)
+    for l, skips in enumerate(schedule):
+        w = 1.0 / (len(skips) + 1)
+        W[l, rows, rows] += w
+        for s in skips:
+            W[l, rows, (rows - s) % n] += w
+    return W
+
+
+def check_delays(delays: Any, name: str = "delays") -> np.ndarray:
+    """Validate a delay matrix: square, at least 2x2, finite and non-negative.
+
+    Returns a float64 numpy copy. The diagonal is ignored by every routine (a node
+    never sends to itself) and is set to 0.
+    """
+    t = check_tensor(delays, name=name, ndim=2, dtype="float64", min_samples=2,
+                     min_features=2)
+    D = to_numpy(t).astype(np.float64, copy=True)
+    if D.shape[0] != D.shape[1]:
+        raise ValueError(f"{name} must be a square (n, n) matrix, got shape {D.shape}.")
+    np.fill_diagonal(D, 0.0)
+    if (D < 0).any():
+        raise ValueError(f"{name} must be non-negative, found min {D.min():.4g}.")
+    return D
+
+
+def check_assignment(assignment: Any, n: int, name: str = "assignment") -> np.ndarray:
+    """Validate a permutation of ``0..n-1`` (virtual position -> physical node)."""
+    a = np.asarray(to_numpy(assignment) if not isinstance(assignment, np.ndarray)
+                   else assignment)
+    if a.ndim != 1 or a.shape[0] != n:
+        raise ValueError(f"{name} must be a 1D array of length n={n}, got shape {a.shape}.")
+    if a.dtype.kind == "f":
+        if not np.all(np.isfinite(a)) or not np.all(a == np.round(a)):
+            raise TypeError(f"{name} must contain integers.")
+    elif a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must contain integers, got dtype {a.dtype}.")
+    a = a.astype(np.int64)
+    if not np.array_equal(np.sort(a), np.arange(n)):
+        raise ValueError(f"{name} must be a permutation of 0..{n - 1}.")
+    return a
+
+
+def metric_closure(delays: Any) -> np.ndarray:
+    """Shortest-path (Floyd--Warshall) closure of a delay matrix.
+
+    The result satisfies the triangle inequality, which the ``2 theta*`` guarantee
+    of :func:`~mlpapers.decentralized.btsp.bottleneck_tsp` needs. Vectorised over
+    the ``(n, n)`` matrix, ``O(n^3)`` time, ``O(n^2)`` memory.
+    """
+    D = check_delays(delays)
+    for k in range(D.shape[0]):
+        np.minimum(D, D[:, k, None] + D[None, k, :], out=D)
+    return D
+
+
+def delays_from_graph(
+    G: Any,
+    *,
+    length_attr: str = "distance",
+    per_unit: float = 0.0085,
+    overhead: float = 4.0,
+    shortest_paths: bool = True,
+    nodelist: Sequence | None = None,
+) -> np.ndarray:
+    """Delay matrix of a physical network given as a :mod:`networkx` graph.
+
+    Each link gets the delay ``per_unit * length + overhead`` (the official code's
+    defaults: ``0.0085`` ms per mile of fibre plus a 4 ms per-hop overhead); node
+    pairs then get the shortest-path (Dijkstra) delay, so the matrix is a symmetric
+    metric for an undirected graph.
+
+    Parameters
+    ----------
+    G : networkx.Graph
+        Physical network. Directed graphs give directed (asymmetric) delays.
+    length_attr : str, default="distance"
+        Edge attribute with the link length. Every edge must have it.
+    per_unit : float, default=0.0085
+        Delay per unit of length.
+    overhead : float, default=4.0
+        Fixed delay per hop.
+    shortest_paths : bool, default=True
+        If False, return the direct link delays with ``inf`` between non-adjacent
+        nodes (for plotting; the assignment routines need finite delays).
+    nodelist : sequence, optional
+        Node order of the rows; default ``list(G.nodes)``.
+
+    Returns
+    -------
+    delays : ndarray of shape (n, n), float64
+
+    Raises
+    ------
+    ImportError
+        If networkx is not installed.
+    ValueError
+        If an edge lacks ``length_attr``, parallel edges have different lengths, or
+        the graph is not connected (with ``shortest_paths=True``).
+    """
+    try:
+        import networkx as nx  # noqa: F401  (only to give a clear error)
+    except ImportError as exc:  # pragma: no cover - networkx ships with torch
+        raise ImportError(
+            "delays_from_graph needs networkx: pip install 'mlpapers[graph]' "
+            "(or pip install networkx)."
+        ) from exc
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import shortest_path
+
+    nodes = list(G.nodes) if nodelist is None else list(nodelist)
+    index = {u: i for i, u in enumerate(nodes)}
+    if len(index) != len(nodes) or set(index) != set(G.nodes):
+        raise ValueError("nodelist must list every node of G exactly once.")
+    n = len(nodes)
+    if n < 2:
+        raise ValueError(f"G must have at least 2 nodes, got {n}.")
+    link = np.full((n, n), np.inf)
+    directed = G.is_directed()
+    for u, v, data in G.edges(data=True):
+        if u == v:
+            continue
+        if length_attr not in data:
+            raise ValueError(f"edge ({u!r}, {v!r}) has no {length_attr!r} attribute.")
+        d = per_unit * float(data[length_attr]) + overhead
+        if not np.isfinite(d) or d < 0:
+            raise ValueError(f"edge ({u!r}, {v!r}) has an invalid delay {d}.")
+        i, j = index[u], index[v]
+        for a, b in ((i, j),) if directed else ((i, j), (j, i)):
+            if np.isfinite(link[a, b]) and not np.isclose(link[a, b], d):
+                raise ValueError(f"edge ({u!r}, {v!r}) has two different lengths.")
+            link[a, b] = d
+    np.fill_diagonal(link, 0.0)
+    if not shortest_paths:
+        return link
+    finite = np.isfinite(link) & ~np.eye(n, dtype=bool)
+    # csgraph drops explicit zeros: shift zero-delay links by a tiny epsilon, undo after.
+    eps = 1e-300
+    rows, cols = np.nonzero(finite)
+    graph = csr_matrix((np.maximum(link[rows, cols], eps), (rows, cols)), shape=(n, n))
+    D = shortest_path(graph, method="D", directed=True)
+    if not np.all(np.isfinite(D)):
+        raise ValueError("G is not (strongly) connected: some node pairs have no path.")
+    D[D < 1e-200] = 0.0
+    return D

@@ -1,0 +1,108 @@
+"""Validation of a federation given as a list of clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.utils.multiclass import type_of_target
+
+from mlpapers._utils import check_tensor, to_numpy
+
+
+@dataclass
+class Federation:
+    """Validated clients: tensors per client plus what the model needs to know."""
+
+    Xs: list[torch.Tensor]
+    ys: list[np.ndarray] | None
+    input_shape: tuple[int, ...]
+
+
+def _split_client(item, i: int):
+    if isinstance(item, (tuple, list)) and len(item) == 2 and not _is_matrix_like(item):
+        return item[0], item[1]
+    return item, None
+
+
+def _is_matrix_like(item) -> bool:
+    # a 2-row list of numbers is an X, not an (X, y) pair
+    try:
+        arr = np.asarray(item, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    return arr.ndim == 2
+
+
+def validate_clients(clients, *, ndim, device: torch.device, owner: str,
+                     input_shape: tuple[int, ...] | None = None,
+                     supervised: bool | None = None) -> Federation:
+    """Check a list of ``(X, y)`` pairs (or ``X`` / ``(X, None)``) and convert it.
+
+    Raises
+    ------
+    TypeError
+        If ``clients`` is not a list or tuple of clients.
+    ValueError
+        On an empty federation, an empty client, NaN/inf, inconsistent feature
+        shapes across clients, mixed supervised and unsupervised clients or
+        mismatched ``X``/``y`` lengths. Messages name the client index.
+    """
+    if isinstance(clients, (np.ndarray, torch.Tensor)) or not isinstance(clients, (list, tuple)):
+        raise TypeError(
+            "clients must be a list of (X, y) pairs, X arrays or (X, None) pairs, "
+            f"got {type(clients).__name__}."
+        )
+    if len(clients) == 0:
+        raise ValueError("clients must contain at least one client, got an empty list.")
+    Xs, ys = [], []
+    for i, item in enumerate(clients):
+        X, y = _split_client(item, i)
+        Xt = check_tensor(X, name=f"X of clients[{i}]", ndim=ndim, dtype=torch.float32,
+                          device=device, owner=owner)
+        shape = tuple(Xt.shape[1:])
+        if input_shape is None:
+            input_shape = shape
+        elif shape != input_shape:
+            raise ValueError(
+                f"clients[{i}] has samples of shape {shape} ({int(np.prod(shape))} features), "
+                f"but {'clients[0]' if i else owner} expects {input_shape}."
+            )
+        if y is not None:
+            y_np = to_numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
+            if y_np.ndim not in (1, 2) or y_np.shape[0] != Xt.shape[0]:
+                raise ValueError(
+                    f"y of clients[{i}] must have shape ({Xt.shape[0]},) or ({Xt.shape[0]}, "
+                    f"n_outputs) to match X, got {y_np.shape}."
+                )
+            if y_np.dtype.kind == "f" and not np.isfinite(y_np).all():
+                raise ValueError(f"Input y of clients[{i}] contains NaN or infinity.")
+            ys.append(y_np)
+        Xs.append(Xt)
+    n_sup = len(ys)
+    if 0 < n_sup < len(Xs):
+        raise ValueError("either every client gives targets y or none does; got a mix of "
+                         "(X, y) and unsupervised clients.")
+    is_sup = n_sup > 0
+    if supervised is not None and is_sup != supervised:
+        raise ValueError(f"{owner} was fitted {'with' if supervised else 'without'} targets y; "
+                         f"got clients {'with' if is_sup else 'without'} them.")
+    return Federation(Xs, ys if is_sup else None, input_shape)
+
+
+def infer_loss(loss: str, model, ys: list[np.ndarray] | None) -> str:
+    """Resolve ``loss="auto"`` from the model and the targets."""
+    if loss != "auto":
+        if loss in ("mse", "cross_entropy") and ys is None:
+            raise ValueError(f"loss={loss!r} needs targets y, but the clients give none.")
+        return loss
+    if ys is None or model == "autoencoder":
+        return "reconstruction"
+    if model == "linear":
+        return "mse"
+    if model == "logistic":
+        return "cross_entropy"
+    y_all = np.concatenate([y.reshape(len(y), -1) for y in ys])
+    target = type_of_target(y_all if y_all.shape[1] > 1 else y_all.ravel())
+    return "mse" if target.startswith("continuous") else "cross_entropy"

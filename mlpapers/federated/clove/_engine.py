@@ -1,0 +1,202 @@
+"""Client simulation: loss matrices and local training, vectorised or per client.
+
+The vectorised path keeps every client's model as one slice of stacked
+parameters and runs a whole federated round as a few batched tensor ops
+(:func:`torch.func.vmap` of the client loss; one backward pass gives every client's
+gradient). The loop path trains one
+``nn.Module`` per client with a ``torch.optim`` optimizer; it accepts any
+module (BatchNorm, dropout, in-place ops) and serves as the reference that the
+vectorised path is tested against. Both draw the same mini-batch orders from the
+same generator, so they agree up to floating-point rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mlpapers.federated.clove._kernels import (
+    batched_adam_step,
+    batched_loss_matrix,
+    epoch_permutations,
+    n_steps_per_epoch,
+)
+from mlpapers.federated.clove._models import make_loss_fn, per_sample_loss
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class ClientData:
+    """Clients' data padded to a common length.
+
+    Attributes
+    ----------
+    X : Tensor of shape (n, m, ...)
+    Y : Tensor of shape (n, m, n_outputs) or (n, m) (long), or ``X`` when unsupervised
+    mask : bool Tensor of shape (n, m)
+    sizes : long Tensor of shape (n,)
+    """
+
+    X: torch.Tensor
+    Y: torch.Tensor
+    mask: torch.Tensor
+    sizes: torch.Tensor
+
+    @classmethod
+    def from_lists(cls, Xs: list[torch.Tensor], Ys: list[torch.Tensor] | None,
+                   device: torch.device) -> ClientData:
+        n, m = len(Xs), max(len(x) for x in Xs)
+        X = Xs[0].new_zeros((n, m, *Xs[0].shape[1:]))
+        mask = torch.zeros(n, m, dtype=torch.bool, device=device)
+        for i, x in enumerate(Xs):
+            X[i, : len(x)] = x
+            mask[i, : len(x)] = True
+        if Ys is None:
+            Y = X
+        else:
+            Y = Ys[0].new_zeros((n, m, *Ys[0].shape[1:]))
+            for i, y in enumerate(Ys):
+                Y[i, : len(y)] = y
+        sizes = torch.tensor([len(x) for x in Xs], dtype=torch.long, device=device)
+        return cls(X, Y, mask, sizes)
+
+    def take(self, idx: torch.Tensor) -> ClientData:
+        X = self.X[idx]
+        return ClientData(X, X if self.Y is self.X else self.Y[idx], self.mask[idx],
+                          self.sizes[idx])
+
+
+def stack_states(modules: list[nn.Module]) -> Params:
+    """Stack the state dicts of ``modules`` along a new leading axis."""
+    states = [m.state_dict() for m in modules]
+    return {k: torch.stack([s[k].detach() for s in states]) for k in states[0]}
+
+
+def unstack_state(states: Params, j: int) -> Params:
+    return {k: v[j].clone() for k, v in states.items()}
+
+
+class Engine:
+    """Runs the client side of a round for a fixed model template.
+
+    Parameters
+    ----------
+    template : nn.Module
+        Architecture of every model (its own weights are never used).
+    kind : {"mse", "cross_entropy", "reconstruction"}
+    vectorize : bool
+        Batched (``vmap``) or per-client loop simulation.
+    optimizer : {"adam", "sgd"}
+    lr, batch_size, local_epochs :
+        Local training hyper-parameters; ``batch_size=None`` means full batch.
+    """
+
+    def __init__(self, template: nn.Module, kind: str, *, vectorize: bool, optimizer: str,
+                 lr: float, batch_size: int | None, local_epochs: int,
+                 max_elements: int = 2**25):
+        self.template = template
+        self.kind = kind
+        self.vectorize = vectorize
+        self.optimizer = optimizer
+        self.lr = float(lr)
+        self.batch_size = batch_size
+        self.local_epochs = int(local_epochs)
+        self.max_elements = max_elements
+        self.loss_fn = make_loss_fn(template, kind)
+
+    # -- losses ------------------------------------------------------------
+    def loss_matrix(self, states: Params, data: ClientData) -> torch.Tensor:
+        """Mean training loss of every model on every client: ``n x K``."""
+        if self.vectorize:
+            return batched_loss_matrix(self.loss_fn, states, data.X, data.Y, data.mask,
+                                       max_elements=self.max_elements)
+        K = next(iter(states.values())).shape[0]
+        module = copy.deepcopy(self.template).eval()
+        out = torch.empty(data.sizes.shape[0], K, dtype=torch.float32, device=data.X.device)
+        with torch.no_grad():
+            for j in range(K):
+                module.load_state_dict(unstack_state(states, j))
+                for i in range(data.sizes.shape[0]):
+                    n_i = int(data.sizes[i])
+                    x, y = data.X[i, :n_i], data.Y[i, :n_i]
+                    out[i, j] = per_sample_loss(module(x), x, y, self.kind).mean()
+        return out
+
+    # -- local training --------------------------------------------------------
+    def local_train(self, states: Params, assignment: torch.Tensor, data: ClientData,
+                    generator: torch.Generator) -> Params:
+        """Train each client's assigned model on its data; return ``n x ...`` states.
+
+        Optimizer state starts fresh every call (every round), as in the paper.
+        """
+        n, m = data.mask.shape
+        b = m if self.batch_size is None else min(int(self.batch_size), m)
+        steps = n_steps_per_epoch(data.sizes, b)
+        perms = [epoch_permutations(data.sizes, m, generator, data.X.device)
+                 for _ in range(self.local_epochs)]
+        init = {k: v[assignment].clone() for k, v in states.items()}
+        if self.vectorize:
+            return self._train_vmap(init, data, perms, b, steps)
+        return self._train_loop(init, data, perms, b, steps)
+
+    def _train_vmap(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
+        n = data.sizes.shape[0]
+        rows = torch.arange(n, device=data.X.device)[:, None]
+        # Client losses depend only on their own parameter slice, so the gradient
+        # of their sum w.r.t. the stacked parameters is every client's gradient.
+        loss_fn = torch.func.vmap(self.loss_fn)
+
+        def grad_fn(P, xb, yb, valid):
+            leaves = {k: v.detach().requires_grad_(True) for k, v in P.items()}
+            with torch.enable_grad():
+                total = loss_fn(leaves, xb, yb, valid).sum()
+                grads = torch.autograd.grad(total, list(leaves.values()))
+            return dict(zip(leaves, grads))
+
+        m1 = {k: torch.zeros_like(v) for k, v in P.items()}
+        m2 = {k: torch.zeros_like(v) for k, v in P.items()}
+        count = torch.zeros(n, dtype=torch.long, device=data.X.device)
+        for perm in perms:
+            for s in range(steps):
+                idx = perm[:, s * b:(s + 1) * b]
+                pos = torch.arange(s * b, s * b + idx.shape[1], device=idx.device)
+                valid = pos[None, :] < data.sizes[:, None]
+                active = valid.any(1)
+                xb, yb = data.X[rows, idx], data.Y[rows, idx]
+                g = grad_fn(P, xb, yb, valid)
+                if self.optimizer == "sgd":
+                    for k, p in P.items():
+                        act = active.view((-1,) + (1,) * (p.ndim - 1))
+                        p.copy_(torch.where(act, p - self.lr * g[k], p))
+                else:
+                    count += active.long()
+                    batched_adam_step(P, g, m1, m2, count, active, lr=self.lr)
+        return P
+
+    def _train_loop(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
+        n = data.sizes.shape[0]
+        module = copy.deepcopy(self.template)
+        out: dict[str, list[torch.Tensor]] = {k: [] for k in P}
+        for i in range(n):
+            module.load_state_dict({k: v[i] for k, v in P.items()})
+            module.train()
+            params = [p for p in module.parameters() if p.requires_grad]
+            opt = (torch.optim.SGD(params, lr=self.lr) if self.optimizer == "sgd"
+                   else torch.optim.Adam(params, lr=self.lr))
+            n_i = int(data.sizes[i])
+            for perm in perms:
+                for s in range(steps):
+                    idx = perm[i, s * b:min((s + 1) * b, n_i)]
+                    if idx.numel() == 0:
+                        continue
+                    x, y = data.X[i, idx], data.Y[i, idx]
+                    opt.zero_grad(set_to_none=True)
+                    per_sample_loss(module(x), x, y, self.kind).mean().backward()
+                    opt.step()
+            for k, v in module.state_dict().items():
+                out[k].append(v.detach().clone())
+        return {k: torch.stack(v) for k, v in out.items()}

@@ -1,0 +1,299 @@
+"""CLoVE on a real Flower deployment (``flwr >= 1.42``, Message API).
+
+Requires the optional extra ``mlpapers[flower]``. The server side is
+:class:`CLoVEStrategy`, a :class:`flwr.serverapp.strategy.Strategy` whose
+:meth:`~CLoVEStrategy.start` runs CLoVE rounds over a ``Grid``:
+
+1. every node receives all K models (``train.losses`` message, one ArrayRecord
+   per model under keys ``m0 .. m{K-1}``) and replies with its loss vector;
+2. the server runs :func:`~mlpapers.federated.clove.clove_assign` on the loss
+   matrix;
+3. every node receives its assigned model (``train`` message), trains it locally
+   and replies with the new weights and its number of examples;
+4. the server averages the replies per model, weighted by data size.
+
+The client side is built by :func:`make_client_app` from a model factory and a
+function returning the node's data; it reuses the estimator's training engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from sklearn.utils import check_random_state
+
+from mlpapers._utils import check_in_options, check_positive
+from mlpapers.federated.clove._engine import ClientData, Engine
+from mlpapers.federated.clove._kernels import clove_assign
+
+__all__ = ["CLoVEStrategy", "make_client_app"]
+
+_LOSSES_ACTION = "losses"
+
+
+def _to_arrays(record: ArrayRecord) -> list[np.ndarray]:
+    return [np.asarray(a, dtype=np.float64) for a in record.to_numpy_ndarrays()]
+
+
+class CLoVEStrategy(Strategy):
+    """Flower strategy running CLoVE's loss-vector clustering across nodes.
+
+    Parameters
+    ----------
+    n_clusters : int
+        Number of cluster models K.
+    min_nodes : int, default=2
+        Wait for at least this many connected nodes (and at least K) before round 1.
+    random_state : int or None, default=None
+        Seed of the k-means step.
+    n_init : int, default=10
+        k-means restarts.
+    poll_interval : float, default=0.1
+        Seconds between polls for replies.
+
+    Attributes
+    ----------
+    models_ : list of ArrayRecord
+        The K models after the last round.
+    labels_ : dict of int to int
+        Node id -> model index (last round).
+    partitions_ : dict of int to object
+        Node id -> the node's ``partition-id`` node config, when it reports one.
+    loss_vectors_ : ndarray of shape (n_nodes, K)
+        The last loss matrix (rows in ``node_ids_`` order).
+    history_ : list of dict
+        Per round: mean loss of the assigned models and the round's wall time.
+
+    References
+    ----------
+    .. [1] Bhatia, Papadis, Kodialam, Lakshman, Chakrabarty, "CLoVE: Personalized
+       Federated Learning through Clustering of Loss Vector Embeddings", ICML 2026,
+       arXiv:2506.22427.
+    """
+
+    def __init__(self, n_clusters: int, *, min_nodes: int = 2, random_state=None,
+                 n_init: int = 10, poll_interval: float = 0.1):
+        check_positive(n_clusters, "n_clusters", integer=True)
+        check_positive(min_nodes, "min_nodes", integer=True)
+        self.n_clusters = int(n_clusters)
+        self.min_nodes = max(int(min_nodes), self.n_clusters)
+        self.random_state = random_state
+        self.n_init = n_init
+        self.poll_interval = float(poll_interval)
+        self.labels_: dict[int, int] = {}
+        self.partitions_: dict[int, Any] = {}
+        self.history_: list[dict[str, float]] = []
+        self.models_: list[ArrayRecord] = []
+
+    # -- Strategy interface ------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid):
+        """One ``train`` message per node carrying its assigned model."""
+        return [
+            Message(RecordDict({"arrays": self.models_[self.labels_[nid]], "config": config}),
+                    dst_node_id=nid, message_type="train", group_id=str(server_round))
+            for nid in self.node_ids_
+        ]
+
+    def aggregate_train(self, server_round: int, replies):
+        """Data-size weighted average of the replies, per assigned model."""
+        sums: dict[int, list[np.ndarray]] = {}
+        weights: dict[int, float] = {}
+        for reply in replies:
+            nid = reply.metadata.src_node_id
+            j = self.labels_[nid]
+            n = float(reply.content["metrics"]["num-examples"])
+            arrays = _to_arrays(reply.content["arrays"])
+            if j not in sums:
+                sums[j] = [n * a for a in arrays]
+                weights[j] = n
+            else:
+                sums[j] = [s + n * a for s, a in zip(sums[j], arrays)]
+                weights[j] += n
+        keys = list(self.models_[0].keys())
+        for j, s in sums.items():  # models without nodes keep their weights
+            avg = [(a / weights[j]).astype(np.float32) for a in s]
+            self.models_[j] = ArrayRecord(
+                {k: torch.from_numpy(a) for k, a in zip(keys, avg)})
+        return None, MetricRecord({"models-updated": len(sums)})
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+    def summary(self) -> None:
+        return None
+
+    # -- the CLoVE loop -------------------------------------------------------------
+    def _exchange(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+        ids = set(grid.push_messages(messages))
+        replies: list[Message] = []
+        deadline = time.monotonic() + timeout
+        while ids and time.monotonic() < deadline:
+            for reply in grid.pull_messages(list(ids)):
+                ids.discard(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    raise RuntimeError(f"node {reply.metadata.src_node_id} failed: "
+                                       f"{reply.error.reason}")
+                replies.append(reply)
+            if ids:
+                time.sleep(self.poll_interval)
+        if ids:
+            raise TimeoutError(f"{len(ids)} node(s) did not reply within {timeout} s.")
+        return replies
+
+    def start(self, grid: Grid, initial_arrays, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              **_: Any) -> CLoVEStrategy:
+        """Run ``num_rounds`` CLoVE rounds.
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+        initial_arrays : ArrayRecord or sequence of ArrayRecord
+            K distinct initial models, or one model copied K times.
+        num_rounds : int, default=3
+        timeout : float, default=3600
+            Seconds to wait for the nodes (connection and each exchange).
+        train_config : ConfigRecord, optional
+            Sent to the nodes with every message (e.g. a seed).
+
+        Returns
+        -------
+        self
+        """
+        if isinstance(initial_arrays, ArrayRecord):
+            initial_arrays = [initial_arrays] * self.n_clusters
+        if len(initial_arrays) != self.n_clusters:
+            raise ValueError(f"initial_arrays must hold {self.n_clusters} models, "
+                             f"got {len(initial_arrays)}.")
+        self.models_ = list(initial_arrays)
+        config = train_config if train_config is not None else ConfigRecord()
+        deadline = time.monotonic() + timeout
+        while len(list(grid.get_node_ids())) < self.min_nodes:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {self.min_nodes} nodes connected.")
+            time.sleep(self.poll_interval)
+        self.node_ids_ = sorted(grid.get_node_ids())
+        rng = check_random_state(self.random_state)
+        for rnd in range(1, num_rounds + 1):
+            start = time.perf_counter()
+            msgs = [
+                Message(RecordDict({**{f"m{j}": m for j, m in enumerate(self.models_)},
+                                    "config": config}),
+                        dst_node_id=nid, message_type=f"train.{_LOSSES_ACTION}",
+                        group_id=str(rnd))
+                for nid in self.node_ids_
+            ]
+            by_node = {r.metadata.src_node_id: r for r in self._exchange(grid, msgs, timeout)}
+            L = np.array([list(by_node[nid].content["metrics"]["losses"])
+                          for nid in self.node_ids_], dtype=np.float64)
+            for nid in self.node_ids_:
+                metrics = by_node[nid].content["metrics"]
+                if "partition-id" in metrics:
+                    self.partitions_[nid] = metrics["partition-id"]
+            assignment = clove_assign(L, min(self.n_clusters, len(self.node_ids_)),
+                                      random_state=int(rng.randint(0, 2**31 - 1)),
+                                      n_init=self.n_init)
+            self.labels_ = dict(zip(self.node_ids_, assignment.tolist()))
+            self.loss_vectors_ = L
+            replies = self._exchange(grid, list(self.configure_train(rnd, None, config, grid)),
+                                     timeout)
+            self.aggregate_train(rnd, replies)
+            self.history_.append({"round": rnd,
+                                  "loss": float(L[np.arange(len(L)), assignment].mean()),
+                                  "time_s": time.perf_counter() - start})
+        return self
+
+
+def make_client_app(
+    model_fn: Callable[[], torch.nn.Module],
+    data_fn: Callable[[Context], Sequence[Any]],
+    *,
+    loss: str = "mse",
+    local_epochs: int = 1,
+    lr: float = 1e-2,
+    batch_size: int | None = 100,
+    optimizer: str = "adam",
+) -> ClientApp:
+    """Build the Flower ``ClientApp`` answering :class:`CLoVEStrategy`'s messages.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``model_fn() -> torch.nn.Module``: the architecture (same on every node).
+    data_fn : callable
+        ``data_fn(context) -> (X, y)`` (or ``(X, None)`` for the reconstruction loss):
+        the node's training data, e.g. chosen by ``context.node_config["partition-id"]``.
+    loss : {"mse", "cross_entropy", "reconstruction"}, default="mse"
+        Cross-entropy needs class indices ``0 .. C-1``.
+    local_epochs, lr, batch_size, optimizer :
+        Local training, as in :class:`~mlpapers.federated.CLoVE`; the optimizer
+        state is fresh every round.
+
+    Returns
+    -------
+    flwr.clientapp.ClientApp
+    """
+    check_in_options(loss, "loss", ("mse", "cross_entropy", "reconstruction"))
+    app = ClientApp()
+
+    def setup(context: Context):
+        X, y = data_fn(context)
+        Xt = torch.as_tensor(np.asarray(X), dtype=torch.float32)
+        if loss == "reconstruction" or y is None:
+            Ys = None
+        elif loss == "cross_entropy":
+            Ys = [torch.as_tensor(np.asarray(y), dtype=torch.long)]
+        else:
+            Ys = [torch.as_tensor(np.asarray(y, dtype=np.float32).reshape(len(Xt), -1))]
+        data = ClientData.from_lists([Xt], Ys, torch.device("cpu"))
+        template = model_fn()
+        engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
+                        batch_size=batch_size, local_epochs=local_epochs)
+        return data, template, engine
+
+    def stack(records: list[ArrayRecord], template: torch.nn.Module):
+        states = [r.to_torch_state_dict() for r in records]
+        return {k: torch.stack([s[k].float() for s in states])
+                for k in template.state_dict()}
+
+    def metrics(context: Context, **values) -> MetricRecord:
+        pid = context.node_config.get("partition-id")
+        if pid is not None:
+            values["partition-id"] = int(pid)
+        return MetricRecord(values)
+
+    @app.train(_LOSSES_ACTION)
+    def losses(msg: Message, context: Context) -> Message:
+        data, template, engine = setup(context)
+        keys = sorted((k for k in msg.content.array_records if k.startswith("m")),
+                      key=lambda k: int(k[1:]))
+        states = stack([msg.content.array_records[k] for k in keys], template)
+        L = engine.loss_matrix(states, data)[0].tolist()
+        return Message(RecordDict({"metrics": metrics(context, losses=L,
+                                                      **{"num-examples": int(data.sizes[0])})}),
+                       reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        data, template, engine = setup(context)
+        states = stack([msg.content["arrays"]], template)
+        seed = int(msg.content["config"].get("seed", 0)) if "config" in msg.content else 0
+        gen = torch.Generator().manual_seed(seed * 100003 + int(msg.metadata.group_id or 0))
+        new = engine.local_train(states, torch.zeros(1, dtype=torch.long), data, gen)
+        record = ArrayRecord({k: v[0].detach() for k, v in new.items()})
+        return Message(RecordDict({"arrays": record, "metrics": metrics(
+            context, **{"num-examples": int(data.sizes[0])})}), reply_to=msg)
+
+    return app

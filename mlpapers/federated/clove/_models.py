@@ -1,0 +1,111 @@
+"""Built-in client models and their per-client losses.
+
+A *model spec* is one of ``"linear"``, ``"logistic"``, ``"mlp"``, ``"autoencoder"``
+or a callable ``f(n_features, n_outputs) -> torch.nn.Module``. Losses are masked
+means over a client's (padded) samples so that they vectorise over clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["BUILTIN_MODELS", "LOSSES", "build_module", "make_loss_fn", "per_sample_loss"]
+
+BUILTIN_MODELS = ("linear", "logistic", "mlp", "autoencoder")
+LOSSES = ("mse", "cross_entropy", "reconstruction")
+
+
+def _mlp(sizes: Sequence[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def build_module(
+    model: str | Callable[[int, int], nn.Module],
+    n_features: int,
+    n_outputs: int,
+    hidden_layer_sizes: Sequence[int] = (64,),
+) -> nn.Module:
+    """Build one fresh client model (uses the global torch RNG; callers fork it).
+
+    Parameters
+    ----------
+    model : str or callable
+        ``"linear"`` / ``"logistic"``: one affine layer ``n_features -> n_outputs``;
+        ``"mlp"``: ReLU network with ``hidden_layer_sizes``; ``"autoencoder"``:
+        encoder ``n_features -> hidden_layer_sizes`` (the last size is the
+        bottleneck) and the mirrored decoder back to ``n_features``; a callable
+        is called as ``model(n_features, n_outputs)``.
+    n_features : int
+        Flattened input size (for built-in models).
+    n_outputs : int
+        Output size: number of targets or classes (ignored by the autoencoder).
+    hidden_layer_sizes : sequence of int
+        Hidden widths of ``"mlp"`` and ``"autoencoder"``.
+
+    Returns
+    -------
+    torch.nn.Module
+    """
+    if callable(model) and not isinstance(model, str):
+        module = model(n_features, n_outputs)
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                "model must return a torch.nn.Module when called as model(n_features, "
+                f"n_outputs), got {type(module).__name__}."
+            )
+        return module
+    hidden = [int(h) for h in hidden_layer_sizes]
+    if model in ("linear", "logistic"):
+        return nn.Linear(n_features, n_outputs)
+    if model == "mlp":
+        return _mlp([n_features, *hidden, n_outputs])
+    if model == "autoencoder":
+        if not hidden:
+            raise ValueError("hidden_layer_sizes must be non-empty for model='autoencoder'.")
+        return _mlp([n_features, *hidden, *hidden[-2::-1], n_features])
+    raise ValueError(f"model must be one of {list(BUILTIN_MODELS)} or a callable, got {model!r}.")
+
+
+def per_sample_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                    kind: str) -> torch.Tensor:
+    """Per-sample loss, shape ``m``.
+
+    Parameters
+    ----------
+    out : Tensor of shape (m, ...)
+        Model output.
+    x : Tensor of shape (m, ...)
+        Inputs (targets of the reconstruction loss).
+    y : Tensor of shape (m, n_outputs) (float) or (m,) (long)
+        Targets; ignored by ``"reconstruction"``.
+    kind : {"mse", "cross_entropy", "reconstruction"}
+    """
+    if kind == "cross_entropy":
+        return nn.functional.cross_entropy(out, y, reduction="none")
+    if kind == "mse":
+        return (out - y).pow(2).reshape(out.shape[0], -1).mean(1)
+    return (out.reshape(x.shape) - x).pow(2).reshape(x.shape[0], -1).mean(1)
+
+
+def make_loss_fn(module: nn.Module, kind: str) -> Callable[..., torch.Tensor]:
+    """Functional masked mean loss ``f(params, x, y, mask) -> scalar`` of ``module``.
+
+    ``params`` is a dict of the module's parameters (and buffers) for *one* model;
+    the function is meant to be wrapped by :func:`torch.func.vmap`/``grad``.
+    """
+
+    def loss_fn(params, x, y, mask):
+        out = torch.func.functional_call(module, params, (x,))
+        loss = per_sample_loss(out, x, y, kind)
+        w = mask.to(loss.dtype)
+        return (loss * w).sum() / w.sum().clamp_min(1.0)
+
+    return loss_fn

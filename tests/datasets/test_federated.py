@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from mlpapers.datasets import make_federated_digits, make_federated_linear
+
+
+@pytest.mark.parametrize("separation", [1.0, 0.1, 0.01])
+def test_linear_models_unit_norm_and_separated(separation):
+    clients, labels, coef = make_federated_linear(n_clusters=5, n_clients_per_cluster=2,
+                                                  separation=separation, random_state=0)
+    np.testing.assert_allclose(np.linalg.norm(coef, axis=1), 1.0, rtol=1e-12)
+    d = np.linalg.norm(coef[:, None] - coef[None], axis=2)[np.triu_indices(5, 1)]
+    assert d.min() >= separation and d.max() <= 5 * separation
+    np.testing.assert_array_equal(labels, np.repeat(np.arange(5), 2))
+    assert len(clients) == 10
+
+
+def test_linear_targets_follow_the_cluster_model():
+    clients, labels, coef = make_federated_linear(n_clusters=3, n_clients_per_cluster=2,
+                                                  n_samples=400, noise=0.05, random_state=1)
+    for (X, y), k in zip(clients, labels):
+        assert X.shape == (400, 20) and y.shape == (400,) and X.dtype == np.float32
+        resid = y - X @ coef[k]
+        assert abs(resid.std() - 0.05) < 0.01
+        w = np.linalg.lstsq(X, y, rcond=None)[0]
+        assert np.argmin(np.linalg.norm(coef - w, axis=1)) == k
+
+
+def test_linear_determinism_and_errors():
+    a = make_federated_linear(random_state=3)
+    b = make_federated_linear(random_state=3)
+    np.testing.assert_array_equal(a[0][4][0], b[0][4][0])
+    np.testing.assert_array_equal(a[2], b[2])
+    with pytest.raises(ValueError, match="separation"):
+        make_federated_linear(separation=3.0)
+    with pytest.raises(ValueError, match="n_samples"):
+        make_federated_linear(n_samples=0)
+    with pytest.raises(ValueError, match="could not place"):
+        make_federated_linear(n_clusters=10, n_features=2, separation=1.5, random_state=0)
+
+
+def test_digits_rotation_clusters_are_rotations_of_real_digits():
+    clients, labels = make_federated_digits("rotation", n_clusters=4, n_clients_per_cluster=2,
+                                            n_samples=30, random_state=0)
+    originals = load_digits().images / 16.0
+    flat = originals.reshape(len(originals), -1)
+    for (X, y), k in zip(clients, labels):
+        assert X.shape == (30, 64) and X.dtype == np.float32 and y.dtype == np.int64
+        back = np.rot90(X.reshape(-1, 8, 8), -k, axes=(1, 2)).reshape(len(X), -1)
+        dist = np.abs(back[:, None] - flat[None]).max(axis=2).min(axis=1)
+        assert dist.max() < 1e-6
+
+
+def test_digits_label_swap_permutations_differ_and_disjoint_samples():
+    clients, labels = make_federated_digits("label_swap", n_clusters=5, n_clients_per_cluster=2,
+                                            n_samples=60, n_swaps=2, random_state=0)
+    digits = load_digits()
+    flat = (digits.images / 16.0).reshape(len(digits.images), -1).astype(np.float32)
+    perms = {}
+    used = []
+    for (X, y), k in zip(clients, labels):
+        idx = np.array([np.flatnonzero((flat == x).all(1))[0] for x in X])
+        used.append(idx)
+        perm = perms.setdefault(k, {})
+        for t, yy in zip(digits.target[idx], y):
+            assert perm.setdefault(t, yy) == yy  # one fixed relabelling per cluster
+    used = np.concatenate(used)
+    assert len(np.unique(used)) == len(used)  # 600 <= 1797: no digit reused
+    tables = [tuple(sorted(p.items())) for p in perms.values()]
+    assert len(set(tables)) == 5
+    assert all(v == t for t, v in perms[0].items())  # cluster 0 keeps true labels
+    for k in range(1, 5):
+        moved = sum(t != v for t, v in perms[k].items())
+        assert moved <= 4
+
+
+def test_digits_errors():
+    with pytest.raises(ValueError, match="kind"):
+        make_federated_digits("shift")
+    with pytest.raises(ValueError, match="8 clusters"):
+        make_federated_digits("rotation", n_clusters=9)
+    with pytest.raises(ValueError, match="n_swaps"):
+        make_federated_digits("label_swap", n_swaps=6)
