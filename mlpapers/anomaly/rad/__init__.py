@@ -1,0 +1,24 @@
+"""RAD: retrieval-based, training-free image anomaly detection, with a PatchCore baseline.
+
+Zhang, Li, Henderson, Aragon-Camarasa and Long, "Is Task-Specific Training
+Necessary for Anomaly Detection?", ICML 2026, arXiv:2601.22763.
+"""
+
+from mlpapers.anomaly.rad._common import check_images
+from mlpapers.anomaly.rad._estimator import PatchCoreDetector, RADDetector
+from mlpapers.anomaly.rad._extractors import (
+    DinoViTExtractor,
+    RandomConvExtractor,
+    TorchFeatureExtractor,
+    efficientnet_lite0_extractor,
+)
+
+__all__ = [
+    "DinoViTExtractor",
+    "PatchCoreDetector",
+    "RADDetector",
+    "RandomConvExtractor",
+    "TorchFeatureExtractor",
+    "check_images",
+    "efficientnet_lite0_extractor",
+]

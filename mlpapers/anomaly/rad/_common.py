@@ -1,0 +1,271 @@
+"""Image input validation and the shared shell of the patch-based detectors."""
+
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.base import BaseEstimator, OutlierMixin
+from sklearn.metrics import roc_auc_score
+
+from mlpapers._base import TorchEstimatorMixin
+from mlpapers._utils import (
+    ProgressLogger,
+    check_in_options,
+    check_positive,
+    check_tensor,
+    resolve_dtype,
+)
+from mlpapers.anomaly.rad._extractors import resolve_extractor
+from mlpapers.anomaly.rad._kernels import resize_maps
+
+_MEMORY_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_images(X: Any, name: str = "X") -> torch.Tensor:
+    """Validate images into a float tensor (n, 3, H, W) with values in [0, 1].
+
+    Accepts numpy arrays, tensors, or lists of PIL images / arrays, shaped
+    ``(n, H, W)`` (grayscale), ``(n, H, W, C)`` or ``(n, C, H, W)`` with ``C`` in
+    ``{1, 3}``. ``uint8`` data is divided by 255; float data is taken as is
+    (expected in [0, 1]). Grayscale is repeated to three channels.
+    """
+    if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
+        arrays = []
+        for item in X:
+            if hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
+                item = np.asarray(item.convert("L" if item.mode in ("L", "1", "I", "F")
+                                               else "RGB"))
+            arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
+                          else np.asarray(item))
+        shapes = {a.shape for a in arrays}
+        if len(shapes) > 1:
+            raise ValueError(f"{name} holds images of mixed sizes {sorted(shapes)}; resize them "
+                             "to a common size first.")
+        X = np.stack(arrays)
+    t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
+    if t.dtype == torch.uint8:
+        t = t.float() / 255.0
+    elif t.dtype == torch.bool or not t.is_floating_point():
+        t = t.float()
+    t = t.float()
+    if t.ndim == 3:
+        t = t[:, None]
+    elif t.shape[1] not in (1, 3):
+        if t.shape[-1] in (1, 3):
+            t = t.permute(0, 3, 1, 2)
+        else:
+            raise ValueError(f"{name} must have 1 or 3 channels, in (n, C, H, W) or "
+                             f"(n, H, W, C) layout; got shape {tuple(t.shape)}.")
+    if t.shape[-1] < 2 or t.shape[-2] < 2:
+        raise ValueError(f"{name} images must be at least 2x2 pixels, got {tuple(t.shape[-2:])}.")
+    if t.shape[1] == 1:
+        t = t.expand(-1, 3, -1, -1)
+    return t.contiguous()
+
+
+def _check_image_size(image_size) -> tuple[int, int] | None:
+    if image_size is None:
+        return None
+    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool):
+        check_positive(image_size, "image_size", integer=True)
+        return int(image_size), int(image_size)
+    if isinstance(image_size, (tuple, list)) and len(image_size) == 2:
+        for s in image_size:
+            check_positive(s, "image_size", integer=True)
+        return int(image_size[0]), int(image_size[1])
+    raise ValueError(f"image_size must be None, an int or a pair (height, width), "
+                     f"got {image_size!r}.")
+
+
+class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
+    """Shared shell: input handling, extraction in batches, PyOD-style thresholds.
+
+    Subclasses implement ``_check_params()``, ``_fit_memory(feats, keys)`` (stores
+    the memory, returns the leave-one-out training scores) and
+    ``_score_features(feats, keys, exclude)`` returning ``(maps (B, H', W'),
+    scores (B,))`` at the network input resolution.
+    """
+
+    # -- parameter checks ---------------------------------------------------
+    def _check_common_params(self) -> None:
+        _check_image_size(self.image_size)
+        check_positive(self.smoothing_sigma, "smoothing_sigma", strict=False)
+        if not isinstance(self.contamination, numbers.Real) or not (
+                0.0 < self.contamination <= 0.5):
+            raise ValueError(f"contamination must be in (0, 0.5], got {self.contamination!r}.")
+        check_in_options(self.memory_dtype, "memory_dtype", _MEMORY_DTYPES)
+        check_positive(self.batch_size, "batch_size", integer=True)
+        check_positive(self.chunk_size, "chunk_size", integer=True)
+        if isinstance(self.extractor, str):
+            check_in_options(self.extractor, "extractor", ("random", "efficientnet-lite0"))
+
+    def _get_extractor(self):
+        ext = getattr(self, "_extractor", None)
+        if ext is None:
+            ext = resolve_extractor(self.extractor)
+            if isinstance(ext, torch.nn.Module):
+                ext = ext.to(self._resolved_device).eval()
+            self._extractor = ext
+        return ext
+
+    # -- feature extraction -------------------------------------------------
+    def _network_size(self, images: torch.Tensor) -> tuple[int, int]:
+        hw = _check_image_size(self.image_size)
+        return tuple(images.shape[-2:]) if hw is None else hw
+
+    def _extract(self, images: torch.Tensor, desc: str) -> tuple[list[torch.Tensor],
+                                                                  torch.Tensor]:
+        """Run the extractor in batches: per-layer maps (n, C_l, h_l, w_l), keys (n, D)."""
+        ext = self._get_extractor()
+        size = self._network_size(images)
+        dev = self._resolved_device
+        n_batches = -(-len(images) // self.batch_size)
+        feats: list[list[torch.Tensor]] = []
+        keys = []
+        log = ProgressLogger(n_batches, verbose=self.verbose, desc=desc)
+        with torch.inference_mode():
+            for i in log:
+                x = images[i * self.batch_size:(i + 1) * self.batch_size].to(dev)
+                if tuple(x.shape[-2:]) != tuple(size):
+                    x = F.interpolate(x, size=size, mode="bilinear", align_corners=False,
+                                      antialias=True)
+                f, k = ext(x)
+                if not isinstance(f, (list, tuple)) or len(f) == 0:
+                    raise TypeError("the extractor must return (list of (B, C, h, w) maps, "
+                                    "(B, D) keys).")
+                feats.append([t.float() for t in f])
+                keys.append(k.float().reshape(len(x), -1))
+                log.log(batch=i)
+        layers = [torch.cat([b[li] for b in feats]) for li in range(len(feats[0]))]
+        return layers, torch.cat(keys)
+
+    # -- public API -----------------------------------------------------------
+    def fit(self, X, y=None):
+        """Build the memory from normal images.
+
+        Parameters
+        ----------
+        X : array-like, tensor or list of PIL images
+            Normal images, (n, H, W), (n, H, W, C) or (n, C, H, W); uint8 or float
+            in [0, 1].
+        y : ignored
+            Present for API consistency (anomaly labels are not used).
+
+        Returns
+        -------
+        self
+        """
+        self._init_fit()
+        self._check_params()
+        images = check_images(X)
+        for attr in ("_extractor",):
+            if hasattr(self, attr):
+                delattr(self, attr)
+        feats, keys = self._extract(images, desc=f"{type(self).__name__} fit")
+        self.n_features_in_ = int(np.prod(images.shape[1:]))
+        self.n_train_ = len(images)
+        self.input_size_ = tuple(int(s) for s in self._network_size(images))
+        self.decision_scores_ = self._to_numpy(self._fit_memory(feats, keys))
+        self.threshold_ = float(np.percentile(self.decision_scores_,
+                                              100.0 * (1.0 - self.contamination)))
+        self.labels_ = (self.decision_scores_ > self.threshold_).astype(np.int64)
+        return self
+
+    def _maps_and_scores(self, X) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        self._check_fitted()
+        images = check_images(X)
+        size = self._network_size(images)
+        if tuple(size) != tuple(self.input_size_):
+            raise ValueError(f"X images are {tuple(images.shape[-2:])} but the memory was built "
+                             f"from {tuple(self.input_size_)} images (image_size=None); resize "
+                             "them or set image_size.")
+        feats, keys = self._extract(images, desc=f"{type(self).__name__} score")
+        maps, scores = self._score_features(feats, keys, exclude=None)
+        return maps, scores, tuple(images.shape[-2:])
+
+    def decision_function(self, X) -> np.ndarray:
+        """Image anomaly scores (higher is more anomalous, as in PyOD).
+
+        Parameters
+        ----------
+        X : array-like, tensor or list of PIL images
+            Images as in :meth:`fit`.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        return self._to_numpy(self._maps_and_scores(X)[1])
+
+    def score_samples(self, X) -> np.ndarray:
+        """Alias of :meth:`decision_function`: higher is more anomalous.
+
+        Note that this follows PyOD, not scikit-learn's outlier detectors (where
+        ``score_samples`` is higher for *normal* samples).
+        """
+        return self.decision_function(X)
+
+    def anomaly_map(self, X, *, return_scores: bool = False):
+        """Pixel anomaly maps at the input resolution.
+
+        Parameters
+        ----------
+        X : array-like, tensor or list of PIL images
+        return_scores : bool, default=False
+            Also return the image scores (one extraction for both).
+
+        Returns
+        -------
+        maps : ndarray of shape (n_samples, H, W)
+        scores : ndarray of shape (n_samples,), only with ``return_scores``
+        """
+        maps, scores, hw = self._maps_and_scores(X)
+        maps = self._to_numpy(resize_maps(maps, hw))
+        return (maps, self._to_numpy(scores)) if return_scores else maps
+
+    def predict(self, X) -> np.ndarray:
+        """Binary labels: 1 for anomalous (score above ``threshold_``), 0 for normal."""
+        return (self.decision_function(X) > self.threshold_).astype(np.int64)
+
+    def fit_predict(self, X, y=None) -> np.ndarray:
+        """Fit and return ``labels_`` (leave-one-out labels of the training images)."""
+        return self.fit(X).labels_
+
+    def score(self, X, y) -> float:
+        """Image-level AUROC of :meth:`decision_function` against ``y`` (1 = anomalous)."""
+        return float(roc_auc_score(np.asarray(y), self.decision_function(X)))
+
+    # -- persistence ----------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Save parameters and memory (``torch.load(weights_only=True)``-safe).
+
+        Only estimators whose ``extractor`` is ``None`` or a built-in name can be
+        saved this way (the extractor is rebuilt on load); pickle the estimator
+        for a custom extractor module.
+        """
+        if self.extractor is not None and not isinstance(self.extractor, str):
+            raise TypeError("save supports extractor=None or a built-in name "
+                            "('random', 'efficientnet-lite0'); a custom extractor module "
+                            "cannot be stored safely. Use pickle for trusted files instead.")
+        super().save(path)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        if isinstance(self.extractor, str) or self.extractor is None:
+            state.pop("_extractor", None)  # rebuilt on demand
+        return state
+
+    def _memory_dtype(self) -> torch.dtype:
+        return resolve_dtype(self.memory_dtype)
+
+    @classmethod
+    def _estimator_check_instances(cls) -> list:
+        # These detectors take batches of images (n, C, H, W) and run a CNN on
+        # them; scikit-learn's checks feed 2D tabular data, which has no spatial
+        # layout to extract patches from, so the checks do not apply.
+        return []

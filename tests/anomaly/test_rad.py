@@ -1,0 +1,309 @@
+"""Tests of RADDetector and PatchCoreDetector (torch-only: random-conv extractor)."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from sklearn.exceptions import NotFittedError
+from sklearn.metrics import roc_auc_score
+
+from mlpapers.anomaly import PatchCoreDetector, RADDetector, RandomConvExtractor
+from mlpapers.anomaly.rad import check_images
+from mlpapers.datasets import make_texture_anomalies
+
+
+class PixelExtractor(torch.nn.Module):
+    """Full-resolution features (a fixed 1x1 conv): maps need no resizing."""
+
+    def __init__(self, channels=6):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.weight = torch.randn(channels, 3, 1, 1, generator=g)
+
+    def forward(self, x):
+        f = torch.nn.functional.conv2d(x - 0.5, self.weight)
+        return [f], f.mean(dim=(2, 3))
+
+
+class FirstLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = RandomConvExtractor()
+
+    def forward(self, x):
+        feats, key = self.inner(x)
+        return feats[:1], key
+
+
+@pytest.fixture(scope="module")
+def textures():
+    return make_texture_anomalies(24, 24, image_size=32, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def fitted(textures):
+    X_train = textures[0]
+    return RADDetector(extractor="random", k_images=8, image_size=None).fit(X_train)
+
+
+def _patches(extractor, X):
+    f = extractor(torch.as_tensor(X))[0][0]
+    f = f.flatten(2).transpose(1, 2)
+    return f / f.norm(dim=2, keepdim=True)
+
+
+def test_training_images_score_zero(fitted, textures):
+    maps, scores = fitted.anomaly_map(textures[0][:5], return_scores=True)
+    np.testing.assert_allclose(maps, 0.0, atol=1e-5)
+    np.testing.assert_allclose(scores, 0.0, atol=1e-5)
+    assert np.all(fitted.decision_scores_ > 0)  # leave-one-out training scores
+
+
+def test_pasted_defect_raises_score_and_map_peaks_inside(fitted, textures):
+    X_train = textures[0]
+    X = X_train[:4].copy()
+    mask = np.zeros((32, 32), bool)
+    mask[12:19, 10:17] = True
+    X_def = X.copy()
+    X_def[:, :, mask] = np.array([1.0, 0.0, 1.0])[None, :, None]
+    base = fitted.decision_function(X)
+    maps, scores = fitted.anomaly_map(X_def, return_scores=True)
+    assert np.all(scores > base + 0.05)
+    for m in maps:
+        assert mask.ravel()[np.argmax(m)]
+
+
+def test_synthetic_auroc_random_extractor():
+    X_train, X_test, y, mask = make_texture_anomalies(32, 32, image_size=48, random_state=0)
+    det = RADDetector(extractor="random", k_images=10, image_size=None).fit(X_train)
+    maps, scores = det.anomaly_map(X_test, return_scores=True)
+    assert roc_auc_score(y, scores) >= 0.85
+    assert roc_auc_score(mask.ravel(), maps.ravel()) >= 0.85
+    assert det.score(X_test, y) == pytest.approx(roc_auc_score(y, scores))
+
+
+def test_global_matching_equals_brute_force_nearest_patch(textures):
+    X_train, X_test = textures[0][:6], textures[1][:5]
+    ext = PixelExtractor()
+    det = RADDetector(extractor=ext, k_images=6, pos_radius=None, image_size=None,
+                      smoothing_sigma=0.0, top_ratio=0.0).fit(X_train)
+    maps, scores = det.anomaly_map(X_test, return_scores=True)
+    q, m = _patches(ext, X_test), _patches(ext, X_train).reshape(-1, 6)
+    ref = (1 - (q @ m.T).amax(2)).clamp_min(0).reshape(5, 32, 32).numpy()
+    np.testing.assert_allclose(maps, ref, atol=1e-5)
+    np.testing.assert_allclose(scores, ref.reshape(5, -1).max(1), atol=1e-5)
+    # k larger than the memory is clamped
+    det_big = RADDetector(extractor=ext, k_images=1000, pos_radius=None, image_size=None,
+                          smoothing_sigma=0.0, top_ratio=0.0).fit(X_train)
+    np.testing.assert_allclose(det_big.decision_function(X_test), scores, atol=1e-6)
+
+
+def test_radius_zero_equals_same_position_matching(textures):
+    X_train, X_test = textures[0][:6], textures[1][:5]
+    ext = PixelExtractor()
+    det = RADDetector(extractor=ext, k_images=6, pos_radius=0, image_size=None,
+                      smoothing_sigma=0.0).fit(X_train)
+    maps = det.anomaly_map(X_test)
+    q, m = _patches(ext, X_test), _patches(ext, X_train)
+    ref = 1 - torch.einsum("blc,nlc->bnl", q, m).amax(1)
+    np.testing.assert_allclose(maps, ref.clamp_min(0).reshape(5, 32, 32).numpy(), atol=1e-5)
+
+
+def test_chunked_equals_unchunked_and_batch_size_invariance(textures):
+    X_train, X_test = textures[0][:8], textures[1][:4]
+    ref = RADDetector(extractor="random", k_images=3, image_size=None).fit(X_train)
+    maps = ref.anomaly_map(X_test)
+    for matching in ("tiled", "gather"):
+        small = RADDetector(extractor="random", k_images=3, image_size=None, chunk_size=20000,
+                            batch_size=3, matching=matching).fit(X_train)
+        np.testing.assert_allclose(small.anomaly_map(X_test), maps, atol=1e-5)
+        np.testing.assert_allclose(small.decision_scores_, ref.decision_scores_, atol=1e-5)
+
+
+def test_fp16_memory_keeps_auroc(textures):
+    X_train, X_test, y, _ = textures
+    full = RADDetector(extractor="random", k_images=8, image_size=None).fit(X_train)
+    half = RADDetector(extractor="random", k_images=8, image_size=None,
+                       memory_dtype="float16").fit(X_train)
+    assert half.memory_[0].dtype == torch.float16
+    assert half.memory_bytes_ < 0.6 * full.memory_bytes_
+    assert abs(full.score(X_test, y) - half.score(X_test, y)) <= 0.01
+    np.testing.assert_allclose(half.decision_function(X_train[:3]), 0.0, atol=2e-3)
+
+
+def test_one_hot_layer_weights_equal_single_layer(textures):
+    X_train, X_test = textures[0], textures[1]
+    both = RADDetector(extractor="random", k_images=5, image_size=None,
+                       layer_weights=[2.0, 0.0]).fit(X_train)
+    single = RADDetector(extractor=FirstLayer(), k_images=5, image_size=None).fit(X_train)
+    np.testing.assert_allclose(both.anomaly_map(X_test), single.anomaly_map(X_test), atol=1e-6)
+    np.testing.assert_allclose(both.layer_weights_, [1.0, 0.0])
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "gray", "gray4", "uint8", "tensor", "pil"])
+def test_input_layouts(fitted, textures, layout):
+    X = textures[1][:3]
+    ref = fitted.decision_function(np.ascontiguousarray(X))
+    if layout == "nhwc":
+        Xin = X.transpose(0, 2, 3, 1)
+    elif layout == "gray":
+        Xin, ref = X[:, 0], None
+    elif layout == "gray4":
+        Xin, ref = X[:, :1], None
+    elif layout == "uint8":
+        Xin = np.round(X * 255).astype(np.uint8)
+    elif layout == "tensor":
+        Xin = torch.from_numpy(X)
+    elif layout == "pil":
+        from PIL import Image
+
+        Xin = [Image.fromarray(np.round(x.transpose(1, 2, 0) * 255).astype(np.uint8)) for x in X]
+    else:
+        Xin = X
+    maps, scores = fitted.anomaly_map(Xin, return_scores=True)
+    assert maps.shape == (3, 32, 32) and scores.shape == (3,)
+    assert np.all(np.isfinite(scores))
+    if ref is not None:
+        np.testing.assert_allclose(scores, ref, atol=0.02 if layout in ("uint8", "pil") else 1e-6)
+    assert set(fitted.predict(Xin)) <= {0, 1}
+
+
+def test_check_images_grayscale_repeats_channels():
+    t = check_images(np.random.default_rng(0).random((2, 5, 7)))
+    assert t.shape == (2, 3, 5, 7)
+    assert torch.equal(t[:, 0], t[:, 2])
+
+
+def test_non_square_images_and_resizing():
+    rng = np.random.default_rng(0)
+    X = rng.random((6, 3, 24, 40)).astype(np.float32)
+    det = RADDetector(extractor="random", k_images=3, image_size=None).fit(X)
+    assert det.grid_shapes_ == [(12, 20), (6, 10)]
+    assert det.anomaly_map(X[:2]).shape == (2, 24, 40)
+    det2 = RADDetector(extractor="random", k_images=3, image_size=(16, 32)).fit(X)
+    assert det2.anomaly_map(rng.random((2, 3, 30, 50))).shape == (2, 30, 50)
+    with pytest.raises(ValueError, match="image_size=None"):
+        det.decision_function(rng.random((2, 3, 24, 24)))
+
+
+def test_pyod_api(fitted, textures):
+    X_train, X_test, y, _ = textures
+    assert fitted.decision_scores_.shape == (len(X_train),)
+    assert fitted.threshold_ == pytest.approx(np.percentile(fitted.decision_scores_, 90))
+    np.testing.assert_array_equal(fitted.labels_,
+                                  (fitted.decision_scores_ > fitted.threshold_).astype(int))
+    pred = fitted.predict(X_test)
+    np.testing.assert_array_equal(pred, fitted.decision_function(X_test) > fitted.threshold_)
+    np.testing.assert_array_equal(fitted.score_samples(X_test), fitted.decision_function(X_test))
+    assert fitted.n_train_ == len(X_train) and fitted.n_features_in_ == 3 * 32 * 32
+
+
+def test_one_shot_memory(textures):
+    X_train, X_test, y, _ = textures
+    det = RADDetector(extractor="random", k_images=150, image_size=None).fit(X_train[:1])
+    np.testing.assert_array_equal(det.decision_scores_, [0.0])
+    assert np.all(np.isfinite(det.decision_function(X_test)))
+
+
+def test_save_load_and_pickle_round_trip(fitted, textures, tmp_path):
+    X_test = textures[1]
+    ref = fitted.anomaly_map(X_test)
+    fitted.save(tmp_path / "rad.pt")
+    loaded = RADDetector.load(tmp_path / "rad.pt")
+    np.testing.assert_array_equal(loaded.anomaly_map(X_test), ref)
+    assert loaded.threshold_ == fitted.threshold_
+    clone = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(clone.anomaly_map(X_test), ref)
+    custom = RADDetector(extractor=PixelExtractor(), image_size=None).fit(textures[0][:3])
+    with pytest.raises(TypeError, match="pickle"):
+        custom.save(tmp_path / "custom.pt")
+
+
+def test_determinism_and_verbose(textures, capsys):
+    X_train, X_test = textures[0][:8], textures[1][:4]
+    a = RADDetector(extractor="random", k_images=3, image_size=None, verbose=1).fit(X_train)
+    b = RADDetector(extractor="random", k_images=3, image_size=None).fit(X_train[::-1].copy())
+    np.testing.assert_allclose(a.decision_function(X_test), b.decision_function(X_test),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("make_X, match", [
+    (lambda X: X[:, :2], "1 or 3 channels"),
+    (lambda X: np.where(np.arange(X.size).reshape(X.shape) == 5, np.nan, X), "NaN"),
+    (lambda X: [X[0], X[1, :, :16]], "mixed sizes"),
+    (lambda X: X[:0], "minimum of 1"),
+    (lambda X: X[0, 0, 0], "3D or 4D"),
+])
+def test_bad_inputs(textures, make_X, match):
+    with pytest.raises(ValueError, match=match):
+        RADDetector(extractor="random", image_size=None).fit(make_X(textures[0][:4]))
+
+
+@pytest.mark.parametrize("params, err, match", [
+    ({"k_images": 0}, ValueError, "k_images"),
+    ({"k_images": 1.5}, TypeError, "k_images"),
+    ({"pos_radius": -1}, ValueError, "pos_radius"),
+    ({"top_ratio": 2.0}, ValueError, "top_ratio"),
+    ({"contamination": 0.7}, ValueError, "contamination"),
+    ({"memory_dtype": "int8"}, ValueError, "memory_dtype"),
+    ({"extractor": "resnet"}, ValueError, "extractor"),
+    ({"layer_weights": [-1, 1]}, ValueError, "layer_weights"),
+    ({"layer_weights": [1, 1, 1]}, ValueError, "layer_weights"),
+    ({"image_size": (3,)}, ValueError, "image_size"),
+    ({"blur_padding": "wrap"}, ValueError, "blur_padding"),
+    ({"matching": "loop"}, ValueError, "matching"),
+])
+def test_bad_params(textures, params, err, match):
+    with pytest.raises(err, match=match):
+        RADDetector(**{"extractor": "random", "image_size": None, **params}).fit(
+            textures[0][:4])
+
+
+def test_not_fitted():
+    with pytest.raises(NotFittedError):
+        RADDetector(extractor="random").decision_function(np.zeros((1, 3, 8, 8)))
+    with pytest.raises(NotFittedError):
+        PatchCoreDetector(extractor="random").anomaly_map(np.zeros((1, 3, 8, 8)))
+
+
+# -- PatchCore baseline ---------------------------------------------------------
+def test_patchcore_full_memory_equals_brute_force(textures):
+    X_train, X_test = textures[0][:5], textures[1][:4]
+    det = PatchCoreDetector(extractor="random", coreset_ratio=1.0, image_size=None,
+                            smoothing_sigma=0.0).fit(X_train)
+    ext = RandomConvExtractor()
+    with torch.no_grad():
+        emb_tr = det._embed(ext(torch.from_numpy(X_train))[0]).reshape(-1, 96)
+        emb_te = det._embed(ext(torch.from_numpy(X_test))[0])
+    ref = torch.cdist(emb_te.double(), emb_tr.double()[None]).amin(2).amax(1)
+    np.testing.assert_allclose(det.decision_function(X_test), ref.numpy(), rtol=1e-4, atol=1e-4)
+    assert det.memory_.shape == (5 * 16 * 16, 96)
+
+
+def test_patchcore_coreset_and_auroc(textures):
+    X_train, X_test, y, mask = textures
+    det = PatchCoreDetector(extractor="random", coreset_ratio=0.1, image_size=None,
+                            random_state=0).fit(X_train)
+    assert det.memory_.shape[0] == int(np.ceil(0.1 * len(X_train) * 256))
+    maps, scores = det.anomaly_map(X_test, return_scores=True)
+    assert maps.shape == (len(X_test), 32, 32)
+    assert roc_auc_score(y, scores) >= 0.75
+    assert np.all(det.decision_scores_ > 0)
+    again = PatchCoreDetector(extractor="random", coreset_ratio=0.1, image_size=None,
+                              random_state=0).fit(X_train)
+    assert torch.equal(det.memory_, again.memory_)  # random_state determinism
+
+
+def test_patchcore_save_load(textures, tmp_path):
+    det = PatchCoreDetector(extractor="random", coreset_ratio=0.5, image_size=None,
+                            random_state=0, memory_dtype="float16").fit(textures[0][:6])
+    det.save(tmp_path / "pc.pt")
+    loaded = PatchCoreDetector.load(tmp_path / "pc.pt")
+    np.testing.assert_array_equal(loaded.decision_function(textures[1]),
+                                  det.decision_function(textures[1]))
+
+
+def test_estimator_check_instances_are_empty():
+    assert RADDetector._estimator_check_instances() == []
+    assert PatchCoreDetector._estimator_check_instances() == []

