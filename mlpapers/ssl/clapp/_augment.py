@@ -1,0 +1,156 @@
+"""SimCLR-style image augmentations in plain torch (no torchvision), vectorised per batch.
+
+Every random draw comes from the ``torch.Generator`` passed in (the estimator's),
+so two fits with the same ``random_state`` see the same views.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DefaultAugment"]
+
+
+def _uniform(n: int, low: float, high: float, gen: torch.Generator | None) -> torch.Tensor:
+    return low + (high - low) * torch.rand(n, generator=gen, dtype=torch.float32)
+
+
+class DefaultAugment:
+    """Random resized crop, horizontal flip, intensity jitter, grayscale and blur.
+
+    The paper's recipe (SimCLR's), applied independently to each image of a batch
+    ``(N, C, H, W)``: random resized crop (area fraction in ``scale``, aspect
+    ratio in ``ratio``, resampled bilinearly to the input size) with a horizontal
+    flip of probability ``flip``; with probability ``jitter_p`` brightness,
+    contrast and (for 3-channel images) saturation jitter of strengths
+    ``jitter``; grayscale with probability ``gray_p`` (3-channel images only);
+    Gaussian blur with probability ``blur_p``, sigma in ``sigma`` and a kernel of
+    about 10% of the image side.
+
+    Parameters
+    ----------
+    scale : (float, float), default=(0.25, 1.0)
+        Crop area range (the paper's CIFAR setting; STL-10 uses 0.08).
+    ratio : (float, float), default=(3/4, 4/3)
+    flip : float, default=0.5
+    jitter : (float, float, float), default=(0.8, 0.8, 0.8)
+        Brightness, contrast, saturation strengths (hue is not jittered).
+    jitter_p : float, default=0.8
+    gray_p : float, default=0.2
+    blur_p : float, default=0.5
+    sigma : (float, float), default=(0.1, 2.0)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import DefaultAugment
+    >>> aug = DefaultAugment()
+    >>> aug(torch.rand(4, 1, 16, 16), torch.Generator().manual_seed(0)).shape
+    torch.Size([4, 1, 16, 16])
+    """
+
+    def __init__(self, *, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5,
+                 jitter=(0.8, 0.8, 0.8), jitter_p=0.8, gray_p=0.2, blur_p=0.5,
+                 sigma=(0.1, 2.0)):
+        self.scale = scale
+        self.ratio = ratio
+        self.flip = flip
+        self.jitter = jitter
+        self.jitter_p = jitter_p
+        self.gray_p = gray_p
+        self.blur_p = blur_p
+        self.sigma = sigma
+
+    @classmethod
+    def light(cls) -> DefaultAugment:
+        """Milder settings for small centred-object images such as digits.
+
+        No flip (digits are not mirror-symmetric), crops of at least half the
+        area, jitter strength 0.4 and blur probability 0.2.
+        """
+        return cls(scale=(0.5, 1.0), flip=0.0, jitter=(0.4, 0.4, 0.4), blur_p=0.2)
+
+    def __repr__(self) -> str:
+        return (f"DefaultAugment(scale={self.scale}, ratio={self.ratio}, flip={self.flip}, "
+                f"jitter={self.jitter}, jitter_p={self.jitter_p}, gray_p={self.gray_p}, "
+                f"blur_p={self.blur_p}, sigma={self.sigma})")
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
+        """Augment a batch.
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, C, H, W)
+        generator : torch.Generator, optional
+            CPU generator for every random draw.
+
+        Returns
+        -------
+        Tensor of shape (N, C, H, W)
+        """
+        x = self.crop_flip(x, generator)
+        x = self.color(x, generator)
+        return self.blur(x, generator)
+
+    # -- pieces ---------------------------------------------------------------
+    def crop_flip(self, x: torch.Tensor, gen) -> torch.Tensor:
+        n = x.shape[0]
+        area = _uniform(n, *self.scale, gen)
+        log_r = _uniform(n, math.log(self.ratio[0]), math.log(self.ratio[1]), gen)
+        r = torch.exp(log_r)
+        w = torch.sqrt(area * r).clamp(max=1.0)       # crop side as a fraction of the image
+        h = torch.sqrt(area / r).clamp(max=1.0)
+        cx = (1 - w) * (2 * torch.rand(n, generator=gen) - 1)   # centre in [-1, 1] coords
+        cy = (1 - h) * (2 * torch.rand(n, generator=gen) - 1)
+        sign = torch.where(torch.rand(n, generator=gen) < self.flip, -1.0, 1.0)
+        theta = torch.zeros(n, 2, 3)
+        theta[:, 0, 0] = w * sign
+        theta[:, 0, 2] = cx
+        theta[:, 1, 1] = h
+        theta[:, 1, 2] = cy
+        theta = theta.to(device=x.device, dtype=x.dtype)
+        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        return F.grid_sample(x, grid, mode="bilinear", padding_mode="border",
+                             align_corners=False)
+
+    def color(self, x: torch.Tensor, gen) -> torch.Tensor:
+        n, c = x.shape[:2]
+
+        def draw(strength):
+            f = _uniform(n, max(0.0, 1 - strength), 1 + strength, gen)
+            on = torch.rand(n, generator=gen) < self.jitter_p
+            return torch.where(on, f, torch.ones(n)).to(x.device, x.dtype).view(n, 1, 1, 1)
+
+        b, k, s = (draw(v) for v in self.jitter)
+        x = x * b
+        mean = x.mean(dim=(1, 2, 3), keepdim=True)
+        x = (x - mean) * k + mean
+        if c == 3:
+            gray = (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype,
+                                     device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
+            x = (x - gray) * s + gray
+            to_gray = (torch.rand(n, generator=gen) < self.gray_p).to(x.device).view(n, 1, 1, 1)
+            gray = (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype,
+                                     device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
+            x = torch.where(to_gray, gray.expand_as(x), x)
+        return x
+
+    def blur(self, x: torch.Tensor, gen) -> torch.Tensor:
+        n, c, height, width = x.shape
+        k = max(3, int(0.1 * min(height, width)) // 2 * 2 + 1)
+        sig = _uniform(n, *self.sigma, gen)
+        on = torch.rand(n, generator=gen) < self.blur_p
+        t = torch.arange(k, dtype=torch.float32) - (k - 1) / 2
+        ker = torch.exp(-0.5 * (t[None] / sig[:, None]) ** 2)
+        ker = ker / ker.sum(1, keepdim=True)                   # (n, k)
+        ker = ker.to(x.device, x.dtype).repeat_interleave(c, 0)  # (n*c, k)
+        y = x.reshape(1, n * c, height, width)
+        y = F.pad(y, (k // 2, k // 2, k // 2, k // 2), mode="replicate")
+        y = F.conv2d(y, ker.view(n * c, 1, k, 1), groups=n * c)
+        y = F.conv2d(y, ker.view(n * c, 1, 1, k), groups=n * c)
+        y = y.view(n, c, height, width)
+        return torch.where(on.to(x.device).view(n, 1, 1, 1), y, x)

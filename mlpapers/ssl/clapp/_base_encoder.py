@@ -1,0 +1,306 @@
+"""Shared shell of the self-supervised image encoders: validation, training loop, features."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils import metadata_routing
+from torch import nn
+
+from mlpapers._base import TorchEstimatorMixin
+from mlpapers._utils import ProgressLogger, check_in_options, check_positive, check_tensor
+from mlpapers.ssl.clapp._augment import DefaultAugment
+from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
+
+_TRANSFORM_CHUNK = 256
+
+
+class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
+    """Base: fit a VGG-like encoder without labels, transform images to pooled features.
+
+    Subclasses define ``_default_grid`` (spatial pool side when ``spatial_pool`` is
+    None), ``_build_heads(dims)`` (predictors/projections, an ``nn.Module``) and
+    ``_batch_losses(views, neg_idx)`` (a 1D tensor of the losses to sum).
+    """
+
+    _loss_names: tuple[str, ...] = ()
+    # ``transform(X, layers=...)`` is an option, not routed metadata.
+    __metadata_request__transform = {"layers": metadata_routing.UNUSED}
+
+    # -- scikit-learn integration ---------------------------------------------
+    @classmethod
+    def _estimator_check_instances(cls) -> list:
+        # The encoder consumes images (n, C, H, W) or (n, H, W): a convolutional
+        # network has no meaning for the generic (n_samples, n_features) tables of
+        # scikit-learn's checks (3 or 10 features, not images), so the checks are
+        # not run; cloning, get/set_params, pipelines, determinism and pickling are
+        # tested in tests/ssl/test_clapp_estimator.py instead.
+        return []
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.three_d_array = True
+        tags.requires_fit = True
+        return tags
+
+    # -- validation ---------------------------------------------------------------
+    def _check_common_params(self) -> None:
+        check_positive(self.n_epochs, "n_epochs", integer=True, strict=False)
+        check_positive(self.batch_size, "batch_size", integer=True)
+        if self.batch_size < 2:
+            raise ValueError(f"batch_size must be >= 2 (negatives come from other images of "
+                             f"the batch), got {self.batch_size}.")
+        check_positive(self.lr, "lr")
+        check_positive(self.weight_decay, "weight_decay", strict=False)
+        check_in_options(self.negatives, "negatives", ("next", "random"))
+        if not (callable(self.augment) or self.augment in ("default", "light", None)):
+            raise ValueError("augment must be 'default', 'light', None (identity views) or a "
+                             f"callable augment(x, generator) -> x, got {self.augment!r}.")
+        self._blocks = check_architecture(self.architecture)
+
+    def _grids(self) -> list[int]:
+        n_blocks = len(self._blocks)
+        sp = self.spatial_pool
+        if sp is None:
+            sp = self._default_grid()
+        if isinstance(sp, numbers.Integral) and not isinstance(sp, bool):
+            grids = [int(sp)] * n_blocks
+        elif isinstance(sp, (list, tuple)):
+            grids = list(sp)
+        else:
+            raise TypeError(f"spatial_pool must be None, an int or a list of ints, got {sp!r}.")
+        if len(grids) != n_blocks or any(
+            isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1 for g in grids
+        ):
+            raise ValueError(f"spatial_pool must give one positive int grid side per block "
+                             f"({n_blocks} blocks), got {sp!r}.")
+        return [int(g) for g in grids]
+
+    def _check_images(self, X: Any, *, reset: bool) -> torch.Tensor:
+        """Validate images into a float32 CPU tensor of shape (n, C, H, W)."""
+        if not reset:
+            self._check_fitted()
+        X = check_tensor(X, ndim=(3, 4), dtype=torch.float32, device="cpu",
+                         min_samples=2 if reset else 1, owner=type(self).__name__)
+        if X.ndim == 3:
+            X = X[:, None]
+        shape = tuple(int(s) for s in X.shape[1:])
+        if reset:
+            return X
+        if shape != tuple(self.input_shape_):
+            raise ValueError(f"X has images of shape {shape} (C, H, W), but "
+                             f"{type(self).__name__} was fitted on {tuple(self.input_shape_)}.")
+        return X
+
+    def _check_sizes(self, shape: tuple[int, int, int]) -> None:
+        sizes = self.encoder_.map_sizes(shape[1], shape[2])
+        for i, ((h, w), g) in enumerate(zip(sizes, self.grids_)):
+            if min(h, w) < g:
+                raise ValueError(
+                    f"images of size {shape[1]}x{shape[2]} are too small for the architecture: "
+                    f"block {i} outputs {h}x{w} maps, smaller than its spatial_pool grid {g}. "
+                    "Use larger images, fewer 'M' max-pools or a smaller spatial_pool.")
+
+    def _augment_fn(self):
+        if self.augment == "default":
+            return DefaultAugment()
+        if self.augment == "light":
+            return DefaultAugment.light()
+        if self.augment is None:
+            return lambda x, generator=None: x
+        return self.augment
+
+    # -- building -----------------------------------------------------------------
+    def _build(self, shape: tuple[int, int, int], generator: torch.Generator | None) -> None:
+        self.grids_ = self._grids()
+        self.input_shape_ = tuple(shape)
+        self.encoder_ = VGGEncoder(shape[0], self._blocks, generator=generator)
+        self._check_sizes(shape)
+        self.layer_dims_ = [c * g * g for c, g in zip(self.encoder_.channels, self.grids_)]
+        self.heads_ = self._build_heads(self.layer_dims_, generator)
+        dev = self._resolved_device
+        self.encoder_.to(dev)
+        self.heads_.to(dev)
+
+    def _pooled(self, views: torch.Tensor, detach: bool) -> list[torch.Tensor]:
+        return pool_representations(self.encoder_(views, detach=detach), self.grids_)
+
+    # -- fitting ------------------------------------------------------------------
+    def fit(self, X, y=None):
+        """Train the encoder without labels.
+
+        Parameters
+        ----------
+        X : array-like or Tensor of shape (n_samples, C, H, W) or (n_samples, H, W)
+            Images (at least 2).
+        y : None
+            Ignored (self-supervised).
+
+        Returns
+        -------
+        self
+        """
+        self._check_params()
+        self._init_fit()
+        X = self._check_images(X, reset=True)
+        gen = self._torch_gen
+        self._build(tuple(X.shape[1:]), gen)
+        self.n_features_in_ = int(np.prod(self.input_shape_))
+        augment = self._augment_fn()
+        params = [p for p in [*self.encoder_.parameters(), *self.heads_.parameters()]
+                  if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        n = X.shape[0]
+        bs = min(self.batch_size, n)
+        dev = self._resolved_device
+        log = ProgressLogger(self.n_epochs, self.verbose, desc=type(self).__name__)
+        self.encoder_.train()
+        for epoch in log:
+            perm = torch.randperm(n, generator=gen)
+            total = torch.zeros(len(self._loss_names), device=dev)
+            seen = 0
+            for start in range(0, n, bs):
+                idx = perm[start:start + bs]
+                if len(idx) < 2:
+                    continue
+                xb = X[idx].to(dev)
+                with torch.no_grad():
+                    views = torch.cat([augment(xb, gen), augment(xb, gen)], dim=0)
+                neg = self._negatives(len(idx), gen, dev)
+                losses = self._batch_losses(views, neg)
+                opt.zero_grad(set_to_none=True)
+                losses.sum().backward()
+                opt.step()
+                total += losses.detach() * len(idx)
+                seen += len(idx)
+            per = (total / max(seen, 1)).tolist()
+            log.log(epoch=epoch, loss=float(sum(per)),
+                    **{name: v for name, v in zip(self._loss_names, per)})
+        opt.zero_grad(set_to_none=True)       # no stale gradients on the fitted modules
+        self.encoder_.eval()
+        self.history_ = log.history
+        return self
+
+    def _negatives(self, n_images: int, gen, device) -> torch.Tensor:
+        from mlpapers.ssl.clapp._kernels import negative_indices
+
+        return negative_indices(n_images, mode=self.negatives, generator=gen, device=device)
+
+    # -- features -------------------------------------------------------------------
+    def _layer_list(self, layers) -> list[int]:
+        n_blocks = len(self.grids_)
+        if isinstance(layers, str) and layers == "all":
+            return list(range(n_blocks))
+        single = isinstance(layers, numbers.Integral) and not isinstance(layers, bool)
+        items = [layers] if single else layers
+        try:
+            items = list(items)
+        except TypeError:
+            items = [None]
+        out = []
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, numbers.Integral) or not (
+                -n_blocks <= item < n_blocks
+            ):
+                raise ValueError(f"layers must be 'all', an int or a list of ints in "
+                                 f"[-{n_blocks}, {n_blocks - 1}], got {layers!r}.")
+            out.append(int(item) % n_blocks)
+        if not out:
+            raise ValueError("layers must not be empty.")
+        return out
+
+    def transform(self, X, layers="all"):
+        """Pooled block outputs, concatenated: the linear-probe features.
+
+        No gradients, no batch statistics (no BatchNorm): each image's features
+        depend on that image only, so the result does not depend on batching.
+
+        Parameters
+        ----------
+        X : array-like or Tensor of shape (n_samples, C, H, W) or (n_samples, H, W)
+        layers : "all", int or list of int, default="all"
+            Which blocks' features to concatenate (0 is the first block; negative
+            ints count from the top).
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+            ``sum(layer_dims_[l] for l in layers)`` features, float32.
+        """
+        X = self._check_images(X, reset=False)
+        chosen = self._layer_list(layers)
+        dev = self._resolved_device
+        out = []
+        self.encoder_.eval()
+        with torch.no_grad():
+            for start in range(0, X.shape[0], _TRANSFORM_CHUNK):
+                h = self._pooled(X[start:start + _TRANSFORM_CHUNK].to(dev), detach=True)
+                out.append(torch.cat([h[i] for i in chosen], dim=1).cpu())
+        return self._to_numpy(torch.cat(out, dim=0))
+
+    def get_feature_names_out(self, input_features=None, layers="all"):
+        """Names of the :meth:`transform` features.
+
+        ``"<class>_layer{l}_ch{c}"`` for a globally pooled block and
+        ``"<class>_layer{l}_ch{c}_y{i}_x{j}"`` for a grid cell.
+
+        Parameters
+        ----------
+        input_features : ignored
+            Present for scikit-learn API compatibility.
+        layers : "all", int or list of int, default="all"
+
+        Returns
+        -------
+        ndarray of str
+        """
+        self._check_fitted()
+        prefix = type(self).__name__.lower()
+        names = []
+        for i in self._layer_list(layers):
+            g = self.grids_[i]
+            for c in range(self.encoder_.channels[i]):
+                if g == 1:
+                    names.append(f"{prefix}_layer{i}_ch{c}")
+                else:
+                    names += [f"{prefix}_layer{i}_ch{c}_y{a}_x{b}"
+                              for a in range(g) for b in range(g)]
+        return np.asarray(names, dtype=object)
+
+    # -- persistence ------------------------------------------------------------------
+    def _get_state(self) -> dict[str, Any]:
+        return {
+            "encoder": self.encoder_.state_dict(),
+            "heads": self.heads_.state_dict(),
+            "input_shape_": list(self.input_shape_),
+            "history_": self.history_,
+            "n_features_in_": self.n_features_in_,
+        }
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self._check_params()
+        self._build(tuple(state["input_shape_"]), None)
+        self.encoder_.load_state_dict(state["encoder"])
+        self.heads_.load_state_dict(state["heads"])
+        self.encoder_.eval()
+        self.history_ = state["history_"]
+        self.n_features_in_ = state["n_features_in_"]
+
+    # -- hooks ----------------------------------------------------------------------------
+    def _check_params(self) -> None:  # pragma: no cover - overridden
+        self._check_common_params()
+
+    def _default_grid(self) -> int:  # pragma: no cover - overridden
+        return 2
+
+    def _build_heads(self, dims: list[int], generator) -> nn.Module:  # pragma: no cover
+        raise NotImplementedError
+
+    def _batch_losses(self, views: torch.Tensor, neg_idx: torch.Tensor
+                      ) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError

@@ -1,0 +1,276 @@
+"""Pure tensor math of CLAPP / CLAPP++: scores, layer-local losses, InfoNCE, theory.
+
+Shapes use ``N`` for the number of samples in a loss (``2B``: both views of a
+batch of ``B`` images, stacked as ``[view A; view B]``), ``D`` for the
+(pooled, flattened) width of the layer whose representation ``z`` is trained and
+``K`` for the width of the context ``c``.
+
+References
+----------
+.. [1] Wu S. Zihan, A. Delrocq, W. Gerstner and G. Bellec, "Can Local Learning
+   Match Self-Supervised Backpropagation?", ICML 2026, arXiv:2601.21683.
+.. [2] B. Illing, J. Ventura, G. Bellec and W. Gerstner, "Local plasticity rules
+   can learn deep representations using self-supervised contrastive
+   predictions", NeurIPS 2021.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "LOSSES",
+    "clapp_layer_loss",
+    "contrastive_loss",
+    "exact_linear_feedback",
+    "infonce_loss",
+    "negative_indices",
+    "swap_views",
+    "three_factor_grad",
+]
+
+#: Names of the decreasing functions ``f`` of the score.
+LOSSES = ("hinge", "softhinge", "linear")
+
+
+def swap_views(h: torch.Tensor) -> torch.Tensor:
+    """Swap the two view halves of a stacked batch.
+
+    Parameters
+    ----------
+    h : Tensor of shape (2B, ...)
+        ``[view A; view B]``.
+
+    Returns
+    -------
+    Tensor of shape (2B, ...)
+        ``[view B; view A]``, so that row ``i`` of the result and row ``i`` of
+        ``h`` are the two views of the same image.
+    """
+    n = h.shape[0]
+    if n % 2:
+        raise ValueError(f"expected an even number of rows (two views), got {n}.")
+    b = n // 2
+    return torch.cat([h[b:], h[:b]], dim=0)
+
+
+def negative_indices(
+    n_images: int, *, mode: str = "next", generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Index of the negative sample of every row of a two-view batch.
+
+    Parameters
+    ----------
+    n_images : int
+        ``B``, the number of images (the stacked batch has ``2B`` rows; rows
+        ``i`` and ``i + B`` are the two views of image ``i``).
+    mode : {"next", "random"}
+        ``"next"``: row ``(i + 1) mod 2B``, the official code's deterministic
+        choice (the batch is shuffled every epoch, so it is a random other image).
+        ``"random"``: a uniformly random row of another image (either view).
+    generator : torch.Generator, optional
+        Source of randomness for ``"random"``.
+
+    Returns
+    -------
+    LongTensor of shape (2B,)
+        Row ``neg[i]`` never shows the same image as row ``i`` (for ``B >= 2``).
+    """
+    if n_images < 2:
+        raise ValueError(f"negatives need at least 2 images in a batch, got {n_images}.")
+    n = 2 * n_images
+    rows = torch.arange(n)
+    if mode == "next":
+        idx = (rows + 1) % n
+    elif mode == "random":
+        shift = torch.randint(1, n_images, (n,), generator=generator)
+        view = torch.randint(0, 2, (n,), generator=generator)
+        idx = (rows % n_images + shift) % n_images + view * n_images
+    else:
+        raise ValueError(f"negatives must be 'next' or 'random', got {mode!r}.")
+    return idx.to(device) if device is not None else idx
+
+
+def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hinge"
+                     ) -> torch.Tensor:
+    r"""Per-sample loss of a positive and a negative score.
+
+    ``hinge``: :math:`\mathrm{relu}(1 - u^+) + \mathrm{relu}(1 + u^-)`;
+    ``softhinge``: :math:`\mathrm{softplus}(1 - u^+) + \mathrm{softplus}(1 + u^-)`
+    (the official ``-logsigmoid(u^+ - 1) - logsigmoid(-u^- - 1)``, written stably);
+    ``linear``: :math:`u^- - u^+`.
+
+    Parameters
+    ----------
+    u_pos, u_neg : Tensor of shape (N,)
+        Scores of the positive and negative pairs.
+    loss : {"hinge", "softhinge", "linear"}
+
+    Returns
+    -------
+    Tensor of shape (N,)
+    """
+    if loss == "hinge":
+        return F.relu(1.0 - u_pos) + F.relu(1.0 + u_neg)
+    if loss == "softhinge":
+        return F.softplus(1.0 - u_pos) + F.softplus(1.0 + u_neg)
+    if loss == "linear":
+        return u_neg - u_pos
+    raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}.")
+
+
+def clapp_layer_loss(
+    z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: torch.Tensor,
+    loss: str = "hinge",
+) -> torch.Tensor:
+    r"""The CLAPP loss of one layer, :math:`f(z^\top B c)` for positives and negatives.
+
+    Row ``i`` of ``z`` and row ``i`` of ``c`` come from the two views of the same
+    image; the negative of row ``i`` is ``z[neg_idx[i]]`` with the same context
+    ``c[i]`` (so one prediction :math:`Bc` serves both terms, as in the paper's
+    three-factor rule). The caller detaches ``c`` (asymmetric predictor, no
+    weight transport).
+
+    Parameters
+    ----------
+    z : Tensor of shape (N, D)
+        The layer's representation (trained).
+    c : Tensor of shape (N, K)
+        The context: the other view at the same layer (lateral) or at the top
+        layer (direct feedback).
+    weight : Tensor of shape (D, K)
+        The prediction matrix :math:`B`.
+    neg_idx : LongTensor of shape (N,)
+        Row of ``z`` used as the negative of each row.
+    loss : {"hinge", "softhinge", "linear"}
+
+    Returns
+    -------
+    Tensor of shape ()
+        The mean loss over the ``N`` rows.
+    """
+    pred = c @ weight.T                      # (N, D): the "dendritic prediction" B c
+    u_pos = (z * pred).sum(-1)
+    u_neg = (z[neg_idx] * pred).sum(-1)
+    return contrastive_loss(u_pos, u_neg, loss).mean()
+
+
+def infonce_loss(p: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
+    """SimCLR's NT-Xent loss with cosine similarity, views crossed.
+
+    Parameters
+    ----------
+    p : Tensor of shape (2B, P)
+        Projections ``[view A; view B]``.
+    temperature : float
+
+    Returns
+    -------
+    Tensor of shape ()
+        The mean cross-entropy of finding the other view among the ``2B - 1``
+        other rows.
+    """
+    n = p.shape[0]
+    q = F.normalize(p, dim=1)
+    sim = (q @ q.T) / temperature
+    sim = sim.masked_fill(torch.eye(n, dtype=torch.bool, device=p.device), float("-inf"))
+    target = (torch.arange(n, device=p.device) + n // 2) % n
+    return F.cross_entropy(sim, target)
+
+
+def exact_linear_feedback(
+    weights: Sequence[torch.Tensor], B_top: torch.Tensor, mode: str = "dfb"
+) -> list[torch.Tensor]:
+    r"""Prediction matrices that make local updates equal to backprop in a linear net.
+
+    For a deep linear network :math:`z_l = W_l z_{l-1}` with
+    :math:`M_l = W_L \cdots W_{l+1}` (:math:`M_L = I`) and the global loss
+    :math:`f(z_L^\top B_L c_L)`, the layer-local losses give exactly the
+    backprop gradient of every :math:`W_l` when
+
+    * ``"dfb"`` (context from the top, :math:`c_l = c_L`):
+      :math:`B_l = M_l^\top B_L`;
+    * ``"lateral"`` (context from the same layer, :math:`c_l = z_l'`):
+      :math:`B_l = M_l^\top B_L M_l`.
+
+    Parameters
+    ----------
+    weights : sequence of L tensors, ``weights[l]`` of shape (d_{l+1}, d_l)
+        The layer matrices :math:`W_1, \dots, W_L`.
+    B_top : Tensor of shape (d_L, d_L)
+        The top prediction matrix :math:`B_L`.
+    mode : {"dfb", "lateral"}
+
+    Returns
+    -------
+    list of L tensors
+        :math:`B_1, \dots, B_L`; of shape (d_l, d_L) for ``"dfb"`` and
+        (d_l, d_l) for ``"lateral"``.
+    """
+    if mode not in ("dfb", "lateral"):
+        raise ValueError(f"mode must be 'dfb' or 'lateral', got {mode!r}.")
+    d_top = weights[-1].shape[0]
+    M = torch.eye(d_top, dtype=B_top.dtype, device=B_top.device)
+    out = []
+    for W in reversed(weights):              # l = L, L-1, ..., 1
+        out.append(M.T @ B_top if mode == "dfb" else M.T @ B_top @ M)
+        M = M @ W
+    return out[::-1]
+
+
+def three_factor_grad(
+    x: torch.Tensor, W: torch.Tensor, c: torch.Tensor, B: torch.Tensor,
+    neg_idx: torch.Tensor, loss: str = "hinge",
+) -> torch.Tensor:
+    r"""The CLAPP update of one layer :math:`z = \mathrm{relu}(W x)`, written by hand.
+
+    The gradient of :func:`clapp_layer_loss` with respect to ``W`` is a sum of
+    three-factor terms: a scalar modulating factor :math:`f'(u)` (the
+    "neuromodulator"), the dendritic prediction :math:`B c` gated by the
+    post-synaptic derivative :math:`\mathrm{relu}'(a)`, and the pre-synaptic
+    activity :math:`x` (Hebbian):
+
+    .. math:: \Delta W \propto \sum_i \big[f'(u_i^+)\,(Bc_i \odot \phi'(a_i))\,x_i^\top
+              - f'(-u_i^-)\,(Bc_i \odot \phi'(a_{n(i)}))\,x_{n(i)}^\top\big].
+
+    Used to check that autograd on the local loss is the local rule.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N, K_in)
+    W : Tensor of shape (D, K_in)
+    c : Tensor of shape (N, K)
+    B : Tensor of shape (D, K)
+    neg_idx : LongTensor of shape (N,)
+    loss : {"hinge", "softhinge", "linear"}
+
+    Returns
+    -------
+    Tensor of shape (D, K_in)
+        :math:`\partial L / \partial W` for the mean loss over ``N`` rows.
+    """
+    a = x @ W.T
+    z = F.relu(a)
+    pred = c @ B.T
+    u_pos = (z * pred).sum(-1)
+    u_neg = (z[neg_idx] * pred).sum(-1)
+    if loss == "hinge":
+        g_pos = -(u_pos < 1).to(x.dtype)                 # d/du relu(1 - u)
+        g_neg = (u_neg > -1).to(x.dtype)                 # d/du relu(1 + u)
+    elif loss == "softhinge":
+        g_pos = -torch.sigmoid(1 - u_pos)
+        g_neg = torch.sigmoid(1 + u_neg)
+    elif loss == "linear":
+        g_pos = -torch.ones_like(u_pos)
+        g_neg = torch.ones_like(u_neg)
+    else:
+        raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}.")
+    n = x.shape[0]
+    gate = (a > 0).to(x.dtype)
+    post_pos = g_pos[:, None] * pred * gate                       # (N, D)
+    post_neg = g_neg[:, None] * pred * gate[neg_idx]              # (N, D)
+    return (post_pos.T @ x + post_neg.T @ x[neg_idx]) / n
