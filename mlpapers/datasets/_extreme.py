@@ -1,0 +1,71 @@
+"""Synthetic many-class data with long-tailed labels, for extreme classification."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from mlpapers._utils import check_positive
+
+
+def make_extreme_classification(
+    n_samples: int = 20000,
+    n_classes: int = 2000,
+    n_features: int = 32,
+    *,
+    noise: float = 0.7,
+    zipf_exponent: float = 1.0,
+    random_state=None,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Gaussian clusters around random class means, with Zipf-distributed labels.
+
+    Class means are drawn from :math:`\mathcal N(0, I_d)`; a label ``y`` is drawn
+    with probability proportional to :math:`(y + 1)^{-a}` (``a = zipf_exponent``,
+    ``0`` gives uniform labels) and the point is
+    :math:`x = \mu_y + \text{noise}\cdot\varepsilon`, :math:`\varepsilon \sim \mathcal N(0, I_d)`.
+    Linear models fit it well, so exact softmax objectives are informative, while
+    the number of classes makes full-softmax training costly: the setting of the
+    extreme-classification experiments of SCENT (Wei et al., ICML 2026).
+
+    Parameters
+    ----------
+    n_samples : int, default=20000
+        Number of points.
+    n_classes : int, default=2000
+        Number of classes (at least 2). With long tails some classes may not
+        occur in a small sample.
+    n_features : int, default=32
+        Dimension ``d``.
+    noise : float, default=0.7
+        Standard deviation of the isotropic noise around each class mean (>= 0).
+    zipf_exponent : float, default=1.0
+        Exponent ``a`` of the label distribution (>= 0).
+    random_state : int, RandomState instance or None, default=None
+        Seed of the means, labels and noise.
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_features), float32
+    y : ndarray of shape (n_samples,), int64
+        Labels in ``0 .. n_classes - 1``; label 0 is the most frequent.
+
+    Examples
+    --------
+    >>> from mlpapers.datasets import make_extreme_classification
+    >>> X, y = make_extreme_classification(1000, 50, 8, random_state=0)
+    >>> X.shape, y.dtype, int(y.max()) < 50
+    ((1000, 8), dtype('int64'), True)
+    """
+    check_positive(n_samples, "n_samples", integer=True)
+    check_positive(n_classes, "n_classes", integer=True)
+    check_positive(n_features, "n_features", integer=True)
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be >= 2, got {n_classes}.")
+    check_positive(noise, "noise", strict=False)
+    check_positive(zipf_exponent, "zipf_exponent", strict=False)
+    rng = check_random_state(random_state)
+    means = rng.standard_normal((n_classes, n_features))
+    p = (np.arange(1, n_classes + 1, dtype=np.float64)) ** (-float(zipf_exponent))
+    y = rng.choice(n_classes, size=n_samples, p=p / p.sum()).astype(np.int64)
+    X = means[y] + noise * rng.standard_normal((n_samples, n_features))
+    return X.astype(np.float32), y

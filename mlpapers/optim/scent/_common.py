@@ -1,0 +1,91 @@
+"""Helpers shared by the SCENT estimators (parameter checks, schedules, ERM warm starts)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from mlpapers._utils import check_in_options, check_positive
+from mlpapers.optim.scent._loss import METHODS, EntropicRiskLoss
+
+PAPER_REF = (
+    'X. Wei, L. Zhou, B. Wang, C.-J. Lin, T. Yang, "A Geometry-Aware Efficient Algorithm '
+    'for Compositional Entropic Risk Minimization", ICML 2026, arXiv:2602.02877.'
+)
+
+
+def check_common_params(est) -> None:
+    """Validate the optimisation parameters every SCENT estimator shares."""
+    check_in_options(est.method, "method", METHODS)
+    check_positive(est.lr, "lr")
+    check_positive(est.epochs, "epochs", integer=True)
+    check_positive(est.batch_size, "batch_size", integer=True)
+    check_positive(est.momentum, "momentum", strict=False)
+    if est.momentum >= 1:
+        raise ValueError(f"momentum must be in [0, 1), got {est.momentum!r}.")
+    check_in_options(est.lr_schedule, "lr_schedule", ("cosine", "constant"))
+    check_positive(est.gamma, "gamma")
+    if est.gamma > 1:
+        raise ValueError(f"gamma must be in (0, 1], got {est.gamma!r}.")
+    check_positive(est.dual_lr, "dual_lr")
+    check_positive(est.delta, "delta")
+    check_positive(est.rho, "rho")
+    la = est.log_alpha
+    if isinstance(la, str) and la == "auto" and getattr(est, "_supports_auto_alpha", False):
+        return
+    if la is not None and (isinstance(la, bool) or not isinstance(la, numbers.Real)
+                           or not math.isfinite(la)):
+        raise ValueError(f"log_alpha must be None or a finite real number, got {la!r}.")
+
+
+def make_loss(est, n_anchors: int, log_alpha: float, temperature: float = 1.0):
+    return EntropicRiskLoss(
+        n_anchors, method=est.method, log_alpha=float(log_alpha), temperature=temperature,
+        gamma=est.gamma, dual_lr=est.dual_lr, delta=est.delta, rho=est.rho,
+    )
+
+
+def lr_factor(schedule: str, step: int, total: int) -> float:
+    """Cosine decay from 1 to 0 over ``total`` steps, or 1 for a constant schedule."""
+    if schedule == "constant" or total <= 1:
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * step / total))
+
+
+def set_lrs(opt, loss_fn, est, factor: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = est.lr * factor
+    # the dual step of the ASGD family decays with the primal one (official code)
+    loss_fn.dual_lr = est.dual_lr * max(factor, 1e-12)
+
+
+def minimize_lbfgs(fun, params, max_iter: int = 500, tol: float = 1e-10) -> None:
+    """Minimise ``fun()`` over ``params`` in place with full-batch L-BFGS."""
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=tol,
+                            tolerance_change=tol * 1e-2, history_size=20,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        value = fun()
+        value.backward()
+        return value
+
+    opt.step(closure)
+
+
+def nu_to_numpy(loss_fn) -> torch.Tensor:
+    """The dual table with NaN at anchors never visited."""
+    nu = loss_fn.nu.detach().clone().cpu()
+    nu[~loss_fn.initialized.cpu()] = float("nan")
+    return nu.numpy()
+
+
+def load_nu(loss_fn, nu) -> None:
+    nu = torch.as_tensor(nu, dtype=torch.float64)
+    n = min(len(nu), loss_fn.n_anchors)
+    visited = ~torch.isnan(nu[:n])
+    loss_fn.nu[:n] = torch.nan_to_num(nu[:n], nan=0.0).to(loss_fn.nu.device)
+    loss_fn.initialized[:n] = visited.to(loss_fn.initialized.device)

@@ -1,0 +1,220 @@
+"""Pure tensor kernels of SCENT and its baselines (no estimator state).
+
+All functions work in log space: the dual variable ``nu`` is stored as a
+logarithm and exponentials are only taken of differences ``s - nu`` or of
+quantities that were shifted by their maximum first.
+
+Notation: an anchor ``i`` has scores ``s_ij`` for its sampled items ``j``; the
+objective is ``(1/n) sum_i log E_j exp(s_ij)``; ``L_i = log mean_j exp(s_ij)``
+is the mini-batch log-mean-exp and ``nu_i`` the dual variable whose optimum is
+``nu_i* = log E_j exp(s_ij)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "asgd_update",
+    "log_mean_exp",
+    "softplus_dual_ratio",
+    "sox_update",
+    "spmd_gamma",
+    "spmd_update",
+    "umax_update",
+]
+
+
+def _as_tensor(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.to(device=like.device, dtype=like.dtype)
+    return torch.tensor(float(x), device=like.device, dtype=like.dtype)
+
+
+def log_mean_exp(
+    scores: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    r"""Stable :math:`\log \frac{1}{k}\sum_j \exp(s_j)` along ``dim``.
+
+    Parameters
+    ----------
+    scores : torch.Tensor of shape (..., k, ...)
+        Scores; ``dim`` is reduced.
+    dim : int, default=-1
+        The axis of the items.
+    mask : torch.Tensor of bool, optional
+        Same shape as ``scores``; ``False`` entries are left out of both the sum
+        and the count. A slice without any valid item gives ``-inf``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``scores`` with ``dim`` removed.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import log_mean_exp
+    >>> float(log_mean_exp(torch.tensor([0.0, 0.0, 1e4])))  # no overflow
+    9998.90...
+    """
+    if mask is None:
+        return torch.logsumexp(scores, dim=dim) - math.log(scores.shape[dim])
+    mask = mask.to(torch.bool)
+    masked = scores.masked_fill(~mask, float("-inf"))
+    count = mask.sum(dim=dim).to(scores.dtype)
+    return torch.logsumexp(masked, dim=dim) - torch.log(count)
+
+
+def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tensor:
+    r"""The effective averaging weight :math:`\gamma = \sigma(\log\alpha + \nu)` of SCENT.
+
+    Always in :math:`(0, 1)`; SCENT is SOX with this anchor-adaptive weight.
+    """
+    return torch.sigmoid(_as_tensor(log_alpha, nu) + nu)
+
+
+def spmd_update(
+    nu: torch.Tensor, log_mean_exp: torch.Tensor, log_alpha: float | torch.Tensor
+) -> torch.Tensor:
+    r"""One stochastic proximal mirror-descent (SPMD) step of SCENT on ``nu``.
+
+    Solves in closed form
+
+    .. math::
+
+        \nu_t = \arg\min_\nu\; \hat g\, e^{-\nu} + \nu
+                + \frac{1}{\alpha} D_\phi(\nu, \nu_{t-1}),
+        \qquad \phi(\nu) = e^{-\nu},
+
+    with :math:`\hat g = e^{L}` the mini-batch mean of :math:`e^{s_{ij}}`. The
+    solution is :math:`e^{\nu_t} = (1-\gamma) e^{\nu_{t-1}} + \gamma \hat g`
+    with :math:`\gamma = \sigma(\log\alpha + \nu_{t-1})`, evaluated in log space
+    as ``logaddexp(nu - softplus(a), a - softplus(a) + L)``, ``a = log_alpha + nu``.
+
+    Parameters
+    ----------
+    nu : torch.Tensor of shape (B,)
+        Previous dual variables of the anchors in the batch.
+    log_mean_exp : torch.Tensor of shape (B,)
+        Mini-batch :math:`L_i = \log \frac{1}{k} \sum_j e^{s_{ij}}`.
+    log_alpha : float or torch.Tensor broadcastable to (B,)
+        Logarithm of the step size :math:`\alpha_t`.
+
+    Returns
+    -------
+    torch.Tensor of shape (B,)
+        The updated ``nu`` (no gradient is tracked).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import spmd_update
+    >>> nu = torch.tensor([0.0]); L = torch.tensor([2.0])
+    >>> spmd_update(nu, L, log_alpha=30.0)  # alpha -> inf jumps to L
+    tensor([2.])
+    """
+    with torch.no_grad():
+        a = _as_tensor(log_alpha, nu) + nu
+        sp = F.softplus(a)
+        return torch.logaddexp(nu - sp, a - sp + log_mean_exp)
+
+
+def sox_update(
+    nu: torch.Tensor, log_mean_exp: torch.Tensor, gamma: float | torch.Tensor
+) -> torch.Tensor:
+    r"""SOX / SCGD moving average in log space.
+
+    Computes :math:`e^{\nu} \leftarrow (1-\gamma)e^{\nu} + \gamma\hat g` as a ``logaddexp``.
+
+    Parameters
+    ----------
+    nu, log_mean_exp : torch.Tensor of shape (B,)
+    gamma : float or torch.Tensor in (0, 1]
+
+    Returns
+    -------
+    torch.Tensor of shape (B,)
+    """
+    with torch.no_grad():
+        g = _as_tensor(gamma, nu)
+        if bool((g >= 1).all()):
+            return log_mean_exp.clone()
+        return torch.logaddexp(torch.log1p(-g) + nu, torch.log(g) + log_mean_exp)
+
+
+def asgd_update(
+    nu: torch.Tensor, log_mean_exp: torch.Tensor, dual_lr: float | torch.Tensor
+) -> torch.Tensor:
+    r"""One SGD step on the dual: :math:`\nu \leftarrow \nu - \alpha'(1 - \hat g e^{-\nu})`.
+
+    The factor :math:`\hat g e^{-\nu} = e^{L - \nu}` can overflow when ``nu`` lags
+    far behind ``L``; that instability is the baseline's own (see the paper).
+
+    Parameters
+    ----------
+    nu, log_mean_exp : torch.Tensor of shape (B,)
+    dual_lr : float or torch.Tensor
+
+    Returns
+    -------
+    torch.Tensor of shape (B,)
+    """
+    with torch.no_grad():
+        return nu - _as_tensor(dual_lr, nu) * (1.0 - torch.exp(log_mean_exp - nu))
+
+
+def umax_update(
+    nu: torch.Tensor, log_mean_exp: torch.Tensor, dual_lr: float | torch.Tensor,
+    delta: float,
+) -> torch.Tensor:
+    r"""U-max: reset :math:`\nu := L` wherever :math:`\nu < L - \delta`, then an ASGD step.
+
+    Resetting first (as in Fagan & Iyengar's U-max and the official KL-DRO code)
+    bounds :math:`e^{L-\nu} \le e^{\delta}`, so the step cannot overflow.
+
+    Parameters
+    ----------
+    nu, log_mean_exp : torch.Tensor of shape (B,)
+    dual_lr : float or torch.Tensor
+    delta : float
+        Reset threshold (> 0).
+
+    Returns
+    -------
+    torch.Tensor of shape (B,)
+    """
+    with torch.no_grad():
+        reset = torch.where(nu < log_mean_exp - delta, log_mean_exp, nu)
+        return asgd_update(reset, log_mean_exp, dual_lr)
+
+
+def softplus_dual_ratio(
+    scores: torch.Tensor, nu: torch.Tensor, rho: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    r"""Mean of :math:`\frac{1}{\rho}\sigma(s_{ij} - \nu_i + \log\rho)` over items.
+
+    It is the "safe KL" analogue of :math:`\hat g e^{-\nu}` used by the
+    ASGD (Softplus) baseline, whose dual step is
+    :math:`\nu \leftarrow \nu - \alpha'(1 - \text{ratio})`.
+
+    Parameters
+    ----------
+    scores : torch.Tensor of shape (B, k)
+    nu : torch.Tensor of shape (B,)
+    rho : float
+    mask : torch.Tensor of bool of shape (B, k), optional
+
+    Returns
+    -------
+    torch.Tensor of shape (B,)
+    """
+    with torch.no_grad():
+        r = torch.sigmoid(scores - nu[:, None] + math.log(rho)) / rho
+        if mask is None:
+            return r.mean(dim=-1)
+        m = mask.to(r.dtype)
+        return (r * m).sum(-1) / m.sum(-1)

@@ -1,0 +1,279 @@
+"""The compositional entropic risk as a torch loss holding the per-anchor dual table."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlpapers._utils import check_in_options, check_positive
+from mlpapers.optim.scent._kernels import (
+    asgd_update,
+    log_mean_exp,
+    softplus_dual_ratio,
+    sox_update,
+    spmd_gamma,
+    spmd_update,
+    umax_update,
+)
+
+__all__ = ["METHODS", "EntropicRiskLoss", "objective"]
+
+#: Names accepted by ``method``.
+METHODS = ("scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus")
+
+
+def objective(
+    scores: torch.Tensor, mask: torch.Tensor | None = None, temperature: float = 1.0
+) -> torch.Tensor:
+    r"""The exact compositional entropic risk of a full score matrix.
+
+    .. math::
+
+        F = \frac{\tau}{n} \sum_{i=1}^n \log \frac{1}{m_i} \sum_{j=1}^{m_i}
+            \exp(s_{ij} / \tau).
+
+    Parameters
+    ----------
+    scores : torch.Tensor of shape (n, m)
+        All scores of all anchors (every item, not a sample).
+    mask : torch.Tensor of bool of shape (n, m), optional
+        Valid items per anchor.
+    temperature : float, default=1.0
+        :math:`\tau` (the KL-DRO :math:`\lambda`).
+
+    Returns
+    -------
+    torch.Tensor
+        A scalar, differentiable in ``scores``.
+    """
+    return temperature * log_mean_exp(scores / temperature, mask=mask).mean()
+
+
+class EntropicRiskLoss(nn.Module):
+    r"""Stochastic surrogate of the compositional entropic risk, one dual variable per anchor.
+
+    Minimises :math:`F(w) = \frac{\tau}{n}\sum_i \log \mathbb{E}_j \exp(s_{ij}(w)/\tau)`
+    through the dual :math:`\log m = \min_\nu m e^{-\nu} + \nu - 1`. Each call
+    updates the dual variables ``nu`` of the anchors in the batch (with the
+    rule chosen by ``method``) and returns a scalar whose gradient in ``w`` is
+    the method's primal direction, so any :mod:`torch.optim` optimizer can take
+    the step. The returned value is the mini-batch estimate of the dual
+    objective :math:`\tau\,\text{mean}_i[\text{mean}_j e^{s_{ij}/\tau-\nu_i} + \nu_i - 1]`
+    (an upper-bound estimate of :math:`F`; ``"bsgd"`` returns its plug-in value).
+
+    Parameters
+    ----------
+    n_anchors : int
+        Size of the dual table (the number of anchors :math:`n`).
+    method : {"scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"}, default="scent"
+        ``"scent"``: the SPMD closed form of [1]_; ``"sox"``: moving average
+        with fixed ``gamma``; ``"bsgd"``: the biased plug-in
+        :math:`\text{mean}_i L_i` (no state); ``"asgd"``: SGD on the dual with
+        step ``dual_lr`` (primal weights use the *old* ``nu``); ``"umax"``: ASGD
+        plus the reset :math:`\nu := L` when :math:`\nu < L - \delta`;
+        ``"asgd_softplus"``: ASGD on the "safe KL" surrogate with
+        :math:`e^x \to \rho^{-1}\log(1+\rho e^x)`.
+    log_alpha : float or torch.Tensor, default=0.0
+        :math:`\log\alpha` of SCENT. The effective weight
+        :math:`\gamma = \sigma(\log\alpha + \nu)` depends on the level of
+        ``nu``: choose ``log_alpha`` near :math:`-\nu^*`. May be reassigned
+        between steps (schedules); a tensor must broadcast to ``(B,)``.
+    temperature : float, default=1.0
+        :math:`\tau`; scores are divided by it and the loss multiplied by it.
+    gamma : float, default=0.9
+        SOX weight in (0, 1].
+    dual_lr : float, default=0.1
+        Dual step size of ``"asgd"``, ``"umax"``, ``"asgd_softplus"``.
+    delta : float, default=1.0
+        U-max reset threshold.
+    rho : float, default=1e-3
+        Softplus smoothing of ``"asgd_softplus"``.
+    nu_init : float or None, default=None
+        ``None`` sets :math:`\nu_i := L_i` (scaled scores) at an anchor's first
+        visit, as the official code does; a float starts every anchor there and
+        applies the regular update from the first visit on.
+
+    Attributes
+    ----------
+    nu : torch.Tensor of shape (n_anchors,), float64
+        Dual variables (a buffer; saved in ``state_dict``).
+    initialized : torch.Tensor of shape (n_anchors,), bool
+        Which anchors were visited (a separate mask, never ``nu == 0``).
+    last_stats : dict
+        Diagnostics of the last call: ``estimate`` (mean :math:`\tau L_i`),
+        and for SCENT ``gamma_mean``/``gamma_min``/``gamma_max``.
+
+    References
+    ----------
+    .. [1] X. Wei, L. Zhou, B. Wang, C.-J. Lin, T. Yang, "A Geometry-Aware
+       Efficient Algorithm for Compositional Entropic Risk Minimization",
+       ICML 2026, arXiv:2602.02877.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import EntropicRiskLoss
+    >>> loss_fn = EntropicRiskLoss(n_anchors=4, log_alpha=0.0)
+    >>> w = torch.zeros(3, requires_grad=True)
+    >>> feats = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0))
+    >>> loss = loss_fn(feats @ w, torch.tensor([0, 3]))
+    >>> loss.backward()
+    >>> loss_fn.initialized.tolist()
+    [True, False, False, True]
+    """
+
+    def __init__(
+        self,
+        n_anchors: int,
+        method: str = "scent",
+        log_alpha: float | torch.Tensor = 0.0,
+        temperature: float = 1.0,
+        gamma: float = 0.9,
+        dual_lr: float = 0.1,
+        delta: float = 1.0,
+        rho: float = 1e-3,
+        nu_init: float | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive(n_anchors, "n_anchors", integer=True)
+        check_in_options(method, "method", METHODS)
+        check_positive(temperature, "temperature")
+        check_positive(gamma, "gamma")
+        if gamma > 1:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
+        check_positive(dual_lr, "dual_lr")
+        check_positive(delta, "delta")
+        check_positive(rho, "rho")
+        if nu_init is not None and not math.isfinite(nu_init):
+            raise ValueError(f"nu_init must be a finite float or None, got {nu_init!r}.")
+        if not isinstance(log_alpha, torch.Tensor) and not math.isfinite(float(log_alpha)):
+            raise ValueError(f"log_alpha must be finite, got {log_alpha!r}.")
+        self.n_anchors = int(n_anchors)
+        self.method = method
+        self.log_alpha = log_alpha
+        self.temperature = float(temperature)
+        self.gamma = gamma
+        self.dual_lr = dual_lr
+        self.delta = float(delta)
+        self.rho = float(rho)
+        self.nu_init = nu_init
+        self.register_buffer("nu", torch.zeros(self.n_anchors, dtype=torch.float64))
+        self.register_buffer("initialized", torch.zeros(self.n_anchors, dtype=torch.bool))
+        self.last_stats: dict[str, float] = {}
+
+    def extra_repr(self) -> str:
+        return f"n_anchors={self.n_anchors}, method={self.method!r}"
+
+    def _check_inputs(self, scores, index, mask):
+        if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+            raise TypeError("scores must be a floating point torch.Tensor of shape (B, k).")
+        if scores.ndim != 2 or scores.shape[0] == 0 or scores.shape[1] == 0:
+            raise ValueError(f"scores must have shape (B, k) with B, k >= 1, got "
+                             f"{tuple(scores.shape)}.")
+        if not isinstance(index, torch.Tensor):
+            index = torch.as_tensor(index)
+        if index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise TypeError(f"index must hold integers, got dtype {index.dtype}.")
+        if index.ndim != 1 or index.shape[0] != scores.shape[0]:
+            raise ValueError(f"index must have shape ({scores.shape[0]},) to match scores, "
+                             f"got {tuple(index.shape)}.")
+        index = index.to(device=self.nu.device, dtype=torch.long)
+        if bool((index < 0).any()) or bool((index >= self.n_anchors).any()):
+            raise ValueError(f"index values must lie in [0, {self.n_anchors}).")
+        if index.numel() > 1 and torch.unique(index).numel() != index.numel():
+            raise ValueError("index must not repeat an anchor within one batch.")
+        if mask is not None:
+            mask = torch.as_tensor(mask, device=scores.device)
+            if mask.shape != scores.shape:
+                raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}, "
+                                 f"got {tuple(mask.shape)}.")
+            mask = mask.to(torch.bool)
+            if not bool(mask.any(dim=1).all()):
+                raise ValueError("mask must keep at least one item per anchor.")
+        if not bool(torch.isfinite(scores.detach()).all()):
+            raise ValueError("scores contain NaN or infinity.")
+        return index, mask
+
+    def forward(
+        self, scores: torch.Tensor, index: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Update the anchors' dual variables and return the surrogate loss.
+
+        Parameters
+        ----------
+        scores : torch.Tensor of shape (B, k)
+            Scores :math:`s_{ij}(w)` of the ``B`` anchors in the batch on their
+            ``k`` sampled items (differentiable in the model's parameters).
+        index : torch.Tensor of int of shape (B,)
+            Global dataset indices of the anchors (distinct).
+        mask : torch.Tensor of bool of shape (B, k), optional
+            Valid items (``False`` entries are ignored).
+
+        Returns
+        -------
+        torch.Tensor
+            Scalar surrogate; its gradient is the method's primal direction.
+        """
+        index, mask = self._check_inputs(scores, index, mask)
+        tau = self.temperature
+        s = scores / tau
+        s_det = s.detach()
+        L = log_mean_exp(s_det, mask=mask)  # (B,)
+        self.last_stats = {"estimate": float(tau * L.mean())}
+        if self.method == "bsgd":
+            return tau * log_mean_exp(s, mask=mask).mean()
+
+        work = torch.float64
+        L64 = L.to(device=self.nu.device, dtype=work)
+        old = self.nu[index]
+        first = ~self.initialized[index]
+        if self.nu_init is not None:
+            old = torch.where(first, torch.full_like(old, float(self.nu_init)), old)
+            fresh = torch.zeros_like(first)
+        else:
+            old = torch.where(first, L64, old)
+            fresh = first
+        m = self.method
+        if m == "scent":
+            log_alpha = self.log_alpha
+            if isinstance(log_alpha, torch.Tensor):
+                log_alpha = log_alpha.to(device=old.device, dtype=work)
+            new = spmd_update(old, L64, log_alpha)
+            g = spmd_gamma(old, log_alpha)
+            self.last_stats.update(gamma_mean=float(g.mean()), gamma_min=float(g.min()),
+                                   gamma_max=float(g.max()))
+            for_grad = new
+        elif m == "sox":
+            new = sox_update(old, L64, self.gamma)
+            for_grad = new
+        elif m == "asgd":
+            new = asgd_update(old, L64, self.dual_lr)
+            for_grad = old
+        elif m == "umax":
+            new = umax_update(old, L64, self.dual_lr, self.delta)
+            for_grad = new
+        else:  # asgd_softplus
+            ratio = softplus_dual_ratio(s_det.to(work), old.to(s.device), self.rho, mask)
+            new = old - self.dual_lr * (1.0 - ratio.to(old.device))
+            for_grad = old
+        new = torch.where(fresh, L64, new)
+        for_grad = torch.where(fresh, L64, for_grad)
+        self.nu[index] = new
+        self.initialized[index] = True
+
+        nu_g = for_grad.to(device=s.device, dtype=s.dtype)[:, None]
+        if m == "asgd_softplus":
+            log_rho = math.log(self.rho)
+            terms = F.softplus(s - nu_g + log_rho) / self.rho
+        else:
+            terms = torch.exp(s - nu_g)
+        if mask is None:
+            inner = terms.mean(dim=1)
+        else:
+            mf = mask.to(terms.dtype)
+            inner = (terms * mf).sum(1) / mf.sum(1)
+        return tau * (inner + nu_g[:, 0] - 1.0).mean()
+

@@ -1,0 +1,117 @@
+"""KL-DRO estimators: exact objective, improvement over ERM, closeness to the optimum."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+from scipy.special import logsumexp
+from sklearn.datasets import load_diabetes
+from sklearn.preprocessing import StandardScaler
+
+from mlpapers.optim import KLDROClassifier, KLDRORegressor
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def diabetes():
+    X, y = load_diabetes(return_X_y=True)
+    return StandardScaler().fit_transform(X), (y - y.mean()) / y.std()
+
+
+def exact_dro_optimum(X, y, lam):
+    A = np.c_[X, np.ones(len(X))]
+
+    def f(theta):
+        r = A @ theta - y
+        ell = r**2 / lam
+        p = np.exp(ell - logsumexp(ell))
+        return lam * (logsumexp(ell) - math.log(len(y))), A.T @ (p * 2 * r)
+
+    theta0 = np.linalg.lstsq(A, y, rcond=None)[0]
+    res = minimize(f, theta0, jac=True, method="L-BFGS-B", options=dict(maxiter=2000))
+    return res.fun
+
+
+def test_objective_is_exact_and_erm_warm_start(diabetes):
+    X, y = diabetes
+    reg = KLDRORegressor(lam=1.0, epochs=1, random_state=0).fit(X, y)
+    r = reg.predict(X) - y
+    assert reg.objective(X, y) == pytest.approx(logsumexp(r**2) - math.log(len(y)), rel=1e-9)
+    ols = np.linalg.lstsq(np.c_[X, np.ones(len(X))], y, rcond=None)[0]
+    r0 = np.c_[X, np.ones(len(X))] @ ols - y
+    assert reg.init_objective_ == pytest.approx(logsumexp(r0**2) - math.log(len(y)), rel=1e-9)
+
+
+@pytest.mark.parametrize("lam", [0.2, 1.0])
+def test_scent_approaches_the_exact_dro_optimum(diabetes, lam):
+    X, y = diabetes
+    f_star = exact_dro_optimum(X, y, lam)
+    reg = KLDRORegressor(lam=lam, epochs=40, lr=1e-3, log_alpha="auto",
+                         random_state=0).fit(X, y)
+    assert reg.objective(X, y) - f_star < 0.05 * (reg.init_objective_ - f_star)
+    assert reg.objective(X, y) >= f_star - 1e-6
+    # the dual variable tracks log mean exp(loss / lam)
+    r = reg.predict(X) - y
+    assert reg.nu_ == pytest.approx(logsumexp(r**2 / lam) - math.log(len(y)), abs=0.5)
+
+
+def test_small_lambda_scent_stable_where_asgd_diverges(diabetes):
+    X, y = diabetes
+    for log_alpha in (None, "auto"):
+        reg = KLDRORegressor(lam=0.2, epochs=10, lr=1e-3, log_alpha=log_alpha,
+                             random_state=0).fit(X, y)
+        assert np.isfinite(reg.loss_curve_).all()
+        assert reg.loss_curve_[-1] < reg.init_objective_
+    with pytest.raises(FloatingPointError, match="diverged"):
+        KLDRORegressor(lam=0.2, method="asgd", epochs=10, lr=1e-3, random_state=0).fit(X, y)
+
+
+def test_large_lambda_recovers_least_squares(diabetes):
+    X, y = diabetes
+    reg = KLDRORegressor(lam=1e4, epochs=3, random_state=0).fit(X, y)
+    ols = np.linalg.lstsq(np.c_[X, np.ones(len(X))], y, rcond=None)[0]
+    np.testing.assert_allclose(reg.coef_, ols[:-1], atol=2e-2)
+
+
+def test_classifier_reduces_worst_case_loss():
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    clf = KLDROClassifier(lam=0.5, epochs=15, lr=1e-2, random_state=0).fit(X, y)
+    assert clf.objective(X, y) < clf.init_objective_
+    assert clf.score(X, y) > 0.9
+    p = clf.predict_proba(X)
+    np.testing.assert_allclose(p.sum(1), 1.0)
+    assert clf.decision_function(X).shape == (len(X),)
+    with pytest.raises(ValueError, match="not seen in fit"):
+        clf.objective(X[:2], np.array([0, 7]))
+
+
+def test_determinism_errors_and_save_load(tmp_path, diabetes):
+    X, y = diabetes
+    a = KLDRORegressor(epochs=2, random_state=1).fit(X, y)
+    b = KLDRORegressor(epochs=2, random_state=1).fit(X, y)
+    np.testing.assert_array_equal(a.coef_, b.coef_)
+    with pytest.raises(ValueError, match="lam"):
+        KLDRORegressor(lam=0.0).fit(X, y)
+    with pytest.raises(ValueError, match="log_alpha"):
+        KLDRORegressor(log_alpha="big").fit(X, y)
+    with pytest.raises(ValueError, match="init"):
+        KLDRORegressor(init="ols").fit(X, y)
+    yn = y.copy()
+    yn[0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        KLDRORegressor().fit(X, yn)
+    a.save(tmp_path / "dro.pt")
+    back = KLDRORegressor.load(tmp_path / "dro.pt")
+    np.testing.assert_array_equal(back.predict(X), a.predict(X))
