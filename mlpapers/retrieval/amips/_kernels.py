@@ -1,0 +1,228 @@
+"""Pure tensor kernels of amortized MIPS: exact chunked search, the support function,
+the training loss, the learning-rate schedule and tie-aware retrieval metrics.
+
+Shapes: ``n`` queries, ``N`` keys, ``d`` features, ``k`` neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "amips_loss",
+    "mean_reciprocal_rank",
+    "match_rate",
+    "mips_topk",
+    "recall_at_k",
+    "support_function",
+    "warmup_cosine_lr",
+]
+
+
+def mips_topk(
+    queries: torch.Tensor, keys: torch.Tensor, k: int = 1, *, batch_size: int = 8192
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact maximum inner product search by chunked matmul + top-k.
+
+    Parameters
+    ----------
+    queries : Tensor of shape (n, d)
+    keys : Tensor of shape (N, d)
+    k : int, default=1
+        Number of neighbours (``1 <= k <= N``).
+    batch_size : int, default=8192
+        Queries per chunk; memory is ``O(batch_size * N)``.
+
+    Returns
+    -------
+    scores : Tensor of shape (n, k)
+        Inner products ``<q, k_j>``, in descending order.
+    indices : Tensor of shape (n, k), int64
+        Indices of the keys. For ``k=1`` ties are broken towards the lowest
+        index (``argmax`` semantics); for ``k > 1`` the order among exactly
+        tied keys is the one ``torch.topk`` returns.
+    """
+    n = queries.shape[0]
+    scores = torch.empty(n, k, dtype=queries.dtype, device=queries.device)
+    indices = torch.empty(n, k, dtype=torch.long, device=queries.device)
+    for start in range(0, n, batch_size):
+        sim = queries[start:start + batch_size] @ keys.T  # (b, N)
+        if k == 1:
+            s, i = sim.max(dim=1, keepdim=True)
+        else:
+            s, i = sim.topk(k, dim=1, largest=True, sorted=True)
+        scores[start:start + batch_size] = s
+        indices[start:start + batch_size] = i
+    return scores, indices
+
+
+def support_function(
+    queries: torch.Tensor, keys: torch.Tensor, *, batch_size: int = 8192
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The support function :math:`\sigma_K(x) = \max_i \langle x, k_i\rangle` and its argmax.
+
+    Where the argmax is unique, :math:`\nabla\sigma_K(x) = k_{i^*(x)}` (Danskin), so
+    ``keys[index]`` is both the MIPS answer and the gradient target of the
+    amortized models.
+
+    Parameters
+    ----------
+    queries : Tensor of shape (n, d)
+    keys : Tensor of shape (N, d)
+
+    Returns
+    -------
+    value : Tensor of shape (n,)
+    index : Tensor of shape (n,), int64 (ties -> lowest index)
+    """
+    s, i = mips_topk(queries, keys, 1, batch_size=batch_size)
+    return s[:, 0], i[:, 0]
+
+
+def amips_loss(
+    pred_score: torch.Tensor,
+    pred_key: torch.Tensor,
+    true_score: torch.Tensor,
+    true_key: torch.Tensor,
+    *,
+    score_weight: float = 0.01,
+    target_weight: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""The AMIPS regression loss.
+
+    .. math::
+
+        L = w_s \,\mathrm{mean}_b (\hat s_b - \sigma_K(x_b))^2
+          + w_k \,\mathrm{mean}_{b,j} (\hat k_{bj} - k^*_{bj})^2
+
+    (squared errors averaged over all elements, as in the official code).
+
+    Parameters
+    ----------
+    pred_score, true_score : Tensor of shape (b,)
+    pred_key, true_key : Tensor of shape (b, d)
+
+    Returns
+    -------
+    total, score_loss, key_loss : scalar Tensors
+    """
+    score_loss = (pred_score - true_score).square().mean()
+    key_loss = (pred_key - true_key).square().mean()
+    return score_weight * score_loss + target_weight * key_loss, score_loss, key_loss
+
+
+def warmup_cosine_lr(step: int, n_steps: int, peak: float, warmup_steps: int,
+                     end: float) -> float:
+    """Linear warm-up from 0 to ``peak`` over ``warmup_steps``, then cosine decay to ``end``.
+
+    The optax ``warmup_cosine_decay_schedule`` used by the official code (with
+    ``init_value=0``); ``step`` counts from 0.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak * step / warmup_steps
+    span = max(n_steps - warmup_steps, 1)
+    frac = min(max(step - warmup_steps, 0) / span, 1.0)
+    return end + 0.5 * (peak - end) * (1.0 + math.cos(math.pi * frac))
+
+
+# -- metrics -----------------------------------------------------------------
+def _as_long_2d(y_pred) -> torch.Tensor:
+    t = torch.as_tensor(y_pred)
+    if t.ndim == 1:
+        t = t[:, None]
+    if t.ndim != 2:
+        raise ValueError(f"y_pred must be 1D or 2D, got {t.ndim}D.")
+    return t.long()
+
+
+def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
+    """Boolean (n, k) matrix: is the j-th prediction a correct top-1 answer?"""
+    pred = _as_long_2d(y_pred)
+    if queries is None and database is None:
+        true = torch.as_tensor(y_true).long().reshape(-1)
+        if true.shape[0] != pred.shape[0]:
+            raise ValueError(f"y_true has {true.shape[0]} rows but y_pred has {pred.shape[0]}.")
+        return pred == true[:, None]
+    if queries is None or database is None:
+        raise ValueError("queries and database must be given together (tie-aware mode).")
+    q = torch.as_tensor(queries, dtype=torch.float64)
+    K = torch.as_tensor(database, dtype=torch.float64)
+    if q.shape[0] != pred.shape[0]:
+        raise ValueError(f"queries has {q.shape[0]} rows but y_pred has {pred.shape[0]}.")
+    best, _ = support_function(q, K)
+    got = torch.einsum("nkd,nd->nk", K[pred.to(K.device)], q)  # (n, k)
+    tol = rtol * (best.abs() + 1.0)
+    return got >= (best - tol)[:, None]
+
+
+def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-6) -> float:
+    """Fraction of queries whose top-1 prediction is the exact MIPS answer (recall@1).
+
+    Parameters
+    ----------
+    y_true : array-like of shape (n,)
+        Exact top-1 indices (ignored in the tie-aware mode).
+    y_pred : array-like of shape (n,) or (n, k)
+        Predicted indices; only the first column is used.
+    queries, database : array-like of shape (n, d) and (N, d), optional
+        If given, a prediction counts as a hit when its inner product equals the
+        maximum up to ``rtol * (|max| + 1)``, so keys tied with the argmax are
+        not counted as misses.
+    rtol : float, default=1e-6
+        Relative tolerance of the tie-aware mode.
+
+    Returns
+    -------
+    float
+    """
+    hits = _hits(y_true, _as_long_2d(y_pred)[:, :1], queries, database, rtol)
+    return float(hits[:, 0].double().mean())
+
+
+def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
+                rtol: float = 1e-6) -> float:
+    """Fraction of queries whose exact top-1 answer is among the first ``k`` predictions.
+
+    Parameters
+    ----------
+    y_true : array-like of shape (n,)
+    y_pred : array-like of shape (n, m) with ``m >= k``
+        Ranked predicted indices.
+    k : int
+    queries, database, rtol
+        Tie-aware mode, as in :func:`match_rate`.
+
+    Returns
+    -------
+    float
+    """
+    pred = _as_long_2d(y_pred)
+    if not 1 <= k <= pred.shape[1]:
+        raise ValueError(f"k must be in [1, {pred.shape[1]}] (columns of y_pred), got {k}.")
+    hits = _hits(y_true, pred[:, :k], queries, database, rtol)
+    return float(hits.any(dim=1).double().mean())
+
+
+def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
+                         rtol: float = 1e-6) -> float:
+    """Mean of ``1 / rank`` of the first correct prediction (0 when none is correct).
+
+    Parameters
+    ----------
+    y_true : array-like of shape (n,)
+    y_pred : array-like of shape (n, m)
+        Ranked predicted indices.
+    queries, database, rtol
+        Tie-aware mode, as in :func:`match_rate`.
+
+    Returns
+    -------
+    float
+    """
+    pred = _as_long_2d(y_pred)
+    hits = _hits(y_true, pred, queries, database, rtol)
+    ranks = torch.arange(1, pred.shape[1] + 1, dtype=torch.float64)
+    first = torch.where(hits, ranks, torch.full_like(ranks, math.inf)).min(dim=1).values
+    return float((1.0 / first).mean())

@@ -1,0 +1,372 @@
+r"""The two amortized-MIPS architectures: SupportNet (input convex) and KeyNet.
+
+Both share one layer stack of ``depth`` hidden layers of width ``w``:
+
+.. math::
+
+    z_1 = \phi(W_{x,0} x + b_1), \quad
+    z_l = \phi(W_{z,l} z_{l-1} + [W_{x,l} x] + b_l), \quad
+    \text{out} = W_{z,L} z_{L} + W_{x,L} x + b_{L+1},
+
+where the input re-injection ``[W_{x,l} x]`` is present every ``wx_inject`` layers
+and always at the (linear) output layer, and
+:math:`\phi(t) = a t + (1-a)\,\mathrm{softplus}(\beta t)/\beta` is the
+soft-leaky-ReLU (convex, increasing). SupportNet keeps :math:`W_z \ge 0` through a
+softplus rectifier, which makes the scalar output convex in :math:`x`; KeyNet
+leaves :math:`W_z` free and outputs a vector in :math:`\mathbb{R}^d`.
+
+Every model exposes ``score_and_key(x, create_graph)`` returning the estimated
+support value :math:`\hat\sigma(x)` and key :math:`\hat k(x)`: the gradient for a
+scalar potential, the output itself for KeyNet (with the Euler score
+:math:`\langle x, \hat k(x)\rangle`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "Homogenize",
+    "KeyNet",
+    "SupportFunction",
+    "SupportNet",
+    "solve_width",
+    "soft_leaky_relu",
+]
+
+
+def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
+                    beta: float = 20.0) -> torch.Tensor:
+    r""":math:`a x + (1-a)\,\mathrm{softplus}(\beta x)/\beta`, a smooth convex leaky ReLU.
+
+    Computed with :func:`torch.nn.functional.softplus` (overflow-safe).
+    """
+    return negative_slope * x + (1.0 - negative_slope) * F.softplus(x, beta=beta)
+
+
+def _inject_layers(depth: int, wx_inject: bool | int) -> list[bool]:
+    """Whether layer ``l = 1..depth`` (``depth`` = output layer) re-injects ``x``."""
+    if isinstance(wx_inject, bool) or wx_inject <= 0:
+        mask = [bool(wx_inject)] * (depth - 1)
+    else:
+        mask = [(l % wx_inject) == 0 for l in range(1, depth)]
+    return [*mask, True]
+
+
+def solve_width(budget: float, in_features: int, out_features: int, depth: int,
+                wx_inject: bool | int = 4, bias: bool = True, multiple: int = 4,
+                min_width: int = 16) -> int:
+    """Hidden width whose parameter count matches ``budget`` (the official width solver).
+
+    Solves ``(depth-1) w^2 + (d + out + bias*depth + n_wx*d) w + bias*out = budget``
+    for ``w``, rounds to a multiple of ``multiple`` and clips below at ``min_width``.
+    """
+    n_wx = sum(_inject_layers(depth, wx_inject)[:-1]) + 1
+    a = depth - 1
+    b = in_features + out_features + int(bias) * depth + (n_wx - 1) * in_features
+    c = int(bias) * out_features + in_features * out_features - budget
+    if a == 0:
+        w = -c / b
+    else:
+        w = (-b + math.sqrt(max(b * b - 4 * a * c, 0.0))) / (2 * a)
+    w = int(round(w / multiple) * multiple)
+    return max(w, min_width)
+
+
+class _Stack(nn.Module):
+    """The shared layer stack; ``positive`` selects the ICNN constraint on ``W_z``."""
+
+    def __init__(self, in_features: int, hidden_dims: list[int], out_features: int, *,
+                 wx_inject: bool | int, negative_slope: float, beta: float, bias: bool,
+                 positive: bool):
+        super().__init__()
+        if len(hidden_dims) < 1:
+            raise ValueError("hidden_dims must contain at least one width.")
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.hidden_dims = [int(h) for h in hidden_dims]
+        self.negative_slope = float(negative_slope)
+        self.beta = float(beta)
+        self.positive = positive
+        depth = len(hidden_dims)
+        self.inject = _inject_layers(depth, wx_inject)
+        dims = [*self.hidden_dims, self.out_features]
+        self.wx0 = nn.Linear(in_features, dims[0], bias=bias)
+        # z-path weights: raw parameters (softplus-rectified when positive)
+        self.wz = nn.ParameterList(
+            [nn.Parameter(torch.empty(dims[l + 1], dims[l])) for l in range(depth)]
+        )
+        self.wx = nn.ModuleList(
+            [nn.Linear(in_features, dims[l + 1], bias=False) if self.inject[l] else nn.Identity()
+             for l in range(depth)]
+        )
+        self.bias = nn.ParameterList(
+            [nn.Parameter(torch.zeros(dims[l + 1])) for l in range(depth)] if bias else []
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for l, w in enumerate(self.wz):
+            fan_in = w.shape[1]
+            if self.positive:
+                # effective weights |N(0, 1/fan_in)|; rescaled/centred by data_init
+                with torch.no_grad():
+                    eff = torch.randn_like(w).abs().mul_(1.0 / math.sqrt(fan_in)).clamp_min_(1e-6)
+                    w.copy_(_inv_softplus(eff))
+            else:
+                gain = 1.0 if l == len(self.wz) - 1 else math.sqrt(2.0)
+                nn.init.normal_(w, std=gain / math.sqrt(fan_in))
+
+    def effective_wz(self) -> list[torch.Tensor]:
+        """The z-path weight matrices actually used (non-negative for SupportNet)."""
+        return [F.softplus(w) if self.positive else w for w in self.wz]
+
+    def _layer(self, l: int, z: torch.Tensor, x: torch.Tensor, wz: torch.Tensor) -> torch.Tensor:
+        pre = z @ wz.T
+        if self.inject[l]:
+            pre = pre + self.wx[l](x)
+        if len(self.bias):
+            pre = pre + self.bias[l]
+        return pre
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = self._act
+        z = act(self.wx0(x))
+        wzs = self.effective_wz()
+        last = len(wzs) - 1
+        for l, wz in enumerate(wzs):
+            pre = self._layer(l, z, x, wz)
+            z = pre if l == last else act(pre)
+        return z
+
+    def _act(self, t: torch.Tensor) -> torch.Tensor:
+        return soft_leaky_relu(t, self.negative_slope, self.beta)
+
+    @torch.no_grad()
+    def data_init(self, x: torch.Tensor) -> None:
+        """Centre and scale each hidden pre-activation on a batch ``x`` (LSUV-style).
+
+        Weights into a unit are multiplied by a positive factor (which keeps
+        ``W_z >= 0``) so the unit's pre-activation has unit standard deviation on
+        ``x``, and the bias is set so that its mean is 0. The output layer is left
+        alone. This replaces the "principled" ICNN initialisation of the official
+        code (Hoedt & Klambauer, 2023) with a data-dependent equivalent.
+        """
+        pre = x @ self.wx0.weight.T
+        s = pre.std(0).clamp_min(1e-6)
+        self.wx0.weight.div_(s[:, None])
+        if self.wx0.bias is not None:
+            self.wx0.bias.copy_(-(pre / s).mean(0))
+        z = self._act(self.wx0(x))
+        for l in range(len(self.wz) - 1):
+            wz = self.effective_wz()[l]
+            pre = z @ wz.T + (self.wx[l](x) if self.inject[l] else 0.0)
+            s = pre.std(0).clamp_min(1e-6)
+            if self.positive:
+                self.wz[l].copy_(_inv_softplus((wz / s[:, None]).clamp_min(1e-12)))
+            else:
+                self.wz[l].div_(s[:, None])
+            if self.inject[l]:
+                self.wx[l].weight.div_(s[:, None])
+            mean = (pre / s).mean(0)
+            if len(self.bias):
+                self.bias[l].copy_(-mean)
+            z = self._act(pre / s - mean)
+
+
+    @torch.no_grad()
+    def scale_output(self, c: float) -> None:
+        """Multiply the (affine) output layer by ``c > 0``: the output becomes ``c * out``."""
+        wz = self.effective_wz()[-1] * c
+        if self.positive:
+            self.wz[-1].copy_(_inv_softplus(wz.clamp_min(1e-12)))
+        else:
+            self.wz[-1].copy_(wz)
+        self.wx[-1].weight.mul_(c)
+        if len(self.bias):
+            self.bias[-1].mul_(c)
+
+
+def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
+    """Inverse of softplus for y > 0, stable for large and tiny y."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+class SupportNet(nn.Module):
+    r"""Input-convex network :math:`h: \mathbb{R}^d \to \mathbb{R}` (the paper's SupportNet).
+
+    Convex in its input because the z-path weights are non-negative (softplus
+    rectifier), the activation is convex and increasing and the input enters
+    only through affine maps. Wrap it in :class:`Homogenize` to obtain a
+    1-homogeneous potential, as the official code does by default.
+
+    Parameters
+    ----------
+    in_features : int
+        Input dimension ``d``.
+    hidden_dims : list of int
+        Widths of the ``depth`` hidden layers.
+    wx_inject : bool or int, default=4
+        Re-inject the input every ``wx_inject`` layers (``True``: every layer).
+        The output layer always has an input term.
+    negative_slope, beta : float, default=0.1, 20.0
+        Soft-leaky-ReLU parameters.
+    bias : bool, default=True
+
+    Notes
+    -----
+    Shapes: ``forward`` maps (n, d) to (n,).
+    """
+
+    def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
+                 negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True):
+        super().__init__()
+        self.stack = _Stack(in_features, hidden_dims, 1, wx_inject=wx_inject,
+                            negative_slope=negative_slope, beta=beta, bias=bias, positive=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stack(x)[..., 0]
+
+    def effective_wz(self) -> list[torch.Tensor]:
+        """Non-negative z-path weight matrices."""
+        return self.stack.effective_wz()
+
+    def data_init(self, x: torch.Tensor) -> None:
+        """Data-dependent initialisation, see :meth:`_Stack.data_init`."""
+        self.stack.data_init(x)
+
+    def scale_output(self, c: float) -> None:
+        """Scale the output (and hence the gradient) by ``c > 0``; keeps convexity."""
+        self.stack.scale_output(c)
+
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+        """Value ``h(x)`` of shape (n,) and gradient of shape (n, d)."""
+        return _value_and_grad(self, x, create_graph)
+
+
+class Homogenize(nn.Module):
+    r"""Positively 1-homogeneous wrapper :math:`f(x) = \|x\|\, h(x / \|x\|)`.
+
+    Then :math:`f(cx) = c f(x)` for :math:`c > 0`, the gradient is 0-homogeneous
+    and Euler's identity :math:`\langle x, \nabla f(x)\rangle = f(x)` holds, like
+    for the true support function. (Homogenization does not preserve convexity
+    in general.) At :math:`x = 0` the value is 0 (the norm is clamped at
+    ``eps`` inside the division).
+
+    Parameters
+    ----------
+    model : nn.Module
+        Scalar model ``h``: (n, d) -> (n,).
+    eps : float, default=1e-12
+    """
+
+    def __init__(self, model: nn.Module, eps: float = 1e-12):
+        super().__init__()
+        self.model = model
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = x.norm(dim=-1, keepdim=True)
+        return norm[..., 0] * self.model(x / norm.clamp_min(self.eps))
+
+    def data_init(self, x: torch.Tensor) -> None:
+        if hasattr(self.model, "data_init"):
+            self.model.data_init(x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps))
+
+    def scale_output(self, c: float) -> None:
+        """Scale the output by ``c > 0``."""
+        self.model.scale_output(c)
+
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+        """Value ``f(x)`` of shape (n,) and gradient of shape (n, d)."""
+        return _value_and_grad(self, x, create_graph)
+
+
+class KeyNet(nn.Module):
+    r"""Unconstrained network :math:`\mathbb{R}^d \to \mathbb{R}^d` predicting the argmax key.
+
+    The support value is estimated by Euler's identity
+    :math:`\hat\sigma(x) = \langle x, \mathrm{KeyNet}(x)\rangle`.
+
+    Parameters
+    ----------
+    in_features : int
+    hidden_dims : list of int
+    wx_inject : bool or int, default=4
+    negative_slope, beta : float, default=0.1, 20.0
+    bias : bool, default=True
+    resnet : bool, default=False
+        Return ``x + F(x)`` instead of ``F(x)``.
+
+    Notes
+    -----
+    Shapes: ``forward`` maps (n, d) to (n, d).
+    """
+
+    def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
+                 negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True,
+                 resnet: bool = False):
+        super().__init__()
+        self.resnet = resnet
+        self.stack = _Stack(in_features, hidden_dims, in_features, wx_inject=wx_inject,
+                            negative_slope=negative_slope, beta=beta, bias=bias, positive=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.stack(x)
+        return x + out if self.resnet else out
+
+    def data_init(self, x: torch.Tensor) -> None:
+        self.stack.data_init(x)
+
+    def scale_output(self, c: float) -> None:
+        """Scale the residual branch ``F`` by ``c > 0``."""
+        self.stack.scale_output(c)
+
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+        """Euler score ``<x, key>`` of shape (n,) and key of shape (n, d)."""
+        key = self(x)
+        return (x * key).sum(-1), key
+
+
+class SupportFunction(nn.Module):
+    r"""The exact support function :math:`\sigma_K(x) = \max_i \langle x, k_i\rangle` as a model.
+
+    The oracle the amortized models imitate: convex, 1-homogeneous, with
+    gradient equal to the argmax key. Useful to validate losses and metrics.
+
+    Parameters
+    ----------
+    keys : Tensor of shape (N, d)
+    """
+
+    def __init__(self, keys: torch.Tensor):
+        super().__init__()
+        self.register_buffer("keys", keys)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.keys.T).max(dim=-1).values
+
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+        return _value_and_grad(self, x, create_graph)
+
+
+def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool):
+    """Value and input gradient of a scalar model; double-backprop ready when asked."""
+    if create_graph:
+        with torch.enable_grad():
+            if not x.requires_grad:
+                x = x.detach().requires_grad_(True)
+            value = model(x)
+            (grad,) = torch.autograd.grad(value.sum(), x, create_graph=True)
+        return value, grad
+    # inference path: torch.func works under no_grad and keeps no graph afterwards
+    def total(inp):
+        v = model(inp)
+        return v.sum(), v
+
+    grad, value = torch.func.grad(total, has_aux=True)(x.detach())
+    return value.detach(), grad.detach()

@@ -1,0 +1,632 @@
+"""Relevance-based embeddings: the retriever shell (fit / transform / kneighbors)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+
+from mlpapers._base import TorchEstimatorMixin
+from mlpapers._utils import (
+    check_in_options,
+    check_positive,
+    check_tensor,
+    to_numpy,
+)
+from mlpapers.retrieval.rbe._heads import NeuralRBEHead, train_head
+from mlpapers.retrieval.rbe._kernels import fit_linear_embeddings, hit_rate, topk_scores
+from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, select_support
+
+__all__ = ["AnnCURRetriever", "RelevanceBasedRetriever"]
+
+_NOT_SAVED = ("items_",)
+
+
+def _length(seq: Any, name: str) -> int:
+    try:
+        n = len(seq)
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a sized sequence (list, array, tensor), "
+                        f"got {type(seq).__name__}.") from exc
+    if n == 0:
+        raise ValueError(f"{name} is empty; at least one element is required.")
+    return n
+
+
+def _take(seq: Any, idx: np.ndarray) -> Any:
+    """``seq[idx]`` for arrays/tensors, a list comprehension for other sequences."""
+    if isinstance(seq, np.ndarray):
+        return seq[idx]
+    if isinstance(seq, torch.Tensor):
+        return seq[torch.as_tensor(idx, dtype=torch.long, device=seq.device)]
+    return [seq[int(i)] for i in idx]
+
+
+class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
+    r"""Candidate retrieval with relevance-based embeddings (RBE).
+
+    A query is described by its heavy-ranker relevance to ``k`` support items,
+    :math:`u_q = f(q, S)` (exactly ``k`` heavy calls per query), and every item by
+    an embedding learned offline from the relevance matrix of training queries to
+    all items, :math:`R \in \mathbb{R}^{n_q \times N}`. Linear RBE uses the closed
+    form :math:`e_i = R_{:,S}^{+} R_{:, i}` and scores :math:`\langle u_q, e_i\rangle`;
+    items are retrieved by maximum inner product, optionally re-ranked by the heavy
+    model. With random supports this is AnnCUR [2]_; RBE's contribution is the
+    choice of supports (greedy reconstruction-error selection by default) and an
+    optional neural head [1]_.
+
+    Parameters
+    ----------
+    relevance_fn : callable
+        The heavy ranker, ``relevance_fn(queries, items) -> array (n_queries, n_items)``
+        scoring every query against every item of the given subsequences. Queries and
+        items may be anything indexable (arrays, tensors, lists of strings).
+    n_support : int, default=100
+        Number of support items ``k`` (online heavy calls per query).
+    support : str or array-like of int, default="greedy"
+        Support selection method, one of ``"greedy"``, ``"random"``, ``"popular"``,
+        ``"kmeans"``, ``"farthest"`` (see :func:`select_support`), or explicit item
+        indices.
+    head : {"linear", "mlp"}, default="linear"
+        Closed-form linear RBE, or the neural head (:class:`NeuralRBEHead`)
+        trained on top of it.
+    n_rerank : int, default=0
+        If positive, :meth:`kneighbors` re-scores this many top candidates per query
+        with the heavy model (``n_rerank`` extra calls per query) and returns the best
+        of them by heavy score.
+    ridge : float, default=0.0
+        Ridge penalty of the linear solve (0: pseudo-inverse).
+    rcond : float or None, default=None
+        Relative cutoff of the pseudo-inverse when ``ridge == 0``.
+    standardize : bool, default=True
+        Centre/scale the support relevances and fit an item intercept (an affine
+        least-squares fit per item); ``False`` is the plain CUR formula. It also sets
+        ``center`` in the support selection, so the greedy objective matches the fit.
+    mlp_hidden : int, default=100
+        Width of the neural head's towers (0 keeps only bilinear, popularity and
+        bias terms).
+    loss : {"softmax_signed", "mse"}, default="softmax_signed"
+        Training loss of the neural head.
+    top_quantile : float, default=0.99
+        Positives of ``softmax_signed``: sampled items at or above this quantile of the
+        query's sampled relevances.
+    item_batch : int, default=128
+        Items sampled (with replacement) per training step; all training queries are
+        used in every step.
+    max_iter : int, default=2000
+        Training steps of the neural head (the authors used 1e5 on GPU).
+    lr : float, default=5e-4
+        Adam learning rate.
+    eval_every : int, default=100
+        Steps between validation evaluations (best checkpoint is kept; step 0, i.e.
+        linear RBE, is a candidate, so the neural head never validates worse).
+    validation_fraction : float, default=0.1
+        Fraction of training queries held out for checkpoint selection of the neural
+        head (0 trains on all and keeps the last step).
+    batch_size : int, default=1024
+        Queries per chunk when calling ``relevance_fn`` and scoring items.
+    device : str, default="cpu"
+        Torch device.
+    random_state : int, RandomState instance or None, default=None
+        Seed of random/k-means supports, the validation split and training.
+    verbose : int, default=0
+        Progress bar while training the neural head.
+
+    Attributes
+    ----------
+    support_indices_ : ndarray of shape (k,)
+        Support item indices (``k`` may be below ``n_support`` when greedy stops early
+        because the training relevance is reproduced exactly).
+    selection_scores_ : ndarray of shape (k,)
+        Per-pick score of the selection (training-MSE decrease for greedy).
+    item_embeddings_ : ndarray of shape (n_items, k)
+        Linear RBE item embeddings.
+    item_offsets_ : ndarray of shape (n_items,)
+        Item intercepts (zero when ``standardize=False``).
+    query_mean_, query_scale_ : ndarray of shape (k,)
+        Standardisation of support relevances.
+    items_ : sequence
+        The items (needed for online heavy calls; not saved by :meth:`save`).
+    support_items_ : sequence
+        ``items_`` at ``support_indices_``.
+    n_items_ : int
+    n_heavy_calls_ : int
+        Heavy-ranker pair evaluations made by ``fit`` (0 with ``relevance_matrix``).
+    n_calls_per_query_ : int
+        Online heavy calls per query of :meth:`kneighbors` (``k + n_rerank``).
+    head_ : NeuralRBEHead or None
+        The trained neural head (``head="mlp"``).
+    history_ : list of dict
+        Training log of the neural head (loss, validation hit rate).
+
+    Notes
+    -----
+    ``relevance_fn`` is an arbitrary callable and the items arbitrary objects, so
+    :meth:`save` stores only the fitted numbers (embeddings, supports, the neural
+    head's weights); :meth:`load` needs ``relevance_fn`` and ``items`` again.
+
+    References
+    ----------
+    .. [1] Shevkunov, Ploskonosov, Prokhorenkova, "Relevance-Based Embeddings:
+       Lightweight Candidate Retrieval via Heavy-Ranker Calls", ICML 2026 (PMLR v306).
+    .. [2] Yadav, Monath, Angell, Zaheer, McCallum, "Efficient Nearest Neighbor Search
+       for Cross-Encoder Models using Matrix Factorization", EMNLP 2022, arXiv:2210.12579.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.retrieval.rbe import RelevanceBasedRetriever
+    >>> rng = np.random.default_rng(0)
+    >>> Q, I = rng.standard_normal((60, 4)), rng.standard_normal((40, 4))
+    >>> heavy = lambda q, i: np.tanh(np.asarray(q) @ np.asarray(i).T)
+    >>> rbe = RelevanceBasedRetriever(heavy, n_support=8).fit(Q[:50], I)
+    >>> scores, idx = rbe.kneighbors(Q[50:], n_neighbors=3)
+    >>> idx.shape, rbe.n_calls_per_query_
+    ((10, 3), 8)
+    """
+
+    def __init__(
+        self,
+        relevance_fn: Callable[[Any, Any], Any] | None = None,
+        *,
+        n_support: int = 100,
+        support: str | Any = "greedy",
+        head: str = "linear",
+        n_rerank: int = 0,
+        ridge: float = 0.0,
+        rcond: float | None = None,
+        standardize: bool = True,
+        mlp_hidden: int = 100,
+        loss: str = "softmax_signed",
+        top_quantile: float = 0.99,
+        item_batch: int = 128,
+        max_iter: int = 2000,
+        lr: float = 5e-4,
+        eval_every: int = 100,
+        validation_fraction: float = 0.1,
+        batch_size: int = 1024,
+        device: str = "cpu",
+        random_state=None,
+        verbose: int = 0,
+    ):
+        self.relevance_fn = relevance_fn
+        self.n_support = n_support
+        self.support = support
+        self.head = head
+        self.n_rerank = n_rerank
+        self.ridge = ridge
+        self.rcond = rcond
+        self.standardize = standardize
+        self.mlp_hidden = mlp_hidden
+        self.loss = loss
+        self.top_quantile = top_quantile
+        self.item_batch = item_batch
+        self.max_iter = max_iter
+        self.lr = lr
+        self.eval_every = eval_every
+        self.validation_fraction = validation_fraction
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # -- heavy calls -----------------------------------------------------------
+    def _heavy(self, queries: Any, items: Any, n_q: int, n_i: int) -> torch.Tensor:
+        """One call of ``relevance_fn``, checked: ``-> float64 Tensor (n_q, n_i)``."""
+        out = self.relevance_fn(queries, items)
+        try:
+            t = torch.as_tensor(to_numpy(out), dtype=torch.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError("relevance_fn must return a numeric array of shape "
+                            f"(n_queries, n_items), got {type(out).__name__}.") from exc
+        if tuple(t.shape) != (n_q, n_i):
+            raise ValueError(f"relevance_fn returned shape {tuple(t.shape)}, expected "
+                             f"(n_queries, n_items) = ({n_q}, {n_i}).")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError("relevance_fn returned NaN or infinite scores.")
+        return t.to(self._resolved_device)
+
+    def _heavy_chunked(self, queries: Any, items: Any, n_i: int) -> torch.Tensor:
+        n, bs = len(queries), int(self.batch_size)
+        if n <= bs:
+            return self._heavy(queries, items, n, n_i)
+        parts = [self._heavy(_take(queries, np.arange(s, min(s + bs, n))), items,
+                             min(s + bs, n) - s, n_i) for s in range(0, n, bs)]
+        return torch.cat(parts)
+
+    # -- validation --------------------------------------------------------------
+    def _check_params(self, n_items: int) -> None:
+        if not callable(self.relevance_fn):
+            raise TypeError("relevance_fn must be a callable relevance_fn(queries, items) "
+                            f"-> scores, got {type(self.relevance_fn).__name__}.")
+        check_positive(self.n_support, "n_support", integer=True)
+        if isinstance(self.support, str):
+            check_in_options(self.support, "support", SUPPORT_METHODS)
+            if self.n_support > n_items:
+                raise ValueError(f"n_support={self.n_support} must be <= the number of "
+                                 f"items ({n_items}).")
+        check_in_options(self.head, "head", ("linear", "mlp"))
+        check_positive(self.n_rerank, "n_rerank", strict=False, integer=True)
+        if self.n_rerank > n_items:
+            raise ValueError(f"n_rerank={self.n_rerank} must be <= the number of items "
+                             f"({n_items}).")
+        check_positive(self.ridge, "ridge", strict=False)
+        if self.rcond is not None:
+            check_positive(self.rcond, "rcond", strict=False)
+        check_positive(self.batch_size, "batch_size", integer=True)
+        if self.head == "mlp":
+            check_positive(self.mlp_hidden, "mlp_hidden", strict=False, integer=True)
+            check_in_options(self.loss, "loss", ("softmax_signed", "mse"))
+            check_positive(self.item_batch, "item_batch", integer=True)
+            check_positive(self.max_iter, "max_iter", strict=False, integer=True)
+            check_positive(self.lr, "lr")
+            check_positive(self.eval_every, "eval_every", integer=True)
+            if not 0.0 < self.top_quantile < 1.0:
+                raise ValueError(f"top_quantile must be in (0, 1), got {self.top_quantile!r}.")
+            if not 0.0 <= self.validation_fraction < 1.0:
+                raise ValueError("validation_fraction must be in [0, 1), got "
+                                 f"{self.validation_fraction!r}.")
+
+    def _explicit_support(self, n_items: int) -> np.ndarray:
+        S = np.asarray(self.support)
+        if S.ndim != 1 or S.size == 0 or S.dtype.kind not in "iu":
+            raise ValueError("support must be a method name or a non-empty 1D array of "
+                             f"item indices, got {self.support!r}.")
+        if S.min() < 0 or S.max() >= n_items or len(np.unique(S)) != S.size:
+            raise ValueError(f"support indices must be distinct and in [0, {n_items}).")
+        return S.astype(np.int64)
+
+    # -- fitting -------------------------------------------------------------------
+    def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
+        """Select supports and learn item embeddings from training relevances.
+
+        Parameters
+        ----------
+        train_queries : sequence of length n_queries
+            Training queries (anything ``relevance_fn`` accepts).
+        items : sequence of length n_items
+            All items of the catalogue.
+        relevance_matrix : array-like of shape (n_queries, n_items), optional
+            Cached ``relevance_fn(train_queries, items)``; if omitted it is computed
+            (``n_queries * n_items`` heavy calls, in chunks of ``batch_size`` queries).
+
+        Returns
+        -------
+        self
+        """
+        self._init_fit()
+        n_q = _length(train_queries, "train_queries")
+        N = _length(items, "items")
+        self._check_params(N)
+        if relevance_matrix is None:
+            R = self._heavy_chunked(train_queries, items, N)
+            n_calls = n_q * N
+        else:
+            R = check_tensor(relevance_matrix, name="relevance_matrix", dtype=torch.float64,
+                             device=self._device)
+            if tuple(R.shape) != (n_q, N):
+                raise ValueError(f"relevance_matrix must have shape (n_queries, n_items) = "
+                                 f"({n_q}, {N}), got {tuple(R.shape)}.")
+            n_calls = 0
+        if isinstance(self.support, str):
+            S, scores = select_support(
+                R, self.n_support, self.support, center=self.standardize,
+                random_state=self._numpy_gen, device=self._device, return_scores=True)
+        else:
+            S = self._explicit_support(N)
+            scores = np.full(S.size, np.nan)
+        fit_rows = np.arange(n_q)
+        val_rows = np.arange(0)
+        if self.head == "mlp" and self.validation_fraction > 0 and n_q >= 2:
+            perm = self._numpy_gen.permutation(n_q)
+            n_val = min(n_q - 1, max(1, round(self.validation_fraction * n_q)))
+            val_rows, fit_rows = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+        Sg = torch.as_tensor(S, device=self._device)
+        R_fit = R[torch.as_tensor(fit_rows, device=self._device)]
+        lin = fit_linear_embeddings(R_fit[:, Sg], R_fit, ridge=float(self.ridge),
+                                    rcond=self.rcond, standardize=bool(self.standardize))
+        self.support_indices_ = S
+        self.selection_scores_ = scores
+        self.item_embeddings_ = to_numpy(lin["embeddings"])
+        self.item_offsets_ = to_numpy(lin["offsets"])
+        self.query_mean_ = to_numpy(lin["mean"])
+        self.query_scale_ = to_numpy(lin["scale"])
+        self.items_ = items
+        self.support_items_ = _take(items, S)
+        self.n_items_ = N
+        self.n_heavy_calls_ = n_calls
+        self.n_calls_per_query_ = int(S.size + self.n_rerank)
+        self.head_ = None
+        self.history_ = []
+        if self.head == "mlp":
+            R_val = R[torch.as_tensor(val_rows, device=self._device)]
+            self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))
+        return self
+
+    def _standardize(self, R_sup: torch.Tensor) -> torch.Tensor:
+        mean = torch.as_tensor(self.query_mean_, device=R_sup.device, dtype=R_sup.dtype)
+        scale = torch.as_tensor(self.query_scale_, device=R_sup.device, dtype=R_sup.dtype)
+        return (R_sup - mean) / scale
+
+    def _fit_mlp(self, R_fit, R_val, S, popularity) -> None:
+        dev, f32 = self._device, torch.float32
+        U_fit = self._standardize(R_fit[:, S]).to(f32)
+        cuda = [dev.index or 0] if dev.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):  # seeded tower init, global RNG untouched
+            torch.manual_seed(int(self._numpy_gen.integers(2**31 - 1)))
+            head = NeuralRBEHead(
+                torch.as_tensor(self.item_embeddings_, dtype=f32, device=dev),
+                torch.as_tensor(self.item_offsets_, dtype=f32, device=dev),
+                popularity.to(f32), U_fit.mean(dim=0),
+                U_fit.std(dim=0, correction=0).clamp_min(1e-12), int(self.mlp_hidden),
+            ).to(dev)
+        U_val = self._standardize(R_val[:, S]).to(f32)
+        history, best = train_head(
+            head, U_fit, R_fit.to(f32), U_val, R_val, loss=self.loss,
+            top_quantile=float(self.top_quantile), item_batch=int(self.item_batch),
+            max_iter=int(self.max_iter), lr=float(self.lr), eval_every=int(self.eval_every),
+            batch_size=int(self.batch_size), generator=self._torch_gen, verbose=self.verbose)
+        if best is not None:
+            self.best_validation_hit_rate_ = best
+        head.eval()
+        self.head_ = head
+        self.history_ = history
+
+    # -- inference -----------------------------------------------------------------
+    def transform_items(self) -> np.ndarray:
+        """Linear RBE item embeddings, shape (n_items, k) (``item_embeddings_``)."""
+        self._check_fitted()
+        return self.item_embeddings_.copy()
+
+    def _query_support(self, queries: Any) -> torch.Tensor:
+        self._check_fitted()
+        if not callable(self.relevance_fn):
+            raise TypeError("relevance_fn must be set (a callable) to embed queries; "
+                            "pass it to load() or set_params().")
+        _length(queries, "queries")
+        return self._heavy_chunked(queries, self.support_items_, len(self.support_indices_))
+
+    def transform_queries(self, queries: Any) -> np.ndarray:
+        """Query embeddings: standardised heavy relevance to the support items.
+
+        Makes exactly ``k = len(support_indices_)`` heavy calls per query.
+
+        Parameters
+        ----------
+        queries : sequence of length n
+
+        Returns
+        -------
+        ndarray of shape (n, k), float64
+        """
+        return to_numpy(self._standardize(self._query_support(queries)))
+
+    def _score_fn(self, U: torch.Tensor):
+        if self.head_ is not None:
+            U32 = U.to(torch.float32)
+            return lambda a, b: self.head_(U32[a:b])
+        E = torch.as_tensor(self.item_embeddings_, device=U.device)
+        c = torch.as_tensor(self.item_offsets_, device=U.device)
+        return lambda a, b: U[a:b] @ E.T + c
+
+    def predict(self, queries: Any) -> np.ndarray:
+        """Approximate relevance of every item, shape (n_queries, n_items).
+
+        Makes ``k`` heavy calls per query.
+        """
+        U = self._standardize(self._query_support(queries))
+        with torch.no_grad():
+            fn = self._score_fn(U)
+            out = [fn(s, min(s + self.batch_size, U.shape[0]))
+                   for s in range(0, U.shape[0], self.batch_size)]
+        return to_numpy(torch.cat(out))
+
+    def kneighbors(self, queries: Any, n_neighbors: int = 10, return_distance: bool = True):
+        """Top items per query by approximate score, re-ranked by the heavy model if set.
+
+        Uses ``k + n_rerank`` heavy calls per query (``n_calls_per_query_``).
+
+        Parameters
+        ----------
+        queries : sequence of length n
+        n_neighbors : int, default=10
+            Must be ``<= n_items`` and, when re-ranking, ``<= n_rerank``.
+        return_distance : bool, default=True
+            Also return the scores.
+
+        Returns
+        -------
+        scores : ndarray of shape (n, n_neighbors)
+            Descending; heavy-ranker scores when re-ranking, else approximate scores
+            (only if ``return_distance``).
+        indices : ndarray of shape (n, n_neighbors), int64
+        """
+        self._check_fitted()
+        check_positive(n_neighbors, "n_neighbors", integer=True)
+        if n_neighbors > self.n_items_:
+            raise ValueError(f"n_neighbors={n_neighbors} must be <= n_items ({self.n_items_}).")
+        if 0 < self.n_rerank < n_neighbors:
+            raise ValueError(f"n_neighbors={n_neighbors} must be <= n_rerank={self.n_rerank} "
+                             "when re-ranking.")
+        U = self._standardize(self._query_support(queries))
+        m = self.n_rerank if self.n_rerank > 0 else n_neighbors
+        with torch.no_grad():
+            s, idx = topk_scores(self._score_fn(U), U.shape[0], m,
+                                 batch_size=int(self.batch_size))
+        s, idx = s.double().cpu(), idx.cpu()
+        if self.n_rerank > 0:
+            # Each query has its own candidates: one heavy call per query (1 x n_rerank).
+            heavy = torch.stack([
+                self._heavy(_take(queries, np.array([q])), _take(self.items_, idx[q].numpy()),
+                            1, m)[0].cpu()
+                for q in range(U.shape[0])
+            ])
+            order = torch.argsort(heavy, dim=1, descending=True, stable=True)[:, :n_neighbors]
+            s, idx = torch.gather(heavy, 1, order), torch.gather(idx, 1, order)
+        s, idx = to_numpy(s), to_numpy(idx).astype(np.int64)
+        return (s, idx) if return_distance else idx
+
+    def score(self, queries: Any, relevance: Any, n_neighbors: int = 10) -> float:
+        """HitRate@``n_neighbors`` against the true relevance of ``queries`` to all items.
+
+        Parameters
+        ----------
+        queries : sequence of length n
+        relevance : array-like of shape (n, n_items)
+            Heavy-ranker relevance (ground truth).
+        n_neighbors : int, default=10
+
+        Returns
+        -------
+        float
+        """
+        idx = self.kneighbors(queries, n_neighbors, return_distance=False)
+        return hit_rate(relevance, idx, n_neighbors)
+
+    # -- persistence -----------------------------------------------------------------
+    def _get_state(self) -> dict[str, Any]:
+        state = {k: v for k, v in super()._get_state().items()
+                 if k not in _NOT_SAVED and k not in ("support_items_", "head_")}
+        state["head_"] = None if self.head_ is None else {
+            "hidden": self.head_.hidden,
+            "state_dict": {k: v.detach().cpu() for k, v in self.head_.state_dict().items()},
+        }
+        return state
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        head = state.pop("head_", None)
+        super()._set_state(state)
+        self.head_ = None
+        if head is not None:
+            sd = head["state_dict"]
+            mod = NeuralRBEHead(sd["embeddings"], sd["v"], sd["popularity"],
+                                sd["query_mean"], sd["query_scale"], int(head["hidden"]))
+            mod.load_state_dict(sd)
+            self.head_ = mod.to(self._resolved_device).eval()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save parameters and fitted numbers; not ``relevance_fn`` nor ``items``.
+
+        A callable cannot be stored safely (loading it would need unpickling), so the
+        file holds the other parameters, supports, embeddings and the neural head's
+        weights; :meth:`load` takes ``relevance_fn`` and ``items`` again.
+
+        Parameters
+        ----------
+        path : str or path-like
+        """
+        fn = self.relevance_fn
+        try:
+            self.relevance_fn = None
+            super().save(path)
+        finally:
+            self.relevance_fn = fn
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, relevance_fn: Callable | None = None,
+             items: Any = None, map_location: Any = "cpu"):
+        """Load a retriever written by :meth:`save` (``weights_only=True``).
+
+        Parameters
+        ----------
+        path : str or path-like
+        relevance_fn : callable
+            The heavy ranker (not stored in the file).
+        items : sequence
+            The catalogue used in ``fit`` (not stored in the file).
+        map_location : str or torch.device, default="cpu"
+
+        Returns
+        -------
+        RelevanceBasedRetriever
+        """
+        if not callable(relevance_fn):
+            raise TypeError("load() needs relevance_fn=<callable>: the heavy ranker is not "
+                            "stored in the file.")
+        if items is None:
+            raise TypeError("load() needs items=<the catalogue passed to fit>: items are "
+                            "not stored in the file.")
+        est = super().load(path, map_location=map_location)
+        if _length(items, "items") != est.n_items_:
+            raise ValueError(f"items has {len(items)} elements, the saved retriever was "
+                             f"fitted on {est.n_items_}.")
+        est.relevance_fn = relevance_fn
+        est.items_ = items
+        est.support_items_ = _take(items, est.support_indices_)
+        return est
+
+    # -- scikit-learn integration ----------------------------------------------------
+    @classmethod
+    def _estimator_check_instances(cls) -> list:
+        # fit(train_queries, items, relevance_matrix) with a heavy-ranker callable is
+        # outside scikit-learn's fit(X, y) contract, so the generic checks do not apply.
+        return []
+
+
+class AnnCURRetriever(RelevanceBasedRetriever):
+    """AnnCUR: CUR-based retrieval with random anchor items (baseline of RBE).
+
+    Equivalent to :class:`RelevanceBasedRetriever` with ``support="random"`` and
+    ``head="linear"``; by default without standardisation, i.e. the plain CUR
+    approximation :math:`R_{q, I_a} R_{Q_a, I_a}^{+} R_{Q_a, :}` of [1]_ with the
+    training queries as anchor queries.
+
+    Parameters
+    ----------
+    relevance_fn : callable
+        The heavy ranker ``relevance_fn(queries, items) -> (n_queries, n_items)``.
+    n_support : int, default=100
+        Number of random anchor items.
+    n_rerank : int, default=0
+        Candidates re-ranked by the heavy model in :meth:`kneighbors`.
+    ridge, rcond, standardize, batch_size, device, random_state, verbose
+        As in :class:`RelevanceBasedRetriever` (``standardize`` defaults to False).
+
+    References
+    ----------
+    .. [1] Yadav, Monath, Angell, Zaheer, McCallum, "Efficient Nearest Neighbor Search
+       for Cross-Encoder Models using Matrix Factorization", EMNLP 2022, arXiv:2210.12579.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.retrieval.rbe import AnnCURRetriever
+    >>> rng = np.random.default_rng(0)
+    >>> Q, I = rng.standard_normal((30, 3)), rng.standard_normal((20, 3))
+    >>> cur = AnnCURRetriever(lambda q, i: q @ i.T, n_support=5, random_state=0).fit(Q, I)
+    >>> cur.support_indices_.shape
+    (5,)
+    """
+
+    support = "random"
+    head = "linear"
+
+    def __init__(
+        self,
+        relevance_fn: Callable[[Any, Any], Any] | None = None,
+        *,
+        n_support: int = 100,
+        n_rerank: int = 0,
+        ridge: float = 0.0,
+        rcond: float | None = None,
+        standardize: bool = False,
+        batch_size: int = 1024,
+        device: str = "cpu",
+        random_state=None,
+        verbose: int = 0,
+    ):
+        self.relevance_fn = relevance_fn
+        self.n_support = n_support
+        self.n_rerank = n_rerank
+        self.ridge = ridge
+        self.rcond = rcond
+        self.standardize = standardize
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.verbose = verbose
+

@@ -1,0 +1,169 @@
+"""The neural RBE scoring head (bilinear + two-tower ELU MLP + popularity + item bias)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from mlpapers._utils import ProgressLogger
+from mlpapers.retrieval.rbe._kernels import hit_rate, softmax_signed_loss, topk_scores
+
+__all__ = ["NeuralRBEHead", "train_head"]
+
+
+def _tower(k: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(k, hidden), nn.ELU(), nn.Linear(hidden, hidden))
+
+
+class NeuralRBEHead(nn.Module):
+    r"""Neural RBE score over fixed query and item inputs.
+
+    .. math::
+
+        s(q, i) = u_q^\top W e_i + \mathrm{MLP}_q(\tilde u_q)^\top \mathrm{MLP}_i(\tilde e_i)
+        + p\,\mathrm{pop}_i + v_i + b,
+
+    where :math:`u_q` is the query's (standardised) relevance to the support items,
+    :math:`e_i` the linear-RBE item embedding, tildes denote per-dimension
+    standardisation, :math:`\mathrm{pop}_i` the item's mean training relevance and
+    each MLP is ``Linear(k, h) -> ELU -> Linear(h, h)``. :math:`W` starts at the
+    identity, :math:`v` at the linear offsets and the item tower's output layer
+    at zero, so the untrained head *is* linear RBE; with ``hidden=0`` the MLP term
+    is absent. The MLP product is divided by ``hidden`` to keep its scale
+    independent of the width.
+
+    Parameters
+    ----------
+    embeddings : Tensor of shape (n_items, k)
+        Linear RBE item embeddings (fixed inputs).
+    offsets : Tensor of shape (n_items,)
+        Linear RBE item offsets (initial :math:`v`).
+    popularity : Tensor of shape (n_items,)
+        Mean training relevance of each item.
+    query_mean, query_scale : Tensor of shape (k,)
+        Standardisation of the query input of :math:`\mathrm{MLP}_q`.
+    hidden : int
+        MLP width (0 disables the MLP term).
+    """
+
+    def __init__(self, embeddings, offsets, popularity, query_mean, query_scale, hidden: int):
+        super().__init__()
+        n_items, k = embeddings.shape
+        self.hidden = int(hidden)
+        emb_mean = embeddings.mean(dim=0)
+        emb_scale = embeddings.std(dim=0, correction=0)
+        emb_scale = torch.where(emb_scale > 0, emb_scale, torch.ones_like(emb_scale))
+        pop_scale = popularity.std(correction=0)
+        pop_scale = pop_scale if pop_scale > 0 else torch.ones_like(pop_scale)
+        self.register_buffer("embeddings", embeddings.clone())
+        self.register_buffer("items_std", (embeddings - emb_mean) / emb_scale)
+        self.register_buffer("popularity", (popularity - popularity.mean()) / pop_scale)
+        self.register_buffer("query_mean", query_mean.clone())
+        self.register_buffer("query_scale", query_scale.clone())
+        self.W = nn.Parameter(torch.eye(k, dtype=embeddings.dtype))
+        self.v = nn.Parameter(offsets.clone())
+        self.p = nn.Parameter(torch.zeros((), dtype=embeddings.dtype))
+        self.b = nn.Parameter(torch.zeros((), dtype=embeddings.dtype))
+        if self.hidden > 0:
+            self.query_tower = _tower(k, self.hidden).to(embeddings.dtype)
+            self.item_tower = _tower(k, self.hidden).to(embeddings.dtype)
+            # Zero output layer of the item tower: the MLP term starts at exactly 0
+            # (so the untrained head equals linear RBE) yet still gets gradients.
+            nn.init.zeros_(self.item_tower[-1].weight)
+            nn.init.zeros_(self.item_tower[-1].bias)
+
+    def forward(self, u: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores ``(n, k), (m,) item indices or None (all) -> (n, m)``."""
+        sl = slice(None) if items is None else items
+        E = self.embeddings[sl]
+        s = (u @ self.W) @ E.T + (self.p * self.popularity[sl] + self.v[sl] + self.b)[None, :]
+        if self.hidden > 0:
+            zq = self.query_tower((u - self.query_mean) / self.query_scale)
+            zi = self.item_tower(self.items_std[sl])
+            s = s + zq @ zi.T / self.hidden
+        return s
+
+
+def train_head(
+    head: NeuralRBEHead,
+    U_fit: torch.Tensor,
+    T_fit: torch.Tensor,
+    U_val: torch.Tensor,
+    R_val: torch.Tensor,
+    *,
+    loss: str = "softmax_signed",
+    top_quantile: float = 0.99,
+    item_batch: int = 128,
+    max_iter: int = 2000,
+    lr: float = 5e-4,
+    eval_every: int = 100,
+    batch_size: int = 1024,
+    generator: torch.Generator | None = None,
+    verbose: int = 0,
+) -> tuple[list[dict], float | None]:
+    """Train ``head`` in place with Adam; keep the best checkpoint by validation HitRate.
+
+    Each step samples ``item_batch`` items with replacement and scores them for all
+    training queries. Validation HitRate@m, ``m = clip(round((1 - top_quantile) N),
+    1, 100)``, is measured before training and every ``eval_every`` steps.
+
+    Parameters
+    ----------
+    head : NeuralRBEHead
+    U_fit : Tensor of shape (n_fit, k)
+        Training query inputs.
+    T_fit : Tensor of shape (n_fit, n_items)
+        Their heavy relevance to all items.
+    U_val : Tensor of shape (n_val, k)
+        Validation query inputs (``n_val = 0``: no selection, last step kept).
+    R_val : Tensor of shape (n_val, n_items)
+    loss : {"softmax_signed", "mse"}
+    top_quantile, item_batch, max_iter, lr, eval_every, batch_size
+        See :class:`RelevanceBasedRetriever`.
+    generator : torch.Generator, optional
+        Source of the item samples (on the CPU).
+    verbose : int
+        Progress bar.
+
+    Returns
+    -------
+    history : list of dict
+        ``step``, ``loss`` and, at evaluations, ``val_hit_rate``.
+    best : float or None
+        Best validation HitRate (``None`` without validation queries).
+    """
+    N = T_fit.shape[1]
+    has_val = U_val.shape[0] > 0
+    eval_k = int(min(100, max(1, round((1 - top_quantile) * N))))
+    opt = torch.optim.Adam(head.parameters(), lr=lr)
+    log = ProgressLogger(max_iter, verbose, desc="neural RBE")
+
+    def validate() -> float:
+        with torch.no_grad():
+            _, idx = topk_scores(lambda a, b: head(U_val[a:b]), U_val.shape[0], eval_k,
+                                 batch_size=batch_size)
+        return hit_rate(R_val, idx.cpu(), eval_k)
+
+    best = validate() if has_val else None
+    best_state = copy.deepcopy(head.state_dict())
+    for step in log:
+        cols = torch.randint(N, (item_batch,), generator=generator).to(T_fit.device)
+        logits, target = head(U_fit, cols), T_fit[:, cols]
+        if loss == "softmax_signed":
+            value = softmax_signed_loss(logits, target, top_quantile)
+        else:
+            value = torch.mean((logits - target) ** 2)
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        entry = {"step": step + 1, "loss": float(value.detach())}
+        if has_val and ((step + 1) % eval_every == 0 or step + 1 == max_iter):
+            entry["val_hit_rate"] = validate()
+            if entry["val_hit_rate"] > best:
+                best, best_state = entry["val_hit_rate"], copy.deepcopy(head.state_dict())
+        log.log(**entry)
+    if has_val:
+        head.load_state_dict(best_state)
+    return log.history, best

@@ -1,0 +1,182 @@
+"""Pure torch math of relevance-based embeddings: the linear head, MIPS, metrics, loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mlpapers._utils import check_tensor
+
+__all__ = [
+    "fit_linear_embeddings",
+    "hit_rate",
+    "softmax_signed_loss",
+    "topk_scores",
+]
+
+
+def fit_linear_embeddings(
+    R_sup: torch.Tensor,
+    R: torch.Tensor,
+    *,
+    ridge: float = 0.0,
+    rcond: float | None = None,
+    standardize: bool = True,
+) -> dict[str, torch.Tensor]:
+    r"""Closed-form item embeddings of linear RBE (CUR with anchor queries = training queries).
+
+    Without standardisation, :math:`E^\top = R_S^{+} R` (the pseudo-inverse with
+    relative cutoff ``rcond``) or, with ``ridge > 0``,
+    :math:`E^\top = (R_S^\top R_S + \lambda I)^{-1} R_S^\top R`. With
+    standardisation, the support columns are centred and scaled,
+    :math:`U = (R_S - \mu) / \sigma`, each item column is centred by its mean
+    :math:`c_i`, and the same solve gives :math:`E` for the centred targets, so the
+    score is :math:`\hat s(q, i) = \langle u_q, e_i\rangle + c_i` (an affine
+    least-squares fit per item).
+
+    Parameters
+    ----------
+    R_sup : Tensor of shape (n_queries, k)
+        Training relevance to the support items, ``R[:, S]``.
+    R : Tensor of shape (n_queries, n_items)
+        Training relevance to all items.
+    ridge : float, default=0.0
+        Ridge penalty :math:`\lambda` on the embedding coefficients.
+    rcond : float or None
+        Relative singular-value cutoff of the pseudo-inverse (``ridge == 0``);
+        ``None`` uses ``max(n_queries, k) * eps``.
+    standardize : bool, default=True
+        Centre and scale the support columns and centre the item columns.
+
+    Returns
+    -------
+    dict
+        ``embeddings`` (n_items, k), ``offsets`` (n_items,), ``mean`` (k,),
+        ``scale`` (k,): the query embedding of support relevance ``r`` is
+        ``(r - mean) / scale``.
+    """
+    n_q, k = R_sup.shape
+    if standardize:
+        mean = R_sup.mean(dim=0)
+        scale = R_sup.std(dim=0, correction=0)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        U = (R_sup - mean) / scale
+        offsets = R.mean(dim=0)
+        T = R - offsets
+    else:
+        mean = R_sup.new_zeros(k)
+        scale = R_sup.new_ones(k)
+        U, offsets, T = R_sup, R.new_zeros(R.shape[1]), R
+    if ridge > 0:
+        A = U.T @ U + ridge * torch.eye(k, dtype=U.dtype, device=U.device)
+        Et = torch.linalg.solve(A, U.T @ T)
+    else:
+        Et = torch.linalg.pinv(U, rtol=rcond) @ T
+    return {"embeddings": Et.T.contiguous(), "offsets": offsets, "mean": mean, "scale": scale}
+
+
+def topk_scores(
+    score_fn,
+    n_queries: int,
+    k: int,
+    *,
+    batch_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` of a score matrix computed in query chunks (bounded memory).
+
+    Parameters
+    ----------
+    score_fn : callable
+        ``score_fn(start, stop) -> Tensor (stop - start, n_items)``.
+    n_queries, k : int
+    batch_size : int, default=1024
+        Queries per chunk.
+
+    Returns
+    -------
+    scores, indices : Tensors of shape (n_queries, k)
+        Descending scores; ties broken by the lower item index.
+    """
+    vals, idxs = [], []
+    for s in range(0, n_queries, batch_size):
+        S = score_fn(s, min(s + batch_size, n_queries))
+        order = torch.argsort(S, dim=1, descending=True, stable=True)[:, :k]
+        vals.append(torch.gather(S, 1, order))
+        idxs.append(order)
+    return torch.cat(vals), torch.cat(idxs)
+
+
+def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float:
+    """HitRate@k: overlap of the predicted and the true top-``k`` item sets.
+
+    ``|pred[:, :k] ∩ top_k(true)| / k``, averaged over queries; the true top-``k``
+    uses a stable sort (ties broken by the lower item index).
+
+    Parameters
+    ----------
+    true_scores : array-like of shape (n_queries, n_items)
+        Heavy-ranker relevance.
+    pred_indices : array-like of shape (n_queries, m)
+        Ranked predicted item indices.
+    k : int or None
+        Cut-off; ``None`` uses ``m``. Must satisfy ``k <= m``.
+
+    Returns
+    -------
+    float
+        In [0, 1].
+
+    Examples
+    --------
+    >>> from mlpapers.retrieval.rbe import hit_rate
+    >>> hit_rate([[0.1, 0.9, 0.5]], [[1, 0]])
+    0.5
+    """
+    T = check_tensor(true_scores, name="true_scores", dtype=torch.float64)
+    P = torch.as_tensor(np.asarray(pred_indices), dtype=torch.long)
+    if P.ndim != 2 or P.shape[0] != T.shape[0]:
+        raise ValueError(f"pred_indices must have shape ({T.shape[0]}, m), got {tuple(P.shape)}.")
+    k = P.shape[1] if k is None else int(k)
+    if not 1 <= k <= min(P.shape[1], T.shape[1]):
+        raise ValueError(f"k must be in [1, {min(P.shape[1], T.shape[1])}], got {k}.")
+    true_top = torch.argsort(T, dim=1, descending=True, stable=True)[:, :k]
+    mask = torch.zeros_like(T, dtype=torch.bool)
+    mask.scatter_(1, true_top, True)
+    hits = torch.gather(mask, 1, P[:, :k])
+    return float(hits.double().sum(dim=1).mean() / k)
+
+
+def softmax_signed_loss(
+    logits: torch.Tensor, targets: torch.Tensor, top_quantile: float = 0.99
+) -> torch.Tensor:
+    r"""The "softmax_signed" loss of neural RBE over sampled items.
+
+    Per query, items whose true relevance is at least the ``top_quantile``
+    quantile of the sampled items are positives; with :math:`p = \mathrm{softmax}`
+    of the logits over the sampled items,
+    :math:`L = -\operatorname{mean}_{q,i}(\pm p_{qi})` (``+`` for positives, ``-``
+    for negatives), i.e. it pushes the softmax mass onto the positives.
+
+    Parameters
+    ----------
+    logits : Tensor of shape (n_queries, n_sampled)
+    targets : Tensor of shape (n_queries, n_sampled)
+        Heavy-ranker relevance of the same pairs.
+    top_quantile : float, default=0.99
+
+    Returns
+    -------
+    Tensor
+        Scalar loss.
+    """
+    # torch.quantile (linear interpolation) computed from one sort: faster on CPU.
+    v = torch.sort(targets, dim=1).values
+    pos = top_quantile * (targets.shape[1] - 1)
+    lo = int(pos)
+    hi = min(lo + 1, targets.shape[1] - 1)
+    thr = v[:, lo:lo + 1] + (pos - lo) * (v[:, hi:hi + 1] - v[:, lo:lo + 1])
+    sign = torch.where(targets >= thr, 1.0, -1.0).to(logits.dtype)
+    p = torch.softmax(logits, dim=1)
+    return -(sign * p).mean()

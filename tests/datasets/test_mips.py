@@ -1,0 +1,55 @@
+import numpy as np
+import pytest
+
+from mlpapers.datasets import make_mips_problem
+from mlpapers.datasets._mips import GaussianMixtureQuerySampler
+
+
+def test_shapes_dtypes_and_unit_queries():
+    keys, queries, sampler = make_mips_problem(200, 12, n_queries=30, random_state=0)
+    assert keys.shape == (200, 12) and keys.dtype == np.float32
+    assert queries.shape == (30, 12) and queries.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(queries, axis=1), 1.0, rtol=1e-5)
+    q = sampler(7, np.random.default_rng(1))
+    assert q.shape == (7, 12) and q.dtype == np.float32
+    assert make_mips_problem(5, 3, n_queries=0)[1].shape == (0, 3)
+
+
+def test_determinism():
+    a = make_mips_problem(50, 4, n_queries=10, random_state=3)
+    b = make_mips_problem(50, 4, n_queries=10, random_state=3)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    np.testing.assert_array_equal(a[2](5, 0), b[2](5, 0))
+
+
+def test_key_norms_make_mips_differ_from_cosine():
+    keys, queries, _ = make_mips_problem(500, 8, n_queries=500, norm_spread=0.5,
+                                         random_state=0)
+    norms = np.linalg.norm(keys, axis=1)
+    assert norms.std() > 0.2
+    mips = (queries @ keys.T).argmax(1)
+    cosine = (queries @ (keys / norms[:, None]).T).argmax(1)
+    assert np.mean(mips != cosine) > 0.2
+    unit, _, _ = make_mips_problem(100, 8, norm_spread=0.0, random_state=0)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, rtol=1e-5)
+
+
+def test_sampler_concentrates_around_anchors():
+    anchors = np.eye(4)
+    sampler = GaussianMixtureQuerySampler(anchors, noise=0.05)
+    q = sampler(1000, np.random.default_rng(0))
+    assert (q @ anchors.T).max(1).min() > 0.9
+    assert np.bincount((q @ anchors.T).argmax(1), minlength=4).min() > 150
+    assert "n_anchors=4" in repr(sampler)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="n_keys"):
+        make_mips_problem(0)
+    with pytest.raises(TypeError, match="n_features"):
+        make_mips_problem(10, 2.5)
+    with pytest.raises(ValueError, match="query_noise"):
+        make_mips_problem(10, query_noise=-1)
+    with pytest.raises(ValueError, match="anchors"):
+        GaussianMixtureQuerySampler(np.zeros(3), 0.1)

@@ -1,0 +1,221 @@
+"""AmortizedMIPS: exact recovery, the small-scale claim, API, errors, determinism, save/load."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from mlpapers.datasets import make_mips_problem
+from mlpapers.retrieval import AmortizedMIPS, ExactMIPS, match_rate, recall_at_k
+
+FAST = dict(depth=2, hidden_dim=32, batch_size=256, lr=1e-2, random_state=0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one BLAS thread is fastest and avoids oversubscribing shared CPUs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _square():
+    angles = np.pi / 2 * np.arange(4)
+    return np.c_[np.cos(angles), np.sin(angles)].astype(np.float32)
+
+
+def _circle_queries(n=400, margin=0.05, seed=0):
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(0, 2 * np.pi, 4 * n)
+    # stay away from the ties at odd multiples of pi/4
+    dist = np.abs(((theta - np.pi / 4) % (np.pi / 2)) - np.pi / 4)
+    theta = theta[dist > margin][:n]
+    return np.c_[np.cos(theta), np.sin(theta)].astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def square_models():
+    return {arch: AmortizedMIPS(arch=arch, n_steps=300, **FAST).fit(_square())
+            for arch in ("keynet", "supportnet")}
+
+
+@pytest.mark.parametrize("arch", ["keynet", "supportnet"])
+def test_exact_recovery_on_square(square_models, arch):
+    Q = _circle_queries()
+    model = square_models[arch]
+    assert model.score(Q) >= 0.99
+    truth = ExactMIPS().fit(_square()).predict(Q)
+    assert match_rate(truth, model.predict(Q)) >= 0.99
+
+
+def test_api_shapes_and_consistency(square_models):
+    model = square_models["supportnet"]
+    Q = _circle_queries(50)
+    keys = model.predict_key(Q)
+    assert keys.shape == (50, 2) and keys.dtype == np.float32
+    np.testing.assert_array_equal(model.transform(Q), keys)
+    values = model.value(Q)
+    assert values.shape == (50,)
+    # homogenized SupportNet: Euler identity between value and key
+    np.testing.assert_allclose(values, np.sum(Q * keys, 1), rtol=1e-4, atol=1e-5)
+    sims, idx = model.kneighbors(Q, n_neighbors=3)
+    assert sims.shape == idx.shape == (50, 3)
+    np.testing.assert_allclose(sims, np.take_along_axis(Q @ _square().T, idx, 1), rtol=1e-5)
+    np.testing.assert_array_equal(idx[:, 0], model.predict(Q))
+    np.testing.assert_array_equal(model.predict(Q[:1]), model.predict(Q)[:1])
+    # float64 and tensors accepted
+    np.testing.assert_array_equal(model.predict(Q.astype(np.float64)), model.predict(Q))
+    np.testing.assert_array_equal(model.predict(torch.from_numpy(Q)), model.predict(Q))
+    assert model.n_params_ > 0 and model.hidden_dims_ == (32, 32)
+    assert {"step", "loss", "score_loss", "key_loss", "lr"} <= set(model.history_[-1])
+
+
+def test_learned_key_beats_mean_key_baseline():
+    """Small-scale claim: the amortized key finds the MIPS answer far more often than a
+    query-independent guess (the mean key) or a random key."""
+    keys, Q, sampler = make_mips_problem(128, 8, n_queries=1000, random_state=0)
+    truth = ExactMIPS().fit(keys).predict(Q)
+    model = AmortizedMIPS(depth=3, hidden_dim=64, n_steps=250, batch_size=256, lr=1e-2,
+                          random_state=0).fit(keys, queries=sampler)
+    learned = model.score(Q)
+    mean_key = np.full(len(Q), int(np.argmax(keys @ keys.mean(0))))
+    baseline = max(match_rate(truth, mean_key), np.bincount(truth).max() / len(truth))
+    rand = match_rate(truth, np.random.default_rng(0).integers(0, 128, len(Q)))
+    assert learned >= 0.4
+    assert learned >= baseline + 0.3 and learned >= rand + 0.3
+    # the natural query itself (cosine-like search) is beaten too: key norms vary
+    assert model.history_[-1]["loss"] < model.history_[0]["loss"]
+
+
+def test_l2_retrieval_rule_and_varied_norms():
+    """With keys of different norms the inner-product rule may return a longer
+    neighbour of the predicted key; the l2 rule returns the nearest key."""
+    rng = np.random.default_rng(0)
+    angles = np.sort(rng.uniform(0, 2 * np.pi, 12))
+    keys = (np.c_[np.cos(angles), np.sin(angles)] * rng.lognormal(0, 0.3, (12, 1)))
+    theta = np.linspace(0, 2 * np.pi, 1000, endpoint=False)
+    Q = np.c_[np.cos(theta), np.sin(theta)]
+    model = AmortizedMIPS(n_steps=300, **FAST).fit(keys)
+    ip_rate = model.score(Q)
+    model.set_params(retrieval="l2")
+    k_hat = model.predict_key(Q)
+    ref = ((k_hat[:, None, :] - keys[None].astype(np.float32)) ** 2).sum(-1).argmin(1)
+    np.testing.assert_array_equal(model.predict(Q), ref)
+    assert model.score(Q) >= 0.9 and model.score(Q) > ip_rate
+
+
+def test_reranking_candidates_equals_recall_at_k():
+    keys, Q, sampler = make_mips_problem(200, 8, n_queries=500, random_state=1)
+    model = AmortizedMIPS(n_steps=100, **FAST).fit(keys, queries=sampler)
+    truth = ExactMIPS().fit(keys).predict(Q)
+    ranked = model.kneighbors(Q, 5, return_distance=False)
+    r5 = recall_at_k(truth, ranked, 5, queries=Q, database=keys)
+    model.set_params(n_candidates=5)
+    assert model.score(Q) == pytest.approx(r5)
+    assert model.score(Q) >= model.set_params(n_candidates=1).score(Q)
+    assert model.set_params(n_candidates=10_000).predict(Q[:3]).tolist() == truth[:3].tolist()
+
+
+def test_query_sources_and_noise(rng):
+    keys = rng.standard_normal((20, 3)).astype(np.float32)
+    pool = rng.standard_normal((30, 3))
+    kw = dict(FAST, n_steps=3, batch_size=8)
+    for queries in (None, pool, lambda n, g: g.standard_normal((n, 3))):
+        AmortizedMIPS(**kw).fit(keys, queries=queries)
+    AmortizedMIPS(noise_std=0.0, **kw).fit(keys, queries=pool)
+    with pytest.raises(ValueError, match="features"):
+        AmortizedMIPS(**kw).fit(keys, queries=pool[:, :2])
+    with pytest.raises(ValueError, match="zero norm"):
+        AmortizedMIPS(**kw).fit(keys, queries=np.zeros((4, 3)))
+    with pytest.raises(ValueError, match="sampler"):
+        AmortizedMIPS(**kw).fit(keys, queries=lambda n, g: g.standard_normal((n + 1, 3)))
+
+
+def test_determinism_and_global_rng_untouched(rng):
+    keys = rng.standard_normal((16, 4)).astype(np.float32)
+    Q = rng.standard_normal((40, 4)).astype(np.float32)
+    kw = dict(FAST, n_steps=20, batch_size=32)
+    state = torch.random.get_rng_state()
+    a = AmortizedMIPS(arch="supportnet", **kw).fit(keys).predict_key(Q)
+    assert torch.equal(state, torch.random.get_rng_state())
+    b = AmortizedMIPS(arch="supportnet", **kw).fit(keys).predict_key(Q)
+    np.testing.assert_array_equal(a, b)
+    c = AmortizedMIPS(arch="supportnet", **dict(kw, random_state=1)).fit(keys).predict_key(Q)
+    assert not np.allclose(a, c)
+
+
+@pytest.mark.parametrize("arch", ["keynet", "supportnet"])
+def test_save_load_roundtrip(tmp_path, rng, arch):
+    keys = rng.standard_normal((16, 4)).astype(np.float32)
+    Q = rng.standard_normal((10, 4)).astype(np.float32)
+    model = AmortizedMIPS(arch=arch, **dict(FAST, n_steps=5, batch_size=16)).fit(keys)
+    model.save(tmp_path / "m.pt")
+    loaded = AmortizedMIPS.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(loaded.predict_key(Q), model.predict_key(Q))
+    np.testing.assert_array_equal(loaded.database_, model.database_)
+    assert loaded.get_params() == model.get_params()
+    again = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(again.value(Q), model.value(Q))
+    exact = ExactMIPS().fit(keys)
+    exact.save(tmp_path / "e.pt")
+    np.testing.assert_array_equal(ExactMIPS.load(tmp_path / "e.pt").predict(Q), exact.predict(Q))
+
+
+def test_errors(rng):
+    keys = rng.standard_normal((8, 3)).astype(np.float32)
+    with pytest.raises(NotFittedError):
+        AmortizedMIPS().predict(keys)
+    model = AmortizedMIPS(**dict(FAST, n_steps=2, batch_size=8)).fit(keys)
+    with pytest.raises(ValueError, match="zero norm"):
+        model.predict(np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="3 features"):
+        model.predict(np.ones((2, 4)))
+    with pytest.raises(ValueError, match="2D"):
+        model.predict(np.ones(3))
+    with pytest.raises(ValueError, match="n_neighbors"):
+        model.kneighbors(keys, n_neighbors=9)
+    with pytest.raises(ValueError, match="NaN"):
+        AmortizedMIPS().fit(np.array([[np.nan, 1.0]]))
+    bad = [dict(arch="mlp"), dict(n_steps=0), dict(lr=-1.0), dict(ema_decay=1.0),
+           dict(warmup=1.0), dict(negative_slope=1.5), dict(score_weight=0, target_weight=0),
+           dict(hidden_dim=0), dict(wx_inject=1.5), dict(retrieval="cos"),
+           dict(n_candidates=0)]
+    for params in bad:
+        with pytest.raises((ValueError, TypeError), match=next(iter(params))
+                           if "score_weight" not in params else "both"):
+            AmortizedMIPS(**params).fit(keys)
+    assert clone(AmortizedMIPS(arch="supportnet")).get_params()["arch"] == "supportnet"
+
+
+def test_verbose_progress_bar(rng, capsys):
+    keys = rng.standard_normal((8, 3)).astype(np.float32)
+    model = AmortizedMIPS(verbose=1, **dict(FAST, n_steps=3, batch_size=8)).fit(keys)
+    assert len(model.history_) == 3
+
+
+def test_faiss_ivf_with_projected_queries():
+    pytest.importorskip("faiss")
+    keys, Q, sampler = make_mips_problem(400, 8, n_queries=200, random_state=0)
+    model = AmortizedMIPS(n_steps=100, **dict(FAST, hidden_dim=64)).fit(keys, queries=sampler)
+    index = model.to_faiss_ivf()
+    assert index.nlist == 20 and index.ntotal == 400
+    for rule in ("ip", "l2"):
+        index = model.set_params(retrieval=rule).to_faiss_ivf()
+        index.nprobe = index.nlist  # exhaustive: IVF equals exact search of the projection
+        _, ivf_idx = index.search(np.ascontiguousarray(model.transform(Q)), 1)
+        assert np.mean(ivf_idx[:, 0] == model.predict(Q)) >= 0.99  # float ties aside
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,floor", [("keynet", 0.65), ("supportnet", 0.5)])
+def test_longer_training_on_mixture_problem(arch, floor):
+    keys, Q, sampler = make_mips_problem(1000, 16, n_queries=2000, random_state=0)
+    model = AmortizedMIPS(arch=arch, depth=4, hidden_dim=128, n_steps=1000, batch_size=512,
+                          lr=1e-2, random_state=0).fit(keys, queries=sampler)
+    assert model.score(Q) >= floor
+    mean_key = np.full(len(Q), int(np.argmax(keys @ Q.mean(0))))
+    assert model.score(Q) >= match_rate(ExactMIPS().fit(keys).predict(Q), mean_key) + 0.3

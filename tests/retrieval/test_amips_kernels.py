@@ -1,0 +1,138 @@
+"""Exact search and retrieval metrics of amortized MIPS against numpy references."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlpapers.retrieval import (
+    ExactMIPS,
+    amips_loss,
+    match_rate,
+    mean_reciprocal_rank,
+    mips_topk,
+    recall_at_k,
+    support_function,
+)
+from mlpapers.retrieval.amips._kernels import warmup_cosine_lr
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one BLAS thread is fastest and avoids oversubscribing shared CPUs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 30), N=st.integers(1, 40), d=st.integers(1, 6),
+       k=st.integers(1, 5), chunk=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_mips_topk_matches_bruteforce(n, N, d, k, chunk, seed):
+    k = min(k, N)
+    rng = np.random.default_rng(seed)
+    Q, K = rng.standard_normal((n, d)), rng.standard_normal((N, d))
+    s, i = mips_topk(torch.from_numpy(Q), torch.from_numpy(K), k, batch_size=chunk)
+    ref = Q @ K.T
+    order = np.argsort(-ref, axis=1, kind="stable")[:, :k]
+    np.testing.assert_allclose(s.numpy(), np.take_along_axis(ref, order, 1), rtol=1e-12)
+    # indices agree up to exact ties (continuous data: none)
+    np.testing.assert_array_equal(i.numpy(), order)
+
+
+def test_support_function_ties_go_to_lowest_index():
+    K = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    v, i = support_function(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), K)
+    assert i.tolist() == [0, 0]  # first query: keys 0, 1 tie; second: all three tie
+    assert v.tolist() == [1.0, 1.0]
+
+
+def test_exact_mips_estimator_against_numpy(rng):
+    K = rng.standard_normal((50, 7)).astype(np.float32)
+    Q = rng.standard_normal((33, 7)).astype(np.float32)
+    est = ExactMIPS(batch_size=8).fit(K)
+    sims, idx = est.kneighbors(Q, n_neighbors=5)
+    ref = Q @ K.T
+    np.testing.assert_array_equal(idx, np.argsort(-ref, axis=1)[:, :5])
+    np.testing.assert_allclose(sims, np.sort(ref, axis=1)[:, ::-1][:, :5], rtol=1e-5)
+    assert np.all(np.diff(sims, axis=1) <= 0)
+    np.testing.assert_array_equal(est.predict(Q), ref.argmax(1))
+    assert est.score(Q) == 1.0
+    assert est.kneighbors(torch.from_numpy(Q), 2, return_distance=False).shape == (33, 2)
+
+
+def test_exact_mips_errors(rng):
+    K = rng.standard_normal((5, 3))
+    est = ExactMIPS().fit(K)
+    with pytest.raises(ValueError, match="n_neighbors"):
+        est.kneighbors(K, n_neighbors=6)
+    with pytest.raises(ValueError, match="features"):
+        est.predict(rng.standard_normal((2, 4)))
+    with pytest.raises(ValueError, match="batch_size"):
+        ExactMIPS(batch_size=0).fit(K)
+    with pytest.raises(ValueError, match="NaN"):
+        ExactMIPS().fit(np.array([[np.nan, 1.0]]))
+
+
+def test_exact_mips_matches_faiss(rng):
+    faiss = pytest.importorskip("faiss")
+    K = rng.standard_normal((500, 16)).astype(np.float32)
+    Q = rng.standard_normal((64, 16)).astype(np.float32)
+    index = faiss.IndexFlatIP(16)
+    index.add(K)
+    fs, fi = index.search(Q, 10)
+    s, i = ExactMIPS().fit(K).kneighbors(Q, 10)
+    np.testing.assert_array_equal(i, fi)
+    np.testing.assert_allclose(s, fs, rtol=1e-4, atol=1e-5)
+
+
+# -- metrics -------------------------------------------------------------------
+def _np_metrics(true, ranked, k):
+    hits = ranked == true[:, None]
+    first = np.where(hits.any(1), hits.argmax(1) + 1, np.inf)
+    return (hits[:, 0].mean(), hits[:, :k].any(1).mean(), np.mean(1.0 / first))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 20), m=st.integers(1, 6), N=st.integers(2, 8), seed=st.integers(0, 999))
+def test_metrics_match_numpy_reference(n, m, N, seed):
+    rng = np.random.default_rng(seed)
+    true = rng.integers(0, N, n)
+    ranked = np.stack([rng.permutation(N)[:m] if m <= N else rng.integers(0, N, m)
+                       for _ in range(n)])
+    k = max(1, m // 2)
+    mr, rk, mrr = _np_metrics(true, ranked, k)
+    assert match_rate(true, ranked) == pytest.approx(mr)
+    assert match_rate(true, ranked[:, 0]) == pytest.approx(mr)
+    assert recall_at_k(true, ranked, k) == pytest.approx(rk)
+    assert mean_reciprocal_rank(true, ranked) == pytest.approx(mrr)
+
+
+def test_metrics_tie_aware():
+    K = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0], [-1.0, 0.0]])
+    Q = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    true = np.array([0, 0, 2])
+    pred = np.array([[1, 3], [3, 0], [3, 2]])  # key 1 ties with key 0 for the first query
+    assert match_rate(true, pred) == pytest.approx(0.0)
+    assert match_rate(true, pred, queries=Q, database=K) == pytest.approx(1 / 3)
+    assert recall_at_k(true, pred, 2, queries=Q, database=K) == pytest.approx(1.0)
+    assert mean_reciprocal_rank(true, pred, queries=Q, database=K) == pytest.approx(
+        (1 + 0.5 + 0.5) / 3)
+    with pytest.raises(ValueError, match="together"):
+        match_rate(true, pred, queries=Q)
+    with pytest.raises(ValueError, match="k must be"):
+        recall_at_k(true, pred, 3)
+
+
+def test_loss_and_schedule():
+    s = torch.tensor([1.0, 2.0])
+    k = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    total, sl, kl = amips_loss(s, k, s, k)
+    assert total.item() == sl.item() == kl.item() == 0.0
+    total, sl, kl = amips_loss(s + 1, k + 2, s, k, score_weight=0.5, target_weight=2.0)
+    assert (sl.item(), kl.item(), total.item()) == (1.0, 4.0, 8.5)
+    lrs = [warmup_cosine_lr(t, 100, 1.0, 10, 0.1) for t in range(101)]
+    assert lrs[0] == 0.0 and lrs[10] == pytest.approx(1.0) and lrs[100] == pytest.approx(0.1)
+    assert np.all(np.diff(lrs[:11]) > 0) and np.all(np.diff(lrs[10:]) <= 1e-12)

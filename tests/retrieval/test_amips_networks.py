@@ -1,0 +1,172 @@
+"""Math properties of SupportNet, KeyNet, the homogenization and the oracle sigma_K."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlpapers.retrieval import (
+    Homogenize,
+    KeyNet,
+    SupportFunction,
+    SupportNet,
+    amips_loss,
+    soft_leaky_relu,
+    solve_width,
+    support_function,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one BLAS thread is fastest and avoids oversubscribing shared CPUs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@functools.cache
+def _supportnet(d=5, seed=0, depth=4, width=16, wx_inject=2):
+    torch.manual_seed(seed)
+    net = SupportNet(d, [width] * depth, wx_inject=wx_inject).double()
+    # a non-trivial, data-initialised network
+    net.data_init(torch.randn(64, d, dtype=torch.float64))
+    return net
+
+
+@functools.cache
+def _oracle(d=5, N=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return SupportFunction(torch.randn(N, d, generator=g, dtype=torch.float64))
+
+
+NETS = {"supportnet": _supportnet, "oracle": _oracle}
+
+vec = st.lists(st.floats(-3, 3), min_size=5, max_size=5)
+
+
+@pytest.mark.parametrize("kind", sorted(NETS))
+@settings(max_examples=40, deadline=None)
+@given(x=vec, y=vec, t=st.floats(0, 1), seed=st.integers(0, 3))
+def test_convex_along_lines(kind, x, y, t, seed):
+    f = NETS[kind](seed=seed)
+    x, y = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+    with torch.no_grad():
+        lhs = f(torch.stack([t * x + (1 - t) * y]))[0]
+        rhs = t * f(x[None])[0] + (1 - t) * f(y[None])[0]
+    assert lhs <= rhs + 1e-6 * (1 + abs(rhs))
+
+
+def test_effective_weights_nonnegative_and_hessian_psd():
+    net = _supportnet()
+    assert all(bool((w >= 0).all()) for w in net.effective_wz())
+    for _ in range(3):
+        x = torch.randn(5, dtype=torch.float64)
+        H = torch.func.hessian(lambda v: net(v[None])[0])(x)
+        assert torch.allclose(H, H.T, atol=1e-10)
+        assert torch.linalg.eigvalsh(H).min() >= -1e-8
+
+
+@pytest.mark.parametrize("kind", ["homogenized", "oracle"])
+@settings(max_examples=30, deadline=None)
+@given(x=vec, c=st.floats(1e-3, 1e3), seed=st.integers(0, 3))
+def test_homogeneity_and_euler(kind, x, c, seed):
+    f = Homogenize(_supportnet(seed=seed)) if kind == "homogenized" else _oracle(seed=seed)
+    x = torch.tensor([x], dtype=torch.float64)
+    if x.norm() < 1e-3:
+        return
+    v, g = f.score_and_key(x)
+    vc, gc = f.score_and_key(c * x)
+    assert torch.allclose(vc, c * v, rtol=1e-9, atol=1e-9)  # f(cx) = c f(x)
+    assert torch.allclose(gc, g, rtol=1e-7, atol=1e-9)  # grad f(cx) = grad f(x)
+    assert torch.allclose((x * g).sum(-1), v, rtol=1e-9, atol=1e-9)  # Euler
+
+
+def test_oracle_gradient_is_argmax_key_and_loss_zero():
+    f = _oracle(d=6, N=40, seed=3)
+    x = torch.randn(200, 6, dtype=torch.float64)
+    value, idx = support_function(x, f.keys)
+    v, g = f.score_and_key(x)
+    torch.testing.assert_close(g, f.keys[idx])
+    torch.testing.assert_close(v, value)
+    # the training path (double backprop) gives the same and a zero loss
+    v2, g2 = f.score_and_key(x, create_graph=True)
+    total, _, _ = amips_loss(v2, g2, value, f.keys[idx])
+    assert total.item() == 0.0
+
+
+def test_double_backprop_gradient_matches_finite_differences():
+    net = Homogenize(_supportnet(seed=7))
+    x = torch.randn(8, 5, dtype=torch.float64)
+    target = torch.randn(8, 5, dtype=torch.float64)
+    params = [p for p in net.parameters()]
+
+    def loss():
+        _, g = net.score_and_key(x, create_graph=True)
+        return (g - target).square().mean()
+
+    (grad_w,) = torch.autograd.grad(loss(), [params[0]])
+    eps = 1e-6
+    with torch.no_grad():
+        params[0][0, 0] += eps
+        up = loss().item()
+        params[0][0, 0] -= 2 * eps
+        down = loss().item()
+        params[0][0, 0] += eps
+    assert grad_w[0, 0].item() == pytest.approx((up - down) / (2 * eps), rel=1e-4, abs=1e-8)
+
+
+def test_inference_path_under_no_grad_matches_autograd():
+    net = Homogenize(_supportnet())
+    x = torch.randn(10, 5, dtype=torch.float64)
+    v1, g1 = net.score_and_key(x, create_graph=True)
+    with torch.no_grad():
+        v2, g2 = net.score_and_key(x)
+    assert not g2.requires_grad
+    torch.testing.assert_close(g1.detach(), g2)
+    torch.testing.assert_close(v1.detach(), v2)
+
+
+def test_homogenize_zero_vector_is_finite():
+    net = Homogenize(_supportnet())
+    assert net(torch.zeros(1, 5, dtype=torch.float64)).item() == 0.0
+
+
+def test_keynet_euler_score_and_resnet():
+    torch.manual_seed(0)
+    net = KeyNet(4, [8, 8, 8], wx_inject=2)
+    x = torch.randn(6, 4)
+    v, k = net.score_and_key(x)
+    torch.testing.assert_close(v, (x * net(x)).sum(-1))
+    assert k.shape == (6, 4)
+    res = KeyNet(4, [8, 8], resnet=True)
+    torch.testing.assert_close(res(x) - x, res.stack(x))
+
+
+def test_soft_leaky_relu_shape_and_limits():
+    t = torch.linspace(-50, 50, 1001, dtype=torch.float64)
+    y = soft_leaky_relu(t, 0.1, 20.0)
+    assert torch.isfinite(soft_leaky_relu(torch.tensor([1e30, -1e30]))).all()
+    torch.testing.assert_close(y[0], torch.tensor(-5.0, dtype=torch.float64))
+    torch.testing.assert_close(y[-1], torch.tensor(50.0, dtype=torch.float64))
+    assert (torch.diff(y) > 0).all() and (torch.diff(y, 2) >= -1e-12).all()
+
+
+@pytest.mark.parametrize("depth,wx,out", [(8, 4, 1), (8, 4, 16), (3, True, 1), (2, False, 16)])
+def test_solve_width_meets_budget(depth, wx, out):
+    budget = 0.2 * 20000 * 16
+    w = solve_width(budget, 16, out, depth, wx, min_width=4)
+    net = (SupportNet(16, [w] * depth, wx_inject=wx) if out == 1
+           else KeyNet(16, [w] * depth, wx_inject=wx))
+    n = sum(p.numel() for p in net.parameters())
+    # rounding to a multiple of 4 moves the count by at most one step of the width
+    w2 = w + 4
+    net2 = (SupportNet(16, [w2] * depth, wx_inject=wx) if out == 1
+            else KeyNet(16, [w2] * depth, wx_inject=wx))
+    n2 = sum(p.numel() for p in net2.parameters())
+    assert abs(n - budget) <= (n2 - n)
+    assert w % 4 == 0 and np.isfinite(w)

@@ -1,0 +1,37 @@
+"""make_relevance_problem: the synthetic heavy ranker of the RBE tests and benchmark."""
+
+import numpy as np
+import pytest
+
+from mlpapers.datasets._relevance import make_relevance_problem
+
+
+def test_shapes_determinism_and_chunking():
+    Q, I, f = make_relevance_problem(30, 20, n_features=5, random_state=0)
+    assert Q.shape == (30, 5) and I.shape == (20, 5)
+    R = f(Q, I)
+    assert R.shape == (30, 20) and np.isfinite(R).all()
+    Q2, I2, f2 = make_relevance_problem(30, 20, n_features=5, random_state=0)
+    np.testing.assert_array_equal(R, f2(Q2, I2))
+    # scoring is a cross product: sub-blocks agree with the full matrix
+    np.testing.assert_allclose(f(Q[3:7], I[[1, 4]]), R[3:7][:, [1, 4]], atol=1e-12)
+    assert "rank=8" in repr(f)
+
+
+def test_rank_structure():
+    Q, I, f = make_relevance_problem(60, 50, rank=3, nonlinearity=0.0, random_state=1)
+    s = np.linalg.svd(f(Q, I), compute_uv=False)
+    assert s[4] < 1e-10 * s[0]  # bilinear rank 3 + popularity rank 1
+    Q, I, f = make_relevance_problem(60, 50, rank=3, nonlinearity=1.0, random_state=1)
+    s = np.linalg.svd(f(Q, I), compute_uv=False)
+    assert s[10] > 1e-6 * s[0]  # the tanh interaction is not low rank
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="n_items"):
+        make_relevance_problem(5, 0)
+    with pytest.raises(ValueError, match="nonlinearity"):
+        make_relevance_problem(5, 5, nonlinearity=-1.0)
+    Q, I, f = make_relevance_problem(5, 5, n_features=4, random_state=0)
+    with pytest.raises(ValueError, match="4 features"):
+        f(Q[:, :3], I)

@@ -1,0 +1,256 @@
+"""RelevanceBasedRetriever / AnnCURRetriever: call accounting, exactness, claim, errors."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from mlpapers.datasets._relevance import make_relevance_problem
+from mlpapers.retrieval.rbe import AnnCURRetriever, RelevanceBasedRetriever, hit_rate
+
+
+class CountingRelevance:
+    """Wraps a heavy ranker and counts the query-item pairs it scores."""
+
+    def __init__(self, fn):
+        self.fn, self.pairs, self.calls = fn, 0, 0
+
+    def __call__(self, queries, items):
+        self.calls += 1
+        self.pairs += len(queries) * len(items)
+        return self.fn(queries, items)
+
+
+def _bilinear(rank=4, n_q=60, n_i=40, seed=0):
+    rng = np.random.default_rng(seed)
+    Q, I = rng.standard_normal((n_q, rank)), rng.standard_normal((n_i, rank))
+    return Q, I, (lambda q, i: np.asarray(q) @ np.asarray(i).T)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    Q, I, f = make_relevance_problem(260, 150, random_state=0)
+    return Q, I, f, f(Q, I)
+
+
+def test_heavy_call_accounting(problem):
+    Q, I, f, _ = problem
+    heavy = CountingRelevance(f)
+    est = RelevanceBasedRetriever(heavy, n_support=12, batch_size=64).fit(Q[:200], I)
+    assert heavy.pairs == 200 * 150 == est.n_heavy_calls_
+    heavy.pairs = 0
+    U = est.transform_queries(Q[200:])
+    assert U.shape == (60, 12) and heavy.pairs == 60 * 12  # exactly k calls per query
+    heavy.pairs = 0
+    est.predict(Q[200:210])
+    assert heavy.pairs == 10 * 12
+    est.set_params(n_rerank=20)
+    est.fit(Q[:200], I, relevance_matrix=f(Q[:200], I))
+    assert est.n_heavy_calls_ == 0 and est.n_calls_per_query_ == 32
+    heavy.pairs = 0
+    est.kneighbors(Q[200:], n_neighbors=5)
+    assert heavy.pairs == 60 * (12 + 20)
+
+
+def test_linear_predictions_equal_lstsq_reference(problem):
+    Q, I, f, R = problem
+    for standardize in (False, True):
+        est = RelevanceBasedRetriever(f, n_support=10, standardize=standardize)
+        est.fit(Q[:200], I, relevance_matrix=R[:200])
+        S = est.support_indices_
+        A = R[:200, S]
+        Aq = R[200:, S]
+        if standardize:
+            A, Aq = np.hstack([A, np.ones((200, 1))]), np.hstack([Aq, np.ones((60, 1))])
+        coef, *_ = np.linalg.lstsq(A, R[:200], rcond=None)
+        np.testing.assert_allclose(est.predict(Q[200:]), Aq @ coef, atol=1e-8)
+        assert est.transform_items().shape == (150, 10)
+
+
+def test_low_rank_relevance_is_retrieved_exactly():
+    Q, I, f = _bilinear(rank=4)
+    with pytest.warns(UserWarning, match="stopped after"):
+        est = RelevanceBasedRetriever(f, n_support=10, standardize=False).fit(Q[:40], I)
+    assert len(est.support_indices_) == 4 and est.n_calls_per_query_ == 4
+    R_te = f(Q[40:], I)
+    np.testing.assert_allclose(est.predict(Q[40:]), R_te, atol=1e-8)
+    scores, idx = est.kneighbors(Q[40:], n_neighbors=5)
+    assert hit_rate(R_te, idx) == 1.0
+    np.testing.assert_allclose(scores, np.take_along_axis(R_te, idx, 1), atol=1e-8)
+
+
+def test_retrieval_recall_and_rerank(problem):
+    Q, I, f, R = problem
+    est = RelevanceBasedRetriever(f, n_support=20).fit(Q[:200], I, relevance_matrix=R[:200])
+    base = est.score(Q[200:], R[200:], n_neighbors=10)
+    assert 0.5 < base <= 1.0
+    est.set_params(n_rerank=40).fit(Q[:200], I, relevance_matrix=R[:200])
+    scores, idx = est.kneighbors(Q[200:], n_neighbors=10)
+    np.testing.assert_allclose(scores, np.take_along_axis(R[200:], idx, 1))  # heavy scores
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    assert hit_rate(R[200:], idx) >= base
+    est.set_params(n_rerank=150).fit(Q[:200], I, relevance_matrix=R[:200])
+    assert est.score(Q[200:], R[200:], n_neighbors=10) == 1.0  # re-rank everything = exact
+
+
+def test_invariance_to_positive_scaling_and_item_permutation(problem):
+    Q, I, f, R = problem
+    est = RelevanceBasedRetriever(f, n_support=8).fit(Q[:200], I, relevance_matrix=R[:200])
+    idx = est.kneighbors(Q[200:], 10, return_distance=False)
+    scaled = RelevanceBasedRetriever(lambda q, i: 3.0 * f(q, i), n_support=8)
+    scaled.fit(Q[:200], I, relevance_matrix=3.0 * R[:200])
+    np.testing.assert_array_equal(scaled.support_indices_, est.support_indices_)
+    np.testing.assert_array_equal(scaled.kneighbors(Q[200:], 10, return_distance=False), idx)
+    perm = np.random.default_rng(0).permutation(150)
+    pe = RelevanceBasedRetriever(f, n_support=8).fit(Q[:200], I[perm],
+                                                     relevance_matrix=R[:200, perm])
+    np.testing.assert_array_equal(perm[pe.support_indices_], est.support_indices_)
+    np.testing.assert_allclose(pe.predict(Q[200:]), est.predict(Q[200:])[:, perm], atol=1e-9)
+    qperm = np.random.default_rng(1).permutation(200)
+    qe = RelevanceBasedRetriever(f, n_support=8).fit(Q[qperm], I, relevance_matrix=R[qperm])
+    np.testing.assert_allclose(qe.item_embeddings_, est.item_embeddings_, atol=1e-9)
+
+
+def test_anncur_is_rbe_with_random_supports(problem):
+    Q, I, f, R = problem
+    cur = AnnCURRetriever(f, n_support=10, random_state=3).fit(Q[:200], I, relevance_matrix=R[:200])
+    rbe = RelevanceBasedRetriever(f, n_support=10, support="random", standardize=False,
+                                  random_state=3).fit(Q[:200], I, relevance_matrix=R[:200])
+    np.testing.assert_array_equal(cur.support_indices_, rbe.support_indices_)
+    np.testing.assert_allclose(cur.item_embeddings_, rbe.item_embeddings_)
+    assert "support" not in cur.get_params() and clone(cur).n_support == 10
+
+
+def test_explicit_support_and_strings():
+    items = [f"item{j}" for j in range(12)]
+    queries = [f"q{j}" for j in range(20)]
+    table = np.random.default_rng(0).standard_normal((20, 3)) @ np.random.default_rng(
+        1).standard_normal((3, 12))
+
+    def heavy(qs, its):
+        return table[np.ix_([int(q[1:]) for q in qs], [int(i[4:]) for i in its])]
+
+    est = RelevanceBasedRetriever(heavy, support=[0, 5, 7], standardize=False).fit(queries, items)
+    assert est.support_items_ == ["item0", "item5", "item7"]
+    assert est.kneighbors(["q3"], 2, return_distance=False).shape == (1, 2)
+
+
+def test_determinism(problem):
+    Q, I, f, R = problem
+    for support in ("random", "kmeans"):
+        a = RelevanceBasedRetriever(f, n_support=6, support=support, random_state=7)
+        b = clone(a)
+        a.fit(Q[:200], I, relevance_matrix=R[:200])
+        b.fit(Q[:200], I, relevance_matrix=R[:200])
+        np.testing.assert_array_equal(a.support_indices_, b.support_indices_)
+    kw = dict(n_support=6, head="mlp", mlp_hidden=8, max_iter=20, eval_every=10,
+              random_state=0)
+    state = torch.get_rng_state()
+    a = RelevanceBasedRetriever(f, **kw).fit(Q[:200], I, relevance_matrix=R[:200])
+    assert torch.equal(state, torch.get_rng_state())  # global RNG untouched
+    b = RelevanceBasedRetriever(f, **kw).fit(Q[:200], I, relevance_matrix=R[:200])
+    np.testing.assert_array_equal(a.predict(Q[200:]), b.predict(Q[200:]))
+
+
+def test_small_scale_claim_greedy_and_kmeans_beat_random():
+    """Paper's ablation in small: informed supports beat AnnCUR's random ones."""
+    Q, I, f = make_relevance_problem(700, 600, random_state=0)
+    R = f(Q, I)
+    fit = dict(relevance_matrix=R[:500])
+    rand = np.mean([
+        AnnCURRetriever(f, n_support=10, random_state=s).fit(Q[:500], I, **fit)
+        .score(Q[500:], R[500:], n_neighbors=10) for s in range(5)])
+    for support in ("greedy", "kmeans"):
+        est = RelevanceBasedRetriever(f, n_support=10, support=support, random_state=0)
+        assert est.fit(Q[:500], I, **fit).score(Q[500:], R[500:], 10) > rand + 0.05
+
+
+def test_mlp_head_reduces_to_linear_when_untrained(problem):
+    Q, I, f, R = problem
+    lin = RelevanceBasedRetriever(f, n_support=8).fit(Q[:200], I, relevance_matrix=R[:200])
+    for hidden in (0, 16):
+        mlp = RelevanceBasedRetriever(f, n_support=8, head="mlp", mlp_hidden=hidden,
+                                      max_iter=0, validation_fraction=0.0, random_state=0)
+        mlp.fit(Q[:200], I, relevance_matrix=R[:200])
+        np.testing.assert_allclose(mlp.predict(Q[200:]), lin.predict(Q[200:]), atol=1e-4)
+
+
+def test_mlp_head_trains_and_never_validates_worse(problem):
+    Q, I, f, R = problem
+    est = RelevanceBasedRetriever(f, n_support=8, head="mlp", mlp_hidden=32, max_iter=150,
+                                  lr=3e-3, eval_every=50, random_state=0)
+    est.fit(Q[:200], I, relevance_matrix=R[:200])
+    losses = [h["loss"] for h in est.history_]
+    assert np.mean(losses[-30:]) < np.mean(losses[:30])
+    vals = [h["val_hit_rate"] for h in est.history_ if "val_hit_rate" in h]
+    assert est.best_validation_hit_rate_ >= max(vals) - 1e-12
+    mse = clone(est).set_params(loss="mse", max_iter=30).fit(Q[:200], I,
+                                                              relevance_matrix=R[:200])
+    assert np.isfinite(mse.predict(Q[200:])).all()
+
+
+@pytest.mark.parametrize("head", ["linear", "mlp"])
+def test_save_load_round_trip(tmp_path, problem, head):
+    Q, I, f, R = problem
+    est = RelevanceBasedRetriever(f, n_support=6, head=head, mlp_hidden=8, max_iter=20,
+                                  eval_every=10, random_state=0)
+    est.fit(Q[:200], I, relevance_matrix=R[:200])
+    path = tmp_path / "rbe.pt"
+    est.save(path)
+    assert est.relevance_fn is f
+    with pytest.raises(TypeError, match="relevance_fn"):
+        RelevanceBasedRetriever.load(path)
+    with pytest.raises(TypeError, match="items"):
+        RelevanceBasedRetriever.load(path, relevance_fn=f)
+    with pytest.raises(ValueError, match="items has"):
+        RelevanceBasedRetriever.load(path, relevance_fn=f, items=I[:10])
+    back = RelevanceBasedRetriever.load(path, relevance_fn=f, items=I)
+    np.testing.assert_array_equal(back.predict(Q[200:]), est.predict(Q[200:]))
+    np.testing.assert_array_equal(back.support_indices_, est.support_indices_)
+
+
+def test_bad_input(problem):
+    Q, I, f, R = problem
+    with pytest.raises(ValueError, match="n_support=151"):
+        RelevanceBasedRetriever(f, n_support=151).fit(Q[:20], I)
+    with pytest.raises(ValueError, match="support must be one of"):
+        RelevanceBasedRetriever(f, support="best").fit(Q[:20], I)
+    with pytest.raises(ValueError, match="head must be one of"):
+        RelevanceBasedRetriever(f, n_support=3, head="deep").fit(Q[:20], I)
+    with pytest.raises(TypeError, match="relevance_fn must be a callable"):
+        RelevanceBasedRetriever(None, n_support=3).fit(Q[:20], I)
+    with pytest.raises(ValueError, match="returned shape"):
+        RelevanceBasedRetriever(lambda q, i: f(q, i)[:, :-1], n_support=3).fit(Q[:20], I)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        RelevanceBasedRetriever(lambda q, i: f(q, i) * np.nan, n_support=3).fit(Q[:20], I)
+    with pytest.raises(ValueError, match="relevance_matrix must have shape"):
+        RelevanceBasedRetriever(f, n_support=3).fit(Q[:20], I, relevance_matrix=R[:10])
+    with pytest.raises(ValueError, match="NaN"):
+        RelevanceBasedRetriever(f, n_support=3).fit(Q[:2], I[:3],
+                                                    relevance_matrix=np.full((2, 3), np.nan))
+    with pytest.raises(ValueError, match="support indices"):
+        RelevanceBasedRetriever(f, support=[0, 0, 1]).fit(Q[:20], I)
+    with pytest.raises(ValueError, match="items is empty"):
+        RelevanceBasedRetriever(f, n_support=3).fit(Q[:20], I[:0])
+    with pytest.raises(NotFittedError):
+        RelevanceBasedRetriever(f).predict(Q[:3])
+    est = RelevanceBasedRetriever(f, n_support=3, n_rerank=5)
+    est.fit(Q[:20], I, relevance_matrix=R[:20])
+    with pytest.raises(ValueError, match="n_rerank=5"):
+        est.kneighbors(Q[:2], n_neighbors=6)
+    with pytest.raises(ValueError, match="n_neighbors=151"):
+        est.kneighbors(Q[:2], n_neighbors=151)
+    est.relevance_fn = lambda q, i: np.zeros((len(q) + 1, len(i)))
+    with pytest.raises(ValueError, match="returned shape"):
+        est.transform_queries(Q[:2])
+
+
+def test_excluded_from_sklearn_fit_xy_checks():
+    assert RelevanceBasedRetriever._estimator_check_instances() == []
+    assert AnnCURRetriever._estimator_check_instances() == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert RelevanceBasedRetriever().get_params()["n_support"] == 100
