@@ -1,0 +1,218 @@
+"""Reflected leapfrog and the Metropolis step of reflective HMC (pure torch).
+
+Shapes: ``C`` chains, ``d`` dimensions. Positions ``x`` and momenta ``p`` are
+``(C, d)``; the inverse mass ``inv_mass`` is a diagonal, ``(d,)`` or ``(C, d)``;
+velocities are ``v = inv_mass * p``. The Hamiltonian is
+``H(x, p) = -log pi(x) + p^T M^{-1} p / 2``.
+
+The drift follows the exact billiard flow inside the convex container: it is
+split at the first boundary hit (global minimum over faces, recomputed after
+each reflection) and the momentum is reflected with
+
+.. math:: p' = p - 2 \\frac{n^T M^{-1} p}{n^T M^{-1} n} n,
+
+which keeps ``p^T M^{-1} p`` and negates ``n . v``. A box folds in closed form.
+Trajectories that exceed ``max_reflections`` in one drift are flagged
+(``capped``) and must be rejected, never truncated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mlpapers.sampling.rehmc._supports import Box, ConvexContainer
+
+__all__ = [
+    "hmc_transition",
+    "kinetic_energy",
+    "log_prob_and_grad",
+    "reflect_momentum",
+    "reflected_drift",
+    "reflective_leapfrog",
+]
+
+Tensor = torch.Tensor
+LogProb = Callable[[Tensor], Tensor]
+
+
+def kinetic_energy(p: Tensor, inv_mass: Tensor) -> Tensor:
+    """``p^T M^{-1} p / 2`` of ``(C, d)`` momenta -> ``(C,)``."""
+    return 0.5 * (p * p * inv_mass).sum(-1)
+
+
+def reflect_momentum(p: Tensor, normal: Tensor, inv_mass: Tensor) -> Tensor:
+    """Reflect ``(C, d)`` momenta about unit ``(C, d)`` normals in the ``M^{-1}`` metric.
+
+    Returns ``p - 2 (n^T M^{-1} p) / (n^T M^{-1} n) n``: the kinetic energy is
+    unchanged and the normal velocity ``n . M^{-1} p`` changes sign.
+    """
+    mn = inv_mass * normal
+    coef = (p * mn).sum(-1) / (normal * mn).sum(-1)
+    return p - 2.0 * coef[:, None] * normal
+
+
+def log_prob_and_grad(log_prob: LogProb, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Evaluate ``log_prob`` on ``(C, d)`` points and its gradient by autograd.
+
+    Returns
+    -------
+    logp : torch.Tensor of shape (C,)
+    grad : torch.Tensor of shape (C, d)
+    """
+    with torch.enable_grad():
+        xr = x.detach().requires_grad_(True)
+        lp = log_prob(xr)
+        if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
+            shape = tuple(lp.shape) if isinstance(lp, torch.Tensor) else type(lp).__name__
+            raise ValueError(
+                f"log_prob must return a tensor of shape ({x.shape[0]},) for a "
+                f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.")
+        if lp.requires_grad:
+            (grad,) = torch.autograd.grad(lp.sum(), xr)
+        else:  # constant density
+            grad = torch.zeros_like(x)
+    return lp.detach().to(x.dtype), grad.detach()
+
+
+def reflected_drift(
+    x: Tensor, p: Tensor, tau: Tensor, container: ConvexContainer, inv_mass: Tensor,
+    max_reflections: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Exact billiard drift for times ``tau`` inside ``container``.
+
+    Parameters
+    ----------
+    x, p : torch.Tensor of shape (C, d)
+    tau : torch.Tensor of shape (C,)
+        Drift time per chain (``0`` leaves a chain unchanged).
+    container : ConvexContainer
+    inv_mass : torch.Tensor of shape (d,) or (C, d)
+    max_reflections : int
+        Chains needing more reflections stop and are flagged ``capped``.
+
+    Returns
+    -------
+    x, p : torch.Tensor of shape (C, d)
+    n_reflections : torch.Tensor of shape (C,), int64
+    capped : torch.Tensor of shape (C,), bool
+    """
+    inv_mass = inv_mass.expand_as(p)
+    if isinstance(container, Box):  # closed form: independent 1-D bounces
+        x_new, flip, n_ref = container.fold(x, inv_mass * p, tau)
+        return x_new, p * flip, n_ref, n_ref > max_reflections
+    C = x.shape[0]
+    remaining = tau.clone()
+    n_ref = torch.zeros(C, dtype=torch.long, device=x.device)
+    capped = torch.zeros(C, dtype=torch.bool, device=x.device)
+    exclude = torch.full((C,), -1, dtype=torch.long, device=x.device)
+    active = remaining > 0
+    # Masked loop over all chains: finished chains drift for time 0 and keep their momentum.
+    while bool(active.any()):
+        v = inv_mass * p
+        t, normal, face = container.hit(x, v, remaining, exclude)
+        t = torch.where(active, t, torch.zeros_like(t))
+        bounce = active & (t < remaining)
+        step = torch.where(bounce, t, torch.where(active, remaining, torch.zeros_like(t)))
+        x = x + step[:, None] * v
+        p = torch.where(bounce[:, None], reflect_momentum(p, normal, inv_mass), p)
+        remaining = torch.where(active, remaining - step, remaining)
+        exclude = face
+        n_ref += bounce.long()
+        cap = (bounce & (n_ref > max_reflections)) | (active & torch.isnan(t))
+        capped |= cap
+        active = bounce & ~cap
+    return x, p, n_ref, capped
+
+
+def reflective_leapfrog(
+    x: Tensor, p: Tensor, logp: Tensor, grad: Tensor, step_size: Tensor, n_steps: int,
+    log_prob: LogProb, container: ConvexContainer, inv_mass: Tensor, max_reflections: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``n_steps`` reflected leapfrog steps (kick, billiard drift, kick).
+
+    Parameters
+    ----------
+    x, p, grad : torch.Tensor of shape (C, d)
+        Start state and ``grad log pi(x)``.
+    logp : torch.Tensor of shape (C,)
+    step_size : torch.Tensor of shape (C,)
+    n_steps : int
+    log_prob : callable ``(C, d) -> (C,)``
+    container : ConvexContainer
+    inv_mass : torch.Tensor of shape (d,) or (C, d)
+    max_reflections : int
+        Per-drift cap; a capped chain stops moving and is flagged.
+
+    Returns
+    -------
+    x, p : torch.Tensor of shape (C, d)
+    logp : torch.Tensor of shape (C,)
+    grad : torch.Tensor of shape (C, d)
+    n_reflections : torch.Tensor of shape (C,), int64
+    capped : torch.Tensor of shape (C,), bool
+    """
+    h = step_size[:, None]
+    n_ref = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    capped = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    for _ in range(n_steps):
+        p = p + 0.5 * h * grad
+        tau = torch.where(capped, torch.zeros_like(step_size), step_size)
+        x, p, nr, cap = reflected_drift(x, p, tau, container, inv_mass, max_reflections)
+        n_ref += nr
+        capped |= cap
+        logp, grad = log_prob_and_grad(log_prob, x)
+        p = p + 0.5 * h * grad
+    return x, p, logp, grad, n_ref, capped
+
+
+def hmc_transition(
+    x: Tensor, logp: Tensor, grad: Tensor, step_size: Tensor, n_steps: int,
+    log_prob: LogProb, container: ConvexContainer, inv_mass: Tensor, max_reflections: int,
+    gen: torch.Generator, max_energy_error: float = 1000.0,
+) -> dict[str, Tensor]:
+    """One reflective-HMC Metropolis transition for every chain.
+
+    Draws ``p ~ N(0, M)``, integrates ``n_steps`` reflected leapfrog steps and
+    accepts with probability ``min(1, exp(H0 - H1))``. Capped trajectories, a
+    non-finite energy or an energy error above ``max_energy_error`` count as
+    divergent and are rejected.
+
+    Parameters
+    ----------
+    x : torch.Tensor of shape (C, d)
+    logp : torch.Tensor of shape (C,)
+    grad : torch.Tensor of shape (C, d)
+    step_size : torch.Tensor of shape (C,)
+    gen : torch.Generator
+        CPU generator for the momenta and the uniform draws.
+
+    Returns
+    -------
+    dict
+        ``x``, ``logp``, ``grad`` (new state), ``accept_prob`` (C,),
+        ``accepted`` (C,) bool, ``n_reflections`` (C,), ``divergent`` (C,) bool.
+    """
+    C, d = x.shape
+    z = torch.randn(C, d, generator=gen, dtype=torch.float64).to(x)
+    p0 = z / inv_mass.expand_as(x).sqrt()
+    h0 = -logp + kinetic_energy(p0, inv_mass)
+    x1, p1, lp1, g1, n_ref, capped = reflective_leapfrog(
+        x, p0, logp, grad, step_size, n_steps, log_prob, container, inv_mass, max_reflections)
+    h1 = -lp1 + kinetic_energy(p1, inv_mass)
+    dh = h0 - h1
+    divergent = capped | ~torch.isfinite(dh) | (dh < -max_energy_error)
+    accept_prob = torch.where(divergent, torch.zeros_like(dh), torch.exp(dh.clamp_max(0.0)))
+    u = torch.rand(C, generator=gen, dtype=torch.float64).to(x)
+    accepted = u < accept_prob
+    a = accepted[:, None]
+    return {
+        "x": torch.where(a, x1, x),
+        "logp": torch.where(accepted, lp1, logp),
+        "grad": torch.where(a, g1, grad),
+        "accept_prob": accept_prob,
+        "accepted": accepted,
+        "n_reflections": n_ref,
+        "divergent": divergent,
+    }

@@ -1,0 +1,519 @@
+"""Supports for reflective HMC: convex containers with exact boundary oracles.
+
+Every container is batched over chains: positions and velocities are ``(C, d)``
+tensors (``C`` chains, ``d`` dimensions) and the oracles return one value per
+chain. The hitting time of :meth:`ConvexContainer.hit` is the *first* positive
+time at which the ray ``x + t v`` leaves the set, computed in closed form for
+boxes, polytopes, balls and ellipsoids and by bracketed bisection for a general
+convex level set. :class:`Region` describes a non-convex support ``S`` used only
+for thinning (membership test), never for reflections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from mlpapers._utils import to_numpy
+
+__all__ = ["Ball", "Box", "ConvexContainer", "ConvexSet", "Ellipsoid", "Polytope", "Region"]
+
+Tensor = torch.Tensor
+# Faces whose normal speed is below _GRAZE * |v| are treated as parallel to the ray.
+_GRAZE = 64 * float(np.finfo(np.float64).eps)
+
+
+def _as_float_array(value, name: str, ndim: int) -> np.ndarray:
+    arr = to_numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}.")
+    arr = arr.astype(np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}D, got a {arr.ndim}D array of shape {arr.shape}.")
+    if arr.size == 0:
+        raise ValueError(f"{name} must not be empty.")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite (no NaN or inf).")
+    return arr
+
+
+class ConvexContainer:
+    """Base class of the convex containers ``K`` that trajectories reflect off.
+
+    Subclasses implement :meth:`contains`, :meth:`hit` and
+    :meth:`interior_point`; :attr:`dim` is the dimension ``d``.
+    """
+
+    dim: int
+
+    def _t(self, arr: np.ndarray, like: Tensor) -> Tensor:
+        cache = self.__dict__.setdefault("_tensor_cache", {})
+        key = (id(arr), like.dtype, like.device)
+        hit = cache.get(key)
+        if hit is None or hit[0] is not arr:
+            hit = cache[key] = (arr, torch.as_tensor(arr, dtype=like.dtype, device=like.device))
+        return hit[1]
+
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
+        """Membership test ``x in K`` (to within ``tol``) of ``(C, d)`` points -> ``(C,)`` bool."""
+        raise NotImplementedError
+
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | None = None,
+            exclude: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """First exit time of the rays ``x + t v`` (``t > 0``).
+
+        Parameters
+        ----------
+        x, v : torch.Tensor of shape (C, d)
+            Start points (inside ``K``) and velocities.
+        t_max : torch.Tensor of shape (C,), optional
+            The caller only needs hits before ``t_max``; the bisection oracle
+            uses it as its bracket, closed-form oracles ignore it.
+        exclude : torch.Tensor of shape (C,), optional
+            Index of the face just hit (``-1`` for none), skipped to avoid a
+            spurious round-off hit at ``t = 0``.
+
+        Returns
+        -------
+        t : torch.Tensor of shape (C,)
+            Hitting time (``inf`` when the ray never leaves ``K``, or for the
+            bisection oracle when it does not leave before ``t_max``).
+        normal : torch.Tensor of shape (C, d)
+            Unit outward normal at the hit point (arbitrary where ``t = inf``).
+        face : torch.Tensor of shape (C,), int64
+            Index of the face hit (``0`` for smooth sets).
+        """
+        raise NotImplementedError
+
+    def interior_point(self) -> np.ndarray:
+        """A point of the interior of ``K`` (shape ``(d,)``)."""
+        raise NotImplementedError
+
+    def width(self) -> float:
+        """Diameter of a ball inscribed in ``K`` (``inf`` if unknown); bounds the step size."""
+        return float("inf")
+
+    def random_interior(self, n: int, gen: torch.Generator) -> Tensor:
+        """``n`` random points of ``K`` (not uniform): centre plus a random fraction of a chord.
+
+        Returns
+        -------
+        torch.Tensor of shape (n, d), float64
+        """
+        c = torch.as_tensor(self.interior_point(), dtype=torch.float64).expand(n, -1).clone()
+        u = torch.randn(n, self.dim, generator=gen, dtype=torch.float64)
+        u = u / u.norm(dim=1, keepdim=True)
+        t, _, _ = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))
+        t = torch.where(torch.isfinite(t), t, torch.ones_like(t))
+        frac = torch.rand(n, generator=gen, dtype=torch.float64) * 0.9
+        return c + (frac * t)[:, None] * u
+
+
+class Box(ConvexContainer):
+    """Axis-aligned box ``{x : lo <= x <= hi}``.
+
+    Reflections split into independent one-dimensional bounces, so
+    :meth:`fold` moves a particle for any time in closed form (a triangle wave
+    per coordinate) instead of looping over hits.
+
+    Parameters
+    ----------
+    lo, hi : array-like of shape (d,) or scalar
+        Lower and upper bounds (``lo < hi``); a scalar is broadcast against the
+        other bound (at least one must be a vector, or pass ``dim``).
+    dim : int, optional
+        Dimension, when both bounds are scalars.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.sampling import Box
+    >>> box = Box([0.0, 0.0], [1.0, 2.0])
+    >>> t, n, face = box.hit(torch.tensor([[0.5, 0.5]], dtype=torch.float64),
+    ...                      torch.tensor([[1.0, 0.0]], dtype=torch.float64))
+    >>> float(t[0]), n[0].tolist()
+    (0.5, [1.0, 0.0])
+    """
+
+    def __init__(self, lo, hi, *, dim: int | None = None):
+        lo_a = np.asarray(to_numpy(lo) if isinstance(lo, torch.Tensor) else lo, dtype=float)
+        hi_a = np.asarray(to_numpy(hi) if isinstance(hi, torch.Tensor) else hi, dtype=float)
+        if lo_a.ndim == 0 and hi_a.ndim == 0:
+            if dim is None:
+                raise ValueError("Box needs vector bounds or dim= when lo and hi are scalars.")
+            lo_a, hi_a = np.full(dim, float(lo_a)), np.full(dim, float(hi_a))
+        lo_a, hi_a = np.broadcast_arrays(lo_a, hi_a)
+        self.lo = _as_float_array(lo_a, "lo", 1).copy()
+        self.hi = _as_float_array(hi_a, "hi", 1).copy()
+        if not np.all(self.lo < self.hi):
+            raise ValueError("Box requires lo < hi in every coordinate.")
+        self.dim = len(self.lo)
+
+    def __repr__(self) -> str:
+        return f"Box(dim={self.dim})"
+
+    def contains(self, x, tol=0.0):
+        lo, hi = self._t(self.lo, x), self._t(self.hi, x)
+        return ((x >= lo - tol) & (x <= hi + tol)).all(-1)
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        lo, hi = self._t(self.lo, x), self._t(self.hi, x)
+        inf = torch.full_like(x, float("inf"))
+        speed = v.abs()
+        t = torch.where(v > 0, (hi - x) / v, torch.where(v < 0, (lo - x) / v, inf))
+        t = torch.where(speed > _GRAZE * v.norm(dim=-1, keepdim=True), t.clamp_min(0.0), inf)
+        if exclude is not None:  # faces: j for lo_j, d + j for hi_j
+            j = (exclude % self.dim)[:, None]
+            upper = (exclude >= self.dim)[:, None]
+            moving_to = (v > 0) == upper  # the excluded face is ahead of the particle
+            mask = ((exclude >= 0)[:, None] & (torch.arange(self.dim, device=x.device) == j)
+                    & moving_to)
+            t = torch.where(mask, inf, t)
+        j = t.argmin(dim=-1)  # first index on ties
+        tmin = t.gather(1, j[:, None]).squeeze(1)
+        sign = torch.sign(v.gather(1, j[:, None]))
+        normal = torch.zeros_like(x).scatter_(1, j[:, None], sign)
+        face = j + self.dim * (sign[:, 0] > 0).long()
+        return tmin, normal, face
+
+    def fold(self, x: Tensor, v: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Exact billiard motion for time ``tau`` in closed form.
+
+        Parameters
+        ----------
+        x, v : torch.Tensor of shape (C, d)
+        tau : torch.Tensor of shape (C,)
+
+        Returns
+        -------
+        x_new : torch.Tensor of shape (C, d)
+            End position (clamped into the box against round-off).
+        flip : torch.Tensor of shape (C, d)
+            ``+1``/``-1``: the sign change of each velocity coordinate.
+        n_reflections : torch.Tensor of shape (C,), int64
+            Number of wall hits, as the sequential reflection loop counts them.
+        """
+        lo, hi = self._t(self.lo, x), self._t(self.hi, x)
+        w = hi - lo
+        s = (x - lo) + tau[:, None] * v  # unfolded offset from lo
+        k = torch.floor(s / w)  # number of walls crossed (signed)
+        u = s - 2 * w * torch.floor(s / (2 * w))  # in [0, 2w)
+        x_new = torch.minimum(torch.maximum(lo + torch.minimum(u, 2 * w - u), lo), hi)
+        odd = torch.remainder(k, 2) != 0
+        flip = torch.where(odd, -torch.ones_like(x), torch.ones_like(x))
+        return x_new, flip, k.abs().sum(-1).long()
+
+    def interior_point(self):
+        return 0.5 * (self.lo + self.hi)
+
+    def width(self):
+        return float(np.min(self.hi - self.lo))
+
+    def random_interior(self, n, gen):
+        u = torch.rand(n, self.dim, generator=gen, dtype=torch.float64)
+        lo, hi = torch.as_tensor(self.lo), torch.as_tensor(self.hi)
+        return lo + (0.05 + 0.9 * u) * (hi - lo)
+
+
+class Polytope(ConvexContainer):
+    """Convex polyhedron ``{x : A x <= b}`` (need not be bounded).
+
+    Rows are normalised to unit norm at construction. The constructor solves
+    the Chebyshev-centre linear program (:func:`scipy.optimize.linprog`) and
+    raises if the polytope is empty or has no interior.
+
+    Parameters
+    ----------
+    A : array-like of shape (m, d)
+    b : array-like of shape (m,)
+    """
+
+    def __init__(self, A, b):
+        A = _as_float_array(A, "A", 2)
+        b = _as_float_array(b, "b", 1)
+        if A.shape[0] != b.shape[0]:
+            raise ValueError(f"A has {A.shape[0]} rows but b has {b.shape[0]} entries.")
+        norms = np.linalg.norm(A, axis=1)
+        if np.any(norms == 0):
+            raise ValueError("A has an all-zero row; drop it (or the constraint 0 <= b).")
+        self.A = A / norms[:, None]
+        self.b = b / norms
+        self.dim = A.shape[1]
+        self._center, self._radius = self._chebyshev()
+
+    def __repr__(self) -> str:
+        return f"Polytope(n_faces={len(self.b)}, dim={self.dim})"
+
+    def _chebyshev(self) -> tuple[np.ndarray, float]:
+        from scipy.optimize import linprog
+
+        m, d = self.A.shape
+        c = np.zeros(d + 1)
+        c[-1] = -1.0  # maximise the radius
+        A_ub = np.hstack([self.A, np.ones((m, 1))])
+        res = linprog(c, A_ub=A_ub, b_ub=self.b, bounds=[(None, None)] * d + [(0, 1e6)],
+                      method="highs")
+        if res.status == 2:
+            raise ValueError("Polytope {A x <= b} is empty (the constraints are infeasible).")
+        if res.status != 0:
+            raise ValueError(f"Polytope: Chebyshev-centre LP failed ({res.message}).")
+        radius = float(res.x[-1])
+        if radius <= 1e-12:
+            raise ValueError("Polytope {A x <= b} has an empty interior (it is flat).")
+        return res.x[:d], radius
+
+    def contains(self, x, tol=0.0):
+        A, b = self._t(self.A, x), self._t(self.b, x)
+        return (x @ A.T <= b + tol).all(-1)
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        A, b = self._t(self.A, x), self._t(self.b, x)
+        slack = (b - x @ A.T).clamp_min(0.0)  # (C, m)
+        rate = v @ A.T  # (C, m): normal speed towards each face
+        ok = rate > _GRAZE * v.norm(dim=-1, keepdim=True)
+        if exclude is not None:
+            ok &= torch.arange(len(self.b), device=x.device) != exclude[:, None]
+        t = torch.where(ok, slack / torch.where(ok, rate, torch.ones_like(rate)),
+                        torch.full_like(rate, float("inf")))
+        j = t.argmin(dim=-1)  # ties: lowest index (min(dim=) is slow with threads)
+        tmin = t.gather(1, j[:, None]).squeeze(1)
+        return tmin, A[j], j
+
+    def interior_point(self):
+        return self._center.copy()
+
+    def width(self):
+        return 2.0 * self._radius
+
+
+class Ball(ConvexContainer):
+    """Euclidean ball ``{x : |x - center| <= radius}``.
+
+    Parameters
+    ----------
+    center : array-like of shape (d,)
+    radius : float
+    """
+
+    def __init__(self, center, radius: float):
+        self.center = _as_float_array(center, "center", 1).copy()
+        if not np.isfinite(radius) or radius <= 0:
+            raise ValueError(f"radius must be a finite number > 0, got {radius!r}.")
+        self.radius = float(radius)
+        self.dim = len(self.center)
+
+    def __repr__(self) -> str:
+        return f"Ball(dim={self.dim}, radius={self.radius:g})"
+
+    def contains(self, x, tol=0.0):
+        y = x - self._t(self.center, x)
+        return y.norm(dim=-1) <= self.radius + tol
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        y = x - self._t(self.center, x)
+        t = _quadratic_exit((v * v).sum(-1), (y * v).sum(-1),
+                            (y * y).sum(-1) - self.radius**2)
+        ys = y + torch.nan_to_num(t, posinf=0.0)[:, None] * v
+        normal = ys / ys.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
+
+    def interior_point(self):
+        return self.center.copy()
+
+    def width(self):
+        return 2.0 * self.radius
+
+
+class Ellipsoid(ConvexContainer):
+    """Ellipsoid ``{x : (x - center)^T E (x - center) <= 1}``, ``E`` symmetric positive definite.
+
+    Parameters
+    ----------
+    center : array-like of shape (d,)
+    E : array-like of shape (d, d)
+    """
+
+    def __init__(self, center, E):
+        self.center = _as_float_array(center, "center", 1).copy()
+        E = _as_float_array(E, "E", 2)
+        d = len(self.center)
+        if E.shape != (d, d):
+            raise ValueError(f"E must have shape ({d}, {d}) to match center, got {E.shape}.")
+        if not np.allclose(E, E.T, rtol=1e-10, atol=1e-12):
+            raise ValueError("E must be symmetric.")
+        if np.linalg.eigvalsh(E).min() <= 0:
+            raise ValueError("E must be positive definite.")
+        self.E = 0.5 * (E + E.T)
+        self.dim = d
+
+    def __repr__(self) -> str:
+        return f"Ellipsoid(dim={self.dim})"
+
+    def contains(self, x, tol=0.0):
+        y = x - self._t(self.center, x)
+        return ((y @ self._t(self.E, x)) * y).sum(-1) <= 1.0 + tol
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        E = self._t(self.E, x)
+        y = x - self._t(self.center, x)
+        Ev = v @ E
+        t = _quadratic_exit((v * Ev).sum(-1), (y * Ev).sum(-1), ((y @ E) * y).sum(-1) - 1.0)
+        ys = y + torch.nan_to_num(t, posinf=0.0)[:, None] * v
+        g = ys @ E
+        normal = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
+
+    def interior_point(self):
+        return self.center.copy()
+
+    def width(self):
+        return float(2.0 / np.sqrt(np.linalg.eigvalsh(self.E).max()))
+
+
+def _quadratic_exit(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """Positive root of ``a t^2 + 2 b t + c = 0`` for a start inside (``c <= 0``).
+
+    Uses the cancellation-free form of the root for either sign of ``b``.
+    """
+    c = c.clamp_max(0.0)
+    s = torch.sqrt(b * b - a * c)
+    t = torch.where(b <= 0, (-b + s) / a.clamp_min(1e-300), -c / (b + s).clamp_min(1e-300))
+    return torch.where(a > 0, t, torch.full_like(t, float("inf")))
+
+
+class ConvexSet(ConvexContainer):
+    """Convex level set ``K = {x : g(x) <= 0}`` with ``g`` convex.
+
+    The hitting time is bracketed on ``[0, t_max]`` (the ray stays in ``K`` on
+    an interval, since ``g`` is convex along lines) and refined by Illinois
+    false position with a bisection step every third iteration, until the
+    bracket is a few ulps wide; the returned time is the inner end of the
+    bracket, so the hit point is always inside ``K``.
+
+    Parameters
+    ----------
+    g : callable
+        ``g(x)`` maps a ``(C, d)`` tensor to ``(C,)``.
+    grad_g : callable, optional
+        Gradient of ``g`` (``(C, d) -> (C, d)``); by autograd when omitted.
+    interior_point : array-like of shape (d,)
+        A point with ``g < 0``; it fixes the dimension.
+    n_bisect : int, default=60
+        Maximum root-finding iterations.
+    """
+
+    def __init__(self, g: Callable[[Tensor], Tensor], grad_g: Callable | None = None, *,
+                 interior_point, n_bisect: int = 60):
+        if not callable(g):
+            raise TypeError("g must be callable.")
+        if grad_g is not None and not callable(grad_g):
+            raise TypeError("grad_g must be callable or None.")
+        self.g = g
+        self.grad_g = grad_g
+        self._x0 = _as_float_array(interior_point, "interior_point", 1).copy()
+        self.dim = len(self._x0)
+        self.n_bisect = int(n_bisect)
+        g0 = self._g(torch.as_tensor(self._x0)[None])
+        if g0.shape != (1,):
+            raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(g0.shape)}.")
+        if not g0[0] < 0:
+            raise ValueError("interior_point must satisfy g(interior_point) < 0.")
+
+    def __repr__(self) -> str:
+        return f"ConvexSet(dim={self.dim})"
+
+    def _g(self, x):
+        with torch.no_grad():
+            return self.g(x)
+
+    def contains(self, x, tol=0.0):
+        return self._g(x) <= tol
+
+    def _normal(self, x):
+        if self.grad_g is not None:
+            with torch.no_grad():
+                gr = self.grad_g(x)
+        else:
+            with torch.enable_grad():
+                xr = x.detach().requires_grad_(True)
+                gr = torch.autograd.grad(self.g(xr).sum(), xr)[0]
+        return gr / gr.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        if t_max is None:
+            raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
+        t_max = t_max.to(x.dtype)
+        g_hi = self._g(x + t_max[:, None] * v)
+        out = g_hi > 0
+        lo = torch.zeros_like(t_max)
+        hi = t_max.clone()
+        g_lo = torch.minimum(self._g(x), torch.zeros_like(t_max))
+        g_tol = 1e-14 * g_lo.abs()  # lo is a root to ~1e-14 relative once |g(lo)| <= g_tol
+        g_lo_true = g_lo
+        g_hi = torch.where(out, g_hi, torch.ones_like(g_hi))
+        side = torch.zeros_like(t_max)
+        tol = 4 * torch.finfo(x.dtype).eps
+        for i in range(self.n_bisect):
+            # Illinois false position (superlinear), every third step a bisection step
+            denom = g_hi - g_lo
+            fp = lo - g_lo * (hi - lo) / torch.where(denom > 0, denom, torch.ones_like(denom))
+            mid = 0.5 * (lo + hi)
+            trial = mid if i % 3 == 2 else torch.where((fp > lo) & (fp < hi), fp, mid)
+            gt = self._g(x + trial[:, None] * v)
+            inside = gt <= 0
+            lo = torch.where(inside, trial, lo)
+            hi = torch.where(inside, hi, trial)
+            # halve the stale end's value when the same side moves twice (Illinois)
+            g_hi = torch.where(inside, torch.where(side > 0, 0.5 * g_hi, g_hi), gt)
+            g_lo = torch.where(inside, gt, torch.where(side < 0, 0.5 * g_lo, g_lo))
+            side = torch.where(inside, torch.ones_like(side), -torch.ones_like(side))
+            g_lo_true = torch.where(inside, gt, g_lo_true)
+            open_ = ((hi - lo) > tol * hi.abs().clamp_min(1e-300)) & (g_lo_true < -g_tol)
+            if not bool((open_ & out).any()):
+                break
+        t = torch.where(out, lo, torch.full_like(lo, float("inf")))
+        normal = self._normal(x + torch.where(out, lo, t_max)[:, None] * v)
+        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
+
+    def interior_point(self):
+        return self._x0.copy()
+
+
+class Region:
+    """A (possibly non-convex) support ``S`` given by a membership test.
+
+    Used with a convex container ``K`` that contains ``S``: the chain runs on
+    ``K`` and only draws in ``S`` are kept (thinning).
+
+    Parameters
+    ----------
+    contains : callable
+        ``contains(x)`` maps a ``(C, d)`` tensor to a ``(C,)`` boolean tensor.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.sampling import Region
+    >>> annulus = Region(lambda x: x.norm(dim=-1) >= 1.0)
+    >>> annulus.contains(torch.tensor([[0.5, 0.0], [1.5, 0.0]])).tolist()
+    [False, True]
+    """
+
+    def __init__(self, contains: Callable[[Tensor], Tensor]):
+        if not callable(contains):
+            raise TypeError("contains must be callable.")
+        self._contains = contains
+
+    def __repr__(self) -> str:
+        return "Region(...)"
+
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
+        """Membership ``(C, d) -> (C,)`` bool."""
+        with torch.no_grad():
+            out = torch.as_tensor(self._contains(x))
+        if out.shape != x.shape[:1]:
+            raise ValueError(
+                f"Region.contains must return shape ({x.shape[0]},), got {tuple(out.shape)}.")
+        return out.bool()

@@ -1,0 +1,157 @@
+"""Boundary oracles: exact hitting times, normals, membership, the closed-form box fold."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlpapers.sampling import Ball, Box, ConvexSet, Ellipsoid, Polytope, Region
+from mlpapers.sampling.rehmc._kernels import reflected_drift
+
+D = torch.float64
+
+
+def _containers(d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(3 * d, d))
+    Q = rng.normal(size=(d, d))
+    return {
+        "box": Box(-rng.uniform(0.5, 2, d), rng.uniform(0.5, 2, d)),
+        "polytope": Polytope(A, np.ones(3 * d)),
+        "ball": Ball(rng.normal(size=d) * 0.1, 1.3),
+        "ellipsoid": Ellipsoid(np.zeros(d), Q @ Q.T + 0.5 * np.eye(d)),
+        "convexset": ConvexSet(lambda x: (x**4).sum(-1) - 1.0, interior_point=np.zeros(d)),
+    }
+
+
+def _bisect_exit(c, x, v, t_hi=100.0, n=200):
+    """Brute-force exit time: bisection on membership along each ray."""
+    lo = torch.zeros(len(x), dtype=D)
+    hi = torch.full((len(x),), t_hi, dtype=D)
+    for _ in range(n):
+        mid = 0.5 * (lo + hi)
+        inside = c.contains(x + mid[:, None] * v)
+        lo, hi = torch.where(inside, mid, lo), torch.where(inside, hi, mid)
+    return lo
+
+
+def _inside_points(c, n, gen):
+    return c.random_interior(n, gen)
+
+
+@pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
+def test_hit_time_matches_bisection_and_normal_is_outward(name):
+    c = _containers()[name]
+    gen = torch.Generator().manual_seed(1)
+    x = _inside_points(c, 64, gen)
+    assert bool(c.contains(x).all())
+    v = torch.randn(64, c.dim, generator=gen, dtype=D)
+    t, normal, _ = c.hit(x, v, torch.full((64,), 100.0, dtype=D))
+    ref = _bisect_exit(c, x, v)
+    np.testing.assert_allclose(t.numpy(), ref.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(normal.norm(dim=1).numpy(), 1.0, atol=1e-12)
+    # outward: the velocity leaves through the face, and a step back along -n stays inside
+    assert bool(((normal * v).sum(1) > 0).all())
+    xs = x + t[:, None] * v
+    assert bool(c.contains(xs, tol=1e-12).all())
+    assert not bool(c.contains(xs + 1e-6 * normal).any())
+
+
+def test_hit_known_values():
+    x = torch.tensor([[0.0, 0.0]], dtype=D)
+    v = torch.tensor([[2.0, 0.0]], dtype=D)
+    t, n, _ = Ball([0, 0], 3.0).hit(x, v)
+    assert float(t[0]) == pytest.approx(1.5) and n[0].tolist() == pytest.approx([1, 0])
+    t, n, _ = Ellipsoid([0, 0], np.diag([1 / 16, 1.0])).hit(x, v)
+    assert float(t[0]) == pytest.approx(2.0) and n[0].tolist() == pytest.approx([1, 0])
+    t, n, f = Polytope([[1.0, 1.0], [-1.0, 0.0]], [2.0, 1.0]).hit(x, v)
+    assert float(t[0]) == pytest.approx(1.0)
+    np.testing.assert_allclose(n[0].numpy(), [2**-0.5, 2**-0.5])
+    assert int(f[0]) == 0
+
+
+def test_corner_tie_picks_lowest_face_and_grazing_is_ignored():
+    box = Box([0, 0], [1, 1])
+    x = torch.tensor([[0.5, 0.5]], dtype=D)
+    t, n, face = box.hit(x, torch.tensor([[1.0, 1.0]], dtype=D))  # exact corner
+    assert float(t[0]) == 0.5 and n[0].tolist() == [1.0, 0.0]
+    t, n, _ = box.hit(x, torch.tensor([[1.0, 0.0]], dtype=D))  # parallel to y faces
+    assert float(t[0]) == 0.5 and n[0].tolist() == [1.0, 0.0]
+    P = Polytope(np.vstack([np.eye(2), -np.eye(2)]), np.ones(4))
+    t, n, face = P.hit(torch.zeros(1, 2, dtype=D), torch.tensor([[1.0, 1e-18]], dtype=D))
+    assert int(face[0]) == 0 and float(t[0]) == 1.0
+
+
+def test_exclude_face_just_hit():
+    P = Polytope(np.vstack([np.eye(2), -np.eye(2)]), np.ones(4))
+    x = torch.tensor([[1.0, 0.0]], dtype=D)  # on face 0, moving along it slightly outwards
+    v = torch.tensor([[1e-3, 1.0]], dtype=D)
+    t0, _, f0 = P.hit(x, v)
+    assert float(t0[0]) == 0.0 and int(f0[0]) == 0
+    t1, _, f1 = P.hit(x, v, exclude=torch.tensor([0]))
+    assert float(t1[0]) == pytest.approx(1.0) and int(f1[0]) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), scale=st.floats(0.1, 30.0))
+def test_box_fold_equals_sequential_reflection_loop(seed, scale):
+    g = torch.Generator().manual_seed(seed)
+    d = 3
+    lo = -torch.rand(d, generator=g, dtype=D) - 0.1
+    hi = torch.rand(d, generator=g, dtype=D) + 0.1
+    box = Box(lo, hi)
+    as_polytope = Polytope(np.vstack([np.eye(d), -np.eye(d)]),
+                           np.r_[hi.numpy(), -lo.numpy()])
+    x = box.random_interior(8, g)
+    p = torch.randn(8, d, generator=g, dtype=D) * scale
+    inv_mass = torch.rand(d, generator=g, dtype=D) + 0.5
+    tau = torch.rand(8, generator=g, dtype=D)
+    xf, pf, nf, _ = reflected_drift(x, p, tau, box, inv_mass, 10**6)
+    xl, pl, nl, _ = reflected_drift(x, p, tau, as_polytope, inv_mass, 10**6)
+    np.testing.assert_allclose(xf.numpy(), xl.numpy(), atol=1e-9)
+    np.testing.assert_allclose(pf.numpy(), pl.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(nf.numpy(), nl.numpy())
+    assert bool(box.contains(xf).all())
+
+
+def test_convexset_with_gradient_matches_ball():
+    ball = Ball([0.0, 0.0, 0.0], 2.0)
+    cs = ConvexSet(lambda x: (x * x).sum(-1) - 4.0, lambda x: 2 * x, interior_point=[0, 0, 0])
+    g = torch.Generator().manual_seed(0)
+    x = ball.random_interior(16, g)
+    v = torch.randn(16, 3, generator=g, dtype=D)
+    t1, n1, _ = ball.hit(x, v)
+    t2, n2, _ = cs.hit(x, v, torch.full((16,), 50.0, dtype=D))
+    np.testing.assert_allclose(t1.numpy(), t2.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(n1.numpy(), n2.numpy(), atol=1e-10)
+    t3, _, _ = cs.hit(x, v, 0.5 * t1)  # no hit before t_max
+    assert bool(torch.isinf(t3).all())
+
+
+def test_region_and_bad_constructors():
+    r = Region(lambda x: x[:, 0] > 0)
+    assert r.contains(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])).tolist() == [True, False]
+    with pytest.raises(ValueError, match="shape"):
+        Region(lambda x: x > 0).contains(torch.zeros(3, 2))
+    with pytest.raises(TypeError, match="callable"):
+        Region(3)
+    with pytest.raises(ValueError, match="empty"):
+        Polytope([[1.0], [-1.0]], [-1.0, -1.0])  # x <= -1 and x >= 1
+    with pytest.raises(ValueError, match="interior"):
+        Polytope([[1.0], [-1.0]], [0.0, 0.0])
+    with pytest.raises(ValueError, match="rows"):
+        Polytope(np.eye(2), np.ones(3))
+    with pytest.raises(ValueError, match="lo < hi"):
+        Box([0, 1], [1, 0])
+    with pytest.raises(ValueError, match="finite"):
+        Box([0, np.nan], [1, 1])
+    with pytest.raises(ValueError, match="radius"):
+        Ball([0, 0], -1.0)
+    with pytest.raises(ValueError, match="positive definite"):
+        Ellipsoid([0, 0], -np.eye(2))
+    with pytest.raises(ValueError, match="shape"):
+        Ellipsoid([0, 0], np.eye(3))
+    with pytest.raises(ValueError, match="g\\(interior_point\\) < 0"):
+        ConvexSet(lambda x: (x * x).sum(-1) - 1.0, interior_point=[2.0, 0.0])
+    assert Box(0.0, 1.0, dim=3).dim == 3
