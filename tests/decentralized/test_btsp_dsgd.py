@@ -18,15 +18,6 @@ from mlpapers.decentralized.btsp import (
 from mlpapers.decentralized.btsp._dsgd import consensus_distance, mix
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny batched matmuls: intra-op threads only add contention on a busy 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def blobs():
     X, y = make_blobs(300, n_features=5, centers=3, random_state=0)

@@ -14,15 +14,6 @@ from mlpapers.federated import IFCA, CLoVE, FedAvg
 LIN = dict(n_clusters=4, local_epochs=10, lr=0.02, batch_size=100)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny batched ops: one thread avoids oversubscription on shared CI cores
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _linear(seed, **kw):
     return make_federated_linear(n_clusters=4, n_clients_per_cluster=4, n_samples=500,
                                  random_state=seed, **kw)

@@ -12,16 +12,6 @@ from mlpapers.optim import SCENTClassifier
 from mlpapers.optim.scent._common import minimize_lbfgs
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: thread-pool hand-offs dominate on a loaded 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-
 @pytest.fixture(scope="module")
 def problem():
     X, y = make_extreme_classification(600, 30, 8, noise=1.0, zipf_exponent=0.5, random_state=0)

@@ -4,21 +4,12 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from scipy.optimize import minimize
 from scipy.special import logsumexp
 from sklearn.datasets import load_diabetes
 from sklearn.preprocessing import StandardScaler
 
 from mlpapers.optim import KLDROClassifier, KLDRORegressor
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

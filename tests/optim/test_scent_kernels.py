@@ -23,16 +23,6 @@ f64 = torch.float64
 finite = dict(allow_nan=False, allow_infinity=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: thread-pool hand-offs dominate on a loaded 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-
 def t(x):
     return torch.as_tensor(np.asarray(x, dtype=np.float64))
 

@@ -14,15 +14,6 @@ from mlpapers.retrieval import AmortizedMIPS, ExactMIPS, match_rate, recall_at_k
 FAST = dict(depth=2, hidden_dim=32, batch_size=256, lr=1e-2, random_state=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one BLAS thread is fastest and avoids oversubscribing shared CPUs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _square():
     angles = np.pi / 2 * np.arange(4)
     return np.c_[np.cos(angles), np.sin(angles)].astype(np.float32)

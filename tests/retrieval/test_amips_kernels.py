@@ -18,15 +18,6 @@ from mlpapers.retrieval import (
 from mlpapers.retrieval.amips._kernels import warmup_cosine_lr
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one BLAS thread is fastest and avoids oversubscribing shared CPUs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 30), N=st.integers(1, 40), d=st.integers(1, 6),
        k=st.integers(1, 5), chunk=st.integers(1, 9), seed=st.integers(0, 2**16))

@@ -20,15 +20,6 @@ from mlpapers.retrieval import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one BLAS thread is fastest and avoids oversubscribing shared CPUs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @functools.cache
 def _supportnet(d=5, seed=0, depth=4, width=16, wx_inject=2):
     torch.manual_seed(seed)
