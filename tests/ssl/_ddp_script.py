@@ -2,7 +2,7 @@
 
 Usage: ``python -m torch.distributed.run --nproc_per_node=2 _ddp_script.py OUT_DIR``.
 Each rank fits the same small CLAPPEncoder on its shard and saves its parameters,
-its loss history and the indices it trained on to ``OUT_DIR/rank{r}.pt``.
+its loss history and the world size to ``OUT_DIR/rank{r}.pt``.
 """
 
 import os
@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 from mlpapers.datasets import make_shifted_digits
 from mlpapers.ssl import CLAPPEncoder
-from mlpapers.ssl.clapp import _distributed
 
 
 def main(out_dir: str) -> None:
@@ -29,7 +28,6 @@ def main(out_dir: str) -> None:
         "encoder": enc.encoder_.state_dict(),
         "heads": enc.heads_.state_dict(),
         "history": [h["loss"] for h in enc.history_],
-        "shard": _distributed.shard(torch.arange(len(X)), rank, world),
         "world": world,
     }
     torch.save(state, os.path.join(out_dir, f"rank{rank}.pt"))

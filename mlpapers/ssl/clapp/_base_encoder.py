@@ -13,6 +13,7 @@ from torch import nn
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive, check_tensor
+from mlpapers.ssl.clapp import _distributed as _dist
 from mlpapers.ssl.clapp._augment import DefaultAugment
 from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
 
@@ -144,6 +145,13 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
         Returns
         -------
         self
+
+        Notes
+        -----
+        When :mod:`torch.distributed` is initialised (e.g. under ``torchrun``), every
+        rank must pass the same ``X``; each trains on its shard, gradients are averaged
+        across ranks and all ranks end with identical parameters (``batch_size`` is per
+        rank). See the user guide, "Scale-out".
         """
         self._check_params()
         self._init_fit()
@@ -156,15 +164,28 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
                   if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
         n = X.shape[0]
-        bs = min(self.batch_size, n)
         dev = self._resolved_device
-        log = ProgressLogger(self.n_epochs, self.verbose, desc=type(self).__name__)
+        ddp = _dist.dist_world()              # (rank, world_size) under torchrun, else None
+        shuffle_gen = gen
+        verbose = self.verbose
+        if ddp is not None:
+            # Same initialisation and same permutations on every rank; independent
+            # augmentations/negatives per rank. See _distributed.py.
+            _dist.broadcast_modules(self.encoder_, self.heads_)
+            seed = _dist.shared_seed(gen, dev)
+            shuffle_gen = torch.Generator().manual_seed(seed)
+            gen = torch.Generator().manual_seed((seed + 1 + ddp[0]) % 2 ** 63)
+            verbose = verbose if ddp[0] == 0 else 0
+        bs = min(self.batch_size, n if ddp is None else -(-n // ddp[1]))
+        log = ProgressLogger(self.n_epochs, verbose, desc=type(self).__name__)
         self.encoder_.train()
         for epoch in log:
-            perm = torch.randperm(n, generator=gen)
+            perm = torch.randperm(n, generator=shuffle_gen)
+            if ddp is not None:
+                perm = _dist.shard(perm, *ddp)
             total = torch.zeros(len(self._loss_names), device=dev)
             seen = 0
-            for start in range(0, n, bs):
+            for start in range(0, len(perm), bs):
                 idx = perm[start:start + bs]
                 if len(idx) < 2:
                     continue
@@ -175,9 +196,14 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
                 losses = self._batch_losses(views, neg)
                 opt.zero_grad(set_to_none=True)
                 losses.sum().backward()
+                if ddp is not None:
+                    _dist.average_gradients(params, ddp[1])
                 opt.step()
                 total += losses.detach() * len(idx)
                 seen += len(idx)
+            if ddp is not None:               # history over the global data set
+                total = _dist.sum_across_ranks(total)
+                seen = int(_dist.sum_across_ranks(torch.tensor([seen], device=dev)).item())
             per = (total / max(seen, 1)).tolist()
             log.log(epoch=epoch, loss=float(sum(per)),
                     **{name: v for name, v in zip(self._loss_names, per)})
