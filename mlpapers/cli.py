@@ -32,6 +32,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not algos:
         print("No algorithms are registered yet: nothing to demo.")
         return 0
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     names = args.names or list(algos)
     unknown = [n for n in names if n not in algos]
     if unknown:
@@ -65,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser("demo", help="run algorithm demos on offline data")
     p_demo.add_argument("names", nargs="*", help="algorithms to run (default: all)")
     p_demo.add_argument("--quick", action="store_true", help="smaller runs (< 15 s each)")
+    # The demos train small models, for which extra intra-op threads mostly add
+    # synchronisation cost (and spin badly when other processes share the cores).
+    p_demo.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads for the demos (default: 1)")
     p_demo.set_defaults(func=cmd_demo)
     return parser
 

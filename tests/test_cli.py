@@ -28,7 +28,14 @@ def test_demo_table_with_a_registered_demo(capsys, monkeypatch):
 
     monkeypatch.setattr(_registry, "discover", lambda: dict(_registry._REGISTRY))
     monkeypatch.setattr("mlpapers.cli.discover", _registry.discover)
-    assert main(["demo", "toy", "--quick"]) == 0
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["demo", "toy", "--quick", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
     out = capsys.readouterr().out
     assert "| toy" in out and "0.9" in out and "accuracy (↑)" in out
     assert main(["demo", "nope"]) == 2
