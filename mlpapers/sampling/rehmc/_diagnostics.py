@@ -67,8 +67,8 @@ def _ess_basic(x: np.ndarray) -> float:
             rho[t + 1], rho[t + 2] = even, odd
         t += 2
     max_t = t - 2
-    if odd > 0:
-        rho[max_t + 1] = odd
+    if even > 0:  # as in Stan and ArviZ: the last even-lag estimate improves the tail
+        rho[max_t + 1] = even
     t = 1  # Geyer's initial monotone sequence
     while t <= max_t - 2:
         if rho[t + 1] + rho[t + 2] > rho[t - 1] + rho[t]:
