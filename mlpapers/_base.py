@@ -41,6 +41,7 @@ __all__ = ["TorchEstimatorMixin", "load", "save"]
 _FORMAT_VERSION = 1
 _NDARRAY_TAG = "__mlpapers_ndarray__"
 _TUPLE_TAG = "__mlpapers_tuple__"
+_STRARRAY_TAG = "__mlpapers_strarray__"
 
 
 class TorchEstimatorMixin:
@@ -235,10 +236,16 @@ def _encode(obj: Any, where: str) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, np.ndarray):
-        if obj.dtype.kind not in "biuf":
-            raise TypeError(f"cannot save {where}: numpy arrays of dtype {obj.dtype} are "
-                            "not supported (only bool, integer and float).")
-        return {_NDARRAY_TAG: torch.from_numpy(np.ascontiguousarray(obj))}
+        if obj.dtype.kind in "biuf":
+            return {_NDARRAY_TAG: torch.from_numpy(np.ascontiguousarray(obj))}
+        # string labels (``classes_`` of classifiers): stored as a nested list
+        values = obj.tolist()
+        flat = obj.ravel().tolist()
+        if obj.dtype.kind == "U" or (obj.dtype.kind == "O" and all(
+                isinstance(v, (str, bool, numbers.Number)) for v in flat)):
+            return {_STRARRAY_TAG: values, "object": obj.dtype.kind == "O"}
+        raise TypeError(f"cannot save {where}: numpy arrays of dtype {obj.dtype} are "
+                        "not supported (only numbers and strings).")
     if isinstance(obj, np.generic):
         return obj.item()
     if obj is None or isinstance(obj, (bool, numbers.Number, str)):
@@ -262,6 +269,8 @@ def _decode(obj: Any) -> Any:
     if isinstance(obj, dict):
         if set(obj) == {_NDARRAY_TAG}:
             return obj[_NDARRAY_TAG].numpy()
+        if set(obj) == {_STRARRAY_TAG, "object"}:
+            return np.array(obj[_STRARRAY_TAG], dtype=object if obj["object"] else None)
         if set(obj) == {_TUPLE_TAG}:
             return tuple(_decode(v) for v in obj[_TUPLE_TAG])
         return {k: _decode(v) for k, v in obj.items()}

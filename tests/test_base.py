@@ -122,3 +122,23 @@ def test_load_checks_the_class(tmp_path):
         Other.load(path)  # neither an mlpapers class nor the caller's class
     with pytest.raises(ValueError, match="outside mlpapers"):
         load(path)
+
+
+@pytest.mark.parametrize("labels", [np.array(["cat", "dog"]),
+                                    np.array(["cat", 3], dtype=object)])
+def test_save_load_string_arrays(tmp_path, labels):
+    X, y = _data()
+    est = ToyRidge().fit(X, y)
+    est.classes_ = labels
+    est.save(tmp_path / "s.pt")
+    back = ToyRidge.load(tmp_path / "s.pt")
+    assert back.classes_.dtype == labels.dtype
+    np.testing.assert_array_equal(back.classes_, labels)
+
+
+def test_save_refuses_arbitrary_object_arrays(tmp_path):
+    X, y = _data()
+    est = ToyRidge().fit(X, y)
+    est.things_ = np.array([object()], dtype=object)
+    with pytest.raises(TypeError, match="only numbers and strings"):
+        est.save(tmp_path / "x.pt")

@@ -398,17 +398,6 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return float(self.temperature * ce.mean()) + reg
 
     # -- persistence / checks ---------------------------------------------------------
-    def _get_state(self):
-        state = super()._get_state()
-        if state["classes_"].dtype.kind not in "biuf":
-            state["classes_"] = state["classes_"].tolist()
-        return state
-
-    def _set_state(self, state):
-        state = dict(state)
-        state["classes_"] = np.asarray(state["classes_"])
-        super()._set_state(state)
-
     def __getstate__(self):
         state = dict(self.__dict__)
         for key in ("_W", "_b", "_opt", "_loss_fn", "_torch_gen", "_numpy_gen"):

@@ -384,17 +384,6 @@ class KLDROClassifier(ClassifierMixin, _KLDROBase):
         best = self._to_numpy(self._logits(X).argmax(dim=1))
         return self.classes_[best]
 
-    def _get_state(self):
-        state = super()._get_state()
-        if state["classes_"].dtype.kind not in "biuf":
-            state["classes_"] = state["classes_"].tolist()
-        return state
-
-    def _set_state(self, state):
-        state = dict(state)
-        state["classes_"] = np.asarray(state["classes_"])
-        super()._set_state(state)
-
     @classmethod
     def _estimator_check_instances(cls):
         # a firmer ridge keeps the L-BFGS warm start short on separable check data

@@ -234,17 +234,6 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         w = torch.as_tensor(self.coef_, device=X.device)
         return float(self._objective_t(w, X[pos], X[~pos]))
 
-    def _get_state(self):
-        state = super()._get_state()
-        if state["classes_"].dtype.kind not in "biuf":
-            state["classes_"] = state["classes_"].tolist()
-        return state
-
-    def _set_state(self, state):
-        state = dict(state)
-        state["classes_"] = np.asarray(state["classes_"])
-        super()._set_state(state)
-
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.classifier_tags.multi_class = False
