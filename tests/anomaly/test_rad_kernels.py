@@ -74,7 +74,7 @@ def test_positional_matching_equals_loop_reference(seed, h, w, r, k, chunk):
     else:
         index, mask = neighbour_indices(h, w, r)
         got = positional_patch_similarity(q, m, nbrs, index, mask, chunk_size=chunk)
-        for tile in (1, 2, 3, 8):
+        for tile in (1, 2, 3, 4, 8):
             tiled = tiled_patch_similarity(q, m, nbrs, (h, w), r, tile=tile, chunk_size=chunk)
             torch.testing.assert_close(tiled.double(), ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=0)
@@ -108,6 +108,24 @@ def test_tiled_equals_gather_on_a_larger_grid():
         torch.testing.assert_close(
             tiled_patch_similarity(q, m.half(), nbrs, (13, 10), r, tile=4, chunk_size=1),
             positional_patch_similarity(q, m.half(), nbrs, *neighbour_indices(13, 10, r)))
+
+
+def test_tiled_masks_cells_outside_the_grid():
+    # cells of a tile's candidate block that fall outside the grid read memory row 0
+    # in the gather; they must never win. Make row 0 the perfect match of every query.
+    h, w, C = 7, 6, 3
+    q = torch.zeros(2, h * w, C)
+    q[..., 0] = 1.0
+    m = -q[:1].repeat(3, 1, 1)
+    m[:, 0] = q[0, 0]  # only position 0 matches (cosine 1); everything else is -1
+    nbrs = torch.tensor([[0, 1], [2, 1]])
+    for r in (0, 1, 2):
+        want = positional_patch_similarity(q, m, nbrs, *neighbour_indices(h, w, r))
+        for tile in (2, 3, 4, 5):
+            got = tiled_patch_similarity(q, m, nbrs, (h, w), r, tile=tile)
+            torch.testing.assert_close(got, want)
+        near = torch.tensor([max(divmod(j, w)) <= r for j in range(h * w)])
+        assert (want[:, near] == 1).all() and (want[:, ~near] == -1).all()
 
 
 def test_half_precision_memory_is_close():
@@ -155,6 +173,9 @@ def test_gaussian_blur_matches_2d_conv_with_zero_padding():
     const = torch.ones(1, 8, 8)
     torch.testing.assert_close(gaussian_blur(const, 1.0, padding="reflect"), const)
     assert gaussian_blur(const, 1.0)[0, 0, 0] < 1.0  # zero padding darkens borders
+    big = torch.rand(3, 20, 17)
+    ref = F.conv2d(F.pad(big[:, None], (2, 2, 2, 2), mode="reflect"), k2[None, None])[:, 0]
+    torch.testing.assert_close(gaussian_blur(big, 1.0, padding="reflect"), ref)
 
 
 def test_knn_distances_against_cdist_and_exclusion():

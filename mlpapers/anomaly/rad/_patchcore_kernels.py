@@ -1,0 +1,108 @@
+"""Kernels of the PatchCore baseline: chunked k-NN distances and the greedy coreset.
+
+Re-exported from :mod:`mlpapers.anomaly.rad._kernels`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["greedy_coreset", "knn_distances"]
+
+
+def knn_distances(
+    query: torch.Tensor,
+    memory: torch.Tensor,
+    k: int = 1,
+    chunk_size: int = 2**24,
+    exclude_query_group: torch.Tensor | None = None,
+    memory_group: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""Euclidean distances to the ``k`` nearest memory rows, chunked.
+
+    Uses :math:`\|a-b\|^2 = \|a\|^2 + \|b\|^2 - 2 a^\top b` (clamped at 0) with a
+    running top-k over memory chunks, so memory is bounded by ``chunk_size``.
+
+    Parameters
+    ----------
+    query : Tensor of shape (Q, C)
+    memory : Tensor of shape (P, C)
+    k : int, default=1
+    chunk_size : int, default=2**24
+        Maximum number of (query, memory) pairs per chunk (queries in blocks of
+        4096).
+    exclude_query_group, memory_group : LongTensor of shape (Q,) and (P,), optional
+        Pairs with equal group ids are skipped (leave-one-image-out scores).
+
+    Returns
+    -------
+    Tensor of shape (Q, k), float32, sorted ascending.
+    """
+    Q, P = query.shape[0], memory.shape[0]
+    q_block = max(1, min(Q, 4096))
+    m_block = max(1, int(chunk_size) // q_block)
+    m2 = memory.float().pow(2).sum(1)
+    out = []
+    for qs in range(0, Q, q_block):
+        q = query[qs:qs + q_block].float()
+        q2 = (q * q).sum(1, keepdim=True)
+        best = torch.full((len(q), 0), torch.inf, device=q.device)
+        for ms in range(0, P, m_block):
+            m = memory[ms:ms + m_block].float()
+            d2 = (q2 + m2[None, ms:ms + m_block] - 2.0 * q @ m.T).clamp_min_(0.0)
+            if exclude_query_group is not None and memory_group is not None:
+                same = (exclude_query_group[qs:qs + q_block, None]
+                        == memory_group[None, ms:ms + m_block])
+                d2 = d2.masked_fill(same, torch.inf)
+            both = torch.cat([best, d2], dim=1)
+            best = torch.topk(both, min(k, both.shape[1]), dim=1, largest=False).values
+        out.append(best)
+    return torch.cat(out).sqrt()
+
+
+def greedy_coreset(
+    features: torch.Tensor,
+    n_select: int,
+    generator: torch.Generator | None = None,
+    projection_dim: int | None = 128,
+) -> torch.Tensor:
+    """Greedy k-center coreset (the PatchCore memory subsampling).
+
+    Starting from a random row, repeatedly add the row farthest from the
+    selected set. Distances are computed in a random Gaussian projection of
+    dimension ``projection_dim`` (Johnson-Lindenstrauss, as in PatchCore) when
+    the features are wider.
+
+    Parameters
+    ----------
+    features : Tensor of shape (P, C)
+    n_select : int
+        Number of rows to keep (clamped to ``P``).
+    generator : torch.Generator, optional
+        Seeds the start row and the projection.
+    projection_dim : int or None, default=128
+
+    Returns
+    -------
+    LongTensor of shape (n_select,)
+        Selected row indices, in selection order.
+    """
+    P, C = features.shape
+    n_select = max(1, min(int(n_select), P))
+    x = features.float()
+    if projection_dim is not None and C > projection_dim:
+        proj = torch.randn(C, projection_dim, generator=generator, device="cpu").to(x.device)
+        x = x @ (proj / math.sqrt(projection_dim))
+    first = int(torch.randint(P, (1,), generator=generator).item())
+    selected = torch.empty(n_select, dtype=torch.long, device=x.device)
+    selected[0] = first
+    x2 = x.pow(2).sum(1)
+    min_d = (x2 - 2.0 * (x @ x[first]) + x2[first]).clamp_min_(0.0)
+    for i in range(1, n_select):
+        nxt = torch.argmax(min_d)
+        selected[i] = nxt
+        d = (x2 - 2.0 * (x @ x[nxt]) + x2[nxt]).clamp_min_(0.0)
+        torch.minimum(min_d, d, out=min_d)
+    return selected
