@@ -9,6 +9,16 @@ features, trained by MSE on the same training relevance matrix) re-ranks its top
 HitRate@K is the overlap of the top ``K`` with the heavy ranker's exact top ``K``
 (brute force, ``n_items`` calls, is the reference).
 
+Two further protocols spend the same ``B`` differently:
+
+* ``ADACUR`` (and ``ADACUR-greedy``, whose first round uses RBE's greedy supports):
+  ``B`` calls over 5 adaptive rounds, the final ranking by exact heavy score for the
+  scored items (Yadav et al. 2023);
+* ``+rerank`` rows (AnnCUR's own accounting, ``B = k + K_r``): ``k`` supports and
+  ``B - k`` heavy re-ranking calls on the top approximate candidates, with ``k``
+  chosen among ``{B/4, B/2, 3B/4, B}`` on validation queries held out from the
+  training queries (20 %), the same rule for AnnCUR and greedy RBE (``k`` is shown).
+
 Data (relevance of the training queries to all items is precomputed once: the
 offline cost shared by all methods):
 
@@ -26,7 +36,7 @@ offline cost shared by all methods):
   ``--quick`` runs unless ``--wiki`` is given.
 
 Run: ``python benchmarks/bench_rbe.py [--quick] --repeats 1 --warmup 0
-[--no-synthetic] [--no-wiki]``.
+[--no-synthetic] [--no-wiki] [--k 100]``.
 """
 
 from __future__ import annotations
@@ -41,7 +51,12 @@ import torch
 from _harness import Case, benchmark_main
 
 from mlpapers.datasets import make_relevance_problem
-from mlpapers.retrieval.rbe import AnnCURRetriever, RelevanceBasedRetriever, hit_rate
+from mlpapers.retrieval.rbe import (
+    AdaCURRetriever,
+    AnnCURRetriever,
+    RelevanceBasedRetriever,
+    hit_rate,
+)
 
 
 def _two_tower(Q_tr, items, R_tr, *, steps, seed=0, width=128, dim=64):
@@ -159,6 +174,21 @@ def problem_cases(prefix, Q_tr, Q_te, items, heavy, *, budgets, K, mlp_iter, tt_
             return {"B": B, metric: hit_rate(R_te, ranked[:, :K])}
         return run
 
+    def split_case(make, B):
+        """Support/re-rank split ``B = k + (B - k)`` chosen on held-out training queries."""
+        n_val = len(Q_tr) // 5
+        Q_fit, R_fit, Q_val, R_val = Q_tr[:-n_val], R_tr[:-n_val], Q_tr[-n_val:], R_tr[-n_val:]
+        ks = sorted({k for k in (B // 4, B // 2, 3 * B // 4, B)
+                     if k > 0 and (B - k == 0 or K <= B - k <= n_items)})
+
+        def run():
+            val = {k: make(k, B - k).fit(Q_fit, items, relevance_matrix=R_fit)
+                   .score(Q_val, R_val, n_neighbors=K) for k in ks}
+            k = max(ks, key=lambda j: (val[j], j))
+            est = make(k, B - k).fit(Q_tr, items, relevance_matrix=R_tr)
+            return {"B": B, "k": k, metric: est.score(Q_te, R_te, n_neighbors=K)}
+        return run
+
     def rbe(k, support):
         return RelevanceBasedRetriever(heavy, n_support=k, support=support, random_state=0)
 
@@ -173,6 +203,16 @@ def problem_cases(prefix, Q_tr, Q_te, items, heavy, *, budgets, K, mlp_iter, tt_
         names = [n for n in makers if "MLP" not in n or B <= budgets[1]]
         cases += [Case(f"{prefix}{name} B={B}", cur_case(makers[name], B)) for name in names]
         cases.append(Case(f"{prefix}two-tower B={B}", dual(B)))
+        for init in ("random", "greedy"):
+            name = "ADACUR" if init == "random" else "ADACUR-greedy"
+            cases.append(Case(f"{prefix}{name} B={B}", cur_case(
+                partial(lambda b, i: AdaCURRetriever(heavy, n_calls=b, n_rounds=5, init=i,
+                                                     random_state=0), i=init), B)))
+        cases.append(Case(f"{prefix}AnnCUR+rerank B={B}", split_case(
+            lambda k, r: AnnCURRetriever(heavy, n_support=k, n_rerank=r, random_state=0), B)))
+        cases.append(Case(f"{prefix}RBE-greedy+rerank B={B}", split_case(
+            lambda k, r: RelevanceBasedRetriever(heavy, n_support=k, n_rerank=r,
+                                                 random_state=0), B)))
     return cases
 
 
@@ -186,7 +226,7 @@ def wiki_cases(quick: bool):
             100, 100, 20
     else:
         n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = _OPTIONS.wiki_queries, 300, \
-            _OPTIONS.wiki_items, (50, 100, 200, 500), 500, 1000, 100
+            _OPTIONS.wiki_items, (50, 100, 200, 500), 500, 1000, _OPTIONS.k
     heavy = WikiHeavyRanker(T, S, steps=150 if quick else 400)
     print(f"  wiki heavy MLP trained in {heavy.train_s:.1f} s (in-batch softmax loss "
           f"{heavy.final_loss:.3f})", file=sys.stderr)
@@ -223,7 +263,7 @@ def synthetic_cases(quick: bool):
         kw = dict(n_hidden=64, nonlinearity=2.0)
     else:
         n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 1000, 300, 2000, \
-            (50, 100, 200, 500), 500, 1000, 100
+            (50, 100, 200, 500), 500, 1000, _OPTIONS.k
         kw = dict(n_hidden=128, nonlinearity=2.0)
     Q, items, heavy = make_relevance_problem(n_tr + n_te, n_items, random_state=0, **kw)
     return problem_cases("", Q[:n_tr], Q[n_tr:], items, heavy, budgets=budgets, K=K,
@@ -231,7 +271,7 @@ def synthetic_cases(quick: bool):
 
 
 _OPTIONS = argparse.Namespace(threads=2, no_wiki=False, no_synthetic=False, wiki=False,
-                              wiki_items=2000, wiki_queries=1000)
+                              wiki_items=2000, wiki_queries=1000, k=100)
 
 if __name__ == "__main__":
     extra = argparse.ArgumentParser(add_help=False)
@@ -243,6 +283,8 @@ if __name__ == "__main__":
     extra.add_argument("--wiki-items", type=int, default=2000, help="catalogue size (wiki)")
     extra.add_argument("--wiki-queries", type=int, default=1000,
                        help="training queries (wiki)")
+    extra.add_argument("--k", type=int, default=100,
+                       help="HitRate@K cut-off of the full runs (the paper: 100)")
     _OPTIONS, rest = extra.parse_known_args()
     benchmark_main(make_cases, baseline="brute force",
                    title="RBE: HitRate@K vs online heavy calls per query", argv=rest)

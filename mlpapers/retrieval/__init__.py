@@ -19,9 +19,11 @@ from mlpapers.retrieval.amips import (
     support_function,
 )
 from mlpapers.retrieval.rbe import (
+    AdaCURRetriever,
     AnnCURRetriever,
     NeuralRBEHead,
     RelevanceBasedRetriever,
+    cur_query_weights,
     fit_linear_embeddings,
     greedy_selection,
     hit_rate,
@@ -48,9 +50,11 @@ __all__ = [
     "solve_width",
     "support_function",
     # rbe
+    "AdaCURRetriever",
     "AnnCURRetriever",
     "NeuralRBEHead",
     "RelevanceBasedRetriever",
+    "cur_query_weights",
     "fit_linear_embeddings",
     "greedy_selection",
     "hit_rate",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -11,42 +10,19 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import (
-    check_in_options,
-    check_positive,
-    check_tensor,
-    to_numpy,
+from mlpapers._utils import check_in_options, check_positive, to_numpy
+from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
+from mlpapers.retrieval.rbe._heads import NeuralRBEHead, build_head, check_head_params, train_head
+from mlpapers.retrieval.rbe._kernels import fit_linear_embeddings, topk_scores
+from mlpapers.retrieval.rbe._selection import (
+    SUPPORT_METHODS,
+    check_support_indices,
+    select_support,
 )
-from mlpapers.retrieval.rbe._heads import NeuralRBEHead, train_head
-from mlpapers.retrieval.rbe._kernels import fit_linear_embeddings, hit_rate, topk_scores
-from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, select_support
 
-__all__ = ["AnnCURRetriever", "RelevanceBasedRetriever"]
+__all__ = ["RelevanceBasedRetriever"]
 
-_NOT_SAVED = ("items_",)
-
-
-def _length(seq: Any, name: str) -> int:
-    try:
-        n = len(seq)
-    except TypeError as exc:
-        raise TypeError(f"{name} must be a sized sequence (list, array, tensor), "
-                        f"got {type(seq).__name__}.") from exc
-    if n == 0:
-        raise ValueError(f"{name} is empty; at least one element is required.")
-    return n
-
-
-def _take(seq: Any, idx: np.ndarray) -> Any:
-    """``seq[idx]`` for arrays/tensors, a list comprehension for other sequences."""
-    if isinstance(seq, np.ndarray):
-        return seq[idx]
-    if isinstance(seq, torch.Tensor):
-        return seq[torch.as_tensor(idx, dtype=torch.long, device=seq.device)]
-    return [seq[int(i)] for i in idx]
-
-
-class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
+class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
     r"""Candidate retrieval with relevance-based embeddings (RBE).
 
     A query is described by its heavy-ranker relevance to ``k`` support items,
@@ -149,6 +125,11 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
     :meth:`save` stores only the fitted numbers (embeddings, supports, the neural
     head's weights); :meth:`load` needs ``relevance_fn`` and ``items`` again.
 
+    See Also
+    --------
+    AnnCURRetriever : random supports, the plain CUR formula.
+    AdaCURRetriever : per-query adaptive anchors over several rounds.
+
     References
     ----------
     .. [1] Shevkunov, Ploskonosov, Prokhorenkova, "Relevance-Based Embeddings:
@@ -214,35 +195,9 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    # -- heavy calls -----------------------------------------------------------
-    def _heavy(self, queries: Any, items: Any, n_q: int, n_i: int) -> torch.Tensor:
-        """One call of ``relevance_fn``, checked: ``-> float64 Tensor (n_q, n_i)``."""
-        out = self.relevance_fn(queries, items)
-        try:
-            t = torch.as_tensor(to_numpy(out), dtype=torch.float64)
-        except (TypeError, ValueError) as exc:
-            raise TypeError("relevance_fn must return a numeric array of shape "
-                            f"(n_queries, n_items), got {type(out).__name__}.") from exc
-        if tuple(t.shape) != (n_q, n_i):
-            raise ValueError(f"relevance_fn returned shape {tuple(t.shape)}, expected "
-                             f"(n_queries, n_items) = ({n_q}, {n_i}).")
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError("relevance_fn returned NaN or infinite scores.")
-        return t.to(self._resolved_device)
-
-    def _heavy_chunked(self, queries: Any, items: Any, n_i: int) -> torch.Tensor:
-        n, bs = len(queries), int(self.batch_size)
-        if n <= bs:
-            return self._heavy(queries, items, n, n_i)
-        parts = [self._heavy(_take(queries, np.arange(s, min(s + bs, n))), items,
-                             min(s + bs, n) - s, n_i) for s in range(0, n, bs)]
-        return torch.cat(parts)
-
     # -- validation --------------------------------------------------------------
     def _check_params(self, n_items: int) -> None:
-        if not callable(self.relevance_fn):
-            raise TypeError("relevance_fn must be a callable relevance_fn(queries, items) "
-                            f"-> scores, got {type(self.relevance_fn).__name__}.")
+        self._check_relevance_fn()
         check_positive(self.n_support, "n_support", integer=True)
         if isinstance(self.support, str):
             check_in_options(self.support, "support", SUPPORT_METHODS)
@@ -259,26 +214,7 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
             check_positive(self.rcond, "rcond", strict=False)
         check_positive(self.batch_size, "batch_size", integer=True)
         if self.head == "mlp":
-            check_positive(self.mlp_hidden, "mlp_hidden", strict=False, integer=True)
-            check_in_options(self.loss, "loss", ("softmax_signed", "mse"))
-            check_positive(self.item_batch, "item_batch", integer=True)
-            check_positive(self.max_iter, "max_iter", strict=False, integer=True)
-            check_positive(self.lr, "lr")
-            check_positive(self.eval_every, "eval_every", integer=True)
-            if not 0.0 < self.top_quantile < 1.0:
-                raise ValueError(f"top_quantile must be in (0, 1), got {self.top_quantile!r}.")
-            if not 0.0 <= self.validation_fraction < 1.0:
-                raise ValueError("validation_fraction must be in [0, 1), got "
-                                 f"{self.validation_fraction!r}.")
-
-    def _explicit_support(self, n_items: int) -> np.ndarray:
-        S = np.asarray(self.support)
-        if S.ndim != 1 or S.size == 0 or S.dtype.kind not in "iu":
-            raise ValueError("support must be a method name or a non-empty 1D array of "
-                             f"item indices, got {self.support!r}.")
-        if S.min() < 0 or S.max() >= n_items or len(np.unique(S)) != S.size:
-            raise ValueError(f"support indices must be distinct and in [0, {n_items}).")
-        return S.astype(np.int64)
+            check_head_params(self)
 
     # -- fitting -------------------------------------------------------------------
     def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
@@ -299,25 +235,16 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
         self
         """
         self._init_fit()
-        n_q = _length(train_queries, "train_queries")
-        N = _length(items, "items")
+        n_q = length(train_queries, "train_queries")
+        N = length(items, "items")
         self._check_params(N)
-        if relevance_matrix is None:
-            R = self._heavy_chunked(train_queries, items, N)
-            n_calls = n_q * N
-        else:
-            R = check_tensor(relevance_matrix, name="relevance_matrix", dtype=torch.float64,
-                             device=self._device)
-            if tuple(R.shape) != (n_q, N):
-                raise ValueError(f"relevance_matrix must have shape (n_queries, n_items) = "
-                                 f"({n_q}, {N}), got {tuple(R.shape)}.")
-            n_calls = 0
+        R, n_calls = self._offline_relevance(train_queries, items, relevance_matrix)
         if isinstance(self.support, str):
             S, scores = select_support(
                 R, self.n_support, self.support, center=self.standardize,
                 random_state=self._numpy_gen, device=self._device, return_scores=True)
         else:
-            S = self._explicit_support(N)
+            S = check_support_indices(self.support, N)
             scores = np.full(S.size, np.nan)
         fit_rows = np.arange(n_q)
         val_rows = np.arange(0)
@@ -336,7 +263,7 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
         self.query_mean_ = to_numpy(lin["mean"])
         self.query_scale_ = to_numpy(lin["scale"])
         self.items_ = items
-        self.support_items_ = _take(items, S)
+        self.support_items_ = take(items, S)
         self.n_items_ = N
         self.n_heavy_calls_ = n_calls
         self.n_calls_per_query_ = int(S.size + self.n_rerank)
@@ -353,17 +280,11 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
         return (R_sup - mean) / scale
 
     def _fit_mlp(self, R_fit, R_val, S, popularity) -> None:
-        dev, f32 = self._device, torch.float32
+        f32 = torch.float32
         U_fit = self._standardize(R_fit[:, S]).to(f32)
-        cuda = [dev.index or 0] if dev.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda):  # seeded tower init, global RNG untouched
-            torch.manual_seed(int(self._numpy_gen.integers(2**31 - 1)))
-            head = NeuralRBEHead(
-                torch.as_tensor(self.item_embeddings_, dtype=f32, device=dev),
-                torch.as_tensor(self.item_offsets_, dtype=f32, device=dev),
-                popularity.to(f32), U_fit.mean(dim=0),
-                U_fit.std(dim=0, correction=0).clamp_min(1e-12), int(self.mlp_hidden),
-            ).to(dev)
+        head = build_head(self.item_embeddings_, self.item_offsets_, popularity, U_fit,
+                          int(self.mlp_hidden), seed=int(self._numpy_gen.integers(2**31 - 1)),
+                          device=self._device)
         U_val = self._standardize(R_val[:, S]).to(f32)
         history, best = train_head(
             head, U_fit, R_fit.to(f32), U_val, R_val, loss=self.loss,
@@ -384,10 +305,8 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
 
     def _query_support(self, queries: Any) -> torch.Tensor:
         self._check_fitted()
-        if not callable(self.relevance_fn):
-            raise TypeError("relevance_fn must be set (a callable) to embed queries; "
-                            "pass it to load() or set_params().")
-        _length(queries, "queries")
+        self._check_relevance_fn("predict")
+        length(queries, "queries")
         return self._heavy_chunked(queries, self.support_items_, len(self.support_indices_))
 
     def transform_queries(self, queries: Any) -> np.ndarray:
@@ -460,37 +379,21 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
         s, idx = s.double().cpu(), idx.cpu()
         if self.n_rerank > 0:
             # Each query has its own candidates: one heavy call per query (1 x n_rerank).
-            heavy = torch.stack([
-                self._heavy(_take(queries, np.array([q])), _take(self.items_, idx[q].numpy()),
-                            1, m)[0].cpu()
-                for q in range(U.shape[0])
-            ])
+            heavy = self._heavy_per_query(queries, idx).cpu()
             order = torch.argsort(heavy, dim=1, descending=True, stable=True)[:, :n_neighbors]
             s, idx = torch.gather(heavy, 1, order), torch.gather(idx, 1, order)
         s, idx = to_numpy(s), to_numpy(idx).astype(np.int64)
         return (s, idx) if return_distance else idx
 
-    def score(self, queries: Any, relevance: Any, n_neighbors: int = 10) -> float:
-        """HitRate@``n_neighbors`` against the true relevance of ``queries`` to all items.
-
-        Parameters
-        ----------
-        queries : sequence of length n
-        relevance : array-like of shape (n, n_items)
-            Heavy-ranker relevance (ground truth).
-        n_neighbors : int, default=10
-
-        Returns
-        -------
-        float
-        """
-        idx = self.kneighbors(queries, n_neighbors, return_distance=False)
-        return hit_rate(relevance, idx, n_neighbors)
-
     # -- persistence -----------------------------------------------------------------
+    _NOT_SAVED = ("items_", "support_items_", "head_")
+
+    def _attach_items(self, items: Any) -> None:
+        self.items_ = items
+        self.support_items_ = take(items, self.support_indices_)
+
     def _get_state(self) -> dict[str, Any]:
-        state = {k: v for k, v in super()._get_state().items()
-                 if k not in _NOT_SAVED and k not in ("support_items_", "head_")}
+        state = super()._get_state()
         state["head_"] = None if self.head_ is None else {
             "hidden": self.head_.hidden,
             "state_dict": {k: v.detach().cpu() for k, v in self.head_.state_dict().items()},
@@ -508,125 +411,11 @@ class RelevanceBasedRetriever(TorchEstimatorMixin, BaseEstimator):
             mod.load_state_dict(sd)
             self.head_ = mod.to(self._resolved_device).eval()
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Save parameters and fitted numbers; not ``relevance_fn`` nor ``items``.
 
-        A callable cannot be stored safely (loading it would need unpickling), so the
-        file holds the other parameters, supports, embeddings and the neural head's
-        weights; :meth:`load` takes ``relevance_fn`` and ``items`` again.
+def __getattr__(name: str):
+    # Files saved before the baselines moved to ``_baselines`` name this module.
+    if name == "AnnCURRetriever":
+        from mlpapers.retrieval.rbe._baselines import AnnCURRetriever
 
-        Parameters
-        ----------
-        path : str or path-like
-        """
-        fn = self.relevance_fn
-        try:
-            self.relevance_fn = None
-            super().save(path)
-        finally:
-            self.relevance_fn = fn
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, relevance_fn: Callable | None = None,
-             items: Any = None, map_location: Any = "cpu"):
-        """Load a retriever written by :meth:`save` (``weights_only=True``).
-
-        Parameters
-        ----------
-        path : str or path-like
-        relevance_fn : callable
-            The heavy ranker (not stored in the file).
-        items : sequence
-            The catalogue used in ``fit`` (not stored in the file).
-        map_location : str or torch.device, default="cpu"
-
-        Returns
-        -------
-        RelevanceBasedRetriever
-        """
-        if not callable(relevance_fn):
-            raise TypeError("load() needs relevance_fn=<callable>: the heavy ranker is not "
-                            "stored in the file.")
-        if items is None:
-            raise TypeError("load() needs items=<the catalogue passed to fit>: items are "
-                            "not stored in the file.")
-        est = super().load(path, map_location=map_location)
-        if _length(items, "items") != est.n_items_:
-            raise ValueError(f"items has {len(items)} elements, the saved retriever was "
-                             f"fitted on {est.n_items_}.")
-        est.relevance_fn = relevance_fn
-        est.items_ = items
-        est.support_items_ = _take(items, est.support_indices_)
-        return est
-
-    # -- scikit-learn integration ----------------------------------------------------
-    @classmethod
-    def _estimator_check_instances(cls) -> list:
-        # fit(train_queries, items, relevance_matrix) with a heavy-ranker callable is
-        # outside scikit-learn's fit(X, y) contract, so the generic checks do not apply.
-        return []
-
-
-class AnnCURRetriever(RelevanceBasedRetriever):
-    """AnnCUR: CUR-based retrieval with random anchor items (baseline of RBE).
-
-    Equivalent to :class:`RelevanceBasedRetriever` with ``support="random"`` and
-    ``head="linear"``; by default without standardisation, i.e. the plain CUR
-    approximation :math:`R_{q, I_a} R_{Q_a, I_a}^{+} R_{Q_a, :}` of [1]_ with the
-    training queries as anchor queries.
-
-    Parameters
-    ----------
-    relevance_fn : callable
-        The heavy ranker ``relevance_fn(queries, items) -> (n_queries, n_items)``.
-    n_support : int, default=100
-        Number of random anchor items.
-    n_rerank : int, default=0
-        Candidates re-ranked by the heavy model in :meth:`kneighbors`.
-    ridge, rcond, standardize, batch_size, device, random_state, verbose
-        As in :class:`RelevanceBasedRetriever` (``standardize`` defaults to False).
-
-    References
-    ----------
-    .. [1] Yadav, Monath, Angell, Zaheer, McCallum, "Efficient Nearest Neighbor Search
-       for Cross-Encoder Models using Matrix Factorization", EMNLP 2022, arXiv:2210.12579.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from mlpapers.retrieval.rbe import AnnCURRetriever
-    >>> rng = np.random.default_rng(0)
-    >>> Q, I = rng.standard_normal((30, 3)), rng.standard_normal((20, 3))
-    >>> cur = AnnCURRetriever(lambda q, i: q @ i.T, n_support=5, random_state=0).fit(Q, I)
-    >>> cur.support_indices_.shape
-    (5,)
-    """
-
-    support = "random"
-    head = "linear"
-
-    def __init__(
-        self,
-        relevance_fn: Callable[[Any, Any], Any] | None = None,
-        *,
-        n_support: int = 100,
-        n_rerank: int = 0,
-        ridge: float = 0.0,
-        rcond: float | None = None,
-        standardize: bool = False,
-        batch_size: int = 1024,
-        device: str = "cpu",
-        random_state=None,
-        verbose: int = 0,
-    ):
-        self.relevance_fn = relevance_fn
-        self.n_support = n_support
-        self.n_rerank = n_rerank
-        self.ridge = ridge
-        self.rcond = rcond
-        self.standardize = standardize
-        self.batch_size = batch_size
-        self.device = device
-        self.random_state = random_state
-        self.verbose = verbose
-
+        return AnnCURRetriever
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

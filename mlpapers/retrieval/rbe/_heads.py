@@ -7,10 +7,10 @@ import copy
 import torch
 from torch import nn
 
-from mlpapers._utils import ProgressLogger
+from mlpapers._utils import ProgressLogger, check_in_options, check_positive
 from mlpapers.retrieval.rbe._kernels import hit_rate, softmax_signed_loss, topk_scores
 
-__all__ = ["NeuralRBEHead", "train_head"]
+__all__ = ["NeuralRBEHead", "build_head", "check_head_params", "train_head"]
 
 
 def _tower(k: int, hidden: int) -> nn.Sequential:
@@ -84,6 +84,42 @@ class NeuralRBEHead(nn.Module):
             zi = self.item_tower(self.items_std[sl])
             s = s + zq @ zi.T / self.hidden
         return s
+
+
+def check_head_params(est) -> None:
+    """Validate the neural-head parameters of a :class:`RelevanceBasedRetriever`."""
+    check_positive(est.mlp_hidden, "mlp_hidden", strict=False, integer=True)
+    check_in_options(est.loss, "loss", ("softmax_signed", "mse"))
+    check_positive(est.item_batch, "item_batch", integer=True)
+    check_positive(est.max_iter, "max_iter", strict=False, integer=True)
+    check_positive(est.lr, "lr")
+    check_positive(est.eval_every, "eval_every", integer=True)
+    if not 0.0 < est.top_quantile < 1.0:
+        raise ValueError(f"top_quantile must be in (0, 1), got {est.top_quantile!r}.")
+    if not 0.0 <= est.validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {est.validation_fraction!r}.")
+
+
+def build_head(embeddings, offsets, popularity, U_fit: torch.Tensor, hidden: int, *,
+               seed: int, device: torch.device) -> NeuralRBEHead:
+    """A :class:`NeuralRBEHead` on ``device`` (float32), towers seeded by ``seed``.
+
+    The global torch RNG is left untouched (``fork_rng``). ``embeddings`` (n_items, k)
+    and ``offsets`` (n_items,) are the linear RBE solution, ``popularity`` (n_items,)
+    the mean training relevance, ``U_fit`` (n_fit, k) the standardised training
+    query inputs (their mean and scale standardise the query tower's input).
+    """
+    f32 = torch.float32
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        head = NeuralRBEHead(
+            torch.as_tensor(embeddings, dtype=f32, device=device),
+            torch.as_tensor(offsets, dtype=f32, device=device),
+            torch.as_tensor(popularity, device=device).to(f32), U_fit.mean(dim=0),
+            U_fit.std(dim=0, correction=0).clamp_min(1e-12), int(hidden),
+        )
+    return head.to(device)
 
 
 def train_head(

@@ -10,6 +10,7 @@ import torch
 from mlpapers._utils import check_tensor
 
 __all__ = [
+    "cur_query_weights",
     "fit_linear_embeddings",
     "hit_rate",
     "softmax_signed_loss",
@@ -75,6 +76,54 @@ def fit_linear_embeddings(
     else:
         Et = torch.linalg.pinv(U, rtol=rcond) @ T
     return {"embeddings": Et.T.contiguous(), "offsets": offsets, "mean": mean, "scale": scale}
+
+
+def cur_query_weights(
+    C: torch.Tensor,
+    u: torch.Tensor,
+    *,
+    gram: torch.Tensor | None = None,
+    ridge: float = 0.0,
+    rcond: float | None = None,
+) -> torch.Tensor:
+    r"""Per-query CUR weights from the heavy scores of each query's own anchor items.
+
+    With the anchor-query relevance :math:`A \in \mathbb{R}^{n_a \times N}`, a
+    query's anchor items :math:`I` (:math:`m` of them) and its heavy scores
+    :math:`u = f(q, I)`, the CUR approximation of the query's scores of all items is
+    :math:`\hat s = u^\top A_{:,I}^{+} A = w^\top A` with
+    :math:`w = A_{:,I} (A_{:,I}^\top A_{:,I})^{+} u`, computed batched from the
+    :math:`m \times m` Gram matrix :math:`G = A_{:,I}^\top A_{:,I}` by a symmetric
+    eigendecomposition (eigenvalues below ``rcond**2`` times the largest, by default
+    ``max(m, n_a) * eps`` times, are dropped), or with ``ridge > 0`` from
+    :math:`(G + \lambda I)^{-1}`.
+
+    Parameters
+    ----------
+    C : Tensor of shape (b, m, n_a)
+        :math:`A_{:,I}^\top` for each of ``b`` queries (rows: anchor items).
+    u : Tensor of shape (b, m)
+        Heavy scores of each query against its anchor items.
+    gram : Tensor of shape (b, m, m), optional
+        ``C @ C.mT`` if already known (e.g. updated incrementally).
+    ridge : float, default=0.0
+    rcond : float or None
+        Relative singular-value cutoff of :math:`A_{:,I}`.
+
+    Returns
+    -------
+    Tensor of shape (b, n_a)
+        ``w``; the approximate scores of all items are ``w @ A``.
+    """
+    m, n_a = C.shape[1], C.shape[2]
+    G = C @ C.mT if gram is None else gram
+    lam, V = torch.linalg.eigh(G)
+    top = lam[..., -1:].clamp_min(torch.finfo(lam.dtype).tiny)
+    tol = rcond**2 if rcond is not None else max(m, n_a) * torch.finfo(lam.dtype).eps
+    keep = lam > tol * top
+    inv = torch.where(keep, 1.0 / torch.where(keep, lam + ridge, 1.0), 0.0)
+    coef = V @ (inv * (V.mT @ u[..., None])[..., 0])[..., None]  # G^+ u, (b, m, 1)
+    return (C.mT @ coef)[..., 0]
 
 
 def topk_scores(

@@ -18,7 +18,7 @@ import torch
 
 from mlpapers._utils import check_in_options, check_positive, check_tensor, to_numpy
 
-__all__ = ["SUPPORT_METHODS", "greedy_selection", "select_support"]
+__all__ = ["SUPPORT_METHODS", "check_support_indices", "greedy_selection", "select_support"]
 
 SUPPORT_METHODS = ("greedy", "random", "popular", "kmeans", "farthest")
 
@@ -278,6 +278,17 @@ def select_support(
     idx = np.asarray(idx, dtype=np.int64)
     scores = np.asarray(scores, dtype=np.float64)
     return (idx, scores) if return_scores else idx
+
+
+def check_support_indices(support: Any, n_items: int) -> np.ndarray:
+    """Explicit support item indices: distinct integers in ``[0, n_items)`` -> int64."""
+    S = np.asarray(support)
+    if S.ndim != 1 or S.size == 0 or S.dtype.kind not in "iu":
+        raise ValueError("support must be a method name or a non-empty 1D array of "
+                         f"item indices, got {support!r}.")
+    if S.min() < 0 or S.max() >= n_items or len(np.unique(S)) != S.size:
+        raise ValueError(f"support indices must be distinct and in [0, {n_items}).")
+    return S.astype(np.int64)
 
 
 def _numpy_rng(random_state) -> np.random.Generator:

@@ -1,0 +1,365 @@
+"""CUR baselines of relevance-based embeddings: AnnCUR (random anchors) and ADACUR."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+
+from mlpapers._base import TorchEstimatorMixin
+from mlpapers._utils import (
+    ProgressLogger,
+    check_in_options,
+    check_positive,
+    to_numpy,
+)
+from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
+from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
+from mlpapers.retrieval.rbe._kernels import cur_query_weights
+from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, select_support
+
+__all__ = ["AdaCURRetriever", "AnnCURRetriever"]
+
+
+class AnnCURRetriever(RelevanceBasedRetriever):
+    """AnnCUR: CUR-based retrieval with random anchor items (baseline of RBE).
+
+    Equivalent to :class:`RelevanceBasedRetriever` with ``support="random"`` and
+    ``head="linear"``; by default without standardisation, i.e. the plain CUR
+    approximation :math:`R_{q, I_a} R_{Q_a, I_a}^{+} R_{Q_a, :}` of [1]_ with the
+    training queries as anchor queries.
+
+    Parameters
+    ----------
+    relevance_fn : callable
+        The heavy ranker ``relevance_fn(queries, items) -> (n_queries, n_items)``.
+    n_support : int, default=100
+        Number of random anchor items.
+    n_rerank : int, default=0
+        Candidates re-ranked by the heavy model in :meth:`kneighbors`.
+    ridge, rcond, standardize, batch_size, device, random_state, verbose
+        As in :class:`RelevanceBasedRetriever` (``standardize`` defaults to False).
+
+    References
+    ----------
+    .. [1] Yadav, Monath, Angell, Zaheer, McCallum, "Efficient Nearest Neighbor Search
+       for Cross-Encoder Models using Matrix Factorization", EMNLP 2022, arXiv:2210.12579.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.retrieval.rbe import AnnCURRetriever
+    >>> rng = np.random.default_rng(0)
+    >>> Q, I = rng.standard_normal((30, 3)), rng.standard_normal((20, 3))
+    >>> cur = AnnCURRetriever(lambda q, i: q @ i.T, n_support=5, random_state=0).fit(Q, I)
+    >>> cur.support_indices_.shape
+    (5,)
+    """
+
+    support = "random"
+    head = "linear"
+
+    def __init__(
+        self,
+        relevance_fn: Callable[[Any, Any], Any] | None = None,
+        *,
+        n_support: int = 100,
+        n_rerank: int = 0,
+        ridge: float = 0.0,
+        rcond: float | None = None,
+        standardize: bool = False,
+        batch_size: int = 1024,
+        device: str = "cpu",
+        random_state=None,
+        verbose: int = 0,
+    ):
+        self.relevance_fn = relevance_fn
+        self.n_support = n_support
+        self.n_rerank = n_rerank
+        self.ridge = ridge
+        self.rcond = rcond
+        self.standardize = standardize
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.verbose = verbose
+
+
+
+def round_sizes(n_calls: int, n_rounds: int) -> list[int]:
+    """Split ``n_calls`` into ``n_rounds`` near-equal parts (earlier rounds get the rest)."""
+    base, extra = divmod(n_calls, n_rounds)
+    return [base + (r < extra) for r in range(n_rounds)]
+
+
+class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
+    r"""ADACUR: adaptive multi-round CUR retrieval with a heavy ranker (baseline of RBE).
+
+    Offline, the heavy relevance :math:`A` of the training ("anchor") queries to all
+    items is computed once (the same offline cost as AnnCUR and RBE). Online, a query
+    spends its budget of ``n_calls`` heavy calls over ``n_rounds`` rounds:
+
+    1. round 1 scores the query against ``init`` anchor items, shared by all queries
+       (uniformly random in [1]_);
+    2. after each round, with the items :math:`I` scored so far and their heavy
+       scores :math:`u`, the CUR approximation of all scores is
+       :math:`\hat s = u^\top A_{:,I}^{+} A` (:func:`cur_query_weights`); the next
+       round scores the top unscored items under :math:`\hat s`;
+    3. the final ranking puts every scored item at its exact heavy score and the
+       others at their approximation with all ``n_calls`` anchors.
+
+    Unlike AnnCUR and RBE, whose query embedding is fixed once the supports are
+    scored, the anchors adapt to each query and concentrate on its likely top
+    items; the price is a per-query least-squares solve against :math:`A` in every
+    round (no fixed item index) and ``n_rounds`` sequential heavy-call rounds.
+
+    Parameters
+    ----------
+    relevance_fn : callable
+        The heavy ranker ``relevance_fn(queries, items) -> (n_queries, n_items)``.
+    n_calls : int, default=100
+        Online heavy calls per query (the budget :math:`B`, all spent on anchors).
+    n_rounds : int, default=5
+        Rounds; round :math:`r` scores ``n_calls // n_rounds`` items (the first
+        ``n_calls % n_rounds`` rounds one more).
+    init : str, default="random"
+        How the first round's anchors are chosen from the training relevance, one of
+        the :func:`select_support` methods (``"random"`` is ADACUR; ``"greedy"``
+        combines RBE's support selection with adaptive rounds), computed with
+        ``center=False`` to match the plain CUR approximation.
+    ridge : float, default=0.0
+        Ridge penalty of the per-query solve (0: pseudo-inverse).
+    rcond : float or None, default=None
+        Relative singular-value cutoff of the pseudo-inverse (see
+        :func:`cur_query_weights`).
+    batch_size : int, default=1024
+        Queries per chunk of the shared first-round heavy call; the per-query solves
+        run in chunks bounded by memory.
+    device : str, default="cpu"
+        Torch device.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the first-round anchors (``"random"``, ``"kmeans"``).
+    verbose : int, default=0
+        Progress bar over query chunks.
+
+    Attributes
+    ----------
+    anchor_relevance_ : ndarray of shape (n_train_queries, n_items)
+        The offline relevance matrix :math:`A` (the index used online).
+    initial_anchors_ : ndarray of shape (round_sizes_[0],)
+        First-round anchor items, shared by all queries.
+    round_sizes_ : ndarray of shape (n_rounds,)
+        Heavy calls per query in each round (sum: ``n_calls``).
+    items_ : sequence
+        The items (not saved by :meth:`save`).
+    n_items_ : int
+    n_heavy_calls_ : int
+        Offline heavy-ranker pairs scored by ``fit`` (0 with ``relevance_matrix``).
+    n_calls_per_query_ : int
+        Online heavy calls per query (``n_calls``).
+
+    See Also
+    --------
+    AnnCURRetriever : one round of random anchors, fixed for all queries.
+    RelevanceBasedRetriever : fixed, selected support items and a learned item index.
+
+    References
+    ----------
+    .. [1] Yadav, Monath, Zaheer, McCallum, "Efficient k-NN Search with Cross-Encoders
+       using Adaptive Multi-Round CUR Decomposition" (first version: "Adaptive
+       Selection of Anchor Items for CUR-based k-NN search with Cross-Encoders"),
+       Findings of EMNLP 2023, arXiv:2305.02996.
+    .. [2] Yadav, Monath, Zaheer, Fergus, McCallum, "Adaptive Retrieval and Scalable
+       Indexing for k-NN Search with Cross-Encoders", ICLR 2024, arXiv:2405.03651.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.retrieval.rbe import AdaCURRetriever
+    >>> rng = np.random.default_rng(0)
+    >>> Q, I = rng.standard_normal((60, 4)), rng.standard_normal((40, 4))
+    >>> heavy = lambda q, i: np.tanh(np.asarray(q) @ np.asarray(i).T)
+    >>> ada = AdaCURRetriever(heavy, n_calls=12, n_rounds=3, random_state=0).fit(Q[:50], I)
+    >>> idx = ada.kneighbors(Q[50:], n_neighbors=3, return_distance=False)
+    >>> idx.shape, ada.round_sizes_.tolist()
+    ((10, 3), [4, 4, 4])
+    """
+
+    def __init__(
+        self,
+        relevance_fn: Callable[[Any, Any], Any] | None = None,
+        *,
+        n_calls: int = 100,
+        n_rounds: int = 5,
+        init: str = "random",
+        ridge: float = 0.0,
+        rcond: float | None = None,
+        batch_size: int = 1024,
+        device: str = "cpu",
+        random_state=None,
+        verbose: int = 0,
+    ):
+        self.relevance_fn = relevance_fn
+        self.n_calls = n_calls
+        self.n_rounds = n_rounds
+        self.init = init
+        self.ridge = ridge
+        self.rcond = rcond
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _check_params(self, n_items: int) -> None:
+        self._check_relevance_fn()
+        check_positive(self.n_calls, "n_calls", integer=True)
+        if self.n_calls > n_items:
+            raise ValueError(f"n_calls={self.n_calls} must be <= the number of items "
+                             f"({n_items}).")
+        check_positive(self.n_rounds, "n_rounds", integer=True)
+        if self.n_rounds > self.n_calls:
+            raise ValueError(f"n_rounds={self.n_rounds} must be <= n_calls={self.n_calls} "
+                             "(at least one heavy call per round).")
+        check_in_options(self.init, "init", SUPPORT_METHODS)
+        check_positive(self.ridge, "ridge", strict=False)
+        if self.rcond is not None:
+            check_positive(self.rcond, "rcond", strict=False)
+        check_positive(self.batch_size, "batch_size", integer=True)
+
+    def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
+        """Store the anchor-query relevance and choose the first-round anchors.
+
+        Parameters
+        ----------
+        train_queries : sequence of length n_queries
+            Anchor (training) queries.
+        items : sequence of length n_items
+        relevance_matrix : array-like of shape (n_queries, n_items), optional
+            Cached ``relevance_fn(train_queries, items)``; computed when omitted.
+
+        Returns
+        -------
+        self
+        """
+        self._init_fit()
+        length(train_queries, "train_queries")
+        N = length(items, "items")
+        self._check_params(N)
+        R, n_calls = self._offline_relevance(train_queries, items, relevance_matrix)
+        sizes = round_sizes(int(self.n_calls), int(self.n_rounds))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # greedy may stop early: filled below
+            first = select_support(R, sizes[0], self.init, center=False,
+                                   random_state=self._numpy_gen, device=self._device)
+        if first.size < sizes[0]:
+            rest = np.setdiff1d(np.arange(N), first)
+            fill = self._numpy_gen.choice(rest, size=sizes[0] - first.size, replace=False)
+            first = np.concatenate([first, np.sort(fill)])
+        self.anchor_relevance_ = to_numpy(R)
+        self.initial_anchors_ = first.astype(np.int64)
+        self.round_sizes_ = np.asarray(sizes, dtype=np.int64)
+        self.items_ = items
+        self.n_items_ = N
+        self.n_heavy_calls_ = n_calls
+        self.n_calls_per_query_ = int(self.n_calls)
+        self._A_cache = None
+        return self
+
+    def _anchor_matrix(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A, A^T)`` on the device, cached per fitted matrix."""
+        cache = getattr(self, "_A_cache", None)
+        if cache is None or cache[0] is not self.anchor_relevance_:
+            A = torch.as_tensor(self.anchor_relevance_, dtype=torch.float64,
+                                device=self._resolved_device)
+            cache = (self.anchor_relevance_, A, A.T.contiguous())
+            self._A_cache = cache
+        return cache[1], cache[2]
+
+    def _search(self, queries: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adaptive rounds: ``-> scores (n, N)`` (exact at anchors), ``anchors (n, B)``."""
+        self._check_fitted()
+        self._check_relevance_fn("predict")
+        n = length(queries, "queries")
+        A, At = self._anchor_matrix()
+        sizes = [int(s) for s in self.round_sizes_]
+        first = torch.as_tensor(self.initial_anchors_, device=A.device)
+        u0 = self._heavy_chunked(queries, take(self.items_, self.initial_anchors_), len(first))
+        # per-chunk working set: C (b, B, n_a) and scores (b, N), about 2**24 floats
+        chunk = max(1, min(int(self.batch_size),
+                           2**24 // max(1, sum(sizes) * A.shape[0] + A.shape[1])))
+        starts = list(range(0, n, chunk))
+        out_s, out_i = [], []
+        for c in ProgressLogger(len(starts), self.verbose, desc="ADACUR"):
+            lo, hi = starts[c], min(starts[c] + chunk, n)
+            sub = take(queries, np.arange(lo, hi))
+            I = first.expand(hi - lo, -1).clone()
+            u, C = u0[lo:hi], At[I]  # (b, m), (b, m, n_a)
+            G = C @ C.mT
+            for r in range(1, len(sizes) + 1):
+                w = cur_query_weights(C, u, gram=G, ridge=float(self.ridge), rcond=self.rcond)
+                S = w @ A  # (b, N)
+                if r == len(sizes):
+                    break
+                masked = S.scatter(1, I, -torch.inf)
+                new = torch.argsort(masked, dim=1, descending=True, stable=True)[:, :sizes[r]]
+                u_new = self._heavy_per_query(sub, new)
+                C_new = At[new]
+                X = C_new @ C.mT  # (b, s, m)
+                G = torch.cat([torch.cat([G, X.mT], dim=2),
+                               torch.cat([X, C_new @ C_new.mT], dim=2)], dim=1)
+                C, I, u = torch.cat([C, C_new], 1), torch.cat([I, new], 1), torch.cat([u, u_new], 1)
+            out_s.append(S.scatter(1, I, u))
+            out_i.append(I)
+        return torch.cat(out_s), torch.cat(out_i)
+
+    def predict(self, queries: Any, return_anchors: bool = False):
+        """Final scores of every item: exact at the query's anchors, CUR elsewhere.
+
+        Makes exactly ``n_calls`` heavy calls per query.
+
+        Parameters
+        ----------
+        queries : sequence of length n
+        return_anchors : bool, default=False
+            Also return each query's anchor items in the order they were scored.
+
+        Returns
+        -------
+        scores : ndarray of shape (n, n_items)
+        anchors : ndarray of shape (n, n_calls), int64
+            Only when ``return_anchors``.
+        """
+        S, I = self._search(queries)
+        S = to_numpy(S)
+        return (S, to_numpy(I).astype(np.int64)) if return_anchors else S
+
+    def kneighbors(self, queries: Any, n_neighbors: int = 10, return_distance: bool = True):
+        """Top items per query: anchors by exact score, the rest by approximation.
+
+        Uses exactly ``n_calls`` heavy calls per query.
+
+        Parameters
+        ----------
+        queries : sequence of length n
+        n_neighbors : int, default=10
+            Must be ``<= n_items``.
+        return_distance : bool, default=True
+
+        Returns
+        -------
+        scores : ndarray of shape (n, n_neighbors)
+            Descending (only if ``return_distance``).
+        indices : ndarray of shape (n, n_neighbors), int64
+        """
+        self._check_fitted()
+        check_positive(n_neighbors, "n_neighbors", integer=True)
+        if n_neighbors > self.n_items_:
+            raise ValueError(f"n_neighbors={n_neighbors} must be <= n_items ({self.n_items_}).")
+        S, _ = self._search(queries)
+        idx = torch.argsort(S, dim=1, descending=True, stable=True)[:, :n_neighbors]
+        s, idx = to_numpy(torch.gather(S, 1, idx)), to_numpy(idx).astype(np.int64)
+        return (s, idx) if return_distance else idx

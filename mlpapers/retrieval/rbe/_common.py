@@ -1,0 +1,198 @@
+"""Shared machinery of the heavy-ranker retrievers: checked heavy calls and persistence.
+
+Every retriever of this package (:class:`RelevanceBasedRetriever`,
+:class:`AnnCURRetriever`, :class:`AdaCURRetriever`) calls a user-supplied heavy
+ranker ``relevance_fn(queries, items) -> (n_queries, n_items)`` on arbitrary
+sequences and cannot store that callable nor the items in a ``weights_only`` file;
+the mixin below holds the code they share for both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from mlpapers._utils import check_tensor, to_numpy
+from mlpapers.retrieval.rbe._kernels import hit_rate
+
+__all__ = ["HeavyRankerMixin", "length", "take"]
+
+
+def length(seq: Any, name: str) -> int:
+    """``len(seq)``, with clear errors for unsized or empty inputs."""
+    try:
+        n = len(seq)
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a sized sequence (list, array, tensor), "
+                        f"got {type(seq).__name__}.") from exc
+    if n == 0:
+        raise ValueError(f"{name} is empty; at least one element is required.")
+    return n
+
+
+def take(seq: Any, idx: np.ndarray) -> Any:
+    """``seq[idx]`` for arrays/tensors, a list comprehension for other sequences."""
+    if isinstance(seq, np.ndarray):
+        return seq[idx]
+    if isinstance(seq, torch.Tensor):
+        return seq[torch.as_tensor(idx, dtype=torch.long, device=seq.device)]
+    return [seq[int(i)] for i in idx]
+
+
+class HeavyRankerMixin:
+    """Checked calls of ``relevance_fn`` and save/load without the callable and items.
+
+    Subclasses define ``relevance_fn``, ``batch_size``, ``items_``, ``n_items_`` and
+    may override :meth:`_attach_items` (re-derive item-dependent attributes after
+    :meth:`load`).
+    """
+
+    _NOT_SAVED: tuple[str, ...] = ("items_",)
+
+    # -- heavy calls -----------------------------------------------------------
+    def _check_relevance_fn(self, when: str = "fit") -> None:
+        if not callable(self.relevance_fn):
+            if when == "fit":
+                raise TypeError("relevance_fn must be a callable relevance_fn(queries, items) "
+                                f"-> scores, got {type(self.relevance_fn).__name__}.")
+            raise TypeError("relevance_fn must be set (a callable) to score queries; "
+                            "pass it to load() or set_params().")
+
+    def _heavy(self, queries: Any, items: Any, n_q: int, n_i: int) -> torch.Tensor:
+        """One call of ``relevance_fn``, checked: ``-> float64 Tensor (n_q, n_i)``."""
+        out = self.relevance_fn(queries, items)
+        try:
+            t = torch.as_tensor(to_numpy(out), dtype=torch.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError("relevance_fn must return a numeric array of shape "
+                            f"(n_queries, n_items), got {type(out).__name__}.") from exc
+        if tuple(t.shape) != (n_q, n_i):
+            raise ValueError(f"relevance_fn returned shape {tuple(t.shape)}, expected "
+                             f"(n_queries, n_items) = ({n_q}, {n_i}).")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError("relevance_fn returned NaN or infinite scores.")
+        return t.to(self._resolved_device)
+
+    def _heavy_chunked(self, queries: Any, items: Any, n_i: int) -> torch.Tensor:
+        """All queries against the same items, in chunks of ``batch_size`` queries."""
+        n, bs = len(queries), int(self.batch_size)
+        if n <= bs:
+            return self._heavy(queries, items, n, n_i)
+        parts = [self._heavy(take(queries, np.arange(s, min(s + bs, n))), items,
+                             min(s + bs, n) - s, n_i) for s in range(0, n, bs)]
+        return torch.cat(parts)
+
+    def _offline_relevance(self, train_queries: Any, items: Any,
+                           relevance_matrix: Any) -> tuple[torch.Tensor, int]:
+        """Training relevance ``(n_queries, n_items)`` and the heavy pairs it cost.
+
+        Computed with ``relevance_fn`` when ``relevance_matrix`` is None, else checked.
+        """
+        n_q, N = len(train_queries), len(items)
+        if relevance_matrix is None:
+            return self._heavy_chunked(train_queries, items, N), n_q * N
+        R = check_tensor(relevance_matrix, name="relevance_matrix", dtype=torch.float64,
+                         device=self._device)
+        if tuple(R.shape) != (n_q, N):
+            raise ValueError(f"relevance_matrix must have shape (n_queries, n_items) = "
+                             f"({n_q}, {N}), got {tuple(R.shape)}.")
+        return R, 0
+
+    def _heavy_per_query(self, queries: Any, idx: torch.Tensor) -> torch.Tensor:
+        """Each query against its own items: ``idx (n, m) -> scores (n, m)``.
+
+        One ``relevance_fn`` call of shape ``(1, m)`` per query: exactly ``m`` pairs.
+        """
+        m = idx.shape[1]
+        rows = [self._heavy(take(queries, np.array([q])),
+                            take(self.items_, to_numpy(idx[q]).astype(np.int64)), 1, m)[0]
+                for q in range(idx.shape[0])]
+        return torch.stack(rows) if rows else idx.new_zeros((0, m), dtype=torch.float64)
+
+    # -- evaluation ------------------------------------------------------------------
+    def score(self, queries: Any, relevance: Any, n_neighbors: int = 10) -> float:
+        """HitRate@``n_neighbors`` against the true relevance of ``queries`` to all items.
+
+        Parameters
+        ----------
+        queries : sequence of length n
+        relevance : array-like of shape (n, n_items)
+            Heavy-ranker relevance (ground truth).
+        n_neighbors : int, default=10
+
+        Returns
+        -------
+        float
+        """
+        idx = self.kneighbors(queries, n_neighbors, return_distance=False)
+        return hit_rate(relevance, idx, n_neighbors)
+
+    # -- persistence -------------------------------------------------------------
+    def _attach_items(self, items: Any) -> None:
+        """Set ``items_`` (and what derives from it) after :meth:`load`."""
+        self.items_ = items
+
+    def _get_state(self) -> dict[str, Any]:
+        return {k: v for k, v in super()._get_state().items() if k not in self._NOT_SAVED}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Save parameters and fitted numbers; not ``relevance_fn`` nor ``items``.
+
+        A callable cannot be stored safely (loading it would need unpickling), so the
+        file holds the other parameters and the fitted numbers; :meth:`load` takes
+        ``relevance_fn`` and ``items`` again.
+
+        Parameters
+        ----------
+        path : str or path-like
+        """
+        fn = self.relevance_fn
+        try:
+            self.relevance_fn = None
+            super().save(path)
+        finally:
+            self.relevance_fn = fn
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, relevance_fn: Callable | None = None,
+             items: Any = None, map_location: Any = "cpu"):
+        """Load a retriever written by :meth:`save` (``weights_only=True``).
+
+        Parameters
+        ----------
+        path : str or path-like
+        relevance_fn : callable
+            The heavy ranker (not stored in the file).
+        items : sequence
+            The catalogue used in ``fit`` (not stored in the file).
+        map_location : str or torch.device, default="cpu"
+
+        Returns
+        -------
+        estimator
+            A fitted instance of this class.
+        """
+        if not callable(relevance_fn):
+            raise TypeError("load() needs relevance_fn=<callable>: the heavy ranker is not "
+                            "stored in the file.")
+        if items is None:
+            raise TypeError("load() needs items=<the catalogue passed to fit>: items are "
+                            "not stored in the file.")
+        est = super().load(path, map_location=map_location)
+        if length(items, "items") != est.n_items_:
+            raise ValueError(f"items has {len(items)} elements, the saved retriever was "
+                             f"fitted on {est.n_items_}.")
+        est.relevance_fn = relevance_fn
+        est._attach_items(items)
+        return est
+
+    # -- scikit-learn integration ----------------------------------------------------
+    @classmethod
+    def _estimator_check_instances(cls) -> list:
+        # fit(train_queries, items, relevance_matrix) with a heavy-ranker callable is
+        # outside scikit-learn's fit(X, y) contract, so the generic checks do not apply.
+        return []
