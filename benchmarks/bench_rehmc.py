@@ -5,15 +5,24 @@ Problems
 * ``corner``: ``N(1, 0.5^2 I)`` truncated to ``[0, 1]^d`` (mass in a corner), d = 10 and 50.
   Rows: ReflectiveHMC; HMC that rejects trajectories leaving the box; HMC on a logit
   transform; random-walk Metropolis (thin 10); exact rejection sampling (d = 10 only);
-  the peers hopsy (BilliardMALA) and PyMC NUTS when installed.
+  the peers hopsy (reflective BilliardMALA, and its Gaussian-only truncated-Gaussian
+  proposal) and PyMC NUTS on ``TruncatedNormal`` when installed (``bench`` extra).
+  Every row runs 4 chains, the same warm-up and the same number of draws from the same
+  start; every HMC row uses the library defaults (``target_accept=0.8``, step size by
+  dual averaging in warm-up, ``n_leapfrog=10``); at d = 50 a second pair of rows uses
+  ``n_leapfrog=5`` and a pair with ``mass="diag"`` show the sensitivity to the fixed
+  path length and to the mass matrix.
 * ``chains``: wall time of 1 versus 64 chains (d = 50 corner problem).
 * ``simplex`` (full run): uniform on the 10-simplex, ReflectiveHMC vs random-walk Metropolis.
 * ``annulus`` (full run): Gaussian on the annulus 1 <= |x| <= 2, container disc + thinning.
 * ``stiefel`` (full run): von Mises-Fisher on the sphere V(3, 1) through the polar expansion.
 
-Columns: min bulk-ESS per second (the case's own wall time, warm-up included), max
-R-hat, the worst KS statistic of the marginals against exact draws, acceptance rate,
-reflections per leapfrog step and kept fraction.
+Columns: min bulk-ESS (deterministic for a seed) and min bulk-ESS per second (the case's
+own wall time, warm-up included; the same
+rank-normalised estimator for every row), max R-hat, the worst KS statistic of the
+marginals against exact draws, acceptance rate, reflections per leapfrog step, kept
+fraction and, for NUTS, gradient evaluations per draw. PyMC's model is compiled once
+before the timed run (pytensor caches it on disk).
 
 Usage: ``python benchmarks/bench_rehmc.py [--quick] [--out results.json]``.
 """
@@ -50,7 +59,8 @@ from mlpapers.sampling.rehmc._baselines import (
 
 
 def _metrics(draws, seconds, ks, res=None):
-    out = {"min ESS/s": float(np.nanmin(ess_fn(draws))) / seconds,
+    min_ess = float(np.nanmin(ess_fn(draws)))
+    out = {"min ESS": min_ess, "min ESS/s": min_ess / seconds,
            "max R-hat": float(np.nanmax(rhat_fn(draws))), "max KS": ks}
     if res is not None:
         out.update({"accept": float(res.accept_rate.mean()),
@@ -65,7 +75,91 @@ def _timed(fn):
     return out, time.perf_counter() - t
 
 
-def corner_cases(d: int, n: int, warm: int) -> list[Case]:
+def hopsy_billiard_mala(mu, sd, box: Box, n: int, warm: int, *, x0, n_chains: int = 4,
+                        seed: int = 0):
+    """hopsy's reflective BilliardMALA on the truncated Gaussian.
+
+    hopsy reports an acceptance rate near 1 for every step size on this target, so
+    acceptance targeting cannot tune it; the warm-up instead tries 9 step sizes
+    (``0.25 ... 64``, equal shares of the warm-up iterations) and keeps the one with
+    the largest expected squared jump distance, hopsy's own ``esjd`` tuning target.
+    """
+    import hopsy
+
+    d = box.dim
+    A, b = np.vstack([np.eye(d), -np.eye(d)]), np.r_[box.hi, -box.lo]
+    prob = hopsy.Problem(A, b, hopsy.Gaussian(mean=mu, covariance=np.diag(sd**2)))
+    rngs = [hopsy.RandomNumberGenerator(seed=seed + i) for i in range(n_chains)]
+
+    def chains(start, step):
+        return [hopsy.MarkovChain(prob, hopsy.BilliardMALAProposal(
+            prob, starting_point=s0, stepsize=float(step), max_reflections=100 * d),
+            starting_point=s0) for s0 in start]
+
+    start = [np.asarray(x0, dtype=float)] * n_chains
+    grid = np.geomspace(0.25, 64.0, 9)
+    esjd = []
+    for step in grid:
+        _, draws = hopsy.sample(chains(start, step), rngs, n_samples=max(warm // len(grid), 2))
+        start = list(draws[:, -1])
+        esjd.append(float((np.diff(draws, axis=1) ** 2).sum(-1).mean()))
+    step = grid[int(np.argmax(esjd))]
+    acc, draws = hopsy.sample(chains(start, step), rngs, n_samples=n)
+    return np.asarray(draws), float(np.mean(acc)), float(step)
+
+
+def hopsy_truncated_gaussian(mu, sd, box: Box, n: int, warm: int, *, x0, n_chains: int = 4,
+                             seed: int = 0):
+    """hopsy's default proposal for a Gaussian model: its specialised truncated-Gaussian
+    sampler (Gaussian targets only; no tuning)."""
+    import hopsy
+
+    d = box.dim
+    A, b = np.vstack([np.eye(d), -np.eye(d)]), np.r_[box.hi, -box.lo]
+    prob = hopsy.Problem(A, b, hopsy.Gaussian(mean=mu, covariance=np.diag(sd**2)))
+    x0 = np.asarray(x0, dtype=float)
+    mcs = [hopsy.MarkovChain(prob, hopsy.TruncatedGaussianProposal, starting_point=x0)
+           for _ in range(n_chains)]
+    rngs = [hopsy.RandomNumberGenerator(seed=seed + i) for i in range(n_chains)]
+    hopsy.sample(mcs, rngs, n_samples=warm)
+    acc, draws = hopsy.sample(mcs, rngs, n_samples=n)
+    return np.asarray(draws), float(np.mean(acc))
+
+
+def pymc_nuts_model(mu, sd, box: Box):
+    """PyMC's ``TruncatedNormal`` (NUTS on its interval/logit transform)."""
+    import pymc as pm
+
+    with pm.Model() as model:
+        pm.TruncatedNormal("x", mu=mu, sigma=sd, lower=box.lo, upper=box.hi, shape=box.dim)
+    return model
+
+
+def pymc_nuts(model, n: int, warm: int, *, x0, n_chains: int = 4, target_accept: float = 0.8):
+    import pymc as pm
+
+    with model:
+        idata = pm.sample(draws=n, tune=warm, chains=n_chains, cores=1, random_seed=0,
+                          target_accept=target_accept, progressbar=False,
+                          compute_convergence_checks=False,
+                          initvals={"x": np.asarray(x0, dtype=float)})
+    stats_ = idata.sample_stats
+    return (idata.posterior["x"].values, float(stats_["acceptance_rate"].mean()),
+            float(stats_["n_steps"].mean()))
+
+
+def _peer_installed(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: int = 10,
+                 variants: tuple[tuple[int, str], ...] = ()) -> list[Case]:
+    """The corner problem; ``variants`` adds (n_leapfrog, mass) pairs of rows (ours and
+    the logit transform) besides the defaults."""
     mu, sd = 1.0, 0.5
     box = Box(np.zeros(d), np.ones(d))
 
@@ -79,20 +173,28 @@ def corner_cases(d: int, n: int, warm: int) -> list[Case]:
         return float(max(stats.kstest(flat[:, j], marg.cdf).statistic for j in range(d)))
 
     x0 = np.full(d, 0.5)
-    kw = dict(n_leapfrog=5, target_accept=0.95, random_state=0)
 
-    def ours():
-        res, t = _timed(lambda: ReflectiveHMC(log_prob, box, **kw).sample(
-            n, x0=x0, warmup=warm))
-        return _metrics(res.samples, t, ks(res.samples), res)
+    def kw(steps, mass="identity"):  # library defaults; each row adapts its own step size
+        return dict(n_leapfrog=steps, mass=mass, target_accept=0.8, random_state=0)
+
+    def ours(steps, mass="identity"):
+        def fn():
+            res, t = _timed(lambda: ReflectiveHMC(log_prob, box, **kw(steps, mass)).sample(
+                n, x0=x0, warmup=warm))
+            return _metrics(res.samples, t, ks(res.samples), res)
+        return fn
 
     def hard():
-        res, t = _timed(lambda: hard_rejection_hmc(log_prob, box, n, x0=x0, warmup=warm, **kw))
+        res, t = _timed(lambda: hard_rejection_hmc(log_prob, box, n, x0=x0, warmup=warm,
+                                                   **kw(n_leapfrog)))
         return _metrics(res.samples, t, ks(res.samples), res)
 
-    def logit():
-        res, t = _timed(lambda: transform_hmc(log_prob, box, n, x0=x0, warmup=warm, **kw))
-        return _metrics(res.samples, t, ks(res.samples), res)
+    def logit(steps, mass="identity"):
+        def fn():
+            res, t = _timed(lambda: transform_hmc(log_prob, box, n, x0=x0, warmup=warm,
+                                                  **kw(steps, mass)))
+            return _metrics(res.samples, t, ks(res.samples), res)
+        return fn
 
     def rwm():
         draws, t = _timed(lambda: random_walk_metropolis(log_prob, box, n, x0=x0,
@@ -106,18 +208,54 @@ def corner_cases(d: int, n: int, warm: int) -> list[Case]:
         m["kept"] = acc
         return m
 
-    cases = [Case(f"ReflectiveHMC d={d}", ours, warmup=0, repeats=1),
-             Case(f"HMC + hard rejection d={d}", hard, warmup=0, repeats=1),
-             Case(f"HMC on logit transform d={d}", logit, warmup=0, repeats=1),
+    mu_v, sd_v = np.full(d, mu), np.full(d, sd)
+
+    def bmala():
+        (draws, acc, step), t = _timed(lambda: hopsy_billiard_mala(mu_v, sd_v, box, n, warm,
+                                                                   x0=x0))
+        return {**_metrics(draws, t, ks(draws)), "accept": acc, "step": step}
+
+    def tgauss():
+        (draws, acc), t = _timed(lambda: hopsy_truncated_gaussian(mu_v, sd_v, box, n, warm,
+                                                                  x0=x0))
+        return {**_metrics(draws, t, ks(draws)), "accept": acc}
+
+    def nuts():
+        model = pymc_nuts_model(mu, sd, box)
+        pymc_nuts(model, 10, 10, x0=x0)  # compile (pytensor's disk cache), untimed
+        (draws, acc, steps), t = _timed(lambda: pymc_nuts(model, n, warm, x0=x0))
+        return {**_metrics(draws, t, ks(draws)), "accept": acc, "grad/draw": steps}
+
+    L = n_leapfrog
+    cases = [Case(f"ReflectiveHMC d={d}", ours(L), warmup=0, repeats=1, note=f"L={L}"),
+             Case(f"HMC + hard rejection d={d}", hard, warmup=0, repeats=1, note=f"L={L}"),
+             Case(f"HMC on logit transform d={d}", logit(L), warmup=0, repeats=1,
+                  note=f"L={L}"),
              Case(f"random-walk Metropolis d={d}", rwm, warmup=0, repeats=1, note="thin 10")]
+    for steps, mass in variants:
+        tag = f"L={steps}" + ("" if mass == "identity" else f" mass={mass}")
+        cases += [Case(f"ReflectiveHMC {tag} d={d}", ours(steps, mass), warmup=0, repeats=1,
+                       note=tag),
+                  Case(f"HMC on logit transform {tag} d={d}", logit(steps, mass), warmup=0,
+                       repeats=1, note=tag)]
     if d <= 10:
         cases.append(Case(f"rejection sampling d={d}", rejection, warmup=0, repeats=1,
                           note="exact, iid"))
-    try:
-        import hopsy  # noqa: F401
-    except ImportError:
-        cases.append(Case(f"hopsy BilliardMALA d={d}", lambda: {}, warmup=0, repeats=1,
-                          note="peer not installed (bench extra)"))
+    missing = "peer not installed (bench extra)"
+    if _peer_installed("hopsy"):
+        cases += [Case(f"hopsy BilliardMALA d={d}", bmala, warmup=0, repeats=1,
+                       note="peer, reflective"),
+                  Case(f"hopsy TruncatedGaussian d={d}", tgauss, warmup=0, repeats=1,
+                       note="peer, Gaussian-only")]
+    else:
+        cases.append(Case(f"hopsy BilliardMALA d={d}", dict, warmup=0, repeats=1, note=missing))
+    if not peers:  # --quick: skip PyMC's compile time
+        pass
+    elif _peer_installed("pymc"):
+        cases.append(Case(f"PyMC NUTS d={d}", nuts, warmup=0, repeats=1,
+                          note="peer, logit transform"))
+    else:
+        cases.append(Case(f"PyMC NUTS d={d}", dict, warmup=0, repeats=1, note=missing))
     return cases
 
 
@@ -129,7 +267,7 @@ def chain_cases(d: int, n: int, warm: int) -> list[Case]:
 
     def run(c):
         def fn():
-            res = ReflectiveHMC(log_prob, box, n_leapfrog=5, random_state=0).sample(
+            res = ReflectiveHMC(log_prob, box, random_state=0).sample(
                 n, n_chains=c, warmup=warm)
             return {"draws": float(res.samples.shape[0] * res.samples.shape[1]),
                     "accept": float(res.accept_rate.mean())}
@@ -201,10 +339,11 @@ def main(argv=None):
     torch.set_num_threads(1)
     q = args.quick
     groups = [("Truncated Gaussian in a box corner, d=10", corner_cases(10, *(
-        (300, 200) if q else (1000, 500))), "ReflectiveHMC d=10")]
+        (300, 200) if q else (1000, 500)), peers=not q), "ReflectiveHMC d=10")]
     if not q:
+        variants = ((5, "identity"), (10, "diag"))
         groups.append(("Truncated Gaussian in a box corner, d=50",
-                       corner_cases(50, 1000, 500), "ReflectiveHMC d=50"))
+                       corner_cases(50, 1000, 500, variants=variants), "ReflectiveHMC d=50"))
     groups.append(("Chains in one batch (d=50)", chain_cases(50, *((100, 100) if q else
                                                                     (500, 300))), "1 chain"))
     if not q:

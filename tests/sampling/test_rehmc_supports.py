@@ -115,6 +115,31 @@ def test_box_fold_equals_sequential_reflection_loop(seed, scale):
     assert bool(box.contains(xf).all())
 
 
+def test_box_fold_one_coordinate_closed_form():
+    # [0, 2]: from 0.5 at speed 5 for time 1 the unfolded position is 5.5: the walls at 2
+    # and then 0 are hit and the particle ends at 1.5 moving up (two flips); [0, 1]: from
+    # 0.5 at speed 0.7 it hits 1 once and ends at 0.8 moving down
+    box = Box([0.0, 0.0], [2.0, 1.0])
+    x = torch.tensor([[0.5, 0.5]], dtype=D)
+    v = torch.tensor([[5.0, 0.7]], dtype=D)
+    x_new, flipped, n_ref = box.fold(x, v, torch.ones(1, dtype=D))
+    np.testing.assert_allclose(x_new.numpy(), [[1.5, 0.8]], atol=1e-15)
+    assert flipped.dtype == torch.bool and flipped.tolist() == [[False, True]]
+    assert n_ref.tolist() == [2 + 1]
+
+
+def test_free_drift_fast_path_of_the_transform_baseline():
+    from mlpapers.sampling.rehmc._baselines import Unbounded
+
+    g = torch.Generator().manual_seed(0)
+    x, p = torch.randn(5, 3, generator=g, dtype=D), torch.randn(5, 3, generator=g, dtype=D)
+    inv_mass, tau = torch.tensor([1.0, 2.0, 0.5], dtype=D), torch.rand(5, generator=g, dtype=D)
+    x1, p1, nr, cap = reflected_drift(x, p, tau, Unbounded(3), inv_mass, 10)
+    np.testing.assert_allclose(x1.numpy(), (x + tau[:, None] * inv_mass * p).numpy(),
+                               atol=1e-15)
+    assert torch.equal(p1, p) and not nr.any() and not cap.any()
+
+
 def test_convexset_with_gradient_matches_ball():
     ball = Ball([0.0, 0.0, 0.0], 2.0)
     cs = ConvexSet(lambda x: (x * x).sum(-1) - 4.0, lambda x: 2 * x, interior_point=[0, 0, 0])

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from mlpapers.sampling.rehmc._supports import Box, ConvexContainer
+from mlpapers.sampling.rehmc._supports import ConvexContainer
 
 __all__ = [
     "hmc_transition",
@@ -98,31 +98,33 @@ def reflected_drift(
     n_reflections : torch.Tensor of shape (C,), int64
     capped : torch.Tensor of shape (C,), bool
     """
+    fold = getattr(container, "fold", None)
+    if fold is not None:  # closed form (a box: independent 1-D bounces; or no boundary)
+        x_new, flipped, n_ref = fold(x, inv_mass * p, tau)
+        if flipped is not None:
+            p = torch.where(flipped, -p, p)
+        return x_new, p, n_ref, n_ref > max_reflections
     inv_mass = inv_mass.expand_as(p)
-    if isinstance(container, Box):  # closed form: independent 1-D bounces
-        x_new, flip, n_ref = container.fold(x, inv_mass * p, tau)
-        return x_new, p * flip, n_ref, n_ref > max_reflections
     C = x.shape[0]
-    remaining = tau.clone()
     n_ref = torch.zeros(C, dtype=torch.long, device=x.device)
     capped = torch.zeros(C, dtype=torch.bool, device=x.device)
     exclude = torch.full((C,), -1, dtype=torch.long, device=x.device)
+    remaining = tau
     active = remaining > 0
-    # Masked loop over all chains: finished chains drift for time 0 and keep their momentum.
+    # Masked loop over all chains: a finished chain has remaining time 0, so it drifts
+    # for time 0, never bounces and keeps its momentum.
     while bool(active.any()):
         v = inv_mass * p
         t, normal, face = container.hit(x, v, remaining, exclude)
-        t = torch.where(active, t, torch.zeros_like(t))
         bounce = active & (t < remaining)
-        step = torch.where(bounce, t, torch.where(active, remaining, torch.zeros_like(t)))
-        x = x + step[:, None] * v
+        x = torch.addcmul(x, torch.where(bounce, t, remaining)[:, None], v)
         p = torch.where(bounce[:, None], reflect_momentum(p, normal, inv_mass), p)
-        remaining = torch.where(active, remaining - step, remaining)
         exclude = face
-        n_ref += bounce.long()
+        n_ref += bounce
         cap = (bounce & (n_ref > max_reflections)) | (active & torch.isnan(t))
         capped |= cap
-        active = bounce & ~cap
+        remaining = torch.where(bounce & ~cap, remaining - t, 0.0)
+        active = remaining > 0
     return x, p, n_ref, capped
 
 
@@ -154,16 +156,18 @@ def reflective_leapfrog(
     capped : torch.Tensor of shape (C,), bool
     """
     h = step_size[:, None]
+    half_h = 0.5 * h
     n_ref = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
     capped = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-    for _ in range(n_steps):
-        p = p + 0.5 * h * grad
-        tau = torch.where(capped, torch.zeros_like(step_size), step_size)
+    p = torch.addcmul(p, half_h, grad)  # first half kick
+    for i in range(n_steps):
+        tau = step_size.masked_fill(capped, 0.0)
         x, p, nr, cap = reflected_drift(x, p, tau, container, inv_mass, max_reflections)
         n_ref += nr
         capped |= cap
         logp, grad = log_prob_and_grad(log_prob, x)
-        p = p + 0.5 * h * grad
+        # the closing half kick of this step and the opening one of the next, fused
+        p = torch.addcmul(p, h if i < n_steps - 1 else half_h, grad)
     return x, p, logp, grad, n_ref, capped
 
 

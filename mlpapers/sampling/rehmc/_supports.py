@@ -150,6 +150,8 @@ class Box(ConvexContainer):
         if not np.all(self.lo < self.hi):
             raise ValueError("Box requires lo < hi in every coordinate.")
         self.dim = len(self.lo)
+        self._w = self.hi - self.lo
+        self._inv_w = 1.0 / self._w
 
     def __repr__(self) -> str:
         return f"Box(dim={self.dim})"
@@ -181,6 +183,11 @@ class Box(ConvexContainer):
     def fold(self, x: Tensor, v: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Exact billiard motion for time ``tau`` in closed form.
 
+        In the coordinates ``q = (x - lo) / (hi - lo)`` the unfolded motion is
+        ``q + tau v / (hi - lo)``; folding it into ``[0, 1]`` is the triangle
+        wave ``min(u, 2 - u)`` with ``u = q mod 2``, and the velocity has
+        changed sign exactly when ``u >= 1`` (an odd number of walls crossed).
+
         Parameters
         ----------
         x, v : torch.Tensor of shape (C, d)
@@ -190,20 +197,18 @@ class Box(ConvexContainer):
         -------
         x_new : torch.Tensor of shape (C, d)
             End position (clamped into the box against round-off).
-        flip : torch.Tensor of shape (C, d)
-            ``+1``/``-1``: the sign change of each velocity coordinate.
+        flipped : torch.Tensor of shape (C, d), bool
+            Whether each velocity coordinate changed sign.
         n_reflections : torch.Tensor of shape (C,), int64
             Number of wall hits, as the sequential reflection loop counts them.
         """
-        lo, hi = self._t(self.lo, x), self._t(self.hi, x)
-        w = hi - lo
-        s = (x - lo) + tau[:, None] * v  # unfolded offset from lo
-        k = torch.floor(s / w)  # number of walls crossed (signed)
-        u = s - 2 * w * torch.floor(s / (2 * w))  # in [0, 2w)
-        x_new = torch.minimum(torch.maximum(lo + torch.minimum(u, 2 * w - u), lo), hi)
-        odd = torch.remainder(k, 2) != 0
-        flip = torch.where(odd, -torch.ones_like(x), torch.ones_like(x))
-        return x_new, flip, k.abs().sum(-1).long()
+        lo, w, inv_w = self._t(self.lo, x), self._t(self._w, x), self._t(self._inv_w, x)
+        q = torch.addcmul(x - lo, tau[:, None], v).mul_(inv_w)  # unfolded, in box units
+        n_ref = torch.floor(q).abs_().sum(-1)  # walls crossed
+        u = torch.remainder(q, 2.0)  # in [0, 2)
+        flipped = u >= 1.0
+        y = torch.minimum(u, torch.rsub(u, 2.0)).clamp_(0.0, 1.0)
+        return torch.addcmul(lo, w, y), flipped, n_ref.long()
 
     def interior_point(self):
         return 0.5 * (self.lo + self.hi)
@@ -240,6 +245,8 @@ class Polytope(ConvexContainer):
             raise ValueError("A has an all-zero row; drop it (or the constraint 0 <= b).")
         self.A = A / norms[:, None]
         self.b = b / norms
+        self._At = np.ascontiguousarray(self.A.T)
+        self._faces = np.arange(len(self.b))
         self.dim = A.shape[1]
         self._center, self._radius = self._chebyshev()
 
@@ -269,14 +276,13 @@ class Polytope(ConvexContainer):
         return (x @ A.T <= b + tol).all(-1)
 
     def hit(self, x, v, t_max=None, exclude=None):
-        A, b = self._t(self.A, x), self._t(self.b, x)
-        slack = (b - x @ A.T).clamp_min(0.0)  # (C, m)
-        rate = v @ A.T  # (C, m): normal speed towards each face
+        A, At, b = self._t(self.A, x), self._t(self._At, x), self._t(self.b, x)
+        slack = (b - x @ At).clamp_min_(0.0)  # (C, m)
+        rate = v @ At  # (C, m): normal speed towards each face
         ok = rate > _GRAZE * v.norm(dim=-1, keepdim=True)
         if exclude is not None:
-            ok &= torch.arange(len(self.b), device=x.device) != exclude[:, None]
-        t = torch.where(ok, slack / torch.where(ok, rate, torch.ones_like(rate)),
-                        torch.full_like(rate, float("inf")))
+            ok &= self._t(self._faces, exclude) != exclude[:, None]
+        t = torch.where(ok, slack / rate, float("inf"))  # masked: no 0/0 reaches t
         j = t.argmin(dim=-1)  # ties: lowest index (min(dim=) is slow with threads)
         tmin = t.gather(1, j[:, None]).squeeze(1)
         return tmin, A[j], j
