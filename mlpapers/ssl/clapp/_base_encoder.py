@@ -193,9 +193,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
                 with torch.no_grad():
                     views = torch.cat([augment(xb, gen), augment(xb, gen)], dim=0)
                 neg = self._negatives(len(idx), gen, dev)
-                losses = self._batch_losses(views, neg)
                 opt.zero_grad(set_to_none=True)
-                losses.sum().backward()
+                losses = self._train_step(views, neg)
                 if ddp is not None:
                     _dist.average_gradients(params, ddp[1])
                 opt.step()
@@ -211,6 +210,17 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
         self.encoder_.eval()
         self.history_ = log.history
         return self
+
+    def _train_step(self, views: torch.Tensor, neg_idx: torch.Tensor) -> torch.Tensor:
+        """Accumulate the gradients of one batch into ``.grad``; return the detached losses.
+
+        The default sums :meth:`_batch_losses` and calls one backward pass (global
+        backprop keeps the graph of every block until then). Layer-local encoders
+        override it to run each block's backward right after its forward pass.
+        """
+        losses = self._batch_losses(views, neg_idx)
+        losses.sum().backward()
+        return losses.detach()
 
     def _negatives(self, n_images: int, gen, device) -> torch.Tensor:
         from mlpapers.ssl.clapp._kernels import negative_indices

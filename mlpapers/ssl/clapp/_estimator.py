@@ -1,4 +1,4 @@
-"""CLAPPEncoder (layer-local self-supervised learning) and GlobalSSLEncoder (end-to-end BP)."""
+"""CLAPPEncoder: layer-local self-supervised learning (CLAPP++ variants and the 2021 CLAPP)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,24 @@ from torch import nn
 
 from mlpapers._utils import check_in_options, check_positive
 from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
-from mlpapers.ssl.clapp._kernels import LOSSES, clapp_layer_loss, infonce_loss, swap_views
-from mlpapers.ssl.clapp._networks import reset_parameters
+from mlpapers.ssl.clapp._global import GlobalSSLEncoder
+from mlpapers.ssl.clapp._kernels import LOSSES, clapp_layer_loss, swap_views
+from mlpapers.ssl.clapp._networks import pool_representations, reset_parameters
+from mlpapers.ssl.clapp._patches import (
+    SKIP_STEP,
+    PatchPredictor,
+    extract_patches,
+    patch_grid,
+    patch_representations,
+)
 
 __all__ = ["VARIANTS", "CLAPPEncoder", "GlobalSSLEncoder"]
 
 #: The layer-local variants of :class:`CLAPPEncoder`.
-VARIANTS = ("clapp", "clapp++", "clapp++dfb", "clapp++both")
+VARIANTS = ("clapp", "clapp++", "clapp++dfb", "clapp++both", "clapp2021")
+
+#: The official 2021 number of prediction steps (rows below the context patch).
+_MAX_STEPS_2021 = 5
 
 
 class CLAPPEncoder(_SSLImageEncoder):
@@ -33,14 +44,31 @@ class CLAPPEncoder(_SSLImageEncoder):
     three-factor rule (see :func:`~mlpapers.ssl.clapp.three_factor_grad`). The views
     are swapped so both directions count.
 
+    Training runs each block's backward pass right after its forward pass, so only
+    one block's autograd graph is alive at a time (for ``"clapp++dfb"`` and
+    ``"clapp++both"`` a first, gradient-free sweep computes the top-block context:
+    the feedback arrives after the feedforward pass). The gradients are exactly
+    those of the summed block losses.
+
+    ``variant="clapp2021"`` is the original patch-prediction CLAPP [2]_: a single
+    view per image is cut into overlapping patches (``patch_size``,
+    ``patch_stride``), the encoder runs on every patch, and each block's context
+    :math:`c_t` at patch position :math:`t` predicts the representation of the
+    patch :math:`k + 1` rows below, :math:`u = z_{t+k+1}^\top W_k c_t`
+    (``k = 1..prediction_steps``, one :math:`W_k` per step), against the patch at
+    the same position in another image; the score is split asymmetrically as in
+    the official code (see :class:`~mlpapers.ssl.clapp.PatchPredictor`).
+
     Parameters
     ----------
-    variant : {"clapp++dfb", "clapp", "clapp++", "clapp++both"}, default="clapp++dfb"
+    variant : {"clapp++dfb", "clapp", "clapp++", "clapp++both", "clapp2021"}, default="clapp++dfb"
         Where the context comes from. ``"clapp"``: the same block of the other
         view, globally average-pooled; ``"clapp++"``: the same, pooled to a small
         spatial grid (``spatial_pool``); ``"clapp++dfb"``: direct feedback, the
         *top* block of the other view for every block; ``"clapp++both"``: the
-        concatenation of top and same-block contexts (as the official code).
+        direct-feedback loss plus an extra lateral loss, each with its own
+        prediction matrix (the official ``--extra_lateral_loss``);
+        ``"clapp2021"``: the 2021 patch prediction within one view (above).
     architecture : str or list of blocks, default="small"
         ``"small"`` = ``[(32,), (64, "M"), (64,), (128, "M")]`` (CPU sized),
         ``"tiny"``, ``"vgg6"`` (the paper's 6 blocks) or a list of blocks whose
@@ -49,7 +77,19 @@ class CLAPPEncoder(_SSLImageEncoder):
         The decreasing function ``f`` of the score.
     spatial_pool : None, int or list of int, default=None
         Side of the average-pooling grid of every block's output, used by the
-        losses and by :meth:`transform`. ``None``: 1 for ``"clapp"``, else 2.
+        losses and by :meth:`transform`. ``None``: 1 for ``"clapp"``, else 2. For
+        ``"clapp2021"`` the grid pools the patch grid of per-patch vectors and is
+        used by :meth:`transform` only (``None``: 1, the official patch average).
+    patch_size : int or None, default=None
+        ``"clapp2021"`` only: patch side in pixels. ``None``: a quarter of the
+        smaller image side (at least 2), the official 16 px on 64 px crops.
+    patch_stride : int or None, default=None
+        ``"clapp2021"`` only: step between patches; ``None``: ``patch_size // 2``
+        (the official overlap factor 2).
+    prediction_steps : int or None, default=None
+        ``"clapp2021"`` only: number ``K`` of predicted rows (``k + 1`` rows below
+        the context for ``k = 1..K``). ``None``: the official 5, or fewer when the
+        patch grid has fewer than 7 rows.
     negatives : {"next", "random"}, default="next"
         Negative of each row: the next row of the shuffled two-view batch (the
         official default) or a random other image.
@@ -77,9 +117,13 @@ class CLAPPEncoder(_SSLImageEncoder):
     encoder_ : VGGEncoder
         The trained network.
     heads_ : torch.nn.ModuleList
-        The prediction matrices :math:`B_l` (``nn.Linear`` without bias).
+        The prediction matrices :math:`B_l` (``nn.Linear`` without bias), or a
+        ``PatchPredictor`` per block for ``"clapp2021"``.
     grids_ : list of int
         Pooling grid side per block.
+    patch_grid_ : tuple of int or None
+        ``"clapp2021"``: ``(patch_size, patch_stride, n_y, n_x, prediction_steps)``;
+        ``None`` for the other variants.
     layer_dims_ : list of int
         Feature width per block (``channels * grid**2``).
     input_shape_ : tuple of int
@@ -115,13 +159,16 @@ class CLAPPEncoder(_SSLImageEncoder):
     """
 
     def __init__(self, *, variant="clapp++dfb", architecture="small", loss="hinge",
-                 spatial_pool=None, negatives="next", augment="default", n_epochs=20,
-                 batch_size=32, lr=1e-3, weight_decay=0.0, device="cpu", random_state=None,
-                 verbose=0):
+                 spatial_pool=None, patch_size=None, patch_stride=None, prediction_steps=None,
+                 negatives="next", augment="default", n_epochs=20, batch_size=32, lr=1e-3,
+                 weight_decay=0.0, device="cpu", random_state=None, verbose=0):
         self.variant = variant
         self.architecture = architecture
         self.loss = loss
         self.spatial_pool = spatial_pool
+        self.patch_size = patch_size
+        self.patch_stride = patch_stride
+        self.prediction_steps = prediction_steps
         self.negatives = negatives
         self.augment = augment
         self.n_epochs = n_epochs
@@ -135,35 +182,119 @@ class CLAPPEncoder(_SSLImageEncoder):
     def _check_params(self) -> None:
         check_in_options(self.variant, "variant", VARIANTS)
         check_in_options(self.loss, "loss", LOSSES)
+        for name in ("patch_size", "patch_stride", "prediction_steps"):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive(value, name, integer=True)
         self._check_common_params()
         self._loss_names = tuple(f"loss_l{i}" for i in range(len(self._blocks)))
 
     def _default_grid(self) -> int:
-        return 1 if self.variant == "clapp" else 2
+        return 1 if self.variant in ("clapp", "clapp2021") else 2
 
-    def _context_dims(self, dims: list[int]) -> list[int]:
-        if self.variant in ("clapp", "clapp++"):
-            return list(dims)
-        if self.variant == "clapp++dfb":
-            return [dims[-1]] * len(dims)
-        return [dims[-1] + d for d in dims]                      # "clapp++both"
+    # -- the 2021 patch geometry ----------------------------------------------------------
+    def _patch_geometry(self, shape: tuple[int, int, int]) -> tuple[int, int, int, int, int]:
+        """``(size, stride, n_y, n_x, steps)`` of ``"clapp2021"`` for images ``(C, H, W)``."""
+        height, width = shape[1], shape[2]
+        size = self.patch_size if self.patch_size is not None else max(2, min(height,
+                                                                              width) // 4)
+        stride = self.patch_stride if self.patch_stride is not None else max(1, size // 2)
+        if size > min(height, width):
+            raise ValueError(f"patch_size={size} is too large for images of size "
+                             f"{height}x{width}.")
+        n_y, n_x = patch_grid(height, width, size, stride)
+        steps = self.prediction_steps
+        if steps is None:
+            steps = min(_MAX_STEPS_2021, n_y - SKIP_STEP - 1)
+        if steps < 1 or steps + SKIP_STEP >= n_y:
+            raise ValueError(
+                f"images of size {height}x{width} give {n_y} patch rows (patch_size={size}, "
+                f"patch_stride={stride}), too few for prediction_steps={steps}: the grid needs "
+                f"more than prediction_steps + {SKIP_STEP} rows. Use a smaller patch_size or "
+                "patch_stride, or fewer prediction_steps.")
+        return size, stride, n_y, n_x, steps
 
+    def _check_sizes(self, shape: tuple[int, int, int]) -> None:
+        if self.variant != "clapp2021":
+            self.patch_grid_ = None
+            super()._check_sizes(shape)
+            return
+        size, stride, n_y, n_x, steps = self._patch_geometry(shape)
+        self.patch_grid_ = (size, stride, n_y, n_x, steps)
+        for i, ((h, w), g) in enumerate(zip(self.encoder_.map_sizes(size, size), self.grids_)):
+            if min(h, w) < 1:
+                raise ValueError(f"patches of {size}x{size} pixels are too small for the "
+                                 f"architecture: block {i} has no output left after its "
+                                 "max-pools. Use a larger patch_size or fewer 'M' max-pools.")
+            if min(n_y, n_x) < g:
+                raise ValueError(f"spatial_pool grid {g} of block {i} is larger than the "
+                                 f"{n_y}x{n_x} patch grid.")
+
+    # -- heads and contexts ---------------------------------------------------------------
     def _build_heads(self, dims, generator) -> nn.Module:
-        heads = nn.ModuleList(
-            nn.Linear(k, d, bias=False) for d, k in zip(dims, self._context_dims(dims))
-        )
+        if self.variant == "clapp2021":
+            steps = self.patch_grid_[4]
+            return nn.ModuleList(PatchPredictor(c, steps, generator)
+                                 for c in self.encoder_.channels)
+        if self.variant in ("clapp", "clapp++"):
+            heads = nn.ModuleList(nn.Linear(d, d, bias=False) for d in dims)
+        elif self.variant == "clapp++dfb":
+            heads = nn.ModuleList(nn.Linear(dims[-1], d, bias=False) for d in dims)
+        else:                                   # "clapp++both": [feedback, lateral] per block
+            heads = nn.ModuleList(
+                nn.ModuleList([nn.Linear(dims[-1], d, bias=False), nn.Linear(d, d, bias=False)])
+                for d in dims)
         reset_parameters(heads, generator)
         return heads
 
     def _contexts(self, h: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Detached context of every block (view-aligned with ``h``)."""
+        """Detached context of every block (view-aligned with ``h``); for ``"clapp++both"``
+        the direct-feedback one (the lateral one is ``h[l].detach()``)."""
         top = h[-1].detach()
-        if self.variant in ("clapp", "clapp++"):
-            return [x.detach() for x in h]
-        if self.variant == "clapp++dfb":
-            return [top] * len(h)
-        return [torch.cat([top, x.detach()], dim=1) for x in h]
+        return [h_l.detach() if self.variant in ("clapp", "clapp++") else top for h_l in h]
 
+    # -- representations ----------------------------------------------------------------
+    def _encoder_input(self, views: torch.Tensor) -> torch.Tensor:
+        """The first block's input: the views, or (2021) view A's patches."""
+        if self.variant != "clapp2021":
+            return views
+        size, stride = self.patch_grid_[:2]
+        return extract_patches(views, size, stride)[0]
+
+    def _rep(self, block: int, out: torch.Tensor, n_images: int) -> torch.Tensor:
+        """What block ``block``'s loss sees: (N, D) pooled, or (B, C, n_y, n_x) patches."""
+        if self.variant != "clapp2021":
+            return pool_representations([out], [self.grids_[block]])[0]
+        return patch_representations(out, n_images, *self.patch_grid_[2:4])
+
+    def _pooled(self, views: torch.Tensor, detach: bool) -> list[torch.Tensor]:
+        if self.variant != "clapp2021":
+            return super()._pooled(views, detach)
+        maps = self.encoder_(self._encoder_input(views), detach=detach)
+        reps = [self._rep(i, m, views.shape[0]) for i, m in enumerate(maps)]
+        return pool_representations(reps, self.grids_)
+
+    def _block_loss(self, block: int, h: torch.Tensor, top: torch.Tensor | None,
+                    neg_idx: torch.Tensor) -> torch.Tensor:
+        head = self.heads_[block]
+        if self.variant == "clapp2021":
+            return head.loss(h, neg_idx, self.loss)
+        z = swap_views(h)                        # row i: the other view of row i's image
+        if self.variant in ("clapp", "clapp++"):
+            return clapp_layer_loss(z, h.detach(), head.weight, neg_idx, self.loss)
+        if self.variant == "clapp++dfb":
+            return clapp_layer_loss(z, top, head.weight, neg_idx, self.loss)
+        return (clapp_layer_loss(z, top, head[0].weight, neg_idx, self.loss)      # "both"
+                + clapp_layer_loss(z, h.detach(), head[1].weight, neg_idx, self.loss))
+
+    def _split_2021(self, views: torch.Tensor, neg_idx: torch.Tensor):
+        """``"clapp2021"`` uses one view per image: view A and its other-image negatives."""
+        if self.variant != "clapp2021":
+            return views, neg_idx
+        b = views.shape[0] // 2
+        return views[:b], neg_idx[:b] % b
+
+    # -- losses -------------------------------------------------------------------------
     def _layer_losses(self, views: torch.Tensor, neg_idx: torch.Tensor, *,
                       detach: bool = True) -> torch.Tensor:
         """Per-block losses (shape ``(n_blocks,)``) of a two-view batch.
@@ -171,108 +302,32 @@ class CLAPPEncoder(_SSLImageEncoder):
         With ``detach=False`` block inputs are not detached, so the last entry is
         the global (backprop) loss of the top block on the same views and negatives.
         """
-        h = self._pooled(views, detach=detach)
-        ctx = self._contexts(h)
-        losses = [
-            clapp_layer_loss(swap_views(z), c, head.weight, neg_idx, self.loss)
-            for z, c, head in zip(h, ctx, self.heads_)
-        ]
-        return torch.stack(losses)
+        views, neg_idx = self._split_2021(views, neg_idx)
+        maps = self.encoder_(self._encoder_input(views), detach=detach)
+        h = [self._rep(i, m, views.shape[0]) for i, m in enumerate(maps)]
+        top = h[-1].detach()
+        return torch.stack([self._block_loss(i, x, top, neg_idx) for i, x in enumerate(h)])
 
     def _batch_losses(self, views, neg_idx):
         return self._layer_losses(views, neg_idx, detach=True)
 
-
-class GlobalSSLEncoder(_SSLImageEncoder):
-    r"""The end-to-end backprop baselines: one SSL loss at the top block.
-
-    Same network, augmentations, pooling and training loop as
-    :class:`CLAPPEncoder`, but block inputs are not detached and only the top
-    block has a loss, whose gradient flows through every block.
-
-    Parameters
-    ----------
-    loss : {"clapp", "infonce"}, default="clapp"
-        ``"clapp"`` (BP-CLAPP++): the hinge CLAPP loss :math:`f(z_L^\top B_L c_L)`
-        of the top block with a detached context from the other view;
-        ``"infonce"`` (BP-InfoNCE, SimCLR): a linear projection to
-        ``projection_dim`` and NT-Xent with cosine similarity and ``temperature``
-        (views crossed, all other rows of the batch as negatives).
-    temperature : float, default=0.1
-    projection_dim : int, default=128
-        The paper projects to 1024 on STL-10; smaller suits the small default.
-    architecture, spatial_pool, negatives, augment : see CLAPPEncoder
-        As in :class:`CLAPPEncoder` (``spatial_pool=None`` means 2).
-    n_epochs, batch_size, lr, weight_decay, device, random_state, verbose : see CLAPPEncoder
-        As in :class:`CLAPPEncoder`.
-
-    Attributes
-    ----------
-    encoder_, heads_, grids_, layer_dims_, input_shape_, n_features_in_, history_
-        As in :class:`CLAPPEncoder`; ``heads_`` holds the top predictor or the
-        projection, and ``history_`` a single ``loss_top`` per epoch.
-
-    References
-    ----------
-    .. [1] Wu S. Zihan, A. Delrocq, W. Gerstner and G. Bellec, "Can Local Learning
-       Match Self-Supervised Backpropagation?", ICML 2026, arXiv:2601.21683.
-    .. [2] T. Chen, S. Kornblith, M. Norouzi and G. Hinton, "A Simple Framework
-       for Contrastive Learning of Visual Representations", ICML 2020.
-
-    Examples
-    --------
-    >>> from mlpapers.datasets import make_shifted_digits
-    >>> from mlpapers.ssl import GlobalSSLEncoder
-    >>> X, _ = make_shifted_digits(n_samples=64, random_state=0)
-    >>> enc = GlobalSSLEncoder(loss="infonce", architecture="tiny", n_epochs=1,
-    ...                        random_state=0).fit(X)
-    >>> enc.transform(X, layers=-1).shape
-    (64, 256)
-    """
-
-    _loss_names = ("loss_top",)
-
-    def __init__(self, *, loss="clapp", temperature=0.1, projection_dim=128,
-                 architecture="small", spatial_pool=None, negatives="next", augment="default",
-                 n_epochs=20, batch_size=32, lr=1e-3, weight_decay=0.0, device="cpu",
-                 random_state=None, verbose=0):
-        self.loss = loss
-        self.temperature = temperature
-        self.projection_dim = projection_dim
-        self.architecture = architecture
-        self.spatial_pool = spatial_pool
-        self.negatives = negatives
-        self.augment = augment
-        self.n_epochs = n_epochs
-        self.batch_size = batch_size
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.device = device
-        self.random_state = random_state
-        self.verbose = verbose
-
-    def _check_params(self) -> None:
-        check_in_options(self.loss, "loss", ("clapp", "infonce"))
-        check_positive(self.temperature, "temperature")
-        check_positive(self.projection_dim, "projection_dim", integer=True)
-        self._check_common_params()
-
-    def _default_grid(self) -> int:
-        return 2
-
-    def _build_heads(self, dims, generator) -> nn.Module:
-        d = dims[-1]
-        out = d if self.loss == "clapp" else self.projection_dim
-        heads = nn.ModuleList([nn.Linear(d, out, bias=False)])
-        reset_parameters(heads, generator)
-        return heads
-
-    def _batch_losses(self, views, neg_idx):
-        top = self._pooled(views, detach=False)[-1]
-        head = self.heads_[0]
-        if self.loss == "clapp":
-            loss = clapp_layer_loss(swap_views(top), top.detach(), head.weight, neg_idx,
-                                    "hinge")
-        else:
-            loss = infonce_loss(head(top), self.temperature)
-        return loss[None]
+    def _train_step(self, views: torch.Tensor, neg_idx: torch.Tensor) -> torch.Tensor:
+        """Block by block: forward, loss, backward, free the graph, next block."""
+        views, neg_idx = self._split_2021(views, neg_idx)
+        n_images = views.shape[0]
+        top = None
+        if self.variant in ("clapp++dfb", "clapp++both"):
+            with torch.no_grad():                  # feedback: a first, gradient-free sweep
+                x = self._encoder_input(views)
+                for block in self.encoder_.blocks:
+                    x = block(x)
+                top = self._rep(len(self.encoder_.blocks) - 1, x, n_images)
+        x = self._encoder_input(views)
+        losses = []
+        for i, block in enumerate(self.encoder_.blocks):
+            out = block(x)
+            loss = self._block_loss(i, self._rep(i, out, n_images), top, neg_idx)
+            loss.backward()                        # frees this block's graph
+            losses.append(loss.detach())
+            x = out.detach()
+        return torch.stack(losses)

@@ -1,0 +1,107 @@
+"""GlobalSSLEncoder: the end-to-end backprop baselines (BP-CLAPP, BP-InfoNCE)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from mlpapers._utils import check_in_options, check_positive
+from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
+from mlpapers.ssl.clapp._kernels import clapp_layer_loss, infonce_loss, swap_views
+from mlpapers.ssl.clapp._networks import reset_parameters
+
+__all__ = ["GlobalSSLEncoder"]
+
+
+class GlobalSSLEncoder(_SSLImageEncoder):
+    r"""The end-to-end backprop baselines: one SSL loss at the top block.
+
+    Same network, augmentations, pooling and training loop as
+    :class:`CLAPPEncoder`, but block inputs are not detached and only the top
+    block has a loss, whose gradient flows through every block.
+
+    Parameters
+    ----------
+    loss : {"clapp", "infonce"}, default="clapp"
+        ``"clapp"`` (BP-CLAPP++): the hinge CLAPP loss :math:`f(z_L^\top B_L c_L)`
+        of the top block with a detached context from the other view;
+        ``"infonce"`` (BP-InfoNCE, SimCLR): a linear projection to
+        ``projection_dim`` and NT-Xent with cosine similarity and ``temperature``
+        (views crossed, all other rows of the batch as negatives).
+    temperature : float, default=0.1
+    projection_dim : int, default=128
+        The paper projects to 1024 on STL-10; smaller suits the small default.
+    architecture, spatial_pool, negatives, augment : see CLAPPEncoder
+        As in :class:`CLAPPEncoder` (``spatial_pool=None`` means 2).
+    n_epochs, batch_size, lr, weight_decay, device, random_state, verbose : see CLAPPEncoder
+        As in :class:`CLAPPEncoder`.
+
+    Attributes
+    ----------
+    encoder_, heads_, grids_, layer_dims_, input_shape_, n_features_in_, history_
+        As in :class:`CLAPPEncoder`; ``heads_`` holds the top predictor or the
+        projection, and ``history_`` a single ``loss_top`` per epoch.
+
+    References
+    ----------
+    .. [1] Wu S. Zihan, A. Delrocq, W. Gerstner and G. Bellec, "Can Local Learning
+       Match Self-Supervised Backpropagation?", ICML 2026, arXiv:2601.21683.
+    .. [2] T. Chen, S. Kornblith, M. Norouzi and G. Hinton, "A Simple Framework
+       for Contrastive Learning of Visual Representations", ICML 2020.
+
+    Examples
+    --------
+    >>> from mlpapers.datasets import make_shifted_digits
+    >>> from mlpapers.ssl import GlobalSSLEncoder
+    >>> X, _ = make_shifted_digits(n_samples=64, random_state=0)
+    >>> enc = GlobalSSLEncoder(loss="infonce", architecture="tiny", n_epochs=1,
+    ...                        random_state=0).fit(X)
+    >>> enc.transform(X, layers=-1).shape
+    (64, 256)
+    """
+
+    _loss_names = ("loss_top",)
+
+    def __init__(self, *, loss="clapp", temperature=0.1, projection_dim=128,
+                 architecture="small", spatial_pool=None, negatives="next", augment="default",
+                 n_epochs=20, batch_size=32, lr=1e-3, weight_decay=0.0, device="cpu",
+                 random_state=None, verbose=0):
+        self.loss = loss
+        self.temperature = temperature
+        self.projection_dim = projection_dim
+        self.architecture = architecture
+        self.spatial_pool = spatial_pool
+        self.negatives = negatives
+        self.augment = augment
+        self.n_epochs = n_epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.device = device
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _check_params(self) -> None:
+        check_in_options(self.loss, "loss", ("clapp", "infonce"))
+        check_positive(self.temperature, "temperature")
+        check_positive(self.projection_dim, "projection_dim", integer=True)
+        self._check_common_params()
+
+    def _default_grid(self) -> int:
+        return 2
+
+    def _build_heads(self, dims, generator) -> nn.Module:
+        d = dims[-1]
+        out = d if self.loss == "clapp" else self.projection_dim
+        heads = nn.ModuleList([nn.Linear(d, out, bias=False)])
+        reset_parameters(heads, generator)
+        return heads
+
+    def _batch_losses(self, views, neg_idx):
+        top = self._pooled(views, detach=False)[-1]
+        head = self.heads_[0]
+        if self.loss == "clapp":
+            loss = clapp_layer_loss(swap_views(top), top.detach(), head.weight, neg_idx,
+                                    "hinge")
+        else:
+            loss = infonce_loss(head(top), self.temperature)
+        return loss[None]

@@ -1,0 +1,164 @@
+"""The 2021 patch-prediction CLAPP (Illing et al., NeurIPS 2021): patches, predictors, loss.
+
+The image is cut into a grid of overlapping square patches (the official code: 16 px
+patches with stride 8 on 64 px crops, a 7 x 7 grid); the encoder runs on every patch
+independently and each block's output map is averaged over the patch, giving one
+vector per patch position. The loss of a block asks the context ``c_t`` at patch
+position ``t = (y, x)`` to predict the representation ``z`` of the patch
+``k + skip`` rows *below* (``k = 1..K``, ``skip = 1``: the official ``skip_step``,
+so the nearest, overlapping row is never predicted), with one bilinear predictor
+``W_k`` per step. The negative is the patch at the same position in another image of
+the batch (the official ``--sample_negs_locally_same_everywhere``: one other image per
+image, the same for every position).
+
+References
+----------
+.. [1] B. Illing, J. Ventura, G. Bellec and W. Gerstner, "Local plasticity rules can
+   learn deep representations using self-supervised contrastive predictions",
+   NeurIPS 2021, arXiv:2010.08262.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mlpapers.ssl.clapp._kernels import contrastive_loss
+
+__all__ = ["PatchPredictor", "extract_patches", "patch_grid", "patch_prediction_loss",
+           "patch_representations"]
+
+#: Rows skipped between a context patch and the nearest predicted patch (official value).
+SKIP_STEP = 1
+
+
+def patch_grid(height: int, width: int, size: int, stride: int) -> tuple[int, int]:
+    """Number of patch rows and columns, ``(n_y, n_x)``, of an image."""
+    return (height - size) // stride + 1, (width - size) // stride + 1
+
+
+def extract_patches(x: torch.Tensor, size: int, stride: int
+                    ) -> tuple[torch.Tensor, int, int]:
+    """Cut images into overlapping square patches.
+
+    Parameters
+    ----------
+    x : Tensor of shape (B, C, H, W)
+    size, stride : int
+        Patch side and step in pixels.
+
+    Returns
+    -------
+    patches : Tensor of shape (B * n_y * n_x, C, size, size)
+        Row-major per image: patch ``(b, i, j)`` is row ``(b * n_y + i) * n_x + j``.
+    n_y, n_x : int
+        The patch grid.
+    """
+    p = x.unfold(2, size, stride).unfold(3, size, stride)        # B, C, ny, nx, s, s
+    b, c, ny, nx = p.shape[:4]
+    p = p.permute(0, 2, 3, 1, 4, 5).reshape(b * ny * nx, c, size, size)
+    return p, ny, nx
+
+
+def patch_representations(maps: torch.Tensor, n_images: int, n_y: int, n_x: int
+                          ) -> torch.Tensor:
+    """Average each patch's block output map: one vector per patch position.
+
+    Parameters
+    ----------
+    maps : Tensor of shape (B * n_y * n_x, D, h, w)
+    n_images, n_y, n_x : int
+
+    Returns
+    -------
+    Tensor of shape (B, D, n_y, n_x)
+    """
+    v = maps.mean(dim=(2, 3))                                      # (B*ny*nx, D)
+    return v.reshape(n_images, n_y, n_x, -1).permute(0, 3, 1, 2)
+
+
+def patch_prediction_loss(
+    z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: torch.Tensor,
+    loss: str = "hinge", skip: int = SKIP_STEP,
+) -> torch.Tensor:
+    r"""The 2021 CLAPP loss: contexts predict the patches ``k + skip`` rows below.
+
+    For every step :math:`k = 1..K` and every context position :math:`t = (y, x)`
+    with a patch :math:`t + k + \mathrm{skip}` rows below,
+
+    .. math:: u^\pm_{t,k} = z^{\pm\top}_{t+k+\mathrm{skip}}\, W_k\, c_t ,
+
+    with :math:`z^+` the same image and :math:`z^-` image ``neg_idx[b]`` at the same
+    position; the loss is :func:`contrastive_loss` averaged over images and
+    positions, then over the :math:`K` steps (as the official code).
+
+    Parameters
+    ----------
+    z : Tensor of shape (B, D, n_y, n_x)
+        Patch representations that are predicted (trained through ``z``).
+    c : Tensor of shape (B, K_c, n_y, n_x)
+        Patch contexts (the caller detaches whichever side must not learn).
+    weight : Tensor of shape (K, D, K_c)
+        One prediction matrix :math:`W_k` per step.
+    neg_idx : LongTensor of shape (B,)
+        The other image whose patches are the negatives of each image.
+    loss : {"hinge", "softhinge", "linear"}
+    skip : int, default=1
+
+    Returns
+    -------
+    Tensor of shape ()
+    """
+    n_steps = weight.shape[0]
+    n_y = z.shape[2]
+    if n_steps + skip >= n_y:
+        raise ValueError(f"{n_steps} prediction steps (+ skip {skip}) need more than "
+                         f"{n_steps + skip} patch rows, got {n_y}.")
+    total = z.new_zeros(())
+    for k in range(1, n_steps + 1):
+        off = k + skip
+        zk = z[:, :, off:]                                         # (B, D, ny-off, nx)
+        pred = torch.einsum("dk,bkyx->bdyx", weight[k - 1], c[:, :, :n_y - off])
+        u_pos = (zk * pred).sum(1)                                 # (B, ny-off, nx)
+        u_neg = (zk[neg_idx] * pred).sum(1)
+        total = total + contrastive_loss(u_pos, u_neg, loss).mean()
+    return total / n_steps
+
+
+class PatchPredictor(nn.Module):
+    r"""The prediction matrices of one block: ``W_k`` and their asymmetric mirror.
+
+    The official CLAPP scripts use ``--asymmetric_W_pred``: the bilinear score
+    :math:`z^\top W c` is split into :math:`z^\top W\,\mathrm{sg}(c)` (trains the
+    predicted patch through ``weight``) and :math:`\mathrm{sg}(z)^\top W' c` (trains the
+    context patch through ``mirror``), so no weight is ever transported.
+
+    Parameters
+    ----------
+    dim : int
+        Channels ``D`` of the block (context and target have the same width).
+    n_steps : int
+        ``K``, the number of prediction steps.
+    generator : torch.Generator, optional
+
+    Attributes
+    ----------
+    weight, mirror : Parameter of shape (K, D, D)
+    """
+
+    def __init__(self, dim: int, n_steps: int, generator: torch.Generator | None = None):
+        super().__init__()
+        bound = 1.0 / math.sqrt(dim)          # nn.Linear's default initialisation
+        self.weight = nn.Parameter(torch.empty(n_steps, dim, dim))
+        self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim))
+        with torch.no_grad():
+            for p in (self.weight, self.mirror):
+                p.uniform_(-bound, bound, generator=generator)
+
+    def loss(self, h: torch.Tensor, neg_idx: torch.Tensor, loss: str = "hinge"
+             ) -> torch.Tensor:
+        """Both halves of the asymmetric loss of patch representations ``h`` (B, D, ny, nx)."""
+        return (patch_prediction_loss(h, h.detach(), self.weight, neg_idx, loss)
+                + patch_prediction_loss(h.detach(), h, self.mirror, neg_idx, loss))
