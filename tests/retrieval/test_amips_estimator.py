@@ -210,3 +210,13 @@ def test_longer_training_on_mixture_problem(arch, floor):
     assert model.score(Q) >= floor
     mean_key = np.full(len(Q), int(np.argmax(keys @ Q.mean(0))))
     assert model.score(Q) >= match_rate(ExactMIPS().fit(keys).predict(Q), mean_key) + 0.3
+
+
+def test_training_callback_sees_every_step_and_changes_nothing():
+    calls = []
+    model = AmortizedMIPS(n_steps=5, **FAST)
+    model._fit(_square(), None, callback=lambda step, net: calls.append((step, net.training)))
+    assert [c[0] for c in calls] == list(range(5))
+    plain = AmortizedMIPS(n_steps=5, **FAST).fit(_square())
+    Q = _circle_queries(20)
+    np.testing.assert_array_equal(model.predict_key(Q), plain.predict_key(Q))

@@ -15,6 +15,7 @@ from mlpapers.retrieval import (
     recall_at_k,
     support_function,
 )
+from mlpapers.retrieval.amips import rank_by_key
 from mlpapers.retrieval.amips._kernels import warmup_cosine_lr
 
 
@@ -31,6 +32,21 @@ def test_mips_topk_matches_bruteforce(n, N, d, k, chunk, seed):
     np.testing.assert_allclose(s.numpy(), np.take_along_axis(ref, order, 1), rtol=1e-12)
     # indices agree up to exact ties (continuous data: none)
     np.testing.assert_array_equal(i.numpy(), order)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 20), N=st.integers(1, 30), d=st.integers(1, 5),
+       k=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_rank_by_key_matches_bruteforce(n, N, d, k, seed):
+    k = min(k, N)
+    rng = np.random.default_rng(seed)
+    P, K = rng.standard_normal((n, d)), rng.standard_normal((N, d)) * rng.uniform(0.2, 3, (N, 1))
+    Pt, Kt = torch.from_numpy(P), torch.from_numpy(K)
+    ip = rank_by_key(Pt, Kt, k, metric="ip", batch_size=7).numpy()
+    np.testing.assert_array_equal(ip, np.argsort(-(P @ K.T), axis=1, kind="stable")[:, :k])
+    l2 = rank_by_key(Pt, Kt, k, metric="l2", batch_size=7).numpy()
+    dist = ((P[:, None, :] - K[None]) ** 2).sum(-1)
+    np.testing.assert_array_equal(l2, np.argsort(dist, axis=1, kind="stable")[:, :k])
 
 
 def test_support_function_ties_go_to_lowest_index():

@@ -12,6 +12,7 @@ from mlpapers.retrieval.amips._kernels import (
     match_rate,
     mean_reciprocal_rank,
     mips_topk,
+    rank_by_key,
     recall_at_k,
     support_function,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "match_rate",
     "mean_reciprocal_rank",
     "mips_topk",
+    "rank_by_key",
     "recall_at_k",
     "soft_leaky_relu",
     "solve_width",

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import numbers
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,25 +9,22 @@ import torch
 from sklearn.base import TransformerMixin
 from sklearn.utils import metadata_routing
 
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive, check_tensor
+from mlpapers.retrieval.amips._config import build_amips_model, check_amips_params
 from mlpapers.retrieval.amips._exact import (
     _check_n_neighbors,
     _MIPSBase,
     build_faiss_ivf,
 )
-from mlpapers.retrieval.amips._kernels import (
-    amips_loss,
-    match_rate,
-    mips_topk,
-    support_function,
-    warmup_cosine_lr,
+from mlpapers.retrieval.amips._kernels import match_rate, rank_by_key
+from mlpapers.retrieval.amips._training import (
+    QuerySource,
+    augment_queries,
+    make_query_source,
+    match_output_scale,
+    train_amips,
 )
-from mlpapers.retrieval.amips._networks import Homogenize, KeyNet, SupportNet, solve_width
 
 __all__ = ["AmortizedMIPS"]
-
-
-QuerySource = None | np.ndarray | torch.Tensor | Callable[[int, np.random.Generator], Any]
 
 
 class AmortizedMIPS(TransformerMixin, _MIPSBase):
@@ -76,7 +70,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     n_steps : int, default=2000
         Optimisation steps (each on a fresh batch of queries).
     batch_size : int, default=1024
-        Training batch size; also the chunk size at inference.
+        Training batch size; also the chunk size at inference. On a CPU budget,
+        more steps of a smaller batch (e.g. 256, with ``lr=1e-2``) train faster
+        per CPU second (see the user guide's learning curve).
     lr : float, default=3e-3
         Peak learning rate of Adam (the official FIQA config uses 2.83e-3).
     warmup : float, default=0.05
@@ -218,92 +214,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
     # -- parameters ----------------------------------------------------------
     def _check_params(self) -> None:
-        check_in_options(self.arch, "arch", ("keynet", "supportnet"))
-        check_positive(self.depth, "depth", integer=True)
-        if self.hidden_dim is not None:
-            check_positive(self.hidden_dim, "hidden_dim", integer=True)
-        check_positive(self.params_fraction, "params_fraction")
-        if not isinstance(self.wx_inject, numbers.Integral):
-            raise TypeError(f"wx_inject must be a bool or an int, got {self.wx_inject!r}.")
-        check_positive(self.negative_slope, "negative_slope", strict=False)
-        if self.negative_slope >= 1:
-            raise ValueError(f"negative_slope must be in [0, 1), got {self.negative_slope}.")
-        check_positive(self.beta, "beta")
-        check_positive(self.score_weight, "score_weight", strict=False)
-        check_positive(self.target_weight, "target_weight", strict=False)
-        if self.score_weight == 0 and self.target_weight == 0:
-            raise ValueError("score_weight and target_weight cannot both be 0.")
-        check_positive(self.n_steps, "n_steps", integer=True)
-        check_positive(self.batch_size, "batch_size", integer=True)
-        check_positive(self.lr, "lr")
-        check_positive(self.warmup, "warmup", strict=False)
-        if self.warmup >= 1:
-            raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}.")
-        check_positive(self.end_lr_ratio, "end_lr_ratio", strict=False)
-        check_positive(self.ema_decay, "ema_decay", strict=False)
-        if self.ema_decay >= 1:
-            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}.")
-        if self.grad_clip is not None:
-            check_positive(self.grad_clip, "grad_clip")
-        check_positive(self.noise_std, "noise_std", strict=False)
-        check_positive(self.n_noise, "n_noise", strict=False, integer=True)
-        check_positive(self.search_batch_size, "search_batch_size", integer=True)
-        check_in_options(self.retrieval, "retrieval", ("ip", "l2"))
-        check_positive(self.n_candidates, "n_candidates", integer=True)
+        check_amips_params(self)
 
     def _build_model(self, n_keys: int, d: int, hidden_dims: tuple[int, ...] | None = None):
-        if hidden_dims is None:
-            out = d if self.arch == "keynet" else 1
-            width = self.hidden_dim if self.hidden_dim is not None else solve_width(
-                self.params_fraction * n_keys * d, d, out, self.depth, self.wx_inject)
-            hidden_dims = (int(width),) * self.depth
-        kw = dict(wx_inject=self.wx_inject, negative_slope=self.negative_slope, beta=self.beta)
-        if self.arch == "keynet":
-            model = KeyNet(d, list(hidden_dims), resnet=self.resnet, **kw)
-        else:
-            model = SupportNet(d, list(hidden_dims), **kw)
-            if self.homogenize:
-                model = Homogenize(model)
-        return model, tuple(hidden_dims)
-
-    # -- training queries ----------------------------------------------------
-    def _query_source(self, queries: QuerySource, d: int) -> Callable[[int], torch.Tensor]:
-        dev = self._device
-        gen, np_gen = self._torch_gen, self._numpy_gen
-        if queries is None:
-            def draw(n):
-                q = torch.randn(n, d, generator=gen)
-                return (q / q.norm(dim=1, keepdim=True).clamp_min(1e-12)).to(dev)
-            return draw
-        if callable(queries) and not isinstance(queries, (np.ndarray, torch.Tensor)):
-            def draw(n):
-                q = check_tensor(queries(n, np_gen), name="sampler output", dtype=torch.float32,
-                                 device=dev, n_features=d, owner=type(self).__name__)
-                if q.shape[0] != n:
-                    raise ValueError(f"the query sampler returned {q.shape[0]} rows, "
-                                     f"expected {n}.")
-                return q
-            return draw
-        pool = check_tensor(queries, name="queries", dtype=torch.float32, device=dev,
-                            n_features=d, owner=type(self).__name__)
-        if bool((pool.norm(dim=1) == 0).any()):
-            raise ValueError("queries contains rows with zero norm; MIPS needs nonzero queries.")
-
-        def draw(n):
-            idx = torch.randint(pool.shape[0], (n,), generator=gen).to(dev)
-            return pool[idx]
-        return draw
-
-    def _augment(self, q: torch.Tensor) -> torch.Tensor:
-        if self.noise_std == 0 or self.n_noise == 0:
-            return q
-        gen = self._torch_gen
-        n, d = q.shape
-        norm = q.norm(dim=1, keepdim=True)
-        noisy = q + self.noise_std * norm * torch.randn(n, d, generator=gen).to(q)
-        noisy = noisy * (norm / noisy.norm(dim=1, keepdim=True).clamp_min(1e-12))
-        replace = torch.rand(n, 1, generator=gen).to(q.device) < self.n_noise / (self.n_noise + 1)
-        return torch.where(replace, noisy, q)
+        return build_amips_model(self, n_keys, d, hidden_dims)
 
     # -- fit -----------------------------------------------------------------
     def fit(self, X, y=None, *, queries: QuerySource = None):
@@ -325,74 +239,42 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         -------
         self
         """
+        return self._fit(X, queries)
+
+    def _fit(self, X, queries: QuerySource, callback=None):
+        """:meth:`fit`, with ``callback(step, model)`` after every step (learning curves)."""
         self._check_params()
         self._init_fit()
         keys = self._fit_database(X)
         n_keys, d = keys.shape
-        draw = self._query_source(queries, d)
+        draw = make_query_source(queries, d, device=self._device, torch_gen=self._torch_gen,
+                                 numpy_gen=self._numpy_gen, owner=type(self).__name__)
+        gen = self._torch_gen
+
+        def augment(q):
+            return augment_queries(q, self.noise_std, self.n_noise, gen)
 
         # model init on the private generator; the global RNG state is restored
-        seed = int(torch.randint(2**62, (1,), generator=self._torch_gen))
+        seed = int(torch.randint(2**62, (1,), generator=gen))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model, self.hidden_dims_ = self._build_model(n_keys, d)
         model = model.to(self._device)
-        init_batch = self._augment(draw(min(self.batch_size, 1024)))
+        init_batch = augment(draw(min(self.batch_size, 1024)))
         if init_batch.shape[0] >= 2:
             model.data_init(init_batch)
         if not (self.arch == "keynet" and self.resnet):
             # match the initial key norms to the labels' (a positive scale keeps convexity)
-            with torch.no_grad():
-                _, pred = model.score_and_key(init_batch)
-            _, idx = support_function(init_batch, keys, batch_size=self.search_batch_size)
-            target = keys[idx].norm(dim=1).mean()
-            got = pred.norm(dim=1).mean()
-            if bool(got > 0) and bool(torch.isfinite(got)):
-                model.scale_output(float(target / got))
-        ema = copy.deepcopy(model) if self.ema_decay > 0 else None
-        if ema is not None:
-            ema.requires_grad_(False)
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.Adam(params, lr=self.lr)
-        warmup_steps = int(round(self.warmup * self.n_steps))
-        end_lr = self.lr * self.end_lr_ratio
-        log_every = max(1, self.n_steps // 200)
-        needs_graph = self.arch == "supportnet"
-        logger = ProgressLogger(self.n_steps, self.verbose, desc=type(self).__name__)
-        model.train()
-        for step in logger:
-            lr_t = warmup_cosine_lr(step + 1, self.n_steps, self.lr, warmup_steps, end_lr)
-            for group in opt.param_groups:
-                group["lr"] = lr_t
-            q = self._augment(draw(self.batch_size))
-            with torch.no_grad():
-                true_score, idx = support_function(q, keys, batch_size=self.search_batch_size)
-            x = q.requires_grad_(True) if needs_graph else q
-            pred_score, pred_key = model.score_and_key(x, create_graph=True)
-            loss, s_loss, k_loss = amips_loss(
-                pred_score, pred_key, true_score, keys[idx],
-                score_weight=self.score_weight, target_weight=self.target_weight)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for p in params:
-                if p.grad is not None:
-                    torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-            if self.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
-            opt.step()
-            if ema is not None:
-                with torch.no_grad():
-                    for pe, p in zip(ema.parameters(), model.parameters()):
-                        pe.lerp_(p, 1.0 - self.ema_decay)
-            if step % log_every == 0 or step == self.n_steps - 1:
-                logger.log(step=step, loss=loss.item(), score_loss=s_loss.item(),
-                           key_loss=k_loss.item(), lr=lr_t)
-        final = ema if ema is not None else model
-        final.eval()
-        final.requires_grad_(False)
-        self.model_ = final
-        self.n_params_ = int(sum(p.numel() for p in final.parameters()))
-        self.history_ = logger.history
+            match_output_scale(model, init_batch, keys, search_batch_size=self.search_batch_size)
+        self.model_, self.history_ = train_amips(
+            model, keys, draw, augment=augment, n_steps=self.n_steps,
+            batch_size=self.batch_size, lr=self.lr, warmup=self.warmup,
+            end_lr_ratio=self.end_lr_ratio, ema_decay=self.ema_decay,
+            grad_clip=self.grad_clip, score_weight=self.score_weight,
+            target_weight=self.target_weight, search_batch_size=self.search_batch_size,
+            double_backprop=self.arch == "supportnet", verbose=self.verbose,
+            desc=type(self).__name__, callback=callback)
+        self.n_params_ = int(sum(p.numel() for p in self.model_.parameters()))
         return self
 
     # -- inference -----------------------------------------------------------
@@ -444,12 +326,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
         keys = self._keys()
         _, key_hat = self._score_and_key(Q)
-        if self.retrieval == "l2":  # argmin ||k^ - k_j||^2 as a MIPS on augmented vectors
-            key_hat = torch.cat([key_hat, key_hat.new_ones(len(key_hat), 1)], 1)
-            keys_aug = torch.cat([keys, -0.5 * keys.square().sum(1, keepdim=True)], 1)
-            _, idx = mips_topk(key_hat, keys_aug, k, batch_size=self.search_batch_size)
-        else:
-            _, idx = mips_topk(key_hat, keys, k, batch_size=self.search_batch_size)
+        idx = rank_by_key(key_hat, keys, k, metric=self.retrieval,
+                          batch_size=self.search_batch_size)
         if not return_distance:
             return self._to_numpy(idx)
         sims = torch.einsum("nkd,nd->nk", keys[idx], Q)

@@ -15,6 +15,7 @@ __all__ = [
     "mean_reciprocal_rank",
     "match_rate",
     "mips_topk",
+    "rank_by_key",
     "recall_at_k",
     "support_function",
     "warmup_cosine_lr",
@@ -79,6 +80,20 @@ def support_function(
     """
     s, i = mips_topk(queries, keys, 1, batch_size=batch_size)
     return s[:, 0], i[:, 0]
+
+
+def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: str = "ip",
+                batch_size: int = 8192) -> torch.Tensor:
+    r"""Indices (n, k) of the keys closest to predicted keys ``key_hat`` (n, d).
+
+    ``metric="ip"`` ranks by :math:`\langle \hat k, k_j\rangle` (the paper's rule);
+    ``"l2"`` by :math:`-\|\hat k - k_j\|^2`, computed as a MIPS on augmented vectors
+    :math:`[\hat k, 1]` and :math:`[k_j, -\|k_j\|^2/2]`.
+    """
+    if metric == "l2":
+        key_hat = torch.cat([key_hat, key_hat.new_ones(len(key_hat), 1)], 1)
+        keys = torch.cat([keys, -0.5 * keys.square().sum(1, keepdim=True)], 1)
+    return mips_topk(key_hat, keys, k, batch_size=batch_size)[1]
 
 
 def amips_loss(

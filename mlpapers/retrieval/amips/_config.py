@@ -1,0 +1,72 @@
+"""Hyper-parameter validation and network construction of :class:`AmortizedMIPS`."""
+
+from __future__ import annotations
+
+import numbers
+
+from torch import nn
+
+from mlpapers._utils import check_in_options, check_positive
+from mlpapers.retrieval.amips._networks import Homogenize, KeyNet, SupportNet, solve_width
+
+__all__ = ["build_amips_model", "check_amips_params"]
+
+
+def check_amips_params(est) -> None:
+    """Validate the hyper-parameters of an :class:`AmortizedMIPS` ``est`` (raises
+    ``ValueError``/``TypeError`` naming the parameter)."""
+    check_in_options(est.arch, "arch", ("keynet", "supportnet"))
+    check_positive(est.depth, "depth", integer=True)
+    if est.hidden_dim is not None:
+        check_positive(est.hidden_dim, "hidden_dim", integer=True)
+    check_positive(est.params_fraction, "params_fraction")
+    if not isinstance(est.wx_inject, numbers.Integral):
+        raise TypeError(f"wx_inject must be a bool or an int, got {est.wx_inject!r}.")
+    check_positive(est.negative_slope, "negative_slope", strict=False)
+    if est.negative_slope >= 1:
+        raise ValueError(f"negative_slope must be in [0, 1), got {est.negative_slope}.")
+    check_positive(est.beta, "beta")
+    check_positive(est.score_weight, "score_weight", strict=False)
+    check_positive(est.target_weight, "target_weight", strict=False)
+    if est.score_weight == 0 and est.target_weight == 0:
+        raise ValueError("score_weight and target_weight cannot both be 0.")
+    check_positive(est.n_steps, "n_steps", integer=True)
+    check_positive(est.batch_size, "batch_size", integer=True)
+    check_positive(est.lr, "lr")
+    check_positive(est.warmup, "warmup", strict=False)
+    if est.warmup >= 1:
+        raise ValueError(f"warmup must be a fraction in [0, 1), got {est.warmup}.")
+    check_positive(est.end_lr_ratio, "end_lr_ratio", strict=False)
+    check_positive(est.ema_decay, "ema_decay", strict=False)
+    if est.ema_decay >= 1:
+        raise ValueError(f"ema_decay must be in [0, 1), got {est.ema_decay}.")
+    if est.grad_clip is not None:
+        check_positive(est.grad_clip, "grad_clip")
+    check_positive(est.noise_std, "noise_std", strict=False)
+    check_positive(est.n_noise, "n_noise", strict=False, integer=True)
+    check_positive(est.search_batch_size, "search_batch_size", integer=True)
+    check_in_options(est.retrieval, "retrieval", ("ip", "l2"))
+    check_positive(est.n_candidates, "n_candidates", integer=True)
+
+
+def build_amips_model(est, n_keys: int, d: int,
+                      hidden_dims: tuple[int, ...] | None = None) -> tuple[nn.Module, tuple]:
+    """Build the untrained network of ``est`` for ``n_keys`` keys of dimension ``d``.
+
+    The width is ``est.hidden_dim`` or solved from the budget
+    ``params_fraction * n_keys * d`` (:func:`solve_width`); ``hidden_dims`` (from a
+    fitted estimator) overrides both. Returns the model and its hidden widths.
+    """
+    if hidden_dims is None:
+        out = d if est.arch == "keynet" else 1
+        width = est.hidden_dim if est.hidden_dim is not None else solve_width(
+            est.params_fraction * n_keys * d, d, out, est.depth, est.wx_inject)
+        hidden_dims = (int(width),) * est.depth
+    kw = dict(wx_inject=est.wx_inject, negative_slope=est.negative_slope, beta=est.beta)
+    if est.arch == "keynet":
+        model = KeyNet(d, list(hidden_dims), resnet=est.resnet, **kw)
+    else:
+        model = SupportNet(d, list(hidden_dims), **kw)
+        if est.homogenize:
+            model = Homogenize(model)
+    return model, tuple(hidden_dims)

@@ -1,0 +1,185 @@
+"""Training machinery of amortized MIPS: query sources, noise augmentation, output
+scaling at initialisation and the optimisation loop (Adam, clipping, warmup-cosine
+learning rate, EMA of the weights).
+
+Kept apart from the estimator shell (:mod:`._estimator`), which validates the
+parameters, builds the network and calls :func:`train_amips`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mlpapers._utils import ProgressLogger, check_tensor
+from mlpapers.retrieval.amips._kernels import amips_loss, support_function, warmup_cosine_lr
+
+__all__ = ["QuerySource", "augment_queries", "make_query_source", "match_output_scale",
+           "train_amips"]
+
+
+QuerySource = None | np.ndarray | torch.Tensor | Callable[[int, np.random.Generator], Any]
+
+
+def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
+                      torch_gen: torch.Generator, numpy_gen: np.random.Generator,
+                      owner: str) -> Callable[[int], torch.Tensor]:
+    """Return ``draw(n) -> (n, d)`` float32 training queries on ``device``.
+
+    ``queries`` is ``None`` (uniform on the unit sphere), an array (rows sampled
+    with replacement) or a callable ``sampler(n, rng)`` with ``rng`` a numpy
+    Generator (``numpy_gen``). Raises ``ValueError`` for zero-norm rows in an
+    array and for a sampler that returns the wrong number of rows.
+    """
+    if queries is None:
+        def draw(n):
+            q = torch.randn(n, d, generator=torch_gen)
+            return (q / q.norm(dim=1, keepdim=True).clamp_min(1e-12)).to(device)
+        return draw
+    if callable(queries) and not isinstance(queries, (np.ndarray, torch.Tensor)):
+        def draw(n):
+            q = check_tensor(queries(n, numpy_gen), name="sampler output", dtype=torch.float32,
+                             device=device, n_features=d, owner=owner)
+            if q.shape[0] != n:
+                raise ValueError(f"the query sampler returned {q.shape[0]} rows, "
+                                 f"expected {n}.")
+            return q
+        return draw
+    pool = check_tensor(queries, name="queries", dtype=torch.float32, device=device,
+                        n_features=d, owner=owner)
+    if bool((pool.norm(dim=1) == 0).any()):
+        raise ValueError("queries contains rows with zero norm; MIPS needs nonzero queries.")
+
+    def draw(n):
+        idx = torch.randint(pool.shape[0], (n,), generator=torch_gen).to(device)
+        return pool[idx]
+    return draw
+
+
+def augment_queries(q: torch.Tensor, noise_std: float, n_noise: int,
+                    gen: torch.Generator) -> torch.Tensor:
+    """The paper's noise augmentation, on the fly.
+
+    Each row ``q`` of shape (n, d) is replaced, with probability
+    ``n_noise / (n_noise + 1)``, by ``||q|| * normalize(q + noise_std * ||q|| * eps)``,
+    ``eps ~ N(0, I)``: in expectation, the dataset of every query plus ``n_noise``
+    renormalised noisy copies.
+    """
+    if noise_std == 0 or n_noise == 0:
+        return q
+    n, d = q.shape
+    norm = q.norm(dim=1, keepdim=True)
+    noisy = q + noise_std * norm * torch.randn(n, d, generator=gen).to(q)
+    noisy = noisy * (norm / noisy.norm(dim=1, keepdim=True).clamp_min(1e-12))
+    replace = torch.rand(n, 1, generator=gen).to(q.device) < n_noise / (n_noise + 1)
+    return torch.where(replace, noisy, q)
+
+
+@torch.no_grad()
+def match_output_scale(model: nn.Module, x: torch.Tensor, keys: torch.Tensor, *,
+                       search_batch_size: int = 8192) -> float:
+    """Scale the output layer so the mean predicted key norm on ``x`` equals the labels'.
+
+    A positive scale keeps SupportNet convex. Returns the factor applied (1.0 when
+    the predicted norm is zero or not finite).
+    """
+    _, pred = model.score_and_key(x)
+    _, idx = support_function(x, keys, batch_size=search_batch_size)
+    target = keys[idx].norm(dim=1).mean()
+    got = pred.norm(dim=1).mean()
+    if bool(got > 0) and bool(torch.isfinite(got)):
+        c = float(target / got)
+        model.scale_output(c)
+        return c
+    return 1.0
+
+
+def train_amips(
+    model: nn.Module,
+    keys: torch.Tensor,
+    draw: Callable[[int], torch.Tensor],
+    *,
+    augment: Callable[[torch.Tensor], torch.Tensor],
+    n_steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: float,
+    end_lr_ratio: float,
+    ema_decay: float,
+    grad_clip: float | None,
+    score_weight: float,
+    target_weight: float,
+    search_batch_size: int,
+    double_backprop: bool,
+    verbose: int = 0,
+    desc: str = "AmortizedMIPS",
+    callback: Callable[[int, nn.Module], None] | None = None,
+) -> tuple[nn.Module, list[dict[str, float]]]:
+    """Optimise ``model`` on fresh batches of queries with exact labels.
+
+    Each step draws ``batch_size`` queries (``augment(draw(batch_size))``), labels
+    them by chunked exact search over ``keys`` (N, d), and takes an Adam step on
+    :func:`amips_loss` with NaN-zeroed gradients, global-norm clipping
+    (``grad_clip``) and the warmup-cosine learning rate (linear from 0 to ``lr``
+    over ``round(warmup * n_steps)`` steps, cosine to ``end_lr_ratio * lr``). An
+    EMA of the weights (decay ``ema_decay``, 0 disables it) is the returned model.
+    ``double_backprop`` is for gradient models (SupportNet), whose key is an input
+    gradient. ``callback(step, current_eval_model)`` is called after each step
+    (used for learning curves; the model passed is the EMA when enabled).
+
+    Returns
+    -------
+    model : nn.Module
+        The EMA (or raw) model, in eval mode with ``requires_grad`` off.
+    history : list of dict
+        ``step``, ``loss``, ``score_loss``, ``key_loss``, ``lr`` every
+        ``max(1, n_steps // 200)`` steps and at the last step.
+    """
+    ema = copy.deepcopy(model) if ema_decay > 0 else None
+    if ema is not None:
+        ema.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr)
+    warmup_steps = int(round(warmup * n_steps))
+    end_lr = lr * end_lr_ratio
+    log_every = max(1, n_steps // 200)
+    logger = ProgressLogger(n_steps, verbose, desc=desc)
+    model.train()
+    for step in logger:
+        lr_t = warmup_cosine_lr(step + 1, n_steps, lr, warmup_steps, end_lr)
+        for group in opt.param_groups:
+            group["lr"] = lr_t
+        q = augment(draw(batch_size))
+        with torch.no_grad():
+            true_score, idx = support_function(q, keys, batch_size=search_batch_size)
+        x = q.requires_grad_(True) if double_backprop else q
+        pred_score, pred_key = model.score_and_key(x, create_graph=True)
+        loss, s_loss, k_loss = amips_loss(pred_score, pred_key, true_score, keys[idx],
+                                          score_weight=score_weight,
+                                          target_weight=target_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for p in params:
+            if p.grad is not None:
+                torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        opt.step()
+        if ema is not None:
+            with torch.no_grad():
+                for pe, p in zip(ema.parameters(), model.parameters()):
+                    pe.lerp_(p, 1.0 - ema_decay)
+        if step % log_every == 0 or step == n_steps - 1:
+            logger.log(step=step, loss=loss.item(), score_loss=s_loss.item(),
+                       key_loss=k_loss.item(), lr=lr_t)
+        if callback is not None:
+            callback(step, ema if ema is not None else model)
+    final = ema if ema is not None else model
+    final.eval()
+    final.requires_grad_(False)
+    return final, logger.history
