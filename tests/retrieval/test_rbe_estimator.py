@@ -11,17 +11,7 @@ from sklearn.exceptions import NotFittedError
 from mlpapers.datasets._relevance import make_relevance_problem
 from mlpapers.retrieval.rbe import AnnCURRetriever, RelevanceBasedRetriever, hit_rate
 
-
-class CountingRelevance:
-    """Wraps a heavy ranker and counts the query-item pairs it scores."""
-
-    def __init__(self, fn):
-        self.fn, self.pairs, self.calls = fn, 0, 0
-
-    def __call__(self, queries, items):
-        self.calls += 1
-        self.pairs += len(queries) * len(items)
-        return self.fn(queries, items)
+from ._counting import CountingRelevance
 
 
 def _bilinear(rank=4, n_q=60, n_i=40, seed=0):
