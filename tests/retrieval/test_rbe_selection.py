@@ -65,9 +65,11 @@ def test_greedy_gram_and_lowrank_formulations_agree(seed, n_q, n_i, center):
         b, sb = select_support(R, k, "greedy", center=center, greedy_method="lowrank",
                                return_scores=True)
     # the pick that completes the span ties between every remaining item: compare
-    # the picks before it, and all gains
+    # the picks before it, and all gains. The explicit Gram deflation cancels terms of
+    # the size of the first gains, so its round-off scales with sa[0], not with the
+    # (smaller) late gains (seed 743, 9x20: 1.5e-8 off brute force on a gain of 0.012).
     np.testing.assert_array_equal(a[:-1], b[:-1])
-    np.testing.assert_allclose(sa, sb, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(sa, sb, rtol=1e-7, atol=1e-6 * max(sa.max(), 1e-12))
 
 
 def test_greedy_sets_are_nested():
