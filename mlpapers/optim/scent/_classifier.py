@@ -19,6 +19,12 @@ from mlpapers.optim.scent._common import (
     nu_to_numpy,
     set_lrs,
 )
+from mlpapers.optim.scent._sampled import (
+    sampled_scores,
+    shared_negatives,
+    sparse_rows_grad,
+    sparse_sgd_step,
+)
 
 __all__ = ["SCENTClassifier"]
 
@@ -33,19 +39,25 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     + \frac{\text{alpha}}{2}\|W\|^2`, :math:`z_{ik} = w_k^\top x_i + b_k`, as the
     compositional entropic risk :math:`\frac{\tau}{n}\sum_i \log \frac{1}{C}\sum_k
     e^{(z_{ik}-z_{iy_i})/\tau}` (the same objective shifted by :math:`\tau\log C`).
-    Each step costs :math:`O(\text{n\_negatives})` per sample instead of
-    :math:`O(C)`: the positive class plus ``n_negatives`` negatives drawn uniformly
-    (with replacement) from the other :math:`C-1` classes form an unbiased
-    estimate of :math:`\frac{1}{C}\sum_k e^{(z_{ik}-z_{iy_i})/\tau}`, whose
-    per-sample dual variable :math:`\nu_i` is tracked by
-    :class:`EntropicRiskLoss` with the chosen ``method`` [1]_. With
-    ``n_negatives = n_classes - 1`` all classes are used and the step is exact.
+    Each step costs :math:`O((B + \text{n\_negatives})\,d)` instead of
+    :math:`O(BCd)`: ``n_negatives`` classes drawn uniformly with replacement from
+    all :math:`C` classes are shared by the batch (as in sampled softmax and the
+    paper's in-batch negatives); for each sample the draws equal to its own label
+    are masked, and the exact positive term plus the valid draws form an
+    unbiased estimate of :math:`\frac{1}{C}\sum_k e^{(z_{ik}-z_{iy_i})/\tau}`,
+    whose per-sample dual variable :math:`\nu_i` is tracked by
+    :class:`EntropicRiskLoss` with the chosen ``method`` [1]_. Only the weight
+    rows of the batch's labels and of the drawn negatives are updated (a
+    row-sparse SGD step; ``momentum > 0`` or ``alpha > 0`` use the dense
+    gradient). With ``n_negatives = n_classes - 1`` all classes are used and
+    the step is exact full-softmax SGD.
     Predictions use the exact softmax.
 
     Parameters
     ----------
     n_negatives : int, default=64
-        Negatives sampled per sample and step; must be ``< n_classes``.
+        Negative classes drawn per step, shared by the batch; must be
+        ``< n_classes`` (``n_classes - 1`` uses every class: exact softmax).
     method : {"scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"}, default="scent"
         Dual update rule (see :class:`EntropicRiskLoss`).
     log_alpha : float or None, default=None
@@ -283,23 +295,35 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             self._loss_fn.nu[: old.n_anchors] = old.nu
             self._loss_fn.initialized[: old.n_anchors] = old.initialized
 
-    def _batch_scores(self, Xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        """Shifted scores (B, 1 + k) whose mean exp is unbiased for mean_k exp(s_ik)."""
-        C, k, tau = len(self.classes_), int(self.n_negatives), float(self.temperature)
-        B = Xb.shape[0]
-        if k == C - 1:
-            neg = torch.arange(C - 1).expand(B, C - 1)
-        else:
-            neg = torch.randint(0, C - 1, (B, k), generator=self._torch_gen)
-        neg = neg.to(Xb.device)
-        neg = neg + (neg >= yb[:, None]).long()  # skip the positive class
-        z_pos = (Xb * self._W[yb]).sum(1) + self._b[yb]
-        Wn = self._W.index_select(0, neg.reshape(-1)).view(B, -1, Xb.shape[1])
-        z_neg = torch.bmm(Wn, Xb[:, :, None])[:, :, 0] + self._b[neg]
-        c0 = math.log((k + 1) / C)
-        c1 = math.log((k + 1) * (C - 1) / (k * C))
-        pos_col = torch.full((B, 1), c0, dtype=Xb.dtype, device=Xb.device)
-        return torch.cat([pos_col, (z_neg - z_pos[:, None]) / tau + c1], dim=1)
+    def _step(self, Xb: torch.Tensor, yb: torch.Tensor, index: torch.Tensor) -> float:
+        """One primal-dual step on a batch; only the touched rows of ``W`` change."""
+        C, tau = len(self.classes_), float(self.temperature)
+        neg, valid = shared_negatives(C, int(self.n_negatives), yb, self._torch_gen)
+        W = self._W.detach()
+        Wp = W.index_select(0, yb).requires_grad_(True)   # (B, d)
+        Wn = W.index_select(0, neg).requires_grad_(True)  # (k, d)
+        z_pos = (Xb * Wp).sum(1) + self._b[yb]
+        z_neg = Xb @ Wn.T + self._b[neg]
+        scores, mask = sampled_scores(z_pos, z_neg, valid, C, tau)
+        if not bool(torch.isfinite(scores.detach()).all()):
+            raise FloatingPointError(
+                f"SCENTClassifier(method={self.method!r}) diverged at epoch "
+                f"{self.n_iter_ + 1}: non-finite scores; lower lr (or dual_lr).")
+        self._opt.zero_grad()
+        loss = tau * self._loss_fn(scores, index, mask)
+        loss.backward()
+        rows = [(yb, Wp.grad), (neg, Wn.grad)]
+        value = float(loss.detach())
+        if self.momentum == 0 and self.alpha == 0:
+            sparse_sgd_step(self._W, rows, self._opt.param_groups[0]["lr"])
+        else:  # momentum / L2 need the dense gradient
+            grad = sparse_rows_grad(W, rows)
+            if self.alpha > 0:
+                grad.add_(W, alpha=self.alpha)
+                value += 0.5 * self.alpha * float((W * W).sum())
+            self._W.grad = grad
+        self._opt.step()
+        return value
 
     def _run(self, X, y, index, epochs: int, schedule: str) -> None:
         n, tau = X.shape[0], float(self.temperature)
@@ -315,18 +339,8 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             for start in range(0, n, bs):
                 rows = perm[start:start + bs]
                 set_lrs(self._opt, self._loss_fn, self, lr_factor(schedule, step, total))
-                self._opt.zero_grad()
-                scores = self._batch_scores(X[rows], y[rows])
-                if not bool(torch.isfinite(scores.detach()).all()):
-                    raise FloatingPointError(
-                        f"SCENTClassifier(method={self.method!r}) diverged at epoch "
-                        f"{self.n_iter_ + 1}: non-finite scores; lower lr (or dual_lr).")
-                loss = tau * self._loss_fn(scores, index[rows.cpu()])
-                if self.alpha > 0:
-                    loss = loss + 0.5 * self.alpha * (self._W * self._W).sum()
-                loss.backward()
-                self._opt.step()
-                running += float(loss.detach()) * len(rows)
+                loss = self._step(X[rows], y[rows], index[rows.cpu()])
+                running += loss * len(rows)
                 step += 1
             self.n_iter_ += 1
             self.loss_curve_.append(running / n + shift)

@@ -59,6 +59,7 @@ def set_lrs(opt, loss_fn, est, factor: float) -> None:
         group["lr"] = est.lr * factor
     # the dual step of the ASGD family decays with the primal one (official code)
     loss_fn.dual_lr = est.dual_lr * max(factor, 1e-12)
+    loss_fn.gamma = est.gamma  # set_params(gamma=...) between partial_fit calls (schedules)
 
 
 def minimize_lbfgs(fun, params, max_iter: int = 500, tol: float = 1e-10) -> None:
