@@ -143,3 +143,9 @@ def test_loss_and_schedule():
     lrs = [warmup_cosine_lr(t, 100, 1.0, 10, 0.1) for t in range(101)]
     assert lrs[0] == 0.0 and lrs[10] == pytest.approx(1.0) and lrs[100] == pytest.approx(0.1)
     assert np.all(np.diff(lrs[:11]) > 0) and np.all(np.diff(lrs[10:]) <= 1e-12)
+
+
+def test_rank_by_key_rejects_unknown_metric():
+    q, keys = torch.randn(4, 3), torch.randn(10, 3)
+    with pytest.raises(ValueError, match="metric"):
+        rank_by_key(q, keys, 3, metric="L2")

@@ -182,3 +182,15 @@ def test_bad_input(problem):
     with pytest.raises(ValueError, match="NaN or infinite"):
         est.predict(Q[:3])
     assert AdaCURRetriever._estimator_check_instances() == []
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(C=torch.randn(3, 5), u=torch.randn(3)), "C must be a 3-D"),
+    (dict(C=torch.randn(2, 3, 5), u=torch.randn(2, 4)), "u must be"),
+    (dict(C=torch.randn(2, 3, 5), u=torch.randn(2, 3), gram=torch.randn(2, 2, 2)), "gram"),
+    (dict(C=torch.randn(2, 3, 5), u=torch.randn(2, 3), ridge=-1.0), "ridge"),
+    (dict(C=torch.randn(2, 3, 5), u=torch.randn(2, 3), rcond=-0.1), "rcond"),
+])
+def test_cur_query_weights_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cur_query_weights(**kwargs)

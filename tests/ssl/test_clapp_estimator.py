@@ -82,6 +82,8 @@ def test_local_training_keeps_less_activation_memory_than_bp():
     for variant in ["clapp", "clapp++dfb"]:
         local = training_step_activation_bytes(CLAPPEncoder(variant=variant, **kw).fit(X), X)
         assert 0 < local < 0.8 * glob, (variant, local, glob)
+    with pytest.raises((TypeError, ValueError), match="batch_size"):
+        training_step_activation_bytes(GlobalSSLEncoder(**kw).fit(X), X, batch_size=2.5)
 
 
 def test_bp_variants_propagate_gradients():

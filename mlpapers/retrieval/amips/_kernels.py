@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from mlpapers._utils import check_in_options
+
 __all__ = [
     "amips_loss",
     "mean_reciprocal_rank",
@@ -90,6 +92,7 @@ def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: st
     ``"l2"`` by :math:`-\|\hat k - k_j\|^2`, computed as a MIPS on augmented vectors
     :math:`[\hat k, 1]` and :math:`[k_j, -\|k_j\|^2/2]`.
     """
+    check_in_options(metric, "metric", ("ip", "l2"))
     if metric == "l2":
         key_hat = torch.cat([key_hat, key_hat.new_ones(len(key_hat), 1)], 1)
         keys = torch.cat([keys, -0.5 * keys.square().sum(1, keepdim=True)], 1)

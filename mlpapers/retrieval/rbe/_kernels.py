@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlpapers._utils import check_tensor
+from mlpapers._utils import check_positive, check_tensor
 
 __all__ = [
     "cur_query_weights",
@@ -78,6 +78,10 @@ def fit_linear_embeddings(
     return {"embeddings": Et.T.contiguous(), "offsets": offsets, "mean": mean, "scale": scale}
 
 
+def _shape(x: Any) -> str:
+    return f"shape {tuple(x.shape)}" if hasattr(x, "shape") else type(x).__name__
+
+
 def cur_query_weights(
     C: torch.Tensor,
     u: torch.Tensor,
@@ -115,7 +119,19 @@ def cur_query_weights(
     Tensor of shape (b, n_a)
         ``w``; the approximate scores of all items are ``w @ A``.
     """
-    m, n_a = C.shape[1], C.shape[2]
+    if not isinstance(C, torch.Tensor) or C.ndim != 3:
+        raise ValueError(f"C must be a 3-D tensor (b, m, n_a), got {_shape(C)}.")
+    b, m, n_a = C.shape
+    if not isinstance(u, torch.Tensor) or tuple(u.shape) != (b, m):
+        raise ValueError(f"u must be a tensor of shape {(b, m)} (b, m) to match C, got "
+                         f"{_shape(u)}.")
+    if gram is not None and (not isinstance(gram, torch.Tensor)
+                             or tuple(gram.shape) != (b, m, m)):
+        raise ValueError(f"gram must be a tensor of shape {(b, m, m)} (C @ C.mT), got "
+                         f"{_shape(gram)}.")
+    check_positive(ridge, "ridge", strict=False)
+    if rcond is not None:
+        check_positive(rcond, "rcond", strict=False)
     G = C @ C.mT if gram is None else gram
     lam, V = torch.linalg.eigh(G)
     top = lam[..., -1:].clamp_min(torch.finfo(lam.dtype).tiny)

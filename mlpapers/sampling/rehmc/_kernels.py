@@ -109,7 +109,7 @@ def reflected_drift(
     n_ref = torch.zeros(C, dtype=torch.long, device=x.device)
     capped = torch.zeros(C, dtype=torch.bool, device=x.device)
     exclude = torch.full((C,), -1, dtype=torch.long, device=x.device)
-    remaining = tau
+    remaining = tau.clamp_min(0.0)  # a chain with no time left must not drift backwards
     active = remaining > 0
     # Masked loop over all chains: a finished chain has remaining time 0, so it drifts
     # for time 0, never bounces and keeps its momentum.

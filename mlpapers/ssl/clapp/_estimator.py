@@ -207,6 +207,11 @@ class CLAPPEncoder(_SSLImageEncoder):
         if steps is None:
             steps = min(_MAX_STEPS_2021, n_y - SKIP_STEP - 1)
         if steps < 1 or steps + SKIP_STEP >= n_y:
+            if self.prediction_steps is None:
+                raise ValueError(
+                    f"images of size {height}x{width} give {n_y} patch rows (patch_size="
+                    f"{size}, patch_stride={stride}); clapp2021 needs at least {SKIP_STEP + 2}"
+                    " rows. Use a smaller patch_size or patch_stride.")
             raise ValueError(
                 f"images of size {height}x{width} give {n_y} patch rows (patch_size={size}, "
                 f"patch_stride={stride}), too few for prediction_steps={steps}: the grid needs "

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from mlpapers._utils import check_positive
+
 __all__ = ["SavedActivationTracker", "training_step_activation_bytes"]
 
 
@@ -121,6 +123,8 @@ def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
     """
     from mlpapers.ssl.clapp._kernels import negative_indices
 
+    if batch_size is not None:
+        check_positive(batch_size, "batch_size", integer=True)
     X = encoder._check_images(X, reset=False)
     bs = min(encoder.batch_size if batch_size is None else batch_size, X.shape[0])
     gen = torch.Generator().manual_seed(random_state)
