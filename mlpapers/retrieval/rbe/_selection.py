@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlpapers._utils import check_in_options, check_positive, check_tensor, to_numpy
+from mlpapers._utils import (
+    check_in_options,
+    check_positive,
+    check_tensor,
+    make_generators,
+    to_numpy,
+)
 
 __all__ = ["SUPPORT_METHODS", "check_support_indices", "greedy_selection", "select_support"]
 
@@ -255,8 +261,10 @@ def select_support(
     check_positive(k, "k", integer=True)
     if k > N:
         raise ValueError(f"k={k} support items requested but R has only {N} items (columns).")
+    # a caller's Generator (the estimators pass their own) is drawn from directly
+    rng = (random_state if isinstance(random_state, np.random.Generator)
+           else make_generators(random_state)[1])
     if method == "random":
-        rng = _numpy_rng(random_state)
         idx = rng.choice(N, size=k, replace=False).astype(np.int64)
         scores = np.full(k, np.nan)
     elif method == "popular":
@@ -264,7 +272,7 @@ def select_support(
         order = torch.argsort(mean, descending=True, stable=True)[:k]
         idx, scores = to_numpy(order), to_numpy(mean[order])
     elif method == "kmeans":
-        seed = int(_numpy_rng(random_state).integers(2**31 - 1))
+        seed = int(rng.integers(2**31 - 1))
         idx, scores = _kmeans(_item_features(Rt, center), k, seed, n_init)
     elif method == "farthest":
         i, s = _farthest(_item_features(Rt, center), k)
@@ -289,11 +297,3 @@ def check_support_indices(support: Any, n_items: int) -> np.ndarray:
     if S.min() < 0 or S.max() >= n_items or len(np.unique(S)) != S.size:
         raise ValueError(f"support indices must be distinct and in [0, {n_items}).")
     return S.astype(np.int64)
-
-
-def _numpy_rng(random_state) -> np.random.Generator:
-    if isinstance(random_state, np.random.Generator):
-        return random_state
-    if isinstance(random_state, np.random.RandomState):
-        return np.random.default_rng(random_state.randint(2**31 - 1))
-    return np.random.default_rng(random_state)
