@@ -279,6 +279,40 @@ def _decode(obj: Any) -> Any:
     return obj
 
 
+# numpy bit generators whose state is a plain dict of ints and strings
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
+def _rng_state(estimator: BaseEstimator) -> dict[str, Any]:
+    """The current states of the fit's generators, so that a loaded estimator's
+    ``partial_fit`` continues the same random stream as the saved one."""
+    out: dict[str, Any] = {}
+    gen = getattr(estimator, "_torch_gen", None)
+    if isinstance(gen, torch.Generator) and gen.device.type == "cpu":
+        out["torch"] = gen.get_state()
+    np_gen = getattr(estimator, "_numpy_gen", None)
+    if isinstance(np_gen, np.random.Generator):
+        state = np_gen.bit_generator.state
+        if state.get("bit_generator") in _BIT_GENERATORS:
+            out["numpy"] = state
+    return out
+
+
+def _restore_rng(estimator: BaseEstimator, rng: dict[str, Any]) -> None:
+    if "torch" in rng:
+        gen = torch.Generator()
+        gen.set_state(rng["torch"].cpu())
+        estimator._torch_gen = gen
+    if "numpy" in rng:
+        state = rng["numpy"]
+        name = state.get("bit_generator")
+        if name not in _BIT_GENERATORS:
+            raise ValueError(f"unsupported numpy bit generator {name!r} in the saved file.")
+        bit_gen = getattr(np.random, name)()
+        bit_gen.state = state
+        estimator._numpy_gen = np.random.Generator(bit_gen)
+
+
 def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
     """Save a fitted mlpapers estimator to ``path``; see :meth:`TorchEstimatorMixin.save`."""
     if not isinstance(estimator, TorchEstimatorMixin):
@@ -293,6 +327,7 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
         "class": f"{cls.__module__}:{cls.__qualname__}",
         "params": _encode(estimator.get_params(deep=False), "a parameter"),
         "state": _encode(estimator._get_state(), "the fitted state"),
+        "rng": _rng_state(estimator),
     }
     torch.save(payload, os.fspath(path))
 
@@ -315,6 +350,7 @@ def load(
     if trusted is not None and payload["class"] == f"{trusted.__module__}:{trusted.__qualname__}":
         est = trusted(**_decode(payload["params"]))
         est._set_state(_decode(payload["state"]))
+        _restore_rng(est, payload.get("rng", {}))
         return est
     if module_name != "mlpapers" and not module_name.startswith("mlpapers."):
         raise ValueError(f"refusing to load class {payload['class']!r} from outside mlpapers.")
@@ -323,4 +359,5 @@ def load(
         obj = getattr(obj, part)
     est = obj(**_decode(payload["params"]))
     est._set_state(_decode(payload["state"]))
+    _restore_rng(est, payload.get("rng", {}))
     return est

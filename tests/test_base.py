@@ -77,6 +77,28 @@ def test_save_load_round_trip(tmp_path):
     torch.load(path, weights_only=True)
 
 
+def test_save_load_continues_the_random_streams(tmp_path):
+    X, y = _data()
+    est = ToyRidge(jitter=0.2, random_state=3).fit(X, y)
+    torch.rand(3, generator=est._torch_gen)  # advance past the seeded start
+    est._numpy_gen.random(5)
+    est.save(tmp_path / "toy.pt")
+    expected_torch = torch.rand(4, generator=est._torch_gen)
+    expected_numpy = est._numpy_gen.random(4)
+    for loaded in (ToyRidge.load(tmp_path / "toy.pt"), load(tmp_path / "toy.pt", trusted=ToyRidge)):
+        torch.testing.assert_close(torch.rand(4, generator=loaded._torch_gen), expected_torch)
+        np.testing.assert_array_equal(loaded._numpy_gen.random(4), expected_numpy)
+
+
+def test_load_without_saved_streams_leaves_them_unset(tmp_path):
+    X, y = _data()
+    est = ToyRidge().fit(X, y)
+    del est._torch_gen, est._numpy_gen  # e.g. a file written before streams were saved
+    est.save(tmp_path / "toy.pt")
+    back = ToyRidge.load(tmp_path / "toy.pt")
+    assert not hasattr(back, "_torch_gen") and not hasattr(back, "_numpy_gen")
+
+
 def test_pickle_round_trip():
     X, y = _data()
     est = ToyRidge().fit(X, y)
