@@ -9,22 +9,35 @@ Problems
   proposal) and PyMC NUTS on ``TruncatedNormal`` when installed (``bench`` extra).
   Every row runs 4 chains, the same warm-up and the same number of draws from the same
   start; every HMC row uses the library defaults (``target_accept=0.8``, step size by
-  dual averaging in warm-up, ``n_leapfrog=10``); at d = 50 a second pair of rows uses
+  dual averaging in warm-up, ``n_leapfrog=10``); ``n_leapfrog="auto"`` rows use the
+  ChEES-adapted trajectory length. At d = 50 a second pair of rows uses
   ``n_leapfrog=5`` and a pair with ``mass="diag"`` show the sensitivity to the fixed
-  path length and to the mass matrix.
-* ``chains``: wall time of 1 versus 64 chains (d = 50 corner problem).
-* ``simplex`` (full run): uniform on the 10-simplex, ReflectiveHMC vs random-walk Metropolis.
-* ``annulus`` (full run): Gaussian on the annulus 1 <= |x| <= 2, container disc + thinning.
+  path length and to the mass matrix, and rows with 16 and 64 chains show what a batch of
+  chains buys (the peers run their chains one after the other, so their ESS/s does not
+  grow with the number of chains).
+* ``ill``: ``N(0, diag(s^2))`` with ``s`` from 0.05 to 1 truncated to ``[-2, 2]^20``,
+  identity mass: fixed ``n_leapfrog=10`` versus ``"auto"`` (full run).
+* ``chains``: wall time of 1 versus 64 chains (d = 50 corner problem), and of 2 versus 64
+  chains with ``n_leapfrog="auto"`` (ChEES needs at least 2 chains).
+* ``simplex`` (full run): uniform on the 10-simplex, ReflectiveHMC (fixed and ``"auto"``)
+  vs random-walk Metropolis.
+* ``annulus`` (full run): Gaussian on the annulus 1 <= |x| <= 2, container disc + thinning
+  (fixed and ``"auto"``).
 * ``stiefel`` (full run): von Mises-Fisher on the sphere V(3, 1) through the polar expansion.
 
-Columns: min bulk-ESS (deterministic for a seed) and min bulk-ESS per second (the case's
-own wall time, warm-up included; the same
+Columns: min bulk-ESS (deterministic for a seed), min bulk-ESS per 1000 gradient
+evaluations of our torch rows (warm-up included; deterministic, so independent of the
+machine's load), min bulk-ESS per second (the case's own wall time, warm-up included; the same
 rank-normalised estimator for every row), max R-hat, the worst KS statistic of the
 marginals against exact draws, acceptance rate, reflections per leapfrog step, kept
 fraction and, for NUTS, gradient evaluations per draw. PyMC's model is compiled once
 before the timed run (pytensor caches it on disk).
 
-Usage: ``python benchmarks/bench_rehmc.py [--quick] [--out results.json]``.
+* ``--sweep`` (alone): fixed ``n_leapfrog=10`` versus ``"auto"`` with 4 and 16 chains on
+  the d = 50 corner, the badly scaled d = 20 target, the uniform 10-simplex and the
+  annulus (1000 draws after 500 warm-up iterations): the measurements behind the default.
+
+Usage: ``python benchmarks/bench_rehmc.py [--quick | --sweep] [--out results.json]``.
 """
 
 from __future__ import annotations
@@ -58,14 +71,17 @@ from mlpapers.sampling.rehmc._baselines import (
 )
 
 
-def _metrics(draws, seconds, ks, res=None):
+def _metrics(draws, seconds, ks, res=None, grads=None):
     min_ess = float(np.nanmin(ess_fn(draws)))
     out = {"min ESS": min_ess, "min ESS/s": min_ess / seconds,
            "max R-hat": float(np.nanmax(rhat_fn(draws))), "max KS": ks}
+    if grads is not None:  # load-independent efficiency: gradients of warm-up + sampling
+        out["ESS/1k grad"] = 1000.0 * min_ess / max(grads, 1)
     if res is not None:
         out.update({"accept": float(res.accept_rate.mean()),
                     "refl/step": res.reflections_per_step,
-                    "kept": float(res.kept_fraction.mean())})
+                    "kept": float(res.kept_fraction.mean()),
+                    "mean L": res.mean_leapfrog})
     return out
 
 
@@ -73,6 +89,17 @@ def _timed(fn):
     t = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t
+
+
+class _Counted:
+    """Wrap a batched ``log_prob`` and count per-chain evaluations (= gradients)."""
+
+    def __init__(self, fn):
+        self.fn, self.n = fn, 0
+
+    def __call__(self, x):
+        self.n += x.shape[0]
+        return self.fn(x)
 
 
 def hopsy_billiard_mala(mu, sd, box: Box, n: int, warm: int, *, x0, n_chains: int = 4,
@@ -157,9 +184,11 @@ def _peer_installed(name: str) -> bool:
 
 
 def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: int = 10,
-                 variants: tuple[tuple[int, str], ...] = ()) -> list[Case]:
+                 variants: tuple[tuple[int, str], ...] = (),
+                 batches: tuple[tuple[int | str, int], ...] = ()) -> list[Case]:
     """The corner problem; ``variants`` adds (n_leapfrog, mass) pairs of rows (ours and
-    the logit transform) besides the defaults."""
+    the logit transform) besides the defaults, ``batches`` adds (n_leapfrog, n_chains)
+    rows of ours."""
     mu, sd = 1.0, 0.5
     box = Box(np.zeros(d), np.ones(d))
 
@@ -177,11 +206,12 @@ def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: i
     def kw(steps, mass="identity"):  # library defaults; each row adapts its own step size
         return dict(n_leapfrog=steps, mass=mass, target_accept=0.8, random_state=0)
 
-    def ours(steps, mass="identity"):
+    def ours(steps, mass="identity", chains=4):
         def fn():
-            res, t = _timed(lambda: ReflectiveHMC(log_prob, box, **kw(steps, mass)).sample(
-                n, x0=x0, warmup=warm))
-            return _metrics(res.samples, t, ks(res.samples), res)
+            lp = _Counted(log_prob)
+            res, t = _timed(lambda: ReflectiveHMC(lp, box, **kw(steps, mass)).sample(
+                n, x0=x0, warmup=warm, n_chains=chains))
+            return _metrics(res.samples, t, ks(res.samples), res, lp.n)
         return fn
 
     def hard():
@@ -191,9 +221,10 @@ def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: i
 
     def logit(steps, mass="identity"):
         def fn():
-            res, t = _timed(lambda: transform_hmc(log_prob, box, n, x0=x0, warmup=warm,
+            lp = _Counted(log_prob)
+            res, t = _timed(lambda: transform_hmc(lp, box, n, x0=x0, warmup=warm,
                                                   **kw(steps, mass)))
-            return _metrics(res.samples, t, ks(res.samples), res)
+            return _metrics(res.samples, t, ks(res.samples), res, lp.n)
         return fn
 
     def rwm():
@@ -228,6 +259,10 @@ def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: i
 
     L = n_leapfrog
     cases = [Case(f"ReflectiveHMC d={d}", ours(L), warmup=0, repeats=1, note=f"L={L}"),
+             Case(f"ReflectiveHMC auto d={d}", ours("auto"), warmup=0, repeats=1,
+                  note="ChEES"),
+             Case(f"HMC on logit transform auto d={d}", logit("auto"), warmup=0, repeats=1,
+                  note="ChEES"),
              Case(f"HMC + hard rejection d={d}", hard, warmup=0, repeats=1, note=f"L={L}"),
              Case(f"HMC on logit transform d={d}", logit(L), warmup=0, repeats=1,
                   note=f"L={L}"),
@@ -238,6 +273,11 @@ def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: i
                        note=tag),
                   Case(f"HMC on logit transform {tag} d={d}", logit(steps, mass), warmup=0,
                        repeats=1, note=tag)]
+    for steps, chains in batches:
+        tag = "ChEES" if steps == "auto" else f"L={steps}"
+        cases.append(Case(f"ReflectiveHMC {tag}, {chains} chains d={d}",
+                          ours(steps, chains=chains), warmup=0, repeats=1,
+                          note=f"{chains} chains"))
     if d <= 10:
         cases.append(Case(f"rejection sampling d={d}", rejection, warmup=0, repeats=1,
                           note="exact, iid"))
@@ -265,16 +305,56 @@ def chain_cases(d: int, n: int, warm: int) -> list[Case]:
     def log_prob(x):
         return -0.5 * (((x - 1.0) / 0.5) ** 2).sum(-1)
 
-    def run(c):
+    def run(c, steps=10):
         def fn():
-            res = ReflectiveHMC(log_prob, box, random_state=0).sample(
+            res = ReflectiveHMC(log_prob, box, n_leapfrog=steps, random_state=0).sample(
                 n, n_chains=c, warmup=warm)
             return {"draws": float(res.samples.shape[0] * res.samples.shape[1]),
-                    "accept": float(res.accept_rate.mean())}
+                    "accept": float(res.accept_rate.mean()), "mean L": res.mean_leapfrog}
         return fn
 
-    return [Case("1 chain", run(1), warmup=0, repeats=1),
-            Case("64 chains", run(64), warmup=0, repeats=1)]
+    return [Case("1 chain", run(1), warmup=0, repeats=1, note="L=10"),
+            Case("64 chains", run(64), warmup=0, repeats=1, note="L=10"),
+            Case("2 chains, auto", run(2, "auto"), warmup=0, repeats=1, note="ChEES"),
+            Case("64 chains, auto", run(64, "auto"), warmup=0, repeats=1, note="ChEES")]
+
+
+def ill_cases(n: int, warm: int) -> list[Case]:
+    """A badly scaled truncated Gaussian (identity mass): where a fixed length is poor."""
+    d = 20
+    sd = np.geomspace(0.05, 1.0, d)
+    box = Box(np.full(d, -2.0), np.full(d, 2.0))
+    sd_t = torch.as_tensor(sd)
+
+    def log_prob(x):
+        return -0.5 * ((x / sd_t) ** 2).sum(-1)
+
+    margs = [stats.truncnorm(-2 / s, 2 / s, scale=s) for s in sd]
+
+    def ks(draws):
+        flat = draws.reshape(-1, d)
+        return float(max(stats.kstest(flat[:, j], margs[j].cdf).statistic for j in range(d)))
+
+    def ours(steps):
+        def fn():
+            lp = _Counted(log_prob)
+            res, t = _timed(lambda: ReflectiveHMC(lp, box, n_leapfrog=steps,
+                                                  random_state=0).sample(n, x0=x0,
+                                                                         warmup=warm))
+            return _metrics(res.samples, t, ks(res.samples), res, lp.n)
+        return fn
+
+    x0 = np.zeros(d)
+
+    def logit():
+        lp = _Counted(log_prob)
+        res, t = _timed(lambda: transform_hmc(lp, box, n, x0=x0, warmup=warm,
+                                              n_leapfrog=10, random_state=0))
+        return _metrics(res.samples, t, ks(res.samples), res, lp.n)
+
+    return [Case("ReflectiveHMC", ours(10), warmup=0, repeats=1, note="L=10"),
+            Case("ReflectiveHMC auto", ours("auto"), warmup=0, repeats=1, note="ChEES"),
+            Case("HMC on logit transform", logit, warmup=0, repeats=1, note="L=10")]
 
 
 def other_cases(n: int, warm: int) -> list[Case]:
@@ -290,10 +370,13 @@ def other_cases(n: int, warm: int) -> list[Case]:
         flat = draws.reshape(-1, d)
         return float(max(stats.kstest(flat[:, j], beta.cdf).statistic for j in range(d)))
 
-    def simplex_ours():
-        res, t = _timed(lambda: ReflectiveHMC(const, simplex, random_state=0).sample(
-            n, warmup=warm))
-        return _metrics(res.samples, t, ks_simplex(res.samples), res)
+    def simplex_ours(steps=10):
+        def fn():
+            lp = _Counted(const)
+            res, t = _timed(lambda: ReflectiveHMC(lp, simplex, n_leapfrog=steps,
+                                                  random_state=0).sample(n, warmup=warm))
+            return _metrics(res.samples, t, ks_simplex(res.samples), res, lp.n)
+        return fn
 
     def simplex_rwm():
         x0 = simplex.interior_point()
@@ -307,12 +390,16 @@ def other_cases(n: int, warm: int) -> list[Case]:
         r = np.clip(r, 1, 2)
         return (np.exp(-0.5) - np.exp(-0.5 * r**2)) / (np.exp(-0.5) - np.exp(-2.0))
 
-    def annulus_ours():
-        res, t = _timed(lambda: ReflectiveHMC(
-            lambda x: -0.5 * (x**2).sum(-1), Ball([0.0, 0.0], 2.0), support=annulus,
-            random_state=0).sample(n, warmup=warm))
-        r = np.linalg.norm(res.samples, axis=-1).ravel()
-        return _metrics(res.samples, t, float(stats.kstest(r, radius_cdf).statistic), res)
+    def annulus_ours(steps=10):
+        def fn():
+            lp = _Counted(lambda x: -0.5 * (x**2).sum(-1))
+            res, t = _timed(lambda: ReflectiveHMC(
+                lp, Ball([0.0, 0.0], 2.0), support=annulus,
+                n_leapfrog=steps, random_state=0).sample(n, warmup=warm))
+            r = np.linalg.norm(res.samples, axis=-1).ravel()
+            return _metrics(res.samples, t, float(stats.kstest(r, radius_cdf).statistic), res,
+                            lp.n)
+        return fn
 
     mu, kappa = np.array([0.0, 0.0, 1.0]), 3.0
     ref = stats.vonmises_fisher(mu, kappa).rvs(100_000, random_state=0) @ mu
@@ -324,30 +411,85 @@ def other_cases(n: int, warm: int) -> list[Case]:
         proj = res.Q.reshape(-1, 3) @ mu
         return _metrics(res.samples, t, float(stats.ks_2samp(proj, ref).statistic), res)
 
-    return [Case("simplex d=10: ReflectiveHMC", simplex_ours, warmup=0, repeats=1),
+    return [Case("simplex d=10: ReflectiveHMC", simplex_ours(), warmup=0, repeats=1,
+                 note="L=10"),
+            Case("simplex d=10: ReflectiveHMC auto", simplex_ours("auto"), warmup=0,
+                 repeats=1, note="ChEES"),
             Case("simplex d=10: random-walk Metropolis", simplex_rwm, warmup=0, repeats=1,
                  note="thin 10"),
-            Case("annulus: ReflectiveHMC + thinning", annulus_ours, warmup=0, repeats=1),
+            Case("annulus: ReflectiveHMC + thinning", annulus_ours(), warmup=0, repeats=1,
+                 note="L=10"),
+            Case("annulus: ReflectiveHMC auto + thinning", annulus_ours("auto"), warmup=0,
+                 repeats=1, note="ChEES"),
             Case("Stiefel V(3,1) vMF: polar ReflectiveHMC", stiefel, warmup=0, repeats=1)]
+
+
+def sweep_cases(n: int, warm: int) -> list[Case]:
+    """Fixed ``n_leapfrog=10`` versus ``"auto"`` with 4 and 16 chains on four targets: the
+    measurements behind the choice of the default (``--sweep``)."""
+    d = 20
+    sd = torch.as_tensor(np.geomspace(0.05, 1.0, d))
+    simplex = Polytope(np.vstack([-np.eye(10), np.ones((1, 10))]), np.r_[np.zeros(10), 1.0])
+    targets = {
+        "corner d=50": (lambda x: -0.5 * (((x - 1.0) / 0.5) ** 2).sum(-1),
+                        Box(np.zeros(50), np.ones(50)), None),
+        "badly scaled d=20": (lambda x: -0.5 * ((x / sd) ** 2).sum(-1),
+                              Box(np.full(d, -2.0), np.full(d, 2.0)), None),
+        "uniform simplex d=10": (lambda x: torch.zeros(x.shape[0], dtype=x.dtype), simplex,
+                                 None),
+        "annulus": (lambda x: -0.5 * (x**2).sum(-1), Ball([0.0, 0.0], 2.0),
+                    Region(lambda x: x.norm(dim=-1) >= 1.0)),
+    }
+
+    def run(lp_fn, cont, support, steps, chains):
+        def fn():
+            lp = _Counted(lp_fn)
+            res, t = _timed(lambda: ReflectiveHMC(lp, cont, support=support,
+                                                  n_leapfrog=steps, random_state=0).sample(
+                n, n_chains=chains, warmup=warm))
+            min_ess = float(np.nanmin(res.ess()))
+            return {"min ESS": min_ess, "ESS/1k grad": 1000 * min_ess / lp.n,
+                    "min ESS/s": min_ess / t, "max R-hat": float(np.nanmax(res.rhat())),
+                    "mean L": res.mean_leapfrog,
+                    "T": res.trajectory_length or float("nan")}
+        return fn
+
+    return [Case(f"{name}, {chains} chains, {'auto' if steps == 'auto' else 'L=10'}",
+                 run(lp, cont, sup, steps, chains), warmup=0, repeats=1)
+            for name, (lp, cont, sup) in targets.items() for chains in (4, 16)
+            for steps in (10, "auto")]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out")
+    parser.add_argument("--sweep", action="store_true",
+                        help="only the fixed-versus-auto sweep behind the default")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     q = args.quick
+    if args.sweep:
+        return _run_groups([("Fixed n_leapfrog=10 versus auto", sweep_cases(1000, 500), None)],
+                           q, args.out)
     groups = [("Truncated Gaussian in a box corner, d=10", corner_cases(10, *(
         (300, 200) if q else (1000, 500)), peers=not q), "ReflectiveHMC d=10")]
     if not q:
         variants = ((5, "identity"), (10, "diag"))
+        batches = ((10, 16), ("auto", 16), (10, 64), ("auto", 64))
         groups.append(("Truncated Gaussian in a box corner, d=50",
-                       corner_cases(50, 1000, 500, variants=variants), "ReflectiveHMC d=50"))
+                       corner_cases(50, 1000, 500, variants=variants, batches=batches),
+                       "ReflectiveHMC d=50"))
+        groups.append(("Badly scaled truncated Gaussian, d=20", ill_cases(1000, 500),
+                       "ReflectiveHMC"))
     groups.append(("Chains in one batch (d=50)", chain_cases(50, *((100, 100) if q else
                                                                     (500, 300))), "1 chain"))
     if not q:
         groups.append(("Other supports", other_cases(1000, 300), None))
+    _run_groups(groups, q, args.out)
+
+
+def _run_groups(groups, q, out):
     payload = {"environment": environment(), "quick": q, "groups": []}
     for title, cases, base in groups:
         print(f"# {title}", file=sys.stderr)
@@ -356,8 +498,8 @@ def main(argv=None):
         print(format_table(results, base))
         payload["groups"].append({"title": title, "baseline": base,
                                   "results": [r.__dict__ for r in results]})
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(payload, f, indent=2)
 
 

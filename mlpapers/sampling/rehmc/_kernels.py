@@ -189,6 +189,8 @@ def hmc_transition(
     logp : torch.Tensor of shape (C,)
     grad : torch.Tensor of shape (C, d)
     step_size : torch.Tensor of shape (C,)
+    n_steps : int
+        Leapfrog steps (the same for all chains: they run in lockstep).
     gen : torch.Generator
         CPU generator for the momenta and the uniform draws.
 
@@ -196,7 +198,9 @@ def hmc_transition(
     -------
     dict
         ``x``, ``logp``, ``grad`` (new state), ``accept_prob`` (C,),
-        ``accepted`` (C,) bool, ``n_reflections`` (C,), ``divergent`` (C,) bool.
+        ``accepted`` (C,) bool, ``n_reflections`` (C,), ``divergent`` (C,) bool,
+        and the proposal ``proposal`` (C, d) with its final velocity
+        ``velocity = M^{-1} p`` (C, d), which trajectory-length adaptation uses.
     """
     C, d = x.shape
     z = torch.randn(C, d, generator=gen, dtype=torch.float64).to(x)
@@ -219,4 +223,6 @@ def hmc_transition(
         "accepted": accepted,
         "n_reflections": n_ref,
         "divergent": divergent,
+        "proposal": x1,
+        "velocity": inv_mass * p1,
     }

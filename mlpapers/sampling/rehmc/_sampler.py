@@ -6,7 +6,6 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,93 +25,14 @@ from mlpapers.sampling.rehmc._adapt import (
     find_reasonable_step_size,
     mass_windows,
 )
-from mlpapers.sampling.rehmc._diagnostics import ess as _ess
-from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
+from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient, halton
 from mlpapers.sampling.rehmc._kernels import hmc_transition, log_prob_and_grad
+from mlpapers.sampling.rehmc._result import SampleResult
 from mlpapers.sampling.rehmc._supports import ConvexContainer, Region
 
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
-
-
-@dataclass
-class SampleResult:
-    """Draws and diagnostics of :meth:`ReflectiveHMC.sample`.
-
-    Attributes
-    ----------
-    samples : numpy.ndarray of shape (chains, draws, d)
-        Kept draws: every ``thin``-th state that lies in the support ``S``.
-    accept_rate : numpy.ndarray of shape (chains,)
-        Mean Metropolis acceptance probability over the sampling iterations.
-    n_reflections : numpy.ndarray of shape (chains,)
-        Total boundary reflections over the sampling iterations.
-    n_divergent : numpy.ndarray of shape (chains,)
-        Rejected divergent transitions (reflection cap hit, non-finite energy or
-        energy error above 1000) during sampling.
-    kept_fraction : numpy.ndarray of shape (chains,)
-        Fraction of recorded states lying in ``S`` (1 without a ``support``).
-    step_size : numpy.ndarray of shape (chains,)
-        Frozen step sizes used after warm-up (before jitter).
-    inv_mass : numpy.ndarray of shape (d,)
-        Diagonal inverse mass matrix used after warm-up.
-    n_iterations : int
-        Sampling iterations (transitions) run after warm-up.
-    n_leapfrog : int
-        Leapfrog steps per transition.
-    warmup_divergent : numpy.ndarray of shape (chains,)
-        Divergent transitions during warm-up.
-    """
-
-    samples: np.ndarray
-    accept_rate: np.ndarray
-    n_reflections: np.ndarray
-    n_divergent: np.ndarray
-    kept_fraction: np.ndarray
-    step_size: np.ndarray
-    inv_mass: np.ndarray
-    n_iterations: int
-    n_leapfrog: int
-    warmup_divergent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-
-    @property
-    def reflections_per_step(self) -> float:
-        """Mean number of reflections per leapfrog step, over chains and iterations."""
-        steps = max(self.n_iterations * self.n_leapfrog * len(self.n_reflections), 1)
-        return float(self.n_reflections.sum() / steps)
-
-    def ess(self, kind: str = "bulk") -> np.ndarray:
-        """Rank-normalised bulk or tail effective sample size per dimension, ``(d,)``."""
-        return np.asarray(_ess(self.samples, kind=kind))
-
-    def rhat(self) -> np.ndarray:
-        """Rank-normalised split R-hat per dimension, ``(d,)``."""
-        return np.asarray(_rhat(self.samples))
-
-    def summary(self) -> dict[str, np.ndarray | float]:
-        """Per-dimension mean, sd, bulk/tail ESS and R-hat, plus sampler-level figures."""
-        flat = self.samples.reshape(-1, self.samples.shape[-1])
-        return {
-            "mean": flat.mean(0),
-            "sd": flat.std(0, ddof=1) if len(flat) > 1 else np.full(flat.shape[1], np.nan),
-            "ess_bulk": self.ess("bulk"),
-            "ess_tail": self.ess("tail"),
-            "rhat": self.rhat(),
-            "accept_rate": float(self.accept_rate.mean()),
-            "n_divergent": int(self.n_divergent.sum()),
-            "reflections_per_step": self.reflections_per_step,
-            "kept_fraction": float(self.kept_fraction.mean()),
-        }
-
-    def to_inference_data(self):
-        """The draws as an ``arviz.InferenceData`` (needs the optional ``arviz``)."""
-        try:
-            import arviz as az
-        except ImportError as exc:  # pragma: no cover - optional
-            raise ImportError("to_inference_data needs arviz: pip install arviz") from exc
-        stats = {"step_size": np.broadcast_to(self.step_size[:, None],
-                                              self.samples.shape[:2]).copy()}
-        return az.from_dict(posterior={"x": self.samples}, sample_stats=stats)
+MAX_LEAPFROG = 1000  # cap of leapfrog steps per transition with n_leapfrog="auto" (as TFP)
 
 
 class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
@@ -146,8 +66,14 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         ``"auto"``: a doubling heuristic then dual averaging to
         ``target_accept`` during warm-up, frozen afterwards. A float is used
         as is.
-    n_leapfrog : int, default=10
-        Leapfrog steps per transition.
+    n_leapfrog : int or "auto", default=10
+        Leapfrog steps per transition. ``"auto"`` adapts the trajectory
+        length ``T`` during warm-up with ChEES [4]_ (Adam on ``log T``
+        following the cross-chain ChEES gradient, iterate-averaged, then
+        frozen); each transition then runs ``ceil(u T / mean(step_size))``
+        steps (at most 1000) in every chain, with ``u`` a rotated Halton
+        point in ``(0, 1]``. Needs ``n_chains >= 2``; the gradient is noisy
+        with few chains, so use 16 or more (chains are cheap in a batch).
     mass : {"identity", "diag"}, default="identity"
         ``"diag"`` adapts a diagonal mass matrix (inverse = regularised
         variance of warm-up draws, Stan's windows).
@@ -157,8 +83,11 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         Cap of reflections per leapfrog drift (default ``100 * d``). A capped
         trajectory is rejected and counted as divergent.
     jitter : bool or float, default=True
-        Multiply the step size of every transition by ``U(1 - j, 1 + j)``
-        (``True`` means ``j = 0.2``) to break periodic billiard orbits.
+        Randomise the integration time to break periodic billiard orbits.
+        With a fixed ``n_leapfrog`` the step size of every transition is
+        multiplied by ``U(1 - j, 1 + j)`` (``True`` means ``j = 0.2``); with
+        ``n_leapfrog="auto"`` the length is ``T (1 - j + j u)`` (``True``
+        means ``j = 1``, ChEES's uniform jitter on ``(0, T]``).
     dtype : torch.dtype or str, default=torch.float64
     device : str or torch.device, default="cpu"
     random_state : int, numpy Generator or None
@@ -171,6 +100,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         Frozen step sizes of the last :meth:`sample` call.
     inv_mass_ : numpy.ndarray of shape (d,)
         Inverse diagonal mass of the last :meth:`sample` call.
+    trajectory_length_ : float or None
+        Frozen ChEES trajectory length of the last call (``None`` with a
+        fixed ``n_leapfrog``).
     n_features_in_ : int
         Dimension ``d``.
 
@@ -190,6 +122,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     .. [3] A. Chalkis, V. Fisikopoulos, M. Papachristou and E. Tsigaridas,
        "Truncated log-concave sampling for convex bodies with reflective
        Hamiltonian Monte Carlo", ACM TOMS 2023, arXiv:2102.13068.
+    .. [4] M. D. Hoffman, A. Radul and P. Sountsov, "An adaptive-MCMC scheme
+       for setting trajectory lengths in Hamiltonian Monte Carlo", AISTATS 2021.
 
     Examples
     --------
@@ -205,7 +139,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     """
 
     def __init__(self, log_prob: Callable | None = None, container: ConvexContainer | None = None,
-                 *, support=None, step_size="auto", n_leapfrog: int = 10, mass: str = "identity",
+                 *, support=None, step_size="auto", n_leapfrog: int | str = 10,
+                 mass: str = "identity",
                  target_accept: float = 0.8, max_reflections: int | None = None,
                  jitter: bool | float = True, dtype=torch.float64, device="cpu",
                  random_state=None, verbose: int = 0):
@@ -243,7 +178,10 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                              f"dimension {self.container.dim}.")
         if not (isinstance(self.step_size, str) and self.step_size == "auto"):
             check_positive(self.step_size, "step_size")
-        check_positive(self.n_leapfrog, "n_leapfrog", integer=True)
+        if isinstance(self.n_leapfrog, str):
+            check_in_options(self.n_leapfrog, "n_leapfrog", ("auto",))
+        else:
+            check_positive(self.n_leapfrog, "n_leapfrog", integer=True)
         check_in_options(self.mass, "mass", ("identity", "diag"))
         if isinstance(self.target_accept, bool) or not isinstance(
                 self.target_accept, numbers.Real) or not 0 < self.target_accept < 1:
@@ -324,7 +262,11 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         gen = self._torch_gen
         d = self.container.dim
         max_refl = int(self.max_reflections) if self.max_reflections is not None else 100 * d
-        jit = 0.2 if self.jitter is True else float(self.jitter)
+        auto_len = isinstance(self.n_leapfrog, str)
+        if auto_len and n_chains < 2:
+            raise ValueError("n_leapfrog='auto' (ChEES) estimates the target mean across "
+                             f"chains and needs n_chains >= 2 (16+ advised), got {n_chains}.")
+        jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
 
         x = self._initial_points(x0, n_chains, dtype, dev)
         logp, grad = log_prob_and_grad(self.log_prob, x)
@@ -346,13 +288,28 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             eps = torch.full((n_chains,), float(self.step_size), dtype=dtype, device=dev)
         windows = mass_windows(warmup) if self.mass == "diag" else []
         welford = WelfordVariance(d, dtype, dev)
+        if auto_len:  # ChEES: T starts at 10 initial steps, adapted in warm-up only
+            chees = ChEESAdaptation(10.0 * float(eps.mean()))
+            traj = chees.trajectory_length
+            shift = float(torch.rand(1, generator=gen, dtype=torch.float64))
+        n_calls = 0
 
         def transition(step):
+            nonlocal n_calls
+            n_calls += 1
+            if auto_len:  # one jittered length, in units of the mean step: chains in lockstep
+                length = traj * (1.0 - jit + jit * halton(n_calls - 1, shift))
+                n = min(max(math.ceil(length / float(step.mean())), 1), MAX_LEAPFROG)
+                out = hmc_transition(x, logp, grad, step, n, self.log_prob, self.container,
+                                     inv_mass, max_refl, gen)
+                return {**out, "n_steps": torch.full((n_chains,), n, device=dev),
+                        "time": n * step}
             if jit > 0:
                 u = torch.rand(n_chains, generator=gen, dtype=torch.float64).to(step)
                 step = step * (1 + jit * (2 * u - 1))
-            return hmc_transition(x, logp, grad, step, int(self.n_leapfrog), self.log_prob,
-                                  self.container, inv_mass, max_refl, gen)
+            out = hmc_transition(x, logp, grad, step, int(self.n_leapfrog), self.log_prob,
+                                 self.container, inv_mass, max_refl, gen)
+            return {**out, "n_steps": torch.full((n_chains,), int(self.n_leapfrog), device=dev)}
 
         samples = torch.empty(n_chains, n_samples, d, dtype=dtype, device=dev)
         count = torch.zeros(n_chains, dtype=torch.long, device=dev)
@@ -360,6 +317,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         acc_sum = torch.zeros(n_chains, dtype=torch.float64, device=dev)
         ref_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
         div_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
+        lf_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
         warm_div = torch.zeros(n_chains, dtype=torch.long, device=dev)
         n_in, n_rec = torch.zeros_like(ref_sum), 0
         it = 0
@@ -368,6 +326,11 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         for k in log:
             if k < warmup:  # ---- warm-up: adapt, then freeze
                 out = transition(eps)
+                if auto_len:
+                    e = float(eps.mean())
+                    traj = chees.update(chees_gradient(
+                        x, out["proposal"], out["velocity"], out["time"], out["accept_prob"],
+                        out["divergent"]), e, MAX_LEAPFROG * e)
                 x, logp, grad = out["x"], out["logp"], out["grad"]
                 warm_div += out["divergent"].long()
                 if adapt:
@@ -385,6 +348,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                             da.restart(eps)
                 if k == warmup - 1 and adapt:
                     eps = da.final().clamp_max(max_step(inv_mass))
+                if k == warmup - 1 and auto_len:  # freeze T (iterate average)
+                    e = float(eps.mean())
+                    traj = chees.final(e, MAX_LEAPFROG * e)
                 log.log(phase="warmup", accept=float(out["accept_prob"].mean()))
                 continue
             while int(count.min()) <= k - warmup:  # ---- sampling: one more draw per chain
@@ -398,6 +364,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 acc_sum += out["accept_prob"].to(torch.float64)
                 ref_sum += out["n_reflections"]
                 div_sum += out["divergent"].long()
+                lf_sum += out["n_steps"]
                 if it % thin == 0:
                     n_rec += 1
                     ins = self._in_support(x)
@@ -413,6 +380,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                           "use a tighter container.", RuntimeWarning, stacklevel=2)
         self.step_size_ = to_numpy(eps).astype(np.float64)
         self.inv_mass_ = to_numpy(inv_mass).astype(np.float64)
+        self.trajectory_length_ = float(traj) if auto_len else None
         self.n_features_in_ = d
         res = SampleResult(
             samples=to_numpy(samples),
@@ -423,8 +391,10 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             step_size=self.step_size_.copy(),
             inv_mass=self.inv_mass_.copy(),
             n_iterations=it,
-            n_leapfrog=int(self.n_leapfrog),
+            n_leapfrog=self.n_leapfrog if auto_len else int(self.n_leapfrog),
             warmup_divergent=warm_div.cpu().numpy(),
+            trajectory_length=self.trajectory_length_,
+            mean_leapfrog=float(lf_sum.double().mean()) / max(it, 1),
         )
         if return_tensor:
             res.samples_tensor = samples

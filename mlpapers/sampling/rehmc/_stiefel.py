@@ -159,7 +159,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
     """
 
     def __init__(self, log_density: Callable | None = None, n: int = 3, k: int = 1, *,
-                 a: float | None = None, b: float | None = None, n_leapfrog: int = 10,
+                 a: float | None = None, b: float | None = None, n_leapfrog: int | str = 10,
                  step_size="auto", target_accept: float = 0.8, jitter: bool | float = True,
                  max_reflections: int | None = None, dtype=torch.float64, device="cpu",
                  random_state=None, verbose: int = 0):
@@ -231,6 +231,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             random_state=self.random_state, verbose=self.verbose)
         res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin)
         self.step_size_ = hmc.step_size_
+        self.trajectory_length_ = hmc.trajectory_length_
         self.n_features_in_ = n * k
         X = torch.from_numpy(res.samples).reshape(n_chains, n_samples, n, k)
         Q = polar_factor(X.to(torch.float64)).numpy().astype(res.samples.dtype)

@@ -1,0 +1,187 @@
+"""ChEES trajectory-length adaptation (``n_leapfrog="auto"``): gradient identity, Halton
+jitter, the frozen post-warm-up kernel, determinism, bad input and exactness."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+import mlpapers.sampling.rehmc._sampler as sampler_mod
+from mlpapers.sampling import Box, Polytope, ReflectiveHMC, StiefelSampler
+from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient, halton
+
+D = torch.float64
+
+
+def trunc_gauss(mu, sd):
+    mu_t, sd_t = torch.as_tensor(mu, dtype=D), torch.as_tensor(sd, dtype=D)
+    return lambda x: -0.5 * (((x - mu_t) / sd_t) ** 2).sum(-1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 4), st.integers(0, 10_000))
+def test_chees_gradient_is_the_derivative_of_the_criterion(C, d, seed):
+    """d/dlogT of the acceptance-weighted ChEES criterion, with the proposal moving along
+    t * v (the chain rule of x'(T)), equals ``chees_gradient``; centres are held fixed."""
+    g = torch.Generator().manual_seed(seed)
+    x0, x1, v1 = (torch.randn(C, d, generator=g, dtype=D) for _ in range(3))
+    t = torch.rand(C, generator=g, dtype=D) + 0.1
+    a = torch.rand(C, generator=g, dtype=D) * 0.9 + 0.05
+    div = torch.zeros(C, dtype=torch.bool)
+    c1 = (a[:, None] * x1).sum(0) / a.sum()
+    c0 = x0.mean(0)
+    s = torch.zeros((), dtype=D, requires_grad=True)
+    x1s = x1 + s * t[:, None] * v1
+    crit = 0.25 * (((x1s - c1) ** 2).sum(-1) - ((x0 - c0) ** 2).sum(-1)) ** 2
+    (ref,) = torch.autograd.grad((a * crit).sum() / a.sum(), s)
+    assert chees_gradient(x0, x1, v1, t, a, div) == pytest.approx(float(ref), rel=1e-9,
+                                                                   abs=1e-12)
+
+
+def test_chees_gradient_ignores_divergent_rejected_and_nonfinite_chains():
+    g = torch.Generator().manual_seed(0)
+    x0, x1, v1 = (torch.randn(4, 3, generator=g, dtype=D) for _ in range(3))
+    t = torch.ones(4, dtype=D)
+    a = torch.tensor([0.9, 0.5, 0.7, 1e-6], dtype=D)
+    div = torch.tensor([False, False, True, False])
+    x1_bad = x1.clone()
+    x1_bad[1] = float("nan")
+    # chain 1 (NaN) and 2 (divergent) drop out of the centre and the average; chain 3
+    # (accept < 1e-4) only enters the accept-weighted centre: the result is chain 0's term
+    c1 = (0.9 * x1[0] + 1e-6 * x1[3]) / (0.9 + 1e-6)
+    d1, d0 = x1[0] - c1, x0[0] - x0.mean(0)
+    expected = float(((d1 @ d1) - (d0 @ d0)) * (d1 @ v1[0]))
+    assert chees_gradient(x0, x1_bad, v1, t, a, div) == pytest.approx(expected, rel=1e-12)
+    assert chees_gradient(x0, x1, v1, t, torch.zeros(4, dtype=D), div) == 0.0
+
+
+def test_halton_points():
+    pts = [halton(k) for k in range(8)]
+    assert sorted(pts) == pytest.approx([(i + 1) / 8 for i in range(8)])
+    shifted = [halton(k, 0.3) for k in range(1024)]
+    assert min(shifted) > 0 and max(shifted) <= 1
+    assert np.histogram(shifted, bins=8, range=(0, 1))[0].tolist() == [128] * 8
+
+
+def test_adaptation_moves_log_t_by_at_most_the_clip_and_averages():
+    ad = ChEESAdaptation(1.0)
+    for _ in range(20):
+        t_prev = ad.trajectory_length
+        t = ad.update(5.0, 1e-3, 1e3)
+        assert 1.0 < t / t_prev <= math.exp(0.35) + 1e-12
+    assert 1.0 < ad.final(1e-3, 1e3) < ad.trajectory_length  # averaged iterate lags
+    assert ad.update(1e9, 1e-3, 2.0) <= 2.0 and ad.final(1e-3, 0.5) == 0.5
+    ad2 = ChEESAdaptation(1.0)
+    assert ad2.update(-3.0, 1e-3, 1e3) < 1.0
+
+
+def _corner(d):
+    return Box(np.zeros(d), np.ones(d)), trunc_gauss(np.ones(d), np.full(d, 0.5))
+
+
+def test_auto_result_fields_and_determinism():
+    box, lp = _corner(3)
+    kw = dict(n_leapfrog="auto", random_state=3)
+    r1 = ReflectiveHMC(lp, box, **kw).sample(60, n_chains=4, warmup=80)
+    r2 = ReflectiveHMC(lp, box, **kw).sample(60, n_chains=4, warmup=80)
+    np.testing.assert_array_equal(r1.samples, r2.samples)
+    assert r1.trajectory_length == r2.trajectory_length > 0
+    assert r1.n_leapfrog == "auto" and r1.mean_leapfrog >= 1
+    assert np.isfinite(r1.reflections_per_step) and r1.summary()["mean_leapfrog"] >= 1
+    r3 = ReflectiveHMC(lp, box, n_leapfrog="auto", random_state=4).sample(
+        60, n_chains=4, warmup=80)
+    assert not np.array_equal(r1.samples, r3.samples)
+    fixed = ReflectiveHMC(lp, box, n_leapfrog=3, random_state=3).sample(5, warmup=5)
+    assert fixed.trajectory_length is None and fixed.mean_leapfrog == 3
+
+
+def test_trajectory_length_is_frozen_after_warmup(monkeypatch):
+    """Adaptation runs once per warm-up iteration only; afterwards every transition uses
+    the frozen step sizes and ``ceil(u T / mean step)`` leapfrog steps with u in (0, 1]."""
+    calls, updates = [], []
+    real_transition, real_update = sampler_mod.hmc_transition, ChEESAdaptation.update
+
+    def spy_transition(x, logp, grad, step, n, *args):
+        calls.append((step.clone(), n))
+        return real_transition(x, logp, grad, step, n, *args)
+
+    def spy_update(self, *args):
+        updates.append(args)
+        return real_update(self, *args)
+
+    monkeypatch.setattr(sampler_mod, "hmc_transition", spy_transition)
+    monkeypatch.setattr(ChEESAdaptation, "update", spy_update)
+    box, lp = _corner(4)
+    hmc = ReflectiveHMC(lp, box, n_leapfrog="auto", random_state=0)
+    res = hmc.sample(300, n_chains=4, warmup=100)
+    assert len(updates) == 100 and len(calls) == 400
+    n_max = math.ceil(res.trajectory_length / float(res.step_size.mean()))
+    post = calls[100:]
+    for step, _ in post:
+        np.testing.assert_array_equal(step.numpy(), res.step_size)
+    steps = [n for _, n in post]
+    assert min(steps) >= 1 and max(steps) == n_max
+    assert res.mean_leapfrog == pytest.approx(np.mean(steps))
+    assert hmc.trajectory_length_ == res.trajectory_length
+
+
+def test_stiefel_sampler_passes_auto_through():
+    res = StiefelSampler(n=3, k=1, n_leapfrog="auto", random_state=0).sample(
+        30, n_chains=2, warmup=30)
+    assert res.trajectory_length > 0 and res.Q.shape == (2, 30, 3, 1)
+    np.testing.assert_allclose((res.Q ** 2).sum((-2, -1)), 1.0, atol=1e-10)
+
+
+def test_auto_bad_input():
+    box, lp = _corner(2)
+    with pytest.raises(ValueError, match="n_leapfrog"):
+        ReflectiveHMC(lp, box, n_leapfrog="nuts").sample(5)
+    with pytest.raises(ValueError, match="n_chains >= 2"):
+        ReflectiveHMC(lp, box, n_leapfrog="auto").sample(5, n_chains=1)
+    with pytest.raises((TypeError, ValueError), match="n_leapfrog"):
+        ReflectiveHMC(lp, box, n_leapfrog=2.5).sample(5)
+
+
+def test_auto_exact_small_truncated_gaussian():
+    """Marginal KS and moments against scipy.stats.truncnorm with the adaptive length."""
+    mu, sd = np.array([1.0, 0.3]), np.array([0.5, 0.4])
+    box = Box([0.0, 0.0], [1.0, 1.0])
+    res = ReflectiveHMC(trunc_gauss(mu, sd), box, n_leapfrog="auto", random_state=0).sample(
+        500, n_chains=8, warmup=150)
+    n_eff = res.ess()
+    assert res.n_divergent.sum() == 0 and np.all(res.rhat() < 1.02)
+    for j in range(2):
+        ref = stats.truncnorm(-mu[j] / sd[j], (1 - mu[j]) / sd[j], mu[j], sd[j])
+        x = res.samples[..., j].ravel()
+        assert stats.kstest(x, ref.cdf).statistic < 1.95 / np.sqrt(n_eff[j])
+        se = ref.std() / np.sqrt(n_eff[j])
+        assert abs(x.mean() - ref.mean()) < 4 * se
+
+
+@pytest.mark.slow
+def test_auto_exact_polytope_uniform_and_diag_mass():
+    """Uniform simplex (Beta(1, d) marginals) and a d=6 corner Gaussian with mass='diag'."""
+    d = 5
+    simplex = Polytope(np.vstack([-np.eye(d), np.ones((1, d))]), np.r_[np.zeros(d), 1.0])
+    res = ReflectiveHMC(lambda x: torch.zeros(x.shape[0], dtype=x.dtype), simplex,
+                        n_leapfrog="auto", random_state=1).sample(1500, n_chains=16,
+                                                                   warmup=300)
+    n_eff = res.ess()
+    for j in range(d):
+        stat = stats.kstest(res.samples[..., j].ravel(), stats.beta(1, d).cdf).statistic
+        assert stat < 1.95 / np.sqrt(n_eff[j])
+    d = 6
+    mu, sd = np.ones(d), np.linspace(0.2, 1.0, d)
+    res = ReflectiveHMC(trunc_gauss(mu, sd), Box(np.zeros(d), np.ones(d)), mass="diag",
+                        n_leapfrog="auto", random_state=2).sample(1500, n_chains=16,
+                                                                   warmup=400)
+    n_eff = res.ess()
+    assert np.all(res.rhat() < 1.02)
+    for j in range(d):
+        ref = stats.truncnorm(-mu[j] / sd[j], (1 - mu[j]) / sd[j], mu[j], sd[j])
+        assert stats.kstest(res.samples[..., j].ravel(), ref.cdf).statistic < 1.95 / np.sqrt(
+            n_eff[j])
