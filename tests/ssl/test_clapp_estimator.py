@@ -197,6 +197,25 @@ def test_determinism_and_seed_matters(digits):
     assert not np.allclose(a, c)
 
 
+@pytest.mark.parametrize("make", [
+    lambda **kw: CLAPPEncoder(variant="clapp2021", **kw),
+    lambda **kw: CLAPPEncoder(variant="clapp++dfb", **kw),
+    lambda **kw: GlobalSSLEncoder(loss="infonce", **kw),
+])
+def test_untrained_encoder_is_the_initial_state_of_training(make, digits, monkeypatch):
+    # The benchmark's per-arm random baseline (n_epochs=0, same seed) must be exactly
+    # the encoder that training starts from: initialisation depends on random_state
+    # only, not on n_epochs. With the optimiser step disabled, training is a no-op.
+    X, _ = digits
+    kw = dict(architecture="tiny", batch_size=32, random_state=3)
+    init = make(n_epochs=0, **kw).fit(X[:64])
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, closure=None: None)
+    frozen = make(n_epochs=1, **kw).fit(X[:64])
+    for a, b in zip(init.encoder_.state_dict().values(), frozen.encoder_.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    np.testing.assert_array_equal(init.transform(X), frozen.transform(X))
+
+
 @pytest.mark.parametrize("variant", ["clapp++", "clapp++both"])
 def test_loss_decreases(variant, digits):
     X, _ = digits
