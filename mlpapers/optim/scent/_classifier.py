@@ -2,69 +2,79 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import ProgressLogger, check_positive
-from mlpapers.optim.scent._common import (
-    check_common_params,
-    load_nu,
-    lr_factor,
-    make_loss,
-    nu_to_numpy,
-    set_lrs,
-)
-from mlpapers.optim.scent._sampled import (
-    sampled_scores,
-    shared_negatives,
-    sparse_rows_grad,
-    sparse_sgd_step,
-)
+from mlpapers._utils import check_in_options, check_positive
+from mlpapers.optim.scent._common import check_common_params
+from mlpapers.optim.scent._xc import LOSSES, NEGATIVES, exact_objective
+from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
 
 __all__ = ["SCENTClassifier"]
 
 _CHUNK = 4096
 
 
-class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
-    r"""Linear softmax classifier for many classes, trained by SCENT with sampled negatives.
+class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin,
+                      BaseEstimator):
+    r"""Linear classifier for many classes, trained by SCENT with sampled negatives.
 
-    Minimises the (temperature-scaled) softmax cross-entropy
-    :math:`\frac{1}{n}\sum_i \tau\big[\log\sum_k e^{z_{ik}/\tau} - z_{iy_i}/\tau\big]
-    + \frac{\text{alpha}}{2}\|W\|^2`, :math:`z_{ik} = w_k^\top x_i + b_k`, as the
-    compositional entropic risk :math:`\frac{\tau}{n}\sum_i \log \frac{1}{C}\sum_k
-    e^{(z_{ik}-z_{iy_i})/\tau}` (the same objective shifted by :math:`\tau\log C`).
-    Each step costs :math:`O((B + \text{n\_negatives})\,d)` instead of
-    :math:`O(BCd)`: ``n_negatives`` classes drawn uniformly with replacement from
-    all :math:`C` classes are shared by the batch (as in sampled softmax and the
-    paper's in-batch negatives); for each sample the draws equal to its own label
-    are masked, and the exact positive term plus the valid draws form an
-    unbiased estimate of :math:`\frac{1}{C}\sum_k e^{(z_{ik}-z_{iy_i})/\tau}`,
-    whose per-sample dual variable :math:`\nu_i` is tracked by
-    :class:`EntropicRiskLoss` with the chosen ``method`` [1]_. Only the weight
-    rows of the batch's labels and of the drawn negatives are updated (a
-    row-sparse SGD step; ``momentum > 0`` or ``alpha > 0`` use the dense
-    gradient). With ``n_negatives = n_classes - 1`` all classes are used and
-    the step is exact full-softmax SGD.
-    Predictions use the exact softmax.
+    Two objectives are available (``loss``), both compositional entropic
+    risks :math:`\frac{\tau}{n}\sum_i\log\mathbb E_k e^{(z_{ik}-z_{iy_i})/\tau}`
+    with :math:`z_{ik} = w_k^\top x_i + b_k`, plus
+    :math:`\frac{\text{alpha}}{2}\|W\|^2`:
+
+    * ``loss="softmax"`` (default): the mean over *all* :math:`C` classes, i.e. the
+      softmax cross-entropy :math:`\frac{\tau}{n}\sum_i[\log\sum_k
+      e^{z_{ik}/\tau}-z_{iy_i}/\tau]` minus :math:`\tau\log C`. The positive
+      term is kept exactly and the negatives estimate the rest (unbiased).
+    * ``loss="negatives"``: the mean over the :math:`C-1` *other* classes,
+      :math:`\frac{\tau}{n}\sum_i\log\frac{1}{C-1}\sum_{k\ne y_i}
+      e^{(z_{ik}-z_{iy_i})/\tau}`, the risk that the official SCENT
+      extreme-classification code optimises (no positive term, so the inner
+      estimate stays noisy and its log is biased: the setting SCENT targets).
+
+    ``negatives`` chooses the sampler. ``"uniform"`` draws ``n_negatives``
+    classes per step: for ``"softmax"`` uniform over all classes, shared by the
+    batch, each anchor's own label masked; for ``"negatives"`` uniform over each
+    anchor's other classes (the shared draws :math:`u` are mapped to
+    :math:`u + [u \ge y_i]`). ``"in_batch"`` uses the batch's distinct labels,
+    own label masked, as the official code does. Uniform estimates are unbiased;
+    in-batch ones are unbiased when the classes are balanced and otherwise favour
+    frequent classes. The per-sample dual variable :math:`\nu_i` of the inner mean
+    is tracked by :class:`EntropicRiskLoss` with the chosen ``method`` [1]_. A
+    step costs :math:`O((B + k)\,d)` instead of :math:`O(BCd)`: only the weight
+    rows of the batch's labels and of the negatives are updated (a row-sparse SGD
+    step; ``momentum > 0`` or ``alpha > 0`` use the dense gradient). With
+    ``n_negatives = n_classes - 1`` and ``"uniform"`` every class is used and the
+    estimate is exact (``method="bsgd"`` is then exact mini-batch SGD).
+    Predictions use the exact softmax of :math:`z/\tau`.
 
     Parameters
     ----------
     n_negatives : int, default=64
-        Negative classes drawn per step, shared by the batch; must be
-        ``< n_classes`` (``n_classes - 1`` uses every class: exact softmax).
+        Negative classes drawn per step with ``negatives="uniform"``; must be
+        ``< n_classes`` (``n_classes - 1`` uses every class: exact). Unused with
+        ``negatives="in_batch"``.
+    loss : {"softmax", "negatives"}, default="softmax"
+        The risk minimised (see above); :meth:`objective` evaluates it exactly.
+    negatives : {"uniform", "in_batch"}, default="uniform"
+        The sampler of the negatives (see above). With ``"in_batch"`` an anchor
+        whose batch holds no other class is skipped for that step.
     method : {"scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"}, default="scent"
         Dual update rule (see :class:`EntropicRiskLoss`).
     log_alpha : float or None, default=None
         :math:`\log\alpha` of SCENT. ``None`` uses :math:`\log C`, so that
         :math:`\gamma = \sigma(\log\alpha + \nu_i) = \sigma(\text{CE}_i/\tau)` stays in
-        [0.5, 1) (the official code uses 12 for :math:`C \approx 3.6\times10^5`,
-        :math:`\log C \approx 12.8`).
+        [0.5, 1) for ``loss="softmax"`` (the official code uses 12 for
+        :math:`C \approx 3.6\times10^5`, :math:`\log C \approx 12.8`). With
+        ``loss="negatives"`` :math:`\nu_i` is unbounded below, so :math:`\gamma`
+        of well-classified samples tends to 0 (their :math:`\nu_i` freezes and
+        their primal weights can grow by :math:`1/(\alpha e^{\nu_i})`): use a
+        smaller ``lr`` than for BSGD, or ``alpha > 0``.
     temperature : float, default=1.0
         Softmax temperature :math:`\tau`.
     alpha : float, default=0.0
@@ -99,11 +109,12 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     intercept_ : ndarray of shape (n_classes,)
         Zeros when ``fit_intercept=False``.
     nu_ : ndarray of shape (n_samples,)
-        Dual variables, estimates of :math:`\log\frac{1}{C}\sum_k e^{(z_{ik}-z_{iy_i})/\tau}`;
-        NaN for samples never visited (and for ``method="bsgd"``, which has none).
+        Dual variables, estimates of the log inner mean
+        :math:`\log\mathbb E_k e^{(z_{ik}-z_{iy_i})/\tau}`; NaN for samples never
+        visited (and for ``method="bsgd"``, which has none).
     loss_curve_ : list of float
-        Mean surrogate value (estimate of the dual objective plus :math:`\tau\log C`,
-        i.e. of the cross-entropy) per epoch.
+        Mean surrogate value per epoch: an estimate of the objective (for
+        ``"softmax"`` shifted by :math:`\tau\log C`, i.e. of the cross-entropy).
     n_iter_ : int
         Epochs run.
     n_features_in_ : int
@@ -130,6 +141,8 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self,
         *,
         n_negatives: int = 64,
+        loss: str = "softmax",
+        negatives: str = "uniform",
         method: str = "scent",
         log_alpha: float | None = None,
         temperature: float = 1.0,
@@ -149,6 +162,8 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         verbose: int = 0,
     ) -> None:
         self.n_negatives = n_negatives
+        self.loss = loss
+        self.negatives = negatives
         self.method = method
         self.log_alpha = log_alpha
         self.temperature = temperature
@@ -171,9 +186,11 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     def _check_params(self, n_classes: int) -> None:
         check_common_params(self)
         check_positive(self.n_negatives, "n_negatives", integer=True)
+        check_in_options(self.loss, "loss", LOSSES)
+        check_in_options(self.negatives, "negatives", NEGATIVES)
         check_positive(self.temperature, "temperature")
         check_positive(self.alpha, "alpha", strict=False)
-        if self.n_negatives >= n_classes:
+        if self.negatives == "uniform" and self.n_negatives >= n_classes:
             raise ValueError(
                 f"n_negatives must be < n_classes (at most {n_classes - 1} negatives exist), "
                 f"got n_negatives={self.n_negatives} with {n_classes} classes."
@@ -263,92 +280,6 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self._run(X, self._encode(y), index, 1, "constant")
         return self
 
-    def _start_training(self, n_anchors: int, n_features: int) -> None:
-        C = len(self.classes_)
-        dev = self._device
-        self._W = torch.zeros(C, n_features, device=dev, requires_grad=True)
-        self._b = torch.zeros(C, device=dev, requires_grad=bool(self.fit_intercept))
-        self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
-        self._loss_fn = make_loss(self, n_anchors, self._log_alpha).to(dev)
-        params = [self._W, self._b] if self.fit_intercept else [self._W]
-        self._opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
-        self.n_iter_ = 0
-
-    def _resume_training(self, n_anchors: int) -> None:
-        dev = self._resolved_device
-        if not hasattr(self, "_W"):  # after load or pickling without private state
-            self._device = dev
-            self._W = torch.as_tensor(self.coef_, dtype=torch.float32, device=dev).clone()
-            self._W.requires_grad_(True)
-            self._b = torch.as_tensor(self.intercept_, dtype=torch.float32, device=dev).clone()
-            self._b.requires_grad_(bool(self.fit_intercept))
-            C = len(self.classes_)
-            self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
-            self._loss_fn = make_loss(self, max(n_anchors, len(self.nu_)),
-                                      self._log_alpha).to(dev)
-            load_nu(self._loss_fn, self.nu_)
-            params = [self._W, self._b] if self.fit_intercept else [self._W]
-            self._opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
-        elif n_anchors > self._loss_fn.n_anchors:
-            old = self._loss_fn
-            self._loss_fn = make_loss(self, n_anchors, self._log_alpha).to(dev)
-            self._loss_fn.nu[: old.n_anchors] = old.nu
-            self._loss_fn.initialized[: old.n_anchors] = old.initialized
-
-    def _step(self, Xb: torch.Tensor, yb: torch.Tensor, index: torch.Tensor) -> float:
-        """One primal-dual step on a batch; only the touched rows of ``W`` change."""
-        C, tau = len(self.classes_), float(self.temperature)
-        neg, valid = shared_negatives(C, int(self.n_negatives), yb, self._torch_gen)
-        W = self._W.detach()
-        Wp = W.index_select(0, yb).requires_grad_(True)   # (B, d)
-        Wn = W.index_select(0, neg).requires_grad_(True)  # (k, d)
-        z_pos = (Xb * Wp).sum(1) + self._b[yb]
-        z_neg = Xb @ Wn.T + self._b[neg]
-        scores, mask = sampled_scores(z_pos, z_neg, valid, C, tau)
-        if not bool(torch.isfinite(scores.detach()).all()):
-            raise FloatingPointError(
-                f"SCENTClassifier(method={self.method!r}) diverged at epoch "
-                f"{self.n_iter_ + 1}: non-finite scores; lower lr (or dual_lr).")
-        self._opt.zero_grad()
-        loss = tau * self._loss_fn(scores, index, mask)
-        loss.backward()
-        rows = [(yb, Wp.grad), (neg, Wn.grad)]
-        value = float(loss.detach())
-        if self.momentum == 0 and self.alpha == 0:
-            sparse_sgd_step(self._W, rows, self._opt.param_groups[0]["lr"])
-        else:  # momentum / L2 need the dense gradient
-            grad = sparse_rows_grad(W, rows)
-            if self.alpha > 0:
-                grad.add_(W, alpha=self.alpha)
-                value += 0.5 * self.alpha * float((W * W).sum())
-            self._W.grad = grad
-        self._opt.step()
-        return value
-
-    def _run(self, X, y, index, epochs: int, schedule: str) -> None:
-        n, tau = X.shape[0], float(self.temperature)
-        y = y.to(X.device)
-        bs = min(int(self.batch_size), n)
-        n_batches = math.ceil(n / bs)
-        total, step = epochs * n_batches, 0
-        shift = tau * math.log(len(self.classes_))
-        log = ProgressLogger(epochs, self.verbose, desc=f"SCENTClassifier[{self.method}]")
-        for _ in log:
-            perm = torch.randperm(n, generator=self._torch_gen).to(X.device)
-            running = 0.0
-            for start in range(0, n, bs):
-                rows = perm[start:start + bs]
-                set_lrs(self._opt, self._loss_fn, self, lr_factor(schedule, step, total))
-                loss = self._step(X[rows], y[rows], index[rows.cpu()])
-                running += loss * len(rows)
-                step += 1
-            self.n_iter_ += 1
-            self.loss_curve_.append(running / n + shift)
-            log.log(epoch=self.n_iter_, loss=self.loss_curve_[-1])
-        self.coef_ = self._W.detach().cpu().numpy().copy()
-        self.intercept_ = self._b.detach().cpu().numpy().copy()
-        self.nu_ = nu_to_numpy(self._loss_fn)
-
     # -- prediction -------------------------------------------------------------------
     def _logits(self, X) -> torch.Tensor:
         X = self._validate_data(X, reset=False, dtype=torch.float64)
@@ -388,9 +319,13 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return self.classes_[best]
 
     def objective(self, X, y) -> float:
-        r"""Exact regularised cross-entropy
-        :math:`\frac{\tau}{n}\sum_i[\log\sum_k e^{z_{ik}/\tau} - z_{iy_i}/\tau]
-        + \frac{\text{alpha}}{2}\|W\|^2` over all classes.
+        r"""Exact regularised objective of ``loss`` over all classes.
+
+        ``loss="softmax"``: the cross-entropy
+        :math:`\frac{\tau}{n}\sum_i[\log\sum_k e^{z_{ik}/\tau} - z_{iy_i}/\tau]`;
+        ``loss="negatives"``: :math:`\frac{\tau}{n}\sum_i\log\frac{1}{C-1}
+        \sum_{k\ne y_i}e^{(z_{ik}-z_{iy_i})/\tau}`; both plus
+        :math:`\frac{\text{alpha}}{2}\|W\|^2`.
 
         Parameters
         ----------
@@ -402,25 +337,53 @@ class SCENTClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         -------
         float
         """
-        z = self._logits(X) / self.temperature
+        z = self._logits(X)
         yi = self._encode(np.asarray(self._to_numpy(y) if isinstance(y, torch.Tensor) else y))
         if len(yi) != z.shape[0]:
             raise ValueError(f"X and y have inconsistent numbers of samples: "
                              f"{z.shape[0]} != {len(yi)}.")
-        ce = torch.logsumexp(z, dim=1) - z[torch.arange(len(yi)), yi.to(z.device)]
+        value = exact_objective(z, yi.to(z.device), self.loss, float(self.temperature))
         reg = 0.5 * self.alpha * float((self.coef_.astype(np.float64) ** 2).sum())
-        return float(self.temperature * ce.mean()) + reg
+        return float(value) + reg
 
     # -- persistence / checks ---------------------------------------------------------
+    # The weights, dual table and generator state are in the public fitted state
+    # (``coef_``, ``nu_``) and the base's saved generators; the heavy-ball buffers
+    # are added here so that a saved or pickled model continues exactly.
+    def _get_state(self):
+        state = super()._get_state()
+        buffers = self._momentum_state()
+        if buffers is not None:
+            state["_momentum_buffers"] = buffers
+        return state
+
     def __getstate__(self):
-        state = dict(self.__dict__)
+        state = dict(super().__getstate__())  # a copy: the base may return ``__dict__``
+        buffers = self._momentum_state()
         for key in ("_W", "_b", "_opt", "_loss_fn", "_torch_gen", "_numpy_gen"):
             state.pop(key, None)
+        if buffers is not None:
+            state["_momentum_buffers"] = buffers
+        gen = getattr(self, "_torch_gen", None)
+        if isinstance(gen, torch.Generator) and gen.device.type == "cpu":
+            state["_torch_gen_state"] = gen.get_state()
         return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        gen_state = state.pop("_torch_gen_state", None)
+        super().__setstate__(state)
+        if gen_state is not None:
+            self._torch_gen = torch.Generator()
+            self._torch_gen.set_state(gen_state)
 
     @classmethod
     def _estimator_check_instances(cls):
-        return [cls(n_negatives=1, epochs=8, batch_size=32, lr=1.0, random_state=0)]
+        # the checks' data are unscaled (features near 100) and the negatives-only risk is
+        # unbounded below without ``alpha``: a small lr keeps its smoke test in float range
+        return [cls(n_negatives=1, epochs=8, batch_size=32, lr=1.0, random_state=0),
+                cls(loss="negatives", negatives="in_batch", epochs=8, batch_size=32, lr=0.001,
+                    random_state=0)]
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

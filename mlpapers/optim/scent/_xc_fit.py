@@ -1,0 +1,129 @@
+"""Training loop of :class:`SCENTClassifier`: row-sparse primal-dual steps on sampled negatives."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mlpapers._utils import ProgressLogger
+from mlpapers.optim.scent._common import load_nu, lr_factor, make_loss, nu_to_numpy, set_lrs
+from mlpapers.optim.scent._sampled import sparse_rows_grad, sparse_sgd_step
+from mlpapers.optim.scent._xc import batch_scores, draw_negatives
+
+
+class SampledTrainingMixin:
+    """State and steps of the sampled-negative training (weights ``_W``, ``_b``, the
+    SGD optimizer ``_opt`` and the dual table ``_loss_fn``)."""
+
+    def _params(self) -> list[torch.Tensor]:
+        return [self._W, self._b] if self.fit_intercept else [self._W]
+
+    def _start_training(self, n_anchors: int, n_features: int) -> None:
+        C = len(self.classes_)
+        dev = self._device
+        self._W = torch.zeros(C, n_features, device=dev, requires_grad=True)
+        self._b = torch.zeros(C, device=dev, requires_grad=bool(self.fit_intercept))
+        self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
+        self._loss_fn = make_loss(self, n_anchors, self._log_alpha).to(dev)
+        self._opt = torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
+        self.n_iter_ = 0
+
+    def _resume_training(self, n_anchors: int) -> None:
+        dev = self._resolved_device
+        if not hasattr(self, "_W"):  # after load or unpickling: rebuild from the fitted state
+            self._device = dev
+            self._W = torch.as_tensor(self.coef_, dtype=torch.float32, device=dev).clone()
+            self._W.requires_grad_(True)
+            self._b = torch.as_tensor(self.intercept_, dtype=torch.float32, device=dev).clone()
+            self._b.requires_grad_(bool(self.fit_intercept))
+            C = len(self.classes_)
+            self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
+            self._loss_fn = make_loss(self, max(n_anchors, len(self.nu_)),
+                                      self._log_alpha).to(dev)
+            load_nu(self._loss_fn, self.nu_)
+            self._opt = torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
+            buffers = getattr(self, "_momentum_buffers", None)
+            if buffers is not None and self.momentum > 0:  # saved heavy-ball state
+                for p, buf in zip(self._params(), buffers):
+                    if buf is not None:
+                        self._opt.state[p]["momentum_buffer"] = buf.to(dev).clone()
+        elif n_anchors > self._loss_fn.n_anchors:
+            old = self._loss_fn
+            self._loss_fn = make_loss(self, n_anchors, self._log_alpha).to(dev)
+            self._loss_fn.nu[: old.n_anchors] = old.nu
+            self._loss_fn.initialized[: old.n_anchors] = old.initialized
+
+    def _momentum_state(self) -> list | None:
+        """Heavy-ball buffers of the optimizer (``None`` entries before the first step)."""
+        if not hasattr(self, "_opt"):
+            return getattr(self, "_momentum_buffers", None)
+        return [None if (b := self._opt.state[p].get("momentum_buffer")) is None
+                else b.detach().cpu().clone() for p in self._params()]
+
+    def _step(self, Xb: torch.Tensor, yb: torch.Tensor, index: torch.Tensor
+              ) -> tuple[float, int]:
+        """One primal-dual step on a batch; only the touched rows of ``W`` change.
+
+        Returns the summed surrogate value and the number of anchors used.
+        """
+        C, tau = len(self.classes_), float(self.temperature)
+        draw = draw_negatives(self.loss, self.negatives, C, int(self.n_negatives), yb,
+                              self._torch_gen)
+        W = self._W.detach()
+        Wp = W.index_select(0, yb).requires_grad_(True)          # (B, d)
+        Wc = W.index_select(0, draw.cand).requires_grad_(True)   # (m, d)
+        z_pos = (Xb * Wp).sum(1) + self._b[yb]
+        z_neg = Xb @ Wc.T + self._b[draw.cand]
+        if draw.cols is not None:
+            z_neg = z_neg.gather(1, draw.cols)
+        scores, mask, keep = batch_scores(self.loss, self.negatives, z_pos, z_neg,
+                                          draw.valid, C, tau)
+        if keep is not None:
+            index = index[keep.to(index.device)]
+            if index.numel() == 0:  # the batch holds a single class: no negatives
+                return 0.0, 0
+        if not bool(torch.isfinite(scores.detach()).all()):
+            raise FloatingPointError(
+                f"SCENTClassifier(method={self.method!r}) diverged at epoch "
+                f"{self.n_iter_ + 1}: non-finite scores; lower lr (or dual_lr).")
+        self._opt.zero_grad()
+        loss = tau * self._loss_fn(scores, index, mask)
+        loss.backward()
+        rows = [(yb, Wp.grad), (draw.cand, Wc.grad)]
+        value = float(loss.detach())
+        if self.momentum == 0 and self.alpha == 0:
+            sparse_sgd_step(self._W, rows, self._opt.param_groups[0]["lr"])
+        else:  # momentum / L2 need the dense gradient
+            grad = sparse_rows_grad(W, rows)
+            if self.alpha > 0:
+                grad.add_(W, alpha=self.alpha)
+                value += 0.5 * self.alpha * float((W * W).sum())
+            self._W.grad = grad
+        self._opt.step()
+        return value * len(index), len(index)
+
+    def _run(self, X, y, index, epochs: int, schedule: str) -> None:
+        n, tau = X.shape[0], float(self.temperature)
+        y = y.to(X.device)
+        bs = min(int(self.batch_size), n)
+        total, step = epochs * math.ceil(n / bs), 0
+        # the softmax risk is the cross-entropy minus tau log C: report the cross-entropy
+        shift = tau * math.log(len(self.classes_)) if self.loss == "softmax" else 0.0
+        log = ProgressLogger(epochs, self.verbose, desc=f"SCENTClassifier[{self.method}]")
+        for _ in log:
+            perm = torch.randperm(n, generator=self._torch_gen).to(X.device)
+            running, used = 0.0, 0
+            for start in range(0, n, bs):
+                rows = perm[start:start + bs]
+                set_lrs(self._opt, self._loss_fn, self, lr_factor(schedule, step, total))
+                value, count = self._step(X[rows], y[rows], index[rows.cpu()])
+                running += value
+                used += count
+                step += 1
+            self.n_iter_ += 1
+            self.loss_curve_.append(running / used + shift if used else float("nan"))
+            log.log(epoch=self.n_iter_, loss=self.loss_curve_[-1])
+        self.coef_ = self._W.detach().cpu().numpy().copy()
+        self.intercept_ = self._b.detach().cpu().numpy().copy()
+        self.nu_ = nu_to_numpy(self._loss_fn)
