@@ -168,6 +168,12 @@ class TorchEstimatorMixin:
         )
 
     # -- persistence -------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # scikit-learn returns the live ``__dict__`` for classes outside sklearn
+        # (Python >= 3.11), so subclasses that pop private keys from
+        # ``super().__getstate__()`` would strip the estimator being pickled.
+        return dict(super().__getstate__())
+
     def _get_state(self) -> dict[str, Any]:
         """Fitted state to persist: every public attribute ending in ``_``."""
         return {

@@ -106,6 +106,22 @@ def test_pickle_round_trip():
     np.testing.assert_array_equal(back.predict(X), est.predict(X))
 
 
+class _DroppingGenerator(ToyRidge):
+    """Drops a private attribute when pickled, the way several estimators do."""
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_torch_gen", None)
+        return state
+
+
+def test_pickling_leaves_the_estimator_untouched():
+    X, y = _data()
+    est = _DroppingGenerator(jitter=0.1, random_state=0).fit(X, y)
+    back = pickle.loads(pickle.dumps(est))
+    assert hasattr(est, "_torch_gen") and not hasattr(back, "_torch_gen")
+
+
 def test_save_unfitted_raises(tmp_path):
     with pytest.raises(NotFittedError):
         ToyRidge().save(tmp_path / "x.pt")

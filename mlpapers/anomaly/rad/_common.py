@@ -255,7 +255,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         super().save(path)
 
     def __getstate__(self):
-        state = super().__getstate__()
+        state = super().__getstate__()  # a copy (TorchEstimatorMixin)
         if isinstance(self.extractor, str) or self.extractor is None:
             state.pop("_extractor", None)  # rebuilt on demand
         return state
