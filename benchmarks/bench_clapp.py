@@ -29,6 +29,11 @@ can be split over runs with ``--arms "CLAPP,CLAPP++" --out part1.json`` (the ran
 row, the reference of the ratios, is always included; each arm is deterministic, so
 the split changes no accuracy) and the parts merged into one table and verdict with
 ``--merge part1.json part2.json ...``; ``--epochs N`` overrides the training epochs.
+``--probe-pool G`` probes every arm on features average-pooled to a G x G grid per
+block, whatever grid its loss used, as the official evaluation does (it pools every
+model with the same kernels); by default each arm is probed on its training grids
+(global pool for CLAPP, 2x2 otherwise). Arms already trained on a G x G grid give the
+same numbers either way.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ GLOBAL_ARMS = ("BP-CLAPP", "BP-InfoNCE")
 
 
 def _probe(enc, Xtr, ytr, Xte, yte, layers="all") -> float:
+    pool = PROBE_POOL                     # None: each arm's own training grids
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -66,8 +72,8 @@ def _probe(enc, Xtr, ytr, Xte, yte, layers="all") -> float:
                         LogisticRegressionCV(Cs=[0.1, 1.0], cv=3, max_iter=1000))
     with warnings.catch_warnings():       # scikit-learn 1.9's notices of future defaults
         warnings.simplefilter("ignore", FutureWarning)
-        clf.fit(enc.transform(Xtr, layers=layers), ytr)
-    return float(clf.score(enc.transform(Xte, layers=layers), yte))
+        clf.fit(enc.transform(Xtr, layers=layers, spatial_pool=pool), ytr)
+    return float(clf.score(enc.transform(Xte, layers=layers, spatial_pool=pool), yte))
 
 
 def make_cases(quick: bool):
@@ -202,6 +208,7 @@ def _merge(paths: list[str]) -> list:
 
 ARMS: list[str] | None = None
 EPOCHS: int | None = None
+PROBE_POOL: int | None = None
 TITLE = "CLAPP: local vs global self-supervised learning (shifted digits)"
 
 
@@ -213,6 +220,8 @@ if __name__ == "__main__":
     else:
         _arms = _pop_option(sys.argv, "--arms")
         ARMS = None if _arms is None else [n.strip() for n in _arms.split(",") if n.strip()]
+        _pool = _pop_option(sys.argv, "--probe-pool")
+        PROBE_POOL = None if _pool is None else int(_pool)
         _epochs = _pop_option(sys.argv, "--epochs")
         EPOCHS = None if _epochs is None else int(_epochs)
         _results = benchmark_main(make_cases, baseline="random init", title=TITLE)

@@ -30,7 +30,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
 
     _loss_names: tuple[str, ...] = ()
     # ``transform(X, layers=...)`` is an option, not routed metadata.
-    __metadata_request__transform = {"layers": metadata_routing.UNUSED}
+    __metadata_request__transform = {"layers": metadata_routing.UNUSED,
+                                     "spatial_pool": metadata_routing.UNUSED}
 
     # -- scikit-learn integration ---------------------------------------------
     @classmethod
@@ -64,9 +65,11 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
                              f"callable augment(x, generator) -> x, got {self.augment!r}.")
         self._blocks = check_architecture(self.architecture)
 
-    def _grids(self) -> list[int]:
+    def _grids(self, sp: Any = None) -> list[int]:
+        """Grid side per block of ``sp`` (default: the ``spatial_pool`` parameter)."""
         n_blocks = len(self._blocks)
-        sp = self.spatial_pool
+        if sp is None:
+            sp = self.spatial_pool
         if sp is None:
             sp = self._default_grid()
         if isinstance(sp, numbers.Integral) and not isinstance(sp, bool):
@@ -128,8 +131,25 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
         self.encoder_.to(dev)
         self.heads_.to(dev)
 
-    def _pooled(self, views: torch.Tensor, detach: bool) -> list[torch.Tensor]:
-        return pool_representations(self.encoder_(views, detach=detach), self.grids_)
+    def _pooled(self, views: torch.Tensor, detach: bool, grids: list[int] | None = None
+                ) -> list[torch.Tensor]:
+        return pool_representations(self.encoder_(views, detach=detach),
+                                    self.grids_ if grids is None else grids)
+
+    def _feature_grids(self, spatial_pool) -> list[int]:
+        """The pooling grids of :meth:`transform`: ``grids_`` or a validated override."""
+        if spatial_pool is None:
+            return list(self.grids_)
+        grids = self._grids(spatial_pool)
+        for i, ((h, w), g) in enumerate(zip(self._feature_map_sizes(), grids)):
+            if min(h, w) < g:
+                raise ValueError(f"spatial_pool grid {g} of block {i} is larger than the "
+                                 f"{h}x{w} map it pools.")
+        return grids
+
+    def _feature_map_sizes(self) -> list[tuple[int, int]]:
+        """Spatial size of what :meth:`transform` pools, per block."""
+        return self.encoder_.map_sizes(*self.input_shape_[1:])
 
     # -- fitting ------------------------------------------------------------------
     def fit(self, X, y=None):
@@ -250,7 +270,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
             raise ValueError("layers must not be empty.")
         return out
 
-    def transform(self, X, layers="all"):
+    def transform(self, X, layers="all", spatial_pool=None):
         """Pooled block outputs, concatenated: the linear-probe features.
 
         No gradients, no batch statistics (no BatchNorm): each image's features
@@ -262,24 +282,32 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
         layers : "all", int or list of int, default="all"
             Which blocks' features to concatenate (0 is the first block; negative
             ints count from the top).
+        spatial_pool : None, int or list of int, default=None
+            Pooling grid of the features; ``None`` uses the training grids
+            (``grids_``). The official evaluation pools every model's blocks with
+            the same grid whatever its training loss pooled (e.g. the globally
+            pooled CLAPP++ is probed on spatial grids), which this reproduces.
 
         Returns
         -------
         ndarray of shape (n_samples, n_features)
-            ``sum(layer_dims_[l] for l in layers)`` features, float32.
+            ``sum(channels[l] * g[l] ** 2 for l in layers)`` features, float32
+            (``layer_dims_`` with the training grids).
         """
         X = self._check_images(X, reset=False)
         chosen = self._layer_list(layers)
+        grids = self._feature_grids(spatial_pool)
         dev = self._resolved_device
         out = []
         self.encoder_.eval()
         with torch.no_grad():
             for start in range(0, X.shape[0], _TRANSFORM_CHUNK):
-                h = self._pooled(X[start:start + _TRANSFORM_CHUNK].to(dev), detach=True)
+                h = self._pooled(X[start:start + _TRANSFORM_CHUNK].to(dev), detach=True,
+                                 grids=grids)
                 out.append(torch.cat([h[i] for i in chosen], dim=1).cpu())
         return self._to_numpy(torch.cat(out, dim=0))
 
-    def get_feature_names_out(self, input_features=None, layers="all"):
+    def get_feature_names_out(self, input_features=None, layers="all", spatial_pool=None):
         """Names of the :meth:`transform` features.
 
         ``"<class>_layer{l}_ch{c}"`` for a globally pooled block and
@@ -290,6 +318,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
         input_features : ignored
             Present for scikit-learn API compatibility.
         layers : "all", int or list of int, default="all"
+        spatial_pool : None, int or list of int, default=None
+            As in :meth:`transform`.
 
         Returns
         -------
@@ -297,9 +327,10 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
         """
         self._check_fitted()
         prefix = type(self).__name__.lower()
+        grids = self._feature_grids(spatial_pool)
         names = []
         for i in self._layer_list(layers):
-            g = self.grids_[i]
+            g = grids[i]
             for c in range(self.encoder_.channels[i]):
                 if g == 1:
                     names.append(f"{prefix}_layer{i}_ch{c}")

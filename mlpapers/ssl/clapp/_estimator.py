@@ -77,7 +77,9 @@ class CLAPPEncoder(_SSLImageEncoder):
         The decreasing function ``f`` of the score.
     spatial_pool : None, int or list of int, default=None
         Side of the average-pooling grid of every block's output, used by the
-        losses and by :meth:`transform`. ``None``: 1 for ``"clapp"``, else 2. For
+        losses and by :meth:`transform` (which can pool to another grid, e.g. the
+        same grid for every variant as the official evaluation does, with
+        ``transform(X, spatial_pool=g)``). ``None``: 1 for ``"clapp"``, else 2. For
         ``"clapp2021"`` the grid pools the patch grid of per-patch vectors and is
         used by :meth:`transform` only (``None``: 1, the official patch average).
     patch_size : int or None, default=None
@@ -272,12 +274,18 @@ class CLAPPEncoder(_SSLImageEncoder):
             return pool_representations([out], [self.grids_[block]])[0]
         return patch_representations(out, n_images, *self.patch_grid_[2:4])
 
-    def _pooled(self, views: torch.Tensor, detach: bool) -> list[torch.Tensor]:
+    def _pooled(self, views: torch.Tensor, detach: bool, grids: list[int] | None = None
+                ) -> list[torch.Tensor]:
         if self.variant != "clapp2021":
-            return super()._pooled(views, detach)
+            return super()._pooled(views, detach, grids)
         maps = self.encoder_(self._encoder_input(views), detach=detach)
         reps = [self._rep(i, m, views.shape[0]) for i, m in enumerate(maps)]
-        return pool_representations(reps, self.grids_)
+        return pool_representations(reps, self.grids_ if grids is None else grids)
+
+    def _feature_map_sizes(self) -> list[tuple[int, int]]:
+        if self.variant != "clapp2021":
+            return super()._feature_map_sizes()
+        return [tuple(self.patch_grid_[2:4])] * len(self.grids_)   # the patch grid
 
     def _block_loss(self, block: int, h: torch.Tensor, top: torch.Tensor | None,
                     neg_idx: torch.Tensor) -> torch.Tensor:
