@@ -285,8 +285,9 @@ def _decode(obj: Any) -> Any:
     return obj
 
 
-# numpy bit generators whose state is a plain dict of ints and strings
-_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+# numpy bit generators whose state is a plain dict of ints and strings (MT19937,
+# Philox and SFC64 hold arrays, which the weights_only loader refuses)
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM")
 
 
 def _rng_state(estimator: BaseEstimator) -> dict[str, Any]:
@@ -304,19 +305,23 @@ def _rng_state(estimator: BaseEstimator) -> dict[str, Any]:
     return out
 
 
-def _restore_rng(estimator: BaseEstimator, rng: dict[str, Any]) -> None:
-    if "torch" in rng:
-        gen = torch.Generator()
-        gen.set_state(rng["torch"].cpu())
-        estimator._torch_gen = gen
-    if "numpy" in rng:
-        state = rng["numpy"]
-        name = state.get("bit_generator")
-        if name not in _BIT_GENERATORS:
-            raise ValueError(f"unsupported numpy bit generator {name!r} in the saved file.")
-        bit_gen = getattr(np.random, name)()
-        bit_gen.state = state
-        estimator._numpy_gen = np.random.Generator(bit_gen)
+def _restore_rng(estimator: BaseEstimator, rng: Any) -> None:
+    if not isinstance(rng, dict):
+        raise ValueError("the saved generator states are malformed.")
+    try:
+        if "torch" in rng:
+            gen = torch.Generator()
+            gen.set_state(rng["torch"].cpu())
+            estimator._torch_gen = gen
+        if "numpy" in rng:
+            name = rng["numpy"]["bit_generator"]
+            if name not in _BIT_GENERATORS:
+                raise ValueError(f"unsupported numpy bit generator {name!r}.")
+            bit_gen = getattr(np.random, name)()
+            bit_gen.state = rng["numpy"]
+            estimator._numpy_gen = np.random.Generator(bit_gen)
+    except (AttributeError, KeyError, TypeError, RuntimeError, ValueError) as exc:
+        raise ValueError(f"the saved generator states are malformed: {exc}") from exc
 
 
 def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
