@@ -88,7 +88,7 @@ def test_in_batch_drops_anchors_without_other_class():
     assert draw.cand.tolist() == [4, 7]
     z = torch.zeros(3, 8, dtype=torch.float64)
     _, keep = inner_estimate("negatives", "in_batch", z, y, draw, 1.0)
-    assert keep is not None and keep.all()
+    assert keep.all()
     single = in_batch_negatives(torch.tensor([4, 4]))
     _, keep = inner_estimate("negatives", "in_batch", z[:2], torch.tensor([4, 4]), single, 1.0)
     assert not keep.any()
@@ -193,7 +193,9 @@ def test_bad_parameters(problem):
 
 
 @pytest.mark.parametrize("kw", [dict(momentum=0.5),
-                                dict(loss="negatives", negatives="in_batch", momentum=0.3)])
+                                dict(loss="negatives", negatives="in_batch", momentum=0.3),
+                                dict(),  # the row-sparse step, driven by the generator
+                                dict(loss="negatives", negatives="uniform")])
 def test_save_load_and_pickle_continue_exactly(tmp_path, problem, kw):
     X, y = problem
     a = SCENTClassifier(n_negatives=3, random_state=0, **kw)

@@ -43,7 +43,8 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
     anchor's other classes (the shared draws :math:`u` are mapped to
     :math:`u + [u \ge y_i]`). ``"in_batch"`` uses the batch's distinct labels,
     own label masked, as the official code does. Uniform estimates are unbiased;
-    in-batch ones are unbiased when the classes are balanced and otherwise favour
+    in-batch ones are unbiased when the classes are balanced (for the anchors
+    whose batch holds another class; the others are skipped) and otherwise favour
     frequent classes. The per-sample dual variable :math:`\nu_i` of the inner mean
     is tracked by :class:`EntropicRiskLoss` with the chosen ``method`` [1]_. A
     step costs :math:`O((B + k)\,d)` instead of :math:`O(BCd)`: only the weight
