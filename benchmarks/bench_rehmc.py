@@ -9,8 +9,8 @@ Problems
   proposal) and PyMC NUTS on ``TruncatedNormal`` when installed (``bench`` extra).
   Every row runs 4 chains, the same warm-up and the same number of draws from the same
   start; every HMC row uses the library defaults (``target_accept=0.8``, step size by
-  dual averaging in warm-up, ``n_leapfrog=10``); ``n_leapfrog="auto"`` rows use the
-  ChEES-adapted trajectory length. At d = 50 a second pair of rows uses
+  dual averaging in warm-up) with ``n_leapfrog=10`` or ``"auto"`` (the default: the
+  ChEES-adapted trajectory length) as its note says. At d = 50 a second pair of rows uses
   ``n_leapfrog=5`` and a pair with ``mass="diag"`` show the sensitivity to the fixed
   path length and to the mass matrix, and rows with 16 and 64 chains show what a batch of
   chains buys (the peers run their chains one after the other, so their ESS/s does not
@@ -36,8 +36,11 @@ before the timed run (pytensor caches it on disk).
 * ``--sweep`` (alone): fixed ``n_leapfrog=10`` versus ``"auto"`` with 4 and 16 chains on
   the d = 50 corner, the badly scaled d = 20 target, the uniform 10-simplex and the
   annulus (1000 draws after 500 warm-up iterations): the measurements behind the default.
+* ``--seeds`` (alone): the same comparison in ESS/1k grad over 4 seeds with 2, 4 and 16
+  chains (500 draws after 300 warm-up iterations), adding a correlated Gaussian and a
+  von Mises-Fisher law on the sphere: median, min and max of the per-seed ratio.
 
-Usage: ``python benchmarks/bench_rehmc.py [--quick | --sweep] [--out results.json]``.
+Usage: ``python benchmarks/bench_rehmc.py [--quick | --sweep | --seeds] [--out results.json]``.
 """
 
 from __future__ import annotations
@@ -460,17 +463,73 @@ def sweep_cases(n: int, warm: int) -> list[Case]:
             for steps in (10, "auto")]
 
 
+def seed_cases(n: int, warm: int, chains: tuple[int, ...] = (2, 4, 16),
+               seeds: int = 4) -> list[Case]:
+    """ESS/1k grad of ``"auto"`` against ``n_leapfrog=10`` over ``seeds`` seeds (random
+    starts) on six targets, adding a correlated Gaussian and the von Mises-Fisher law on
+    the sphere (through :class:`StiefelSampler`) to the sweep's (``--seeds``): the
+    spread behind the default."""
+    sd = torch.as_tensor(np.geomspace(0.05, 1.0, 20))
+    chol = torch.as_tensor(np.linalg.cholesky(0.1 * np.eye(8) + 0.9 * np.ones((8, 8))))
+    prec = torch.linalg.inv(chol @ chol.T)
+    simplex = Polytope(np.vstack([-np.eye(10), np.ones((1, 10))]), np.r_[np.zeros(10), 1.0])
+    targets = {
+        "corner d=50": (lambda x: -0.5 * (((x - 1.0) / 0.5) ** 2).sum(-1),
+                        Box(np.zeros(50), np.ones(50)), None),
+        "badly scaled d=20": (lambda x: -0.5 * ((x / sd) ** 2).sum(-1),
+                              Box(np.full(20, -2.0), np.full(20, 2.0)), None),
+        "uniform simplex d=10": (lambda x: torch.zeros(x.shape[0], dtype=x.dtype), simplex,
+                                 None),
+        "correlated d=8 (rho=0.9)": (lambda x: -0.5 * ((x @ prec) * x).sum(-1),
+                                     Box(np.full(8, -1.5), np.full(8, 1.5)), None),
+        "annulus": (lambda x: -0.5 * (x**2).sum(-1), Ball([0.0, 0.0], 2.0),
+                    Region(lambda x: x.norm(dim=-1) >= 1.0)),
+        "Stiefel V(3,1) vMF": (lambda q: vmf(q), "stiefel", None),
+    }
+
+    vmf = matrix_von_mises_fisher_log_density(np.array([[3.0], [0.0], [0.0]]))
+
+    def draw(lp_fn, cont, support, steps, c, seed):
+        lp = _Counted(lp_fn)
+        if cont == "stiefel":  # polar expansion of the sphere V(3, 1)
+            res = StiefelSampler(lp, n=3, k=1, n_leapfrog=steps, random_state=seed).sample(
+                n, n_chains=c, warmup=warm)
+        else:
+            res = ReflectiveHMC(lp, cont, support=support, n_leapfrog=steps,
+                                random_state=seed).sample(n, n_chains=c, warmup=warm)
+        return 1000 * float(np.nanmin(res.ess())) / lp.n
+
+    def run(lp_fn, cont, support, c):
+        def fn():
+            eff = {steps: [draw(lp_fn, cont, support, steps, c, seed) for seed in range(seeds)]
+                   for steps in (10, "auto")}
+            ratio = np.array(eff["auto"]) / np.array(eff[10])
+            return {"L=10 ESS/1k grad": float(np.median(eff[10])),
+                    "auto ESS/1k grad": float(np.median(eff["auto"])),
+                    "ratio median": float(np.median(ratio)), "ratio min": float(ratio.min()),
+                    "ratio max": float(ratio.max())}
+        return fn
+
+    return [Case(f"{name}, {c} chains", run(lp, cont, sup, c), warmup=0, repeats=1)
+            for name, (lp, cont, sup) in targets.items() for c in chains]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true",
                         help="only the fixed-versus-auto sweep behind the default")
+    parser.add_argument("--seeds", action="store_true",
+                        help="only the fixed-versus-auto comparison over 4 seeds")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     q = args.quick
     if args.sweep:
         return _run_groups([("Fixed n_leapfrog=10 versus auto", sweep_cases(1000, 500), None)],
+                           q, args.out)
+    if args.seeds:
+        return _run_groups([("auto / n_leapfrog=10 over seeds", seed_cases(500, 300), None)],
                            q, args.out)
     groups = [("Truncated Gaussian in a box corner, d=10", corner_cases(10, *(
         (300, 200) if q else (1000, 500)), peers=not q), "ReflectiveHMC d=10")]

@@ -5,9 +5,10 @@ Reflective HMC: an adaptive trajectory length with ChEES
 With a fixed number of leapfrog steps, the integration time of
 :class:`mlpapers.sampling.ReflectiveHMC` is set by the step size, which the
 narrowest direction of the target limits. On a badly scaled target the wide
-directions then move by a random walk. ``n_leapfrog="auto"`` adapts the
+directions then move by a random walk. ``n_leapfrog="auto"`` (the default) adapts the
 trajectory length during warm-up with ChEES (Hoffman, Radul and Sountsov, 2021)
-and freezes it for sampling. The target here is a Gaussian with standard
+and freezes it for sampling; ``T`` starts at one step and climbs, so give the
+warm-up a few hundred iterations. The target here is a Gaussian with standard
 deviations 0.05 and 1, truncated to the square ``[-2, 2]^2``. Left: traces of the
 wide coordinate. Right: its autocorrelation, with the bulk ESS of each run.
 """
@@ -29,7 +30,7 @@ box = Box([-2.0, -2.0], [2.0, 2.0])
 runs = {}
 for n_leapfrog in (10, "auto"):
     hmc = ReflectiveHMC(log_prob, box, n_leapfrog=n_leapfrog, random_state=0)
-    runs[n_leapfrog] = hmc.sample(400, x0=[0.0, 0.0], n_chains=8, warmup=200)
+    runs[n_leapfrog] = hmc.sample(400, x0=[0.0, 0.0], n_chains=8, warmup=300)
 
 
 def autocorr(x, max_lag=40):

@@ -79,6 +79,38 @@ def test_adaptation_moves_log_t_by_at_most_the_clip_and_averages():
     assert ad2.update(-3.0, 1e-3, 1e3) < 1.0
 
 
+def test_restart_and_rescale():
+    ad = ChEESAdaptation(1.0)
+    for _ in range(5):
+        ad.update(1e6, 1e-3, 1e3)  # a transient: huge gradients, T pushed up
+    assert ad.restart(0.5) == 0.5 == ad.final(1e-3, 1e3)
+    # the transient's squared gradients are forgotten: a typical gradient moves T by lr
+    assert ad.update(3.0, 1e-3, 1e3) == pytest.approx(0.5 * math.exp(0.025))
+    ad.rescale(2.0)
+    assert ad.trajectory_length == pytest.approx(math.exp(0.025))
+    assert ad.final(1e-3, 1e3) == pytest.approx(2 * 0.5 * math.exp(0.025))
+    assert ad.update(-3.0, 1e-3, 1e3) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auto_reaches_the_chees_optimum_from_a_spread_out_start(seed):
+    """N(0, I_10) in the box [-50, 50]^10 from random points of the box, 16 chains.
+
+    For a unit Gaussian the exact flow gives ChEES(t) = d sin^2(t); jittered over
+    t = u T, u ~ U(0, 1], it is d (1/2 - sin(2T) / (4T)), maximal at T* = 2.247
+    (tan 2T = 2T), with its first local minimum at T = 3.86 and flat, wavy
+    beyond (leapfrog at the adapted step ~0.8 moves the peak by a few percent).
+    The first iterations see gradients ~1e5 times the stationary ones from the
+    spread-out chains; the adaptation must still end near T*, where the old
+    start at 10 steps without a restart froze T at 10-34."""
+    d = 10
+    lp = trunc_gauss(np.zeros(d), np.ones(d))
+    box = Box(np.full(d, -50.0), np.full(d, 50.0))
+    res = ReflectiveHMC(lp, box, n_leapfrog="auto", random_state=seed).sample(
+        20, n_chains=16, warmup=300)
+    assert 1.5 < res.trajectory_length < 3.5
+
+
 def _corner(d):
     return Box(np.zeros(d), np.ones(d)), trunc_gauss(np.ones(d), np.full(d, 0.5))
 
@@ -140,8 +172,25 @@ def test_auto_bad_input():
     box, lp = _corner(2)
     with pytest.raises(ValueError, match="n_leapfrog"):
         ReflectiveHMC(lp, box, n_leapfrog="nuts").sample(5)
-    with pytest.raises(ValueError, match="n_chains >= 2"):
-        ReflectiveHMC(lp, box, n_leapfrog="auto").sample(5, n_chains=1)
+    with pytest.raises((TypeError, ValueError), match="n_leapfrog"):
+        ReflectiveHMC(lp, box, n_leapfrog=0).sample(5)
+
+
+def test_default_is_auto_and_one_chain_falls_back_to_ten_steps():
+    box, lp = _corner(2)
+    assert ReflectiveHMC().n_leapfrog == "auto" == StiefelSampler().n_leapfrog
+    res = ReflectiveHMC(lp, box, random_state=0).sample(20, n_chains=2, warmup=20)
+    assert res.n_leapfrog == "auto" and res.trajectory_length > 0
+    for kw in ({}, {"n_leapfrog": "auto"}):
+        hmc = ReflectiveHMC(lp, box, random_state=0, **kw)
+        with pytest.warns(UserWarning, match="n_chains >= 2.*n_leapfrog=10"):
+            res = hmc.sample(20, n_chains=1, warmup=20)
+        assert res.n_leapfrog == 10 and res.mean_leapfrog == 10
+        assert res.trajectory_length is None and hmc.trajectory_length_ is None
+        assert hmc.n_leapfrog == kw.get("n_leapfrog", "auto")  # the parameter is untouched
+    fixed = ReflectiveHMC(lp, box, n_leapfrog=10, random_state=0).sample(20, n_chains=1,
+                                                                         warmup=20)
+    np.testing.assert_array_equal(fixed.samples, res.samples)
     with pytest.raises((TypeError, ValueError), match="n_leapfrog"):
         ReflectiveHMC(lp, box, n_leapfrog=2.5).sample(5)
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-__all__ = ["DualAveraging", "WelfordVariance", "mass_windows"]
+__all__ = ["DualAveraging", "WelfordVariance", "initial_buffer", "mass_windows"]
 
 
 class DualAveraging:
@@ -82,6 +82,15 @@ class WelfordVariance:
         return (n / (n + 5.0)) * var + 1e-3 * (5.0 / (n + 5.0))
 
 
+def initial_buffer(warmup: int) -> int:
+    """Length of the initial fast phase of a warm-up of ``warmup`` iterations.
+
+    Stan's 15% buffer in which the chains travel from their starting points to
+    the typical set and only the step size adapts (0 when ``warmup < 20``).
+    """
+    return int(0.15 * warmup) if warmup >= 20 else 0
+
+
 def mass_windows(warmup: int) -> list[tuple[int, int]]:
     """Stan-style slow adaptation windows ``[(start, end), ...]`` inside ``warmup``.
 
@@ -90,7 +99,7 @@ def mass_windows(warmup: int) -> list[tuple[int, int]]:
     """
     if warmup < 20:
         return []
-    init = int(0.15 * warmup)
+    init = initial_buffer(warmup)
     term = int(0.1 * warmup)
     end = warmup - term
     windows = []

@@ -23,6 +23,24 @@ after warm-up is the iterate average with weights ``k^{-1/2}``. This follows
 TensorFlow Probability's ``GradientBasedTrajectoryLengthAdaptation``; the
 averaging makes the estimate usable with few chains, though noisy (the paper
 uses hundreds of chains; at least 2 are required).
+
+Two choices guard against the start of the warm-up (see the user guide):
+
+* ``T`` starts at one step (as BlackJAX's ``chees_adaptation`` and TFP's
+  example with ``num_leapfrog_steps=1``) and grows by ascent: the criterion
+  is unimodal up to its first peak but flat with local maxima beyond it, so
+  a start past the peak is never recovered.
+* :meth:`ChEESAdaptation.restart` forgets the squared-gradient average and
+  the iterate average and sets ``T`` back to one step once the chains have
+  left their starting points (the sampler calls it at the end of the initial
+  step-size phase, Stan's 15% buffer). Gradients of chains spread across the
+  container are orders of magnitude larger than at stationarity: left in the
+  average (``beta2 = 0.95``) they would shrink every later step for hundreds
+  of iterations, and they push ``T`` past the first peak within a few
+  iterations. The long trajectories they ask for do help the chains converge,
+  so ``T`` is adapted during the transient too, then started afresh.
+* When the mass matrix changes, :meth:`ChEESAdaptation.rescale` keeps ``T``
+  in units of the (re-found) step size.
 """
 
 from __future__ import annotations
@@ -109,7 +127,32 @@ class ChEESAdaptation:
         self.log_t_bar = math.log(init)
         self.lr, self.beta2, self.clip = learning_rate, beta2, clip
         self.sq_grad = 0.0
-        self.k = 0
+        self.k = 0  # iterations since the last restart (iterate-average weights)
+        self.k_sq = 0  # terms in the squared-gradient average (bias correction)
+
+    def restart(self, init: float) -> float:
+        """Start the optimisation afresh from ``T = init``; returns ``init``.
+
+        Called once the transient of the first warm-up iterations is over: its
+        gradients are orders of magnitude larger than at stationarity (they
+        would scale down the Adam steps for hundreds of iterations) and push
+        ``T`` past the first peak of the criterion, where ascent cannot come back.
+        """
+        self.log_t = self.log_t_bar = math.log(init)
+        self.sq_grad = 0.0
+        self.k = self.k_sq = 0
+        return self.trajectory_length
+
+    def rescale(self, factor: float) -> None:
+        """Multiply ``T`` and its average by ``factor`` and forget the squared gradients.
+
+        Used when the mass matrix changes: the step size is found again and ``T``
+        keeps its length in steps; the gradient scale changes with the metric.
+        """
+        self.log_t += math.log(factor)
+        self.log_t_bar += math.log(factor)
+        self.sq_grad = 0.0
+        self.k_sq = 0
 
     @property
     def trajectory_length(self) -> float:
@@ -122,8 +165,9 @@ class ChEESAdaptation:
         ``T`` is kept within ``[t_min, t_max]`` (one step and the leapfrog cap).
         """
         self.k += 1
+        self.k_sq += 1
         self.sq_grad = self.beta2 * self.sq_grad + (1 - self.beta2) * grad * grad
-        denom = math.sqrt(self.sq_grad / (1 - self.beta2**self.k) + 1e-20)
+        denom = math.sqrt(self.sq_grad / (1 - self.beta2**self.k_sq) + 1e-20)
         step = max(-self.clip, min(self.clip, self.lr * grad / denom))
         log_t = self.log_t + step
         if math.isfinite(log_t):

@@ -36,8 +36,9 @@ class SampleResult:
     n_iterations : int
         Sampling iterations (transitions) run after warm-up.
     n_leapfrog : int or "auto"
-        The ``n_leapfrog`` setting: a fixed count per transition, or ``"auto"``
-        (ChEES-adapted trajectory length).
+        The ``n_leapfrog`` used: a fixed count per transition, or ``"auto"``
+        (ChEES-adapted trajectory length; 10 when ``"auto"`` fell back for a
+        single chain).
     warmup_divergent : numpy.ndarray of shape (chains,)
         Divergent transitions during warm-up.
     trajectory_length : float or None

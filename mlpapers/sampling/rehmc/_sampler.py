@@ -23,6 +23,7 @@ from mlpapers.sampling.rehmc._adapt import (
     DualAveraging,
     WelfordVariance,
     find_reasonable_step_size,
+    initial_buffer,
     mass_windows,
 )
 from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient, halton
@@ -33,6 +34,7 @@ from mlpapers.sampling.rehmc._supports import ConvexContainer, Region
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
 MAX_LEAPFROG = 1000  # cap of leapfrog steps per transition with n_leapfrog="auto" (as TFP)
+FALLBACK_LEAPFROG = 10  # n_leapfrog used by "auto" with a single chain (ChEES needs 2+)
 
 
 class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
@@ -66,14 +68,17 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         ``"auto"``: a doubling heuristic then dual averaging to
         ``target_accept`` during warm-up, frozen afterwards. A float is used
         as is.
-    n_leapfrog : int or "auto", default=10
+    n_leapfrog : int or "auto", default="auto"
         Leapfrog steps per transition. ``"auto"`` adapts the trajectory
         length ``T`` during warm-up with ChEES [4]_ (Adam on ``log T``
-        following the cross-chain ChEES gradient, iterate-averaged, then
+        following the cross-chain ChEES gradient from one step, started
+        afresh after the initial 15% of warm-up, iterate-averaged, then
         frozen); each transition then runs ``ceil(u T / mean(step_size))``
         steps (at most 1000) in every chain, with ``u`` a rotated Halton
-        point in ``(0, 1]``. Needs ``n_chains >= 2``; the gradient is noisy
-        with few chains, so use 16 or more (chains are cheap in a batch).
+        point in ``(0, 1]``. ChEES estimates the target mean across chains:
+        with ``n_chains=1`` it cannot run, and ``"auto"`` falls back to
+        ``n_leapfrog=10`` with a ``UserWarning``. The gradient is noisy with 2
+        chains; use 4 or more, 16+ when you can (chains are cheap in a batch).
     mass : {"identity", "diag"}, default="identity"
         ``"diag"`` adapts a diagonal mass matrix (inverse = regularised
         variance of warm-up draws, Stan's windows).
@@ -139,7 +144,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     """
 
     def __init__(self, log_prob: Callable | None = None, container: ConvexContainer | None = None,
-                 *, support=None, step_size="auto", n_leapfrog: int | str = 10,
+                 *, support=None, step_size="auto", n_leapfrog: int | str = "auto",
                  mass: str = "identity",
                  target_accept: float = 0.8, max_reflections: int | None = None,
                  jitter: bool | float = True, dtype=torch.float64, device="cpu",
@@ -262,10 +267,15 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         gen = self._torch_gen
         d = self.container.dim
         max_refl = int(self.max_reflections) if self.max_reflections is not None else 100 * d
-        auto_len = isinstance(self.n_leapfrog, str)
-        if auto_len and n_chains < 2:
-            raise ValueError("n_leapfrog='auto' (ChEES) estimates the target mean across "
-                             f"chains and needs n_chains >= 2 (16+ advised), got {n_chains}.")
+        n_leapfrog = self.n_leapfrog
+        if isinstance(n_leapfrog, str) and n_chains < 2:
+            warnings.warn(
+                "n_leapfrog='auto' (ChEES) estimates the target mean across chains and needs "
+                "n_chains >= 2 (4+ advised); falling back to n_leapfrog=10 for a single chain. "
+                "Pass an integer n_leapfrog to choose the length and silence this warning.",
+                UserWarning, stacklevel=2)
+            n_leapfrog = FALLBACK_LEAPFROG
+        auto_len = isinstance(n_leapfrog, str)
         jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
 
         x = self._initial_points(x0, n_chains, dtype, dev)
@@ -288,8 +298,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             eps = torch.full((n_chains,), float(self.step_size), dtype=dtype, device=dev)
         windows = mass_windows(warmup) if self.mass == "diag" else []
         welford = WelfordVariance(d, dtype, dev)
-        if auto_len:  # ChEES: T starts at 10 initial steps, adapted in warm-up only
-            chees = ChEESAdaptation(10.0 * float(eps.mean()))
+        if auto_len:  # ChEES: T starts at one step, adapted in warm-up only
+            chees = ChEESAdaptation(float(eps.mean()))
+            chees_restart = initial_buffer(warmup)
             traj = chees.trajectory_length
             shift = float(torch.rand(1, generator=gen, dtype=torch.float64))
         n_calls = 0
@@ -307,9 +318,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             if jit > 0:
                 u = torch.rand(n_chains, generator=gen, dtype=torch.float64).to(step)
                 step = step * (1 + jit * (2 * u - 1))
-            out = hmc_transition(x, logp, grad, step, int(self.n_leapfrog), self.log_prob,
+            out = hmc_transition(x, logp, grad, step, int(n_leapfrog), self.log_prob,
                                  self.container, inv_mass, max_refl, gen)
-            return {**out, "n_steps": torch.full((n_chains,), int(self.n_leapfrog), device=dev)}
+            return {**out, "n_steps": torch.full((n_chains,), int(n_leapfrog), device=dev)}
 
         samples = torch.empty(n_chains, n_samples, d, dtype=dtype, device=dev)
         count = torch.zeros(n_chains, dtype=torch.long, device=dev)
@@ -331,6 +342,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                     traj = chees.update(chees_gradient(
                         x, out["proposal"], out["velocity"], out["time"], out["accept_prob"],
                         out["divergent"]), e, MAX_LEAPFROG * e)
+                    if k + 1 == chees_restart:  # transient over: start again at one step
+                        traj = chees.restart(float(eps.mean()))
                 x, logp, grad = out["x"], out["logp"], out["grad"]
                 warm_div += out["divergent"].long()
                 if adapt:
@@ -342,10 +355,14 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                         inv_mass = welford.regularized_variance()
                         welford = WelfordVariance(d, dtype, dev)
                         if adapt:
+                            eps_old = float(eps.mean())
                             eps = find_reasonable_step_size(
                                 x, logp, grad, self.log_prob, self.container, inv_mass,
                                 max_refl, gen, eps, max_step(inv_mass))
                             da.restart(eps)
+                            if auto_len:  # keep T in steps under the new metric
+                                chees.rescale(float(eps.mean()) / eps_old)
+                                traj = chees.trajectory_length
                 if k == warmup - 1 and adapt:
                     eps = da.final().clamp_max(max_step(inv_mass))
                 if k == warmup - 1 and auto_len:  # freeze T (iterate average)
@@ -391,7 +408,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             step_size=self.step_size_.copy(),
             inv_mass=self.inv_mass_.copy(),
             n_iterations=it,
-            n_leapfrog=self.n_leapfrog if auto_len else int(self.n_leapfrog),
+            n_leapfrog=n_leapfrog if auto_len else int(n_leapfrog),
             warmup_divergent=warm_div.cpu().numpy(),
             trajectory_length=self.trajectory_length_,
             mean_leapfrog=float(lf_sum.double().mean()) / max(it, 1),

@@ -134,7 +134,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         Conditioning bounds (defaults ``a = 0.25 sqrt(n)`` and
         ``b = sqrt(n) + sqrt(k) + 1``, around the Gaussian's singular values).
     n_leapfrog, step_size, target_accept, jitter : optional
-        As in :class:`ReflectiveHMC`.
+        As in :class:`ReflectiveHMC` (``n_leapfrog="auto"``: ChEES, by default).
     max_reflections, dtype, device, random_state, verbose : optional
         As in :class:`ReflectiveHMC`.
 
@@ -159,7 +159,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
     """
 
     def __init__(self, log_density: Callable | None = None, n: int = 3, k: int = 1, *,
-                 a: float | None = None, b: float | None = None, n_leapfrog: int | str = 10,
+                 a: float | None = None, b: float | None = None, n_leapfrog: int | str = "auto",
                  step_size="auto", target_accept: float = 0.8, jitter: bool | float = True,
                  max_reflections: int | None = None, dtype=torch.float64, device="cpu",
                  random_state=None, verbose: int = 0):
