@@ -161,6 +161,35 @@ def test_trajectory_length_is_frozen_after_warmup(monkeypatch):
     assert hmc.trajectory_length_ == res.trajectory_length
 
 
+def test_post_warmup_step_counts_depend_only_on_halton_points(monkeypatch):
+    """After warm-up, transition k runs exactly ``ceil(T u_k / mean step)`` steps, with
+    ``u_k`` the k-th point of one rotated Halton sequence: the count never reads the state."""
+    points, counts = [], []
+    real_halton, real_transition = sampler_mod.halton, sampler_mod.hmc_transition
+
+    def spy_halton(k, shift, *args):
+        u = real_halton(k, shift, *args)
+        points.append((k, shift, u))
+        return u
+
+    def spy_transition(x, logp, grad, step, n, *args):
+        counts.append(n)
+        return real_transition(x, logp, grad, step, n, *args)
+
+    monkeypatch.setattr(sampler_mod, "halton", spy_halton)
+    monkeypatch.setattr(sampler_mod, "hmc_transition", spy_transition)
+    box, lp = _corner(3)
+    warmup = 60
+    res = ReflectiveHMC(lp, box, n_leapfrog="auto", random_state=1).sample(
+        40, n_chains=4, warmup=warmup)
+    assert [k for k, _, _ in points] == list(range(len(counts)))
+    assert len({shift for _, shift, _ in points}) == 1
+    mean_step = float(torch.as_tensor(res.step_size).mean())
+    expected = [min(max(math.ceil(res.trajectory_length * u / mean_step), 1), 1000)
+                for _, _, u in points[warmup:]]
+    assert counts[warmup:] == expected
+
+
 def test_stiefel_sampler_passes_auto_through():
     res = StiefelSampler(n=3, k=1, n_leapfrog="auto", random_state=0).sample(
         30, n_chains=2, warmup=30)
