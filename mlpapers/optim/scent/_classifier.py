@@ -359,24 +359,15 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         return state
 
     def __getstate__(self):
-        state = dict(super().__getstate__())  # a copy: the base may return ``__dict__``
-        buffers = self._momentum_state()
-        for key in ("_W", "_b", "_opt", "_loss_fn", "_torch_gen", "_numpy_gen"):
+        # the live training tensors are rebuilt from ``coef_``/``nu_`` on resume; the
+        # generators pickle with their state, so ``partial_fit`` continues the same stream
+        state = super().__getstate__()
+        for key in ("_W", "_b", "_opt", "_loss_fn"):
             state.pop(key, None)
+        buffers = self._momentum_state()
         if buffers is not None:
             state["_momentum_buffers"] = buffers
-        gen = getattr(self, "_torch_gen", None)
-        if isinstance(gen, torch.Generator) and gen.device.type == "cpu":
-            state["_torch_gen_state"] = gen.get_state()
         return state
-
-    def __setstate__(self, state):
-        state = dict(state)
-        gen_state = state.pop("_torch_gen_state", None)
-        super().__setstate__(state)
-        if gen_state is not None:
-            self._torch_gen = torch.Generator()
-            self._torch_gen.set_state(gen_state)
 
     @classmethod
     def _estimator_check_instances(cls):
