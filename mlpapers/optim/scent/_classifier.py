@@ -52,7 +52,10 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
     step; ``momentum > 0`` or ``alpha > 0`` use the dense gradient). With
     ``n_negatives = n_classes - 1`` and ``"uniform"`` every class is used and the
     estimate is exact (``method="bsgd"`` is then exact mini-batch SGD).
-    Predictions use the exact softmax of :math:`z/\tau`.
+    Predictions use the exact softmax of :math:`z/\tau`. As with any plain
+    SGD estimator (and unlike the KL-DRO and partial-AUC estimators, which
+    precondition), the steps depend on the features' units: standardise ``X``
+    (a feature a thousand times larger than the others dominates the steps).
 
     Parameters
     ----------
@@ -270,9 +273,15 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         if sample_index is None:
             index = torch.arange(X.shape[0])
         else:
-            index = torch.as_tensor(np.asarray(sample_index), dtype=torch.long)
-            if index.shape != (X.shape[0],) or bool((index < 0).any()):
+            raw = (self._to_numpy(sample_index) if isinstance(sample_index, torch.Tensor)
+                   else np.asarray(sample_index))
+            integral = raw.dtype.kind in "iu" or (
+                raw.dtype.kind == "f" and bool(np.all(np.isfinite(raw) & (raw == np.round(raw)))))
+            if raw.shape != (X.shape[0],) or not integral or bool((raw < 0).any()):
                 raise ValueError("sample_index must hold one non-negative integer per row of X.")
+            if len(np.unique(raw)) != len(raw):  # two rows cannot share one dual variable
+                raise ValueError("sample_index must not repeat an index within one call.")
+            index = torch.as_tensor(raw.astype(np.int64))
         n_anchors = int(index.max()) + 1
         if first:
             self._start_training(n_anchors, X.shape[1])

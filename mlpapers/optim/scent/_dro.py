@@ -141,14 +141,21 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         check_positive(self.alpha, "alpha", strict=False)
         check_in_options(self.init, "init", ("erm", "zeros"))
         dev = self._device
-        W, b = self._erm_init(X64, y) if self.init == "erm" else self._zeros(X.shape[1])
+        W0, b0 = self._erm_init(X64, y) if self.init == "erm" else self._zeros(X.shape[1])
         with torch.no_grad():
-            self.init_objective_ = float(self._dro_value(W, b, X64, y))
-        W = W.float().to(dev).requires_grad_(True)
-        b = b.float().to(dev).requires_grad_(bool(self.fit_intercept))
+            self.init_objective_ = float(self._dro_value(W0, b0, X64, y))
+        # SGD runs on standardised features Z = (X - mu) / s with V = W s, c = b + W mu
+        # (same predictions, same objective): a diagonal preconditioner that makes the
+        # fit independent of the features' units and offsets.
+        mu, scale = self._feature_scaling(X64)
+        X = ((X64 - mu) / scale).float()
+        W0, b0 = W0.to(X64.device), b0.to(X64.device)
+        W = (W0 * scale).float().to(dev).requires_grad_(True)
+        b = (b0 + W0 @ mu).float().to(dev).requires_grad_(bool(self.fit_intercept))
+        scale_f = scale.float().to(dev)
         if isinstance(self.log_alpha, str):  # "auto"
             with torch.no_grad():
-                log_alpha = -float(log_mean_exp(self._losses(W, b, X64, y) / self.lam))
+                log_alpha = -float(log_mean_exp(self._losses(W0, b0, X64, y) / self.lam))
         else:
             log_alpha = 0.0 if self.log_alpha is None else float(self.log_alpha)
         loss_fn = make_loss(self, 1, log_alpha, temperature=float(self.lam)).to(dev)
@@ -172,16 +179,34 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                     raise FloatingPointError(
                         f"{type(self).__name__}(method={self.method!r}) diverged at epoch "
                         f"{epoch + 1}; lower lr.")
-                (loss_fn(ell[None, :], zero) + self._penalty(W)).backward()
+                (loss_fn(ell[None, :], zero) + self._penalty(W / scale_f)).backward()
                 opt.step()
                 step += 1
             with torch.no_grad():
-                self.loss_curve_.append(float(self._dro_value(W.double(), b.double(), X64, y)))
+                Wo, bo = self._unscale(W, b, mu, scale)
+                self.loss_curve_.append(float(self._dro_value(Wo, bo, X64, y)))
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.nu_ = float(loss_fn.nu[0]) if self.method != "bsgd" else float("nan")
-        self._store(W.detach().double(), b.detach().double())
+        self._store(*self._unscale(W, b, mu, scale))
         return self
+
+    def _feature_scaling(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Centre (with an intercept) and scale (std, or RMS without intercept) of X."""
+        if self.fit_intercept:
+            mu = X.mean(0)
+            scale = (X - mu).pow(2).mean(0).sqrt()
+        else:
+            mu = torch.zeros(X.shape[1], dtype=X.dtype, device=X.device)
+            scale = X.pow(2).mean(0).sqrt()
+        scale = torch.where(scale > 1e-12 * (1.0 + mu.abs()), scale, torch.ones_like(scale))
+        return mu, scale
+
+    @staticmethod
+    def _unscale(W, b, mu, scale):
+        """Parameters in the original feature units from the standardised ones."""
+        Wo = W.detach().double().to(mu.device) / scale
+        return Wo, b.detach().double().to(mu.device) - Wo @ mu
 
     def objective(self, X, y) -> float:
         r"""Exact KL-DRO objective :math:`\lambda\log\frac1n\sum_i e^{\ell_i/\lambda}
@@ -214,8 +239,11 @@ class KLDRORegressor(RegressorMixin, _KLDROBase):
     the data (in its penalised dual form), starting from ordinary least squares.
     It is a compositional entropic risk with a single anchor, optimised with
     SCENT's dual update and weights :math:`e^{\ell_i/\lambda - \nu}` on the
-    mini-batch losses [1]_. Standardise ``X`` and ``y`` first: :math:`\lambda`
-    is in units of the squared loss.
+    mini-batch losses [1]_. The SGD steps are taken on internally standardised
+    features (a diagonal preconditioner; ``coef_``, ``intercept_`` and the
+    objective are in the original units), so the fit does not depend on the
+    features' units. Standardise ``y``: :math:`\lambda` is in units of the
+    squared loss.
 
     Parameters
     ----------""" + _DOC_PARAMS + r"""
@@ -291,7 +319,9 @@ class KLDROClassifier(ClassifierMixin, _KLDROBase):
     Minimises :math:`\lambda \log \frac{1}{n}\sum_i \exp(\ell_i/\lambda)
     + \frac{\alpha}{2}\|W\|^2` with :math:`\ell_i` the softmax cross-entropy of
     sample :math:`i` (the logistic loss for two classes), starting from the
-    regularised ERM solution, with SCENT's single-anchor dual update [1]_.
+    regularised ERM solution, with SCENT's single-anchor dual update [1]_. As
+    in :class:`KLDRORegressor`, the SGD steps are taken on internally
+    standardised features (the fitted parameters are in the original units).
 
     Parameters
     ----------""" + _DOC_PARAMS.replace(

@@ -34,6 +34,23 @@ def _as_tensor(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(x), device=like.device, dtype=like.dtype)
 
 
+def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
+    """Floating tensors of broadcastable shapes (array-likes and integers converted)."""
+    out = []
+    for name, x in (("nu", nu), ("log_mean_exp", lme)):
+        t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+        if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32,
+                                                      torch.int64, torch.uint8)):
+            raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}.")
+        out.append(t.detach() if t.is_floating_point() else t.to(torch.get_default_dtype()))
+    try:
+        torch.broadcast_shapes(out[0].shape, out[1].shape)
+    except RuntimeError as exc:
+        raise ValueError(f"nu {tuple(out[0].shape)} and log_mean_exp {tuple(out[1].shape)} "
+                         "must have broadcastable shapes.") from exc
+    return out[0], out[1]
+
+
 def log_mean_exp(
     scores: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -117,10 +134,11 @@ def spmd_update(
     >>> spmd_update(nu, L, log_alpha=30.0)  # alpha -> inf jumps to L
     tensor([2.])
     """
+    nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
     with torch.no_grad():
         a = _as_tensor(log_alpha, nu) + nu
-        sp = F.softplus(a)
-        return torch.logaddexp(nu - sp, a - sp + log_mean_exp)
+        # log(1 - gamma) = logsigmoid(-a), log(gamma) = logsigmoid(a): finite for |a| = inf
+        return torch.logaddexp(nu + F.logsigmoid(-a), F.logsigmoid(a) + log_mean_exp)
 
 
 def sox_update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -149,8 +150,11 @@ class EntropicRiskLoss(nn.Module):
         check_positive(rho, "rho")
         if nu_init is not None and not math.isfinite(nu_init):
             raise ValueError(f"nu_init must be a finite float or None, got {nu_init!r}.")
-        if not isinstance(log_alpha, torch.Tensor) and not math.isfinite(float(log_alpha)):
-            raise ValueError(f"log_alpha must be finite, got {log_alpha!r}.")
+        if not isinstance(log_alpha, torch.Tensor) and (
+                isinstance(log_alpha, bool) or not isinstance(log_alpha, numbers.Real)
+                or not math.isfinite(log_alpha)):
+            raise ValueError(f"log_alpha must be a finite real number or a tensor, "
+                             f"got {log_alpha!r}.")
         self.n_anchors = int(n_anchors)
         self.method = method
         self.log_alpha = log_alpha

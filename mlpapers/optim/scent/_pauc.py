@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.metrics import roc_auc_score
 from sklearn.utils.multiclass import check_classification_targets
@@ -33,7 +34,10 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     small :math:`\lambda` concentrates on the hardest negatives, i.e. on the low
     false-positive region of the ROC curve. Each step samples ``batch_size``
     positives and ``n_negatives`` negatives (shared by the batch) and updates the
-    positives' dual variables with the chosen ``method``.
+    positives' dual variables with the chosen ``method``. The SGD steps are taken
+    on features divided by their root mean square (a diagonal preconditioner;
+    ``coef_`` is in the original units), so the fit does not depend on the
+    features' units.
 
     Parameters
     ----------
@@ -157,7 +161,11 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"max_fpr must be in (0, 1], got {self.max_fpr!r}.")
         check_positive(self.n_negatives, "n_negatives", integer=True)
         pos = torch.as_tensor(y == self.classes_[1], device=X.device)
-        Xp, Xn = X[pos], X[~pos]
+        # SGD on Z = X / s (s: feature RMS) with v = w s: same scores, a diagonal
+        # preconditioner that makes the fit independent of the features' units
+        scale = X.double().pow(2).mean(0).sqrt()
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        Xp, Xn = X[pos] / scale.float(), X[~pos] / scale.float()
         n_pos, n_neg = len(Xp), len(Xn)
         k = min(int(self.n_negatives), n_neg)
         dev = self._device
@@ -190,11 +198,11 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                                                                 Xn.double())))
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
-        self.coef_ = w.detach().double().cpu().numpy()
+        self.coef_ = (w.detach().double() / scale).cpu().numpy()
         nu = loss_fn.nu.detach().clone().cpu()
         nu[~loss_fn.initialized.cpu()] = float("nan")
         self.nu_ = nu.numpy()
-        neg_scores = self._to_numpy(Xn.double() @ torch.as_tensor(self.coef_, device=dev))
+        neg_scores = self._to_numpy(X[~pos].double() @ torch.as_tensor(self.coef_, device=dev))
         self.threshold_ = float(np.quantile(neg_scores, 1 - self.max_fpr))
         return self
 
@@ -210,7 +218,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     def predict_proba(self, X):
         """:math:`\\sigma` of :meth:`decision_function` (a monotone score, not calibrated)."""
-        p = 1.0 / (1.0 + np.exp(-self.decision_function(X)))
+        p = expit(self.decision_function(X))  # no overflow for large scores
         return np.stack([1 - p, p], axis=1)
 
     def predict(self, X):
@@ -221,7 +229,13 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     def score(self, X, y, sample_weight=None):
         """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``)."""
         scores = self.decision_function(X)
-        return float(roc_auc_score(np.asarray(y) == self.classes_[1], scores,
+        y = self._to_numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
+        if y.shape != scores.shape:
+            raise ValueError(f"y must have shape ({len(scores)},) to match X, got {y.shape}.")
+        unseen = ~np.isin(y, self.classes_)
+        if unseen.any():
+            raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unseen])[:5]}.")
+        return float(roc_auc_score(y == self.classes_[1], scores,
                                    max_fpr=self.max_fpr, sample_weight=sample_weight))
 
     def objective(self, X, y) -> float:
