@@ -119,6 +119,29 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
             return lambda x, generator=None: x
         return self.augment
 
+    def _two_views(self, augment, xb: torch.Tensor, gen) -> torch.Tensor:
+        """Two augmented views of ``xb`` stacked to ``(2N, C, h, w)``; a user callable's
+        output is checked so that a wrong one is named rather than failing inside torch."""
+        custom = callable(self.augment)
+        try:
+            views = [augment(xb, gen), augment(xb, gen)]
+        except TypeError as exc:
+            if not custom:
+                raise
+            raise TypeError(f"augment must be callable as augment(x, generator) -> x: {exc}"
+                            ) from exc
+        if custom:
+            for v in views:
+                if not isinstance(v, torch.Tensor):
+                    raise TypeError(f"augment must return a torch.Tensor, got "
+                                    f"{type(v).__name__}.")
+                if v.ndim != 4 or tuple(v.shape[:2]) != tuple(xb.shape[:2]):
+                    raise ValueError(f"augment must return images of shape (N, C, h, w) = "
+                                     f"({xb.shape[0]}, {xb.shape[1]}, h, w), got "
+                                     f"{tuple(v.shape)}.")
+            views = [v.to(device=xb.device, dtype=xb.dtype) for v in views]
+        return torch.cat(views, dim=0)
+
     # -- building -----------------------------------------------------------------
     def _build(self, shape: tuple[int, int, int], generator: torch.Generator | None) -> None:
         self.grids_ = self._grids()
@@ -211,7 +234,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
                     continue
                 xb = X[idx].to(dev)
                 with torch.no_grad():
-                    views = torch.cat([augment(xb, gen), augment(xb, gen)], dim=0)
+                    views = self._two_views(augment, xb, gen)
                 neg = self._negatives(len(idx), gen, dev)
                 opt.zero_grad(set_to_none=True)
                 losses = self._train_step(views, neg)

@@ -16,8 +16,10 @@ References
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -182,6 +184,31 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
     return F.cross_entropy(sim, target)
 
 
+def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Matrices of one floating dtype whose shapes chain (``W_{l+1}`` after ``W_l``)."""
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
+        raise ValueError("weights must be a non-empty sequence of 2D matrices W_1..W_L.")
+    mats = [w if isinstance(w, torch.Tensor) else torch.as_tensor(np.asarray(w))
+            for w in [*weights, B_top]]
+    dtype = functools.reduce(torch.promote_types, [m.dtype for m in mats])
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    mats = [m.to(dtype=dtype, device=mats[-1].device) for m in mats]
+    *Ws, B = mats
+    for i, w in enumerate(Ws):
+        if w.ndim != 2:
+            raise ValueError(f"weights[{i}] must be a 2D matrix, got shape {tuple(w.shape)}.")
+        if i and w.shape[1] != Ws[i - 1].shape[0]:
+            raise ValueError(f"weights[{i}] has shape {tuple(w.shape)}: its {w.shape[1]} "
+                             f"inputs do not match the {Ws[i - 1].shape[0]} outputs of "
+                             f"weights[{i - 1}].")
+    d_top = Ws[-1].shape[0]
+    if tuple(B.shape) != (d_top, d_top):
+        raise ValueError(f"B_top must have shape ({d_top}, {d_top}) (the top layer's width), "
+                         f"got {tuple(B.shape)}.")
+    return Ws, B
+
+
 def exact_linear_feedback(
     weights: Sequence[torch.Tensor], B_top: torch.Tensor, mode: str = "dfb"
 ) -> list[torch.Tensor]:
@@ -213,6 +240,7 @@ def exact_linear_feedback(
     """
     if mode not in ("dfb", "lateral"):
         raise ValueError(f"mode must be 'dfb' or 'lateral', got {mode!r}.")
+    weights, B_top = _check_linear_net(weights, B_top)
     d_top = weights[-1].shape[0]
     M = torch.eye(d_top, dtype=B_top.dtype, device=B_top.device)
     out = []

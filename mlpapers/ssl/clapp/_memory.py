@@ -132,7 +132,7 @@ def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
     xb = X[torch.randperm(X.shape[0], generator=gen)[:bs]].to(dev)
     augment = encoder._augment_fn()
     with torch.no_grad():
-        views = torch.cat([augment(xb, gen), augment(xb, gen)], dim=0)
+        views = encoder._two_views(augment, xb, gen)
     neg = negative_indices(bs, mode=encoder.negatives, generator=gen, device=dev)
     params = [*encoder.encoder_.parameters(), *encoder.heads_.parameters()]
     was_training = encoder.encoder_.training

@@ -89,7 +89,7 @@ def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
         idx = torch.randperm(X.shape[0], generator=gen)[:bs]
         xb = X[idx].to(dev)
         with torch.no_grad():
-            views = torch.cat([augment(xb, gen), augment(xb, gen)], dim=0)
+            views = encoder._two_views(augment, xb, gen)
         neg = negative_indices(bs, mode=encoder.negatives, generator=gen, device=dev)
         local = _flat_grads(encoder._layer_losses(views, neg, detach=True).sum(), blocks)
         glob = _flat_grads(encoder._layer_losses(views, neg, detach=False)[-1], blocks)

@@ -1,0 +1,60 @@
+"""Regression tests from the adversarial audit of the CLAPP public API."""
+
+import numpy as np
+import pytest
+import torch
+
+from mlpapers.ssl.clapp import exact_linear_feedback
+
+
+def _net(dtype=torch.float64):
+    gen = torch.Generator().manual_seed(0)
+    Ws = [torch.randn(5, 4, generator=gen, dtype=dtype),
+          torch.randn(3, 5, generator=gen, dtype=dtype)]
+    return Ws, torch.randn(3, 3, generator=gen, dtype=dtype)
+
+
+@pytest.mark.parametrize("mode", ["dfb", "lateral"])
+def test_exact_linear_feedback_accepts_arrays_and_mixed_dtypes(mode):
+    Ws, B = _net()
+    ref = exact_linear_feedback(Ws, B, mode)
+    # numpy matrices and float32 layers with a float64 B_top raised torch errors before
+    from_numpy = exact_linear_feedback([w.numpy() for w in Ws], B.numpy(), mode)
+    mixed = exact_linear_feedback([w.float() for w in Ws], B, mode)
+    for a, b, r in zip(from_numpy, mixed, ref):
+        torch.testing.assert_close(a, r)
+        assert b.dtype == torch.float64
+        torch.testing.assert_close(b, r, rtol=1e-5, atol=1e-6)
+
+
+def test_exact_linear_feedback_shape_errors_name_the_argument():
+    Ws, B = _net()
+    with pytest.raises(ValueError, match="non-empty"):
+        exact_linear_feedback([], B)
+    with pytest.raises(ValueError, match="B_top"):
+        exact_linear_feedback(Ws, torch.eye(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"weights\[1\]"):
+        exact_linear_feedback([Ws[0], torch.randn(3, 6, dtype=torch.float64)], B)
+    with pytest.raises(ValueError, match=r"weights\[0\] must be a 2D"):
+        exact_linear_feedback([np.ones(3)], np.eye(3))
+
+
+def test_custom_augment_output_is_checked():
+    from mlpapers.ssl.clapp import CLAPPEncoder, GlobalSSLEncoder
+
+    X = np.random.default_rng(0).random((6, 1, 8, 8)).astype(np.float32)
+    for cls in (CLAPPEncoder, GlobalSSLEncoder):
+        def make(aug, cls=cls):
+            return cls(architecture=[(4,), (4, "M")], n_epochs=1, batch_size=3,
+                       augment=aug, random_state=0)
+
+        # a numpy result or a one-argument callable failed inside torch.cat before
+        with pytest.raises(TypeError, match="augment must return a torch.Tensor"):
+            make(lambda x, g: x.numpy()).fit(X)
+        with pytest.raises(TypeError, match=r"augment must be callable as augment\(x, gen"):
+            make(lambda x: x).fit(X)
+        with pytest.raises(ValueError, match="augment must return images"):
+            make(lambda x, g: x[:, :, 0]).fit(X)
+        # a valid callable (float64 output, smaller crops) still trains
+        enc = make(lambda x, g: x[:, :, 1:7, 1:7].double()).fit(X)
+        assert enc.transform(X).shape[0] == 6
