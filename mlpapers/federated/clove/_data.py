@@ -28,9 +28,11 @@ def _split_client(item, i: int):
 
 def _is_matrix_like(item) -> bool:
     # a 2-row list of numbers is an X, not an (X, y) pair
+    if any(isinstance(part, torch.Tensor) for part in item):
+        return all(isinstance(part, torch.Tensor) and part.ndim == 1 for part in item)
     try:
         arr = np.asarray(item, dtype=float)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         return False
     return arr.ndim == 2
 

@@ -16,6 +16,7 @@ import torch
 from sklearn.base import BaseEstimator
 from sklearn.metrics import adjusted_rand_score, r2_score
 from sklearn.utils import metadata_routing
+from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive
@@ -26,7 +27,12 @@ from mlpapers.federated.clove._kernels import (
     random_assignment,
     weighted_model_average,
 )
-from mlpapers.federated.clove._models import BUILTIN_MODELS, LOSSES, build_module
+from mlpapers.federated.clove._models import (
+    BUILTIN_MODELS,
+    LOSSES,
+    build_module,
+    check_model_output,
+)
 
 
 class _FederatedBase(TorchEstimatorMixin, BaseEstimator):
@@ -68,7 +74,9 @@ class _FederatedBase(TorchEstimatorMixin, BaseEstimator):
         hls = g("hidden_layer_sizes")
         if isinstance(hls, numbers.Integral):
             hls = (hls,)
-        if not all(isinstance(h, numbers.Integral) and h > 0 for h in hls):
+        if isinstance(hls, (str, bytes)) or not hasattr(hls, "__iter__") \
+                or not all(isinstance(h, numbers.Integral) and not isinstance(h, bool)
+                           and h > 0 for h in hls):
             raise ValueError(f"hidden_layer_sizes must be positive integers, got {hls!r}.")
         self._hidden = tuple(int(h) for h in hls)
         if hasattr(self, "init"):
@@ -127,6 +135,8 @@ class _FederatedBase(TorchEstimatorMixin, BaseEstimator):
         M = self._n_models(n)
         template = build_module(self.model, self.n_features_in_, n_out, self._hidden).to(
             self._device)
+        if not isinstance(self.model, str):
+            check_model_output(template, fed.Xs[0][:1], kind, n_out)
         states = self._init_states(template, M)
         vectorize = self._resolve_vectorize(template)
         engine = Engine(template, kind, vectorize=vectorize, optimizer=self.optimizer,
@@ -191,9 +201,11 @@ class _FederatedBase(TorchEstimatorMixin, BaseEstimator):
         if kind == "reconstruction":
             return ClientData.from_lists(fed.Xs, None, self._device), int(np.prod(fed.input_shape))
         if kind == "cross_entropy":
-            classes = np.unique(np.concatenate([y.ravel() for y in fed.ys]))
             if any(y.ndim != 1 for y in fed.ys):
                 raise ValueError("loss='cross_entropy' needs 1D class labels y for every client.")
+            y_all = np.concatenate([y.ravel() for y in fed.ys])
+            check_classification_targets(y_all)  # continuous targets are no classes
+            classes = np.unique(y_all)
             self.classes_ = classes
             Ys = [torch.as_tensor(np.searchsorted(classes, y), dtype=torch.long,
                                   device=self._device) for y in fed.ys]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Callable
 
 import numpy as np
@@ -38,6 +39,8 @@ Params = dict[str, torch.Tensor]
 # assignment rules (numpy)
 # ---------------------------------------------------------------------------
 def _check_loss_matrix(loss_matrix) -> np.ndarray:
+    if isinstance(loss_matrix, torch.Tensor):
+        loss_matrix = loss_matrix.detach().cpu().double().numpy()
     L = np.asarray(loss_matrix, dtype=np.float64)
     if L.ndim != 2:
         raise ValueError(f"loss_matrix must be 2D (n_clients, n_models), got {L.ndim}D.")
@@ -139,6 +142,9 @@ def clove_assign(
     """
     L = _check_loss_matrix(loss_matrix)
     n, n_models = L.shape
+    if n_clusters is not None and (isinstance(n_clusters, bool)
+                                   or not isinstance(n_clusters, numbers.Integral)):
+        raise TypeError(f"n_clusters must be None or an integer, got {n_clusters!r}.")
     k = n_models if n_clusters is None else int(n_clusters)
     if not 1 <= k <= n_models:
         raise ValueError(f"n_clusters must be in [1, {n_models}], got {n_clusters}.")
@@ -209,6 +215,10 @@ def choose_n_clusters(
         The chosen number of clusters (1 when fewer than 3 distinct rows exist).
     """
     L = _check_loss_matrix(loss_matrix)
+    if isinstance(max_clusters, bool) or not isinstance(max_clusters, numbers.Integral):
+        raise TypeError(f"max_clusters must be an integer, got {max_clusters!r}.")
+    if max_clusters < 1:
+        raise ValueError(f"max_clusters must be >= 1, got {max_clusters}.")
     distinct = np.unique(L, axis=0).shape[0]
     hi = min(int(max_clusters), distinct - 1, L.shape[0] - 1)
     if hi < 2:

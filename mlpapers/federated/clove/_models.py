@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["BUILTIN_MODELS", "LOSSES", "build_module", "make_loss_fn", "per_sample_loss"]
+__all__ = ["BUILTIN_MODELS", "LOSSES", "build_module", "check_model_output", "make_loss_fn",
+           "per_sample_loss"]
 
 BUILTIN_MODELS = ("linear", "logistic", "mlp", "autoencoder")
 LOSSES = ("mse", "cross_entropy", "reconstruction")
@@ -72,6 +73,31 @@ def build_module(
             raise ValueError("hidden_layer_sizes must be non-empty for model='autoencoder'.")
         return _mlp([n_features, *hidden, *hidden[-2::-1], n_features])
     raise ValueError(f"model must be one of {list(BUILTIN_MODELS)} or a callable, got {model!r}.")
+
+
+def check_model_output(module: torch.nn.Module, x: torch.Tensor, kind: str,
+                        n_out: int) -> None:
+    """A user model must map a batch ``x`` to ``(batch, n_outputs)`` (or to ``x``'s size
+    for the reconstruction loss); checked on one sample, in eval mode (no side effects)."""
+    training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(x)
+    except RuntimeError as exc:
+        raise ValueError(f"model must accept inputs of shape (batch, *{tuple(x.shape[1:])}): "
+                         f"{exc}") from exc
+    finally:
+        module.train(training)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"model must return a tensor, got {type(out).__name__}.")
+    ok = (out.numel() == x.numel() if kind == "reconstruction"
+          else tuple(out.shape) == (x.shape[0], n_out))
+    if not ok:
+        want = (f"{x.numel()} values per sample (the input size)" if kind == "reconstruction"
+                else f"shape (batch, {n_out})")
+        raise ValueError(f"model(n_features, n_outputs) must build a module whose output has "
+                         f"{want} for loss={kind!r}, got {tuple(out.shape)} for a batch of 1.")
 
 
 def per_sample_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
