@@ -310,7 +310,11 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
 
         self._check_fitted()
-        return bottleneck_delay(delays, self.assignment_, self.schedule_, reduce=reduce,
+        D = check_delays(delays)
+        if D.shape[0] != self.n_nodes_:
+            raise ValueError(f"delays has {D.shape[0]} nodes, but {type(self).__name__} was "
+                             f"fitted on {self.n_nodes_}.")
+        return bottleneck_delay(D, self.assignment_, self.schedule_, reduce=reduce,
                                 directed=bool(self.directed))
 
     @classmethod

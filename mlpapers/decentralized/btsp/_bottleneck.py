@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mlpapers._utils import check_in_options
+from mlpapers._utils import check_in_options, check_positive
 from mlpapers.decentralized.btsp._hamilton import EXACT_MAX_N, _exact_minimax, _two_approx_tour
 from mlpapers.decentralized.btsp._topology import (
     check_assignment,
@@ -335,6 +335,7 @@ def bottleneck_tsp(
     True
     """
     check_in_options(method, "method", ("2approx", "exact"))
+    check_positive(restarts, "restarts", integer=True)  # 0 searched nothing: identity tour
     D = check_delays(delays)
     if metric_closure:
         D = _closure(D)

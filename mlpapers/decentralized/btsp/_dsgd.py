@@ -287,8 +287,15 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         dev = self._device
         yt = torch.as_tensor(y_enc, dtype=torch.long, device=dev)
         if eval_set is not None:
-            Xe = self._validate_data(eval_set[0], reset=False, dtype=torch.float32)
-            ye = torch.as_tensor(np.searchsorted(self.classes_, np.asarray(eval_set[1])),
+            if not isinstance(eval_set, (tuple, list)) or len(eval_set) != 2:
+                raise ValueError("eval_set must be a pair (X_eval, y_eval).")
+            Xe, ye_np = self._validate_data(eval_set[0], eval_set[1], reset=False,
+                                            dtype=torch.float32)
+            unseen = ~np.isin(ye_np, self.classes_)
+            if unseen.any():
+                raise ValueError("eval_set's y contains labels not seen in y: "
+                                 f"{np.unique(ye_np[unseen])[:5]}.")
+            ye = torch.as_tensor(np.searchsorted(self.classes_, ye_np),
                                  dtype=torch.long, device=dev)
         else:
             Xe, ye = X, yt
@@ -322,6 +329,8 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if not isinstance(self.model, nn.Module):
             self._init_params(base)
         base = base.to(dev)
+        if isinstance(self.model, nn.Module):
+            self._check_module_output(base, X[:1])
         self._module = base
         params, buffers = stack_module_state([base] * n)
         params = {k: v.detach().clone() for k, v in params.items()}
@@ -374,6 +383,24 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.history_ = logger.history
         self.node_of_ = node_of
         return self
+
+    def _check_module_output(self, module: nn.Module, x: torch.Tensor) -> None:
+        """A user module must map ``(batch, n_features)`` to ``(batch, n_classes)`` logits."""
+        want = (1, len(self.classes_))
+        training = module.training
+        module.eval()  # no side effects on buffers (BatchNorm statistics)
+        try:
+            with torch.no_grad():
+                out = module(x)
+        except RuntimeError as exc:
+            raise ValueError(f"model must accept inputs of shape (batch, {x.shape[1]}): "
+                             f"{exc}") from exc
+        finally:
+            module.train(training)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"model must map (batch, n_features) to (batch, n_classes) "
+                             f"logits, i.e. {want} here, got {got}.")
 
     def _init_params(self, module: nn.Module) -> None:
         """Seeded init (no global RNG): uniform(+-1/sqrt(fan_in)) weights, zero biases."""

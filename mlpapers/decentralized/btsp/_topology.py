@@ -145,6 +145,9 @@ def scale_schedule(schedule: Schedule, c: int, n: int) -> Schedule:
     ``bottleneck_delay(D, multiplier_relabel(pi, c), S) == bottleneck_delay(D, pi, c * S)``
     for every ``c`` coprime with ``n``.
     """
+    for name, v in (("c", c), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be an integer, got {v!r}.")
     if math.gcd(int(c), int(n)) != 1:
         raise ValueError(f"c={c} is not coprime with n={n}.")
     return [sorted({(int(c) * s) % n for s in r}) for r in schedule]
