@@ -229,7 +229,7 @@ def test_determinism_and_verbose(textures, capsys):
 
 
 @pytest.mark.parametrize("make_X, match", [
-    (lambda X: X[:, :2], "1 or 3 channels"),
+    (lambda X: X[:, :2], "1, 3 or 4 channels"),
     (lambda X: np.where(np.arange(X.size).reshape(X.shape) == 5, np.nan, X), "NaN"),
     (lambda X: [X[0], X[1, :, :16]], "mixed sizes"),
     (lambda X: X[:0], "minimum of 1"),
@@ -307,3 +307,80 @@ def test_patchcore_save_load(textures, tmp_path):
 def test_estimator_check_instances_are_empty():
     assert RADDetector._estimator_check_instances() == []
     assert PatchCoreDetector._estimator_check_instances() == []
+
+
+# -- audit regressions: inputs made elsewhere -------------------------------------
+def test_integer_pixels_of_any_dtype_equal_uint8(fitted, textures):
+    """int64 / int32 / nested lists of 0..255 pixel values are 8-bit images, like uint8."""
+    X8 = np.round(textures[1][:3] * 255).astype(np.uint8)
+    ref = fitted.decision_function(X8)
+    for Xin in (X8.astype(np.int64), X8.astype(np.int32), X8.tolist(),
+                torch.from_numpy(X8.astype(np.int16))):
+        np.testing.assert_array_equal(fitted.decision_function(Xin), ref)
+    np.testing.assert_allclose(fitted.decision_function(X8 / 255.0), ref, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\[0, 255\]"):
+        check_images(X8.astype(np.int64) * 2)
+    with pytest.raises(ValueError, match=r"\[0, 255\]"):
+        check_images(-X8.astype(np.int64))
+
+
+def test_float_pixels_out_of_range_warn(textures):
+    with pytest.warns(UserWarning, match=r"expected in \[0, 1\]"):
+        check_images(textures[1][:2] * 255.0)
+    with pytest.warns(UserWarning, match=r"expected in \[0, 1\]"):
+        check_images((textures[1][:2] - 0.45) / 0.22)  # ImageNet-normalised by mistake
+
+
+def test_rgba_drops_alpha_like_pil(fitted, textures):
+    X = textures[1][:3]
+    alpha = np.full_like(X[:, :1], 0.3)
+    ref = fitted.decision_function(X)
+    np.testing.assert_array_equal(fitted.decision_function(np.concatenate([X, alpha], 1)), ref)
+    nhwc = np.concatenate([X, alpha], 1).transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(fitted.decision_function(nhwc), ref)
+
+
+@pytest.mark.parametrize("extractor, match", [
+    (lambda x: ([x], x.mean((2, 3))[:1]), "key has shape"),
+    (lambda x: ([x[:1]], x.mean((2, 3))), "feature map 0 has shape"),
+    (lambda x: ([x.mean((2, 3))], x.mean((2, 3))), "feature map 0 has shape"),
+    (lambda x: ([x * torch.nan], x.mean((2, 3))), "NaN"),
+])
+def test_bad_extractor_output_is_a_clear_error(textures, extractor, match):
+    for cls in (RADDetector, PatchCoreDetector):
+        with pytest.raises(ValueError, match=match):
+            cls(extractor=extractor, image_size=None, batch_size=2).fit(textures[0][:4])
+    with pytest.raises(TypeError, match="extractor must return"):
+        RADDetector(extractor=lambda x: (x, x.mean((2, 3))), image_size=None).fit(
+            textures[0][:4])
+
+
+def test_params_changed_after_fit_are_validated(fitted, textures):
+    bad = pickle.loads(pickle.dumps(fitted)).set_params(pos_radius=-1)
+    with pytest.raises(ValueError, match="pos_radius"):
+        bad.decision_function(textures[1][:2])
+
+
+def test_images_too_small_for_the_backbone_name_image_size(textures):
+    """A backbone that cannot run at the input size gives a ValueError, not a torch trace."""
+    class Valid5x5(torch.nn.Module):  # unpadded 5x5 conv twice: needs >= 9x9 inputs
+        def forward(self, x):
+            conv = torch.nn.functional.conv2d
+            f = conv(conv(x, torch.ones(4, 3, 5, 5) / 75), torch.ones(4, 4, 5, 5) / 100)
+            return [f], f.mean(dim=(2, 3))
+
+    X = textures[0][:3, :, :8, :8]
+    with pytest.raises(ValueError, match="image_size"):
+        RADDetector(extractor=Valid5x5(), image_size=None).fit(X)
+    det = RADDetector(extractor=Valid5x5(), image_size=16, k_images=2).fit(X)
+    assert det.anomaly_map(X).shape == (3, 8, 8)
+
+
+def test_list_mixing_grayscale_and_colour_images(fitted, textures):
+    from PIL import Image
+
+    X8 = np.round(textures[1][:2] * 255).astype(np.uint8).transpose(0, 2, 3, 1)
+    gray, colour = Image.fromarray(X8[0, :, :, 0]), Image.fromarray(X8[1])
+    mixed = fitted.decision_function([gray, colour])
+    np.testing.assert_allclose(mixed, np.r_[fitted.decision_function([gray]),
+                                            fitted.decision_function([colour])], atol=1e-6)

@@ -105,3 +105,17 @@ def test_efficientnet_lite0_pretrained_claim():
     maps, scores = det.anomaly_map(X_test, return_scores=True)
     assert roc_auc_score(y, scores) >= 0.95
     assert roc_auc_score(mask.ravel(), maps.ravel()) >= 0.9
+
+
+def test_extractor_constructor_inputs():
+    net = _cnn()
+    x = torch.rand(2, 3, 16, 16)
+    one = TorchFeatureExtractor(net, "3", mean=None, std=None)  # a single layer name
+    torch.testing.assert_close(one(x)[0][0], TorchFeatureExtractor(
+        net, ["3"], mean=None, std=None)(x)[0][0])
+    from mlpapers.anomaly.rad import RandomConvExtractor
+
+    for bad in ((), (8, 0), (8, 2.5)):
+        with pytest.raises(ValueError, match="channels"):
+            RandomConvExtractor(channels=bad)
+    assert len(RandomConvExtractor(channels=np.int64(8))(x)[0]) == 1

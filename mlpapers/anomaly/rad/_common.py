@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,14 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
 
     Accepts numpy arrays, tensors, or lists of PIL images / arrays, shaped
     ``(n, H, W)`` (grayscale), ``(n, H, W, C)`` or ``(n, C, H, W)`` with ``C`` in
-    ``{1, 3}``. ``uint8`` data is divided by 255; float data is taken as is
-    (expected in [0, 1]). Grayscale is repeated to three channels.
+    ``{1, 3, 4}`` (when both axes could hold the channels, ``(n, C, H, W)`` wins,
+    and 1 or 3 channels win over 4). Integer data (any integer dtype, e.g. ``uint8`` or the
+    ``int64`` of a nested list of pixel values) are 8-bit pixel values and are
+    divided by 255; values outside ``[0, 255]`` raise a ``ValueError``. Boolean
+    data become 0/1. Float data are taken as is (expected in ``[0, 1]``; a
+    ``UserWarning`` flags data that look like 0-255 pixel values). Grayscale is
+    repeated to three channels; the alpha channel of 4-channel (RGBA) data is
+    dropped, as PIL's ``convert("RGB")`` does.
     """
     if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
         arrays = []
@@ -42,30 +49,71 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
                                                else "RGB"))
             arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
                           else np.asarray(item))
+        if len({a.shape for a in arrays}) > 1:  # grayscale next to colour: repeat channels
+            colour = [a.shape for a in arrays if a.ndim == 3 and a.shape[-1] in (3, 4)]
+            if colour:
+                arrays = [np.repeat(a[..., None], colour[0][-1], axis=-1)
+                          if a.ndim == 2 and a.shape == colour[0][:2] else a for a in arrays]
         shapes = {a.shape for a in arrays}
         if len(shapes) > 1:
             raise ValueError(f"{name} holds images of mixed sizes {sorted(shapes)}; resize them "
                              "to a common size first.")
         X = np.stack(arrays)
     t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
-    if t.dtype == torch.uint8:
-        t = t.float() / 255.0
-    elif t.dtype == torch.bool or not t.is_floating_point():
+    if t.dtype == torch.bool:
         t = t.float()
-    t = t.float()
+    elif not t.is_floating_point():  # integer pixel values, 0..255
+        lo, hi = (int(v) for v in torch.aminmax(t)) if t.numel() else (0, 0)
+        if lo < 0 or hi > 255:
+            raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
+                             "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
+        t = t.float() / 255.0
+    else:
+        t = t.float()
+        lo, hi = (float(v) for v in torch.aminmax(t)) if t.numel() else (0.0, 0.0)
+        if hi > 2.0 or lo < -1.0:
+            warnings.warn(f"{name} is floating point with values in [{lo:.4g}, {hi:.4g}]; float "
+                          "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
+                          "or pass uint8; do not normalise them, the extractor does).",
+                          UserWarning, stacklevel=3)
     if t.ndim == 3:
         t = t[:, None]
-    elif t.shape[1] not in (1, 3):
-        if t.shape[-1] in (1, 3):
-            t = t.permute(0, 3, 1, 2)
-        else:
-            raise ValueError(f"{name} must have 1 or 3 channels, in (n, C, H, W) or "
-                             f"(n, H, W, C) layout; got shape {tuple(t.shape)}.")
+    elif t.shape[1] in (1, 3):
+        pass
+    elif t.shape[-1] in (1, 3, 4):
+        t = t.permute(0, 3, 1, 2)
+    elif t.shape[1] != 4:
+        raise ValueError(f"{name} must have 1, 3 or 4 channels, in (n, C, H, W) or "
+                         f"(n, H, W, C) layout; got shape {tuple(t.shape)}.")
+    if t.shape[1] == 4:  # RGBA: drop alpha
+        t = t[:, :3]
     if t.shape[-1] < 2 or t.shape[-2] < 2:
         raise ValueError(f"{name} images must be at least 2x2 pixels, got {tuple(t.shape[-2:])}.")
     if t.shape[1] == 1:
         t = t.expand(-1, 3, -1, -1)
     return t.contiguous()
+
+
+def _check_extractor_output(feats: Any, key: Any, n: int, batch: int) -> list[torch.Tensor]:
+    """Check what a user extractor returned for a batch of ``n`` images."""
+    if (not isinstance(feats, (list, tuple)) or len(feats) == 0
+            or not all(isinstance(f, torch.Tensor) for f in feats)
+            or not isinstance(key, torch.Tensor)):
+        raise TypeError("the extractor must return (list of (B, C, h, w) feature tensors, "
+                        f"(B, D) key tensor), got ({type(feats).__name__}, "
+                        f"{type(key).__name__}).")
+    for i, f in enumerate(feats):
+        if f.ndim != 4 or f.shape[0] != n:
+            raise ValueError(f"the extractor's feature map {i} has shape {tuple(f.shape)} for a "
+                             f"batch of {n} images; expected ({n}, C, h, w).")
+    if key.ndim == 0 or key.shape[0] != n:
+        raise ValueError(f"the extractor's key has shape {tuple(key.shape)} for a batch of "
+                         f"{n} images; expected ({n}, D).")
+    for t, what in [*((f, f"feature map {i}") for i, f in enumerate(feats)), (key, "key")]:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"the extractor returned NaN or infinite values in its {what} "
+                             f"(batch {batch}).")
+    return [f.float() for f in feats]
 
 
 def _check_image_size(image_size) -> tuple[int, int] | None:
@@ -134,11 +182,20 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                 if tuple(x.shape[-2:]) != tuple(size):
                     x = F.interpolate(x, size=size, mode="bilinear", align_corners=False,
                                       antialias=True)
-                f, k = ext(x)
-                if not isinstance(f, (list, tuple)) or len(f) == 0:
-                    raise TypeError("the extractor must return (list of (B, C, h, w) maps, "
-                                    "(B, D) keys).")
-                feats.append([t.float() for t in f])
+                try:
+                    f, k = ext(x)
+                except RuntimeError as exc:
+                    if isinstance(exc, torch.OutOfMemoryError):
+                        raise
+                    raise ValueError(
+                        f"the extractor failed on a batch of shape {tuple(x.shape)}: {exc} "
+                        f"(images of {tuple(size)} pixels may be too small for this "
+                        "backbone; set image_size, e.g. 224)") from exc
+                f = _check_extractor_output(f, k, len(x), i)
+                if feats and [t.shape[1:] for t in f] != [t.shape[1:] for t in feats[0]]:
+                    raise ValueError("the extractor returned feature maps of different shapes "
+                                     "for different batches of same-size images.")
+                feats.append(f)
                 keys.append(k.float().reshape(len(x), -1))
                 log.log(batch=i)
         layers = [torch.cat([b[li] for b in feats]) for li in range(len(feats[0]))]
@@ -178,6 +235,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
     def _maps_and_scores(self, X) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         self._check_fitted()
+        self._check_params()  # scoring reads parameters (set_params after fit)
         images = check_images(X)
         size = self._network_size(images)
         if tuple(size) != tuple(self.input_size_):

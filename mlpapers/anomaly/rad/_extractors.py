@@ -10,6 +10,7 @@ used for image retrieval.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -67,6 +68,11 @@ class RandomConvExtractor(nn.Module):
 
     def __init__(self, channels: Sequence[int] = (32, 64), seed: int = 0):
         super().__init__()
+        channels = [channels] if isinstance(channels, numbers.Integral) else list(channels)
+        if not channels or any(isinstance(c, bool) or not isinstance(c, numbers.Integral)
+                               or c < 1 for c in channels):
+            raise ValueError(f"channels must be a non-empty sequence of positive ints, "
+                             f"got {channels!r}.")
         gen = torch.Generator().manual_seed(int(seed))
         self.weights = nn.ParameterList()
         c_in = 3
@@ -96,7 +102,7 @@ class TorchFeatureExtractor(nn.Module):
     ----------
     module : torch.nn.Module
         The frozen backbone (put in ``eval`` mode).
-    layers : sequence of str
+    layers : str or sequence of str
         Names (as in ``module.named_modules()``) of the submodules whose outputs
         ``(B, C, h, w)`` are the patch features.
     key : {"gap", "cls"}, default="gap"
@@ -125,6 +131,8 @@ class TorchFeatureExtractor(nn.Module):
         super().__init__()
         if key not in ("gap", "cls"):
             raise ValueError(f"key must be 'gap' or 'cls', got {key!r}.")
+        if isinstance(layers, str):  # one layer name, not a sequence of characters
+            layers = [layers]
         names = dict(module.named_modules())
         missing = [n for n in [*layers, *([key_layer] if key_layer else [])] if n not in names]
         if missing:
