@@ -220,3 +220,55 @@ def test_training_callback_sees_every_step_and_changes_nothing():
     plain = AmortizedMIPS(n_steps=5, **FAST).fit(_square())
     Q = _circle_queries(20)
     np.testing.assert_array_equal(model.predict_key(Q), plain.predict_key(Q))
+
+
+# -- audit regressions: data in other units ---------------------------------------
+@pytest.mark.parametrize("arch", ["keynet", "supportnet"])
+def test_training_does_not_depend_on_the_units_of_the_data(arch, tmp_path):
+    """MIPS answers are invariant to positive scalings of keys and queries; so is training.
+
+    Keys and queries far from unit norm (here 2**-20 and 2**15) used to stall Adam
+    (gradients below its epsilon) or saturate the activations (match rate ~0.1).
+    """
+    rng = np.random.default_rng(0)
+    keys = rng.standard_normal((32, 6)) * rng.uniform(0.5, 1.5, (32, 1))
+    Q = rng.standard_normal((300, 6))
+    kw = dict(FAST, arch=arch, n_steps=120, batch_size=64)
+    ref = AmortizedMIPS(**kw).fit(keys, queries=Q)
+    ks, qs = 2.0**-20, 2.0**15
+    scaled = AmortizedMIPS(**kw).fit(keys * ks, queries=Q * qs)
+    assert scaled.key_scale_ == ref.key_scale_ * ks
+    assert scaled.query_scale_ == ref.query_scale_ * qs
+    np.testing.assert_array_equal(scaled.predict(Q * qs), ref.predict(Q))
+    np.testing.assert_array_equal(scaled.predict_key(Q * qs), ref.predict_key(Q) * ks)
+    np.testing.assert_array_equal(scaled.value(Q * qs), ref.value(Q) * (ks * qs))
+    scaled.save(tmp_path / "scaled.pt")  # the units are part of the saved state
+    np.testing.assert_array_equal(AmortizedMIPS.load(tmp_path / "scaled.pt").value(Q * qs),
+                                  scaled.value(Q * qs))
+    # not a power of two either: the quality stays that of unit-scale data (it was
+    # 0.12 / 0.02 against 0.63 / 0.51 before the data were rescaled)
+    tiny = AmortizedMIPS(**kw).fit(keys * 1e-6, queries=Q * 3e4)
+    assert ref.score(Q) >= 0.45
+    assert tiny.score(Q * 3e4) >= ref.score(Q) - 0.1
+
+
+def test_unit_norm_data_train_in_their_own_units():
+    keys = _square()
+    model = AmortizedMIPS(n_steps=3, **FAST).fit(keys)
+    assert model.key_scale_ == 1.0 and model.query_scale_ == 1.0
+
+
+def test_params_checked_at_inference_and_overflow(rng):
+    keys = rng.standard_normal((8, 3)).astype(np.float32)
+    model = AmortizedMIPS(**dict(FAST, n_steps=2, batch_size=8)).fit(keys)
+    with pytest.raises(ValueError, match="batch_size"):
+        clone(model).set_params(batch_size=0).fit(keys)
+    with pytest.raises(ValueError, match="batch_size"):
+        pickle.loads(pickle.dumps(model)).set_params(batch_size=0).predict(keys)
+    with pytest.raises(ValueError, match="wx_inject"):
+        AmortizedMIPS(wx_inject=-1).fit(keys)
+    exact = ExactMIPS().fit(keys * 1e20)
+    with pytest.raises(ValueError, match="overflow"):
+        exact.predict(keys * 1e20)
+    with pytest.raises(ValueError, match="batch_size"):
+        exact.set_params(batch_size=0).predict(keys)

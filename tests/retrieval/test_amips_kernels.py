@@ -149,3 +149,18 @@ def test_rank_by_key_rejects_unknown_metric():
     q, keys = torch.randn(4, 3), torch.randn(10, 3)
     with pytest.raises(ValueError, match="metric"):
         rank_by_key(q, keys, 3, metric="L2")
+
+
+def test_metrics_reject_invalid_predictions():
+    """Out-of-range, negative (silently wrapped before) and fractional indices are errors."""
+    rng = np.random.default_rng(0)
+    K, Q = rng.standard_normal((10, 3)), rng.standard_normal((5, 3))
+    truth = (Q @ K.T).argmax(1)
+    for bad in (truth + 10, np.full(5, -1)):
+        with pytest.raises(ValueError, match="outside"):
+            match_rate(None, bad, queries=Q, database=K)
+    with pytest.raises(TypeError, match="integer"):
+        recall_at_k(truth, truth[:, None] + 0.5, 1)
+    with pytest.raises(ValueError, match="empty"):
+        mean_reciprocal_rank(truth[:0], truth[:0, None])
+    assert match_rate(truth, truth.astype(np.float64)) == 1.0  # integral floats are fine

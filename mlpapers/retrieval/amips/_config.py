@@ -22,6 +22,9 @@ def check_amips_params(est) -> None:
     check_positive(est.params_fraction, "params_fraction")
     if not isinstance(est.wx_inject, numbers.Integral):
         raise TypeError(f"wx_inject must be a bool or an int, got {est.wx_inject!r}.")
+    if est.wx_inject < 0:
+        raise ValueError(f"wx_inject must be >= 0 (0 or False: no re-injection), "
+                         f"got {est.wx_inject!r}.")
     check_positive(est.negative_slope, "negative_slope", strict=False)
     if est.negative_slope >= 1:
         raise ValueError(f"negative_slope must be in [0, 1), got {est.negative_slope}.")

@@ -16,13 +16,7 @@ from mlpapers.retrieval.amips._exact import (
     build_faiss_ivf,
 )
 from mlpapers.retrieval.amips._kernels import match_rate, rank_by_key
-from mlpapers.retrieval.amips._training import (
-    QuerySource,
-    augment_queries,
-    make_query_source,
-    match_output_scale,
-    train_amips,
-)
+from mlpapers.retrieval.amips._training import QuerySource, fit_amips
 
 __all__ = ["AmortizedMIPS"]
 
@@ -111,12 +105,18 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     ----------
     database_ : ndarray of shape (n_keys, n_features), float32
     model_ : torch.nn.Module
-        The (EMA) trained network, in eval mode.
+        The (EMA) trained network, in eval mode. It works in scaled units: it takes
+        ``x / query_scale_`` and predicts keys ``k / key_scale_`` (the estimator's
+        methods convert).
+    key_scale_, query_scale_ : float
+        Units of the training: the powers of two nearest the root-mean-square norm of
+        the keys and of the training queries (1.0 for unit-norm data). MIPS answers
+        do not depend on the scale of the data, and neither does training.
     hidden_dims_ : tuple of int
     n_params_ : int
     history_ : list of dict
         ``step``, ``loss``, ``score_loss``, ``key_loss``, ``lr`` every
-        ``max(1, n_steps // 200)`` steps.
+        ``max(1, n_steps // 200)`` steps (losses in the scaled units).
     n_features_in_ : int
 
     Notes
@@ -242,56 +242,31 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return self._fit(X, queries)
 
     def _fit(self, X, queries: QuerySource, callback=None):
-        """:meth:`fit`, with ``callback(step, model)`` after every step (learning curves)."""
+        """:meth:`fit`, with ``callback(step, model)`` after every step (learning curves;
+        the model sees ``X / query_scale_`` and predicts keys in units of ``key_scale_``)."""
         self._check_params()
         self._init_fit()
-        keys = self._fit_database(X)
-        n_keys, d = keys.shape
-        draw = make_query_source(queries, d, device=self._device, torch_gen=self._torch_gen,
-                                 numpy_gen=self._numpy_gen, owner=type(self).__name__)
-        gen = self._torch_gen
-
-        def augment(q):
-            return augment_queries(q, self.noise_std, self.n_noise, gen)
-
-        # model init on the private generator; the global RNG state is restored
-        seed = int(torch.randint(2**62, (1,), generator=gen))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model, self.hidden_dims_ = self._build_model(n_keys, d)
-        model = model.to(self._device)
-        init_batch = augment(draw(min(self.batch_size, 1024)))
-        if init_batch.shape[0] >= 2:
-            model.data_init(init_batch)
-        if not (self.arch == "keynet" and self.resnet):
-            # match the initial key norms to the labels' (a positive scale keeps convexity)
-            match_output_scale(model, init_batch, keys, search_batch_size=self.search_batch_size)
-        self.model_, self.history_ = train_amips(
-            model, keys, draw, augment=augment, n_steps=self.n_steps,
-            batch_size=self.batch_size, lr=self.lr, warmup=self.warmup,
-            end_lr_ratio=self.end_lr_ratio, ema_decay=self.ema_decay,
-            grad_clip=self.grad_clip, score_weight=self.score_weight,
-            target_weight=self.target_weight, search_batch_size=self.search_batch_size,
-            double_backprop=self.arch == "supportnet", verbose=self.verbose,
-            desc=type(self).__name__, callback=callback)
-        self.n_params_ = int(sum(p.numel() for p in self.model_.parameters()))
+        fit_amips(self, self._fit_database(X), queries, callback=callback)
         return self
 
     # -- inference -----------------------------------------------------------
     def _queries(self, X) -> torch.Tensor:
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
+        self._check_params()  # inference reads parameters (set_params after fit)
         if bool((Q.norm(dim=1) == 0).any()):
             raise ValueError("X contains queries with zero norm; every key is then a "
                              "maximiser and the search is undefined.")
         return Q
 
     def _score_and_key(self, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Value and key in the data's units (the network works in scaled units)."""
+        ks, qs = getattr(self, "key_scale_", 1.0), getattr(self, "query_scale_", 1.0)
         values, keys = [], []
         with torch.no_grad():
             for start in range(0, Q.shape[0], self.batch_size):
-                v, k = self.model_.score_and_key(Q[start:start + self.batch_size])
-                values.append(v)
-                keys.append(k)
+                v, k = self.model_.score_and_key(Q[start:start + self.batch_size] / qs)
+                values.append(v * (ks * qs))
+                keys.append(k * ks)
         return torch.cat(values), torch.cat(keys)
 
     def predict_key(self, X) -> np.ndarray:

@@ -133,7 +133,11 @@ class ExactMIPS(_MIPSBase):
         """
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
+        check_positive(self.batch_size, "batch_size", integer=True)
         s, i = mips_topk(Q, self._keys(), k, batch_size=self.batch_size)
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError("inner products of X with the keys overflow float32; rescale "
+                             "the queries or the keys (MIPS answers do not depend on it).")
         if return_distance:
             return self._to_numpy(s), self._to_numpy(i)
         return self._to_numpy(i)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from mlpapers._utils import check_in_options
@@ -146,12 +147,18 @@ def warmup_cosine_lr(step: int, n_steps: int, peak: float, warmup_steps: int,
 
 
 # -- metrics -----------------------------------------------------------------
-def _as_long_2d(y_pred) -> torch.Tensor:
-    t = torch.as_tensor(y_pred)
+def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
+    t = torch.as_tensor(y_pred.detach() if isinstance(y_pred, torch.Tensor)
+                        else np.asarray(y_pred))
     if t.ndim == 1:
         t = t[:, None]
     if t.ndim != 2:
-        raise ValueError(f"y_pred must be 1D or 2D, got {t.ndim}D.")
+        raise ValueError(f"{name} must be 1D or 2D, got {t.ndim}D.")
+    if t.shape[0] == 0:
+        raise ValueError(f"{name} is empty; at least one query is required.")
+    if t.dtype == torch.bool or t.is_complex() or (
+            t.is_floating_point() and not bool((t == t.round()).all())):
+        raise TypeError(f"{name} must hold integer indices, got {t.dtype} values.")
     return t.long()
 
 
@@ -169,6 +176,9 @@ def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
     K = torch.as_tensor(database, dtype=torch.float64)
     if q.shape[0] != pred.shape[0]:
         raise ValueError(f"queries has {q.shape[0]} rows but y_pred has {pred.shape[0]}.")
+    if bool(((pred < 0) | (pred >= K.shape[0])).any()):
+        raise ValueError(f"y_pred holds indices outside [0, {K.shape[0]}) (the rows of "
+                         "database).")
     best, _ = support_function(q, K)
     got = torch.einsum("nkd,nd->nk", K[pred.to(K.device)], q)  # (n, k)
     tol = rtol * (best.abs() + 1.0)

@@ -1,14 +1,15 @@
-"""Training machinery of amortized MIPS: query sources, noise augmentation, output
-scaling at initialisation and the optimisation loop (Adam, clipping, warmup-cosine
-learning rate, EMA of the weights).
+"""Training machinery of amortized MIPS: query sources, noise augmentation, data
+units, output scaling at initialisation, the optimisation loop (Adam, clipping,
+warmup-cosine learning rate, EMA of the weights) and the whole fit (:func:`fit_amips`).
 
 Kept apart from the estimator shell (:mod:`._estimator`), which validates the
-parameters, builds the network and calls :func:`train_amips`.
+parameters and inputs and calls :func:`fit_amips`.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +20,8 @@ from torch import nn
 from mlpapers._utils import ProgressLogger, check_tensor
 from mlpapers.retrieval.amips._kernels import amips_loss, support_function, warmup_cosine_lr
 
-__all__ = ["QuerySource", "augment_queries", "make_query_source", "match_output_scale",
-           "train_amips"]
+__all__ = ["QuerySource", "augment_queries", "fit_amips", "make_query_source",
+           "match_output_scale", "power_of_two_scale", "train_amips"]
 
 
 QuerySource = None | np.ndarray | torch.Tensor | Callable[[int, np.random.Generator], Any]
@@ -183,3 +184,68 @@ def train_amips(
     final.eval()
     final.requires_grad_(False)
     return final, logger.history
+
+
+def power_of_two_scale(x: torch.Tensor) -> float:
+    """The power of two nearest the root-mean-square row norm of ``x`` (n, d).
+
+    The unit in which :func:`fit_amips` trains: dividing keys and queries by it puts
+    them near unit norm whatever the user's units (the argmax of inner products is
+    invariant to positive scalings), and a power of two rescales exactly, so data
+    already near unit norm (the paper's normalised embeddings) train bit for bit as
+    without it. Returns 1.0 for all-zero or non-finite data.
+    """
+    rms = float(x.detach().double().square().sum(dim=1).mean().sqrt()) if x.numel() else 0.0
+    if not math.isfinite(rms) or rms <= 0.0:
+        return 1.0
+    return float(2.0 ** round(math.log2(rms)))
+
+
+def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
+              callback: Callable[[int, nn.Module], None] | None = None) -> None:
+    """Train the network of :class:`AmortizedMIPS` ``est`` on the database ``keys`` (N, d).
+
+    Sets ``model_``, ``hidden_dims_``, ``history_``, ``n_params_``, ``key_scale_`` and
+    ``query_scale_`` on ``est`` (whose ``_init_fit`` has run). The network is trained
+    on ``keys / key_scale_`` and ``queries / query_scale_`` (both powers of two from
+    :func:`power_of_two_scale`: the training queries' scale is measured on the
+    initialisation batch), so that its learning dynamics (Adam's epsilon, the
+    soft-leaky-ReLU's fixed ``beta``, the data-dependent initialisation) do not depend
+    on the units of the data; the estimator maps predictions back to the data's units.
+    """
+    n_keys, d = keys.shape
+    draw = make_query_source(queries, d, device=est._device, torch_gen=est._torch_gen,
+                             numpy_gen=est._numpy_gen, owner=type(est).__name__)
+    gen = est._torch_gen
+
+    def augment(q):
+        return augment_queries(q, est.noise_std, est.n_noise, gen)
+
+    # model init on the private generator; the global RNG state is restored
+    seed = int(torch.randint(2**62, (1,), generator=gen))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model, est.hidden_dims_ = est._build_model(n_keys, d)
+    model = model.to(est._device)
+    init_batch = augment(draw(min(est.batch_size, 1024)))
+    key_scale, query_scale = power_of_two_scale(keys), power_of_two_scale(init_batch)
+    keys, init_batch = keys / key_scale, init_batch / query_scale
+
+    def draw_scaled(n):
+        return draw(n) / query_scale
+
+    if init_batch.shape[0] >= 2:
+        model.data_init(init_batch)
+    if not (est.arch == "keynet" and est.resnet):
+        # match the initial key norms to the labels' (a positive scale keeps convexity)
+        match_output_scale(model, init_batch, keys, search_batch_size=est.search_batch_size)
+    est.model_, est.history_ = train_amips(
+        model, keys, draw_scaled, augment=augment, n_steps=est.n_steps,
+        batch_size=est.batch_size, lr=est.lr, warmup=est.warmup,
+        end_lr_ratio=est.end_lr_ratio, ema_decay=est.ema_decay,
+        grad_clip=est.grad_clip, score_weight=est.score_weight,
+        target_weight=est.target_weight, search_batch_size=est.search_batch_size,
+        double_backprop=est.arch == "supportnet", verbose=est.verbose,
+        desc=type(est).__name__, callback=callback)
+    est.key_scale_, est.query_scale_ = key_scale, query_scale
+    est.n_params_ = int(sum(p.numel() for p in est.model_.parameters()))
