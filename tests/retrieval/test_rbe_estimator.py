@@ -244,3 +244,80 @@ def test_excluded_from_sklearn_fit_xy_checks():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert RelevanceBasedRetriever().get_params()["n_support"] == 100
+
+
+# -- audit regressions: inputs made elsewhere -------------------------------------
+def test_pandas_items_and_queries_are_indexed_by_position():
+    """A DataFrame catalogue is indexed by row position (``df[i]`` is a column lookup)."""
+    pd = pytest.importorskip("pandas")
+    from mlpapers.retrieval.rbe import AdaCURRetriever
+
+    Q, I, f = _bilinear()
+    # a non-default row index: positional and label lookups differ
+    Qd = pd.DataFrame(Q, index=np.arange(len(Q)) * 7 + 3)
+    Id = pd.DataFrame(I, index=np.arange(len(I)) * 5 + 1)
+    fd = lambda q, i: f(q.to_numpy(), i.to_numpy())  # noqa: E731
+    for est, plain in [
+        (RelevanceBasedRetriever(fd, n_support=6, n_rerank=8, batch_size=16),
+         RelevanceBasedRetriever(f, n_support=6, n_rerank=8, batch_size=16)),
+        (AdaCURRetriever(fd, n_calls=6, n_rounds=2, random_state=0),
+         AdaCURRetriever(f, n_calls=6, n_rounds=2, random_state=0)),
+    ]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = est.fit(Qd.iloc[:50], Id).kneighbors(Qd.iloc[50:], 4)
+            ref = plain.fit(Q[:50], I).kneighbors(Q[50:], 4)
+        np.testing.assert_array_equal(got[1], ref[1])
+        np.testing.assert_allclose(got[0], ref[0])
+
+
+def test_complex_or_non_numeric_heavy_scores_are_rejected():
+    Q, I, f = _bilinear()
+    with pytest.raises(TypeError, match="complex"):
+        RelevanceBasedRetriever(lambda q, i: f(q, i) + 0j, n_support=3).fit(Q, I)
+    with pytest.raises(TypeError, match="real numeric array"):
+        RelevanceBasedRetriever(lambda q, i: None, n_support=3).fit(Q, I)
+
+
+@pytest.mark.parametrize("params", [dict(top_quantile="high"), dict(validation_fraction=None),
+                                    dict(top_quantile=1.0), dict(validation_fraction=-0.1)])
+def test_head_fraction_params_named_in_errors(params):
+    Q, I, f = _bilinear()
+    with pytest.raises(ValueError, match=next(iter(params))):
+        RelevanceBasedRetriever(f, n_support=3, head="mlp", **params).fit(Q, I)
+
+
+def test_hit_rate_counts_a_repeated_item_once_and_checks_indices():
+    R = np.random.default_rng(0).standard_normal((4, 10))
+    best = np.argsort(-R, axis=1)
+    assert hit_rate(R, best[:, :3]) == 1.0
+    # the true top-1 repeated three times is one hit of three, not three
+    assert hit_rate(R, np.repeat(best[:, :1], 3, axis=1)) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="outside"):
+        hit_rate(R, np.full((4, 3), 10))
+    with pytest.raises(ValueError, match="outside"):
+        hit_rate(R, np.full((4, 3), -1))
+    with pytest.raises(TypeError, match="integer"):
+        hit_rate(R, best[:, :3] + 0.5)
+
+
+def test_no_support_item_means_no_heavy_call_with_empty_items():
+    """Constant training relevance: greedy picks nothing; queries then cost no heavy call
+    (``relevance_fn`` is never called with an empty item list) and items rank by mean."""
+    Q, I, _ = _bilinear()
+    calls = []
+
+    def heavy(q, i):
+        calls.append(len(i))
+        assert len(i) > 0
+        return np.tile(np.arange(len(i), dtype=float), (len(q), 1))  # item j scores j
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est = RelevanceBasedRetriever(heavy, n_support=3).fit(list(Q[:20]), list(I))
+    assert [str(w.message)[:38] for w in caught] == ["greedy support selection stopped after"]
+    assert est.support_indices_.shape == (0,)
+    calls.clear()
+    idx = est.kneighbors(list(Q[20:25]), 3, return_distance=False)
+    assert calls == [] and est.n_calls_per_query_ == 0
+    np.testing.assert_array_equal(idx, np.tile([39, 38, 37], (5, 1)))

@@ -13,14 +13,14 @@ from sklearn.base import BaseEstimator
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
     ProgressLogger,
-    check_in_options,
     check_positive,
     to_numpy,
 )
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
 from mlpapers.retrieval.rbe._kernels import cur_query_weights
-from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, select_support
+from mlpapers.retrieval.rbe._selection import select_support
+from mlpapers.retrieval.rbe._validation import check_adacur_params
 
 __all__ = ["AdaCURRetriever", "AnnCURRetriever"]
 
@@ -215,20 +215,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         self.verbose = verbose
 
     def _check_params(self, n_items: int) -> None:
-        self._check_relevance_fn()
-        check_positive(self.n_calls, "n_calls", integer=True)
-        if self.n_calls > n_items:
-            raise ValueError(f"n_calls={self.n_calls} must be <= the number of items "
-                             f"({n_items}).")
-        check_positive(self.n_rounds, "n_rounds", integer=True)
-        if self.n_rounds > self.n_calls:
-            raise ValueError(f"n_rounds={self.n_rounds} must be <= n_calls={self.n_calls} "
-                             "(at least one heavy call per round).")
-        check_in_options(self.init, "init", SUPPORT_METHODS)
-        check_positive(self.ridge, "ridge", strict=False)
-        if self.rcond is not None:
-            check_positive(self.rcond, "rcond", strict=False)
-        check_positive(self.batch_size, "batch_size", integer=True)
+        check_adacur_params(self, n_items)
 
     def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
         """Store the anchor-query relevance and choose the first-round anchors.

@@ -35,7 +35,10 @@ def length(seq: Any, name: str) -> int:
 
 
 def take(seq: Any, idx: np.ndarray) -> Any:
-    """``seq[idx]`` for arrays/tensors, a list comprehension for other sequences."""
+    """``seq[idx]`` for arrays/tensors, positional rows of pandas objects, a list
+    comprehension for other sequences."""
+    if hasattr(seq, "iloc"):  # pandas DataFrame / Series: rows by position, not label
+        return seq.iloc[np.asarray(idx, dtype=np.int64)]
     if isinstance(seq, np.ndarray):
         return seq[idx]
     if isinstance(seq, torch.Tensor):
@@ -66,10 +69,15 @@ class HeavyRankerMixin:
         """One call of ``relevance_fn``, checked: ``-> float64 Tensor (n_q, n_i)``."""
         out = self.relevance_fn(queries, items)
         try:
-            t = torch.as_tensor(to_numpy(out), dtype=torch.float64)
+            arr = to_numpy(out)
+            if arr.dtype.kind == "c":
+                raise TypeError("complex scores")
+            t = torch.as_tensor(arr, dtype=torch.float64)
         except (TypeError, ValueError) as exc:
-            raise TypeError("relevance_fn must return a numeric array of shape "
-                            f"(n_queries, n_items), got {type(out).__name__}.") from exc
+            dtype = getattr(out, "dtype", None)
+            raise TypeError("relevance_fn must return a real numeric array of shape "
+                            f"(n_queries, n_items), got {type(out).__name__}"
+                            f"{'' if dtype is None else f' of dtype {dtype}'}.") from exc
         if tuple(t.shape) != (n_q, n_i):
             raise ValueError(f"relevance_fn returned shape {tuple(t.shape)}, expected "
                              f"(n_queries, n_items) = ({n_q}, {n_i}).")
@@ -80,6 +88,8 @@ class HeavyRankerMixin:
     def _heavy_chunked(self, queries: Any, items: Any, n_i: int) -> torch.Tensor:
         """All queries against the same items, in chunks of ``batch_size`` queries."""
         n, bs = len(queries), int(self.batch_size)
+        if n_i == 0:  # no support item (greedy found nothing to explain): no heavy call
+            return torch.zeros((n, 0), dtype=torch.float64, device=self._resolved_device)
         if n <= bs:
             return self._heavy(queries, items, n, n_i)
         parts = [self._heavy(take(queries, np.arange(s, min(s + bs, n))), items,

@@ -10,17 +10,15 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_in_options, check_positive, to_numpy
+from mlpapers._utils import check_positive, to_numpy
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
-from mlpapers.retrieval.rbe._heads import NeuralRBEHead, build_head, check_head_params, train_head
+from mlpapers.retrieval.rbe._heads import build_head, head_from_state, head_state, train_head
 from mlpapers.retrieval.rbe._kernels import fit_linear_embeddings, topk_scores
-from mlpapers.retrieval.rbe._selection import (
-    SUPPORT_METHODS,
-    check_support_indices,
-    select_support,
-)
+from mlpapers.retrieval.rbe._selection import check_support_indices, select_support
+from mlpapers.retrieval.rbe._validation import check_retriever_params
 
 __all__ = ["RelevanceBasedRetriever"]
+
 
 class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
     r"""Candidate retrieval with relevance-based embeddings (RBE).
@@ -197,24 +195,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     # -- validation --------------------------------------------------------------
     def _check_params(self, n_items: int) -> None:
-        self._check_relevance_fn()
-        check_positive(self.n_support, "n_support", integer=True)
-        if isinstance(self.support, str):
-            check_in_options(self.support, "support", SUPPORT_METHODS)
-            if self.n_support > n_items:
-                raise ValueError(f"n_support={self.n_support} must be <= the number of "
-                                 f"items ({n_items}).")
-        check_in_options(self.head, "head", ("linear", "mlp"))
-        check_positive(self.n_rerank, "n_rerank", strict=False, integer=True)
-        if self.n_rerank > n_items:
-            raise ValueError(f"n_rerank={self.n_rerank} must be <= the number of items "
-                             f"({n_items}).")
-        check_positive(self.ridge, "ridge", strict=False)
-        if self.rcond is not None:
-            check_positive(self.rcond, "rcond", strict=False)
-        check_positive(self.batch_size, "batch_size", integer=True)
-        if self.head == "mlp":
-            check_head_params(self)
+        check_retriever_params(self, n_items)
 
     # -- fitting -------------------------------------------------------------------
     def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
@@ -394,22 +375,13 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     def _get_state(self) -> dict[str, Any]:
         state = super()._get_state()
-        state["head_"] = None if self.head_ is None else {
-            "hidden": self.head_.hidden,
-            "state_dict": {k: v.detach().cpu() for k, v in self.head_.state_dict().items()},
-        }
+        state["head_"] = head_state(self.head_)
         return state
 
     def _set_state(self, state: dict[str, Any]) -> None:
         head = state.pop("head_", None)
         super()._set_state(state)
-        self.head_ = None
-        if head is not None:
-            sd = head["state_dict"]
-            mod = NeuralRBEHead(sd["embeddings"], sd["v"], sd["popularity"],
-                                sd["query_mean"], sd["query_scale"], int(head["hidden"]))
-            mod.load_state_dict(sd)
-            self.head_ = mod.to(self._resolved_device).eval()
+        self.head_ = head_from_state(head, self._resolved_device)
 
 
 def __getattr__(name: str):

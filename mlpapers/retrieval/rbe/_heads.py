@@ -7,10 +7,10 @@ import copy
 import torch
 from torch import nn
 
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive
+from mlpapers._utils import ProgressLogger
 from mlpapers.retrieval.rbe._kernels import hit_rate, softmax_signed_loss, topk_scores
 
-__all__ = ["NeuralRBEHead", "build_head", "check_head_params", "train_head"]
+__all__ = ["NeuralRBEHead", "build_head", "head_from_state", "head_state", "train_head"]
 
 
 def _tower(k: int, hidden: int) -> nn.Sequential:
@@ -86,18 +86,23 @@ class NeuralRBEHead(nn.Module):
         return s
 
 
-def check_head_params(est) -> None:
-    """Validate the neural-head parameters of a :class:`RelevanceBasedRetriever`."""
-    check_positive(est.mlp_hidden, "mlp_hidden", strict=False, integer=True)
-    check_in_options(est.loss, "loss", ("softmax_signed", "mse"))
-    check_positive(est.item_batch, "item_batch", integer=True)
-    check_positive(est.max_iter, "max_iter", strict=False, integer=True)
-    check_positive(est.lr, "lr")
-    check_positive(est.eval_every, "eval_every", integer=True)
-    if not 0.0 < est.top_quantile < 1.0:
-        raise ValueError(f"top_quantile must be in (0, 1), got {est.top_quantile!r}.")
-    if not 0.0 <= est.validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be in [0, 1), got {est.validation_fraction!r}.")
+def head_state(head: NeuralRBEHead | None) -> dict | None:
+    """A ``weights_only``-safe description of ``head`` (``None`` stays ``None``)."""
+    if head is None:
+        return None
+    return {"hidden": head.hidden,
+            "state_dict": {k: v.detach().cpu() for k, v in head.state_dict().items()}}
+
+
+def head_from_state(state: dict | None, device) -> NeuralRBEHead | None:
+    """Rebuild the head saved by :func:`head_state` on ``device``, in eval mode."""
+    if state is None:
+        return None
+    sd = state["state_dict"]
+    head = NeuralRBEHead(sd["embeddings"], sd["v"], sd["popularity"], sd["query_mean"],
+                         sd["query_scale"], int(state["hidden"]))
+    head.load_state_dict(sd)
+    return head.to(device).eval()
 
 
 def build_head(embeddings, offsets, popularity, U_fit: torch.Tensor, hidden: int, *,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from mlpapers._utils import check_positive, check_tensor
+from mlpapers._utils import check_positive, check_tensor, to_numpy
 
 __all__ = [
     "cur_query_weights",
@@ -61,7 +60,8 @@ def fit_linear_embeddings(
     n_q, k = R_sup.shape
     if standardize:
         mean = R_sup.mean(dim=0)
-        scale = R_sup.std(dim=0, correction=0)
+        # (no support column: greedy found nothing to explain; std would warn on 0 columns)
+        scale = R_sup.std(dim=0, correction=0) if k else R_sup.new_ones(0)
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         U = (R_sup - mean) / scale
         offsets = R.mean(dim=0)
@@ -176,8 +176,9 @@ def topk_scores(
 def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float:
     """HitRate@k: overlap of the predicted and the true top-``k`` item sets.
 
-    ``|pred[:, :k] ∩ top_k(true)| / k``, averaged over queries; the true top-``k``
-    uses a stable sort (ties broken by the lower item index).
+    ``|pred[:, :k] ∩ top_k(true)| / k``, averaged over queries (a predicted item
+    repeated in a row counts once); the true top-``k`` uses a stable sort (ties broken
+    by the lower item index).
 
     Parameters
     ----------
@@ -200,17 +201,23 @@ def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float
     0.5
     """
     T = check_tensor(true_scores, name="true_scores", dtype=torch.float64)
-    P = torch.as_tensor(np.asarray(pred_indices), dtype=torch.long)
+    P = torch.as_tensor(to_numpy(pred_indices))
+    if P.dtype == torch.bool or P.is_complex() or (
+            P.is_floating_point() and not bool((P == P.round()).all())):
+        raise TypeError(f"pred_indices must hold integer item indices, got {P.dtype} values.")
+    P = P.long()
     if P.ndim != 2 or P.shape[0] != T.shape[0]:
         raise ValueError(f"pred_indices must have shape ({T.shape[0]}, m), got {tuple(P.shape)}.")
     k = P.shape[1] if k is None else int(k)
     if not 1 <= k <= min(P.shape[1], T.shape[1]):
         raise ValueError(f"k must be in [1, {min(P.shape[1], T.shape[1])}], got {k}.")
+    if bool(((P[:, :k] < 0) | (P[:, :k] >= T.shape[1])).any()):
+        raise ValueError(f"pred_indices holds item indices outside [0, {T.shape[1]}).")
     true_top = torch.argsort(T, dim=1, descending=True, stable=True)[:, :k]
     mask = torch.zeros_like(T, dtype=torch.bool)
     mask.scatter_(1, true_top, True)
-    hits = torch.gather(mask, 1, P[:, :k])
-    return float(hits.double().sum(dim=1).mean() / k)
+    pred = torch.zeros_like(mask).scatter_(1, P[:, :k], True)  # a repeated item counts once
+    return float((mask & pred).double().sum(dim=1).mean() / k)
 
 
 def softmax_signed_loss(

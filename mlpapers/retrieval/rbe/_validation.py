@@ -1,0 +1,77 @@
+"""Hyper-parameter validation of the heavy-ranker retrievers (raised in ``fit``).
+
+Every check raises a ``ValueError`` or ``TypeError`` naming the parameter, before any
+heavy-ranker call is made.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from mlpapers._utils import check_in_options, check_positive
+from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS
+
+__all__ = ["check_adacur_params", "check_head_params", "check_retriever_params"]
+
+
+def _check_fraction(value: Any, name: str, *, low_open: bool) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok:
+        ok = (0.0 < value < 1.0) if low_open else (0.0 <= value < 1.0)
+    if not ok:
+        bounds = "(0, 1)" if low_open else "[0, 1)"
+        raise ValueError(f"{name} must be in {bounds}, got {value!r}.")
+
+
+def _check_solve(est) -> None:
+    check_positive(est.ridge, "ridge", strict=False)
+    if est.rcond is not None:
+        check_positive(est.rcond, "rcond", strict=False)
+    check_positive(est.batch_size, "batch_size", integer=True)
+
+
+def check_head_params(est) -> None:
+    """Validate the neural-head parameters of a :class:`RelevanceBasedRetriever`."""
+    check_positive(est.mlp_hidden, "mlp_hidden", strict=False, integer=True)
+    check_in_options(est.loss, "loss", ("softmax_signed", "mse"))
+    check_positive(est.item_batch, "item_batch", integer=True)
+    check_positive(est.max_iter, "max_iter", strict=False, integer=True)
+    check_positive(est.lr, "lr")
+    check_positive(est.eval_every, "eval_every", integer=True)
+    _check_fraction(est.top_quantile, "top_quantile", low_open=True)
+    _check_fraction(est.validation_fraction, "validation_fraction", low_open=False)
+
+
+def check_retriever_params(est, n_items: int) -> None:
+    """Validate a :class:`RelevanceBasedRetriever` (or AnnCUR) for ``n_items`` items."""
+    est._check_relevance_fn()
+    check_positive(est.n_support, "n_support", integer=True)
+    if isinstance(est.support, str):
+        check_in_options(est.support, "support", SUPPORT_METHODS)
+        if est.n_support > n_items:
+            raise ValueError(f"n_support={est.n_support} must be <= the number of "
+                             f"items ({n_items}).")
+    check_in_options(est.head, "head", ("linear", "mlp"))
+    check_positive(est.n_rerank, "n_rerank", strict=False, integer=True)
+    if est.n_rerank > n_items:
+        raise ValueError(f"n_rerank={est.n_rerank} must be <= the number of items "
+                         f"({n_items}).")
+    _check_solve(est)
+    if est.head == "mlp":
+        check_head_params(est)
+
+
+def check_adacur_params(est, n_items: int) -> None:
+    """Validate an :class:`AdaCURRetriever` for ``n_items`` items."""
+    est._check_relevance_fn()
+    check_positive(est.n_calls, "n_calls", integer=True)
+    if est.n_calls > n_items:
+        raise ValueError(f"n_calls={est.n_calls} must be <= the number of items "
+                         f"({n_items}).")
+    check_positive(est.n_rounds, "n_rounds", integer=True)
+    if est.n_rounds > est.n_calls:
+        raise ValueError(f"n_rounds={est.n_rounds} must be <= n_calls={est.n_calls} "
+                         "(at least one heavy call per round).")
+    check_in_options(est.init, "init", SUPPORT_METHODS)
+    _check_solve(est)
