@@ -11,8 +11,11 @@ installed, else the random-conv extractor. The last rows time the positional mat
 on precomputed features: the vectorised kernels against a straightforward
 per-position loop of the same math (the official code's structure), interleaved,
 minimum over repeats; "match" is the similarity maps alone, "score" adds retrieval,
-fusion, upsampling, blur and pooling. End-to-end times (with feature extraction) are
-the ``ms_per_image`` of the quality rows.
+fusion, upsampling, blur and pooling. Two settings: the small one of the quality rows
+(``k_images=20``, memory of 80 images, 16 test images) and the estimator defaults
+(224 px EfficientNet-Lite0 input, ``k_images=150``, memory of 160 images, 16 test
+images). End-to-end times (with feature extraction) are the ``ms_per_image`` of the
+quality rows.
 
 anomalib's ``Rad``/``Patchcore`` are not benchmarked: anomalib 2.7 imports
 torchvision (through timm/torchmetrics), whose only PyPI wheels for torch 2.13 are
@@ -39,13 +42,11 @@ from mlpapers.anomaly.rad._common import check_images
 from mlpapers.anomaly.rad._kernels import (
     gaussian_blur,
     l2_normalize,
-    neighbour_indices,
-    positional_patch_similarity,
     resize_maps,
     retrieve_neighbours,
-    tiled_patch_similarity,
     top_ratio_pool,
 )
+from mlpapers.anomaly.rad._matching import choose_matching, positional_similarity
 from mlpapers.datasets import make_texture_anomalies
 
 HAS_PRETRAINED = importlib.util.find_spec("efficientnet_lite_pytorch") is not None
@@ -98,11 +99,7 @@ def _loop_similarity(q, mem, nbrs, h, w, r) -> torch.Tensor:
     return s
 
 
-def _vectorised_similarity(q, mem, nbrs, h, w, r, matching, chunk_size) -> torch.Tensor:
-    if matching == "tiled":
-        return tiled_patch_similarity(q, mem, nbrs, (h, w), r, chunk_size=min(chunk_size, 2**20))
-    index, mask = neighbour_indices(h, w, r)
-    return positional_patch_similarity(q, mem, nbrs, index, mask, chunk_size)
+KERNELS = ("auto", "shared", "tiled", "gather")
 
 
 def _loop_reference_scores(det: RADDetector, feats, keys) -> tuple[np.ndarray, float]:
@@ -128,15 +125,20 @@ def _speed_study(det: RADDetector, feats, keys, repeats: int) -> dict:
     Runs are interleaved and the minimum over ``repeats`` is kept for each
     method, so that a load spike on the shared machine hits all methods alike.
     Returns milliseconds per test image for (a) the patch matching alone (every
-    layer's similarity map) and (b) scoring from features (retrieval, matching,
-    fusion, upsampling, blur, pooling), and the largest score differences.
+    layer's similarity map, all test images in one call) and (b) scoring from
+    features as the estimator does it (retrieval, grouping of the test images,
+    matching per ``batch_size`` batch, fusion, upsampling, blur, pooling), and the
+    largest differences to the loop.
     """
     n = len(keys)
     nbrs = retrieve_neighbours(keys, det.keys_, det.k_images)
     qs = [l2_normalize(f.flatten(2).transpose(1, 2)) for f in feats]
     layers = list(zip(qs, det.memory_, det.grid_shapes_))
     r = det.pos_radius
-    best: dict[str, float] = {}
+    best: dict[str, float] = {"union": float(torch.unique(nbrs).numel()),
+                              "k": float(nbrs.shape[1])}
+    best["auto_is_shared"] = float(all(choose_matching(nbrs, g, r) == "shared"
+                                       for g in det.grid_shapes_))
     sims: dict[str, list] = {}
     scores: dict[str, np.ndarray] = {}
 
@@ -147,25 +149,71 @@ def _speed_study(det: RADDetector, feats, keys, repeats: int) -> dict:
         t0 = time.perf_counter()
         sims["loop"] = [_loop_similarity(q, m, nbrs, h, w, r) for q, m, (h, w) in layers]
         record("match_loop", time.perf_counter() - t0)
-        for matching in ("tiled", "gather"):
+        for matching in KERNELS:
             t0 = time.perf_counter()
-            sims[matching] = [_vectorised_similarity(q, m, nbrs, h, w, r, matching,
-                                                     det.chunk_size) for q, m, (h, w) in layers]
+            sims[matching] = [positional_similarity(q, m, nbrs, (h, w), r, matching,
+                                                    det.chunk_size) for q, m, (h, w) in layers]
             record(f"match_{matching}", time.perf_counter() - t0)
         t0 = time.perf_counter()
         scores["loop"], _ = _loop_reference_scores(det, feats, keys)
         record("score_loop", time.perf_counter() - t0)
-        for matching in ("tiled", "gather"):
+        for matching in KERNELS:
             det.set_params(matching=matching)
             t0 = time.perf_counter()
             scores[matching] = det._score_features(feats, keys)[1].numpy()
             record(f"score_{matching}", time.perf_counter() - t0)
-    det.set_params(matching="tiled")
-    for matching in ("tiled", "gather"):
+    det.set_params(matching="auto")
+    for matching in KERNELS:
         best[f"sim_diff_{matching}"] = max(float((a - b).abs().max()) for a, b in
                                            zip(sims[matching], sims["loop"]))
         best[f"score_diff_{matching}"] = float(np.abs(scores[matching] - scores["loop"]).max())
     return best
+
+
+def _speed_cases(label: str, det: RADDetector, X_test, repeats: int) -> list[Case]:
+    """Cases reporting one speed study (run once, lazily, by the first of them)."""
+    imgs = check_images(X_test)
+    t0 = time.perf_counter()
+    feats, keys = det._extract(imgs, desc="bench")
+    extract_ms = 1000 * (time.perf_counter() - t0) / len(imgs)
+    study: dict[str, float] = {}
+
+    def speed(method):
+        if not study:
+            study.update(_speed_study(det, feats, keys, repeats=repeats))
+        out = {"match_ms_per_image": study[f"match_{method}"],
+               "score_ms_per_image": study[f"score_{method}"]}
+        if method == "loop":
+            out.update({"union_of_retrieved": study["union"], "k_images": study["k"],
+                        "auto_picks_shared": study["auto_is_shared"]})
+        else:
+            out.update({
+                "match_speedup_vs_loop": study["match_loop"] / study[f"match_{method}"],
+                "score_speedup_vs_loop": study["score_loop"] / study[f"score_{method}"],
+                "max_abs_diff_vs_loop": max(study[f"sim_diff_{method}"],
+                                            study[f"score_diff_{method}"])})
+        return out
+
+    names = {"loop": "per-position loop", "auto": "vectorised auto (default)",
+             "shared": "vectorised shared", "tiled": "vectorised tiled",
+             "gather": "vectorised gather"}
+    return ([Case(f"{label} feature extraction only", lambda: {"ms_per_image": extract_ms},
+                  warmup=0, repeats=1)]
+            + [Case(f"{label} matching: {names[m]}", lambda m=m: speed(m), warmup=0, repeats=1)
+               for m in ("loop", *KERNELS)])
+
+
+def _defaults_speed_cases(quick: bool) -> list[Case]:
+    """Speed study at the estimator defaults: 224 px EfficientNet-Lite0 (28x28x40 and
+    14x14x112 grids), ``k_images=150``, ``r=1``, a memory of 160 images, 16 test images
+    (quick: 40 memory images, ``k_images=30``, 4 test images)."""
+    n_mem, n_test, k = (40, 4, 30) if quick else (160, 16, 150)
+    X_train, X_test, _, _ = make_texture_anomalies(n_mem, n_test, image_size=64,
+                                                   random_state=1)
+    kw = ({"extractor": "efficientnet-lite0", "image_size": 224} if HAS_PRETRAINED
+          else {"extractor": "random", "image_size": 224})
+    det = RADDetector(k_images=k, pos_radius=1, **kw).fit(X_train)
+    return _speed_cases("RAD defaults", det, X_test, repeats=1 if quick else 5)
 
 
 def make_cases(quick: bool) -> list[Case]:
@@ -229,34 +277,9 @@ def make_cases(quick: bool) -> list[Case]:
     ]
 
     # speed: vectorised positional matching vs the per-position loop (same features)
-    det = rad().fit(X_train)
-    imgs = check_images(X_test[: (4 if quick else 16)])
-    t0 = time.perf_counter()
-    feats, keys = det._extract(imgs, desc="bench")
-    extract_ms = 1000 * (time.perf_counter() - t0) / len(imgs)
-    study: dict[str, float] = {}
-
-    def speed(method):
-        if not study:
-            study.update(_speed_study(det, feats, keys, repeats=2 if quick else 5))
-        out = {"match_ms_per_image": study[f"match_{method}"],
-               "score_ms_per_image": study[f"score_{method}"]}
-        if method != "loop":
-            out.update({
-                "match_speedup_vs_loop": study["match_loop"] / study[f"match_{method}"],
-                "score_speedup_vs_loop": study["score_loop"] / study[f"score_{method}"],
-                "max_abs_diff_vs_loop": max(study[f"sim_diff_{method}"],
-                                            study[f"score_diff_{method}"])})
-        return out
-
-    cases += [Case("RAD feature extraction only", lambda: {"ms_per_image": extract_ms},
-                   warmup=0, repeats=1),
-              Case("RAD matching: per-position loop", lambda: speed("loop"), warmup=0,
-                   repeats=1),
-              Case("RAD matching: vectorised tiled (default)", lambda: speed("tiled"),
-                   warmup=0, repeats=1),
-              Case("RAD matching: vectorised gather", lambda: speed("gather"), warmup=0,
-                   repeats=1)]
+    cases += _speed_cases("RAD", rad().fit(X_train), X_test[: (4 if quick else 16)],
+                          repeats=2 if quick else 5)
+    cases += _defaults_speed_cases(quick)
     return cases
 
 

@@ -18,13 +18,11 @@ from mlpapers.anomaly.rad._kernels import (
     greedy_coreset,
     knn_distances,
     l2_normalize,
-    neighbour_indices,
-    positional_patch_similarity,
     resize_maps,
     retrieve_neighbours,
-    tiled_patch_similarity,
     top_ratio_pool,
 )
+from mlpapers.anomaly.rad._matching import order_by_neighbours, positional_similarity
 
 __all__ = ["PatchCoreDetector", "RADDetector"]
 
@@ -81,17 +79,25 @@ class RADDetector(BaseImageDetector):
     memory_dtype : {"float32", "float16", "bfloat16"}, default="float32"
         Storage dtype of the patch memory (half precision halves its size;
         similarities are always computed in float32).
-    matching : {"tiled", "gather"}, default="tiled"
-        Kernel of the positional matching; both give the same scores.
-        ``"gather"`` gathers each position's ``k * (2r+1)^2`` window candidates
-        with padded neighbour indices and a mask and scores them with a batched
-        matmul (:func:`~mlpapers.anomaly.rad._kernels.positional_patch_similarity`);
+    matching : {"auto", "shared", "tiled", "gather"}, default="auto"
+        Kernel of the positional matching; all give the same scores (to float
+        rounding). ``"shared"`` scores a batch of test images against the union
+        of their retrieved images, one batched matmul per window row on a padded,
+        position-major layout of the memory, with the exact multiply-add count
+        and no gathered windows
+        (:func:`~mlpapers.anomaly.rad._matching.shared_patch_similarity`);
         ``"tiled"`` scores 4x4 tiles of positions against the ``(4+2r)^2``
-        candidate block of every retrieved image with dense matmuls, takes the
-        maximum over images first and picks the windows afterwards
-        (:func:`~mlpapers.anomaly.rad._kernels.tiled_patch_similarity`); it reads
-        each retrieved patch ``(4+2r)^2 / 16`` times instead of ``(2r+1)^2``
-        times and is several times faster on CPU.
+        candidate block of every retrieved image with dense matmuls
+        (:func:`~mlpapers.anomaly.rad._kernels.tiled_patch_similarity`);
+        ``"gather"`` gathers each position's ``k * (2r+1)^2`` window candidates
+        with padded neighbour indices and a mask
+        (:func:`~mlpapers.anomaly.rad._kernels.positional_patch_similarity`).
+        ``"auto"`` picks ``"shared"`` or ``"tiled"`` per scoring batch by a cost
+        rule (:func:`~mlpapers.anomaly.rad._matching.choose_matching`: shared
+        unless the batch's retrieved sets are nearly disjoint). Test images are
+        grouped by their nearest retrieved images before being cut into
+        batches, so that a batch's union stays small; scores are returned in
+        the input order.
     batch_size : int, default=16
         Images per extractor batch and per scoring batch.
     chunk_size : int, default=2**24
@@ -156,7 +162,7 @@ class RADDetector(BaseImageDetector):
 
     def __init__(self, *, extractor=None, k_images=150, pos_radius=1, layer_weights=None,
                  image_size=224, top_ratio=0.01, smoothing_sigma=1.0, blur_padding="zeros",
-                 contamination=0.1, memory_dtype="float32", matching="tiled", batch_size=16,
+                 contamination=0.1, memory_dtype="float32", matching="auto", batch_size=16,
                  chunk_size=2**24, device="cpu", random_state=None, verbose=0):
         self.extractor = extractor
         self.k_images = k_images
@@ -177,7 +183,7 @@ class RADDetector(BaseImageDetector):
 
     def _check_params(self) -> None:
         self._check_common_params()
-        check_in_options(self.matching, "matching", ("tiled", "gather"))
+        check_in_options(self.matching, "matching", ("auto", "shared", "tiled", "gather"))
         check_positive(self.k_images, "k_images", integer=True)
         if self.pos_radius is not None:
             check_positive(self.pos_radius, "pos_radius", integer=True, strict=False)
@@ -213,50 +219,54 @@ class RADDetector(BaseImageDetector):
         n = len(keys)
         if n < 2:
             return torch.zeros(n)
-        scores = []
-        for start in range(0, n, self.batch_size):
-            idx = torch.arange(start, min(start + self.batch_size, n), device=keys.device)
-            patches = [m[idx].float() for m in self.memory_]
-            scores.append(self._score_patches(patches, keys[idx], exclude=idx,
-                                              return_maps=False)[1])
-        return torch.cat(scores)
+        exclude = torch.arange(n, device=keys.device)
+        return self._score_all(self.memory_, keys, exclude=exclude, return_maps=False)[1]
 
     # -- scoring ----------------------------------------------------------------
-    def _score_patches(self, patches, keys, exclude=None, return_maps=True):
+    def _score_patches(self, patches, nbrs, return_maps=True):
+        """Maps and scores of one batch of images with retrieved ``nbrs`` (b, k)."""
         dev = self._resolved_device
-        memory = [m.to(dev) for m in self.memory_]
-        nbrs = retrieve_neighbours(keys.to(dev), self.keys_.to(dev), self.k_images,
-                                   exclude=None if exclude is None else exclude.to(dev))
         size = tuple(self.input_size_)
-        fused = torch.zeros(len(keys), *size, device=dev)
-        for q, mem, (h, w), wl in zip(patches, memory, self.grid_shapes_, self.layer_weights_):
+        fused = torch.zeros(len(nbrs), *size, device=dev)
+        for q, mem, (h, w), wl in zip(patches, self.memory_, self.grid_shapes_,
+                                      self.layer_weights_):
             if wl == 0:
                 continue
-            q = q.to(dev)
+            q, mem = q.to(dev).float(), mem.to(dev)
             if self.pos_radius is None:
                 sim = global_patch_similarity(q, mem, nbrs, self.chunk_size)
-            elif self.matching == "tiled":
-                # chunks of at most 2**20 values stay in cache (faster than larger ones)
-                sim = tiled_patch_similarity(q, mem, nbrs, (h, w), self.pos_radius,
-                                             chunk_size=min(self.chunk_size, 2**20))
             else:
-                index, mask = neighbour_indices(h, w, self.pos_radius, device=dev)
-                sim = positional_patch_similarity(q, mem, nbrs, index, mask, self.chunk_size)
-            s = (1.0 - sim).clamp_min(0.0).reshape(len(keys), h, w)
+                sim = positional_similarity(q, mem, nbrs, (h, w), self.pos_radius,
+                                            self.matching, self.chunk_size)
+            s = (1.0 - sim).clamp_min(0.0).reshape(len(nbrs), h, w)
             fused += float(wl) * resize_maps(s, size)
         maps = gaussian_blur(fused, float(self.smoothing_sigma), padding=self.blur_padding)
         scores = top_ratio_pool(maps, float(self.top_ratio))
         return (maps if return_maps else None), scores
 
-    def _score_features(self, feats, keys, exclude=None):
-        patches = self._patches(feats)
+    def _score_all(self, patches, keys, exclude=None, return_maps=True):
+        """Retrieve, group images by retrieved sets, score in batches, restore the order."""
+        dev = self._resolved_device
+        n, bs = len(keys), self.batch_size
+        mem_keys = self.keys_.to(dev)
+        nbrs = torch.cat([retrieve_neighbours(
+            keys[i:i + bs].to(dev), mem_keys, self.k_images,
+            exclude=None if exclude is None else exclude[i:i + bs].to(dev))
+            for i in range(0, n, bs)])
+        order = order_by_neighbours(nbrs)  # exact: every image is scored on its own
         maps, scores = [], []
-        for start in range(0, len(keys), self.batch_size):
-            sl = slice(start, start + self.batch_size)
-            m, s = self._score_patches([p[sl] for p in patches], keys[sl])
+        for start in range(0, n, bs):
+            idx = order[start:start + bs]
+            m, s = self._score_patches([p[idx.to(p.device)] for p in patches], nbrs[idx],
+                                       return_maps)
             maps.append(m)
             scores.append(s)
-        return torch.cat(maps), torch.cat(scores)
+        inverse = torch.argsort(order)
+        scores = torch.cat(scores)[inverse]
+        return (torch.cat(maps)[inverse] if return_maps else None), scores
+
+    def _score_features(self, feats, keys, exclude=None):
+        return self._score_all(self._patches(feats), keys, exclude=exclude)
 
     @property
     def memory_bytes_(self) -> int:
