@@ -12,9 +12,11 @@ Problems
   dual averaging in warm-up) with ``n_leapfrog=10`` or ``"auto"`` (the default: the
   ChEES-adapted trajectory length) as its note says. At d = 50 a second pair of rows uses
   ``n_leapfrog=5`` and a pair with ``mass="diag"`` show the sensitivity to the fixed
-  path length and to the mass matrix, and rows with 16 and 64 chains show what a batch of
-  chains buys (the peers run their chains one after the other, so their ESS/s does not
-  grow with the number of chains).
+  path length and to the mass matrix, and rows with 16, 64 and 256 chains show what a
+  batch of chains buys (the peers run their chains one after the other, so their ESS/s
+  does not grow with the number of chains; the logit transform batches too and gets
+  256-chain rows). The "analytic grad" rows pass the Gaussian's gradient as
+  ``grad_log_prob`` instead of using autograd (the same draws, bit for bit).
 * ``ill``: ``N(0, diag(s^2))`` with ``s`` from 0.05 to 1 truncated to ``[-2, 2]^20``,
   identity mass: fixed ``n_leapfrog=10`` versus ``"auto"`` (full run).
 * ``chains``: wall time of 1 versus 64 chains (d = 50 corner problem), and of 2 versus 64
@@ -27,11 +29,12 @@ Problems
 
 Columns: min bulk-ESS (deterministic for a seed), min bulk-ESS per 1000 gradient
 evaluations of our torch rows (warm-up included; deterministic, so independent of the
-machine's load), min bulk-ESS per second (the case's own wall time, warm-up included; the same
-rank-normalised estimator for every row), max R-hat, the worst KS statistic of the
-marginals against exact draws, acceptance rate, reflections per leapfrog step, kept
-fraction and, for NUTS, gradient evaluations per draw. PyMC's model is compiled once
-before the timed run (pytensor caches it on disk).
+machine's load), min bulk-ESS per second (the case's own wall time, warm-up included; the
+same rank-normalised estimator for every row), microseconds per leapfrog step of all
+chains (wall time over batched gradient calls, every overhead included), max R-hat, the
+worst KS statistic of the marginals against exact draws, acceptance rate, reflections per
+leapfrog step, kept fraction and, for NUTS, gradient evaluations per draw. PyMC's model
+is compiled once before the timed run (pytensor caches it on disk).
 
 * ``--sweep`` (alone): fixed ``n_leapfrog=10`` versus ``"auto"`` with 4 and 16 chains on
   the d = 50 corner, the badly scaled d = 20 target, the uniform 10-simplex and the
@@ -39,8 +42,12 @@ before the timed run (pytensor caches it on disk).
 * ``--seeds`` (alone): the same comparison in ESS/1k grad over 4 seeds with 2, 4 and 16
   chains (500 draws after 300 warm-up iterations), adding a correlated Gaussian and a
   von Mises-Fisher law on the sphere: median, min and max of the per-seed ratio.
+* ``--corner`` (alone): only the d = 50 corner table, the issue's goal.
+* ``--repeats N``: time every row N times (same seed, so the same draws) and keep the
+  median wall time; on a loaded machine single runs vary by up to 2x.
 
-Usage: ``python benchmarks/bench_rehmc.py [--quick | --sweep | --seeds] [--out results.json]``.
+Usage: ``python benchmarks/bench_rehmc.py [--quick | --sweep | --seeds | --corner]
+[--repeats N] [--out results.json]``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import numpy as np
 import torch
 from _harness import Case, environment, format_table, run_cases
 from scipy import stats
+from scipy.special import ndtr
 
 from mlpapers.sampling import (
     Ball,
@@ -80,6 +88,8 @@ def _metrics(draws, seconds, ks, res=None, grads=None):
            "max R-hat": float(np.nanmax(rhat_fn(draws))), "max KS": ks}
     if grads is not None:  # load-independent efficiency: gradients of warm-up + sampling
         out["ESS/1k grad"] = 1000.0 * min_ess / max(grads, 1)
+        # wall time per batched gradient call (= per leapfrog step, all overhead included)
+        out["us/step"] = 1e6 * seconds * draws.shape[0] / max(grads, 1)
     if res is not None:
         out.update({"accept": float(res.accept_rate.mean()),
                     "refl/step": res.reflections_per_step,
@@ -88,10 +98,20 @@ def _metrics(draws, seconds, ks, res=None, grads=None):
     return out
 
 
-def _timed(fn):
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
+REPEATS = [1]  # --repeats: timed runs per row (same seed, same draws); the median is kept
+
+
+def _timed(fn, *counters):
+    """Run ``fn`` ``REPEATS[0]`` times; return its (deterministic) output and the median
+    wall time. ``counters`` (:class:`_Counted`) are reset before each run."""
+    times = []
+    for _ in range(REPEATS[0]):
+        for c in counters:
+            c.n = 0
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return out, float(np.median(times))
 
 
 class _Counted:
@@ -188,33 +208,44 @@ def _peer_installed(name: str) -> bool:
 
 def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: int = 10,
                  variants: tuple[tuple[int, str], ...] = (),
-                 batches: tuple[tuple[int | str, int], ...] = ()) -> list[Case]:
+                 batches: tuple[tuple[int | str, int, bool], ...] = (),
+                 logit_batches: tuple[tuple[int | str, str, int], ...] = ()) -> list[Case]:
     """The corner problem; ``variants`` adds (n_leapfrog, mass) pairs of rows (ours and
-    the logit transform) besides the defaults, ``batches`` adds (n_leapfrog, n_chains)
-    rows of ours."""
+    the logit transform) besides the defaults, ``batches`` adds (n_leapfrog, n_chains,
+    analytic gradient) rows of ours and ``logit_batches`` (n_leapfrog, mass, n_chains)
+    rows of the logit transform."""
     mu, sd = 1.0, 0.5
     box = Box(np.zeros(d), np.ones(d))
 
     def log_prob(x):
         return -0.5 * (((x - mu) / sd) ** 2).sum(-1)
 
-    marg = stats.truncnorm(-mu / sd, (1 - mu) / sd, loc=mu, scale=sd)
+    def grad_log_prob(x):  # analytic; the operations autograd runs, so the same draws
+        return -((x - mu) / sd) / sd
 
-    def ks(draws):
-        flat = draws.reshape(-1, d)
-        return float(max(stats.kstest(flat[:, j], marg.cdf).statistic for j in range(d)))
+    lo_cdf, hi_cdf = ndtr(-mu / sd), ndtr((1 - mu) / sd)
+
+    def ks(draws):  # worst marginal KS statistic against truncnorm(mu, sd) on [0, 1]
+        flat = np.sort(draws.reshape(-1, d), axis=0)  # all marginals at once (256 chains)
+        cdf = (ndtr((flat - mu) / sd) - lo_cdf) / (hi_cdf - lo_cdf)
+        i = np.arange(1, len(flat) + 1)[:, None] / len(flat)
+        return float(max((i - cdf).max(), (cdf - (i - 1.0 / len(flat))).max()))
 
     x0 = np.full(d, 0.5)
 
     def kw(steps, mass="identity"):  # library defaults; each row adapts its own step size
         return dict(n_leapfrog=steps, mass=mass, target_accept=0.8, random_state=0)
 
-    def ours(steps, mass="identity", chains=4):
+    def ours(steps, mass="identity", chains=4, analytic=False):
         def fn():
-            lp = _Counted(log_prob)
-            res, t = _timed(lambda: ReflectiveHMC(lp, box, **kw(steps, mass)).sample(
-                n, x0=x0, warmup=warm, n_chains=chains))
-            return _metrics(res.samples, t, ks(res.samples), res, lp.n)
+            if analytic:  # count the gradient calls, not the end-of-trajectory log_prob
+                lp, grad = log_prob, _Counted(grad_log_prob)
+            else:
+                lp = grad = _Counted(log_prob)
+            res, t = _timed(lambda: ReflectiveHMC(
+                lp, box, grad_log_prob=grad if analytic else None, **kw(steps, mass)).sample(
+                n, x0=x0, warmup=warm, n_chains=chains), grad)
+            return _metrics(res.samples, t, ks(res.samples), res, grad.n)
         return fn
 
     def hard():
@@ -222,11 +253,11 @@ def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: i
                                                    **kw(n_leapfrog)))
         return _metrics(res.samples, t, ks(res.samples), res)
 
-    def logit(steps, mass="identity"):
+    def logit(steps, mass="identity", chains=4):
         def fn():
             lp = _Counted(log_prob)
             res, t = _timed(lambda: transform_hmc(lp, box, n, x0=x0, warmup=warm,
-                                                  **kw(steps, mass)))
+                                                  n_chains=chains, **kw(steps, mass)), lp)
             return _metrics(res.samples, t, ks(res.samples), res, lp.n)
         return fn
 
@@ -276,10 +307,17 @@ def corner_cases(d: int, n: int, warm: int, *, peers: bool = True, n_leapfrog: i
                        note=tag),
                   Case(f"HMC on logit transform {tag} d={d}", logit(steps, mass), warmup=0,
                        repeats=1, note=tag)]
-    for steps, chains in batches:
+    for steps, chains, analytic in batches:
         tag = "ChEES" if steps == "auto" else f"L={steps}"
-        cases.append(Case(f"ReflectiveHMC {tag}, {chains} chains d={d}",
-                          ours(steps, chains=chains), warmup=0, repeats=1,
+        grad = ", analytic grad" if analytic else ""
+        name = f"ReflectiveHMC {tag}{grad}" + (f", {chains} chains" if chains != 4 else "")
+        cases.append(Case(f"{name} d={d}", ours(steps, chains=chains, analytic=analytic),
+                          warmup=0, repeats=1, note=f"{chains} chains{grad}"))
+    for steps, mass, chains in logit_batches:  # the transform batches its chains too
+        tag = ("ChEES" if steps == "auto" else f"L={steps}") + (
+            "" if mass == "identity" else f" mass={mass}")
+        cases.append(Case(f"HMC on logit transform {tag}, {chains} chains d={d}",
+                          logit(steps, mass, chains), warmup=0, repeats=1,
                           note=f"{chains} chains"))
     if d <= 10:
         cases.append(Case(f"rejection sampling d={d}", rejection, warmup=0, repeats=1,
@@ -343,7 +381,7 @@ def ill_cases(n: int, warm: int) -> list[Case]:
             lp = _Counted(log_prob)
             res, t = _timed(lambda: ReflectiveHMC(lp, box, n_leapfrog=steps,
                                                   random_state=0).sample(n, x0=x0,
-                                                                         warmup=warm))
+                                                                         warmup=warm), lp)
             return _metrics(res.samples, t, ks(res.samples), res, lp.n)
         return fn
 
@@ -352,7 +390,7 @@ def ill_cases(n: int, warm: int) -> list[Case]:
     def logit():
         lp = _Counted(log_prob)
         res, t = _timed(lambda: transform_hmc(lp, box, n, x0=x0, warmup=warm,
-                                              n_leapfrog=10, random_state=0))
+                                              n_leapfrog=10, random_state=0), lp)
         return _metrics(res.samples, t, ks(res.samples), res, lp.n)
 
     return [Case("ReflectiveHMC", ours(10), warmup=0, repeats=1, note="L=10"),
@@ -377,7 +415,7 @@ def other_cases(n: int, warm: int) -> list[Case]:
         def fn():
             lp = _Counted(const)
             res, t = _timed(lambda: ReflectiveHMC(lp, simplex, n_leapfrog=steps,
-                                                  random_state=0).sample(n, warmup=warm))
+                                                  random_state=0).sample(n, warmup=warm), lp)
             return _metrics(res.samples, t, ks_simplex(res.samples), res, lp.n)
         return fn
 
@@ -398,7 +436,7 @@ def other_cases(n: int, warm: int) -> list[Case]:
             lp = _Counted(lambda x: -0.5 * (x**2).sum(-1))
             res, t = _timed(lambda: ReflectiveHMC(
                 lp, Ball([0.0, 0.0], 2.0), support=annulus,
-                n_leapfrog=steps, random_state=0).sample(n, warmup=warm))
+                n_leapfrog=steps, random_state=0).sample(n, warmup=warm), lp)
             r = np.linalg.norm(res.samples, axis=-1).ravel()
             return _metrics(res.samples, t, float(stats.kstest(r, radius_cdf).statistic), res,
                             lp.n)
@@ -449,7 +487,7 @@ def sweep_cases(n: int, warm: int) -> list[Case]:
             lp = _Counted(lp_fn)
             res, t = _timed(lambda: ReflectiveHMC(lp, cont, support=support,
                                                   n_leapfrog=steps, random_state=0).sample(
-                n, n_chains=chains, warmup=warm))
+                n, n_chains=chains, warmup=warm), lp)
             min_ess = float(np.nanmin(res.ess()))
             return {"min ESS": min_ess, "ESS/1k grad": 1000 * min_ess / lp.n,
                     "min ESS/s": min_ess / t, "max R-hat": float(np.nanmax(res.rhat())),
@@ -514,6 +552,16 @@ def seed_cases(n: int, warm: int, chains: tuple[int, ...] = (2, 4, 16),
             for name, (lp, cont, sup) in targets.items() for c in chains]
 
 
+# (n_leapfrog, n_chains, analytic gradient) rows of ours on the d = 50 corner, besides the
+# 4-chain defaults: chains in one batch, and the Gaussian's analytic gradient (no autograd)
+CORNER_BATCHES = ((10, 16, False), ("auto", 16, False), (10, 64, False), ("auto", 64, False),
+                  ("auto", 256, False), ("auto", 4, True), ("auto", 64, True),
+                  ("auto", 256, True))
+# (n_leapfrog, mass, n_chains): the logit transform's default and its best 4-chain setting,
+# batched like ours (the peers run their chains one after the other)
+CORNER_LOGIT_BATCHES = (("auto", "identity", 256), (10, "diag", 256))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -522,7 +570,12 @@ def main(argv=None):
                         help="only the fixed-versus-auto sweep behind the default")
     parser.add_argument("--seeds", action="store_true",
                         help="only the fixed-versus-auto comparison over 4 seeds")
+    parser.add_argument("--corner", action="store_true",
+                        help="only the d=50 corner table (the issue's goal)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timed runs per row (median wall time; the draws are the same)")
     args = parser.parse_args(argv)
+    REPEATS[0] = max(args.repeats, 1)
     torch.set_num_threads(1)
     q = args.quick
     if args.sweep:
@@ -533,12 +586,14 @@ def main(argv=None):
                            q, args.out)
     groups = [("Truncated Gaussian in a box corner, d=10", corner_cases(10, *(
         (300, 200) if q else (1000, 500)), peers=not q), "ReflectiveHMC d=10")]
+    corner50 = ("Truncated Gaussian in a box corner, d=50",
+                corner_cases(50, 1000, 500, variants=((5, "identity"), (10, "diag")),
+                             batches=CORNER_BATCHES, logit_batches=CORNER_LOGIT_BATCHES),
+                "ReflectiveHMC d=50")
+    if args.corner:
+        return _run_groups([corner50], q, args.out)
     if not q:
-        variants = ((5, "identity"), (10, "diag"))
-        batches = ((10, 16), ("auto", 16), (10, 64), ("auto", 64))
-        groups.append(("Truncated Gaussian in a box corner, d=50",
-                       corner_cases(50, 1000, 500, variants=variants, batches=batches),
-                       "ReflectiveHMC d=50"))
+        groups.append(corner50)
         groups.append(("Badly scaled truncated Gaussian, d=20", ill_cases(1000, 500),
                        "ReflectiveHMC"))
     groups.append(("Chains in one batch (d=50)", chain_cases(50, *((100, 100) if q else

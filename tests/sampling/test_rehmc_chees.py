@@ -137,9 +137,9 @@ def test_trajectory_length_is_frozen_after_warmup(monkeypatch):
     calls, updates = [], []
     real_transition, real_update = sampler_mod.hmc_transition, ChEESAdaptation.update
 
-    def spy_transition(x, logp, grad, step, n, *args):
+    def spy_transition(x, logp, grad, step, n, *args, **kw):
         calls.append((step.clone(), n))
-        return real_transition(x, logp, grad, step, n, *args)
+        return real_transition(x, logp, grad, step, n, *args, **kw)
 
     def spy_update(self, *args):
         updates.append(args)
@@ -172,9 +172,9 @@ def test_post_warmup_step_counts_depend_only_on_halton_points(monkeypatch):
         points.append((k, shift, u))
         return u
 
-    def spy_transition(x, logp, grad, step, n, *args):
+    def spy_transition(x, logp, grad, step, n, *args, **kw):
         counts.append(n)
-        return real_transition(x, logp, grad, step, n, *args)
+        return real_transition(x, logp, grad, step, n, *args, **kw)
 
     monkeypatch.setattr(sampler_mod, "halton", spy_halton)
     monkeypatch.setattr(sampler_mod, "hmc_transition", spy_transition)

@@ -115,8 +115,9 @@ def mass_windows(warmup: int) -> list[tuple[int, int]]:
 
 def find_reasonable_step_size(
     x: torch.Tensor, logp: torch.Tensor, grad: torch.Tensor, log_prob, container,
-    inv_mass: torch.Tensor, max_reflections: int, gen: torch.Generator,
-    init: torch.Tensor, max_step: float = float("inf"), max_iter: int = 30,
+    inv_mass: torch.Tensor | None, max_reflections: int, gen: torch.Generator,
+    init: torch.Tensor, max_step: float = float("inf"), max_iter: int = 30, *,
+    grad_log_prob=None,
 ) -> torch.Tensor:
     """Hoffman & Gelman's heuristic, per chain: double or halve until one step's
     acceptance probability crosses 1/2.
@@ -129,6 +130,8 @@ def find_reasonable_step_size(
         Starting step sizes.
     max_step : float
         Upper bound (reflections make a constant density accept every step).
+    inv_mass, grad_log_prob
+        As in :func:`~mlpapers.sampling.rehmc._kernels.reflective_leapfrog`.
 
     Returns
     -------
@@ -141,9 +144,10 @@ def find_reasonable_step_size(
     log_half = math.log(0.5)
     for _ in range(max_iter):
         z = torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x)
-        p = z / inv_mass.expand_as(x).sqrt()
+        p = z if inv_mass is None else z / inv_mass.expand_as(x).sqrt()
         _, p1, lp1, _, _, capped = reflective_leapfrog(
-            x, p, logp, grad, eps, 1, log_prob, container, inv_mass, max_reflections)
+            x, p, logp, grad, eps, 1, log_prob, container, inv_mass, max_reflections,
+            grad_log_prob=grad_log_prob)
         dh = (-logp + kinetic_energy(p, inv_mass)) - (-lp1 + kinetic_energy(p1, inv_mass))
         dh = torch.where(capped | torch.isnan(dh), torch.full_like(dh, -float("inf")), dh)
         if direction is None:

@@ -91,18 +91,17 @@ def chees_gradient(x0: torch.Tensor, x1: torch.Tensor, v1: torch.Tensor, t: torc
         ``a_c > 1e-4`` and a finite ``g_c`` (0 when none is left). The proposal
         mean :math:`\bar x'` is weighted by ``a_c`` as in TFP.
     """
-    a = torch.where(divergent, torch.zeros_like(accept_prob), accept_prob).to(x1.dtype)
-    ok_x = torch.isfinite(x1).all(-1) & torch.isfinite(v1).all(-1)
-    a = torch.where(ok_x, a, torch.zeros_like(a))
-    x1s = torch.where(ok_x[:, None], x1, torch.zeros_like(x1))
+    bad_x = ~(torch.isfinite(x1).all(-1) & torch.isfinite(v1).all(-1))
+    a = accept_prob.to(x1.dtype).masked_fill(divergent | bad_x, 0.0)
+    x1s = x1.masked_fill(bad_x[:, None], 0.0)
     c1 = (a[:, None] * x1s).sum(0) / (a.sum() + 1e-20)
     c0 = x0.mean(0)
     d1, d0 = x1s - c1, x0 - c0
-    g = t * ((d1 * d1).sum(-1) - (d0 * d0).sum(-1)) * (d1 * torch.where(
-        ok_x[:, None], v1, torch.zeros_like(v1))).sum(-1)
-    use = (a > 1e-4) & torch.isfinite(g)
-    g = torch.where(use, g, torch.zeros_like(g))
-    w = torch.where(use, a, torch.zeros_like(a))
+    g = t * ((d1 * d1).sum(-1) - (d0 * d0).sum(-1)) * (
+        d1 * v1.masked_fill(bad_x[:, None], 0.0)).sum(-1)
+    skip = ~((a > 1e-4) & torch.isfinite(g))
+    g = g.masked_fill(skip, 0.0)
+    w = a.masked_fill(skip, 0.0)
     return float((w * g).sum() / (w.sum() + 1e-20))
 
 

@@ -1,9 +1,14 @@
 """Reflected leapfrog and the Metropolis step of reflective HMC (pure torch).
 
 Shapes: ``C`` chains, ``d`` dimensions. Positions ``x`` and momenta ``p`` are
-``(C, d)``; the inverse mass ``inv_mass`` is a diagonal, ``(d,)`` or ``(C, d)``;
-velocities are ``v = inv_mass * p``. The Hamiltonian is
-``H(x, p) = -log pi(x) + p^T M^{-1} p / 2``.
+``(C, d)``; the inverse mass ``inv_mass`` is a diagonal, ``(d,)`` or ``(C, d)``, or
+``None`` for the identity (which skips the multiplications by one: the results
+are bit-identical to ``torch.ones(d)``); velocities are ``v = inv_mass * p``.
+The Hamiltonian is ``H(x, p) = -log pi(x) + p^T M^{-1} p / 2``.
+
+Gradients come from autograd (one ``log_prob`` + backward call per leapfrog
+step), or from a user-supplied ``grad_log_prob``: then intermediate steps call
+only the gradient and ``log_prob`` runs once per trajectory, at its end.
 
 The drift follows the exact billiard flow inside the convex container: it is
 split at the first boundary hit (global minimum over faces, recomputed after
@@ -18,6 +23,7 @@ Trajectories that exceed ``max_reflections`` in one drift are flagged
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -25,59 +31,97 @@ import torch
 from mlpapers.sampling.rehmc._supports import ConvexContainer
 
 __all__ = [
+    "grad_only",
     "hmc_transition",
     "kinetic_energy",
     "log_prob_and_grad",
     "reflect_momentum",
     "reflected_drift",
     "reflective_leapfrog",
+    "velocity",
 ]
 
 Tensor = torch.Tensor
 LogProb = Callable[[Tensor], Tensor]
+GradLogProb = Callable[[Tensor], Tensor]
 
 
-def kinetic_energy(p: Tensor, inv_mass: Tensor) -> Tensor:
+def velocity(p: Tensor, inv_mass: Tensor | None) -> Tensor:
+    """``M^{-1} p`` of ``(C, d)`` momenta (``p`` itself for the identity, ``None``)."""
+    return p if inv_mass is None else inv_mass * p
+
+
+def kinetic_energy(p: Tensor, inv_mass: Tensor | None) -> Tensor:
     """``p^T M^{-1} p / 2`` of ``(C, d)`` momenta -> ``(C,)``."""
-    return 0.5 * (p * p * inv_mass).sum(-1)
+    pp = p * p
+    return 0.5 * (pp if inv_mass is None else pp * inv_mass).sum(-1)
 
 
-def reflect_momentum(p: Tensor, normal: Tensor, inv_mass: Tensor) -> Tensor:
+def reflect_momentum(p: Tensor, normal: Tensor, inv_mass: Tensor | None) -> Tensor:
     """Reflect ``(C, d)`` momenta about unit ``(C, d)`` normals in the ``M^{-1}`` metric.
 
     Returns ``p - 2 (n^T M^{-1} p) / (n^T M^{-1} n) n``: the kinetic energy is
     unchanged and the normal velocity ``n . M^{-1} p`` changes sign.
     """
-    mn = inv_mass * normal
+    mn = velocity(normal, inv_mass)
     coef = (p * mn).sum(-1) / (normal * mn).sum(-1)
     return p - 2.0 * coef[:, None] * normal
 
 
-def log_prob_and_grad(log_prob: LogProb, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Evaluate ``log_prob`` on ``(C, d)`` points and its gradient by autograd.
+def _shape_error(name: str, expected: tuple, x: Tensor, got) -> ValueError:
+    shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+    return ValueError(f"{name} must return a tensor of shape {expected} for a "
+                      f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.")
+
+
+def grad_only(grad_log_prob: GradLogProb, x: Tensor) -> Tensor:
+    """Call a user-supplied ``grad_log_prob`` on ``(C, d)`` points; check its ``(C, d)`` shape.
+
+    Raises
+    ------
+    ValueError
+        If the result is not a tensor of the shape of ``x``.
+    """
+    g = grad_log_prob(x)
+    if not isinstance(g, torch.Tensor) or g.shape != x.shape:
+        raise _shape_error("grad_log_prob", tuple(x.shape), x, g)
+    if g.requires_grad:
+        g = g.detach()
+    return g if g.dtype == x.dtype else g.to(x.dtype)
+
+
+def log_prob_and_grad(log_prob: LogProb, x: Tensor,
+                      grad_log_prob: GradLogProb | None = None) -> tuple[Tensor, Tensor]:
+    """Evaluate ``log_prob`` on ``(C, d)`` points and its gradient.
+
+    The gradient comes from ``grad_log_prob`` when given (``log_prob`` then runs
+    under :func:`torch.no_grad`), else from one autograd backward pass.
 
     Returns
     -------
     logp : torch.Tensor of shape (C,)
     grad : torch.Tensor of shape (C, d)
     """
+    if grad_log_prob is not None:
+        with torch.no_grad():
+            lp = log_prob(x)
+        if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
+            raise _shape_error("log_prob", (x.shape[0],), x, lp)
+        return lp.to(x.dtype), grad_only(grad_log_prob, x)
     with torch.enable_grad():
         xr = x.detach().requires_grad_(True)
         lp = log_prob(xr)
         if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
-            shape = tuple(lp.shape) if isinstance(lp, torch.Tensor) else type(lp).__name__
-            raise ValueError(
-                f"log_prob must return a tensor of shape ({x.shape[0]},) for a "
-                f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.")
+            raise _shape_error("log_prob", (x.shape[0],), x, lp)
         if lp.requires_grad:
-            (grad,) = torch.autograd.grad(lp.sum(), xr)
+            (grad,) = torch.autograd.grad(lp, xr, torch.ones_like(lp))  # no sum node
         else:  # constant density
             grad = torch.zeros_like(x)
     return lp.detach().to(x.dtype), grad.detach()
 
 
 def reflected_drift(
-    x: Tensor, p: Tensor, tau: Tensor, container: ConvexContainer, inv_mass: Tensor,
+    x: Tensor, p: Tensor, tau: Tensor, container: ConvexContainer, inv_mass: Tensor | None,
     max_reflections: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Exact billiard drift for times ``tau`` inside ``container``.
@@ -88,7 +132,7 @@ def reflected_drift(
     tau : torch.Tensor of shape (C,)
         Drift time per chain (``0`` leaves a chain unchanged).
     container : ConvexContainer
-    inv_mass : torch.Tensor of shape (d,) or (C, d)
+    inv_mass : torch.Tensor of shape (d,) or (C, d), or None (identity)
     max_reflections : int
         Chains needing more reflections stop and are flagged ``capped``.
 
@@ -100,11 +144,11 @@ def reflected_drift(
     """
     fold = getattr(container, "fold", None)
     if fold is not None:  # closed form (a box: independent 1-D bounces; or no boundary)
-        x_new, flipped, n_ref = fold(x, inv_mass * p, tau)
+        x_new, flipped, n_ref = fold(x, velocity(p, inv_mass), tau)
         if flipped is not None:
             p = torch.where(flipped, -p, p)
         return x_new, p, n_ref, n_ref > max_reflections
-    inv_mass = inv_mass.expand_as(p)
+    inv_mass = None if inv_mass is None else inv_mass.expand_as(p)
     C = x.shape[0]
     n_ref = torch.zeros(C, dtype=torch.long, device=x.device)
     capped = torch.zeros(C, dtype=torch.bool, device=x.device)
@@ -114,7 +158,7 @@ def reflected_drift(
     # Masked loop over all chains: a finished chain has remaining time 0, so it drifts
     # for time 0, never bounces and keeps its momentum.
     while bool(active.any()):
-        v = inv_mass * p
+        v = velocity(p, inv_mass)
         t, normal, face = container.hit(x, v, remaining, exclude)
         bounce = active & (t < remaining)
         x = torch.addcmul(x, torch.where(bounce, t, remaining)[:, None], v)
@@ -130,7 +174,8 @@ def reflected_drift(
 
 def reflective_leapfrog(
     x: Tensor, p: Tensor, logp: Tensor, grad: Tensor, step_size: Tensor, n_steps: int,
-    log_prob: LogProb, container: ConvexContainer, inv_mass: Tensor, max_reflections: int,
+    log_prob: LogProb, container: ConvexContainer, inv_mass: Tensor | None,
+    max_reflections: int, *, grad_log_prob: GradLogProb | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``n_steps`` reflected leapfrog steps (kick, billiard drift, kick).
 
@@ -143,9 +188,13 @@ def reflective_leapfrog(
     n_steps : int
     log_prob : callable ``(C, d) -> (C,)``
     container : ConvexContainer
-    inv_mass : torch.Tensor of shape (d,) or (C, d)
+    inv_mass : torch.Tensor of shape (d,) or (C, d), or None (identity)
     max_reflections : int
         Per-drift cap; a capped chain stops moving and is flagged.
+    grad_log_prob : callable ``(C, d) -> (C, d)``, optional
+        Gradient of ``log_prob``; without it autograd differentiates ``log_prob``
+        at every step. With it ``log_prob`` is evaluated (under
+        :func:`torch.no_grad`) at the end point only.
 
     Returns
     -------
@@ -160,21 +209,26 @@ def reflective_leapfrog(
     n_ref = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
     capped = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     p = torch.addcmul(p, half_h, grad)  # first half kick
+    last = n_steps - 1
     for i in range(n_steps):
         tau = step_size.masked_fill(capped, 0.0)
         x, p, nr, cap = reflected_drift(x, p, tau, container, inv_mass, max_reflections)
         n_ref += nr
         capped |= cap
-        logp, grad = log_prob_and_grad(log_prob, x)
+        if i < last and grad_log_prob is not None:  # the value is needed at the end only
+            grad = grad_only(grad_log_prob, x)
+        else:
+            logp, grad = log_prob_and_grad(log_prob, x, grad_log_prob)
         # the closing half kick of this step and the opening one of the next, fused
-        p = torch.addcmul(p, h if i < n_steps - 1 else half_h, grad)
+        p = torch.addcmul(p, h if i < last else half_h, grad)
     return x, p, logp, grad, n_ref, capped
 
 
 def hmc_transition(
     x: Tensor, logp: Tensor, grad: Tensor, step_size: Tensor, n_steps: int,
-    log_prob: LogProb, container: ConvexContainer, inv_mass: Tensor, max_reflections: int,
-    gen: torch.Generator, max_energy_error: float = 1000.0,
+    log_prob: LogProb, container: ConvexContainer, inv_mass: Tensor | None,
+    max_reflections: int, gen: torch.Generator, max_energy_error: float = 1000.0, *,
+    grad_log_prob: GradLogProb | None = None,
 ) -> dict[str, Tensor]:
     """One reflective-HMC Metropolis transition for every chain.
 
@@ -191,6 +245,8 @@ def hmc_transition(
     step_size : torch.Tensor of shape (C,)
     n_steps : int
         Leapfrog steps (the same for all chains: they run in lockstep).
+    log_prob, container, inv_mass, max_reflections, grad_log_prob
+        As in :func:`reflective_leapfrog`.
     gen : torch.Generator
         CPU generator for the momenta and the uniform draws.
 
@@ -204,14 +260,16 @@ def hmc_transition(
     """
     C, d = x.shape
     z = torch.randn(C, d, generator=gen, dtype=torch.float64).to(x)
-    p0 = z / inv_mass.expand_as(x).sqrt()
-    h0 = -logp + kinetic_energy(p0, inv_mass)
+    p0 = z if inv_mass is None else z / inv_mass.expand_as(x).sqrt()
+    h0 = kinetic_energy(p0, inv_mass) - logp  # == -logp + K exactly (IEEE), one op less
     x1, p1, lp1, g1, n_ref, capped = reflective_leapfrog(
-        x, p0, logp, grad, step_size, n_steps, log_prob, container, inv_mass, max_reflections)
-    h1 = -lp1 + kinetic_energy(p1, inv_mass)
-    dh = h0 - h1
-    divergent = capped | ~torch.isfinite(dh) | (dh < -max_energy_error)
-    accept_prob = torch.where(divergent, torch.zeros_like(dh), torch.exp(dh.clamp_max(0.0)))
+        x, p0, logp, grad, step_size, n_steps, log_prob, container, inv_mass, max_reflections,
+        grad_log_prob=grad_log_prob)
+    h1 = kinetic_energy(p1, inv_mass) - lp1
+    # a non-finite energy change (NaN, or +-inf) becomes -inf: divergent, never accepted
+    dh = (h0 - h1).nan_to_num_(nan=-math.inf, posinf=-math.inf, neginf=-math.inf)
+    divergent = capped | (dh < -max_energy_error)
+    accept_prob = torch.exp(dh.clamp_max(0.0)).masked_fill_(divergent, 0.0)
     u = torch.rand(C, generator=gen, dtype=torch.float64).to(x)
     accepted = u < accept_prob
     a = accepted[:, None]
@@ -224,5 +282,5 @@ def hmc_transition(
         "n_reflections": n_ref,
         "divergent": divergent,
         "proposal": x1,
-        "velocity": inv_mass * p1,
+        "velocity": velocity(p1, inv_mass),
     }

@@ -1,4 +1,7 @@
-"""``ReflectiveHMC``: the sampler shell (validation, warm-up, thinning, diagnostics)."""
+"""``ReflectiveHMC``: the sampler shell (validation, the sampling loop, thinning, results).
+
+The warm-up adaptation lives in :mod:`._warmup`, the kernels in :mod:`._kernels`.
+"""
 
 from __future__ import annotations
 
@@ -19,21 +22,15 @@ from mlpapers._utils import (
     resolve_dtype,
     to_numpy,
 )
-from mlpapers.sampling.rehmc._adapt import (
-    DualAveraging,
-    WelfordVariance,
-    find_reasonable_step_size,
-    initial_buffer,
-    mass_windows,
-)
-from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient, halton
+from mlpapers.sampling.rehmc._adapt import find_reasonable_step_size
+from mlpapers.sampling.rehmc._chees import halton
 from mlpapers.sampling.rehmc._kernels import hmc_transition, log_prob_and_grad
 from mlpapers.sampling.rehmc._result import SampleResult
 from mlpapers.sampling.rehmc._supports import ConvexContainer, Region
+from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points
 
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
-MAX_LEAPFROG = 1000  # cap of leapfrog steps per transition with n_leapfrog="auto" (as TFP)
 FALLBACK_LEAPFROG = 10  # n_leapfrog used by "auto" with a single chain (ChEES needs 2+)
 
 
@@ -51,17 +48,28 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     finite on all of ``K``.
 
     All chains move together as ``(chains, d)`` tensors: one batched
-    ``log_prob`` + autograd call per leapfrog step and a masked reflection
-    loop across chains (a closed-form fold for a :class:`Box`).
+    ``log_prob`` + autograd call (or one ``grad_log_prob`` call) per leapfrog
+    step and a masked reflection loop across chains (a closed-form fold for a
+    :class:`Box`).
 
     Parameters
     ----------
     log_prob : callable
         Unnormalised log density ``(chains, d) -> (chains,)``, differentiable
-        by autograd.
+        by autograd (unless ``grad_log_prob`` is given).
     container : ConvexContainer
         :class:`Box`, :class:`Polytope`, :class:`Ball`, :class:`Ellipsoid` or
         :class:`ConvexSet`; trajectories reflect off its boundary.
+    grad_log_prob : callable, optional
+        Gradient of ``log_prob``, ``(chains, d) -> (chains, d)``, replacing
+        autograd: leapfrog steps call only ``grad_log_prob`` and ``log_prob``
+        runs once per trajectory, at its end (under :func:`torch.no_grad`).
+        This saves the autograd cost, about half of a step on small targets;
+        the draws equal autograd's when both gradients agree bit for bit. It
+        must return a tensor of the input's shape (else ``ValueError``). It is
+        not checked against ``log_prob``: a wrong gradient keeps the chain
+        exact (the kicks stay volume-preserving shears and the Metropolis test
+        uses ``log_prob``) but lowers the acceptance rate.
     support : Region or ConvexContainer, optional
         The support ``S`` inside ``container``; draws outside are discarded.
     step_size : "auto" or float, default="auto"
@@ -144,13 +152,14 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     """
 
     def __init__(self, log_prob: Callable | None = None, container: ConvexContainer | None = None,
-                 *, support=None, step_size="auto", n_leapfrog: int | str = "auto",
-                 mass: str = "identity",
+                 *, grad_log_prob: Callable | None = None, support=None, step_size="auto",
+                 n_leapfrog: int | str = "auto", mass: str = "identity",
                  target_accept: float = 0.8, max_reflections: int | None = None,
                  jitter: bool | float = True, dtype=torch.float64, device="cpu",
                  random_state=None, verbose: int = 0):
         self.log_prob = log_prob
         self.container = container
+        self.grad_log_prob = grad_log_prob
         self.support = support
         self.step_size = step_size
         self.n_leapfrog = n_leapfrog
@@ -172,6 +181,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     def _check_params(self) -> None:
         if not callable(self.log_prob):
             raise TypeError(f"log_prob must be callable, got {self.log_prob!r}.")
+        if self.grad_log_prob is not None and not callable(self.grad_log_prob):
+            raise TypeError(f"grad_log_prob must be callable or None, "
+                            f"got {self.grad_log_prob!r}.")
         if not isinstance(self.container, ConvexContainer):
             raise TypeError("container must be a ConvexContainer (Box, Polytope, Ball, "
                             f"Ellipsoid or ConvexSet), got {self.container!r}.")
@@ -197,40 +209,6 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             check_positive(self.jitter, "jitter", strict=False)
             if self.jitter >= 1:
                 raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}.")
-
-    def _in_support(self, x: torch.Tensor) -> torch.Tensor:
-        if self.support is None:
-            return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-        return self.support.contains(x)
-
-    def _initial_points(self, x0, n_chains: int, dtype, device) -> torch.Tensor:
-        d = self.container.dim
-        if x0 is None:
-            x = self.container.random_interior(n_chains, self._torch_gen)
-            x = x.to(dtype=dtype, device=device)
-            for _ in range(200):  # re-draw chains that start outside S
-                bad = ~(self._in_support(x) & self.container.contains(x))
-                if not bool(bad.any()):
-                    return x
-                new = self.container.random_interior(n_chains, self._torch_gen)
-                x = torch.where(bad[:, None], new.to(x), x)
-            raise ValueError("could not find starting points in the support; pass x0.")
-        x = torch.as_tensor(to_numpy(x0) if isinstance(x0, torch.Tensor) else np.asarray(
-            x0, dtype=np.float64)).to(dtype=dtype, device=device)
-        if x.ndim == 1:
-            x = x.expand(n_chains, -1).clone()
-        if x.ndim != 2 or x.shape[1] != d:
-            raise ValueError(f"x0 must have shape ({d},) or ({n_chains}, {d}) to match the "
-                             f"container dimension, got {tuple(x.shape)}.")
-        if x.shape[0] != n_chains:
-            raise ValueError(f"x0 has {x.shape[0]} rows but n_chains={n_chains}.")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError("x0 must be finite (no NaN or inf).")
-        if not bool(self.container.contains(x).all()):
-            raise ValueError("x0 lies outside the container.")
-        if not bool(self._in_support(x).all()):
-            raise ValueError("x0 lies outside the support.")
-        return x
 
     # -- sampling ------------------------------------------------------------
     def sample(self, n_samples: int, x0=None, *, n_chains: int = 4, warmup: int = 1000,
@@ -278,49 +256,48 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         auto_len = isinstance(n_leapfrog, str)
         jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
 
-        x = self._initial_points(x0, n_chains, dtype, dev)
-        logp, grad = log_prob_and_grad(self.log_prob, x)
+        x = initial_points(self.container, self.support, x0, n_chains, dtype, dev,
+                           self._torch_gen)
+        glp = self.grad_log_prob
+        logp, grad = log_prob_and_grad(self.log_prob, x, glp)
         if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
             raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
-        inv_mass = torch.ones(d, dtype=dtype, device=dev)
+
+        def find_step(x, logp, grad, inv_mass, init, cap):  # doubling heuristic
+            return find_reasonable_step_size(x, logp, grad, self.log_prob, self.container,
+                                             inv_mass, max_refl, gen, init, cap,
+                                             grad_log_prob=glp)
+
+        ones = torch.ones(d, dtype=dtype, device=dev)
         width = self.container.width()
-
-        def max_step(im):
-            return width / math.sqrt(float(im.sum()))
-
         adapt = isinstance(self.step_size, str)
         if adapt:
-            eps = find_reasonable_step_size(
-                x, logp, grad, self.log_prob, self.container, inv_mass, max_refl, gen,
-                torch.ones(n_chains, dtype=dtype, device=dev), max_step(inv_mass))
-            da = DualAveraging(eps, float(self.target_accept))
+            eps = find_step(x, logp, grad, None, torch.ones(n_chains, dtype=dtype, device=dev),
+                            width / math.sqrt(d))
         else:
             eps = torch.full((n_chains,), float(self.step_size), dtype=dtype, device=dev)
-        windows = mass_windows(warmup) if self.mass == "diag" else []
-        welford = WelfordVariance(d, dtype, dev)
-        if auto_len:  # ChEES: T starts at one step, adapted in warm-up only
-            chees = ChEESAdaptation(float(eps.mean()))
-            chees_restart = initial_buffer(warmup)
-            traj = chees.trajectory_length
+        warm = Warmup(warmup, eps, ones, adapt_step=adapt, target_accept=float(self.target_accept),
+                      diag_mass=self.mass == "diag", auto_length=auto_len, width=width,
+                      find_step=find_step)
+        if auto_len:  # rotation of the Halton points of the jittered lengths
             shift = float(torch.rand(1, generator=gen, dtype=torch.float64))
         n_calls = 0
 
-        def transition(step):
+        def transition(x, logp, grad):  # -> (result, leapfrog steps), chains in lockstep
             nonlocal n_calls
             n_calls += 1
-            if auto_len:  # one jittered length, in units of the mean step: chains in lockstep
-                length = traj * (1.0 - jit + jit * halton(n_calls - 1, shift))
-                n = min(max(math.ceil(length / float(step.mean())), 1), MAX_LEAPFROG)
-                out = hmc_transition(x, logp, grad, step, n, self.log_prob, self.container,
-                                     inv_mass, max_refl, gen)
-                return {**out, "n_steps": torch.full((n_chains,), n, device=dev),
-                        "time": n * step}
-            if jit > 0:
-                u = torch.rand(n_chains, generator=gen, dtype=torch.float64).to(step)
-                step = step * (1 + jit * (2 * u - 1))
-            out = hmc_transition(x, logp, grad, step, int(n_leapfrog), self.log_prob,
-                                 self.container, inv_mass, max_refl, gen)
-            return {**out, "n_steps": torch.full((n_chains,), int(n_leapfrog), device=dev)}
+            step = warm.eps
+            if auto_len:  # one jittered length, in units of the mean step
+                length = warm.trajectory_length * (1.0 - jit + jit * halton(n_calls - 1, shift))
+                n = min(max(math.ceil(length / warm.step_mean), 1), MAX_LEAPFROG)
+            else:
+                n = int(n_leapfrog)
+                if jit > 0:
+                    u = torch.rand(n_chains, generator=gen, dtype=torch.float64).to(step)
+                    step = step * (1 + jit * (2 * u - 1))
+            return hmc_transition(x, logp, grad, step, n, self.log_prob, self.container,
+                                  warm.kernel_inv_mass, max_refl, gen,
+                                  grad_log_prob=glp), n
 
         samples = torch.empty(n_chains, n_samples, d, dtype=dtype, device=dev)
         count = torch.zeros(n_chains, dtype=torch.long, device=dev)
@@ -328,69 +305,48 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         acc_sum = torch.zeros(n_chains, dtype=torch.float64, device=dev)
         ref_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
         div_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
-        lf_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
-        warm_div = torch.zeros(n_chains, dtype=torch.long, device=dev)
-        n_in, n_rec = torch.zeros_like(ref_sum), 0
-        it = 0
+        n_in, n_rec, n_kept, it, lf_sum = torch.zeros_like(ref_sum), 0, 0, 0, 0
         max_iter = 1000 * thin * n_samples + 1000
         log = ProgressLogger(warmup + n_samples, self.verbose, desc="ReflectiveHMC")
         for k in log:
             if k < warmup:  # ---- warm-up: adapt, then freeze
-                out = transition(eps)
-                if auto_len:
-                    e = float(eps.mean())
-                    traj = chees.update(chees_gradient(
-                        x, out["proposal"], out["velocity"], out["time"], out["accept_prob"],
-                        out["divergent"]), e, MAX_LEAPFROG * e)
-                    if k + 1 == chees_restart:  # transient over: start again at one step
-                        traj = chees.restart(float(eps.mean()))
+                out, n = transition(x, logp, grad)
+                warm.update(k, x, out, n)
                 x, logp, grad = out["x"], out["logp"], out["grad"]
-                warm_div += out["divergent"].long()
-                if adapt:
-                    eps = da.update(out["accept_prob"]).clamp_max(max_step(inv_mass))
-                for s, e in windows:
-                    if s <= k < e:
-                        welford.update(x)
-                    if k == e - 1:
-                        inv_mass = welford.regularized_variance()
-                        welford = WelfordVariance(d, dtype, dev)
-                        if adapt:
-                            eps_old = float(eps.mean())
-                            eps = find_reasonable_step_size(
-                                x, logp, grad, self.log_prob, self.container, inv_mass,
-                                max_refl, gen, eps, max_step(inv_mass))
-                            da.restart(eps)
-                            if auto_len:  # keep T in steps under the new metric
-                                chees.rescale(float(eps.mean()) / eps_old)
-                                traj = chees.trajectory_length
-                if k == warmup - 1 and adapt:
-                    eps = da.final().clamp_max(max_step(inv_mass))
-                if k == warmup - 1 and auto_len:  # freeze T (iterate average)
-                    e = float(eps.mean())
-                    traj = chees.final(e, MAX_LEAPFROG * e)
-                log.log(phase="warmup", accept=float(out["accept_prob"].mean()))
+                if self.verbose:
+                    log.log(phase="warmup", accept=float(out["accept_prob"].mean()))
                 continue
-            while int(count.min()) <= k - warmup:  # ---- sampling: one more draw per chain
+            while n_kept <= k - warmup:  # ---- sampling: one more kept draw per chain
                 if it >= max_iter:
                     raise RuntimeError(
-                        f"only {int(count.min())} of {n_samples} draws kept after {it} "
+                        f"only {n_kept} of {n_samples} draws kept after {it} "
                         "iterations: the support holds too little of the container's mass.")
-                out = transition(eps)
+                out, n = transition(x, logp, grad)
                 x, logp, grad = out["x"], out["logp"], out["grad"]
                 it += 1
-                acc_sum += out["accept_prob"].to(torch.float64)
+                lf_sum += n
+                acc_sum += out["accept_prob"]
                 ref_sum += out["n_reflections"]
-                div_sum += out["divergent"].long()
-                lf_sum += out["n_steps"]
-                if it % thin == 0:
-                    n_rec += 1
-                    ins = self._in_support(x)
-                    n_in += ins.long()
-                    keep = ins & (count < n_samples)
-                    samples[chain_idx[keep], count[keep]] = x[keep]
-                    count += keep.long()
-            log.log(phase="sampling", accept=float(acc_sum.mean()) / max(it, 1))
+                div_sum += out["divergent"]
+                if it % thin:
+                    continue
+                n_rec += 1
+                if self.support is None:  # every chain keeps every recorded state
+                    samples[:, n_rec - 1] = x
+                    n_kept = n_rec
+                    continue
+                ins = self.support.contains(x)
+                n_in += ins
+                keep = ins & (count < n_samples)
+                samples[chain_idx[keep], count[keep]] = x[keep]
+                count += keep
+                n_kept = int(count.min())
+            if self.verbose:
+                log.log(phase="sampling", accept=float(acc_sum.mean()) / max(it, 1))
 
+        eps, inv_mass, traj = warm.eps, warm.inv_mass, warm.trajectory_length
+        if self.support is None:
+            n_in = torch.full_like(n_in, n_rec)
         kept = (n_in.double() / max(n_rec, 1)).cpu().numpy()
         if kept.mean() < 0.01:
             warnings.warn(f"only {100 * kept.mean():.2g}% of the draws fall in the support; "
@@ -409,9 +365,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             inv_mass=self.inv_mass_.copy(),
             n_iterations=it,
             n_leapfrog=n_leapfrog if auto_len else int(n_leapfrog),
-            warmup_divergent=warm_div.cpu().numpy(),
+            warmup_divergent=warm.n_divergent.cpu().numpy(),
             trajectory_length=self.trajectory_length_,
-            mean_leapfrog=float(lf_sum.double().mean()) / max(it, 1),
+            mean_leapfrog=lf_sum / max(it, 1),
         )
         if return_tensor:
             res.samples_tensor = samples

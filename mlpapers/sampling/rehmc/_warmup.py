@@ -1,0 +1,213 @@
+"""The start of a :class:`ReflectiveHMC` run: starting points and the warm-up schedule.
+
+:func:`initial_points` validates ``x0`` or draws starting points in the
+support. One :class:`Warmup` object holds the tuned quantities and updates them once
+per warm-up iteration, in this order:
+
+1. the ChEES trajectory length (``n_leapfrog="auto"``): one Adam step on
+   ``log T``, restarted at one step after the initial 15% buffer;
+2. the per-chain step sizes (``step_size="auto"``): one dual-averaging step,
+   capped so that one drift covers at most the inscribed diameter;
+3. the diagonal inverse mass (``mass="diag"``): Welford variances over Stan's
+   doubling windows; at the end of each window the step size is found again by
+   the doubling heuristic and ``T`` keeps its length in steps;
+4. after the last iteration, the averaged step sizes and the averaged ``T``
+   are frozen.
+
+The sampling loop only reads :attr:`Warmup.eps`, :attr:`Warmup.step_mean`,
+:attr:`Warmup.kernel_inv_mass` and :attr:`Warmup.trajectory_length`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from mlpapers._utils import to_numpy
+from mlpapers.sampling.rehmc._adapt import (
+    DualAveraging,
+    WelfordVariance,
+    initial_buffer,
+    mass_windows,
+)
+from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient
+from mlpapers.sampling.rehmc._supports import ConvexContainer
+
+__all__ = ["MAX_LEAPFROG", "Warmup", "initial_points"]
+
+MAX_LEAPFROG = 1000  # cap of leapfrog steps per transition with n_leapfrog="auto" (as TFP)
+
+# find_step(x, logp, grad, inv_mass, init, max_step) -> (C,) step sizes (doubling heuristic)
+FindStep = Callable[..., torch.Tensor]
+
+
+def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype, device,
+                   gen: torch.Generator) -> torch.Tensor:
+    """Starting points ``(n_chains, d)`` in the container and the support.
+
+    ``x0`` of shape ``(d,)`` (shared) or ``(n_chains, d)`` is validated; without
+    it, random points of the container are drawn (and re-drawn for chains that
+    fall outside ``support``, up to 200 times).
+
+    Raises
+    ------
+    ValueError
+        If ``x0`` has the wrong shape, is not finite, or lies outside the
+        container or the support, or if no starting point in the support is found.
+    """
+    d = container.dim
+
+    def in_support(x):
+        if support is None:
+            return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        return support.contains(x)
+
+    if x0 is None:
+        x = container.random_interior(n_chains, gen).to(dtype=dtype, device=device)
+        for _ in range(200):  # re-draw chains that start outside S
+            bad = ~(in_support(x) & container.contains(x))
+            if not bool(bad.any()):
+                return x
+            new = container.random_interior(n_chains, gen)
+            x = torch.where(bad[:, None], new.to(x), x)
+        raise ValueError("could not find starting points in the support; pass x0.")
+    x = torch.as_tensor(to_numpy(x0) if isinstance(x0, torch.Tensor) else np.asarray(
+        x0, dtype=np.float64)).to(dtype=dtype, device=device)
+    if x.ndim == 1:
+        x = x.expand(n_chains, -1).clone()
+    if x.ndim != 2 or x.shape[1] != d:
+        raise ValueError(f"x0 must have shape ({d},) or ({n_chains}, {d}) to match the "
+                         f"container dimension, got {tuple(x.shape)}.")
+    if x.shape[0] != n_chains:
+        raise ValueError(f"x0 has {x.shape[0]} rows but n_chains={n_chains}.")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x0 must be finite (no NaN or inf).")
+    if not bool(container.contains(x).all()):
+        raise ValueError("x0 lies outside the container.")
+    if not bool(in_support(x).all()):
+        raise ValueError("x0 lies outside the support.")
+    return x
+
+
+class Warmup:
+    """Adaptation state of one :meth:`ReflectiveHMC.sample` call.
+
+    Parameters
+    ----------
+    n_warmup : int
+        Warm-up iterations.
+    eps : torch.Tensor of shape (C,)
+        Initial step sizes (found by the doubling heuristic, or the fixed value).
+    inv_mass : torch.Tensor of shape (d,)
+        Initial inverse mass: ones (the identity).
+    adapt_step : bool
+        Tune the step sizes by dual averaging to ``target_accept``.
+    target_accept : float
+    diag_mass : bool
+        Adapt a diagonal mass matrix in Stan's windows.
+    auto_length : bool
+        Adapt the trajectory length with ChEES.
+    width : float
+        Diameter of a ball inscribed in the container (caps the step size).
+    find_step : callable
+        ``find_step(x, logp, grad, inv_mass, init, max_step) -> eps``, the
+        doubling heuristic run when the mass matrix changes.
+
+    Attributes
+    ----------
+    eps : torch.Tensor of shape (C,)
+        Step sizes of the next transition.
+    step_mean : float
+        ``float(eps.mean())``, kept in sync with :attr:`eps`.
+    inv_mass : torch.Tensor of shape (d,)
+        Inverse diagonal mass (ones until the first mass window closes).
+    kernel_inv_mass : torch.Tensor of shape (d,) or None
+        What the kernels get: ``None`` while the mass is the identity (bit-identical,
+        fewer operations).
+    trajectory_length : float or None
+        ChEES length ``T`` of the next transition (``None`` without ChEES).
+    n_divergent : torch.Tensor of shape (C,), int64
+        Divergent warm-up transitions per chain.
+    """
+
+    def __init__(self, n_warmup: int, eps: torch.Tensor, inv_mass: torch.Tensor, *,
+                 adapt_step: bool, target_accept: float, diag_mass: bool, auto_length: bool,
+                 width: float, find_step: FindStep):
+        self.n_warmup = n_warmup
+        self.width = width
+        self.find_step = find_step
+        self.windows = mass_windows(n_warmup) if diag_mass else []
+        self.welford = WelfordVariance(inv_mass.shape[0], inv_mass.dtype, inv_mass.device)
+        self.set_mass(inv_mass, identity=True)
+        self.da = DualAveraging(eps, target_accept) if adapt_step else None
+        self._set_eps(eps)
+        self.n_divergent = torch.zeros(eps.shape[0], dtype=torch.long, device=eps.device)
+        self.chees = ChEESAdaptation(self.step_mean) if auto_length else None
+        self.chees_restart = initial_buffer(n_warmup)
+        self.trajectory_length = self.chees.trajectory_length if auto_length else None
+
+    def set_mass(self, inv_mass: torch.Tensor, identity: bool) -> None:
+        """Set the inverse mass and the step-size cap it implies (one drift covers at
+        most the inscribed diameter: ``width / sqrt(sum(inv_mass))``)."""
+        self.inv_mass = inv_mass
+        self.kernel_inv_mass = None if identity else inv_mass
+        self.max_step = self.width / math.sqrt(float(inv_mass.sum()))
+
+    def _set_eps(self, eps: torch.Tensor) -> None:
+        self.eps = eps
+        self.step_mean = float(eps.mean())
+
+    def update(self, k: int, x_prev: torch.Tensor, out: dict, n_steps: int) -> None:
+        """Adapt after warm-up iteration ``k`` (0-based).
+
+        Parameters
+        ----------
+        k : int
+        x_prev : torch.Tensor of shape (C, d)
+            States before the transition.
+        out : dict
+            The transition's result (:func:`hmc_transition`).
+        n_steps : int
+            Leapfrog steps of the transition (its integration time is
+            ``n_steps * eps``).
+        """
+        if self.chees is not None:
+            e = self.step_mean
+            grad = chees_gradient(x_prev, out["proposal"], out["velocity"], n_steps * self.eps,
+                                  out["accept_prob"], out["divergent"])
+            self.trajectory_length = self.chees.update(grad, e, MAX_LEAPFROG * e)
+            if k + 1 == self.chees_restart:  # transient over: start again at one step
+                self.trajectory_length = self.chees.restart(e)
+        self.n_divergent += out["divergent"]
+        if self.da is not None:
+            self._set_eps(self.da.update(out["accept_prob"]).clamp_max(self.max_step))
+        for start, end in self.windows:
+            if start <= k < end:
+                self.welford.update(out["x"])
+            if k == end - 1:
+                self._end_window(out)
+        if k == self.n_warmup - 1:
+            self._freeze()
+
+    def _end_window(self, out: dict) -> None:
+        inv_mass = self.welford.regularized_variance()
+        self.set_mass(inv_mass, identity=False)
+        self.welford = WelfordVariance(inv_mass.shape[0], inv_mass.dtype, inv_mass.device)
+        if self.da is not None:
+            eps_old = self.step_mean
+            self._set_eps(self.find_step(out["x"], out["logp"], out["grad"], inv_mass,
+                                         self.eps, self.max_step))
+            self.da.restart(self.eps)
+            if self.chees is not None:  # keep T in steps under the new metric
+                self.chees.rescale(self.step_mean / eps_old)
+                self.trajectory_length = self.chees.trajectory_length
+
+    def _freeze(self) -> None:
+        if self.da is not None:
+            self._set_eps(self.da.final().clamp_max(self.max_step))
+        if self.chees is not None:  # iterate average
+            e = self.step_mean
+            self.trajectory_length = self.chees.final(e, MAX_LEAPFROG * e)
