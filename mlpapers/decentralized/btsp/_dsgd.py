@@ -1,14 +1,12 @@
 """Decentralized SGD on a circulant topology, with simulated wall-clock time.
 
-All node models are stacked along a leading ``n`` axis and trained together with
-:func:`torch.func.vmap`; one round is a local SGD step on every node followed by
-gossip ``x <- W_t x`` with the doubly stochastic mixing matrix of the round.
+All node models are stacked along a leading ``n`` axis and trained together
+(model building, seeded init and stacked gradients live in ``_node_models``); one
+round is a local SGD step on every node followed by gossip ``x <- W_t x`` with the
+doubly stochastic mixing matrix of the round.
 """
 
 from __future__ import annotations
-
-import copy
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +19,12 @@ from torch.func import functional_call, stack_module_state
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
+from mlpapers.decentralized.btsp._node_models import (
+    _build_module,
+    _check_module_output,
+    _init_params,
+    _local_grads_fn,
+)
 from mlpapers.decentralized.btsp._topology import (
     check_assignment,
     check_delays,
@@ -58,27 +62,6 @@ def consensus_distance(params: dict[str, torch.Tensor]) -> float:
         flat = v.reshape(v.shape[0], -1)
         total += float(((flat - flat.mean(0, keepdim=True)) ** 2).sum(1).mean())
     return total
-
-
-def _build_module(model: Any, n_features: int, n_classes: int, hidden: int) -> nn.Module:
-    if isinstance(model, nn.Module):
-        return copy.deepcopy(model)
-    if model == "logistic":
-        return nn.Linear(n_features, n_classes)
-    return nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
-
-
-def _stacked_forward(params: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
-    """Logits of the built-in models for stacked parameters.
-
-    ``params`` holds ``weight``/``bias`` (logistic) or ``0.*``/``2.*`` (MLP) tensors of
-    shape ``(n, out, in)`` / ``(n, out)``; ``X`` is ``(n, B, in)``; returns ``(n, B, out)``.
-    """
-    if "weight" in params:
-        return torch.baddbmm(params["bias"][:, None, :], X, params["weight"].transpose(1, 2))
-    h = torch.relu(torch.baddbmm(params["0.bias"][:, None, :], X,
-                                 params["0.weight"].transpose(1, 2)))
-    return torch.baddbmm(params["2.bias"][:, None, :], h, params["2.weight"].transpose(1, 2))
 
 
 class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
@@ -327,32 +310,16 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # stacked node models, all starting from the same initialisation
         base = _build_module(self.model, X.shape[1], len(self.classes_), int(self.hidden))
         if not isinstance(self.model, nn.Module):
-            self._init_params(base)
+            _init_params(base, self._torch_gen)
         base = base.to(dev)
         if isinstance(self.model, nn.Module):
-            self._check_module_output(base, X[:1])
+            _check_module_output(base, X[:1], len(self.classes_))
         self._module = base
         params, buffers = stack_module_state([base] * n)
         params = {k: v.detach().clone() for k, v in params.items()}
         velocity = {k: torch.zeros_like(v) for k, v in params.items()}
 
-        if isinstance(self.model, nn.Module):  # generic module: vmap over nodes
-            def node_loss(p, b, xb, yb):
-                logits = functional_call(base, (p, b), (xb,))
-                return nn.functional.cross_entropy(logits, yb)
-
-            vgrad = torch.func.vmap(torch.func.grad(node_loss))
-
-            def local_grads(p, xb, yb):
-                return vgrad(p, buffers, xb, yb)
-        else:  # built-in models: explicit batched matmuls, one backward for all nodes
-            def local_grads(p, xb, yb):
-                leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
-                logits = _stacked_forward(leaves, xb)  # (n, B, C)
-                loss = nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="sum")
-                return dict(zip(leaves, torch.autograd.grad(loss / yb.shape[1],
-                                                            list(leaves.values()))))
+        local_grads = _local_grads_fn(self.model, base, buffers)
 
         logger = ProgressLogger(int(self.n_rounds), self.verbose, desc="DSGD")
         sim_time = 0.0
@@ -383,34 +350,6 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.history_ = logger.history
         self.node_of_ = node_of
         return self
-
-    def _check_module_output(self, module: nn.Module, x: torch.Tensor) -> None:
-        """A user module must map ``(batch, n_features)`` to ``(batch, n_classes)`` logits."""
-        want = (1, len(self.classes_))
-        training = module.training
-        module.eval()  # no side effects on buffers (BatchNorm statistics)
-        try:
-            with torch.no_grad():
-                out = module(x)
-        except RuntimeError as exc:
-            raise ValueError(f"model must accept inputs of shape (batch, {x.shape[1]}): "
-                             f"{exc}") from exc
-        finally:
-            module.train(training)
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"model must map (batch, n_features) to (batch, n_classes) "
-                             f"logits, i.e. {want} here, got {got}.")
-
-    def _init_params(self, module: nn.Module) -> None:
-        """Seeded init (no global RNG): uniform(+-1/sqrt(fan_in)) weights, zero biases."""
-        with torch.no_grad():
-            for p in module.parameters():
-                if p.ndim >= 2:
-                    bound = 1.0 / np.sqrt(p.shape[1])
-                    p.copy_((torch.rand(p.shape, generator=self._torch_gen) * 2 - 1) * bound)
-                else:
-                    p.zero_()
 
     def _evaluate(self, params, X, y) -> tuple[float, float]:
         avg = {k: v.mean(0) for k, v in params.items()}

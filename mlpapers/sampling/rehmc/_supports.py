@@ -4,111 +4,27 @@ Every container is batched over chains: positions and velocities are ``(C, d)``
 tensors (``C`` chains, ``d`` dimensions) and the oracles return one value per
 chain. The hitting time of :meth:`ConvexContainer.hit` is the *first* positive
 time at which the ray ``x + t v`` leaves the set, computed in closed form for
-boxes, polytopes, balls and ellipsoids and by bracketed bisection for a general
-convex level set. :class:`Region` describes a non-convex support ``S`` used only
-for thinning (membership test), never for reflections.
+boxes, polytopes, balls and ellipsoids (this module) and by bracketed bisection
+for a general convex level set. :class:`Region` describes a non-convex support
+``S`` used only for thinning (membership test), never for reflections. The base
+class lives in ``_container`` and the function-defined supports
+(:class:`ConvexSet`, :class:`Region`) in ``_levelset``; all are re-exported here.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from mlpapers._utils import to_numpy
+from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
+from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
 
 __all__ = ["Ball", "Box", "ConvexContainer", "ConvexSet", "Ellipsoid", "Polytope", "Region"]
 
 Tensor = torch.Tensor
 # Faces whose normal speed is below _GRAZE * |v| are treated as parallel to the ray.
 _GRAZE = 64 * float(np.finfo(np.float64).eps)
-
-
-def _as_float_array(value, name: str, ndim: int) -> np.ndarray:
-    arr = to_numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}.")
-    arr = arr.astype(np.float64)
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}D, got a {arr.ndim}D array of shape {arr.shape}.")
-    if arr.size == 0:
-        raise ValueError(f"{name} must not be empty.")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite (no NaN or inf).")
-    return arr
-
-
-class ConvexContainer:
-    """Base class of the convex containers ``K`` that trajectories reflect off.
-
-    Subclasses implement :meth:`contains`, :meth:`hit` and
-    :meth:`interior_point`; :attr:`dim` is the dimension ``d``.
-    """
-
-    dim: int
-
-    def _t(self, arr: np.ndarray, like: Tensor) -> Tensor:
-        cache = self.__dict__.setdefault("_tensor_cache", {})
-        key = (id(arr), like.dtype, like.device)
-        hit = cache.get(key)
-        if hit is None or hit[0] is not arr:
-            hit = cache[key] = (arr, torch.as_tensor(arr, dtype=like.dtype, device=like.device))
-        return hit[1]
-
-    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
-        """Membership test ``x in K`` (to within ``tol``) of ``(C, d)`` points -> ``(C,)`` bool."""
-        raise NotImplementedError
-
-    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | None = None,
-            exclude: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """First exit time of the rays ``x + t v`` (``t > 0``).
-
-        Parameters
-        ----------
-        x, v : torch.Tensor of shape (C, d)
-            Start points (inside ``K``) and velocities.
-        t_max : torch.Tensor of shape (C,), optional
-            The caller only needs hits before ``t_max``; the bisection oracle
-            uses it as its bracket, closed-form oracles ignore it.
-        exclude : torch.Tensor of shape (C,), optional
-            Index of the face just hit (``-1`` for none), skipped to avoid a
-            spurious round-off hit at ``t = 0``.
-
-        Returns
-        -------
-        t : torch.Tensor of shape (C,)
-            Hitting time (``inf`` when the ray never leaves ``K``, or for the
-            bisection oracle when it does not leave before ``t_max``).
-        normal : torch.Tensor of shape (C, d)
-            Unit outward normal at the hit point (arbitrary where ``t = inf``).
-        face : torch.Tensor of shape (C,), int64
-            Index of the face hit (``0`` for smooth sets).
-        """
-        raise NotImplementedError
-
-    def interior_point(self) -> np.ndarray:
-        """A point of the interior of ``K`` (shape ``(d,)``)."""
-        raise NotImplementedError
-
-    def width(self) -> float:
-        """Diameter of a ball inscribed in ``K`` (``inf`` if unknown); bounds the step size."""
-        return float("inf")
-
-    def random_interior(self, n: int, gen: torch.Generator) -> Tensor:
-        """``n`` random points of ``K`` (not uniform): centre plus a random fraction of a chord.
-
-        Returns
-        -------
-        torch.Tensor of shape (n, d), float64
-        """
-        c = torch.as_tensor(self.interior_point(), dtype=torch.float64).expand(n, -1).clone()
-        u = torch.randn(n, self.dim, generator=gen, dtype=torch.float64)
-        u = u / u.norm(dim=1, keepdim=True)
-        t, _, _ = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))
-        t = torch.where(torch.isfinite(t), t, torch.ones_like(t))
-        frac = torch.rand(n, generator=gen, dtype=torch.float64) * 0.9
-        return c + (frac * t)[:, None] * u
 
 
 class Box(ConvexContainer):
@@ -388,138 +304,3 @@ def _quadratic_exit(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     t = torch.where(b <= 0, (-b + s) / a.clamp_min(1e-300), -c / (b + s).clamp_min(1e-300))
     return torch.where(a > 0, t, torch.full_like(t, float("inf")))
 
-
-class ConvexSet(ConvexContainer):
-    """Convex level set ``K = {x : g(x) <= 0}`` with ``g`` convex.
-
-    The hitting time is bracketed on ``[0, t_max]`` (the ray stays in ``K`` on
-    an interval, since ``g`` is convex along lines) and refined by Illinois
-    false position with a bisection step every third iteration, until the
-    bracket is a few ulps wide; the returned time is the inner end of the
-    bracket, so the hit point is always inside ``K``.
-
-    Parameters
-    ----------
-    g : callable
-        ``g(x)`` maps a ``(C, d)`` tensor to ``(C,)``.
-    grad_g : callable, optional
-        Gradient of ``g`` (``(C, d) -> (C, d)``); by autograd when omitted.
-    interior_point : array-like of shape (d,)
-        A point with ``g < 0``; it fixes the dimension.
-    n_bisect : int, default=60
-        Maximum root-finding iterations.
-    """
-
-    def __init__(self, g: Callable[[Tensor], Tensor], grad_g: Callable | None = None, *,
-                 interior_point, n_bisect: int = 60):
-        if not callable(g):
-            raise TypeError("g must be callable.")
-        if grad_g is not None and not callable(grad_g):
-            raise TypeError("grad_g must be callable or None.")
-        self.g = g
-        self.grad_g = grad_g
-        self._x0 = _as_float_array(interior_point, "interior_point", 1).copy()
-        self.dim = len(self._x0)
-        self.n_bisect = int(n_bisect)
-        g0 = self._g(torch.as_tensor(self._x0)[None])
-        if g0.shape != (1,):
-            raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(g0.shape)}.")
-        if not g0[0] < 0:
-            raise ValueError("interior_point must satisfy g(interior_point) < 0.")
-
-    def __repr__(self) -> str:
-        return f"ConvexSet(dim={self.dim})"
-
-    def _g(self, x):
-        with torch.no_grad():
-            return self.g(x)
-
-    def contains(self, x, tol=0.0):
-        return self._g(x) <= tol
-
-    def _normal(self, x):
-        if self.grad_g is not None:
-            with torch.no_grad():
-                gr = self.grad_g(x)
-        else:
-            with torch.enable_grad():
-                xr = x.detach().requires_grad_(True)
-                gr = torch.autograd.grad(self.g(xr).sum(), xr)[0]
-        return gr / gr.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-
-    def hit(self, x, v, t_max=None, exclude=None):
-        if t_max is None:
-            raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
-        t_max = t_max.to(x.dtype)
-        g_hi = self._g(x + t_max[:, None] * v)
-        out = g_hi > 0
-        lo = torch.zeros_like(t_max)
-        hi = t_max.clone()
-        g_lo = torch.minimum(self._g(x), torch.zeros_like(t_max))
-        g_tol = 1e-14 * g_lo.abs()  # lo is a root to ~1e-14 relative once |g(lo)| <= g_tol
-        g_lo_true = g_lo
-        g_hi = torch.where(out, g_hi, torch.ones_like(g_hi))
-        side = torch.zeros_like(t_max)
-        tol = 4 * torch.finfo(x.dtype).eps
-        for i in range(self.n_bisect):
-            # Illinois false position (superlinear), every third step a bisection step
-            denom = g_hi - g_lo
-            fp = lo - g_lo * (hi - lo) / torch.where(denom > 0, denom, torch.ones_like(denom))
-            mid = 0.5 * (lo + hi)
-            trial = mid if i % 3 == 2 else torch.where((fp > lo) & (fp < hi), fp, mid)
-            gt = self._g(x + trial[:, None] * v)
-            inside = gt <= 0
-            lo = torch.where(inside, trial, lo)
-            hi = torch.where(inside, hi, trial)
-            # halve the stale end's value when the same side moves twice (Illinois)
-            g_hi = torch.where(inside, torch.where(side > 0, 0.5 * g_hi, g_hi), gt)
-            g_lo = torch.where(inside, gt, torch.where(side < 0, 0.5 * g_lo, g_lo))
-            side = torch.where(inside, torch.ones_like(side), -torch.ones_like(side))
-            g_lo_true = torch.where(inside, gt, g_lo_true)
-            open_ = ((hi - lo) > tol * hi.abs().clamp_min(1e-300)) & (g_lo_true < -g_tol)
-            if not bool((open_ & out).any()):
-                break
-        t = torch.where(out, lo, torch.full_like(lo, float("inf")))
-        normal = self._normal(x + torch.where(out, lo, t_max)[:, None] * v)
-        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
-
-    def interior_point(self):
-        return self._x0.copy()
-
-
-class Region:
-    """A (possibly non-convex) support ``S`` given by a membership test.
-
-    Used with a convex container ``K`` that contains ``S``: the chain runs on
-    ``K`` and only draws in ``S`` are kept (thinning).
-
-    Parameters
-    ----------
-    contains : callable
-        ``contains(x)`` maps a ``(C, d)`` tensor to a ``(C,)`` boolean tensor.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from mlpapers.sampling import Region
-    >>> annulus = Region(lambda x: x.norm(dim=-1) >= 1.0)
-    >>> annulus.contains(torch.tensor([[0.5, 0.0], [1.5, 0.0]])).tolist()
-    [False, True]
-    """
-
-    def __init__(self, contains: Callable[[Tensor], Tensor]):
-        if not callable(contains):
-            raise TypeError("contains must be callable.")
-        self._contains = contains
-
-    def __repr__(self) -> str:
-        return "Region(...)"
-
-    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
-        """Membership ``(C, d) -> (C,)`` bool."""
-        with torch.no_grad():
-            out = torch.as_tensor(self._contains(x))
-        if out.shape != x.shape[:1]:
-            raise ValueError(
-                f"Region.contains must return shape ({x.shape[0]},), got {tuple(out.shape)}.")
-        return out.bool()

@@ -1,0 +1,249 @@
+"""Assignment rules of clustered federated learning (pure numpy, no estimator state).
+
+Every rule takes a loss matrix ``L`` of shape ``(n_clients, n_models)`` (``L[i, j]``
+is the mean loss of model ``j`` on client ``i``'s data) and returns the model of
+each client, so a Flower strategy or any other driver can reuse them: CLoVE's
+k-means on loss vectors with Hungarian matching (:func:`clove_assign`), IFCA's
+argmin (:func:`ifca_assign`), the unknown-K choice (:func:`choose_n_clusters`)
+and the random initial assignment.
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from sklearn.cluster import AgglomerativeClustering, KMeans
+from sklearn.metrics import silhouette_score
+
+__all__ = [
+    "choose_n_clusters",
+    "clove_assign",
+    "ifca_assign",
+    "match_clusters",
+    "random_assignment",
+]
+
+
+def _check_loss_matrix(loss_matrix) -> np.ndarray:
+    if isinstance(loss_matrix, torch.Tensor):
+        loss_matrix = loss_matrix.detach().cpu().double().numpy()
+    L = np.asarray(loss_matrix, dtype=np.float64)
+    if L.ndim != 2:
+        raise ValueError(f"loss_matrix must be 2D (n_clients, n_models), got {L.ndim}D.")
+    if L.shape[0] < 1 or L.shape[1] < 1:
+        raise ValueError(f"loss_matrix must be non-empty, got shape {L.shape}.")
+    if not np.isfinite(L).all():
+        raise ValueError("loss_matrix contains NaN or infinity.")
+    return L
+
+
+def match_clusters(loss_matrix, cluster_labels, n_clusters: int) -> np.ndarray:
+    """Match clusters to models with the Hungarian algorithm on summed losses.
+
+    The cost of giving model ``j`` to cluster ``c`` is
+    :math:`C_{cj} = \\sum_{i:\\,c_i = c} L_{ij}`; the matching minimises the total cost
+    :math:`\\sum_c C_{c\\pi(c)}` over injective maps :math:`\\pi` (rectangular when
+    there are fewer clusters than models).
+
+    Parameters
+    ----------
+    loss_matrix : array-like of shape (n_clients, n_models)
+    cluster_labels : array-like of int of shape (n_clients,)
+        Cluster ids in ``[0, n_clusters)``.
+    n_clusters : int
+        Number of clusters (``<= n_models``).
+
+    Returns
+    -------
+    perm : ndarray of int of shape (n_clusters,)
+        ``perm[c]`` is the model given to cluster ``c``.
+    """
+    L = _check_loss_matrix(loss_matrix)
+    labels = np.asarray(cluster_labels, dtype=np.int64)
+    if n_clusters > L.shape[1]:
+        raise ValueError(f"n_clusters={n_clusters} exceeds the number of models {L.shape[1]}.")
+    cost = np.zeros((n_clusters, L.shape[1]))
+    np.add.at(cost, labels, L)
+    rows, cols = linear_sum_assignment(cost)
+    perm = np.empty(n_clusters, dtype=np.int64)
+    perm[rows] = cols
+    return perm
+
+
+def clove_assign(
+    loss_matrix,
+    n_clusters: int | None = None,
+    random_state=None,
+    *,
+    n_init: int = 10,
+    return_centers: bool = False,
+):
+    """CLoVE's assignment step: k-means on loss vectors, then Hungarian matching.
+
+    Each row of ``loss_matrix`` is a client's loss vector (its loss under every
+    model). The rows are clustered by k-means into ``n_clusters`` groups, and
+    the groups are matched to models by :func:`match_clusters` (minimum total
+    loss), which removes the label switching of k-means between rounds.
+
+    The rows are sorted lexicographically before k-means and the labels mapped
+    back, so the result does not depend on the order of the clients; identical
+    rows always share a model. When the matrix has fewer distinct rows than
+    ``n_clusters``, k-means runs with that smaller number (some models then get
+    no client).
+
+    Parameters
+    ----------
+    loss_matrix : array-like of shape (n_clients, n_models)
+        ``L[i, j]`` is the mean loss of model ``j`` on client ``i``'s data.
+    n_clusters : int, optional
+        Number of clusters, ``1 <= n_clusters <= n_models`` (default ``n_models``).
+    random_state : int, RandomState instance or None
+        Seed of k-means.
+    n_init : int, default=10
+        Number of k-means restarts.
+    return_centers : bool, default=False
+        Also return the k-means centroids indexed by model (rows of models that
+        received no cluster are NaN).
+
+    Returns
+    -------
+    assignment : ndarray of int of shape (n_clients,)
+        The model of each client.
+    centers : ndarray of shape (n_models, n_models)
+        Only with ``return_centers=True``.
+
+    References
+    ----------
+    .. [1] Bhatia, Papadis, Kodialam, Lakshman, Chakrabarty, "CLoVE: Personalized
+       Federated Learning through Clustering of Loss Vector Embeddings", ICML 2026,
+       arXiv:2506.22427.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.federated.clove import clove_assign
+    >>> L = np.array([[0.1, 2.0], [0.2, 2.1], [3.0, 0.1], [2.9, 0.2]])
+    >>> clove_assign(L, 2, random_state=0).tolist()
+    [0, 0, 1, 1]
+    """
+    L = _check_loss_matrix(loss_matrix)
+    n, n_models = L.shape
+    if n_clusters is not None and (isinstance(n_clusters, bool)
+                                   or not isinstance(n_clusters, numbers.Integral)):
+        raise TypeError(f"n_clusters must be None or an integer, got {n_clusters!r}.")
+    k = n_models if n_clusters is None else int(n_clusters)
+    if not 1 <= k <= n_models:
+        raise ValueError(f"n_clusters must be in [1, {n_models}], got {n_clusters}.")
+    if k > n:
+        raise ValueError(f"n_clusters={k} exceeds the number of clients {n}.")
+    order = np.lexsort(L.T[::-1])
+    Ls = L[order]
+    distinct = 1 + int(np.any(np.diff(Ls, axis=0) != 0, axis=1).sum()) if n > 1 else 1
+    k_eff = min(k, distinct)
+    if k_eff == 1:
+        labels_sorted = np.zeros(n, dtype=np.int64)
+        centers_c = Ls.mean(axis=0, keepdims=True)
+    else:
+        km = KMeans(n_clusters=k_eff, n_init=n_init, random_state=random_state).fit(Ls)
+        labels_sorted = km.labels_.astype(np.int64)
+        centers_c = km.cluster_centers_
+    labels = np.empty(n, dtype=np.int64)
+    labels[order] = labels_sorted
+    perm = match_clusters(L, labels, k_eff)
+    assignment = perm[labels]
+    if not return_centers:
+        return assignment
+    centers = np.full((n_models, n_models), np.nan)
+    centers[perm] = centers_c
+    return assignment, centers
+
+
+def ifca_assign(loss_matrix) -> np.ndarray:
+    """IFCA's assignment: each client takes its lowest-loss model (ties: lowest index).
+
+    Parameters
+    ----------
+    loss_matrix : array-like of shape (n_clients, n_models)
+
+    Returns
+    -------
+    assignment : ndarray of int of shape (n_clients,)
+
+    References
+    ----------
+    .. [1] Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for Clustered
+       Federated Learning", NeurIPS 2020, arXiv:2006.04088.
+    """
+    return _check_loss_matrix(loss_matrix).argmin(axis=1).astype(np.int64)
+
+
+def choose_n_clusters(
+    loss_matrix, max_clusters: int, *, min_gain: float = 0.1
+) -> int:
+    """Pick the number of clusters of the loss vectors by Ward linkage + silhouette.
+
+    Candidates ``k = 2 .. min(max_clusters, n_distinct - 1)`` are scanned in
+    increasing order; a larger ``k`` replaces the current choice only when its
+    silhouette beats the current one by more than ``min_gain`` (relative), which
+    guards against over-splitting (CLoVE's unknown-K mode).
+
+    Parameters
+    ----------
+    loss_matrix : array-like of shape (n_clients, n_models)
+    max_clusters : int
+        Upper bound on the number of clusters.
+    min_gain : float, default=0.1
+        Relative silhouette improvement a larger ``k`` must achieve.
+
+    Returns
+    -------
+    int
+        The chosen number of clusters (1 when fewer than 3 distinct rows exist).
+    """
+    L = _check_loss_matrix(loss_matrix)
+    if isinstance(max_clusters, bool) or not isinstance(max_clusters, numbers.Integral):
+        raise TypeError(f"max_clusters must be an integer, got {max_clusters!r}.")
+    if max_clusters < 1:
+        raise ValueError(f"max_clusters must be >= 1, got {max_clusters}.")
+    distinct = np.unique(L, axis=0).shape[0]
+    hi = min(int(max_clusters), distinct - 1, L.shape[0] - 1)
+    if hi < 2:
+        return max(1, min(distinct, int(max_clusters)))
+    best_k, best = 2, -np.inf
+    for k in range(2, hi + 1):
+        labels = AgglomerativeClustering(n_clusters=k, linkage="ward").fit_predict(L)
+        score = silhouette_score(L, labels)
+        if k == 2 or score > best + min_gain * abs(best):
+            best_k, best = k, score
+    return best_k
+
+
+def random_assignment(n_clients: int, n_models: int, rng: np.random.Generator) -> np.ndarray:
+    """Random assignment that gives every model at least one client.
+
+    Parameters
+    ----------
+    n_clients, n_models : int
+        ``n_clients >= n_models``.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    assignment : ndarray of int of shape (n_clients,)
+    """
+    if n_clients < n_models:
+        raise ValueError(f"need n_clients >= n_models, got {n_clients} < {n_models}.")
+    a = np.concatenate([np.arange(n_models), rng.integers(0, n_models, n_clients - n_models)])
+    return rng.permutation(a).astype(np.int64)
+
+
+def _brute_force_matching_cost(cost: np.ndarray) -> float:
+    """Minimum of ``sum_c cost[c, pi(c)]`` over injective ``pi`` (tests only, small K)."""
+    k, m = cost.shape
+    return min(
+        float(cost[np.arange(k), list(p)].sum()) for p in itertools.permutations(range(m), k)
+    )

@@ -1,0 +1,159 @@
+"""Inference of the fitted clustered-federated estimators (CLoVE, IFCA, FedAvg).
+
+A mixin of ``_federation._FederatedBase``: choosing the model of a training
+client or cluster, prediction, the model of a new client by its loss vector
+(``assign``) and the per-client ``score``. It reads the fitted
+state set by ``fit`` (``models_``, ``labels_``, ``_template``, ``_states``,
+``loss_``, ``input_shape_``, ``classes_``) and holds none of its own.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+from sklearn.metrics import r2_score
+
+from mlpapers.federated.clove._data import validate_clients
+from mlpapers.federated.clove._engine import ClientData, Engine
+
+__all__: list[str] = []
+
+
+class _FederatedInferenceMixin:
+    """Prediction, new-client assignment and scoring with the fitted per-cluster models."""
+
+    def _model_for(self, client, cluster) -> torch.nn.Module:
+        self._check_fitted()
+        if client is not None and cluster is not None:
+            raise ValueError("pass either client= or cluster=, not both.")
+        if client is not None:
+            if not isinstance(client, numbers.Integral) or not 0 <= client < self.n_clients_:
+                raise ValueError(f"client must be an integer in [0, {self.n_clients_}), "
+                                 f"got {client!r}.")
+            return self.models_[int(self.labels_[client])]
+        if cluster is not None:
+            if not isinstance(cluster, numbers.Integral) or not 0 <= cluster < len(self.models_):
+                raise ValueError(f"cluster must be an integer in [0, {len(self.models_)}), "
+                                 f"got {cluster!r}.")
+            return self.models_[int(cluster)]
+        if len(self.models_) == 1:
+            return self.models_[0]
+        raise ValueError("pass client=<index of a training client> or cluster=<model index> "
+                         "to choose the model; use assign() for a new client.")
+
+    def _check_X(self, X) -> torch.Tensor:
+        from mlpapers._utils import check_tensor
+
+        self._check_fitted()
+        Xt = check_tensor(X, ndim=None, dtype=torch.float32, device=self._resolved_device,
+                          owner=type(self).__name__)
+        if tuple(Xt.shape[1:]) != tuple(self.input_shape_):
+            raise ValueError(f"X has samples of shape {tuple(Xt.shape[1:])}, but "
+                             f"{type(self).__name__} is expecting {tuple(self.input_shape_)}.")
+        return Xt
+
+    def predict(self, X, *, client: int | None = None, cluster: int | None = None):
+        """Predict with the model of a training client (or a given model).
+
+        Parameters
+        ----------
+        X : array-like or Tensor of shape (n_samples, n_features)
+        client : int, optional
+            Index of a training client: its assigned model is used.
+        cluster : int, optional
+            Index of a model, as an alternative to ``client``.
+
+        Returns
+        -------
+        ndarray
+            Class labels (cross-entropy), predicted targets (MSE; 1D for a single
+            output) or reconstructions (autoencoder).
+        """
+        model = self._model_for(client, cluster)
+        Xt = self._check_X(X)
+        with torch.no_grad():
+            out = model(Xt)
+        if self.loss_ == "cross_entropy":
+            return self.classes_[self._to_numpy(out.argmax(1))]
+        if self.loss_ == "mse" and getattr(self, "_y_1d", False):
+            return self._to_numpy(out[:, 0])
+        return self._to_numpy(out.reshape(Xt.shape) if self.loss_ == "reconstruction" else out)
+
+    def _client_loss_vector(self, X, y) -> np.ndarray:
+        fed = validate_clients([(X, y) if y is not None else X], ndim=None,
+                               device=self._resolved_device, owner=type(self).__name__,
+                               input_shape=tuple(self.input_shape_),
+                               supervised=self.loss_ != "reconstruction")
+        data, _ = self._encode_new(fed)
+        engine = Engine(self._template, self.loss_, vectorize=False, optimizer="sgd", lr=1.0,
+                        batch_size=None, local_epochs=1)
+        return self._to_numpy(engine.loss_matrix(self._states, data))[0]
+
+    def _encode_new(self, fed) -> tuple[ClientData, int]:
+        if self.loss_ == "cross_entropy":
+            y = fed.ys[0]
+            unknown = ~np.isin(y, self.classes_)
+            if unknown.any():
+                raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unknown])}.")
+            Ys = [torch.as_tensor(np.searchsorted(self.classes_, y), dtype=torch.long,
+                                  device=self._resolved_device)]
+            return ClientData.from_lists(fed.Xs, Ys, self._resolved_device), 0
+        if self.loss_ == "mse":
+            y = fed.ys[0]
+            Ys = [torch.as_tensor(y.reshape(len(y), -1).astype(np.float32),
+                                  device=self._resolved_device)]
+            return ClientData.from_lists(fed.Xs, Ys, self._resolved_device), 0
+        return ClientData.from_lists(fed.Xs, None, self._resolved_device), 0
+
+    def assign(self, X, y=None) -> int:
+        """Model index for a new client: the model with the lowest loss on its data.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            The new client's data.
+        y : array-like of shape (n_samples,), optional
+            Its targets (required unless the loss is the reconstruction loss).
+
+        Returns
+        -------
+        int
+        """
+        self._check_fitted()
+        return int(np.argmin(self._client_loss_vector(X, y)))
+
+    def score(self, clients) -> float:
+        """Mean per-client quality of each client's assigned model.
+
+        ``clients`` are held-out data of the training clients, in the same order:
+        accuracy (cross-entropy), :math:`R^2` (MSE) or minus the reconstruction
+        MSE (autoencoder), averaged over clients.
+
+        Parameters
+        ----------
+        clients : list
+            ``n_clients_`` entries, as in :meth:`fit`.
+
+        Returns
+        -------
+        float
+        """
+        self._check_fitted()
+        fed = validate_clients(clients, ndim=None, device=self._resolved_device,
+                               owner=type(self).__name__, input_shape=tuple(self.input_shape_),
+                               supervised=self.loss_ != "reconstruction")
+        if len(fed.Xs) != self.n_clients_:
+            raise ValueError(f"score needs one entry per training client ({self.n_clients_}), "
+                             f"got {len(fed.Xs)}.")
+        scores = []
+        for i, X in enumerate(fed.Xs):
+            pred = self.predict(X, client=i)
+            if self.loss_ == "cross_entropy":
+                scores.append(float(np.mean(pred == fed.ys[i])))
+            elif self.loss_ == "mse":
+                scores.append(float(r2_score(fed.ys[i], pred)))
+            else:
+                scores.append(-float(np.mean((pred - self._to_numpy(X)) ** 2)))
+        return float(np.mean(scores))

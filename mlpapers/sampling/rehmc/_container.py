@@ -1,0 +1,105 @@
+"""Base class of the convex containers of reflective HMC and its input validation.
+
+Every container is batched over chains: positions and velocities are ``(C, d)``
+tensors (``C`` chains, ``d`` dimensions) and the oracles return one value per
+chain. The concrete containers live in ``_supports`` (closed-form oracles) and
+``_levelset`` (convex level sets by root finding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mlpapers._utils import to_numpy
+
+__all__ = ["ConvexContainer"]
+
+Tensor = torch.Tensor
+
+
+def _as_float_array(value, name: str, ndim: int) -> np.ndarray:
+    arr = to_numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}.")
+    arr = arr.astype(np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}D, got a {arr.ndim}D array of shape {arr.shape}.")
+    if arr.size == 0:
+        raise ValueError(f"{name} must not be empty.")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite (no NaN or inf).")
+    return arr
+
+
+class ConvexContainer:
+    """Base class of the convex containers ``K`` that trajectories reflect off.
+
+    Subclasses implement :meth:`contains`, :meth:`hit` and
+    :meth:`interior_point`; :attr:`dim` is the dimension ``d``.
+    """
+
+    dim: int
+
+    def _t(self, arr: np.ndarray, like: Tensor) -> Tensor:
+        cache = self.__dict__.setdefault("_tensor_cache", {})
+        key = (id(arr), like.dtype, like.device)
+        hit = cache.get(key)
+        if hit is None or hit[0] is not arr:
+            hit = cache[key] = (arr, torch.as_tensor(arr, dtype=like.dtype, device=like.device))
+        return hit[1]
+
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
+        """Membership test ``x in K`` (to within ``tol``) of ``(C, d)`` points -> ``(C,)`` bool."""
+        raise NotImplementedError
+
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | None = None,
+            exclude: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """First exit time of the rays ``x + t v`` (``t > 0``).
+
+        Parameters
+        ----------
+        x, v : torch.Tensor of shape (C, d)
+            Start points (inside ``K``) and velocities.
+        t_max : torch.Tensor of shape (C,), optional
+            The caller only needs hits before ``t_max``; the bisection oracle
+            uses it as its bracket, closed-form oracles ignore it.
+        exclude : torch.Tensor of shape (C,), optional
+            Index of the face just hit (``-1`` for none), skipped to avoid a
+            spurious round-off hit at ``t = 0``.
+
+        Returns
+        -------
+        t : torch.Tensor of shape (C,)
+            Hitting time (``inf`` when the ray never leaves ``K``, or for the
+            bisection oracle when it does not leave before ``t_max``).
+        normal : torch.Tensor of shape (C, d)
+            Unit outward normal at the hit point (arbitrary where ``t = inf``).
+        face : torch.Tensor of shape (C,), int64
+            Index of the face hit (``0`` for smooth sets).
+        """
+        raise NotImplementedError
+
+    def interior_point(self) -> np.ndarray:
+        """A point of the interior of ``K`` (shape ``(d,)``)."""
+        raise NotImplementedError
+
+    def width(self) -> float:
+        """Diameter of a ball inscribed in ``K`` (``inf`` if unknown); bounds the step size."""
+        return float("inf")
+
+    def random_interior(self, n: int, gen: torch.Generator) -> Tensor:
+        """``n`` random points of ``K`` (not uniform): centre plus a random fraction of a chord.
+
+        Returns
+        -------
+        torch.Tensor of shape (n, d), float64
+        """
+        c = torch.as_tensor(self.interior_point(), dtype=torch.float64).expand(n, -1).clone()
+        u = torch.randn(n, self.dim, generator=gen, dtype=torch.float64)
+        u = u / u.norm(dim=1, keepdim=True)
+        t, _, _ = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))
+        t = torch.where(torch.isfinite(t), t, torch.ones_like(t))
+        frac = torch.rand(n, generator=gen, dtype=torch.float64) * 0.9
+        return c + (frac * t)[:, None] * u
+

@@ -1,0 +1,155 @@
+"""Supports given by functions: convex level sets and non-convex regions.
+
+:class:`ConvexSet` is a convex container ``{x : g(x) <= 0}`` whose hitting time
+is found by bracketed root finding (no closed form); :class:`Region` describes a
+non-convex support ``S`` used only for thinning (membership test), never for
+reflections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
+
+__all__ = ["ConvexSet", "Region"]
+
+Tensor = torch.Tensor
+
+
+class ConvexSet(ConvexContainer):
+    """Convex level set ``K = {x : g(x) <= 0}`` with ``g`` convex.
+
+    The hitting time is bracketed on ``[0, t_max]`` (the ray stays in ``K`` on
+    an interval, since ``g`` is convex along lines) and refined by Illinois
+    false position with a bisection step every third iteration, until the
+    bracket is a few ulps wide; the returned time is the inner end of the
+    bracket, so the hit point is always inside ``K``.
+
+    Parameters
+    ----------
+    g : callable
+        ``g(x)`` maps a ``(C, d)`` tensor to ``(C,)``.
+    grad_g : callable, optional
+        Gradient of ``g`` (``(C, d) -> (C, d)``); by autograd when omitted.
+    interior_point : array-like of shape (d,)
+        A point with ``g < 0``; it fixes the dimension.
+    n_bisect : int, default=60
+        Maximum root-finding iterations.
+    """
+
+    def __init__(self, g: Callable[[Tensor], Tensor], grad_g: Callable | None = None, *,
+                 interior_point, n_bisect: int = 60):
+        if not callable(g):
+            raise TypeError("g must be callable.")
+        if grad_g is not None and not callable(grad_g):
+            raise TypeError("grad_g must be callable or None.")
+        self.g = g
+        self.grad_g = grad_g
+        self._x0 = _as_float_array(interior_point, "interior_point", 1).copy()
+        self.dim = len(self._x0)
+        self.n_bisect = int(n_bisect)
+        g0 = self._g(torch.as_tensor(self._x0)[None])
+        if g0.shape != (1,):
+            raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(g0.shape)}.")
+        if not g0[0] < 0:
+            raise ValueError("interior_point must satisfy g(interior_point) < 0.")
+
+    def __repr__(self) -> str:
+        return f"ConvexSet(dim={self.dim})"
+
+    def _g(self, x):
+        with torch.no_grad():
+            return self.g(x)
+
+    def contains(self, x, tol=0.0):
+        return self._g(x) <= tol
+
+    def _normal(self, x):
+        if self.grad_g is not None:
+            with torch.no_grad():
+                gr = self.grad_g(x)
+        else:
+            with torch.enable_grad():
+                xr = x.detach().requires_grad_(True)
+                gr = torch.autograd.grad(self.g(xr).sum(), xr)[0]
+        return gr / gr.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        if t_max is None:
+            raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
+        t_max = t_max.to(x.dtype)
+        g_hi = self._g(x + t_max[:, None] * v)
+        out = g_hi > 0
+        lo = torch.zeros_like(t_max)
+        hi = t_max.clone()
+        g_lo = torch.minimum(self._g(x), torch.zeros_like(t_max))
+        g_tol = 1e-14 * g_lo.abs()  # lo is a root to ~1e-14 relative once |g(lo)| <= g_tol
+        g_lo_true = g_lo
+        g_hi = torch.where(out, g_hi, torch.ones_like(g_hi))
+        side = torch.zeros_like(t_max)
+        tol = 4 * torch.finfo(x.dtype).eps
+        for i in range(self.n_bisect):
+            # Illinois false position (superlinear), every third step a bisection step
+            denom = g_hi - g_lo
+            fp = lo - g_lo * (hi - lo) / torch.where(denom > 0, denom, torch.ones_like(denom))
+            mid = 0.5 * (lo + hi)
+            trial = mid if i % 3 == 2 else torch.where((fp > lo) & (fp < hi), fp, mid)
+            gt = self._g(x + trial[:, None] * v)
+            inside = gt <= 0
+            lo = torch.where(inside, trial, lo)
+            hi = torch.where(inside, hi, trial)
+            # halve the stale end's value when the same side moves twice (Illinois)
+            g_hi = torch.where(inside, torch.where(side > 0, 0.5 * g_hi, g_hi), gt)
+            g_lo = torch.where(inside, gt, torch.where(side < 0, 0.5 * g_lo, g_lo))
+            side = torch.where(inside, torch.ones_like(side), -torch.ones_like(side))
+            g_lo_true = torch.where(inside, gt, g_lo_true)
+            open_ = ((hi - lo) > tol * hi.abs().clamp_min(1e-300)) & (g_lo_true < -g_tol)
+            if not bool((open_ & out).any()):
+                break
+        t = torch.where(out, lo, torch.full_like(lo, float("inf")))
+        normal = self._normal(x + torch.where(out, lo, t_max)[:, None] * v)
+        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
+
+    def interior_point(self):
+        return self._x0.copy()
+
+
+class Region:
+    """A (possibly non-convex) support ``S`` given by a membership test.
+
+    Used with a convex container ``K`` that contains ``S``: the chain runs on
+    ``K`` and only draws in ``S`` are kept (thinning).
+
+    Parameters
+    ----------
+    contains : callable
+        ``contains(x)`` maps a ``(C, d)`` tensor to a ``(C,)`` boolean tensor.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.sampling import Region
+    >>> annulus = Region(lambda x: x.norm(dim=-1) >= 1.0)
+    >>> annulus.contains(torch.tensor([[0.5, 0.0], [1.5, 0.0]])).tolist()
+    [False, True]
+    """
+
+    def __init__(self, contains: Callable[[Tensor], Tensor]):
+        if not callable(contains):
+            raise TypeError("contains must be callable.")
+        self._contains = contains
+
+    def __repr__(self) -> str:
+        return "Region(...)"
+
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
+        """Membership ``(C, d) -> (C,)`` bool."""
+        with torch.no_grad():
+            out = torch.as_tensor(self._contains(x))
+        if out.shape != x.shape[:1]:
+            raise ValueError(
+                f"Region.contains must return shape ({x.shape[0]},), got {tuple(out.shape)}.")
+        return out.bool()
