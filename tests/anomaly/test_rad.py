@@ -322,6 +322,13 @@ def test_integer_pixels_of_any_dtype_equal_uint8(fitted, textures):
         check_images(X8.astype(np.int64) * 2)
     with pytest.raises(ValueError, match=r"\[0, 255\]"):
         check_images(-X8.astype(np.int64))
+    # unsigned 16/32-bit (torch has no CPU min/max kernel for them): checked, not a crash
+    for dtype in (np.uint16, np.uint32):
+        torch.testing.assert_close(check_images(X8.astype(dtype)), check_images(X8))
+        with pytest.raises(ValueError, match=r"\[0, 255\]"):
+            check_images(X8.astype(dtype) * 257)
+    torch.testing.assert_close(check_images(torch.from_numpy(X8).to(torch.uint16)),
+                               check_images(X8))
 
 
 def test_float_pixels_out_of_range_warn(textures):

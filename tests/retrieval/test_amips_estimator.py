@@ -272,3 +272,18 @@ def test_params_checked_at_inference_and_overflow(rng):
         exact.predict(keys * 1e20)
     with pytest.raises(ValueError, match="batch_size"):
         exact.set_params(batch_size=0).predict(keys)
+
+
+def test_training_callback_reads_the_units_of_the_fit_in_progress():
+    # the scales used to be set after training: missing on a first fit, stale on a refit
+    rng = np.random.default_rng(0)
+    keys, Q = rng.standard_normal((16, 4)), rng.standard_normal((64, 4))
+    model = AmortizedMIPS(**dict(FAST, n_steps=2, batch_size=16))
+    scales = []
+    for factor in (256.0, 1.0):
+        seen = []
+        model._fit(keys * factor, Q,
+                   callback=lambda step, net, seen=seen: seen.append(model.key_scale_))
+        assert seen and set(seen) == {model.key_scale_}
+        scales.append(model.key_scale_)
+    assert scales[0] == 256.0 * scales[1]

@@ -58,3 +58,11 @@ def test_custom_augment_output_is_checked():
         # a valid callable (float64 output, smaller crops) still trains
         enc = make(lambda x, g: x[:, :, 1:7, 1:7].double()).fit(X)
         assert enc.transform(X).shape[0] == 6
+
+
+def test_exact_linear_feedback_accepts_a_parameter_list():
+    # a module's nn.ParameterList is an iterable of matrices, not a Sequence
+    Ws, B = _net()
+    got = exact_linear_feedback(torch.nn.ParameterList([torch.nn.Parameter(w) for w in Ws]), B)
+    for a, r in zip(got, exact_linear_feedback(Ws, B)):
+        torch.testing.assert_close(a.detach(), r)

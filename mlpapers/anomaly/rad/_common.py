@@ -63,7 +63,8 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
     if t.dtype == torch.bool:
         t = t.float()
     elif not t.is_floating_point():  # integer pixel values, 0..255
-        lo, hi = (int(v) for v in torch.aminmax(t)) if t.numel() else (0, 0)
+        # int64 for the range check: aminmax has no CPU kernel for uint16/uint32
+        lo, hi = (int(v) for v in torch.aminmax(t.to(torch.int64))) if t.numel() else (0, 0)
         if lo < 0 or hi > 255:
             raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
                              "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")

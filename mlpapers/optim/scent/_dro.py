@@ -1,4 +1,8 @@
-"""KL-DRO linear models: minimise lambda * log mean exp(loss / lambda) with SCENT."""
+"""KL-DRO linear models: minimise lambda * log mean exp(loss / lambda) with SCENT.
+
+The SGD's starting point (ERM warm starts, standardised parameterisation) lives in
+``_dro_init``.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,13 @@ from mlpapers.optim.scent._common import (
     check_common_params,
     lr_factor,
     make_loss,
-    minimize_lbfgs,
     set_lrs,
+)
+from mlpapers.optim.scent._dro_init import (
+    erm_least_squares,
+    erm_logistic,
+    feature_scaling,
+    unscale,
 )
 from mlpapers.optim.scent._kernels import log_mean_exp
 
@@ -147,7 +156,11 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         # SGD runs on standardised features Z = (X - mu) / s with V = W s, c = b + W mu
         # (same predictions, same objective): a diagonal preconditioner that makes the
         # fit independent of the features' units and offsets.
-        mu, scale = self._feature_scaling(X64)
+        mu, scale = feature_scaling(X64, bool(self.fit_intercept))
+        if self.alpha > 0:
+            # the penalty's curvature in V = W s is alpha / s^2: floor s so that SGD stays
+            # stable (lr alpha / s^2 <= 1); the penalised objective depends on units anyway
+            scale = scale.clamp_min(math.sqrt(float(self.lr) * float(self.alpha)))
         X = ((X64 - mu) / scale).float()
         W0, b0 = W0.to(X64.device), b0.to(X64.device)
         W = (W0 * scale).float().to(dev).requires_grad_(True)
@@ -183,30 +196,13 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                 opt.step()
                 step += 1
             with torch.no_grad():
-                Wo, bo = self._unscale(W, b, mu, scale)
+                Wo, bo = unscale(W, b, mu, scale)
                 self.loss_curve_.append(float(self._dro_value(Wo, bo, X64, y)))
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.nu_ = float(loss_fn.nu[0]) if self.method != "bsgd" else float("nan")
-        self._store(*self._unscale(W, b, mu, scale))
+        self._store(*unscale(W, b, mu, scale))
         return self
-
-    def _feature_scaling(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Centre (with an intercept) and scale (std, or RMS without intercept) of X."""
-        if self.fit_intercept:
-            mu = X.mean(0)
-            scale = (X - mu).pow(2).mean(0).sqrt()
-        else:
-            mu = torch.zeros(X.shape[1], dtype=X.dtype, device=X.device)
-            scale = X.pow(2).mean(0).sqrt()
-        scale = torch.where(scale > 1e-12 * (1.0 + mu.abs()), scale, torch.ones_like(scale))
-        return mu, scale
-
-    @staticmethod
-    def _unscale(W, b, mu, scale):
-        """Parameters in the original feature units from the standardised ones."""
-        Wo = W.detach().double().to(mu.device) / scale
-        return Wo, b.detach().double().to(mu.device) - Wo @ mu
 
     def objective(self, X, y) -> float:
         r"""Exact KL-DRO objective :math:`\lambda\log\frac1n\sum_i e^{\ell_i/\lambda}
@@ -280,19 +276,8 @@ class KLDRORegressor(RegressorMixin, _KLDROBase):
         return (X.to(W.dtype) @ W + b - y.to(W.dtype)) ** 2
 
     def _erm_init(self, X, y):
-        y = y.double().cpu()
-        X = X.cpu()
-        n, d = X.shape
-        A = torch.cat([X, torch.ones(n, 1, dtype=X.dtype)], 1) if self.fit_intercept else X
-        rhs = y
-        if self.alpha > 0:  # mean (r^2) + alpha/2 |w|^2  <=>  rows sqrt(n alpha / 2) I
-            reg = math.sqrt(n * self.alpha / 2) * torch.eye(d, A.shape[1], dtype=X.dtype)
-            A = torch.cat([A, reg])
-            rhs = torch.cat([y, torch.zeros(d, dtype=X.dtype)])
-        sol = torch.linalg.lstsq(A, rhs[:, None], driver="gelsd").solution[:, 0]
-        W = sol[:d]
-        b = sol[d] if self.fit_intercept else torch.zeros((), dtype=X.dtype)
-        return W.to(self._device), b.to(self._device)
+        return erm_least_squares(X, y, alpha=self.alpha, fit_intercept=self.fit_intercept,
+                                 device=self._device)
 
     def _store(self, W, b):
         self.coef_ = W.cpu().numpy()
@@ -379,13 +364,8 @@ class KLDROClassifier(ClassifierMixin, _KLDROBase):
         return F.cross_entropy(X.to(W.dtype) @ W.T + b, y, reduction="none")
 
     def _erm_init(self, X, y):
-        W, b = self._zeros(X.shape[1])
-        W, b = W.to(X.device).requires_grad_(True), b.to(X.device)
-        b.requires_grad_(bool(self.fit_intercept))
-        params = [W, b] if self.fit_intercept else [W]
-        minimize_lbfgs(lambda: self._losses(W, b, X, y).mean() + self._penalty(W), params,
-                       max_iter=200, tol=1e-9)
-        return W.detach(), b.detach()
+        return erm_logistic(X, y, len(self.classes_), alpha=self.alpha,
+                            fit_intercept=self.fit_intercept)
 
     def _store(self, W, b):
         self.coef_ = W.cpu().numpy()

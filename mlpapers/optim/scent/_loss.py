@@ -150,6 +150,8 @@ class EntropicRiskLoss(nn.Module):
         check_positive(rho, "rho")
         if nu_init is not None and not math.isfinite(nu_init):
             raise ValueError(f"nu_init must be a finite float or None, got {nu_init!r}.")
+        if getattr(log_alpha, "shape", None) == () and not isinstance(log_alpha, torch.Tensor):
+            log_alpha = log_alpha.item()  # 0-d numpy array or numpy scalar
         if not isinstance(log_alpha, torch.Tensor) and (
                 isinstance(log_alpha, bool) or not isinstance(log_alpha, numbers.Real)
                 or not math.isfinite(log_alpha)):

@@ -35,7 +35,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     false-positive region of the ROC curve. Each step samples ``batch_size``
     positives and ``n_negatives`` negatives (shared by the batch) and updates the
     positives' dual variables with the chosen ``method``. The SGD steps are taken
-    on features divided by their root mean square (a diagonal preconditioner;
+    on features divided by their standard deviation (a diagonal preconditioner;
     ``coef_`` is in the original units), so the fit does not depend on the
     features' units.
 
@@ -161,9 +161,11 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"max_fpr must be in (0, 1], got {self.max_fpr!r}.")
         check_positive(self.n_negatives, "n_negatives", integer=True)
         pos = torch.as_tensor(y == self.classes_[1], device=X.device)
-        # SGD on Z = X / s (s: feature RMS) with v = w s: same scores, a diagonal
-        # preconditioner that makes the fit independent of the features' units
-        scale = X.double().pow(2).mean(0).sqrt()
+        # SGD on Z = X / s (s: feature std) with v = w s: same scores, a diagonal
+        # preconditioner that makes the fit independent of the features' units; the
+        # std, not the RMS, since the pairwise losses ignore offsets (1000 +- 1 is a
+        # feature of scale 1, not 1000)
+        scale = X.double().std(0, correction=0) if len(X) > 1 else torch.zeros(X.shape[1])
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         Xp, Xn = X[pos] / scale.float(), X[~pos] / scale.float()
         n_pos, n_neg = len(Xp), len(Xn)
@@ -230,6 +232,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``)."""
         scores = self.decision_function(X)
         y = self._to_numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1:  # a column vector, as scikit-learn accepts
+            y = y.ravel()
         if y.shape != scores.shape:
             raise ValueError(f"y must have shape ({len(scores)},) to match X, got {y.shape}.")
         unseen = ~np.isin(y, self.classes_)

@@ -239,6 +239,8 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
     if not (est.arch == "keynet" and est.resnet):
         # match the initial key norms to the labels' (a positive scale keeps convexity)
         match_output_scale(model, init_batch, keys, search_batch_size=est.search_batch_size)
+    # set before training: a callback reads the units of the fit in progress
+    est.key_scale_, est.query_scale_ = key_scale, query_scale
     est.model_, est.history_ = train_amips(
         model, keys, draw_scaled, augment=augment, n_steps=est.n_steps,
         batch_size=est.batch_size, lr=est.lr, warmup=est.warmup,
@@ -247,5 +249,4 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
         target_weight=est.target_weight, search_batch_size=est.search_batch_size,
         double_backprop=est.arch == "supportnet", verbose=est.verbose,
         desc=type(est).__name__, callback=callback)
-    est.key_scale_, est.query_scale_ = key_scale, query_scale
     est.n_params_ = int(sum(p.numel() for p in est.model_.parameters()))

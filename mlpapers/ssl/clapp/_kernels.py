@@ -17,7 +17,7 @@ References
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -186,7 +186,11 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
 
 def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Matrices of one floating dtype whose shapes chain (``W_{l+1}`` after ``W_l``)."""
-    if isinstance(weights, torch.Tensor) or not isinstance(weights, Sequence) or not weights:
+    # any iterable of matrices (list, tuple, nn.ParameterList), but not one tensor
+    if isinstance(weights, (torch.Tensor, np.ndarray, str)) or not isinstance(weights, Iterable):
+        raise ValueError("weights must be a non-empty sequence of 2D matrices W_1..W_L.")
+    weights = list(weights)
+    if not weights:
         raise ValueError("weights must be a non-empty sequence of 2D matrices W_1..W_L.")
     mats = [w if isinstance(w, torch.Tensor) else torch.as_tensor(np.asarray(w))
             for w in [*weights, B_top]]
