@@ -329,6 +329,8 @@ def test_integer_pixels_of_any_dtype_equal_uint8(fitted, textures):
             check_images(X8.astype(dtype) * 257)
     torch.testing.assert_close(check_images(torch.from_numpy(X8).to(torch.uint16)),
                                check_images(X8))
+    with pytest.raises(ValueError, match=r"18446744073709551615\]"):  # no wrap-around
+        check_images(np.full((1, 4, 4), 2**64 - 1, dtype=np.uint64))
 
 
 def test_float_pixels_out_of_range_warn(textures):

@@ -63,8 +63,13 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
     if t.dtype == torch.bool:
         t = t.float()
     elif not t.is_floating_point():  # integer pixel values, 0..255
-        # int64 for the range check: aminmax has no CPU kernel for uint16/uint32
-        lo, hi = (int(v) for v in torch.aminmax(t.to(torch.int64))) if t.numel() else (0, 0)
+        if not t.numel():
+            lo, hi = 0, 0
+        elif t.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no torch CPU min/max
+            arr = t.cpu().numpy()
+            lo, hi = int(arr.min()), int(arr.max())
+        else:
+            lo, hi = (int(v) for v in torch.aminmax(t))
         if lo < 0 or hi > 255:
             raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
                              "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
