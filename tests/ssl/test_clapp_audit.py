@@ -66,3 +66,10 @@ def test_exact_linear_feedback_accepts_a_parameter_list():
     got = exact_linear_feedback(torch.nn.ParameterList([torch.nn.Parameter(w) for w in Ws]), B)
     for a, r in zip(got, exact_linear_feedback(Ws, B)):
         torch.testing.assert_close(a.detach(), r)
+
+
+def test_exact_linear_feedback_rejects_unordered_containers():
+    Ws, B = _net()
+    for bad in ({i: w for i, w in enumerate(Ws)}, set(Ws)):
+        with pytest.raises(ValueError, match="sequence"):
+            exact_linear_feedback(bad, B)

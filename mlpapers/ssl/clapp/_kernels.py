@@ -17,7 +17,7 @@ References
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -187,7 +187,8 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
 def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Matrices of one floating dtype whose shapes chain (``W_{l+1}`` after ``W_l``)."""
     # any iterable of matrices (list, tuple, nn.ParameterList), but not one tensor
-    if isinstance(weights, (torch.Tensor, np.ndarray, str)) or not isinstance(weights, Iterable):
+    if isinstance(weights, (torch.Tensor, np.ndarray, str, Mapping, set, frozenset)) \
+            or not isinstance(weights, Iterable):  # unordered containers have no layer order
         raise ValueError("weights must be a non-empty sequence of 2D matrices W_1..W_L.")
     weights = list(weights)
     if not weights:
