@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.datasets import load_digits
-from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_positive
+from mlpapers.datasets._random import check_random_state
 
 
 def make_shifted_digits(
@@ -32,7 +32,7 @@ def make_shifted_digits(
         Side of the square canvas (at least 8).
     noise : float, default=0.1
         Standard deviation of the additive Gaussian pixel noise (>= 0).
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed for the digit choice, positions and noise.
 
     Returns

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_positive
+from mlpapers.datasets._random import check_random_state
 
 
 def make_extreme_classification(
@@ -48,7 +48,7 @@ def make_extreme_classification(
     min_samples_per_class : int, default=0
         Guaranteed number of points of every class; needs
         ``n_samples >= min_samples_per_class * n_classes``.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed of the means, labels and noise.
 
     Returns

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.datasets import load_digits
-from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_in_options, check_positive
+from mlpapers.datasets._random import check_random_state
 
 __all__ = ["make_federated_digits", "make_federated_linear"]
 
@@ -72,7 +72,7 @@ def make_federated_linear(
         the diameter of the unit sphere).
     noise : float, default=0.01
         Noise standard deviation :math:`\\sigma`.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
 
     Returns
     -------
@@ -167,7 +167,7 @@ def make_federated_digits(
         Samples per client.
     n_swaps : int, default=2
         Label transpositions per cluster (``label_swap`` only, 1..5).
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
 
     Returns
     -------

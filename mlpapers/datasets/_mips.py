@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_positive
+from mlpapers.datasets._random import check_random_state
 
 __all__ = ["GaussianMixtureQuerySampler", "make_mips_problem"]
 
@@ -94,7 +94,7 @@ def make_mips_problem(
         Relative size of the perturbation around an anchor.
     norm_spread : float, default=0.25
         Standard deviation of the log key norms (``0``: unit keys, MIPS = cosine).
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
 
     Returns
     -------

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_positive, check_tensor, to_numpy
+from mlpapers.datasets._random import check_random_state
 
 
 class SyntheticRelevance:
@@ -111,7 +111,7 @@ def make_relevance_problem(
         Scale of the item popularity term :math:`\\beta^\\top y`.
     n_hidden : int, default=32
         Width of the interaction layer.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed for features and ranker weights.
 
     Returns

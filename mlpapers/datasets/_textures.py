@@ -6,9 +6,9 @@ import functools
 
 import numpy as np
 from scipy.ndimage import gaussian_filter
-from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_positive
+from mlpapers.datasets._random import check_random_state
 
 __all__ = ["make_texture_anomalies"]
 
@@ -118,6 +118,17 @@ def _defect(img: np.ndarray, name: str, kind: str, rng: np.random.RandomState):
     return out, mask
 
 
+def _names(value, name: str) -> tuple:
+    """A sequence of names as a tuple; one string counts as a one-name sequence."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a string or a sequence of strings, "
+                        f"got {value!r}.") from None
+
+
 def make_texture_anomalies(
     n_train: int = 30,
     n_test: int = 40,
@@ -154,17 +165,18 @@ def make_texture_anomalies(
         Number of test images.
     image_size : int, default=64
         Side of the square images (at least 16).
-    textures : sequence of str or None, default=None
-        Subset of the families of ``source``; ``None`` uses all of them.
+    textures : str, sequence of str or None, default=None
+        Subset of the families of ``source`` (one name is a one-family
+        subset); ``None`` uses all of them.
     source : {"procedural", "skimage"}, default="procedural"
-    defects : sequence of str, default=("scratch", "spot", "cutout")
+    defects : str or sequence of str, default=("scratch", "spot", "cutout")
     anomaly_ratio : float in [0, 1], default=0.5
         Fraction of defective test images (rounded).
     noise : float, default=0.03
         Standard deviation of the pixel noise.
     return_texture : bool, default=False
         Also return the texture index of every image.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
 
     Returns
     -------
@@ -192,13 +204,16 @@ def make_texture_anomalies(
     if image_size < 16:
         raise ValueError(f"image_size must be >= 16, got {image_size}.")
     check_positive(noise, "noise", strict=False)
+    check_positive(anomaly_ratio, "anomaly_ratio", strict=False)
     if not 0.0 <= anomaly_ratio <= 1.0:
         raise ValueError(f"anomaly_ratio must be in [0, 1], got {anomaly_ratio!r}.")
+    if not isinstance(return_texture, bool | np.bool_):
+        raise TypeError(f"return_texture must be a bool, got {return_texture!r}.")
     if source not in ("procedural", "skimage"):
         raise ValueError(f"source must be 'procedural' or 'skimage', got {source!r}.")
     family = TEXTURES if source == "procedural" else SKIMAGE_TEXTURES
-    textures = family if textures is None else tuple(textures)
-    defects = tuple(defects)
+    textures = family if textures is None else _names(textures, "textures")
+    defects = _names(defects, "defects")
     if not textures or any(t not in family for t in textures):
         raise ValueError(f"textures must be a non-empty subset of {list(family)} for "
                          f"source={source!r}, got {list(textures)}.")

@@ -176,3 +176,32 @@ def test_torch_func_gradient_gives_the_draws_of_autograd():
     b = ReflectiveHMC(gauss, Box(np.zeros(4), np.ones(4)), grad_log_prob=func_grad,
                       **kw).sample(40, n_chains=3, warmup=40)
     np.testing.assert_array_equal(a.samples, b.samples)
+
+
+def test_gradient_written_into_a_reused_buffer_gives_the_same_draws():
+    # the sampler keeps the current state's gradient while it integrates the proposal;
+    # a grad_log_prob that returns one reused buffer used to overwrite it (a kick that is
+    # not a function of position: the chain was no longer exact)
+    buf = {}
+
+    def into_buffer(x):
+        out = buf.setdefault(x.shape, torch.empty_like(x))
+        return torch.div(-((x - MU) / SD), SD, out=out)  # the ops of gauss_grad
+
+    container = Box(np.zeros(4), np.ones(4))
+    runs = [ReflectiveHMC(gauss, container, grad_log_prob=g, n_leapfrog=4, random_state=2)
+            .sample(80, n_chains=3, warmup=80) for g in (gauss_grad, into_buffer)]
+    np.testing.assert_array_equal(runs[0].samples, runs[1].samples)
+
+
+def test_non_finite_energy_change_is_divergent_even_without_an_energy_threshold():
+    x = torch.full((3, 4), 0.5, dtype=D)
+
+    def nan_away_from_start(z):  # NaN wherever the trajectory ends
+        return torch.where((z - 0.5).abs().sum(-1) > 0, torch.nan, gauss(z))
+
+    logp, grad = log_prob_and_grad(gauss, x)
+    out = hmc_transition(x, logp, grad, torch.full((3,), 0.1, dtype=D), 3, nan_away_from_start,
+                         Box(np.zeros(4), np.ones(4)), None, 100,
+                         torch.Generator().manual_seed(0), max_energy_error=float("inf"))
+    assert out["divergent"].all() and not out["accepted"].any()

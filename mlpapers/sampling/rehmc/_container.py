@@ -18,12 +18,16 @@ __all__ = ["ConvexContainer"]
 Tensor = torch.Tensor
 
 
-def _as_float_array(value, name: str, ndim: int) -> np.ndarray:
-    arr = to_numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
+def _as_float_array(value, name: str, ndim: int | None) -> np.ndarray:
+    """``value`` as a finite, non-empty float64 array with ``ndim`` dimensions (any if None)."""
+    try:
+        arr = to_numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
+    except ValueError as exc:  # ragged nested sequences
+        raise ValueError(f"{name} must be a rectangular numeric array: {exc}") from None
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}.")
     arr = arr.astype(np.float64)
-    if arr.ndim != ndim:
+    if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}D, got a {arr.ndim}D array of shape {arr.shape}.")
     if arr.size == 0:
         raise ValueError(f"{name} must not be empty.")

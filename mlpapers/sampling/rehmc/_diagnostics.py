@@ -4,6 +4,10 @@ Implements Vehtari, Gelman, Simpson, Carpenter & Bürkner (2021), "Rank-normaliz
 folding, and localization: an improved R-hat for assessing convergence of MCMC",
 Bayesian Analysis 16(2), with Geyer's initial monotone sequence for the ESS, in numpy.
 All functions take draws of shape ``(chains, draws)`` or ``(chains, draws, d)``.
+They return NaN where a value is undefined: fewer than 4 draws per chain, a
+non-finite draw, or draws that do not vary (R-hat and ESS of constant draws are
+NaN, as in Stan and the R package ``posterior``; ArviZ reports the ESS of constant
+draws as their number).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from scipy.special import ndtri
 from scipy.stats import rankdata
 
 __all__ = ["ess", "rhat"]
+
+MIN_DRAWS = 4  # fewer draws per chain give NaN (as ArviZ), never an exception
 
 
 def _split(x: np.ndarray) -> np.ndarray:
@@ -32,9 +38,12 @@ def _rhat_basic(x: np.ndarray) -> float:
         return float("nan")
     w = x.var(axis=1, ddof=1).mean()
     b = n * x.mean(axis=1).var(ddof=1) if m > 1 else 0.0
-    if w == 0:
+    var_plus = (n - 1) / n * w + b / n
+    if not var_plus > 0:  # constant draws: undefined
         return float("nan")
-    return float(np.sqrt(((n - 1) / n * w + b / n) / w))
+    if w <= 1e-12 * var_plus:  # every chain stuck at its own value: not converged at all
+        return float("inf")
+    return float(np.sqrt(var_plus / w))
 
 
 def _autocov(x: np.ndarray) -> np.ndarray:
@@ -82,10 +91,12 @@ def _ess_basic(x: np.ndarray) -> float:
 
 def _per_dim(x: np.ndarray, fn) -> np.ndarray | float:
     x = np.asarray(x, dtype=np.float64)
+    if x.ndim not in (2, 3):
+        raise ValueError(f"draws must have shape (chains, draws[, d]), got {x.shape}.")
+    if x.shape[1] < MIN_DRAWS:  # split chains need 2+ draws per half: undefined, not an error
+        return float("nan") if x.ndim == 2 else np.full(x.shape[2], np.nan)
     if x.ndim == 2:
         return fn(x)
-    if x.ndim != 3:
-        raise ValueError(f"draws must have shape (chains, draws[, d]), got {x.shape}.")
     return np.array([fn(x[:, :, j]) for j in range(x.shape[2])])
 
 

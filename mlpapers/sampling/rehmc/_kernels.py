@@ -87,11 +87,15 @@ def grad_only(grad_log_prob: GradLogProb, x: Tensor) -> Tensor:
         raise _shape_error("grad_log_prob", tuple(x.shape), x, g)
     if g.requires_grad:
         g = g.detach()
-    return g if g.dtype == x.dtype else g.to(x.dtype)
+    if g.dtype != x.dtype or g.device != x.device:
+        return g.to(x)  # a copy
+    # a copy: a function that returns one reused buffer would overwrite the current
+    # state's gradient, which the sampler still holds (the kick would not be reversible)
+    return g.clone()
 
 
-def log_prob_and_grad(log_prob: LogProb, x: Tensor,
-                      grad_log_prob: GradLogProb | None = None) -> tuple[Tensor, Tensor]:
+def log_prob_and_grad(log_prob: LogProb, x: Tensor, grad_log_prob: GradLogProb | None = None,
+                      *, report_graph: bool = False):
     """Evaluate ``log_prob`` on ``(C, d)`` points and its gradient.
 
     The gradient comes from ``grad_log_prob`` when given (``log_prob`` then runs
@@ -101,13 +105,22 @@ def log_prob_and_grad(log_prob: LogProb, x: Tensor,
     -------
     logp : torch.Tensor of shape (C,)
     grad : torch.Tensor of shape (C, d)
+    has_graph : bool
+        Only with ``report_graph=True``: whether autograd could differentiate
+        ``log_prob`` (``True`` when ``grad_log_prob`` is given).
     """
+    lp, grad, has_graph = _log_prob_and_grad(log_prob, x, grad_log_prob)
+    return (lp, grad, has_graph) if report_graph else (lp, grad)
+
+
+def _log_prob_and_grad(log_prob: LogProb, x: Tensor,
+                       grad_log_prob: GradLogProb | None) -> tuple[Tensor, Tensor, bool]:
     if grad_log_prob is not None:
         with torch.no_grad():
             lp = log_prob(x)
         if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
             raise _shape_error("log_prob", (x.shape[0],), x, lp)
-        return lp.to(x.dtype), grad_only(grad_log_prob, x)
+        return lp.to(x.dtype), grad_only(grad_log_prob, x), True
     with torch.enable_grad():
         xr = x.detach().requires_grad_(True)
         lp = log_prob(xr)
@@ -115,9 +128,9 @@ def log_prob_and_grad(log_prob: LogProb, x: Tensor,
             raise _shape_error("log_prob", (x.shape[0],), x, lp)
         if lp.requires_grad:
             (grad,) = torch.autograd.grad(lp, xr, torch.ones_like(lp))  # no sum node
-        else:  # constant density
+        else:  # constant density (or one autograd cannot see through)
             grad = torch.zeros_like(x)
-    return lp.detach().to(x.dtype), grad.detach()
+    return lp.detach().to(x.dtype), grad.detach(), lp.requires_grad
 
 
 def reflected_drift(
@@ -268,7 +281,8 @@ def hmc_transition(
     h1 = kinetic_energy(p1, inv_mass) - lp1
     # a non-finite energy change (NaN, or +-inf) becomes -inf: divergent, never accepted
     dh = (h0 - h1).nan_to_num_(nan=-math.inf, posinf=-math.inf, neginf=-math.inf)
-    divergent = capped | (dh < -max_energy_error)
+    # (a finite threshold, so that max_energy_error=inf still flags non-finite changes)
+    divergent = capped | (dh < -min(float(max_energy_error), torch.finfo(dh.dtype).max))
     accept_prob = torch.exp(dh.clamp_max(0.0)).masked_fill_(divergent, 0.0)
     u = torch.rand(C, generator=gen, dtype=torch.float64).to(x)
     accepted = u < accept_prob

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from mlpapers._utils import check_positive
 from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
 
 __all__ = ["ConvexSet", "Region"]
@@ -50,7 +51,7 @@ class ConvexSet(ConvexContainer):
         self.grad_g = grad_g
         self._x0 = _as_float_array(interior_point, "interior_point", 1).copy()
         self.dim = len(self._x0)
-        self.n_bisect = int(n_bisect)
+        self.n_bisect = int(check_positive(n_bisect, "n_bisect", integer=True))
         g0 = self._g(torch.as_tensor(self._x0)[None])
         if g0.shape != (1,):
             raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(g0.shape)}.")
@@ -106,7 +107,10 @@ class ConvexSet(ConvexContainer):
             g_lo = torch.where(inside, gt, torch.where(side < 0, 0.5 * g_lo, g_lo))
             side = torch.where(inside, torch.ones_like(side), -torch.ones_like(side))
             g_lo_true = torch.where(inside, gt, g_lo_true)
-            open_ = ((hi - lo) > tol * hi.abs().clamp_min(1e-300)) & (g_lo_true < -g_tol)
+            # converged when the bracket is a few ulps wide, or when g(lo) ~ 0 at a point
+            # lo > 0 (at lo = 0 a start on the boundary, g = 0, is not a hit yet)
+            open_ = ((hi - lo) > tol * hi.abs().clamp_min(1e-300)) & (
+                (g_lo_true < -g_tol) | (lo == 0))
             if not bool((open_ & out).any()):
                 break
         t = torch.where(out, lo, torch.full_like(lo, float("inf")))
@@ -115,6 +119,24 @@ class ConvexSet(ConvexContainer):
 
     def interior_point(self):
         return self._x0.copy()
+
+    def width(self):
+        """Shortest chord through the interior point along the coordinate axes (an
+        upper bound of the minimal width; ``inf`` if some axis never leaves ``K``)."""
+        if "_width" not in self.__dict__:
+            d = self.dim
+            dirs = torch.cat([torch.eye(d, dtype=torch.float64),
+                              -torch.eye(d, dtype=torch.float64)])
+            x = torch.as_tensor(self._x0).expand(2 * d, -1)
+            t_max = torch.ones(2 * d, dtype=torch.float64)
+            t = torch.full_like(t_max, float("inf"))
+            for _ in range(64):  # grow the bracket until every ray has left K
+                t = self.hit(x, dirs, t_max)[0]
+                if bool(torch.isfinite(t).all()):
+                    break
+                t_max = torch.where(torch.isfinite(t), t_max, 16.0 * t_max)
+            self._width = float((t[:d] + t[d:]).min())
+        return self._width
 
 
 class Region:

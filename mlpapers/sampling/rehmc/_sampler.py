@@ -32,6 +32,16 @@ from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
 FALLBACK_LEAPFROG = 10  # n_leapfrog used by "auto" with a single chain (ChEES needs 2+)
+MIN_RECORDS = 2000  # a chain with no draw in S after this many recorded states is an error
+
+
+def _varies(log_prob: Callable, x: torch.Tensor, logp: torch.Tensor) -> bool:
+    """Whether ``log_prob`` varies over ``x`` (one chain: over ``x`` and a point nearby)."""
+    if logp.shape[0] < 2:
+        with torch.no_grad():
+            out = log_prob(torch.cat([x, x + 1e-6 * (x.abs() + 1)]))
+        return isinstance(out, torch.Tensor) and not bool((out == out[0]).all())
+    return not bool((logp == logp[0]).all())
 
 
 class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
@@ -233,6 +243,25 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         Returns
         -------
         SampleResult
+
+        Raises
+        ------
+        ValueError
+            If ``x0`` has the wrong shape or lies outside the container or the
+            support, if no starting point in the support is found, or if
+            ``log_prob`` returns the wrong shape or is not finite at the start.
+        RuntimeError
+            With a ``support``: if some chain has no draw in it after 2000
+            recorded states (or too few after ``1000 * thin * n_samples``
+            iterations), instead of running on and on.
+
+        Warns
+        -----
+        UserWarning
+            If ``log_prob`` varies but autograd cannot differentiate it (it
+            leaves torch): the gradient is then taken as zero.
+        RuntimeWarning
+            If less than 1% of the recorded states fall in the support.
         """
         self._check_params()
         check_positive(n_samples, "n_samples", integer=True)
@@ -259,9 +288,17 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         x = initial_points(self.container, self.support, x0, n_chains, dtype, dev,
                            self._torch_gen)
         glp = self.grad_log_prob
-        logp, grad = log_prob_and_grad(self.log_prob, x, glp)
+        logp, grad, has_graph = log_prob_and_grad(self.log_prob, x, glp, report_graph=True)
         if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
             raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
+        if not has_graph and _varies(self.log_prob, x, logp):
+            warnings.warn(
+                "log_prob's output is not connected to its input by autograd (it leaves "
+                "torch, e.g. through numpy or .detach()), but varies with x: its gradient is "
+                "taken as zero, so the chain stays exact but mixes like a random walk. Write "
+                "log_prob with torch operations, or pass grad_log_prob (for a piecewise "
+                "constant density, grad_log_prob=torch.zeros_like silences this warning).",
+                UserWarning, stacklevel=2)
 
         def find_step(x, logp, grad, inv_mass, init, cap):  # doubling heuristic
             return find_reasonable_step_size(x, logp, grad, self.log_prob, self.container,
@@ -341,6 +378,12 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 samples[chain_idx[keep], count[keep]] = x[keep]
                 count += keep
                 n_kept = int(count.min())
+                if n_rec >= MIN_RECORDS and not bool(n_in.all()):
+                    raise RuntimeError(
+                        f"no draw of chain {int((n_in == 0).nonzero()[0, 0])} fell in the "
+                        f"support in {n_rec} recorded states (kept fraction < "
+                        f"{1 / n_rec:.1g}): the support holds (almost) none of the container's "
+                        "mass; use a tighter container or check the support.")
             if self.verbose:
                 log.log(phase="sampling", accept=float(acc_sum.mean()) / max(it, 1))
 

@@ -22,6 +22,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_positive
+from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Ball, Region
 
@@ -65,30 +66,67 @@ def polar_factor(X: Tensor) -> Tensor:
 
     Parameters
     ----------
-    X : torch.Tensor of shape (..., n, k), full column rank
+    X : torch.Tensor or array-like of shape (..., n, k), full column rank
 
     Returns
     -------
-    torch.Tensor of shape (..., n, k)
+    torch.Tensor or numpy.ndarray of shape (..., n, k)
+        A tensor for a tensor input, else a float64 numpy array.
     """
+    if not isinstance(X, torch.Tensor):
+        X_np = _as_float_array(X, "X", None)
+        if X_np.ndim < 2:
+            raise ValueError(f"X must have shape (..., n, k), got {X_np.shape}.")
+        return _Polar.apply(torch.from_numpy(X_np)).numpy()
     return _Polar.apply(X)
 
 
+def _param_matrix(value, name: str, square: bool = False) -> np.ndarray:
+    arr = _as_float_array(value, name, 2)
+    if square and arr.shape[0] != arr.shape[1]:
+        raise ValueError(f"{name} must be a square matrix, got shape {arr.shape}.")
+    return arr
+
+
+def _check_input_shape(Q: Tensor, n: int, k: int, names: str) -> None:
+    if Q.ndim < 2 or tuple(Q.shape[-2:]) != (n, k):
+        raise ValueError(f"{names} needs Q of shape (..., {n}, {k}) (a sampler with n={n}, "
+                         f"k={k}), got Q of shape {tuple(Q.shape)}.")
+
+
 def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
-    """``log g(Q) = tr(F^T Q)`` (matrix von Mises-Fisher), for ``(C, n, k)`` inputs."""
-    F_np = np.asarray(F, dtype=np.float64)
+    """``log g(Q) = tr(F^T Q)`` (matrix von Mises-Fisher), for ``(C, n, k)`` inputs.
+
+    Parameters
+    ----------
+    F : array-like of shape (n, k)
+        Finite parameter matrix (``ValueError`` otherwise, or when the sampler's
+        ``Q`` does not have shape ``(..., n, k)``).
+    """
+    F_np = _param_matrix(F, "F")
 
     def log_density(Q):
+        _check_input_shape(Q, *F_np.shape, f"F of shape {F_np.shape}")
         return (torch.as_tensor(F_np, dtype=Q.dtype, device=Q.device) * Q).sum((-2, -1))
 
     return log_density
 
 
 def bingham_log_density(A, B) -> Callable[[Tensor], Tensor]:
-    """``log g(Q) = tr(Q^T A Q B)`` (matrix Bingham), for ``(C, n, k)`` inputs."""
-    A_np, B_np = np.asarray(A, dtype=np.float64), np.asarray(B, dtype=np.float64)
+    """``log g(Q) = tr(Q^T A Q B)`` (matrix Bingham), for ``(C, n, k)`` inputs.
+
+    Parameters
+    ----------
+    A : array-like of shape (n, n)
+    B : array-like of shape (k, k)
+        Finite square matrices (``ValueError`` otherwise, or when the sampler's
+        ``Q`` does not have shape ``(..., n, k)``).
+    """
+    A_np, B_np = _param_matrix(A, "A", square=True), _param_matrix(B, "B", square=True)
 
     def log_density(Q):
+        _check_input_shape(Q, A_np.shape[0], B_np.shape[0],
+                           f"A of shape {A_np.shape} with B of shape {B_np.shape}")
         A_t = torch.as_tensor(A_np, dtype=Q.dtype, device=Q.device)
         B_t = torch.as_tensor(B_np, dtype=Q.dtype, device=Q.device)
         return ((A_t @ Q @ B_t) * Q).sum((-2, -1))
@@ -126,7 +164,8 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
     Parameters
     ----------
     log_density : callable, optional
-        ``log g``: maps ``(C, n, k)`` tensors to ``(C,)``; ``None`` is uniform.
+        ``log g``: maps ``(C, n, k)`` tensors to ``(C,)`` (another shape raises
+        ``ValueError``); ``None`` is uniform.
         See :func:`matrix_von_mises_fisher_log_density` and :func:`bingham_log_density`.
     n, k : int
         Manifold ``V(n, k)``, ``1 <= k <= n``.
@@ -216,7 +255,13 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             X = x.reshape(-1, n, k)
             out = -0.5 * (x * x).sum(-1)
             if g is not None:
-                out = out + g(polar_factor(X))
+                lg = g(polar_factor(X))
+                if not isinstance(lg, torch.Tensor) or lg.shape != out.shape:
+                    got = tuple(lg.shape) if isinstance(lg, torch.Tensor) else type(lg).__name__
+                    raise ValueError(f"log_density must map a ({X.shape[0]}, {n}, {k}) tensor "
+                                     f"to shape ({X.shape[0]},) (one value per matrix), "
+                                     f"got {got}.")
+                out = out + lg
             return out
 
         def well_conditioned(x):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mlpapers._utils import to_numpy
+from mlpapers._utils import check_positive, to_numpy
 from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
 from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
 
@@ -37,8 +37,10 @@ class Box(ConvexContainer):
     Parameters
     ----------
     lo, hi : array-like of shape (d,) or scalar
-        Lower and upper bounds (``lo < hi``); a scalar is broadcast against the
-        other bound (at least one must be a vector, or pass ``dim``).
+        Finite lower and upper bounds (``lo < hi``); a scalar is broadcast
+        against the other bound (at least one must be a vector, or pass
+        ``dim``). For a half-open box use a :class:`Polytope` (with a
+        ``log_prob`` integrable on it).
     dim : int, optional
         Dimension, when both bounds are scalars.
 
@@ -54,17 +56,25 @@ class Box(ConvexContainer):
     """
 
     def __init__(self, lo, hi, *, dim: int | None = None):
-        lo_a = np.asarray(to_numpy(lo) if isinstance(lo, torch.Tensor) else lo, dtype=float)
-        hi_a = np.asarray(to_numpy(hi) if isinstance(hi, torch.Tensor) else hi, dtype=float)
+        lo_a = _as_float_array(lo, "lo", None)
+        hi_a = _as_float_array(hi, "hi", None)
         if lo_a.ndim == 0 and hi_a.ndim == 0:
             if dim is None:
                 raise ValueError("Box needs vector bounds or dim= when lo and hi are scalars.")
-            lo_a, hi_a = np.full(dim, float(lo_a)), np.full(dim, float(hi_a))
-        lo_a, hi_a = np.broadcast_arrays(lo_a, hi_a)
+            check_positive(dim, "dim", integer=True)
+            lo_a, hi_a = np.full(int(dim), float(lo_a)), np.full(int(dim), float(hi_a))
+        if lo_a.ndim == hi_a.ndim == 1 and lo_a.shape != hi_a.shape:
+            raise ValueError(f"lo and hi must have the same length, got {lo_a.shape[0]} "
+                             f"and {hi_a.shape[0]}.")
+        if lo_a.ndim <= 1 and hi_a.ndim <= 1:
+            lo_a, hi_a = np.broadcast_arrays(lo_a, hi_a)
         self.lo = _as_float_array(lo_a, "lo", 1).copy()
         self.hi = _as_float_array(hi_a, "hi", 1).copy()
         if not np.all(self.lo < self.hi):
-            raise ValueError("Box requires lo < hi in every coordinate.")
+            j = int(np.flatnonzero(~(self.lo < self.hi))[0])
+            raise ValueError(f"Box requires lo < hi in every coordinate, got lo[{j}]="
+                             f"{self.lo[j]:g} >= hi[{j}]={self.hi[j]:g} (a flat box has no "
+                             "interior: fix that coordinate and sample the others).")
         self.dim = len(self.lo)
         self._w = self.hi - self.lo
         self._inv_w = 1.0 / self._w
@@ -141,9 +151,12 @@ class Box(ConvexContainer):
 class Polytope(ConvexContainer):
     """Convex polyhedron ``{x : A x <= b}`` (need not be bounded).
 
-    Rows are normalised to unit norm at construction. The constructor solves
-    the Chebyshev-centre linear program (:func:`scipy.optimize.linprog`) and
-    raises if the polytope is empty or has no interior.
+    Rows are normalised to unit norm at construction (duplicate or redundant
+    rows are harmless). The constructor solves the Chebyshev-centre linear
+    program (:func:`scipy.optimize.linprog`) and raises if the polytope is
+    empty or has no interior. An unbounded polytope is accepted (a half-space
+    or an orthant, say): boundedness is then the job of ``log_prob``, which
+    must be integrable on it; this is not checked.
 
     Parameters
     ----------
@@ -221,7 +234,10 @@ class Ball(ConvexContainer):
 
     def __init__(self, center, radius: float):
         self.center = _as_float_array(center, "center", 1).copy()
-        if not np.isfinite(radius) or radius <= 0:
+        r = to_numpy(radius) if isinstance(radius, torch.Tensor) else np.asarray(radius)
+        if r.ndim != 0 or r.dtype.kind not in "iuf":
+            raise TypeError(f"radius must be a real number, got {radius!r}.")
+        if not np.isfinite(r) or r <= 0:
             raise ValueError(f"radius must be a finite number > 0, got {radius!r}.")
         self.radius = float(radius)
         self.dim = len(self.center)

@@ -34,7 +34,7 @@ from mlpapers.sampling.rehmc._adapt import (
     mass_windows,
 )
 from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient
-from mlpapers.sampling.rehmc._supports import ConvexContainer
+from mlpapers.sampling.rehmc._supports import Box, ConvexContainer
 
 __all__ = ["MAX_LEAPFROG", "Warmup", "initial_points"]
 
@@ -67,15 +67,22 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
 
     if x0 is None:
         x = container.random_interior(n_chains, gen).to(dtype=dtype, device=device)
-        for _ in range(200):  # re-draw chains that start outside S
+        # re-draw chains that start outside S: first among the container's well-inside
+        # points, then among points covering all of K (S may hug the boundary)
+        for attempt in range(400):
             bad = ~(in_support(x) & container.contains(x))
             if not bool(bad.any()):
                 return x
-            new = container.random_interior(n_chains, gen)
+            new = (container.random_interior(n_chains, gen) if attempt < 199
+                   else _covering_points(container, n_chains, gen))
             x = torch.where(bad[:, None], new.to(x), x)
-        raise ValueError("could not find starting points in the support; pass x0.")
-    x = torch.as_tensor(to_numpy(x0) if isinstance(x0, torch.Tensor) else np.asarray(
-        x0, dtype=np.float64)).to(dtype=dtype, device=device)
+        raise ValueError("could not find starting points in the support (400 random points "
+                         "of the container missed it); pass x0 or check the support.")
+    try:
+        x0_np = to_numpy(x0) if isinstance(x0, torch.Tensor) else np.asarray(x0, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"x0 must be a numeric array-like, got {x0!r}.") from exc
+    x = torch.as_tensor(x0_np).to(dtype=dtype, device=device)
     if x.ndim == 1:
         x = x.expand(n_chains, -1).clone()
     if x.ndim != 2 or x.shape[1] != d:
@@ -90,6 +97,25 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
     if not bool(in_support(x).all()):
         raise ValueError("x0 lies outside the support.")
     return x
+
+
+def _covering_points(container: ConvexContainer, n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` random points whose law charges every open subset of ``K`` (not uniform).
+
+    Uniform in a :class:`Box`; otherwise the centre plus ``U^{1/d}`` times a random
+    chord (uniform for a ball centred on the interior point).
+    """
+    if isinstance(container, Box):
+        u = torch.rand(n, container.dim, generator=gen, dtype=torch.float64)
+        lo, hi = torch.as_tensor(container.lo), torch.as_tensor(container.hi)
+        return lo + u * (hi - lo)
+    c = torch.as_tensor(container.interior_point(), dtype=torch.float64).expand(n, -1).clone()
+    u = torch.randn(n, container.dim, generator=gen, dtype=torch.float64)
+    u = u / u.norm(dim=1, keepdim=True)
+    t, _, _ = container.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))
+    t = torch.where(torch.isfinite(t), t, torch.full_like(t, 1e3))
+    r = torch.rand(n, generator=gen, dtype=torch.float64) ** (1.0 / container.dim)
+    return c + (r * t)[:, None] * u
 
 
 class Warmup:
