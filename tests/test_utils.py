@@ -155,3 +155,17 @@ def test_progress_logger_records_history_and_shows_bar(capsys):
     for _ in quiet:
         quiet.log(loss=1.0)
     assert capsys.readouterr().err == ""
+
+
+def test_probe_module_has_no_side_effects_and_names_the_model():
+    from mlpapers._utils import probe_module
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    before = net[1].running_mean.clone()
+    out = probe_module(net, torch.randn(2, 3) * 5 + 3)
+    assert out.shape == (2, 4) and not out.requires_grad
+    assert net.training  # the training flag is restored
+    torch.testing.assert_close(net[1].running_mean, before)  # eval mode: stats untouched
+    with pytest.raises(ValueError, match=r"net must accept inputs of shape \(batch, \*\(5,\)\)"):
+        probe_module(net, torch.randn(2, 5), name="net")
+    assert net.training

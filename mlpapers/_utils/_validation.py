@@ -237,3 +237,31 @@ def check_in_options(value: Any, name: str, options: Iterable[Any]) -> Any:
     if value not in options:
         raise ValueError(f"{name} must be one of {list(options)}, got {value!r}.")
     return value
+
+
+def probe_module(module: torch.nn.Module, x: torch.Tensor, name: str = "model") -> Any:
+    """Run a user ``module`` once on a small batch ``x`` to check its interface early.
+
+    The call runs in eval mode without gradients and restores the module's
+    training flag, so it has no side effects (BatchNorm statistics, dropout).
+
+    Returns
+    -------
+    The module's output, for the caller to check its shape.
+
+    Raises
+    ------
+    ValueError
+        If the module fails on ``x`` (a ``RuntimeError``, e.g. a shape mismatch),
+        naming ``name`` and the expected input shape.
+    """
+    training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            return module(x)
+    except RuntimeError as exc:
+        raise ValueError(f"{name} must accept inputs of shape (batch, *{tuple(x.shape[1:])}): "
+                         f"{exc}") from exc
+    finally:
+        module.train(training)

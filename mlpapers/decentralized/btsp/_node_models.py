@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from mlpapers._utils import probe_module
+
 __all__: list[str] = []
 
 Grads = Callable[[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
@@ -58,16 +60,7 @@ def _init_params(module: nn.Module, gen: torch.Generator) -> None:
 def _check_module_output(module: nn.Module, x: torch.Tensor, n_classes: int) -> None:
     """A user module must map ``(batch, n_features)`` to ``(batch, n_classes)`` logits."""
     want = (1, n_classes)
-    training = module.training
-    module.eval()  # no side effects on buffers (BatchNorm statistics)
-    try:
-        with torch.no_grad():
-            out = module(x)
-    except RuntimeError as exc:
-        raise ValueError(f"model must accept inputs of shape (batch, {x.shape[1]}): "
-                         f"{exc}") from exc
-    finally:
-        module.train(training)
+    out = probe_module(module, x)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model must map (batch, n_features) to (batch, n_classes) "

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from mlpapers._utils import probe_module
+
 __all__ = ["BUILTIN_MODELS", "LOSSES", "build_module", "check_model_output", "make_loss_fn",
            "per_sample_loss"]
 
@@ -79,16 +81,7 @@ def check_model_output(module: torch.nn.Module, x: torch.Tensor, kind: str,
                         n_out: int) -> None:
     """A user model must map a batch ``x`` to ``(batch, n_outputs)`` (or to ``x``'s size
     for the reconstruction loss); checked on one sample, in eval mode (no side effects)."""
-    training = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            out = module(x)
-    except RuntimeError as exc:
-        raise ValueError(f"model must accept inputs of shape (batch, *{tuple(x.shape[1:])}): "
-                         f"{exc}") from exc
-    finally:
-        module.train(training)
+    out = probe_module(module, x)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"model must return a tensor, got {type(out).__name__}.")
     ok = (out.numel() == x.numel() if kind == "reconstruction"
