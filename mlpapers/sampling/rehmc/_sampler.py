@@ -24,24 +24,15 @@ from mlpapers._utils import (
 )
 from mlpapers.sampling.rehmc._adapt import find_reasonable_step_size
 from mlpapers.sampling.rehmc._chees import halton
-from mlpapers.sampling.rehmc._kernels import hmc_transition, log_prob_and_grad
+from mlpapers.sampling.rehmc._kernels import hmc_transition
 from mlpapers.sampling.rehmc._result import SampleResult
 from mlpapers.sampling.rehmc._supports import ConvexContainer, Region
-from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points
+from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points, start_state
 
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
 FALLBACK_LEAPFROG = 10  # n_leapfrog used by "auto" with a single chain (ChEES needs 2+)
 MIN_RECORDS = 2000  # a chain with no draw in S after this many recorded states is an error
-
-
-def _varies(log_prob: Callable, x: torch.Tensor, logp: torch.Tensor) -> bool:
-    """Whether ``log_prob`` varies over ``x`` (one chain: over ``x`` and a point nearby)."""
-    if logp.shape[0] < 2:
-        with torch.no_grad():
-            out = log_prob(torch.cat([x, x + 1e-6 * (x.abs() + 1)]))
-        return isinstance(out, torch.Tensor) and not bool((out == out[0]).all())
-    return not bool((logp == logp[0]).all())
 
 
 class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
@@ -288,17 +279,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         x = initial_points(self.container, self.support, x0, n_chains, dtype, dev,
                            self._torch_gen)
         glp = self.grad_log_prob
-        logp, grad, has_graph = log_prob_and_grad(self.log_prob, x, glp, report_graph=True)
-        if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
-            raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
-        if not has_graph and _varies(self.log_prob, x, logp):
-            warnings.warn(
-                "log_prob's output is not connected to its input by autograd (it leaves "
-                "torch, e.g. through numpy or .detach()), but varies with x: its gradient is "
-                "taken as zero, so the chain stays exact but mixes like a random walk. Write "
-                "log_prob with torch operations, or pass grad_log_prob (for a piecewise "
-                "constant density, grad_log_prob=torch.zeros_like silences this warning).",
-                UserWarning, stacklevel=2)
+        logp, grad = start_state(self.log_prob, x, glp)
 
         def find_step(x, logp, grad, inv_mass, init, cap):  # doubling heuristic
             return find_reasonable_step_size(x, logp, grad, self.log_prob, self.container,

@@ -21,6 +21,7 @@ The sampling loop only reads :attr:`Warmup.eps`, :attr:`Warmup.step_mean`,
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -34,14 +35,46 @@ from mlpapers.sampling.rehmc._adapt import (
     mass_windows,
 )
 from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient
+from mlpapers.sampling.rehmc._kernels import log_prob_and_grad
 from mlpapers.sampling.rehmc._supports import Box, ConvexContainer
 
-__all__ = ["MAX_LEAPFROG", "Warmup", "initial_points"]
+__all__ = ["MAX_LEAPFROG", "Warmup", "initial_points", "start_state"]
 
 MAX_LEAPFROG = 1000  # cap of leapfrog steps per transition with n_leapfrog="auto" (as TFP)
 
 # find_step(x, logp, grad, inv_mass, init, max_step) -> (C,) step sizes (doubling heuristic)
 FindStep = Callable[..., torch.Tensor]
+
+
+def start_state(log_prob: Callable, x: torch.Tensor,
+                grad_log_prob: Callable | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_prob`` and its gradient at the starting points, checked.
+
+    Raises a ``ValueError`` if either is not finite there, and warns when
+    ``log_prob`` varies but autograd cannot differentiate it (its gradient is then
+    zero and the sampler random-walks).
+    """
+    logp, grad, has_graph = log_prob_and_grad(log_prob, x, grad_log_prob, report_graph=True)
+    if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
+        raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
+    if not has_graph and _varies(log_prob, x, logp):
+        warnings.warn(
+            "log_prob's output is not connected to its input by autograd (it leaves "
+            "torch, e.g. through numpy or .detach()), but varies with x: its gradient is "
+            "taken as zero, so the chain stays exact but mixes like a random walk. Write "
+            "log_prob with torch operations, or pass grad_log_prob (for a piecewise "
+            "constant density, grad_log_prob=torch.zeros_like silences this warning).",
+            UserWarning, stacklevel=3)
+    return logp, grad
+
+
+def _varies(log_prob: Callable, x: torch.Tensor, logp: torch.Tensor) -> bool:
+    """Whether ``log_prob`` varies over ``x`` (one chain: over ``x`` and a point nearby)."""
+    if logp.shape[0] < 2:
+        with torch.no_grad():
+            out = log_prob(torch.cat([x, x + 1e-6 * (x.abs() + 1)]))
+        return isinstance(out, torch.Tensor) and not bool((out == out[0]).all())
+    return not bool((logp == logp[0]).all())
 
 
 def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype, device,
