@@ -11,13 +11,14 @@ and the random initial assignment.
 from __future__ import annotations
 
 import itertools
-import numbers
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import silhouette_score
+
+from mlpapers._utils import check_positive
 
 __all__ = [
     "choose_n_clusters",
@@ -132,9 +133,8 @@ def clove_assign(
     """
     L = _check_loss_matrix(loss_matrix)
     n, n_models = L.shape
-    if n_clusters is not None and (isinstance(n_clusters, bool)
-                                   or not isinstance(n_clusters, numbers.Integral)):
-        raise TypeError(f"n_clusters must be None or an integer, got {n_clusters!r}.")
+    if n_clusters is not None:
+        check_positive(n_clusters, "n_clusters", integer=True)
     k = n_models if n_clusters is None else int(n_clusters)
     if not 1 <= k <= n_models:
         raise ValueError(f"n_clusters must be in [1, {n_models}], got {n_clusters}.")
@@ -205,10 +205,7 @@ def choose_n_clusters(
         The chosen number of clusters (1 when fewer than 3 distinct rows exist).
     """
     L = _check_loss_matrix(loss_matrix)
-    if isinstance(max_clusters, bool) or not isinstance(max_clusters, numbers.Integral):
-        raise TypeError(f"max_clusters must be an integer, got {max_clusters!r}.")
-    if max_clusters < 1:
-        raise ValueError(f"max_clusters must be >= 1, got {max_clusters}.")
+    check_positive(max_clusters, "max_clusters", integer=True)
     distinct = np.unique(L, axis=0).shape[0]
     hi = min(int(max_clusters), distinct - 1, L.shape[0] - 1)
     if hi < 2:
