@@ -1,7 +1,7 @@
 """Shared helpers used by every algorithm: validation, conversion, seeding, progress."""
 
 from mlpapers._utils._progress import ProgressLogger
-from mlpapers._utils._random import check_generator, make_generators
+from mlpapers._utils._random import check_generator, check_random_state, make_generators
 from mlpapers._utils._validation import (
     check_in_options,
     check_positive,
@@ -17,6 +17,7 @@ __all__ = [
     "check_generator",
     "check_in_options",
     "check_positive",
+    "check_random_state",
     "check_tensor",
     "make_generators",
     "probe_module",

@@ -6,9 +6,47 @@ import numbers
 
 import numpy as np
 import torch
-from sklearn.utils import check_random_state
+from sklearn.utils import check_random_state as _sklearn_check_random_state
 
 _SEED_HIGH = 2**63 - 1
+
+
+def _check_seed_type(random_state) -> None:
+    """``random_state`` must be None, an int (not a bool), a RandomState or a Generator."""
+    if random_state is None or isinstance(random_state, (np.random.RandomState,
+                                                         np.random.Generator)):
+        return
+    if isinstance(random_state, bool | np.bool_) or not isinstance(random_state,
+                                                                   numbers.Integral):
+        raise TypeError("random_state must be None, an int, a numpy RandomState or a numpy "
+                        f"Generator, got {random_state!r} of type {type(random_state).__name__}.")
+
+
+def check_random_state(random_state) -> np.random.RandomState:
+    """A ``numpy.random.RandomState`` from ``random_state`` (for the dataset generators).
+
+    Parameters
+    ----------
+    random_state : None, int, numpy.random.RandomState or numpy.random.Generator
+        ``None`` uses fresh OS entropy; an int in ``[0, 2**32)`` seeds a new
+        ``RandomState`` (the same stream as :func:`sklearn.utils.check_random_state`);
+        a ``RandomState`` is used as is; a ``Generator`` seeds a new
+        ``RandomState`` from one draw (so a seeded ``Generator`` gives
+        reproducible data and advances by one draw per call).
+
+    Raises
+    ------
+    TypeError
+        For any other type (including ``bool`` and ``float``).
+    ValueError
+        For an int outside ``[0, 2**32)``.
+    """
+    _check_seed_type(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return np.random.RandomState(int(random_state.integers(0, 2**32, dtype=np.uint64)))
+    if isinstance(random_state, numbers.Integral) and not 0 <= int(random_state) < 2**32:
+        raise ValueError(f"random_state must be in [0, 2**32) when an int, got {random_state}.")
+    return _sklearn_check_random_state(random_state)
 
 
 def make_generators(
@@ -34,19 +72,15 @@ def make_generators(
     torch_gen : torch.Generator
     numpy_gen : numpy.random.Generator
     """
+    _check_seed_type(random_state)
     if isinstance(random_state, np.random.Generator):
         seed = int(random_state.integers(0, _SEED_HIGH))
     elif random_state is None or isinstance(random_state, np.random.RandomState):
-        seed = int(check_random_state(random_state).randint(0, 2**31 - 1))
-    elif isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
+        seed = int(_sklearn_check_random_state(random_state).randint(0, 2**31 - 1))
+    else:
         if random_state < 0:
             raise ValueError(f"random_state must be a non-negative integer, got {random_state}.")
         seed = int(random_state)
-    else:
-        raise TypeError(
-            "random_state must be None, an int, a numpy RandomState or Generator, "
-            f"got {random_state!r}."
-        )
     # SeedSequence decorrelates the two streams even for small consecutive seeds.
     torch_seed, numpy_seed = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
     gen = torch.Generator(device=torch.device(device) if device is not None else "cpu")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.datasets import load_digits
 
-from mlpapers._utils import check_positive
-from mlpapers.datasets._random import check_random_state
+from mlpapers._utils import check_positive, check_random_state
 
 
 def make_shifted_digits(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.datasets import load_digits
 
-from mlpapers._utils import check_in_options, check_positive
-from mlpapers.datasets._random import check_random_state
+from mlpapers._utils import check_in_options, check_positive, check_random_state
 
 __all__ = ["make_federated_digits", "make_federated_linear"]
 

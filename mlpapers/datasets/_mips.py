@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpapers._utils import check_positive
-from mlpapers.datasets._random import check_random_state
+from mlpapers._utils import check_positive, check_random_state
 
 __all__ = ["GaussianMixtureQuerySampler", "make_mips_problem"]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpapers._utils import check_positive, check_tensor, to_numpy
-from mlpapers.datasets._random import check_random_state
+from mlpapers._utils import check_positive, check_random_state, check_tensor, to_numpy
 
 
 class SyntheticRelevance:

@@ -7,8 +7,7 @@ import functools
 import numpy as np
 from scipy.ndimage import gaussian_filter
 
-from mlpapers._utils import check_positive
-from mlpapers.datasets._random import check_random_state
+from mlpapers._utils import check_positive, check_random_state
 
 __all__ = ["make_texture_anomalies"]
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from mlpapers._utils import check_random_state
 from mlpapers.datasets import (
     make_extreme_classification,
     make_federated_digits,
@@ -12,7 +13,6 @@ from mlpapers.datasets import (
     make_shifted_digits,
     make_texture_anomalies,
 )
-from mlpapers.datasets._random import check_random_state
 
 SMALL = [
     (make_shifted_digits, dict(n_samples=6)),

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
-from sklearn.utils import check_random_state
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_positive, check_random_state
 
 __all__ = ["make_delay_matrix"]
 
