@@ -287,3 +287,30 @@ def test_training_callback_reads_the_units_of_the_fit_in_progress():
         assert seen and set(seen) == {model.key_scale_}
         scales.append(model.key_scale_)
     assert scales[0] == 256.0 * scales[1]
+
+
+def test_score_is_the_true_match_rate_on_small_norm_data():
+    # regression: the tie-aware score used an absolute tolerance of 1e-6, so on data of
+    # norm ~1e-6 every prediction counted as a tie and an untrained model scored 1.0
+    rng = np.random.default_rng(0)
+    keys, Q = rng.standard_normal((40, 4)) * 1e-6, rng.standard_normal((200, 4)) * 1e-6
+    model = AmortizedMIPS(**dict(FAST, n_steps=1, batch_size=16)).fit(keys, queries=Q)
+    truth = ExactMIPS().fit(keys).predict(Q)
+    assert model.score(Q) == pytest.approx(match_rate(truth, model.predict(Q)))
+    assert model.score(Q) < 0.5
+
+
+@pytest.mark.parametrize("key_scale, query_scale", [(2.0**70, 1.0), (2.0**-100, 2.0**10)])
+def test_ranking_survives_keys_whose_squared_norm_leaves_float32(key_scale, query_scale):
+    # regression: the predicted key was ranked against the keys in the data's units, so
+    # <k_hat, k_j> ~ ||k||^2 overflowed (2**140) or underflowed (2**-200) in float32 and the
+    # answers were all ties (match rate 0), while the exact search of <x, k_j> was fine
+    rng = np.random.default_rng(0)
+    keys, Q = rng.standard_normal((20, 3)), rng.standard_normal((60, 3))
+    kw = dict(FAST, n_steps=40, batch_size=32)
+    ref = AmortizedMIPS(**kw).fit(keys, queries=Q)
+    model = AmortizedMIPS(**kw).fit(keys * key_scale, queries=Q * query_scale)
+    np.testing.assert_array_equal(model.predict(Q * query_scale), ref.predict(Q))
+    np.testing.assert_array_equal(model.kneighbors(Q * query_scale, 5)[1],
+                                  ref.kneighbors(Q, 5)[1])
+    assert model.score(Q * query_scale) == ref.score(Q) > 0.3

@@ -56,6 +56,25 @@ def test_support_function_ties_go_to_lowest_index():
     assert v.tolist() == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_mips_topk_orders_ties_by_index_like_a_stable_sort(chunk):
+    # regression: torch.topk ordered exactly tied keys arbitrarily, so
+    # kneighbors(X, k)[:, 0] could differ from predict(X) (the lowest-index argmax)
+    rng = np.random.default_rng(0)
+    K = rng.integers(-1, 2, (12, 2)).astype(np.float64)  # many duplicated keys
+    Q = rng.integers(-1, 2, (9, 2)).astype(np.float64)
+    Q[0] = 0.0  # every key ties
+    S = Q @ K.T
+    for k in (2, 5, 12):
+        s, i = mips_topk(torch.tensor(Q), torch.tensor(K), k, batch_size=chunk)
+        ref = np.argsort(-S, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(i.numpy(), ref)
+        np.testing.assert_array_equal(s.numpy(), np.take_along_axis(S, ref, 1))
+    exact = ExactMIPS(batch_size=chunk).fit(K)
+    np.testing.assert_array_equal(exact.kneighbors(Q, 4, return_distance=False)[:, 0],
+                                  exact.predict(Q))
+
+
 def test_exact_mips_estimator_against_numpy(rng):
     K = rng.standard_normal((50, 7)).astype(np.float32)
     Q = rng.standard_normal((33, 7)).astype(np.float32)
@@ -131,6 +150,22 @@ def test_metrics_tie_aware():
         match_rate(true, pred, queries=Q)
     with pytest.raises(ValueError, match="k must be"):
         recall_at_k(true, pred, 3)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1.0, 1e6])
+def test_tie_aware_metrics_do_not_depend_on_the_scale_of_the_data(scale):
+    # regression: the tolerance had an absolute "+ 1", so on small-norm data every key
+    # counted as tied with the maximum and random predictions scored 1.0
+    rng = np.random.default_rng(0)
+    K, Q = rng.standard_normal((30, 3)), rng.standard_normal((200, 3))
+    true = (Q @ K.T).argmax(1)
+    pred = np.stack([true, (true + 1) % 30], 1)
+    kw = dict(queries=Q * scale, database=K * scale)
+    assert match_rate(None, pred, **kw) == 1.0
+    assert match_rate(None, pred[:, ::-1], **kw) == 0.0
+    assert recall_at_k(None, pred[:, ::-1], 1, **kw) == 0.0
+    assert mean_reciprocal_rank(None, pred[:, ::-1], **kw) == pytest.approx(0.5)
+    assert ExactMIPS().fit(K * scale).score(Q * scale) == 1.0
 
 
 def test_loss_and_schedule():

@@ -301,8 +301,13 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
         keys = self._keys()
         _, key_hat = self._score_and_key(Q)
-        idx = rank_by_key(key_hat, keys, k, metric=self.retrieval,
-                          batch_size=self.search_batch_size)
+        # rank in the training units: <k_hat, k_j> ~ ||k||^2 overflows float32 for keys
+        # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact)
+        # (not cached: predict must leave the estimator's __dict__ unchanged; an (N, d)
+        # division is small next to the (n, N, d) search)
+        ks = getattr(self, "key_scale_", 1.0)
+        idx = rank_by_key(key_hat / ks, keys / ks if ks != 1.0 else keys, k,
+                          metric=self.retrieval, batch_size=self.search_batch_size)
         if not return_distance:
             return self._to_numpy(idx)
         sims = torch.einsum("nkd,nd->nk", keys[idx], Q)

@@ -72,7 +72,7 @@ class ExactMIPS(_MIPSBase):
     -----
     :meth:`kneighbors` returns *similarities* (inner products) in *descending*
     order, unlike scikit-learn's ``NearestNeighbors`` whose distances ascend.
-    Ties are broken towards the lowest index for the top-1 answer.
+    Exact ties are ordered by index (lowest first), as by a stable sort.
 
     References
     ----------

@@ -44,9 +44,9 @@ def mips_topk(
     scores : Tensor of shape (n, k)
         Inner products ``<q, k_j>``, in descending order.
     indices : Tensor of shape (n, k), int64
-        Indices of the keys. For ``k=1`` ties are broken towards the lowest
-        index (``argmax`` semantics); for ``k > 1`` the order among exactly
-        tied keys is the one ``torch.topk`` returns.
+        Indices of the keys. Exact ties are broken towards the lowest index (the
+        order of a stable descending sort), so ``indices[:, 0]`` is the ``argmax``
+        for every ``k``.
     """
     n = queries.shape[0]
     scores = torch.empty(n, k, dtype=queries.dtype, device=queries.device)
@@ -56,10 +56,31 @@ def mips_topk(
         if k == 1:
             s, i = sim.max(dim=1, keepdim=True)
         else:
-            s, i = sim.topk(k, dim=1, largest=True, sorted=True)
+            s, i = _topk_lowest_index(sim, k)
         scores[start:start + batch_size] = s
         indices[start:start + batch_size] = i
     return scores, indices
+
+
+def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk`` of the rows of ``sim`` (b, N) with exact ties ordered by index.
+
+    The order is that of a stable descending sort (``np.argsort(-sim, kind="stable")``),
+    so the first column agrees with ``argmax``; ``torch.topk`` alone orders tied
+    values arbitrarily. Rows whose ties straddle the k-th place (rare) are fully sorted.
+    """
+    extra = int(k < sim.shape[1])  # one more place tells whether ties straddle the k-th
+    s, i = sim.topk(k + extra, dim=1, largest=True, sorted=True)
+    crowded = s[:, k - 1] == s[:, -1] if extra else s.new_zeros(len(s), dtype=torch.bool)
+    s, i = s[:, :k], i[:, :k]
+    if bool(crowded.any()):
+        rows = crowded.nonzero()[:, 0]
+        rs, ri = torch.sort(sim[rows], dim=1, descending=True, stable=True)
+        s[rows], i[rows] = rs[:, :k], ri[:, :k]
+    order = i.argsort(dim=1)
+    s, i = s.gather(1, order), i.gather(1, order)
+    order = s.argsort(dim=1, descending=True, stable=True)
+    return s.gather(1, order), i.gather(1, order)
 
 
 def support_function(
@@ -147,9 +168,15 @@ def warmup_cosine_lr(step: int, n_steps: int, peak: float, warmup_steps: int,
 
 
 # -- metrics -----------------------------------------------------------------
+def _as_tensor(a, dtype=None) -> torch.Tensor:
+    """Tensor view of an array-like; numpy arrays with negative strides are copied."""
+    if isinstance(a, torch.Tensor):
+        return a.detach() if dtype is None else a.detach().to(dtype)
+    return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype)
+
+
 def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
-    t = torch.as_tensor(y_pred.detach() if isinstance(y_pred, torch.Tensor)
-                        else np.asarray(y_pred))
+    t = _as_tensor(y_pred)
     if t.ndim == 1:
         t = t[:, None]
     if t.ndim != 2:
@@ -166,14 +193,14 @@ def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
     """Boolean (n, k) matrix: is the j-th prediction a correct top-1 answer?"""
     pred = _as_long_2d(y_pred)
     if queries is None and database is None:
-        true = torch.as_tensor(y_true).long().reshape(-1)
+        true = _as_tensor(y_true).long().reshape(-1)
         if true.shape[0] != pred.shape[0]:
             raise ValueError(f"y_true has {true.shape[0]} rows but y_pred has {pred.shape[0]}.")
         return pred == true[:, None]
     if queries is None or database is None:
         raise ValueError("queries and database must be given together (tie-aware mode).")
-    q = torch.as_tensor(queries, dtype=torch.float64)
-    K = torch.as_tensor(database, dtype=torch.float64)
+    q = _as_tensor(queries, torch.float64)
+    K = _as_tensor(database, torch.float64).to(q.device)
     if q.shape[0] != pred.shape[0]:
         raise ValueError(f"queries has {q.shape[0]} rows but y_pred has {pred.shape[0]}.")
     if bool(((pred < 0) | (pred >= K.shape[0])).any()):
@@ -181,7 +208,9 @@ def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
                          "database).")
     best, _ = support_function(q, K)
     got = torch.einsum("nkd,nd->nk", K[pred.to(K.device)], q)  # (n, k)
-    tol = rtol * (best.abs() + 1.0)
+    # scale-free tolerance: ``||q|| max_j ||k_j||`` bounds every |<q, k_j>| (and their
+    # rounding errors); an absolute ``+ 1`` would call every key a tie on small-norm data
+    tol = rtol * (best.abs() + q.norm(dim=1) * K.norm(dim=1).max())
     return got >= (best - tol)[:, None]
 
 
@@ -196,8 +225,9 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
         Predicted indices; only the first column is used.
     queries, database : array-like of shape (n, d) and (N, d), optional
         If given, a prediction counts as a hit when its inner product equals the
-        maximum up to ``rtol * (|max| + 1)``, so keys tied with the argmax are
-        not counted as misses.
+        maximum up to ``rtol * (|max| + ||q|| max_j ||k_j||)`` (invariant to the
+        scale of the data), so keys tied with the argmax are not counted as
+        misses.
     rtol : float, default=1e-6
         Relative tolerance of the tie-aware mode.
 
