@@ -321,3 +321,12 @@ def test_no_support_item_means_no_heavy_call_with_empty_items():
     idx = est.kneighbors(list(Q[20:25]), 3, return_distance=False)
     assert calls == [] and est.n_calls_per_query_ == 0
     np.testing.assert_array_equal(idx, np.tile([39, 38, 37], (5, 1)))
+
+
+def test_n_rerank_set_after_fit_is_checked_at_inference():
+    # regression: kneighbors reads n_rerank live, and a negative value set after fit
+    # silently switched re-ranking off
+    Q, I, f = _bilinear()
+    est = RelevanceBasedRetriever(f, n_support=4, n_rerank=5).fit(Q[:50], I)
+    with pytest.raises(ValueError, match="n_rerank"):
+        est.set_params(n_rerank=-1).kneighbors(Q[50:], 3)

@@ -156,6 +156,17 @@ def test_farthest_point_property(center):
         np.testing.assert_allclose(scores[t], dmin.max(), rtol=1e-9)
 
 
+@pytest.mark.parametrize("R", [np.ones((5, 8)), np.zeros((4, 6)),
+                               np.repeat(np.arange(3.0)[None], 4, axis=1)])
+def test_farthest_distinct_when_items_coincide(R):
+    # regression: once every remaining item coincided with a chosen one (all minimum
+    # distances 0), argmax returned an already chosen item again (e.g. [0, 0, 0, 0])
+    for center in (True, False):
+        S, scores = select_support(R, 5, "farthest", center=center, return_scores=True)
+        assert len(set(S.tolist())) == 5
+        assert np.all(scores >= 0)
+
+
 def test_random_is_seeded_and_distinct():
     R = np.zeros((3, 100))
     a = select_support(R, 30, "random", random_state=1)

@@ -347,6 +347,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         """
         self._check_fitted()
         check_positive(n_neighbors, "n_neighbors", integer=True)
+        # read at inference (set_params after fit): a negative value must not silently
+        # switch re-ranking off
+        check_positive(self.n_rerank, "n_rerank", strict=False, integer=True)
         if n_neighbors > self.n_items_:
             raise ValueError(f"n_neighbors={n_neighbors} must be <= n_items ({self.n_items_}).")
         if 0 < self.n_rerank < n_neighbors:

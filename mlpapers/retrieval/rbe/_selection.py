@@ -144,14 +144,16 @@ def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     d_mean = dist2(X.mean(dim=0))
     first = int(torch.argmax(d_mean))
     picks, scores = [first], [torch.sqrt(d_mean[first])]
+    # chosen items sit at -1 (distances are >= 0): never picked twice, even when the
+    # remaining items all coincide with chosen ones (distance 0)
     dmin = dist2(X[first])
-    dmin[first] = 0.0
+    dmin[first] = -1.0
     for _ in range(k - 1):
         j = int(torch.argmax(dmin))
         picks.append(j)
         scores.append(torch.sqrt(dmin[j]))
         dmin = torch.minimum(dmin, dist2(X[j]))
-        dmin[j] = 0.0
+        dmin[j] = -1.0
     return torch.tensor(picks, device=X.device), torch.stack(scores)
 
 
