@@ -190,6 +190,29 @@ def test_surrogate_gradient_is_full_lse_gradient_at_optimum(method, rng):
         torch.testing.assert_close(loss.nu, nu_star, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("method", ["scent", "sox", "umax", "asgd", "asgd_softplus", "bsgd"])
+@pytest.mark.parametrize("pad", [1e3, -1e3, 0.0])
+def test_masked_items_never_reach_the_loss_or_gradient(method, pad, rng):
+    # regression: exp(s - nu) was taken on padded items too and then multiplied by 0,
+    # so a pad far above the valid scores gave inf * 0 = NaN loss and gradients
+    s = rng.normal(size=(3, 6)) - 300.0  # valid scores far below a pad of 0 too
+    mask = torch.as_tensor(rng.random((3, 6)) < 0.6)
+    mask[:, 0] = True
+    padded = t(np.where(mask.numpy(), s, pad)).requires_grad_()
+    subset = t(s).requires_grad_()
+    losses = [EntropicRiskLoss(3, method=method, log_alpha=0.3, temperature=0.5)
+              for _ in range(2)]
+    for _ in range(2):  # first visit, then a regular update
+        a = losses[0](padded, torch.arange(3), mask)
+        b = losses[1](subset, torch.arange(3), mask)
+    (ga,) = torch.autograd.grad(a, padded)
+    (gb,) = torch.autograd.grad(b, subset)
+    assert torch.isfinite(a) and torch.isfinite(ga).all()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
+    assert not bool(ga[~mask].any())
+
+
 def test_asgd_uses_old_nu_and_umax_resets(rng):
     s = t([[0.0, 1.0, 2.0]])
     L = float(log_mean_exp(s)[0])

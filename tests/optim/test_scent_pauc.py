@@ -70,3 +70,16 @@ def test_errors_and_persistence(tmp_path, cancer):
     np.testing.assert_array_equal(again.coef_, clf.coef_)
     fpr, tpr, _ = roc_curve(y, clf.decision_function(X))
     assert tpr[-1] == 1.0 and fpr[0] == 0.0
+
+
+@pytest.mark.parametrize("n_neg, max_fpr", [(5, 0.3), (15, 0.3), (2, 0.3), (10, 1e-3), (50, 0.5)])
+def test_training_fpr_never_exceeds_max_fpr(n_neg, max_fpr):
+    # regression: the linearly interpolated quantile let ceil((n_neg - 1) max_fpr)
+    # negatives above the threshold (2 of 5 at max_fpr=0.3), and the threshold was
+    # scored on float32 features while predict scores float64 ones
+    rng = np.random.default_rng(n_neg)
+    X = np.r_[rng.normal(size=(n_neg, 2)), rng.normal(size=(10, 2)) + 1.0]
+    y = np.r_[np.zeros(n_neg, int), np.ones(10, int)]
+    clf = PartialAUCClassifier(max_fpr=max_fpr, epochs=2, random_state=0).fit(X, y)
+    assert (clf.predict(X[:n_neg]) == 1).mean() <= max_fpr
+    assert (clf.predict(X) == 1)[:n_neg].sum() == int(np.floor(max_fpr * (n_neg - 1)))

@@ -271,11 +271,13 @@ class EntropicRiskLoss(nn.Module):
         self.initialized[index] = True
 
         nu_g = for_grad.to(device=s.device, dtype=s.dtype)[:, None]
+        diff = s - nu_g
+        if mask is not None:  # padded items may hold any value: exp(big) * 0 would be NaN
+            diff = diff.masked_fill(~mask, float("-inf"))
         if m == "asgd_softplus":
-            log_rho = math.log(self.rho)
-            terms = F.softplus(s - nu_g + log_rho) / self.rho
+            terms = F.softplus(diff + math.log(self.rho)) / self.rho
         else:
-            terms = torch.exp(s - nu_g)
+            terms = torch.exp(diff)
         if mask is None:
             inner = terms.mean(dim=1)
         else:

@@ -78,7 +78,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     coef_ : ndarray of shape (n_features,)
     threshold_ : float
         Decision threshold: the training negatives' score quantile at
-        ``1 - max_fpr``, so that ``predict`` has training FPR <= ``max_fpr``.
+        ``1 - max_fpr`` (``method="higher"``: a training negative's score), so
+        that ``predict`` has training FPR <= ``max_fpr``.
     nu_ : ndarray of shape (n_positives,)
     loss_curve_ : list of float
         Exact training objective after each epoch.
@@ -147,6 +148,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self : PartialAUCClassifier
         """
         self._init_fit()
+        X_in = X
         X, y = self._validate_data(X, y, reset=True)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
@@ -204,8 +206,14 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         nu = loss_fn.nu.detach().clone().cpu()
         nu[~loss_fn.initialized.cpu()] = float("nan")
         self.nu_ = nu.numpy()
-        neg_scores = self._to_numpy(X[~pos].double() @ torch.as_tensor(self.coef_, device=dev))
-        self.threshold_ = float(np.quantile(neg_scores, 1 - self.max_fpr))
+        # scored exactly as decision_function does (float64 input, all rows), so that the
+        # negative at the threshold is not let through by a float32 rounding of X
+        X64 = self._validate_data(X_in, reset=False, dtype=torch.float64)
+        scores = self._to_numpy(X64 @ torch.as_tensor(self.coef_, device=X64.device))
+        neg_scores = scores[~self._to_numpy(pos)]
+        # "higher": a training negative's score, with at most max_fpr * n_neg above it
+        # (linear interpolation let ceil((n_neg - 1) max_fpr) negatives through)
+        self.threshold_ = float(np.quantile(neg_scores, 1 - self.max_fpr, method="higher"))
         return self
 
     def decision_function(self, X):
