@@ -93,3 +93,15 @@ def test_bottleneck_tsp_rejects_restarts_that_search_nothing():
     tour, b, theta = bottleneck_tsp(D, restarts=1, random_state=0)
     assert sorted(tour.tolist()) == list(range(40))
     assert theta <= b <= 2 * theta
+
+
+def test_assigner_bcd_applies_the_fitted_metric_closure():
+    # bcd() evaluated raw delays although bcd_ (with metric_closure=True) is on the
+    # closed ones, so est.bcd(D) != est.bcd_ on the very matrix it was fitted on
+    rng = np.random.default_rng(2)
+    D = rng.random((12, 12)) ** 3  # far from metric
+    for directed in (False, True):
+        est = BottleneckNodeAssigner(metric_closure=True, directed=directed,
+                                     random_state=0).fit(D)
+        assert est.bcd(D) == pytest.approx(est.bcd_)
+        np.testing.assert_allclose(est.bcd(D, reduce="none"), est.bcd_per_round_)

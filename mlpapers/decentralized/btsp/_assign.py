@@ -306,6 +306,10 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     def bcd(self, delays, *, reduce: str = "mean") -> float | np.ndarray:
         """BCD of the fitted assignment under other delays (same ``n``), e.g. a new
         measurement of the network; see :func:`~mlpapers.decentralized.btsp.bottleneck_delay`.
+
+        The delays are treated as in :meth:`fit`: with ``metric_closure=True`` they are
+        replaced by their shortest-path closure first, so ``bcd(D)`` on the fitted
+        ``D`` equals ``bcd_``.
         """
         from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
 
@@ -314,6 +318,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         if D.shape[0] != self.n_nodes_:
             raise ValueError(f"delays has {D.shape[0]} nodes, but {type(self).__name__} was "
                              f"fitted on {self.n_nodes_}.")
+        if self.metric_closure:  # the fitted BCDs are on the closed delays
+            D = metric_closure(D)
         return bottleneck_delay(D, self.assignment_, self.schedule_, reduce=reduce,
                                 directed=bool(self.directed))
 
