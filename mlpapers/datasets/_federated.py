@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from sklearn.datasets import load_digits
 
@@ -165,7 +167,9 @@ def make_federated_digits(
     n_samples : int, default=80
         Samples per client.
     n_swaps : int, default=2
-        Label transpositions per cluster (``label_swap`` only, 1..5).
+        Label transpositions per cluster (``label_swap`` only, 1..5). They give
+        ``1 + 10! / ((10 - 2 n_swaps)! 2^n_swaps n_swaps!)`` distinct permutations
+        (46 for one swap), the largest possible ``n_clusters``.
     random_state : int, RandomState, Generator or None, default=None
 
     Returns
@@ -190,6 +194,13 @@ def make_federated_digits(
         raise ValueError(f"kind='rotation' supports at most 8 clusters, got {n_clusters}.")
     if kind == "label_swap" and n_swaps > 5:
         raise ValueError(f"n_swaps must be <= 5 (10 labels), got {n_swaps}.")
+    if kind == "label_swap":
+        # identity + the sets of n_swaps disjoint transpositions of 10 labels
+        n_perms = 1 + math.factorial(10) // (math.factorial(10 - 2 * n_swaps)
+                                              * 2**n_swaps * math.factorial(n_swaps))
+        if n_clusters > n_perms:
+            raise ValueError(f"kind='label_swap' with n_swaps={n_swaps} has only {n_perms} "
+                             f"distinct label permutations, got n_clusters={n_clusters}.")
     rng = check_random_state(random_state)
     digits = load_digits()
     images = digits.images.astype(np.float32) / 16.0

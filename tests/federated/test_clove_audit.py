@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlpapers.datasets import make_federated_linear
+from mlpapers.datasets import make_federated_digits, make_federated_linear
 from mlpapers.federated import CLoVE, choose_n_clusters, clove_assign
 
 L = np.array([[0.1, 2.0], [0.2, 2.1], [3.0, 0.1], [2.9, 0.2]])
@@ -65,3 +65,47 @@ def test_callable_model_with_wrong_output_is_rejected(clients):
     est = _fast(model=lambda d, o: torch.nn.Sequential(bn, torch.nn.Linear(d, o)),
                 vectorize=False).fit(clients)  # the one-sample probe runs in eval mode
     assert est.labels_.shape == (len(clients),)
+
+
+@pytest.mark.parametrize("reps", [2, 3])
+def test_choose_n_clusters_counts_repeated_loss_vectors(reps):
+    # Candidates stopped at n_distinct - 1, so K separated groups of identical loss
+    # vectors (e.g. clients holding the same data) could never give K clusters.
+    groups = np.array([[0.1, 5.0, 5.0, 5.0], [5.0, 0.1, 5.0, 5.0],
+                       [5.0, 5.0, 0.1, 5.0], [5.0, 5.0, 5.0, 0.1]])
+    for k in (3, 4):
+        Lk = np.repeat(groups[:k, :k], reps, axis=0)
+        assert choose_n_clusters(Lk, 6) == k
+        # a jitter far below the group separation must not change the answer
+        jitter = 1e-9 * np.random.default_rng(0).random(Lk.shape)
+        assert choose_n_clusters(Lk + jitter, 6) == k
+    # the silhouette needs k < n_clients: all-distinct rows still stop at n - 1
+    assert choose_n_clusters(groups[:3, :3], 6) == 2
+    assert choose_n_clusters(np.ones((4, 3)), 6) == 1
+
+
+def test_unknown_k_separates_clusters_of_identical_clients():
+    # three clusters of three clients holding the same data: the unknown-K mode kept
+    # two clusters forever (ARI 0.5) because k = n_distinct was never a candidate
+    base, _, _ = make_federated_linear(n_clusters=3, n_clients_per_cluster=1, n_samples=100,
+                                       random_state=0)
+    truth = np.repeat(np.arange(3), 3)
+    est = CLoVE(n_clusters="auto", max_clusters=5, n_rounds=2, local_epochs=10, lr=0.05,
+                random_state=0).fit([base[k] for k in truth], truth)
+    assert est.n_clusters_ == 3
+    assert est.history_[-1]["ari"] == 1.0
+
+
+def test_label_swap_digits_rejects_more_clusters_than_permutations():
+    # one swap gives 1 + C(10, 2) = 46 distinct label permutations: 47 clusters made
+    # the rejection sampler of distinct permutations loop forever
+    clients, labels = make_federated_digits("label_swap", n_clusters=46, n_swaps=1,
+                                            n_clients_per_cluster=1, n_samples=2,
+                                            random_state=0)
+    assert len(clients) == 46
+    with pytest.raises(ValueError, match="only 46 distinct"):
+        make_federated_digits("label_swap", n_clusters=47, n_swaps=1,
+                              n_clients_per_cluster=1, n_samples=2, random_state=0)
+    with pytest.raises(ValueError, match="only 946 distinct"):
+        make_federated_digits("label_swap", n_clusters=947, n_swaps=5,
+                              n_clients_per_cluster=1, n_samples=1, random_state=0)

@@ -186,8 +186,10 @@ def choose_n_clusters(
 ) -> int:
     """Pick the number of clusters of the loss vectors by Ward linkage + silhouette.
 
-    Candidates ``k = 2 .. min(max_clusters, n_distinct - 1)`` are scanned in
-    increasing order; a larger ``k`` replaces the current choice only when its
+    Candidates ``k = 2 .. min(max_clusters, n_distinct, n_clients - 1)`` (the
+    silhouette needs ``k < n_clients``; identical loss vectors always share a
+    cluster, so ``n_distinct`` rows give at most ``n_distinct`` clusters) are
+    scanned in increasing order; a larger ``k`` replaces the current choice only when its
     silhouette beats the current one by more than ``min_gain`` (relative), which
     guards against over-splitting (CLoVE's unknown-K mode).
 
@@ -202,12 +204,14 @@ def choose_n_clusters(
     Returns
     -------
     int
-        The chosen number of clusters (1 when fewer than 3 distinct rows exist).
+        The chosen number of clusters (1 when all rows are identical; the number
+        of distinct rows, at most ``max_clusters``, when no ``k >= 2`` can be scored).
     """
     L = _check_loss_matrix(loss_matrix)
     check_positive(max_clusters, "max_clusters", integer=True)
     distinct = np.unique(L, axis=0).shape[0]
-    hi = min(int(max_clusters), distinct - 1, L.shape[0] - 1)
+    # k = distinct is a valid candidate when rows repeat (it is < n_clients then)
+    hi = min(int(max_clusters), distinct, L.shape[0] - 1)
     if hi < 2:
         return max(1, min(distinct, int(max_clusters)))
     best_k, best = 2, -np.inf

@@ -39,8 +39,10 @@ __all__ = ["CLoVEStrategy", "make_client_app"]
 _LOSSES_ACTION = "losses"
 
 
-def _to_arrays(record: ArrayRecord) -> list[np.ndarray]:
-    return [np.asarray(a, dtype=np.float64) for a in record.to_numpy_ndarrays()]
+def _to_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """The record's arrays by name (float64, for exact weighted sums)."""
+    return {k: np.asarray(a, dtype=np.float64)
+            for k, a in zip(record.keys(), record.to_numpy_ndarrays())}
 
 
 class CLoVEStrategy(Strategy):
@@ -104,25 +106,31 @@ class CLoVEStrategy(Strategy):
         ]
 
     def aggregate_train(self, server_round: int, replies):
-        """Data-size weighted average of the replies, per assigned model."""
-        sums: dict[int, list[np.ndarray]] = {}
+        """Data-size weighted average of the replies, per assigned model.
+
+        Arrays are matched by name, so the replies may list them in another order
+        than the initial models.
+        """
+        sums: dict[int, dict[str, np.ndarray]] = {}
         weights: dict[int, float] = {}
+        keys = list(self.models_[0].keys())
         for reply in replies:
             nid = reply.metadata.src_node_id
             j = self.labels_[nid]
             n = float(reply.content["metrics"]["num-examples"])
             arrays = _to_arrays(reply.content["arrays"])
+            if set(arrays) != set(keys):
+                raise ValueError(f"node {nid} replied with arrays {sorted(arrays)}, expected "
+                                 f"{sorted(keys)}.")
             if j not in sums:
-                sums[j] = [n * a for a in arrays]
+                sums[j] = {k: n * a for k, a in arrays.items()}
                 weights[j] = n
             else:
-                sums[j] = [s + n * a for s, a in zip(sums[j], arrays)]
+                sums[j] = {k: sums[j][k] + n * a for k, a in arrays.items()}
                 weights[j] += n
-        keys = list(self.models_[0].keys())
         for j, s in sums.items():  # models without nodes keep their weights
-            avg = [(a / weights[j]).astype(np.float32) for a in s]
             self.models_[j] = ArrayRecord(
-                {k: torch.from_numpy(a) for k, a in zip(keys, avg)})
+                {k: torch.from_numpy((s[k] / weights[j]).astype(np.float32)) for k in keys})
         return None, MetricRecord({"models-updated": len(sums)})
 
     def configure_evaluate(self, server_round, arrays, config, grid):
