@@ -27,11 +27,38 @@ from mlpapers.anomaly.rad._kernels import resize_maps
 _MEMORY_DTYPES = ("float32", "float16", "bfloat16")
 
 
+def _pil_to_array(image: Any) -> np.ndarray:
+    """Pixel array of a PIL image: 8-bit modes as uint8 L or RGB, wider modes as stored.
+
+    32-bit integer (``"I"``), 16-bit (``"I;16"``...) and float (``"F"``) images keep
+    their values, so that :func:`check_images` validates them like arrays of the
+    same dtype (PIL's ``convert("L")`` would clip them to 0..255 silently).
+    """
+    mode = image.mode
+    if mode == "F" or mode == "I" or mode.startswith("I;"):
+        arr = np.asarray(image)
+        return arr.astype(arr.dtype.newbyteorder("="))  # native byte order for torch
+    return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
+
+
+def _pixels_to_unit(a: np.ndarray, name: str) -> np.ndarray:
+    """Integer (0..255) or boolean pixels of one image as float32 in [0, 1]."""
+    if a.dtype.kind == "b":
+        return a.astype(np.float32)
+    if a.size and (int(a.min()) < 0 or int(a.max()) > 255):
+        raise ValueError(f"{name} has integer values in [{int(a.min())}, {int(a.max())}]; "
+                         "integer images must hold 8-bit pixel values in [0, 255] (or pass "
+                         "floats in [0, 1]).")
+    return a.astype(np.float32) / np.float32(255.0)
+
+
 def check_images(X: Any, name: str = "X") -> torch.Tensor:
     """Validate images into a float tensor (n, 3, H, W) with values in [0, 1].
 
     Accepts numpy arrays, tensors, or lists of PIL images / arrays, shaped
-    ``(n, H, W)`` (grayscale), ``(n, H, W, C)`` or ``(n, C, H, W)`` with ``C`` in
+    ``(n, H, W)`` (grayscale; a 3D array whose last axis has 3 or 4 entries is
+    taken for one ``(H, W, C)`` image and rejected), ``(n, H, W, C)`` or
+    ``(n, C, H, W)`` with ``C`` in
     ``{1, 3, 4}`` (when both axes could hold the channels, ``(n, C, H, W)`` wins,
     and 1 or 3 channels win over 4). Integer data (any integer dtype, e.g. ``uint8`` or the
     ``int64`` of a nested list of pixel values) are 8-bit pixel values and are
@@ -39,14 +66,16 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
     data become 0/1. Float data are taken as is (expected in ``[0, 1]``; a
     ``UserWarning`` flags data that look like 0-255 pixel values). Grayscale is
     repeated to three channels; the alpha channel of 4-channel (RGBA) data is
-    dropped, as PIL's ``convert("RGB")`` does.
+    dropped, as PIL's ``convert("RGB")`` does. PIL images of 16/32-bit integer or
+    float modes (``"I;16"``, ``"I"``, ``"F"``) follow the same rules as arrays of
+    their dtype (they are not clipped to 8 bits). In a list mixing integer and
+    float images, each image is scaled by its own dtype.
     """
     if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
         arrays = []
         for item in X:
             if hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
-                item = np.asarray(item.convert("L" if item.mode in ("L", "1", "I", "F")
-                                               else "RGB"))
+                item = _pil_to_array(item)
             arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
                           else np.asarray(item))
         if len({a.shape for a in arrays}) > 1:  # grayscale next to colour: repeat channels
@@ -54,12 +83,19 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
             if colour:
                 arrays = [np.repeat(a[..., None], colour[0][-1], axis=-1)
                           if a.ndim == 2 and a.shape == colour[0][:2] else a for a in arrays]
+        kinds = {a.dtype.kind for a in arrays}
+        if "f" in kinds and kinds & set("biu"):  # 8-bit items next to float items
+            arrays = [a if a.dtype.kind == "f" else _pixels_to_unit(a, name) for a in arrays]
         shapes = {a.shape for a in arrays}
         if len(shapes) > 1:
             raise ValueError(f"{name} holds images of mixed sizes {sorted(shapes)}; resize them "
                              "to a common size first.")
         X = np.stack(arrays)
     t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
+    if t.ndim == 3 and t.shape[-1] in (3, 4) and t.shape[-2] > 4:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}: a single (H, W, C) colour image, "
+                         f"not a batch of {t.shape[0]} grayscale images {t.shape[-1]} pixels "
+                         "wide; pass X[None] (or a list of images).")
     if t.dtype == torch.bool:
         t = t.float()
     elif not t.is_floating_point():  # integer pixel values, 0..255
@@ -226,18 +262,27 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         self._init_fit()
         self._check_params()
         images = check_images(X)
-        for attr in ("_extractor",):
-            if hasattr(self, attr):
-                delattr(self, attr)
-        feats, keys = self._extract(images, desc=f"{type(self).__name__} fit")
-        self.n_features_in_ = int(np.prod(images.shape[1:]))
-        self.n_train_ = len(images)
-        self.input_size_ = tuple(int(s) for s in self._network_size(images))
-        self.decision_scores_ = self._to_numpy(self._fit_memory(feats, keys))
-        self.threshold_ = float(np.percentile(self.decision_scores_,
-                                              100.0 * (1.0 - self.contamination)))
-        self.labels_ = (self.decision_scores_ > self.threshold_).astype(np.int64)
+        self._forget_fit()
+        try:
+            feats, keys = self._extract(images, desc=f"{type(self).__name__} fit")
+            self.n_features_in_ = int(np.prod(images.shape[1:]))
+            self.n_train_ = len(images)
+            self.input_size_ = tuple(int(s) for s in self._network_size(images))
+            self.decision_scores_ = self._to_numpy(self._fit_memory(feats, keys))
+            self.threshold_ = float(np.percentile(self.decision_scores_,
+                                                  100.0 * (1.0 - self.contamination)))
+            self.labels_ = (self.decision_scores_ > self.threshold_).astype(np.int64)
+        except BaseException:
+            # a failed refit must not leave the previous memory next to new attributes
+            self._forget_fit()
+            raise
         return self
+
+    def _forget_fit(self) -> None:
+        """Drop the fitted attributes and the cached extractor (unfitted state)."""
+        for attr in [k for k in vars(self) if (k.endswith("_") and not k.startswith("__"))
+                     or k == "_extractor"]:
+            delattr(self, attr)
 
     def _maps_and_scores(self, X) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         self._check_fitted()

@@ -118,6 +118,10 @@ class RADDetector(BaseImageDetector):
     grid_shapes_ : list of (int, int)
         Feature grid per layer.
     layer_weights_ : ndarray of shape (n_layers,)
+        Normalised fusion weights at fit time. Like ``k_images``, ``pos_radius``,
+        ``top_ratio`` and the other scoring parameters, ``layer_weights`` is read
+        again when scoring, so ``set_params`` after ``fit`` takes effect on new
+        scores (``decision_scores_`` and ``threshold_`` keep their fit values).
     input_size_ : (int, int)
         Network input size the memory was built at.
     decision_scores_ : ndarray of shape (n_train,)
@@ -201,17 +205,17 @@ class RADDetector(BaseImageDetector):
     def _patches(feats: list[torch.Tensor]) -> list[torch.Tensor]:
         return [l2_normalize(rearrange(f, "n c h w -> n (h w) c")) for f in feats]
 
-    def _fit_memory(self, feats, keys) -> torch.Tensor:
-        n_layers = len(feats)
+    def _resolve_layer_weights(self, n_layers: int) -> np.ndarray:
         if self.layer_weights is None:
-            w = np.full(n_layers, 1.0 / n_layers)
-        else:
-            w = np.asarray(self.layer_weights, dtype=float)
-            if len(w) != n_layers:
-                raise ValueError(f"layer_weights has {len(w)} entries but the extractor "
-                                 f"returns {n_layers} layers.")
-            w = w / w.sum()
-        self.layer_weights_ = w
+            return np.full(n_layers, 1.0 / n_layers)
+        w = np.asarray(self.layer_weights, dtype=float)
+        if len(w) != n_layers:
+            raise ValueError(f"layer_weights has {len(w)} entries but the extractor "
+                             f"returns {n_layers} layers.")
+        return w / w.sum()
+
+    def _fit_memory(self, feats, keys) -> torch.Tensor:
+        self.layer_weights_ = self._resolve_layer_weights(len(feats))
         self.grid_shapes_ = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
         dtype = self._memory_dtype()
         self.memory_ = [p.to(dtype).contiguous() for p in self._patches(feats)]
@@ -228,8 +232,9 @@ class RADDetector(BaseImageDetector):
         dev = self._resolved_device
         size = tuple(self.input_size_)
         fused = torch.zeros(len(nbrs), *size, device=dev)
-        for q, mem, (h, w), wl in zip(patches, self.memory_, self.grid_shapes_,
-                                      self.layer_weights_):
+        # read at scoring time, like the other scoring parameters (set_params after fit)
+        weights = self._resolve_layer_weights(len(self.memory_))
+        for q, mem, (h, w), wl in zip(patches, self.memory_, self.grid_shapes_, weights):
             if wl == 0:
                 continue
             q, mem = q.to(dev).float(), mem.to(dev)

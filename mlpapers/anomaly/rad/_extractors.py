@@ -96,7 +96,9 @@ class TorchFeatureExtractor(nn.Module):
     """Wrap any ``nn.Module``: patch features from named submodules via forward hooks.
 
     Hooks are registered for the duration of each call only, so the wrapped
-    module is left untouched and the extractor pickles.
+    module is left untouched and the extractor pickles. The hooked outputs are
+    copied, so in-place operations that follow a hooked layer in the network
+    (``ReLU(inplace=True)`` after a ``BatchNorm2d``) do not alter them.
 
     Parameters
     ----------
@@ -162,7 +164,10 @@ class TorchFeatureExtractor(nn.Module):
 
         def hook(name):
             def fn(_mod, _inp, out):
-                outputs[name] = out[0] if isinstance(out, (tuple, list)) else out
+                out = out[0] if isinstance(out, (tuple, list)) else out
+                # a copy: a later in-place op of the network (e.g. ReLU(inplace=True)
+                # after a hooked BatchNorm) would otherwise overwrite the captured output
+                outputs[name] = out.clone() if isinstance(out, torch.Tensor) else out
             return fn
 
         handles = [names[n].register_forward_hook(hook(n)) for n in dict.fromkeys(wanted)]
@@ -190,11 +195,13 @@ class TorchFeatureExtractor(nn.Module):
 class DinoViTExtractor(nn.Module):
     """Patch tokens and CLS token of a user-loaded DINOv2/DINOv3 ViT (the paper's path).
 
-    Calls ``model.get_intermediate_layers(x, n=layers, reshape=True,
+    Calls ``model.get_intermediate_layers(x, n=blocks, reshape=True,
     return_class_token=True, norm=True)`` (the DINOv2/v3 API), so the final
-    LayerNorm is applied to every layer as in the official RAD code. The key is
-    the CLS token of the last listed layer. Register tokens are dropped by the
-    model's API.
+    LayerNorm is applied to every layer as in the official RAD code. The feature
+    maps come in the order of ``layers`` (the model returns them in block order;
+    they are put back, so ``layer_weights`` line up with ``layers``). The key is
+    the CLS token of the deepest listed block (the official code's last-layer
+    CLS). Register tokens are dropped by the model's API.
 
     Parameters
     ----------
@@ -204,7 +211,9 @@ class DinoViTExtractor(nn.Module):
         Use an ``image_size`` that is a multiple of its patch size (the paper: 448
         with patch 16, a 28x28 grid).
     layers : sequence of int, default=(3, 6, 9, 11)
-        0-based block indices (the paper's setting for ViT-B).
+        0-based block indices (the paper's setting for ViT-B); negative indices
+        count from the last block (the model must expose ``n_blocks`` or
+        ``blocks``).
     norm : bool, default=True
         Apply the final norm to intermediate layers.
     mean, std : sequence of float
@@ -218,16 +227,33 @@ class DinoViTExtractor(nn.Module):
             raise TypeError(f"{type(model).__name__} has no get_intermediate_layers method; "
                             "pass a DINOv2/DINOv3 ViT or use TorchFeatureExtractor.")
         self.model = model.eval().requires_grad_(False)
+        layers = [layers] if isinstance(layers, numbers.Integral) else list(layers)
+        if not layers or any(isinstance(i, bool) or not isinstance(i, numbers.Integral)
+                             for i in layers):
+            raise ValueError(f"layers must be a non-empty sequence of block indices, "
+                             f"got {layers!r}.")
         self.layers = [int(i) for i in layers]
+        if any(i < 0 for i in self.layers):
+            depth = getattr(model, "n_blocks", None)
+            if depth is None and hasattr(model, "blocks"):
+                depth = len(model.blocks)
+            if depth is None:
+                raise ValueError("negative layers need a model with n_blocks or blocks; "
+                                 f"got {self.layers}.")
+            self.layers = [i + int(depth) if i < 0 else i for i in self.layers]
         self.norm = norm
         self.mean, self.std = mean, std
 
     def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         x = _normalise(images, self.mean, self.std)
+        blocks = sorted(set(self.layers))  # the API returns the blocks in block order
         outs = self.model.get_intermediate_layers(
-            x, n=self.layers, reshape=True, return_class_token=True, norm=self.norm)
-        feats = [o[0] for o in outs]
-        return feats, outs[-1][1]
+            x, n=blocks, reshape=True, return_class_token=True, norm=self.norm)
+        if len(outs) != len(blocks):
+            raise ValueError(f"the model returned {len(outs)} layers for blocks {blocks}; "
+                             "check that every index is below its depth.")
+        by_block = dict(zip(blocks, outs))
+        return [by_block[i][0] for i in self.layers], by_block[blocks[-1]][1]
 
 
 def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatureExtractor:

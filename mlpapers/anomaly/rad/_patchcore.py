@@ -125,7 +125,12 @@ class PatchCoreDetector(BaseImageDetector):
             flat_mem, ids_mem = flat[sel], ids[sel]
         else:
             flat_mem, ids_mem = flat, ids
-        self.memory_ = flat_mem.to(self._memory_dtype()).contiguous()
+        memory = flat_mem.to(self._memory_dtype()).contiguous()
+        if not bool(torch.isfinite(memory).all()):  # float16 overflows at 65504
+            raise ValueError(f"the patch features overflow memory_dtype={self.memory_dtype!r} "
+                             f"(largest magnitude {float(flat_mem.abs().max()):.4g}); use "
+                             "memory_dtype='float32' or rescale the extractor's features.")
+        self.memory_ = memory
         self.memory_image_ids_ = ids_mem.contiguous()
         if n < 2:
             return torch.zeros(n)

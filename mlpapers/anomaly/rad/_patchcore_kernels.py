@@ -23,7 +23,11 @@ def knn_distances(
     r"""Euclidean distances to the ``k`` nearest memory rows, chunked.
 
     Uses :math:`\|a-b\|^2 = \|a\|^2 + \|b\|^2 - 2 a^\top b` (clamped at 0) with a
-    running top-k over memory chunks, so memory is bounded by ``chunk_size``.
+    running top-k over memory chunks, so memory is bounded by ``chunk_size``. Both
+    sides are first centred on the memory mean (distances are unchanged): the
+    identity cancels catastrophically in float32 when the features share a large
+    common offset, as non-negative CNN activations do; the distances of the
+    selected neighbours are then recomputed directly (exact down to 0).
 
     Parameters
     ----------
@@ -43,22 +47,33 @@ def knn_distances(
     Q, P = query.shape[0], memory.shape[0]
     q_block = max(1, min(Q, 4096))
     m_block = max(1, int(chunk_size) // q_block)
-    m2 = memory.float().pow(2).sum(1)
+    center = (memory.float().sum(0) / P) if P else query.new_zeros(query.shape[1]).float()
+    m2 = torch.cat([(memory[ms:ms + m_block].float() - center).pow(2).sum(1)
+                    for ms in range(0, P, m_block)]) if P else memory.new_zeros(0).float()
     out = []
     for qs in range(0, Q, q_block):
-        q = query[qs:qs + q_block].float()
+        q = query[qs:qs + q_block].float() - center
         q2 = (q * q).sum(1, keepdim=True)
         best = torch.full((len(q), 0), torch.inf, device=q.device)
+        best_idx = torch.zeros((len(q), 0), dtype=torch.long, device=q.device)
         for ms in range(0, P, m_block):
-            m = memory[ms:ms + m_block].float()
+            m = memory[ms:ms + m_block].float() - center
             d2 = (q2 + m2[None, ms:ms + m_block] - 2.0 * q @ m.T).clamp_min_(0.0)
             if exclude_query_group is not None and memory_group is not None:
                 same = (exclude_query_group[qs:qs + q_block, None]
                         == memory_group[None, ms:ms + m_block])
                 d2 = d2.masked_fill(same, torch.inf)
-            both = torch.cat([best, d2], dim=1)
-            best = torch.topk(both, min(k, both.shape[1]), dim=1, largest=False).values
-        out.append(best)
+            vals, pos = torch.topk(d2, min(k, d2.shape[1]), dim=1, largest=False)
+            both = torch.cat([best, vals], dim=1)  # merge with the running top-k
+            idx = torch.cat([best_idx, pos + ms], dim=1)
+            best, pos = torch.topk(both, min(k, both.shape[1]), dim=1, largest=False)
+            best_idx = idx.gather(1, pos)
+        # the identity loses ~sqrt(eps) * |x| near zero: recompute the selected pairs directly
+        diff = q[:, None, :] - (memory[best_idx.reshape(-1)].float() - center).reshape(
+            *best_idx.shape, memory.shape[1])
+        exact = diff.pow(2).sum(-1)
+        best = torch.where(torch.isfinite(best), exact, best)
+        out.append(best.sort(dim=1).values)
     return torch.cat(out).sqrt()
 
 
@@ -95,6 +110,7 @@ def greedy_coreset(
     if projection_dim is not None and C > projection_dim:
         proj = torch.randn(C, projection_dim, generator=generator, device="cpu").to(x.device)
         x = x @ (proj / math.sqrt(projection_dim))
+    x = x - x.mean(0)  # same distances, less float32 cancellation in the identity below
     first = int(torch.randint(P, (1,), generator=generator).item())
     selected = torch.empty(n_select, dtype=torch.long, device=x.device)
     selected[0] = first
