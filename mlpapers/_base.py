@@ -10,15 +10,19 @@ Persistence
 :meth:`TorchEstimatorMixin.save` writes ``{class, params, state}`` with
 :func:`torch.save`; :meth:`TorchEstimatorMixin.load` reads it back with
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects. The
-state holds only tensors, numpy arrays (stored as tensors), numbers, strings and
-nested lists/tuples/dicts of them. Estimators holding ``torch.nn.Module`` objects
+state holds only tensors, numpy arrays (stored as tensors; string arrays keep
+their dtype and shape), numpy scalars (which keep their type), numbers, strings,
+numpy ``RandomState``/``Generator`` objects (stored as their states) and nested
+lists/tuples/dicts of them. Estimators holding ``torch.nn.Module`` objects
 override :meth:`_get_state` / :meth:`_set_state` to store state dicts instead.
-Plain :mod:`pickle` also works for every estimator (for trusted files).
+The class named in a file is only instantiated when it is an estimator class
+defined inside :mod:`mlpapers` (or the class whose ``load`` is called); nothing
+else named by a file is ever called. Plain :mod:`pickle` also works for every
+estimator (for trusted files).
 """
 
 from __future__ import annotations
 
-import numbers
 import os
 from typing import Any
 
@@ -26,7 +30,13 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import (
+    _check_feature_names,
+    _check_n_features,
+    _check_y,
+    check_is_fitted,
+    validate_data,
+)
 
 from mlpapers._utils import (
     check_tensor,
@@ -35,27 +45,38 @@ from mlpapers._utils import (
     resolve_dtype,
     to_numpy,
 )
+from mlpapers._utils._serialize import decode as _decode
+from mlpapers._utils._serialize import encode as _encode
 
 __all__ = ["TorchEstimatorMixin", "load", "save"]
 
 _FORMAT_VERSION = 1
-_NDARRAY_TAG = "__mlpapers_ndarray__"
-_TUPLE_TAG = "__mlpapers_tuple__"
-_STRARRAY_TAG = "__mlpapers_strarray__"
+
+
+def _native_writable(a: Any) -> Any:
+    """``a``, copied when it is a read-only array (pandas' copy-on-write views) or
+    not in the native byte order (which torch cannot read)."""
+    if isinstance(a, np.ndarray):
+        if not a.dtype.isnative:
+            return a.astype(a.dtype.newbyteorder("="))
+        if not a.flags.writeable:
+            return a.copy()
+    return a
 
 
 class TorchEstimatorMixin:
     """Mixin for scikit-learn estimators computed with PyTorch.
 
     Expects the estimator to have ``device``, ``random_state`` and ``verbose``
-    parameters (any of them may be absent; defaults are then CPU, fresh entropy
-    and silent).
+    parameters (any of them may be absent; defaults are then CPU, ``None`` and
+    silent).
 
     Notes
     -----
     Call :meth:`_init_fit` at the start of ``fit``: it resolves the device and
     creates ``self._torch_gen`` / ``self._numpy_gen`` from ``random_state``, so
-    fits are reproducible and never touch the global RNG state.
+    fits are reproducible and never touch the global RNG state (``None`` draws
+    one seed from numpy's global ``RandomState``, as in scikit-learn).
     """
 
     # -- fitting helpers ---------------------------------------------------
@@ -113,27 +134,32 @@ class TorchEstimatorMixin:
         torch_dtype = resolve_dtype(dtype)
         allowed = {ndim} if isinstance(ndim, int) else set(ndim)
         has_y = not (isinstance(y, str) and y == "no_validation")
+        if has_y and isinstance(y, torch.Tensor):
+            y = to_numpy(y)  # detached, on the CPU (numpy cannot read grad/CUDA tensors)
         if isinstance(X, torch.Tensor):
-            if reset and hasattr(self, "feature_names_in_"):
-                del self.feature_names_in_
+            # tensors have no column names: drops ``feature_names_in_`` on reset and
+            # warns, as scikit-learn does for arrays, when fitted on a DataFrame
+            _check_feature_names(self, X, reset=reset)
             Xt = check_tensor(
                 X, ndim=tuple(allowed), dtype=torch_dtype, device=self._resolved_device,
                 allow_nan=allow_nan, min_samples=min_samples,
                 n_features=None if reset else getattr(self, "n_features_in_", None),
                 owner=type(self).__name__,
             )
-            if reset:
-                self.n_features_in_ = int(Xt.shape[1]) if Xt.ndim >= 2 else 1
+            # the rule of the array path (1-D input records no feature count)
+            _check_n_features(self, Xt, reset=reset)
             if not has_y:
                 return Xt
             if y is None:
                 raise ValueError(f"This {type(self).__name__} estimator requires y to be "
                                  "passed, but the target y is None.")
-            y_np = to_numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
+            # the same checks as scikit-learn's ``validate_data`` applies to ``y``
+            # (finite values, a column vector raveled, numeric when asked)
+            y_np = _check_y(y, multi_output=multi_output, y_numeric=y_numeric, estimator=self)
             if y_np.shape[:1] != (Xt.shape[0],):
                 raise ValueError(f"Found input variables with inconsistent numbers of "
                                  f"samples: [{Xt.shape[0]}, {len(y_np)}]")
-            return Xt, y_np
+            return Xt, _native_writable(y_np)
         np_dtype = np.float64 if torch_dtype == torch.float64 else np.float32
         kwargs = dict(
             reset=reset, dtype=np_dtype,
@@ -146,14 +172,17 @@ class TorchEstimatorMixin:
                                        multi_output=multi_output, **kwargs)
         else:
             X_np = validate_data(self, X, **kwargs)
+        if not kwargs["ensure_2d"]:
+            # scikit-learn skips the feature count when ``ensure_2d=False``; keep it
+            # for 2-D input so that ``ndim=(1, 2)`` estimators still check it
+            _check_n_features(self, X_np, reset=reset)
         if X_np.ndim not in allowed:
             want = " or ".join(f"{d}D" for d in sorted(allowed))
             raise ValueError(f"Expected {want} array for X, got {X_np.ndim}D array instead.")
-        if not X_np.flags.writeable:  # read-only memmaps: torch needs writable memory
-            X_np = X_np.copy()
+        X_np = _native_writable(X_np)  # read-only memmaps, big-endian files: torch reads neither
         Xt = torch.from_numpy(np.ascontiguousarray(X_np)).to(
             device=self._resolved_device, dtype=torch_dtype)
-        return (Xt, y_np) if has_y else Xt
+        return (Xt, _native_writable(y_np)) if has_y else Xt
 
     @staticmethod
     def _to_numpy(t: Any) -> np.ndarray:
@@ -237,54 +266,6 @@ class TorchEstimatorMixin:
         return {}
 
 
-# -- encoding to a weights_only-safe structure -------------------------------
-def _encode(obj: Any, where: str) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, np.ndarray):
-        if obj.dtype.kind in "biuf":
-            return {_NDARRAY_TAG: torch.from_numpy(np.ascontiguousarray(obj))}
-        # string labels (``classes_`` of classifiers): stored as a nested list
-        values = obj.tolist()
-        flat = obj.ravel().tolist()
-        if obj.dtype.kind == "U" or (obj.dtype.kind == "O" and all(
-                isinstance(v, (str, bool, numbers.Number)) for v in flat)):
-            return {_STRARRAY_TAG: values, "object": obj.dtype.kind == "O"}
-        raise TypeError(f"cannot save {where}: numpy arrays of dtype {obj.dtype} are "
-                        "not supported (only numbers and strings).")
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if obj is None or isinstance(obj, (bool, numbers.Number, str)):
-        return obj
-    if isinstance(obj, list):
-        return [_encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        return {_TUPLE_TAG: [_encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
-    if isinstance(obj, dict):
-        return {k: _encode(v, f"{where}[{k!r}]") for k, v in obj.items()}
-    if isinstance(obj, torch.device):
-        return str(obj)
-    raise TypeError(
-        f"cannot save {where} of type {type(obj).__name__}: only tensors, arrays, "
-        "numbers, strings and containers of them can be saved safely. Use pickle for "
-        "trusted files, or override _get_state/_set_state."
-    )
-
-
-def _decode(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        if set(obj) == {_NDARRAY_TAG}:
-            return obj[_NDARRAY_TAG].numpy()
-        if set(obj) == {_STRARRAY_TAG, "object"}:
-            return np.array(obj[_STRARRAY_TAG], dtype=object if obj["object"] else None)
-        if set(obj) == {_TUPLE_TAG}:
-            return tuple(_decode(v) for v in obj[_TUPLE_TAG])
-        return {k: _decode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    return obj
-
-
 # numpy bit generators whose state is a plain dict of ints and strings (MT19937,
 # Philox and SFC64 hold arrays, which the weights_only loader refuses)
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM")
@@ -348,27 +329,51 @@ def load(
 ) -> BaseEstimator:
     """Load an estimator saved by :func:`save`, with ``torch.load(weights_only=True)``.
 
-    Only classes defined inside :mod:`mlpapers`, or the class ``trusted`` itself
-    (what ``SomeEstimator.load(path)`` passes, so user subclasses load too), are
-    reconstructed; no other module is ever imported.
+    Only estimator classes (subclasses of :class:`TorchEstimatorMixin`) defined
+    inside :mod:`mlpapers`, or the class ``trusted`` itself (what
+    ``SomeEstimator.load(path)`` passes, so user subclasses load too), are
+    reconstructed; no other module is ever imported and nothing but that class is
+    ever called.
     """
-    import importlib
-
     payload = torch.load(os.fspath(path), map_location=map_location, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != _FORMAT_VERSION:
+    if (not isinstance(payload, dict) or payload.get("format") != _FORMAT_VERSION
+            or not isinstance(payload.get("class"), str)):
         raise ValueError(f"{os.fspath(path)!r} is not an mlpapers estimator file.")
-    module_name, _, qualname = payload["class"].partition(":")
-    if trusted is not None and payload["class"] == f"{trusted.__module__}:{trusted.__qualname__}":
-        est = trusted(**_decode(payload["params"]))
-        est._set_state(_decode(payload["state"]))
-        _restore_rng(est, payload.get("rng", {}))
-        return est
-    if module_name != "mlpapers" and not module_name.startswith("mlpapers."):
-        raise ValueError(f"refusing to load class {payload['class']!r} from outside mlpapers.")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    est = obj(**_decode(payload["params"]))
+    name = payload["class"]
+    if trusted is not None and name == f"{trusted.__module__}:{trusted.__qualname__}":
+        cls = trusted
+    else:
+        cls = _estimator_class(name)
+    est = cls(**_decode(payload["params"]))
     est._set_state(_decode(payload["state"]))
     _restore_rng(est, payload.get("rng", {}))
     return est
+
+
+def _estimator_class(name: str) -> type:
+    """The mlpapers estimator class named ``"module:qualname"`` in a file.
+
+    The name comes from the file, so it is resolved without calling anything: the
+    module must be inside :mod:`mlpapers` (``__main__`` excluded: importing it runs
+    the command line), and the object found must be an estimator class defined in
+    mlpapers (not, e.g., ``os.system`` reached through ``mlpapers._base:os``).
+    """
+    import importlib
+
+    module_name, _, qualname = name.partition(":")
+    parts = module_name.split(".")
+    if parts[0] != "mlpapers" or any(p.startswith("__") for p in parts):
+        raise ValueError(f"refusing to load class {name!r} from outside mlpapers.")
+    if not qualname or any(p.startswith("__") for p in qualname.split(".")):
+        raise ValueError(f"refusing to load {name!r}: not an mlpapers estimator class.")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load {name!r}: {exc}") from exc
+    # (a module may alias a class that moved, so the class's own module may differ)
+    if not (isinstance(obj, type) and issubclass(obj, TorchEstimatorMixin)
+            and obj.__module__.split(".")[0] == "mlpapers"):
+        raise ValueError(f"refusing to load {name!r}: not an mlpapers estimator class.")
+    return obj

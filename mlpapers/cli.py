@@ -59,6 +59,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlpapers", description="ICML 2026 algorithms as scikit-learn-style estimators."
@@ -71,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--quick", action="store_true", help="smaller runs (< 15 s each)")
     # The demos train small models, for which extra intra-op threads mostly add
     # synchronisation cost (and spin badly when other processes share the cores).
-    p_demo.add_argument("--threads", type=int, default=1,
+    p_demo.add_argument("--threads", type=_positive_int, default=1,
                         help="torch intra-op threads for the demos (default: 1)")
     p_demo.set_defaults(func=cmd_demo)
     return parser

@@ -3,6 +3,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
@@ -197,3 +198,150 @@ def test_save_refuses_arbitrary_object_arrays(tmp_path):
     est.things_ = np.array([object()], dtype=object)
     with pytest.raises(TypeError, match="only numbers and strings"):
         est.save(tmp_path / "x.pt")
+
+
+# -- regressions of the fifth-session audit -------------------------------------
+def test_tensor_x_validates_y_like_an_array():
+    """With tensor X, a column-vector y was kept 2-D (coef_ became a matrix) and
+    NaN in y passed silently; the array path ravels/rejects them."""
+    import warnings
+
+    from sklearn.exceptions import DataConversionWarning
+
+    X, y = _data()
+    ref = ToyRidge().fit(X, y).coef_
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataConversionWarning)
+        est = ToyRidge().fit(torch.from_numpy(X), torch.from_numpy(y)[:, None])
+    np.testing.assert_allclose(est.coef_, ref)
+    y_nan = y.copy()
+    y_nan[0] = np.nan
+    with pytest.raises(ValueError, match="y contains NaN"):
+        ToyRidge().fit(torch.from_numpy(X), torch.from_numpy(y_nan))
+    # tensors with grad as y next to numpy X (np.asarray cannot read them)
+    est = ToyRidge().fit(X, torch.from_numpy(y).requires_grad_())
+    np.testing.assert_allclose(est.coef_, ref)
+
+
+def test_tensor_input_after_a_dataframe_fit_warns_like_arrays():
+    pd = pytest.importorskip("pandas")
+    X, y = _data()
+    est = ToyRidge().fit(pd.DataFrame(X, columns=["a", "b", "c"]), y)
+    with pytest.warns(UserWarning, match="does not have valid feature names"):
+        est.predict(torch.from_numpy(X))
+    est.fit(torch.from_numpy(X), y)
+    assert not hasattr(est, "feature_names_in_")
+
+
+def test_save_load_keeps_array_shapes_dtypes_and_numpy_scalars(tmp_path):
+    X, y = _data()
+    est = ToyRidge().fit(X, y)
+    est.scalar_arr_ = np.array(3.5)  # was loaded with shape (1,)
+    est.threshold_ = np.float32(0.25)  # was loaded as a Python float
+    est.count_ = np.int64(7)
+    est.complex_ = np.array([1 + 2j])
+    est.labels_ = np.array(["a", "bb"], dtype="<U10")  # was loaded as <U2
+    est.no_labels_ = np.empty((0, 2), dtype="<U5")  # was loaded as float64 of shape (0,)
+    est.mixed_ = np.array([np.int64(3), "a"], dtype=object)  # was unreadable
+    est.by_key_ = {np.int64(1): "x"}  # was written but unreadable
+    est.tagged_ = {"__mlpapers_tuple__": [1, 2]}  # was loaded as a tuple
+    est.save(tmp_path / "s.pt")
+    back = ToyRidge.load(tmp_path / "s.pt")
+    assert back.scalar_arr_.shape == () and back.scalar_arr_ == 3.5
+    assert type(back.threshold_) is np.float32 and back.threshold_ == np.float32(0.25)
+    assert type(back.count_) is np.int64 and back.count_ == 7
+    np.testing.assert_array_equal(back.complex_, est.complex_)
+    for name in ("labels_", "no_labels_", "mixed_"):
+        got, want = getattr(back, name), getattr(est, name)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert back.by_key_ == {1: "x"}
+    assert back.tagged_ == {"__mlpapers_tuple__": [1, 2]}
+
+
+@pytest.mark.parametrize("make", [lambda: np.random.RandomState(3),
+                                  lambda: np.random.default_rng(3),
+                                  lambda: np.random.Generator(np.random.MT19937(3))])
+def test_save_load_with_a_numpy_generator_as_random_state(tmp_path, make):
+    """``random_state=np.random.RandomState(...)`` made ``save`` raise TypeError."""
+    X, y = _data()
+    est = ToyRidge(jitter=0.2, random_state=make()).fit(X, y)
+    est.save(tmp_path / "g.pt")
+    back = ToyRidge.load(tmp_path / "g.pt")
+    assert type(back.random_state) is type(est.random_state)
+    draw = (lambda g: g.random_sample(4)) if isinstance(est.random_state,
+                                                          np.random.RandomState) else (
+        lambda g: g.random(4))
+    np.testing.assert_array_equal(draw(back.random_state), draw(est.random_state))
+    np.testing.assert_array_equal(back.predict(X), est.predict(X))
+
+
+class _AnyDim(TorchEstimatorMixin, BaseEstimator):
+    """Accepts 1-D and 2-D input, like a transformer of single signals."""
+
+    def fit(self, X, y=None):
+        self._validate_data(X, reset=True, ndim=(1, 2))
+        self.fitted_ = True
+        return self
+
+    def transform(self, X):
+        return self._to_numpy(self._validate_data(X, reset=False, ndim=(1, 2)))
+
+
+def test_tensor_and_array_paths_record_the_same_feature_count():
+    """A 1-D tensor recorded ``n_features_in_ = 1`` where a 1-D array records none
+    (fit on a tensor, transform an array: raised), and with ``ndim=(1, 2)`` the
+    array path never recorded nor checked the feature count of 2-D input."""
+    x = np.arange(5.0)
+    for fit_on, apply_to in [(torch.from_numpy(x), x), (x, torch.from_numpy(x))]:
+        est = _AnyDim().fit(fit_on)
+        assert not hasattr(est, "n_features_in_")
+        np.testing.assert_array_equal(est.transform(apply_to), x.astype(np.float32))
+    for fit_on in (torch.ones(4, 3), np.ones((4, 3))):
+        est = _AnyDim().fit(fit_on)
+        assert est.n_features_in_ == 3
+        for bad in (np.ones((2, 2)), torch.ones(2, 2)):
+            with pytest.raises(ValueError, match="expecting 3 features"):
+                est.transform(bad)
+
+
+def test_big_endian_arrays_are_accepted_and_saved(tmp_path):
+    """Arrays in non-native byte order (from FITS/HDF5/MATLAB files) raised in
+    ``fit`` (torch cannot read them) and in ``save``."""
+    X, y = _data()
+    ref = ToyRidge().fit(X, y)
+    swapped = X.dtype.newbyteorder(">" if np.little_endian else "<")
+    Xb, yb = X.astype(swapped), y.astype(swapped)
+    np.testing.assert_allclose(ToyRidge().fit(Xb, yb).coef_, ref.coef_)
+    np.testing.assert_allclose(ToyRidge().fit(torch.from_numpy(X), yb).coef_, ref.coef_)
+    np.testing.assert_allclose(ref.predict(Xb), ref.predict(X))
+    ref.swapped_ = Xb
+    ref.save(tmp_path / "b.pt")
+    np.testing.assert_array_equal(ToyRidge.load(tmp_path / "b.pt").swapped_, X)
+
+
+@pytest.mark.parametrize("name", ["mlpapers._base:os.system", "mlpapers._base:save",
+                                  "mlpapers.__main__:main",
+                                  "mlpapers.datasets._digits:make_shifted_digits"])
+def test_load_never_calls_anything_but_an_estimator_class(tmp_path, name):
+    """A crafted file named ``mlpapers._base:os.system``: ``load`` reached ``os.system``
+    through the module's ``os`` attribute and called it with the file's params,
+    running a shell command despite ``weights_only=True``."""
+    marker = tmp_path / "called"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": 1, "class": name, "params": {"command": f"touch {marker}"},
+                "state": {}, "rng": {}}, path)
+    for loader in (load, ToyRidge.load):
+        with pytest.raises(ValueError, match="refusing to load"):
+            loader(path)
+    assert not marker.exists()
+
+
+def test_save_load_dtype_objects(tmp_path):
+    """``dtype=torch.float64`` (a common parameter) and numpy dtypes made ``save`` raise."""
+    X, y = _data()
+    est = ToyRidge().fit(X, y)
+    est.dtypes_ = [torch.float64, torch.bfloat16, np.dtype(">f4"), np.float32, np.int64,
+                   float, bool]
+    est.save(tmp_path / "d.pt")
+    assert ToyRidge.load(tmp_path / "d.pt").dtypes_ == est.dtypes_

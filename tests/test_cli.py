@@ -50,3 +50,11 @@ def test_module_entry_point():
 def test_unknown_command_exits_with_usage():
     with pytest.raises(SystemExit):
         main(["frobnicate"])
+
+
+@pytest.mark.parametrize("threads", ["0", "-2", "two"])
+def test_bad_thread_count_exits_with_usage(threads, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--threads", threads])
+    assert exc.value.code == 2
+    assert "--threads" in capsys.readouterr().err

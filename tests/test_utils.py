@@ -169,3 +169,43 @@ def test_probe_module_has_no_side_effects_and_names_the_model():
     with pytest.raises(ValueError, match=r"net must accept inputs of shape \(batch, \*\(5,\)\)"):
         probe_module(net, torch.randn(2, 5), name="net")
     assert net.training
+
+
+# -- regressions of the fifth-session audit -------------------------------------
+def test_check_in_options_does_not_match_bools_to_numbers_or_arrays():
+    with pytest.raises(ValueError, match="order must be one of"):
+        check_in_options(True, "order", [1, 2])  # True == 1 in Python
+    assert check_in_options(True, "flag", [True, False]) is True
+    assert check_in_options(np.str_("a"), "method", ["a", "b"]) == "a"
+    with pytest.raises(ValueError, match="method must be one of"):
+        check_in_options(np.array(["a", "b"]), "method", ["a", "b"])
+
+
+def test_check_positive_accepts_huge_integers():
+    assert check_positive(2**70, "n", integer=True) == 2**70
+    assert check_positive(10**400, "scale") == 10**400
+    with pytest.raises(ValueError, match="n must be > 0"):
+        check_positive(-(2**70), "n", integer=True)
+
+
+def test_device_and_dtype_spellings():
+    assert resolve_dtype("double") is torch.float64
+    assert resolve_dtype("f4") is torch.float32
+    assert resolve_dtype("half") is torch.float16
+    with pytest.raises(ValueError, match="meta"):
+        resolve_device("meta")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match="MPS is not available"):
+            resolve_device("mps")
+
+
+def test_to_numpy_resolves_lazy_conjugate_and_negative_views():
+    z = torch.tensor([1 + 2j])
+    np.testing.assert_array_equal(to_numpy(z.conj()), np.array([1 - 2j]))
+    np.testing.assert_array_equal(to_numpy(z.conj().imag), np.array([-2.0]))
+
+
+def test_check_tensor_reads_non_native_byte_order():
+    x = np.arange(6.0).reshape(2, 3)
+    swapped = x.astype(x.dtype.newbyteorder(">" if np.little_endian else "<"))
+    torch.testing.assert_close(check_tensor(swapped, dtype="float64"), torch.from_numpy(x))

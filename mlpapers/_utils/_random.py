@@ -28,7 +28,10 @@ def check_random_state(random_state) -> np.random.RandomState:
     Parameters
     ----------
     random_state : None, int, numpy.random.RandomState or numpy.random.Generator
-        ``None`` uses fresh OS entropy; an int in ``[0, 2**32)`` seeds a new
+        ``None`` returns numpy's global ``RandomState`` (as
+        :func:`sklearn.utils.check_random_state` does: ``np.random.seed`` makes
+        such calls reproducible, and they advance the global stream); an int in
+        ``[0, 2**32)`` seeds a new
         ``RandomState`` (the same stream as :func:`sklearn.utils.check_random_state`);
         a ``RandomState`` is used as is; a ``Generator`` seeds a new
         ``RandomState`` from one draw (so a seeded ``Generator`` gives
@@ -57,12 +60,15 @@ def make_generators(
 
     The pair is derived deterministically from ``random_state`` so that a fit with
     the same ``random_state`` is reproducible, while the global torch and numpy
-    RNGs are never seeded or advanced (except that ``None`` draws a fresh seed).
+    RNGs are never seeded or advanced, except that ``None`` draws one seed from
+    numpy's global ``RandomState`` (scikit-learn's convention for ``None``, so that
+    ``np.random.seed`` makes ``random_state=None`` fits reproducible).
 
     Parameters
     ----------
     random_state : None, int, numpy.random.RandomState or numpy.random.Generator
-        As in scikit-learn: ``None`` for fresh entropy, an int for a reproducible
+        As in scikit-learn: ``None`` for a seed drawn from numpy's global
+        ``RandomState``, an int (any size >= 0) for a reproducible
         stream, or an existing generator (which is advanced by one draw).
     device : str or torch.device, optional
         The device of the torch generator (default CPU).

@@ -7,6 +7,7 @@ input was wrong before any expensive work starts.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable
 from typing import Any
@@ -44,8 +45,18 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise ValueError(
             f"device must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got {device!r}."
         ) from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was requested but CUDA is not available.")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} was requested but CUDA is not available.")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r} was requested but only "
+                             f"{torch.cuda.device_count()} CUDA device(s) are available.")
+    if dev.type == "mps" and not (
+        getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    ):
+        raise ValueError(f"device={device!r} was requested but MPS is not available.")
+    if dev.type == "meta":  # tensors without data: every result would be meaningless
+        raise ValueError("device='meta' holds no data and cannot fit an estimator.")
     return dev
 
 
@@ -60,6 +71,11 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     except TypeError as exc:
         raise TypeError(f"dtype must be a floating point dtype, got {dtype!r}.") from exc
     name = name.replace("torch.", "")
+    if name not in _FLOAT_DTYPES and name != "bfloat16":
+        try:  # numpy spellings of float dtypes: "double", "f4", "<f8", "half"
+            name = np.dtype(name).name
+        except TypeError:
+            pass
     if name not in _FLOAT_DTYPES:
         raise TypeError(
             f"dtype must be one of {sorted(_FLOAT_DTYPES)}, got {dtype!r}."
@@ -93,8 +109,8 @@ def check_tensor(
         The allowed number of dimensions. ``None`` accepts any.
     dtype : torch.dtype, str or None, default=torch.float32
         The floating dtype of the result. ``None`` keeps a floating input's dtype
-        (integer and boolean inputs are then returned unchanged, for labels and
-        indices).
+        (except float16 on the CPU, which becomes float32; integer and boolean
+        inputs are then returned unchanged, for labels and indices).
     device : str, torch.device or None
         Where the result lives (default CPU).
     allow_nan : bool, default=False
@@ -147,6 +163,8 @@ def check_tensor(
                 raise TypeError(
                     f"{name} must contain numbers, got an array of dtype {arr.dtype}."
                 ) from exc
+        if not arr.dtype.isnative:  # big-endian data from files: torch cannot read it
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         if not arr.flags.writeable or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr).copy()
         t = torch.from_numpy(arr)
@@ -199,7 +217,7 @@ def to_numpy(t: Any) -> np.ndarray:
         t = t.detach()
         if t.dtype in (torch.bfloat16, torch.float16):
             t = t.float()
-        return t.cpu().numpy()
+        return t.cpu().resolve_conj().resolve_neg().numpy()
     return np.asarray(t)
 
 
@@ -225,7 +243,9 @@ def check_positive(value: Any, name: str, *, strict: bool = True, integer: bool 
     if isinstance(value, bool) or not isinstance(value, kind):
         what = "an integer" if integer else "a real number"
         raise TypeError(f"{name} must be {what}, got {value!r} of type {type(value).__name__}.")
-    if not np.isfinite(value) or (value <= 0 if strict else value < 0):
+    # ``float(value)`` overflows for huge Python ints, which are finite anyway
+    finite = isinstance(value, numbers.Integral) or math.isfinite(float(value))
+    if not finite or (value <= 0 if strict else value < 0):
         bound = "> 0" if strict else ">= 0"
         raise ValueError(f"{name} must be {bound}, got {value!r}.")
     return value
@@ -234,9 +254,20 @@ def check_positive(value: Any, name: str, *, strict: bool = True, integer: bool 
 def check_in_options(value: Any, name: str, options: Iterable[Any]) -> Any:
     """Check that ``value`` is one of ``options``; raise a ``ValueError`` listing them."""
     options = tuple(options)
-    if value not in options:
+    if not any(_same_option(value, o) for o in options):
         raise ValueError(f"{name} must be one of {list(options)}, got {value!r}.")
     return value
+
+
+def _same_option(value: Any, option: Any) -> bool:
+    """``value == option``, where a bool never matches a number (``True == 1`` in
+    Python) and values without a truth value (arrays) never match."""
+    if isinstance(value, (bool, np.bool_)) != isinstance(option, (bool, np.bool_)):
+        return False
+    try:
+        return bool(value == option)
+    except (TypeError, ValueError):
+        return False
 
 
 def probe_module(module: torch.nn.Module, x: torch.Tensor, name: str = "model") -> Any:

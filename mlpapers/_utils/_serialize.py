@@ -1,0 +1,149 @@
+"""Encoding of estimator states into what ``torch.load(weights_only=True)`` accepts.
+
+:func:`encode` turns tensors, numpy arrays and scalars, numpy random generators,
+numbers, strings and nested lists/tuples/dicts of them into tensors, numbers,
+strings, lists and dicts (tagged dicts mark what must be rebuilt); :func:`decode`
+inverts it. Only a fixed list of numpy bit generators can be rebuilt, by name,
+so a file never makes the loader import or call anything else.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["decode", "encode"]
+
+_NDARRAY_TAG = "__mlpapers_ndarray__"
+_TUPLE_TAG = "__mlpapers_tuple__"
+_STRARRAY_TAG = "__mlpapers_strarray__"
+_SCALAR_TAG = "__mlpapers_npscalar__"
+_RNG_TAG = "__mlpapers_numpy_rng__"
+_DICT_TAG = "__mlpapers_dict__"
+_DTYPE_TAG = "__mlpapers_dtype__"
+_BUILTIN_TYPES = {t.__name__: t for t in (bool, int, float, complex, str)}
+_NUMPY_TYPES = {np.dtype(t).type for t in "?bBhHiIlLqQefdgFDG"}
+# numpy bit generators that ``load`` may rebuild (by name, from a fixed list)
+_NUMPY_BIT_GENERATORS = ("MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64")
+
+
+def _plain(v: Any) -> Any:
+    """Numpy scalars inside object arrays as Python scalars (the safe loader refuses them)."""
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _encode_key(key: Any, where: str) -> Any:
+    if isinstance(key, np.generic):
+        key = key.item()
+    if key is None or isinstance(key, (bool, int, float, str)):
+        return key
+    if isinstance(key, tuple):
+        return tuple(_encode_key(k, where) for k in key)
+    raise TypeError(f"cannot save {where}: dict keys of type {type(key).__name__} are not "
+                    "supported (only strings, numbers, None and tuples of them).")
+
+
+def encode(obj: Any, where: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind in "biufc":
+            # ``np.array`` (not ``np.ascontiguousarray``, which makes 0-d arrays 1-d)
+            native = obj.dtype.newbyteorder("=")  # torch reads native byte order only
+            return {_NDARRAY_TAG: torch.from_numpy(np.array(obj, dtype=native, order="C"))}
+        # string labels (``classes_`` of classifiers): stored as a nested list
+        flat = obj.ravel().tolist()
+        if obj.dtype.kind == "U" or (obj.dtype.kind == "O" and all(
+                isinstance(v, (str, bool, numbers.Number)) for v in flat)):
+            return {_STRARRAY_TAG: _plain(obj.tolist()), "object": obj.dtype.kind == "O",
+                    "dtype": obj.dtype.str, "shape": list(obj.shape)}
+        raise TypeError(f"cannot save {where}: numpy arrays of dtype {obj.dtype} are "
+                        "not supported (only numbers and strings).")
+    if isinstance(obj, np.generic):
+        if obj.dtype.kind in "biufc":  # keep the numpy type (np.float32 stays np.float32)
+            return {_SCALAR_TAG: torch.from_numpy(np.array(obj, dtype=obj.dtype.newbyteorder("=")))}
+        return obj.item()
+    if isinstance(obj, np.random.RandomState):
+        return {_RNG_TAG: encode(obj.get_state(legacy=False), where), "legacy": True}
+    if isinstance(obj, np.random.Generator):
+        return {_RNG_TAG: encode(obj.bit_generator.state, where), "legacy": False}
+    if obj is None or isinstance(obj, (bool, numbers.Number, str)):
+        return obj
+    if isinstance(obj, list):
+        return [encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {_TUPLE_TAG: [encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        items = [(_encode_key(k, where), encode(v, f"{where}[{k!r}]")) for k, v in obj.items()]
+        if any(isinstance(k, str) and k.startswith("__mlpapers_") for k, _ in items):
+            # a user dict that looks like one of the tags above: stored as pairs
+            return {_DICT_TAG: [[k, v] for k, v in items]}
+        return dict(items)
+    if isinstance(obj, torch.device):
+        return str(obj)
+    if isinstance(obj, torch.dtype):  # the safe loader reads torch dtypes as they are
+        return obj
+    if isinstance(obj, np.dtype):
+        return {_DTYPE_TAG: obj.str, "kind": "dtype"}
+    if isinstance(obj, type) and issubclass(obj, np.generic) and obj in _NUMPY_TYPES:
+        return {_DTYPE_TAG: np.dtype(obj).str, "kind": "numpy type"}
+    if isinstance(obj, type) and obj in _BUILTIN_TYPES.values():  # ``dtype=float``
+        return {_DTYPE_TAG: obj.__name__, "kind": "builtin type"}
+    raise TypeError(
+        f"cannot save {where} of type {type(obj).__name__}: only tensors, arrays, "
+        "numbers, strings and containers of them can be saved safely. Use pickle for "
+        "trusted files, or override _get_state/_set_state."
+    )
+
+
+def _decode_rng(obj: dict) -> np.random.RandomState | np.random.Generator:
+    state = decode(obj[_RNG_TAG])
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name not in _NUMPY_BIT_GENERATORS:
+        raise ValueError(f"unsupported numpy bit generator {name!r} in the file.")
+    if obj["legacy"]:
+        rs = np.random.RandomState()
+        rs.set_state(state)
+        return rs
+    bit_gen = getattr(np.random, name)()
+    bit_gen.state = state
+    return np.random.Generator(bit_gen)
+
+
+def decode(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        keys = set(obj)
+        if keys == {_NDARRAY_TAG}:
+            return obj[_NDARRAY_TAG].cpu().numpy()
+        if keys == {_SCALAR_TAG}:
+            return obj[_SCALAR_TAG].cpu().numpy()[()]
+        if keys == {_RNG_TAG, "legacy"}:
+            return _decode_rng(obj)
+        if keys == {_STRARRAY_TAG, "object", "dtype", "shape"}:
+            out = np.empty(tuple(obj["shape"]), dtype=np.dtype(obj["dtype"]))
+            if out.size:
+                if obj["object"]:
+                    out[...] = np.array(obj[_STRARRAY_TAG], dtype=object).reshape(out.shape)
+                else:
+                    out[...] = obj[_STRARRAY_TAG]
+            return out
+        if keys == {_STRARRAY_TAG, "object"}:  # files written before the dtype was kept
+            return np.array(obj[_STRARRAY_TAG], dtype=object if obj["object"] else None)
+        if keys == {_DTYPE_TAG, "kind"}:
+            if obj["kind"] == "builtin type":
+                return _BUILTIN_TYPES[obj[_DTYPE_TAG]]
+            dtype = np.dtype(obj[_DTYPE_TAG])
+            return dtype if obj["kind"] == "dtype" else dtype.type
+        if keys == {_TUPLE_TAG}:
+            return tuple(decode(v) for v in obj[_TUPLE_TAG])
+        if keys == {_DICT_TAG}:
+            return {k: decode(v) for k, v in obj[_DICT_TAG]}
+        return {k: decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode(v) for v in obj]
+    return obj
