@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mlpapers.sampling import Box, ReflectiveHMC
+from mlpapers.sampling import Box, ReflectiveHMC, ess, rhat
 
 az = pytest.importorskip("arviz")
 
@@ -38,3 +38,15 @@ def test_arviz_ess_equals_ours(result, method):
 def test_arviz_rhat_equals_ours(result):
     theirs = az.rhat(result.to_inference_data())["x"].values
     np.testing.assert_allclose(result.rhat(), theirs, rtol=1e-8)
+
+
+@pytest.mark.parametrize(("chains", "draws"), [(2, 21), (3, 101), (4, 1000)])
+def test_arviz_diagnostics_equal_ours_on_random_walks_of_odd_and_even_lengths(chains, draws):
+    rng = np.random.default_rng(draws)
+    x = np.cumsum(rng.standard_normal((chains, draws, 2)), axis=1) + 3.0 * rng.standard_normal(
+        (chains, draws, 2))
+    data = az.convert_to_dataset({"x": x})
+    for method in ("bulk", "tail"):
+        np.testing.assert_allclose(ess(x, kind=method), az.ess(data, method=method)["x"].values,
+                                   rtol=1e-8)
+    np.testing.assert_allclose(rhat(x), az.rhat(data)["x"].values, rtol=1e-8)

@@ -8,6 +8,8 @@ chain. The concrete containers live in ``_supports`` (closed-form oracles) and
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -91,6 +93,30 @@ class ConvexContainer:
     def width(self) -> float:
         """Diameter of a ball inscribed in ``K`` (``inf`` if unknown); bounds the step size."""
         return float("inf")
+
+    def _step_cap(self, inv_mass: Tensor) -> float:
+        """Largest step size whose drift, at the typical speed, spans the width.
+
+        Velocities are ``N(0, M^{-1})`` for the ``(d,)`` inverse diagonal mass
+        ``inv_mass`` (dual averaging alone would grow the step size of a constant
+        density until the reflection cap). The cap is the larger of :meth:`width`
+        over the typical speed ``sqrt(sum(inv_mass))`` and, where the container
+        knows it, the width of ``K`` in the coordinates ``x_i / sqrt(inv_mass_i)``
+        (where the velocity is standard normal) over ``sqrt(d)``; both equal
+        ``width / sqrt(d)`` for the identity. The second keeps a mass adapted to a
+        container much longer in some directions than others from being held at
+        the narrowest direction's step size.
+        """
+        cap = self.width() / math.sqrt(float(inv_mass.sum()))
+        scale = np.sqrt(to_numpy(inv_mass).astype(np.float64))
+        if np.all(scale == scale[0]):  # isotropic: the two caps agree
+            return cap
+        scaled = self._scaled_width(scale)
+        return cap if scaled is None else max(cap, scaled / math.sqrt(self.dim))
+
+    def _scaled_width(self, scale: np.ndarray) -> float | None:
+        """Inscribed diameter of ``{x / scale : x in K}`` (``None``: unknown)."""
+        return None
 
     def random_interior(self, n: int, gen: torch.Generator) -> Tensor:
         """``n`` random points of ``K`` (not uniform): centre plus a random fraction of a chord.

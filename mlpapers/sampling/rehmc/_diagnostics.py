@@ -4,10 +4,13 @@ Implements Vehtari, Gelman, Simpson, Carpenter & Bürkner (2021), "Rank-normaliz
 folding, and localization: an improved R-hat for assessing convergence of MCMC",
 Bayesian Analysis 16(2), with Geyer's initial monotone sequence for the ESS, in numpy.
 All functions take draws of shape ``(chains, draws)`` or ``(chains, draws, d)``.
-They return NaN where a value is undefined: fewer than 4 draws per chain, a
+They return NaN where a value is undefined: fewer than 4 draws per chain (the ESS
+also with fewer than 8, i.e. 4 per split half; ArviZ returns a number there), a
 non-finite draw, or draws that do not vary (R-hat and ESS of constant draws are
 NaN, as in Stan and the R package ``posterior``; ArviZ reports the ESS of constant
-draws as their number).
+draws as their number). As in ArviZ and Stan, the autocorrelation time is floored
+at ``1 / log10(N)``, so very short chains (about 10 draws) can report an ESS above
+the ``N`` draws.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def rhat(draws: np.ndarray) -> np.ndarray | float:
     float or numpy.ndarray of shape (d,)
     """
 
-    def one(x):
+    def one(x):  # folded about the median of the split draws, as ArviZ
         s = _split(x)
         folded = np.abs(s - np.median(s))
         return max(_rhat_basic(_z_scale(s)), _rhat_basic(_z_scale(folded)))
@@ -135,11 +138,12 @@ def ess(draws: np.ndarray, kind: str = "bulk") -> np.ndarray | float:
     if kind not in ("bulk", "tail"):
         raise ValueError(f"kind must be one of ['bulk', 'tail'], got {kind!r}.")
 
-    def one(x):
-        s = _split(x)
+    def one(x):  # tail quantiles of all draws (with the middle one of an odd-length
+        # chain, which splitting drops), as ArviZ and posterior
         if kind == "bulk":
-            return _ess_basic(_z_scale(s))
-        lo, hi = np.quantile(s, [0.05, 0.95])
-        return min(_ess_basic((s <= lo).astype(float)), _ess_basic((s <= hi).astype(float)))
+            return _ess_basic(_z_scale(_split(x)))
+        lo, hi = np.quantile(x, [0.05, 0.95])
+        return min(_ess_basic(_split(x <= lo).astype(float)),
+                   _ess_basic(_split(x <= hi).astype(float)))
 
     return _per_dim(draws, one)

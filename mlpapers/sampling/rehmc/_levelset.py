@@ -24,10 +24,13 @@ class ConvexSet(ConvexContainer):
     """Convex level set ``K = {x : g(x) <= 0}`` with ``g`` convex.
 
     The hitting time is bracketed on ``[0, t_max]`` (the ray stays in ``K`` on
-    an interval, since ``g`` is convex along lines) and refined by Illinois
-    false position with a bisection step every third iteration, until the
-    bracket is a few ulps wide; the returned time is the inner end of the
-    bracket, so the hit point is always inside ``K``.
+    an interval, since ``g`` is convex along lines) and refined by bisection
+    until an inside point at ``t > 0`` is found, then by Illinois false position
+    with a bisection step every third iteration, until the bracket is a few
+    ulps wide; the returned time is the inner end of the bracket, so the hit
+    point is always inside ``K``. (False position from a start on the boundary,
+    where ``g`` is zero up to round-off, would probe the round-off band of ``g``
+    around ``t = 0`` and could take a positive value there for the exit.)
 
     Parameters
     ----------
@@ -97,7 +100,11 @@ class ConvexSet(ConvexContainer):
             denom = g_hi - g_lo
             fp = lo - g_lo * (hi - lo) / torch.where(denom > 0, denom, torch.ones_like(denom))
             mid = 0.5 * (lo + hi)
-            trial = mid if i % 3 == 2 else torch.where((fp > lo) & (fp < hi), fp, mid)
+            # false position only once an inside point at t > 0 is known: from a start on
+            # the boundary (after a reflection) g(lo = 0) ~ 0 puts fp in the round-off
+            # band of g around t = 0, where a positive g would pass for the exit
+            use_fp = (fp > lo) & (fp < hi) & (lo > 0) & (i % 3 != 2)
+            trial = torch.where(use_fp, fp, mid)
             gt = self._g(x + trial[:, None] * v)
             inside = gt <= 0
             lo = torch.where(inside, trial, lo)

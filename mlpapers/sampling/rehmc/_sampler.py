@@ -124,7 +124,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     -----
     The step size is also capped so that one drift travels at most the
     diameter of a ball inscribed in the container (a constant density accepts
-    every step, so dual averaging alone would grow it until the reflection cap).
+    every step, so dual averaging alone would grow it until the reflection cap);
+    with ``mass="diag"`` the diameter may be measured in the adapted metric.
 
     References
     ----------
@@ -287,15 +288,15 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                                              grad_log_prob=glp)
 
         ones = torch.ones(d, dtype=dtype, device=dev)
-        width = self.container.width()
+        step_cap = self.container._step_cap
         adapt = isinstance(self.step_size, str)
         if adapt:
             eps = find_step(x, logp, grad, None, torch.ones(n_chains, dtype=dtype, device=dev),
-                            width / math.sqrt(d))
+                            step_cap(ones))
         else:
             eps = torch.full((n_chains,), float(self.step_size), dtype=dtype, device=dev)
         warm = Warmup(warmup, eps, ones, adapt_step=adapt, target_accept=float(self.target_accept),
-                      diag_mass=self.mass == "diag", auto_length=auto_len, width=width,
+                      diag_mass=self.mass == "diag", auto_length=auto_len, step_cap=step_cap,
                       find_step=find_step)
         if auto_len:  # rotation of the Halton points of the jittered lengths
             shift = float(torch.rand(1, generator=gen, dtype=torch.float64))

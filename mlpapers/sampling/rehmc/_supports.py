@@ -142,6 +142,9 @@ class Box(ConvexContainer):
     def width(self):
         return float(np.min(self.hi - self.lo))
 
+    def _scaled_width(self, scale):
+        return float(np.min(self._w / scale))
+
     def random_interior(self, n, gen):
         u = torch.rand(n, self.dim, generator=gen, dtype=torch.float64)
         lo, hi = torch.as_tensor(self.lo), torch.as_tensor(self.hi)
@@ -183,14 +186,7 @@ class Polytope(ConvexContainer):
         return f"Polytope(n_faces={len(self.b)}, dim={self.dim})"
 
     def _chebyshev(self) -> tuple[np.ndarray, float]:
-        from scipy.optimize import linprog
-
-        m, d = self.A.shape
-        c = np.zeros(d + 1)
-        c[-1] = -1.0  # maximise the radius
-        A_ub = np.hstack([self.A, np.ones((m, 1))])
-        res = linprog(c, A_ub=A_ub, b_ub=self.b, bounds=[(None, None)] * d + [(0, 1e6)],
-                      method="highs")
+        res = _chebyshev_lp(self.A, self.b)
         if res.status == 2:
             raise ValueError("Polytope {A x <= b} is empty (the constraints are infeasible).")
         if res.status != 0:
@@ -198,7 +194,13 @@ class Polytope(ConvexContainer):
         radius = float(res.x[-1])
         if radius <= 1e-12:
             raise ValueError("Polytope {A x <= b} has an empty interior (it is flat).")
-        return res.x[:d], radius
+        return res.x[:self.dim], radius
+
+    def _scaled_width(self, scale):
+        A = self.A * scale  # {x = scale * y : A x <= b} = {y : (A scale) y <= b}
+        norms = np.linalg.norm(A, axis=1)
+        res = _chebyshev_lp(A / norms[:, None], self.b / norms)
+        return 2.0 * float(res.x[-1]) if res.status == 0 else None
 
     def contains(self, x, tol=0.0):
         A, b = self._t(self.A, x), self._t(self.b, x)
@@ -263,6 +265,9 @@ class Ball(ConvexContainer):
     def width(self):
         return 2.0 * self.radius
 
+    def _scaled_width(self, scale):
+        return 2.0 * self.radius / float(np.max(scale))
+
 
 class Ellipsoid(ConvexContainer):
     """Ellipsoid ``{x : (x - center)^T E (x - center) <= 1}``, ``E`` symmetric positive definite.
@@ -308,6 +313,21 @@ class Ellipsoid(ConvexContainer):
 
     def width(self):
         return float(2.0 / np.sqrt(np.linalg.eigvalsh(self.E).max()))
+
+    def _scaled_width(self, scale):
+        return float(2.0 / np.sqrt(np.linalg.eigvalsh(scale[:, None] * self.E * scale).max()))
+
+
+def _chebyshev_lp(A: np.ndarray, b: np.ndarray):
+    """Chebyshev-centre LP of ``{A x <= b}`` with unit rows: ``res.x = (centre, radius)``
+    (radius capped at 1e6 for an unbounded polytope)."""
+    from scipy.optimize import linprog
+
+    m, d = A.shape
+    c = np.zeros(d + 1)
+    c[-1] = -1.0  # maximise the radius
+    return linprog(c, A_ub=np.hstack([A, np.ones((m, 1))]), b_ub=b,
+                   bounds=[(None, None)] * d + [(0, 1e6)], method="highs")
 
 
 def _quadratic_exit(a: Tensor, b: Tensor, c: Tensor) -> Tensor:

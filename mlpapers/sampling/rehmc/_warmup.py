@@ -20,7 +20,6 @@ The sampling loop only reads :attr:`Warmup.eps`, :attr:`Warmup.step_mean`,
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 
@@ -169,8 +168,9 @@ class Warmup:
         Adapt a diagonal mass matrix in Stan's windows.
     auto_length : bool
         Adapt the trajectory length with ChEES.
-    width : float
-        Diameter of a ball inscribed in the container (caps the step size).
+    step_cap : callable
+        ``step_cap(inv_mass) -> float``, the largest step size for an inverse
+        mass (the container's ``_step_cap``).
     find_step : callable
         ``find_step(x, logp, grad, inv_mass, init, max_step) -> eps``, the
         doubling heuristic run when the mass matrix changes.
@@ -194,9 +194,9 @@ class Warmup:
 
     def __init__(self, n_warmup: int, eps: torch.Tensor, inv_mass: torch.Tensor, *,
                  adapt_step: bool, target_accept: float, diag_mass: bool, auto_length: bool,
-                 width: float, find_step: FindStep):
+                 step_cap: Callable[[torch.Tensor], float], find_step: FindStep):
         self.n_warmup = n_warmup
-        self.width = width
+        self.step_cap = step_cap
         self.find_step = find_step
         self.windows = mass_windows(n_warmup) if diag_mass else []
         self.welford = WelfordVariance(inv_mass.shape[0], inv_mass.dtype, inv_mass.device)
@@ -210,10 +210,10 @@ class Warmup:
 
     def set_mass(self, inv_mass: torch.Tensor, identity: bool) -> None:
         """Set the inverse mass and the step-size cap it implies (one drift covers at
-        most the inscribed diameter: ``width / sqrt(sum(inv_mass))``)."""
+        most the container's width, ``ConvexContainer._step_cap``)."""
         self.inv_mass = inv_mass
         self.kernel_inv_mass = None if identity else inv_mass
-        self.max_step = self.width / math.sqrt(float(inv_mass.sum()))
+        self.max_step = self.step_cap(inv_mass)
 
     def _set_eps(self, eps: torch.Tensor) -> None:
         self.eps = eps
