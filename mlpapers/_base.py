@@ -23,6 +23,7 @@ estimator (for trusted files).
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -44,6 +45,7 @@ from mlpapers._utils import (
     resolve_device,
     resolve_dtype,
     to_numpy,
+    torch_compatible_array,
 )
 from mlpapers._utils._serialize import decode as _decode
 from mlpapers._utils._serialize import encode as _encode
@@ -51,17 +53,6 @@ from mlpapers._utils._serialize import encode as _encode
 __all__ = ["TorchEstimatorMixin", "load", "save"]
 
 _FORMAT_VERSION = 1
-
-
-def _native_writable(a: Any) -> Any:
-    """``a``, copied when it is a read-only array (pandas' copy-on-write views) or
-    not in the native byte order (which torch cannot read)."""
-    if isinstance(a, np.ndarray):
-        if not a.dtype.isnative:
-            return a.astype(a.dtype.newbyteorder("="))
-        if not a.flags.writeable:
-            return a.copy()
-    return a
 
 
 class TorchEstimatorMixin:
@@ -146,8 +137,7 @@ class TorchEstimatorMixin:
                 n_features=None if reset else getattr(self, "n_features_in_", None),
                 owner=type(self).__name__,
             )
-            # the rule of the array path (1-D input records no feature count)
-            _check_n_features(self, Xt, reset=reset)
+            self._count_features(Xt, reset)
             if not has_y:
                 return Xt
             if y is None:
@@ -159,7 +149,7 @@ class TorchEstimatorMixin:
             if y_np.shape[:1] != (Xt.shape[0],):
                 raise ValueError(f"Found input variables with inconsistent numbers of "
                                  f"samples: [{Xt.shape[0]}, {len(y_np)}]")
-            return Xt, _native_writable(y_np)
+            return Xt, torch_compatible_array(y_np)
         np_dtype = np.float64 if torch_dtype == torch.float64 else np.float32
         kwargs = dict(
             reset=reset, dtype=np_dtype,
@@ -175,14 +165,21 @@ class TorchEstimatorMixin:
         if not kwargs["ensure_2d"]:
             # scikit-learn skips the feature count when ``ensure_2d=False``; keep it
             # for 2-D input so that ``ndim=(1, 2)`` estimators still check it
-            _check_n_features(self, X_np, reset=reset)
+            self._count_features(X_np, reset)
         if X_np.ndim not in allowed:
             want = " or ".join(f"{d}D" for d in sorted(allowed))
             raise ValueError(f"Expected {want} array for X, got {X_np.ndim}D array instead.")
-        X_np = _native_writable(X_np)  # read-only memmaps, big-endian files: torch reads neither
-        Xt = torch.from_numpy(np.ascontiguousarray(X_np)).to(
+        # read-only memmaps, big-endian files: torch reads neither
+        Xt = torch.from_numpy(torch_compatible_array(X_np)).to(
             device=self._resolved_device, dtype=torch_dtype)
-        return (Xt, _native_writable(y_np)) if has_y else Xt
+        return (Xt, torch_compatible_array(y_np)) if has_y else Xt
+
+    def _count_features(self, X: Any, reset: bool) -> None:
+        """Record (``reset``) or check ``n_features_in_`` as scikit-learn does; 1-D
+        input records no count, and a refit on it drops the count of an earlier fit."""
+        if reset and X.ndim < 2 and hasattr(self, "n_features_in_"):
+            del self.n_features_in_
+        _check_n_features(self, X, reset=reset)
 
     @staticmethod
     def _to_numpy(t: Any) -> np.ndarray:
@@ -210,8 +207,19 @@ class TorchEstimatorMixin:
             if k.endswith("_") and not k.startswith("_")
         }
 
+    # private attributes a subclass's ``_get_state`` adds to the public fitted state
+    _PRIVATE_STATE: tuple[str, ...] = ()
+
     def _set_state(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
+            # the names come from the file: only fitted attributes (``name_``) or the
+            # declared private ones, never a method, property or other class attribute
+            ok = isinstance(k, str) and k.isidentifier() and not _is_class_member(
+                type(self), k) and (k in self._PRIVATE_STATE
+                                    or (k.endswith("_") and not k.startswith("_")))
+            if not ok:
+                raise ValueError(f"the file's state holds {k!r}, which is not a fitted "
+                                 f"attribute of {type(self).__name__}.")
             setattr(self, k, v)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -264,6 +272,13 @@ class TorchEstimatorMixin:
     def _expected_failed_checks(self) -> dict[str, str]:
         """Checks that genuinely do not apply, mapped to the reason."""
         return {}
+
+
+def _is_class_member(cls: type, name: str) -> bool:
+    """Whether ``name`` is a method, property or other callable of ``cls`` (which a
+    file's state must not shadow); plain class-level data defaults are not."""
+    static = inspect.getattr_static(cls, name, None)
+    return callable(static) or isinstance(static, (property, classmethod, staticmethod))
 
 
 # numpy bit generators whose state is a plain dict of ints and strings (MT19937,
@@ -344,8 +359,15 @@ def load(
         cls = trusted
     else:
         cls = _estimator_class(name)
-    est = cls(**_decode(payload["params"]))
-    est._set_state(_decode(payload["state"]))
+    try:
+        params, state = _decode(payload["params"]), _decode(payload["state"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise ValueError(f"{os.fspath(path)!r} is not a valid mlpapers estimator file: "
+                         f"{exc}") from exc
+    if not isinstance(params, dict) or not isinstance(state, dict):
+        raise ValueError(f"{os.fspath(path)!r} is not a valid mlpapers estimator file.")
+    est = cls(**params)
+    est._set_state(state)
     _restore_rng(est, payload.get("rng", {}))
     return est
 

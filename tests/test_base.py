@@ -345,3 +345,55 @@ def test_save_load_dtype_objects(tmp_path):
                    float, bool]
     est.save(tmp_path / "d.pt")
     assert ToyRidge.load(tmp_path / "d.pt").dtypes_ == est.dtypes_
+
+
+@pytest.mark.parametrize("key", ["predict", "_device", "__class__", "fit_intercept", 3])
+def test_load_state_sets_only_fitted_attributes(tmp_path, key):
+    """A crafted file's state could replace a method (``predict = str``) or a private
+    attribute (``_device``): only fitted ``name_`` attributes (and a class's declared
+    private state) are set."""
+    X, y = _data()
+    path = tmp_path / "m.pt"
+    ToyRidge().fit(X, y).save(path)
+    payload = torch.load(path, weights_only=True)
+    payload["state"][key] = "x"
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="not a fitted attribute"):
+        ToyRidge.load(path)
+
+
+def test_load_reports_a_malformed_file_as_value_error(tmp_path):
+    """A bad tag in the file raised ``KeyError`` from the decoder."""
+    X, y = _data()
+    path = tmp_path / "m.pt"
+    ToyRidge().fit(X, y).save(path)
+    payload = torch.load(path, weights_only=True)
+    payload["state"]["coef_"] = {"__mlpapers_dtype__": "nope", "kind": "builtin type"}
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="not a valid mlpapers estimator file"):
+        ToyRidge.load(path)
+
+
+class _SumFeatures(TorchEstimatorMixin, BaseEstimator):
+    """Accepts 1-D (one value per sample) or 2-D input."""
+
+    def fit(self, X):
+        self._init_fit()
+        self._validate_data(X, reset=True, ndim=(1, 2))
+        self.fitted_ = True
+        return self
+
+    def transform(self, X):
+        return self._to_numpy(self._validate_data(X, reset=False, ndim=(1, 2)))
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_refit_on_1d_input_drops_the_feature_count_of_an_earlier_fit(as_tensor):
+    """A refit on 1-D input kept ``n_features_in_`` of an earlier 2-D fit, so 1-D input
+    was then refused ("expecting 5 features")."""
+    conv = torch.as_tensor if as_tensor else np.asarray
+    est = _SumFeatures().fit(conv(np.ones((10, 5))))
+    assert est.n_features_in_ == 5
+    est.fit(conv(np.arange(10.0)))
+    assert not hasattr(est, "n_features_in_")
+    np.testing.assert_array_equal(est.transform(conv(np.arange(3.0))), np.arange(3.0))

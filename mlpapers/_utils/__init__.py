@@ -10,6 +10,7 @@ from mlpapers._utils._validation import (
     resolve_device,
     resolve_dtype,
     to_numpy,
+    torch_compatible_array,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "to_numpy",
+    "torch_compatible_array",
 ]

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mlpapers._utils._validation import torch_compatible_array
+
 __all__ = ["decode", "encode"]
 
 _NDARRAY_TAG = "__mlpapers_ndarray__"
@@ -53,9 +55,7 @@ def encode(obj: Any, where: str) -> Any:
         return obj.detach().cpu()
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind in "biufc":
-            # ``np.array`` (not ``np.ascontiguousarray``, which makes 0-d arrays 1-d)
-            native = obj.dtype.newbyteorder("=")  # torch reads native byte order only
-            return {_NDARRAY_TAG: torch.from_numpy(np.array(obj, dtype=native, order="C"))}
+            return {_NDARRAY_TAG: torch.from_numpy(torch_compatible_array(obj))}
         # string labels (``classes_`` of classifiers): stored as a nested list
         flat = obj.ravel().tolist()
         if obj.dtype.kind == "U" or (obj.dtype.kind == "O" and all(
@@ -66,7 +66,7 @@ def encode(obj: Any, where: str) -> Any:
                         "not supported (only numbers and strings).")
     if isinstance(obj, np.generic):
         if obj.dtype.kind in "biufc":  # keep the numpy type (np.float32 stays np.float32)
-            return {_SCALAR_TAG: torch.from_numpy(np.array(obj, dtype=obj.dtype.newbyteorder("=")))}
+            return {_SCALAR_TAG: torch.from_numpy(torch_compatible_array(obj))}
         return obj.item()
     if isinstance(obj, np.random.RandomState):
         return {_RNG_TAG: encode(obj.get_state(legacy=False), where), "legacy": True}

@@ -163,11 +163,7 @@ def check_tensor(
                 raise TypeError(
                     f"{name} must contain numbers, got an array of dtype {arr.dtype}."
                 ) from exc
-        if not arr.dtype.isnative:  # big-endian data from files: torch cannot read it
-            arr = arr.astype(arr.dtype.newbyteorder("="))
-        if not arr.flags.writeable or not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr).copy()
-        t = torch.from_numpy(arr)
+        t = torch.from_numpy(torch_compatible_array(arr))
 
     allowed = None if ndim is None else ({ndim} if isinstance(ndim, int) else set(ndim))
     if allowed is not None and t.ndim not in allowed:
@@ -206,6 +202,17 @@ def check_tensor(
         kind = "NaN" if bool(torch.isnan(t).any()) else "infinity"
         raise ValueError(f"Input {name} contains {kind} or a value too large for {t.dtype}.")
     return t
+
+
+def torch_compatible_array(a: Any) -> np.ndarray:
+    """``a`` as a numpy array that ``torch.from_numpy`` reads: native byte order,
+    writable and C-contiguous, copied at most once and only when needed.
+
+    Big-endian data (from FITS/HDF5/MATLAB files), read-only memmaps and pandas'
+    copy-on-write views, and strided views all need the copy; 0-d arrays stay 0-d.
+    """
+    a = np.asanyarray(a)
+    return np.require(a, dtype=a.dtype.newbyteorder("="), requirements=["C", "W"])
 
 
 def to_numpy(t: Any) -> np.ndarray:

@@ -199,3 +199,19 @@ def test_metrics_reject_invalid_predictions():
     with pytest.raises(ValueError, match="empty"):
         mean_reciprocal_rank(truth[:0], truth[:0, None])
     assert match_rate(truth, truth.astype(np.float64)) == 1.0  # integral floats are fine
+
+
+def test_tie_tolerance_is_not_widened_by_one_large_key():
+    """The tolerance used ``max_j ||k_j||`` over the whole database, so one huge key
+    made near-misses of every other query count as hits."""
+    q = np.array([[1.0, 0.0]])
+    db = np.array([[1.0, 0.0], [0.5, 0.0], [-1e6, 0.0]])
+    assert match_rate(None, [1], queries=q, database=db) == 0.0
+    assert match_rate(None, [0], queries=q, database=db) == 1.0
+    rng = np.random.default_rng(0)
+    keys = rng.standard_normal((2000, 8))
+    queries = rng.standard_normal((300, 8))
+    second = np.argsort(-(queries @ keys.T), axis=1)[:, 1]
+    keys[np.setdiff1d(np.arange(2000), second)[0]] *= 3000  # one far key, never predicted
+    second = np.argsort(-(queries @ keys.T), axis=1)[:, 1]
+    assert match_rate(None, second, queries=queries, database=keys) == 0.0

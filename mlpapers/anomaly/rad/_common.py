@@ -20,6 +20,7 @@ from mlpapers._utils import (
     check_positive,
     check_tensor,
     resolve_dtype,
+    torch_compatible_array,
 )
 from mlpapers.anomaly.rad._extractors import resolve_extractor
 from mlpapers.anomaly.rad._kernels import resize_maps
@@ -36,8 +37,7 @@ def _pil_to_array(image: Any) -> np.ndarray:
     """
     mode = image.mode
     if mode == "F" or mode == "I" or mode.startswith("I;"):
-        arr = np.asarray(image)
-        return arr.astype(arr.dtype.newbyteorder("="))  # native byte order for torch
+        return torch_compatible_array(np.asarray(image))
     return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
 
 

@@ -360,6 +360,8 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
     # The weights, dual table and generator state are in the public fitted state
     # (``coef_``, ``nu_``) and the base's saved generators; the heavy-ball buffers
     # are added here so that a saved or pickled model continues exactly.
+    _PRIVATE_STATE = ("_momentum_buffers",)
+
     def _get_state(self):
         state = super()._get_state()
         buffers = self._momentum_state()

@@ -74,9 +74,16 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     crowded = s[:, k - 1] == s[:, -1] if extra else s.new_zeros(len(s), dtype=torch.bool)
     s, i = s[:, :k], i[:, :k]
     if bool(crowded.any()):
+        # keep everything above the k-th value, then the lowest-index keys tied with it
+        # (a mask and a cumsum: linear in N, unlike a full sort of the row)
         rows = crowded.nonzero()[:, 0]
-        rs, ri = torch.sort(sim[rows], dim=1, descending=True, stable=True)
-        s[rows], i[rows] = rs[:, :k], ri[:, :k]
+        sub, kth = sim[rows], s[rows, k - 1:k]
+        above = sub > kth
+        tied = sub == kth
+        need = k - above.sum(dim=1, keepdim=True)
+        keep = above | (tied & (tied.cumsum(dim=1) <= need))
+        idx = keep.nonzero()[:, 1].reshape(len(rows), k)  # row-major: ascending per row
+        s[rows], i[rows] = sub.gather(1, idx), idx
     order = i.argsort(dim=1)
     s, i = s.gather(1, order), i.gather(1, order)
     order = s.argsort(dim=1, descending=True, stable=True)
@@ -206,12 +213,17 @@ def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
     if bool(((pred < 0) | (pred >= K.shape[0])).any()):
         raise ValueError(f"y_pred holds indices outside [0, {K.shape[0]}) (the rows of "
                          "database).")
-    best, _ = support_function(q, K)
-    got = torch.einsum("nkd,nd->nk", K[pred.to(K.device)], q)  # (n, k)
-    # scale-free tolerance: ``||q|| max_j ||k_j||`` bounds every |<q, k_j>| (and their
-    # rounding errors); an absolute ``+ 1`` would call every key a tie on small-norm data
-    tol = rtol * (best.abs() + q.norm(dim=1) * K.norm(dim=1).max())
-    return got >= (best - tol)[:, None]
+    best, arg = support_function(q, K)
+    pred = pred.to(K.device)
+    got = torch.einsum("nkd,nd->nk", K[pred], q)  # (n, k)
+    # scale-free tolerance from the two keys compared: ``||q|| (||k_best|| + ||k_pred||)``
+    # bounds both products and their rounding errors (an absolute ``+ 1`` called every
+    # key a tie on small-norm data; the largest key of the database would widen it for
+    # every query)
+    norms = K.norm(dim=1)
+    tol = rtol * (best.abs()[:, None]
+                  + q.norm(dim=1)[:, None] * (norms[arg][:, None] + norms[pred]))
+    return got >= best[:, None] - tol
 
 
 def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-6) -> float:
@@ -225,9 +237,9 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
         Predicted indices; only the first column is used.
     queries, database : array-like of shape (n, d) and (N, d), optional
         If given, a prediction counts as a hit when its inner product equals the
-        maximum up to ``rtol * (|max| + ||q|| max_j ||k_j||)`` (invariant to the
-        scale of the data), so keys tied with the argmax are not counted as
-        misses.
+        maximum up to ``rtol * (|max| + ||q|| (||k_max|| + ||k_pred||))``
+        (invariant to the scale of the data), so keys tied with the argmax are not
+        counted as misses.
     rtol : float, default=1e-6
         Relative tolerance of the tie-aware mode.
 
