@@ -23,11 +23,14 @@ CUDA builds that fail to load with the CPU torch, and both models need backbone
 weights from the Hugging Face hub (DINOv3 ViT-B/16, WideResNet-50), which cannot be
 downloaded offline.
 
-Run: ``python benchmarks/bench_rad.py --repeats 1 --warmup 0 [--quick] [--out res.json]``.
+Run: ``python benchmarks/bench_rad.py --repeats 1 --warmup 0 [--quick] [--out res.json]``;
+``--threads N`` sets torch's thread count (default: torch's own, e.g. ``OMP_NUM_THREADS``)
+and ``--speed-only`` runs only the speed studies.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import time
 
@@ -217,6 +220,8 @@ def _defaults_speed_cases(quick: bool) -> list[Case]:
 
 
 def make_cases(quick: bool) -> list[Case]:
+    if _OPTIONS.threads is not None:
+        torch.set_num_threads(_OPTIONS.threads)
     ext = _extractor_kwargs(quick)
     per_tex = 5 if quick else 20
     n_test = 20 if quick else 80
@@ -231,6 +236,10 @@ def make_cases(quick: bool) -> list[Case]:
     def patchcore(**kw):
         return PatchCoreDetector(coreset_ratio=0.1, random_state=0, **{**ext, **kw})
 
+    if _OPTIONS.speed_only:
+        return (_speed_cases("RAD", rad().fit(X_train), X_test[: (4 if quick else 16)],
+                             repeats=2 if quick else 5)
+                + _defaults_speed_cases(quick))
     cases = [
         Case("RAD (multi-class)", lambda: _evaluate(rad(), *data)),
         Case("RAD fp16 memory (multi-class)",
@@ -283,7 +292,13 @@ def make_cases(quick: bool) -> list[Case]:
     return cases
 
 
+_OPTIONS = argparse.Namespace(threads=None, speed_only=False)
+
 if __name__ == "__main__":
-    benchmark_main(make_cases, baseline="PatchCore (multi-class)",
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--threads", type=int, default=None, help="torch threads")
+    extra.add_argument("--speed-only", action="store_true", help="only the speed studies")
+    _OPTIONS, rest = extra.parse_known_args()
+    benchmark_main(make_cases, argv=rest, baseline="PatchCore (multi-class)",
                    title="RAD vs PatchCore on procedural textures"
                          + (" (EfficientNet-Lite0)" if HAS_PRETRAINED else " (random-conv)"))
