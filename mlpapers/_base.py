@@ -324,6 +324,9 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
     """Save a fitted mlpapers estimator to ``path``; see :meth:`TorchEstimatorMixin.save`."""
     if not isinstance(estimator, TorchEstimatorMixin):
         raise TypeError(f"save expects an mlpapers estimator, got {type(estimator).__name__}.")
+    if not callable(getattr(estimator, "fit", None)):  # samplers: nothing fitted to save
+        raise TypeError(f"{type(estimator).__name__} has no fit method and no fitted state "
+                        "to save; keep the results it returns (e.g. pickle them).")
     try:
         check_is_fitted(estimator)
     except NotFittedError as exc:
@@ -359,15 +362,15 @@ def load(
         cls = trusted
     else:
         cls = _estimator_class(name)
-    try:
+    try:  # a malformed file fails in the decoder, the constructor or _set_state
         params, state = _decode(payload["params"]), _decode(payload["state"])
+        if not isinstance(params, dict) or not isinstance(state, dict):
+            raise TypeError("params and state must be dicts")
+        est = cls(**params)
+        est._set_state(state)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         raise ValueError(f"{os.fspath(path)!r} is not a valid mlpapers estimator file: "
                          f"{exc}") from exc
-    if not isinstance(params, dict) or not isinstance(state, dict):
-        raise ValueError(f"{os.fspath(path)!r} is not a valid mlpapers estimator file.")
-    est = cls(**params)
-    est._set_state(state)
     _restore_rng(est, payload.get("rng", {}))
     return est
 

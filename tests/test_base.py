@@ -362,16 +362,35 @@ def test_load_state_sets_only_fitted_attributes(tmp_path, key):
         ToyRidge.load(path)
 
 
-def test_load_reports_a_malformed_file_as_value_error(tmp_path):
-    """A bad tag in the file raised ``KeyError`` from the decoder."""
+@pytest.mark.parametrize("edit", ["bad tag", "unknown param", "state not a dict"])
+def test_load_reports_a_malformed_file_as_value_error(tmp_path, edit):
+    """A bad tag raised ``KeyError`` from the decoder, an unknown parameter a
+    ``TypeError`` from the constructor."""
     X, y = _data()
     path = tmp_path / "m.pt"
     ToyRidge().fit(X, y).save(path)
     payload = torch.load(path, weights_only=True)
-    payload["state"]["coef_"] = {"__mlpapers_dtype__": "nope", "kind": "builtin type"}
+    if edit == "bad tag":
+        payload["state"]["coef_"] = {"__mlpapers_dtype__": "nope", "kind": "builtin type"}
+    elif edit == "unknown param":
+        payload["params"]["bogus"] = 1
+    else:
+        payload["state"] = [1, 2]
     torch.save(payload, path)
     with pytest.raises(ValueError, match="not a valid mlpapers estimator file"):
         ToyRidge.load(path)
+
+
+def test_save_of_an_estimator_without_fit_says_why(tmp_path):
+    """Samplers (no ``fit``) got scikit-learn's misleading "is not an estimator
+    instance" from ``check_is_fitted``."""
+
+    class Sampler(TorchEstimatorMixin, BaseEstimator):
+        def sample(self):
+            return 1
+
+    with pytest.raises(TypeError, match="has no fit method"):
+        Sampler().save(tmp_path / "s.pt")
 
 
 class _SumFeatures(TorchEstimatorMixin, BaseEstimator):

@@ -76,3 +76,16 @@ def test_diag_mass_adapts_to_a_needle_shaped_ellipsoid():
     assert res.rhat().max() < 1.05
     assert stats.kstest(q[::4], "uniform").pvalue > 1e-3
     assert stats.kstest(y[::4, 1] / 1e2, stats.semicircular.cdf).pvalue > 1e-3
+
+
+def test_tail_ess_is_nan_whichever_tail_indicator_is_constant():
+    """Splitting drops the middle draw of an odd chain; when it is the only draw in a
+    tail, that tail's indicator is constant (ESS NaN), and ``min`` returned NaN for the
+    low tail but silently dropped the high one."""
+    x = np.random.default_rng(0).standard_normal(13)
+    x_max = x.copy()
+    i = int(np.argmax(x_max))
+    x_max[[i, 6]] = x_max[[6, i]]  # the maximum in the middle
+    x_min = -x_max  # the minimum in the middle
+    assert np.isnan(ess(x_max[None], kind="tail"))
+    assert np.isnan(ess(x_min[None], kind="tail"))

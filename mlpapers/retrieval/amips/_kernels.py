@@ -67,7 +67,8 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 
     The order is that of a stable descending sort (``np.argsort(-sim, kind="stable")``),
     so the first column agrees with ``argmax``; ``torch.topk`` alone orders tied
-    values arbitrarily. Rows whose ties straddle the k-th place (rare) are fully sorted.
+    values arbitrarily. In rows whose ties straddle the k-th place, the keys tied
+    with the k-th value are taken by lowest index (linear in ``N``).
     """
     extra = int(k < sim.shape[1])  # one more place tells whether ties straddle the k-th
     s, i = sim.topk(k + extra, dim=1, largest=True, sorted=True)

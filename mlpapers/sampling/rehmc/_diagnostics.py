@@ -143,7 +143,10 @@ def ess(draws: np.ndarray, kind: str = "bulk") -> np.ndarray | float:
         if kind == "bulk":
             return _ess_basic(_z_scale(_split(x)))
         lo, hi = np.quantile(x, [0.05, 0.95])
-        return min(_ess_basic(_split(x <= lo).astype(float)),
-                   _ess_basic(_split(x <= hi).astype(float)))
+        low = _ess_basic(_split(x <= lo).astype(float))
+        high = _ess_basic(_split(x <= hi).astype(float))
+        # NaN when either tail's indicator is constant, as posterior (a bare ``min``
+        # would return or drop the NaN depending on which tail it is)
+        return float("nan") if np.isnan(low) or np.isnan(high) else min(low, high)
 
     return _per_dim(draws, one)
