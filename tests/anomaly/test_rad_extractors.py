@@ -12,6 +12,8 @@ from mlpapers.anomaly.rad import (
 )
 from mlpapers.datasets import make_texture_anomalies
 
+from ._fake_vit import FakeViT
+
 
 def _cnn():
     torch.manual_seed(0)
@@ -35,31 +37,6 @@ def test_torch_feature_extractor_hooks_equal_direct_computation():
         TorchFeatureExtractor(net, ["nope"])
     with pytest.raises(ValueError, match="key"):
         TorchFeatureExtractor(net, ["1"], key="max")
-
-
-class FakeViT(nn.Module):
-    """Implements the DINOv2/v3 get_intermediate_layers API on a 4x4 patch grid."""
-
-    def __init__(self, dim=8, patch=4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Conv2d(3, dim, patch, stride=patch)
-        self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(4))
-        self.norm = nn.LayerNorm(dim)
-        self.cls = nn.Parameter(torch.randn(1, 1, dim))
-
-    def get_intermediate_layers(self, x, n, reshape, return_class_token, norm):
-        t = self.embed(x)
-        B, C, h, w = t.shape
-        tok = torch.cat([self.cls.expand(B, -1, -1), t.flatten(2).transpose(1, 2)], 1)
-        outs = []
-        for i, blk in enumerate(self.blocks):
-            tok = tok + torch.tanh(blk(tok))
-            if i in n:
-                o = self.norm(tok) if norm else tok
-                patches = o[:, 1:].transpose(1, 2).reshape(B, C, h, w) if reshape else o[:, 1:]
-                outs.append((patches, o[:, 0]) if return_class_token else patches)
-        return tuple(outs)
 
 
 def test_dino_vit_extractor_and_rad_on_top():

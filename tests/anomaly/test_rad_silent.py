@@ -18,28 +18,7 @@ from mlpapers.anomaly.rad import (
 )
 from mlpapers.anomaly.rad._kernels import knn_distances
 
-
-class FakeViT(nn.Module):
-    """The DINOv2/v3 ``get_intermediate_layers`` API (outputs in block order), 4x4 patches."""
-
-    def __init__(self, dim=8, patch=4, depth=4):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.embed = nn.Conv2d(3, dim, patch, stride=patch)
-        self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth))
-        self.cls = nn.Parameter(torch.randn(1, 1, dim, generator=g))
-
-    def get_intermediate_layers(self, x, n, reshape, return_class_token, norm):
-        t = self.embed(x)
-        B, C, h, w = t.shape
-        tok = torch.cat([self.cls.expand(B, -1, -1), t.flatten(2).transpose(1, 2)], 1)
-        outs = []
-        for i, blk in enumerate(self.blocks):
-            tok = tok + torch.tanh(blk(tok))
-            if i in n:
-                patches = tok[:, 1:].transpose(1, 2).reshape(B, C, h, w)
-                outs.append((patches, tok[:, 0]))
-        return tuple(outs)
+from ._fake_vit import FakeViT
 
 
 def _reference_rad(ext, X_train, X_test, k, r, sigma=1.0, ratio=0.01):
