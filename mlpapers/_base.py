@@ -49,6 +49,7 @@ from mlpapers._utils import (
 )
 from mlpapers._utils._serialize import decode as _decode
 from mlpapers._utils._serialize import encode as _encode
+from mlpapers._utils._serialize import generator_from_state
 
 __all__ = ["TorchEstimatorMixin", "load", "save"]
 
@@ -281,11 +282,6 @@ def _is_class_member(cls: type, name: str) -> bool:
     return callable(static) or isinstance(static, (property, classmethod, staticmethod))
 
 
-# numpy bit generators whose state is a plain dict of ints and strings (MT19937,
-# Philox and SFC64 hold arrays, which the weights_only loader refuses)
-_BIT_GENERATORS = ("PCG64", "PCG64DXSM")
-
-
 def _rng_state(estimator: BaseEstimator) -> dict[str, Any]:
     """The current states of the fit's generators, so that a loaded estimator's
     ``partial_fit`` continues the same random stream as the saved one."""
@@ -295,27 +291,26 @@ def _rng_state(estimator: BaseEstimator) -> dict[str, Any]:
         out["torch"] = gen.get_state()
     np_gen = getattr(estimator, "_numpy_gen", None)
     if isinstance(np_gen, np.random.Generator):
-        state = np_gen.bit_generator.state
-        if state.get("bit_generator") in _BIT_GENERATORS:
-            out["numpy"] = state
+        out["numpy"] = np_gen  # encoded as its bit generator's state
     return out
 
 
 def _restore_rng(estimator: BaseEstimator, rng: Any) -> None:
-    if not isinstance(rng, dict):
-        raise ValueError("the saved generator states are malformed.")
     try:
+        rng = _decode(rng)
+        if not isinstance(rng, dict):
+            raise TypeError("not a dict")
         if "torch" in rng:
             gen = torch.Generator()
             gen.set_state(rng["torch"].cpu())
             estimator._torch_gen = gen
         if "numpy" in rng:
-            name = rng["numpy"]["bit_generator"]
-            if name not in _BIT_GENERATORS:
-                raise ValueError(f"unsupported numpy bit generator {name!r}.")
-            bit_gen = getattr(np.random, name)()
-            bit_gen.state = rng["numpy"]
-            estimator._numpy_gen = np.random.Generator(bit_gen)
+            np_gen = rng["numpy"]
+            if isinstance(np_gen, dict):  # files that stored the PCG64 state dict itself
+                np_gen = generator_from_state(np_gen)
+            if not isinstance(np_gen, np.random.Generator):
+                raise TypeError(f"numpy stream of type {type(np_gen).__name__}")
+            estimator._numpy_gen = np_gen
     except (AttributeError, KeyError, TypeError, RuntimeError, ValueError) as exc:
         raise ValueError(f"the saved generator states are malformed: {exc}") from exc
 
@@ -337,7 +332,7 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
         "class": f"{cls.__module__}:{cls.__qualname__}",
         "params": _encode(estimator.get_params(deep=False), "a parameter"),
         "state": _encode(estimator._get_state(), "the fitted state"),
-        "rng": _rng_state(estimator),
+        "rng": _encode(_rng_state(estimator), "the generator states"),
     }
     torch.save(payload, os.fspath(path))
 

@@ -115,13 +115,30 @@ def test_load_rejects_malformed_streams(tmp_path, rng):
         ToyRidge.load(tmp_path / "bad.pt")
 
 
-def test_non_pcg_numpy_streams_are_not_saved(tmp_path):
+@pytest.mark.parametrize("bit_gen", ["MT19937", "PCG64", "Philox", "SFC64"])
+def test_numpy_streams_of_every_bit_generator_continue_after_load(tmp_path, bit_gen):
+    """Only PCG64 streams used to be saved (the others' states hold arrays)."""
     X, y = _data()
     est = ToyRidge().fit(X, y)
-    est._numpy_gen = np.random.Generator(np.random.MT19937(0))  # state holds arrays
+    est._numpy_gen = np.random.Generator(getattr(np.random, bit_gen)(0))
+    est._numpy_gen.random(3)
     est.save(tmp_path / "toy.pt")
-    back = ToyRidge.load(tmp_path / "toy.pt")
-    assert not hasattr(back, "_numpy_gen") and hasattr(back, "_torch_gen")
+    expected = est._numpy_gen.random(4)
+    np.testing.assert_array_equal(ToyRidge.load(tmp_path / "toy.pt")._numpy_gen.random(4),
+                                  expected)
+
+
+def test_files_with_a_plain_pcg64_state_dict_still_load(tmp_path):
+    """Files written before the streams went through the state encoder."""
+    X, y = _data()
+    est = ToyRidge(random_state=0).fit(X, y)
+    est.save(tmp_path / "toy.pt")
+    payload = torch.load(tmp_path / "toy.pt", weights_only=True)
+    payload["rng"]["numpy"] = est._numpy_gen.bit_generator.state  # the old layout
+    torch.save(payload, tmp_path / "old.pt")
+    expected = est._numpy_gen.random(4)
+    np.testing.assert_array_equal(ToyRidge.load(tmp_path / "old.pt")._numpy_gen.random(4),
+                                  expected)
 
 
 class _DroppingGenerator(ToyRidge):

@@ -17,7 +17,7 @@ import torch
 
 from mlpapers._utils._validation import torch_compatible_array
 
-__all__ = ["decode", "encode"]
+__all__ = ["decode", "encode", "generator_from_state"]
 
 _NDARRAY_TAG = "__mlpapers_ndarray__"
 _TUPLE_TAG = "__mlpapers_tuple__"
@@ -101,18 +101,24 @@ def encode(obj: Any, where: str) -> Any:
     )
 
 
-def _decode_rng(obj: dict) -> np.random.RandomState | np.random.Generator:
-    state = decode(obj[_RNG_TAG])
+def generator_from_state(state: Any, legacy: bool = False
+                         ) -> np.random.RandomState | np.random.Generator:
+    """A numpy ``Generator`` (or ``RandomState`` when ``legacy``) from a bit-generator
+    state dict, for the bit generators of a fixed list only."""
     name = state.get("bit_generator") if isinstance(state, dict) else None
     if name not in _NUMPY_BIT_GENERATORS:
         raise ValueError(f"unsupported numpy bit generator {name!r} in the file.")
-    if obj["legacy"]:
+    if legacy:
         rs = np.random.RandomState()
         rs.set_state(state)
         return rs
     bit_gen = getattr(np.random, name)()
     bit_gen.state = state
     return np.random.Generator(bit_gen)
+
+
+def _decode_rng(obj: dict) -> np.random.RandomState | np.random.Generator:
+    return generator_from_state(decode(obj[_RNG_TAG]), bool(obj["legacy"]))
 
 
 def decode(obj: Any) -> Any:
