@@ -143,3 +143,14 @@ def test_save_load_round_trip_and_resume(tmp_path, problem):
     np.testing.assert_array_equal(back.nu_, clf.nu_)
     back.partial_fit(X, y.astype(str))  # resumes from the loaded weights and dual table
     assert back.n_iter_ == 3
+
+
+def test_default_n_negatives_error_names_the_fix():
+    # A new user's first SCENTClassifier() on a 3-class problem hits the n_negatives
+    # check; the message must say which value works (n_classes - 1, the exact softmax).
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    y = np.array(["a", "b", "c"] * 10)
+    with pytest.raises(ValueError, match=r"Set n_negatives=2 to use every class"):
+        SCENTClassifier().fit(X, y)
+    assert SCENTClassifier(n_negatives=2, epochs=2, random_state=0).fit(X, y).n_iter_ == 2

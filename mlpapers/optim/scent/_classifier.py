@@ -197,7 +197,9 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         if self.negatives == "uniform" and self.n_negatives >= n_classes:
             raise ValueError(
                 f"n_negatives must be < n_classes (at most {n_classes - 1} negatives exist), "
-                f"got n_negatives={self.n_negatives} with {n_classes} classes."
+                f"got n_negatives={self.n_negatives} with {n_classes} classes. "
+                f"Set n_negatives={n_classes - 1} to use every class (the exact softmax "
+                f"gradient); the default of 64 targets problems with many classes."
             )
 
     def _encode(self, y: np.ndarray) -> torch.Tensor:
