@@ -44,7 +44,7 @@ class ProgressLogger:
 
     def __iter__(self):
         self._bar = tqdm(
-            range(self.total), desc=self.desc, disable=not self.verbose, leave=False,
+            range(self.total), desc=self.desc, disable=not self.verbose, leave=True,  # final metrics stay in the log
             dynamic_ncols=True,
         )
         try:
