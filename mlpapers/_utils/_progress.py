@@ -43,8 +43,9 @@ class ProgressLogger:
         self._bar = None
 
     def __iter__(self):
+        # leave=True: the bar's final metrics stay in the log when the loop ends
         self._bar = tqdm(
-            range(self.total), desc=self.desc, disable=not self.verbose, leave=True,  # final metrics stay in the log
+            range(self.total), desc=self.desc, disable=not self.verbose, leave=True,
             dynamic_ncols=True,
         )
         try:
