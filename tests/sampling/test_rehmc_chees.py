@@ -263,3 +263,16 @@ def test_auto_exact_polytope_uniform_and_diag_mass():
         ref = stats.truncnorm(-mu[j] / sd[j], (1 - mu[j]) / sd[j], mu[j], sd[j])
         assert stats.kstest(res.samples[..., j].ravel(), ref.cdf).statistic < 1.95 / np.sqrt(
             n_eff[j])
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_diag_mass_windows_do_not_inflate_the_trajectory_length(seed):
+    """Regression: at every mass window ``T`` was rescaled by the new *heuristic* step over
+    the old *dual-averaged* one (about 3x smaller), so ``T`` grew about 3x per window: on a
+    standard normal in a wide box, where the diagonal mass stays near the identity, ``T``
+    ended near 420 (220 leapfrog steps per transition, 45x the identity mass's time, with a
+    lower ESS). Now both steps of the ratio come from the same heuristic."""
+    lp = lambda x: -0.5 * (x**2).sum(-1)  # noqa: E731
+    res = ReflectiveHMC(lp, Box([-1e3, -1e3], [1e3, 1e3]), mass="diag",
+                        random_state=seed).sample(20, warmup=1000)
+    assert res.trajectory_length < 40.0  # before the fix: 422 and 324 (now 5.4 and 10.9)

@@ -73,3 +73,14 @@ def test_exact_linear_feedback_rejects_unordered_containers():
     for bad in ({i: w for i, w in enumerate(Ws)}, set(Ws)):
         with pytest.raises(ValueError, match="sequence"):
             exact_linear_feedback(bad, B)
+
+
+@pytest.mark.parametrize("shape", [(6, 16, 16, 3), (6, 16, 16, 1), (16, 16, 3)])
+def test_channels_last_images_get_a_clear_error(shape):
+    # (n, H, W, C) photos used to be read as C=H channels of H x C images and failed later
+    # with a misleading "images of size 16x3 are too small" (or trained on garbage).
+    from mlpapers.ssl import CLAPPEncoder
+
+    X = np.random.default_rng(0).random(shape)
+    with pytest.raises(ValueError, match=r"\(n, C, H, W\)"):
+        CLAPPEncoder(architecture="tiny", n_epochs=1, random_state=0).fit(X)

@@ -252,11 +252,20 @@ class Warmup:
             self._freeze()
 
     def _end_window(self, out: dict) -> None:
+        old_kernel_inv_mass, old_max_step = self.kernel_inv_mass, self.max_step
         inv_mass = self.welford.regularized_variance()
         self.set_mass(inv_mass, identity=False)
         self.welford = WelfordVariance(inv_mass.shape[0], inv_mass.dtype, inv_mass.device)
         if self.da is not None:
             eps_old = self.step_mean
+            if self.chees is not None:
+                # Compare like with like: the doubling heuristic under the old metric, from
+                # the same states. The dual-averaged step is systematically smaller than the
+                # heuristic's (about 3x at target_accept=0.8), so dividing the new heuristic
+                # step by it grew T about 3x at every window (T = 45 for a standard normal).
+                eps_old = float(self.find_step(out["x"], out["logp"], out["grad"],
+                                               old_kernel_inv_mass, self.eps,
+                                               old_max_step).mean())
             self._set_eps(self.find_step(out["x"], out["logp"], out["grad"], inv_mass,
                                          self.eps, self.max_step))
             self.da.restart(self.eps)
