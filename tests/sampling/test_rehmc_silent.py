@@ -1,11 +1,14 @@
 """Regression tests from a silent-wrong-answer audit of rehmc (valid inputs, wrong results)."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
 from mlpapers.sampling import Ball, Box, ConvexSet, Ellipsoid, ReflectiveHMC, ess
+from mlpapers.sampling.rehmc._diagnostics import split_rhat_classic
 from mlpapers.sampling.rehmc._kernels import reflected_drift
 
 
@@ -89,3 +92,35 @@ def test_tail_ess_is_nan_whichever_tail_indicator_is_constant():
     x_min = -x_max  # the minimum in the middle
     assert np.isnan(ess(x_max[None], kind="tail"))
     assert np.isnan(ess(x_min[None], kind="tail"))
+
+
+def test_split_rhat_classic_is_the_per_dimension_formula():
+    x = np.random.default_rng(1).standard_normal((3, 41, 4)) + np.arange(3)[:, None, None] / 4
+    half = 20
+    s = np.concatenate([x[:, :half], x[:, -half:]])  # (6, 20, 4)
+    w = s.var(axis=1, ddof=1).mean(0)
+    b = half * s.mean(axis=1).var(axis=0, ddof=1)
+    expected = np.sqrt(((half - 1) / half * w + b / half) / w)
+    np.testing.assert_allclose(split_rhat_classic(x), expected, rtol=1e-12)
+    x[:, :, 1] = 1.0  # constant: undefined
+    x[:, :, 2] = np.arange(3)[:, None]  # every chain stuck at its own value
+    r = split_rhat_classic(x)
+    assert np.isnan(r[1]) and np.isinf(r[2])
+
+
+def test_sample_warns_when_the_chains_disagree():
+    """A sampler that returns draws of chains that never met (a target with two far
+    modes, one chain started in each) gave no sign that the answer was wrong."""
+    def two_modes(x):
+        return torch.logaddexp(-0.5 * ((x - 8.0) ** 2).sum(-1) / 0.05,
+                               -0.5 * ((x + 8.0) ** 2).sum(-1) / 0.05)
+
+    box = Box(np.full(2, -10.0), np.full(2, 10.0))
+    x0 = np.array([[8.0, 8.0], [-8.0, -8.0], [8.0, 8.0], [-8.0, -8.0]])
+    with pytest.warns(RuntimeWarning, match="chains disagree"):
+        ReflectiveHMC(two_modes, box, n_leapfrog=5, random_state=0).sample(
+            200, x0=x0, n_chains=4, warmup=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ReflectiveHMC(two_modes, box, n_leapfrog=5, random_state=0).sample(
+            200, x0=x0[[0, 2]], n_chains=2, warmup=100)

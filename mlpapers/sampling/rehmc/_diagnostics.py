@@ -35,18 +35,30 @@ def _z_scale(x: np.ndarray) -> np.ndarray:
     return ndtri((r - 0.375) / (x.size + 0.25))
 
 
-def _rhat_basic(x: np.ndarray) -> float:
-    m, n = x.shape
-    if n < 2 or not np.all(np.isfinite(x)):
-        return float("nan")
-    w = x.var(axis=1, ddof=1).mean()
-    b = n * x.mean(axis=1).var(ddof=1) if m > 1 else 0.0
+def _rhat_basic(x: np.ndarray) -> float | np.ndarray:
+    """Classic R-hat of draws (M, N) or, vectorised, (M, N, d) (then an array (d,))."""
+    m, n = x.shape[:2]
+    if n < 2:
+        return float("nan") if x.ndim == 2 else np.full(x.shape[2:], np.nan)
+    w = x.var(axis=1, ddof=1).mean(axis=0)
+    b = n * x.mean(axis=1).var(axis=0, ddof=1) if m > 1 else np.zeros_like(w)
     var_plus = (n - 1) / n * w + b / n
-    if not var_plus > 0:  # constant draws: undefined
-        return float("nan")
-    if w <= 1e-12 * var_plus:  # every chain stuck at its own value: not converged at all
-        return float("inf")
-    return float(np.sqrt(var_plus / w))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.sqrt(var_plus / w)
+    # every chain stuck at its own value: not converged at all
+    out = np.where(w <= 1e-12 * var_plus, np.inf, out)
+    # constant draws (undefined) or non-finite draws
+    out = np.where((var_plus > 0) & np.isfinite(x).all(axis=(0, 1)), out, np.nan)
+    return float(out) if x.ndim == 2 else out
+
+
+def split_rhat_classic(draws: np.ndarray) -> np.ndarray:
+    """Classic split R-hat (Gelman et al., no rank normalisation) per dimension of draws
+    (chains, draws, d): cheap (one pass, vectorised), for a convergence warning."""
+    x = np.asarray(draws, dtype=np.float64)
+    if x.shape[1] < MIN_DRAWS:
+        return np.full(x.shape[2], np.nan)
+    return _rhat_basic(_split(x))
 
 
 def _autocov(x: np.ndarray) -> np.ndarray:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mlpapers.sampling.rehmc._diagnostics import ess as _ess
 from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
+from mlpapers.sampling.rehmc._diagnostics import split_rhat_classic
 
 __all__ = ["SampleResult"]
 
@@ -69,6 +71,19 @@ class SampleResult:
         per_iter = self.mean_leapfrog if np.isfinite(self.mean_leapfrog) else self.n_leapfrog
         steps = max(self.n_iterations * float(per_iter) * len(self.n_reflections), 1.0)
         return float(self.n_reflections.sum() / steps)
+
+    def _warn_if_unconverged(self, threshold: float = 1.1) -> None:
+        """Warn when the chains disagree (classic split R-hat above ``threshold`` in some
+        dimension; the rank-normalised :meth:`rhat` costs seconds for hundreds of chains)."""
+        x = self.samples
+        if x.ndim != 3 or x.shape[0] < 2 or not np.isfinite(x).all():
+            return
+        worst = np.nanmax(split_rhat_classic(x), initial=1.0)
+        if worst > threshold:
+            warnings.warn(f"the chains disagree (split R-hat {worst:.3g} > {threshold} in "
+                          "some dimension): the draws are not reliable. Run a longer warm-up, "
+                          "use mass='diag' for badly scaled targets or containers, or check "
+                          "result.rhat() and the trace.", RuntimeWarning, stacklevel=3)
 
     def ess(self, kind: str = "bulk") -> np.ndarray:
         """Rank-normalised bulk or tail effective sample size per dimension, ``(d,)``."""

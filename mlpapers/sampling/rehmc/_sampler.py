@@ -394,6 +394,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             trajectory_length=self.trajectory_length_,
             mean_leapfrog=lf_sum / max(it, 1),
         )
+        res._warn_if_unconverged()
         if return_tensor:
             res.samples_tensor = samples
         return res
