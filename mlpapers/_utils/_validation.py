@@ -204,6 +204,17 @@ def check_tensor(
     return t
 
 
+def reject_single_hwc_image(images: Any, name: str = "X", fix: str = "X[None]") -> None:
+    """Raise when a 3D image batch ``(n, H, W)`` is really one ``(H, W, C)`` colour image
+    (last axis of 3 or 4 entries, more than 4 rows), which would otherwise be read as
+    ``H`` grayscale images a few pixels wide; ``fix`` is the suggested call."""
+    shape = tuple(images.shape)
+    if len(shape) == 3 and shape[-1] in (3, 4) and shape[-2] > 4:
+        raise ValueError(f"{name} has shape {shape}: a single (H, W, C) colour image, not a "
+                         f"batch of {shape[0]} grayscale images {shape[-1]} pixels wide; "
+                         f"pass {fix}.")
+
+
 def torch_compatible_array(a: Any) -> np.ndarray:
     """``a`` as a numpy array that ``torch.from_numpy`` reads: native byte order,
     writable and C-contiguous, copied at most once and only when needed.

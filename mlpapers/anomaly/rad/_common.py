@@ -19,6 +19,7 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
     check_tensor,
+    reject_single_hwc_image,
     resolve_dtype,
     torch_compatible_array,
 )
@@ -41,15 +42,31 @@ def _pil_to_array(image: Any) -> np.ndarray:
     return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
 
 
-def _pixels_to_unit(a: np.ndarray, name: str) -> np.ndarray:
-    """Integer (0..255) or boolean pixels of one image as float32 in [0, 1]."""
-    if a.dtype.kind == "b":
-        return a.astype(np.float32)
-    if a.size and (int(a.min()) < 0 or int(a.max()) > 255):
-        raise ValueError(f"{name} has integer values in [{int(a.min())}, {int(a.max())}]; "
-                         "integer images must hold 8-bit pixel values in [0, 255] (or pass "
-                         "floats in [0, 1]).")
-    return a.astype(np.float32) / np.float32(255.0)
+def _pixels_to_unit(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Pixels as float in [0, 1]: booleans as 0/1, integers (8-bit values, any integer
+    dtype) divided by 255, floats as they are (warning when they look like 0-255)."""
+    if t.dtype == torch.bool:
+        return t.float()
+    if not t.is_floating_point():
+        if not t.numel():
+            lo, hi = 0, 0
+        elif t.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no torch CPU min/max
+            arr = t.cpu().numpy()
+            lo, hi = int(arr.min()), int(arr.max())
+        else:
+            lo, hi = (int(v) for v in torch.aminmax(t))
+        if lo < 0 or hi > 255:
+            raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
+                             "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
+        return t.float() / 255.0
+    t = t.float()
+    lo, hi = (float(v) for v in torch.aminmax(t)) if t.numel() else (0.0, 0.0)
+    if hi > 2.0 or lo < -1.0:
+        warnings.warn(f"{name} is floating point with values in [{lo:.4g}, {hi:.4g}]; float "
+                      "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
+                      "or pass uint8; do not normalise them, the extractor does).",
+                      UserWarning, stacklevel=4)
+    return t
 
 
 def check_images(X: Any, name: str = "X") -> torch.Tensor:
@@ -85,39 +102,17 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
                           if a.ndim == 2 and a.shape == colour[0][:2] else a for a in arrays]
         kinds = {a.dtype.kind for a in arrays}
         if "f" in kinds and kinds & set("biu"):  # 8-bit items next to float items
-            arrays = [a if a.dtype.kind == "f" else _pixels_to_unit(a, name) for a in arrays]
+            arrays = [a if a.dtype.kind == "f" else
+                      _pixels_to_unit(torch.from_numpy(torch_compatible_array(a)), name).numpy()
+                      for a in arrays]
         shapes = {a.shape for a in arrays}
         if len(shapes) > 1:
             raise ValueError(f"{name} holds images of mixed sizes {sorted(shapes)}; resize them "
                              "to a common size first.")
         X = np.stack(arrays)
     t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
-    if t.ndim == 3 and t.shape[-1] in (3, 4) and t.shape[-2] > 4:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}: a single (H, W, C) colour image, "
-                         f"not a batch of {t.shape[0]} grayscale images {t.shape[-1]} pixels "
-                         "wide; pass X[None] (or a list of images).")
-    if t.dtype == torch.bool:
-        t = t.float()
-    elif not t.is_floating_point():  # integer pixel values, 0..255
-        if not t.numel():
-            lo, hi = 0, 0
-        elif t.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no torch CPU min/max
-            arr = t.cpu().numpy()
-            lo, hi = int(arr.min()), int(arr.max())
-        else:
-            lo, hi = (int(v) for v in torch.aminmax(t))
-        if lo < 0 or hi > 255:
-            raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
-                             "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
-        t = t.float() / 255.0
-    else:
-        t = t.float()
-        lo, hi = (float(v) for v in torch.aminmax(t)) if t.numel() else (0.0, 0.0)
-        if hi > 2.0 or lo < -1.0:
-            warnings.warn(f"{name} is floating point with values in [{lo:.4g}, {hi:.4g}]; float "
-                          "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
-                          "or pass uint8; do not normalise them, the extractor does).",
-                          UserWarning, stacklevel=3)
+    reject_single_hwc_image(t, name, fix="X[None] (or a list of images)")
+    t = _pixels_to_unit(t, name)
     if t.ndim == 3:
         t = t[:, None]
     elif t.shape[1] in (1, 3):

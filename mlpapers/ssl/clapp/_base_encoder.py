@@ -12,7 +12,13 @@ from sklearn.utils import metadata_routing
 from torch import nn
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive, check_tensor
+from mlpapers._utils import (
+    ProgressLogger,
+    check_in_options,
+    check_positive,
+    check_tensor,
+    reject_single_hwc_image,
+)
 from mlpapers.ssl.clapp import _distributed as _dist
 from mlpapers.ssl.clapp._augment import DefaultAugment
 from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
@@ -91,10 +97,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
             self._check_fitted()
         X = check_tensor(X, ndim=(3, 4), dtype=torch.float32, device="cpu",
                          min_samples=2 if reset else 1, owner=type(self).__name__)
-        if X.ndim == 3 and X.shape[-1] in (3, 4) and X.shape[-2] > 4:
-            raise ValueError(f"X has shape {tuple(X.shape)}: a single (H, W, C) colour image, "
-                             f"not a batch of {X.shape[0]} grayscale images {X.shape[-1]} pixels "
-                             "wide; pass X[None].permute(0, 3, 1, 2) (images are (n, C, H, W)).")
+        reject_single_hwc_image(X, fix="X[None].permute(0, 3, 1, 2) (images are (n, C, H, W))")
         if X.ndim == 4 and X.shape[-1] in (1, 3, 4) and min(X.shape[1], X.shape[2]) > 4:
             raise ValueError(f"X has shape {tuple(X.shape)}, which looks like channels-last "
                              "(n, H, W, C) images; images must be (n, C, H, W) (or (n, H, W) "
