@@ -302,12 +302,18 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         keys = self._keys()
         _, key_hat = self._score_and_key(Q)
         # rank in the training units: <k_hat, k_j> ~ ||k||^2 overflows float32 for keys
-        # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact)
-        # (not cached: predict must leave the estimator's __dict__ unchanged; an (N, d)
-        # division is small next to the (n, N, d) search)
+        # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact). For
+        # inner products scaling the predicted keys by 1/s^2 is the same ranking without
+        # a copy of the database per call; "l2" needs both sides in training units
         ks = getattr(self, "key_scale_", 1.0)
-        idx = rank_by_key(key_hat / ks, keys / ks if ks != 1.0 else keys, k,
-                          metric=self.retrieval, batch_size=self.search_batch_size)
+        if ks == 1.0:
+            k_hat, ranked_keys = key_hat, keys
+        elif self.retrieval == "ip":
+            k_hat, ranked_keys = key_hat / ks / ks, keys
+        else:
+            k_hat, ranked_keys = key_hat / ks, keys / ks
+        idx = rank_by_key(k_hat, ranked_keys, k, metric=self.retrieval,
+                          batch_size=self.search_batch_size)
         if not return_distance:
             return self._to_numpy(idx)
         sims = torch.einsum("nkd,nd->nk", keys[idx], Q)
