@@ -15,6 +15,10 @@ __all__ = ["make_federated_digits", "make_federated_linear"]
 def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
                  max_tries: int = 200) -> np.ndarray:
     """K unit vectors in R^d with pairwise distances in [separation, 5 * separation]."""
+    d_max = np.sqrt(2.0 * K / (K - 1)) if K > 1 else 2.0  # the regular simplex
+    if separation > d_max * (1 + 1e-12):
+        raise ValueError(f"separation must be <= sqrt(2K / (K - 1)) = {d_max:.4g} for "
+                         f"{K} unit-norm models (a regular simplex), got {separation}.")
     # Perturb a common centre c by an angle alpha: two such vectors with (almost)
     # orthogonal perturbations are sqrt(2) sin(alpha) apart; aim at 2 * separation.
     sin_a = min(1.0, np.sqrt(2.0) * separation)
@@ -34,6 +38,17 @@ def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
         dist = np.linalg.norm(theta[:, None] - theta[None], axis=2)[np.triu_indices(K, 1)]
         if dist.min() >= separation and dist.max() <= 5 * separation:
             return theta
+    if 1 < K <= d:
+        # large separations (near the simplex bound) are out of reach of random
+        # perturbations: a randomly oriented regular simplex of K vertices, shrunk
+        # towards its normal c, has all pairwise distances equal to s * d_max
+        E = np.linalg.qr(rng.standard_normal((d, K)))[0].T  # K orthonormal rows
+        c = E.mean(0)
+        V = E - c
+        V /= np.linalg.norm(V, axis=1, keepdims=True)
+        s = min(d_max, 2.0 * separation) / d_max
+        theta = np.sqrt(max(0.0, 1.0 - s**2)) * c / np.linalg.norm(c) + s * V
+        return theta / np.linalg.norm(theta, axis=1, keepdims=True)
     raise ValueError(
         f"could not place {K} unit-norm models in {d} dimensions with pairwise distances in "
         f"[{separation}, {5 * separation}]; lower separation or raise n_features."
@@ -69,8 +84,9 @@ def make_federated_linear(
     n_features : int, default=20
         Dimension :math:`d`.
     separation : float, default=1.0
-        Minimum pairwise distance :math:`\\Delta` of the true models (at most 2,
-        the diameter of the unit sphere).
+        Minimum pairwise distance :math:`\\Delta` of the true models, at most
+        :math:`\\sqrt{2K/(K-1)}` (a regular simplex: 2 for two clusters; values
+        near the bound need ``n_features >= n_clusters``).
     noise : float, default=0.01
         Noise standard deviation :math:`\\sigma`.
     random_state : int, RandomState, Generator or None, default=None

@@ -148,8 +148,9 @@ def make_texture_anomalies(
     ``"checker"``, ``"grain"`` -- a smoothed random field like gravel or grass --
     and ``"bricks"``) with a random phase/offset per image. With
     ``source="skimage"`` images are random crops (downsampled 2x) of the
-    grayscale ``"brick"``, ``"grass"`` and ``"gravel"`` photos bundled in
-    scikit-image (the ``data`` extra; nothing is downloaded). Every image gets a
+    grayscale 512x512 ``"brick"``, ``"grass"`` and ``"gravel"`` photos bundled in
+    scikit-image (the ``data`` extra; nothing is downloaded); sizes above 256
+    are crops at full resolution, and at most 512 are possible. Every image gets a
     +-5% brightness jitter and Gaussian pixel noise. A fraction
     ``anomaly_ratio`` of the test images receives one defect: a thin
     ``"scratch"``, an elliptic ``"spot"`` of a foreign colour, or a square
@@ -163,7 +164,8 @@ def make_texture_anomalies(
     n_test : int, default=40
         Number of test images.
     image_size : int, default=64
-        Side of the square images (at least 16).
+        Side of the square images (at least 16; at most 512 with
+        ``source="skimage"``).
     textures : str, sequence of str or None, default=None
         Subset of the families of ``source`` (one name is a one-family
         subset); ``None`` uses all of them.
@@ -210,6 +212,9 @@ def make_texture_anomalies(
         raise TypeError(f"return_texture must be a bool, got {return_texture!r}.")
     if source not in ("procedural", "skimage"):
         raise ValueError(f"source must be 'procedural' or 'skimage', got {source!r}.")
+    if source == "skimage" and image_size > 512:  # a crop cannot exceed the 512x512 photo
+        raise ValueError(f"image_size must be <= 512 with source='skimage' (the photos are "
+                         f"512x512), got {image_size}.")
     family = TEXTURES if source == "procedural" else SKIMAGE_TEXTURES
     textures = family if textures is None else _names(textures, "textures")
     defects = _names(defects, "defects")

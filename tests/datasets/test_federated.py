@@ -37,7 +37,7 @@ def test_linear_determinism_and_errors():
     with pytest.raises(ValueError, match="n_samples"):
         make_federated_linear(n_samples=0)
     with pytest.raises(ValueError, match="could not place"):
-        make_federated_linear(n_clusters=10, n_features=2, separation=1.5, random_state=0)
+        make_federated_linear(n_clusters=10, n_features=2, separation=1.2, random_state=0)
 
 
 def test_digits_rotation_clusters_are_rotations_of_real_digits():
@@ -82,3 +82,16 @@ def test_digits_errors():
         make_federated_digits("rotation", n_clusters=9)
     with pytest.raises(ValueError, match="n_swaps"):
         make_federated_digits("label_swap", n_swaps=6)
+
+
+@pytest.mark.parametrize("K, separation", [(2, 1.9), (2, 2.0), (3, 1.7), (5, 1.5)])
+def test_linear_large_separations_up_to_the_simplex_bound(K, separation):
+    # separations the docstring allowed (<= 2) but random perturbations cannot reach
+    # raised "could not place ..."; a regular simplex reaches sqrt(2K / (K - 1))
+    _, _, coef = make_federated_linear(n_clusters=K, n_clients_per_cluster=1, n_samples=3,
+                                       separation=separation, random_state=0)
+    np.testing.assert_allclose(np.linalg.norm(coef, axis=1), 1.0)
+    dist = np.linalg.norm(coef[:, None] - coef[None], axis=2)[np.triu_indices(K, 1)]
+    assert dist.min() >= separation * (1 - 1e-12) and dist.max() <= 5 * separation
+    with pytest.raises(ValueError, match="separation must be <="):
+        make_federated_linear(n_clusters=K, separation=np.sqrt(2 * K / (K - 1)) + 1e-3)

@@ -55,6 +55,8 @@ def test_single_texture_normals_are_similar_but_not_identical():
     ({"noise": -1.0}, "noise"),
     ({"source": "web"}, "source"),
     ({"source": "skimage", "textures": ("stripes",)}, "textures"),
+    # a crop larger than the 512x512 photo gave NaN images, not an error
+    ({"source": "skimage", "image_size": 513}, "image_size"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

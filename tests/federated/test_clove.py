@@ -55,7 +55,10 @@ def test_ifca_with_identical_init_fails_where_clove_succeeds():
         clients, truth, _ = _linear(seed)
         ifca = IFCA(n_rounds=3, init="same", random_state=seed, **LIN).fit(clients, truth)
         assert ari(truth, ifca.labels_) < 0.5
-        assert ifca.n_clusters_ == 1  # every client picks the same (tied) model
+        # round 0 ties: every client picks model 0. Later a group may move to an untouched
+        # initial model (2 models on 3 of 12 other seeds, ARI 0.29), so n_clusters_ == 1
+        # held on these seeds only by luck
+        assert ifca.history_[0]["n_models_used"] == 1
 
 
 def test_clove_matches_or_beats_ifca_and_fedavg_fails(linear):
@@ -70,12 +73,21 @@ def test_clove_matches_or_beats_ifca_and_fedavg_fails(linear):
 
 
 def test_parameter_error_shrinks_geometrically_after_recovery(linear):
+    # measured from the round t0 whose assignment first has ARI = 1 (rounds 1..3 assumed
+    # t0 = 0, which held for this seed but not for 1 of 12 others, recovering at t0 = 2)
     clients, truth, coef = linear
-    errs = [_param_error(CLoVE(n_rounds=r, random_state=0, **LIN).fit(clients), truth, coef)
-            for r in (1, 2, 3)]
-    assert errs[1] <= 0.5 * errs[0]
-    assert errs[2] <= 0.5 * errs[1] + 5e-3
-    assert errs[2] < 1e-2
+    errs, t0 = {}, None
+    for r in range(1, 8):
+        est = CLoVE(n_rounds=r, random_state=0, **LIN).fit(clients, truth)
+        errs[r] = _param_error(est, truth, coef)
+        t0 = _round_of_recovery(est)
+        if t0 is not None and r >= t0 + 3:
+            break
+    assert t0 is not None
+    e1, e2, e3 = errs[t0 + 1], errs[t0 + 2], errs[t0 + 3]
+    assert e2 <= 0.5 * e1 + 5e-3
+    assert e3 <= 0.5 * e2 + 5e-3
+    assert e3 < 1e-2
 
 
 def test_autoencoder_variant_recovers_rotation_clusters_on_digits():
@@ -185,8 +197,14 @@ def test_partial_participation_and_freeze(linear):
     est.fit(clients, truth)
     assert all(h["n_participants"] == 8 for h in est.history_)
     assert est.history_[-1]["frozen"]
-    assert "loss" not in est.history_[-1]  # no loss vectors once frozen
-    assert ari(truth, est.labels_) == 1.0
+    frozen = [h["frozen"] for h in est.history_]
+    assert frozen == sorted(frozen)  # once frozen, always frozen
+    first = frozen.index(True)  # the round that decided to freeze still computed losses
+    assert all("loss" not in h for h in est.history_[first + 1:])  # no loss vectors after
+    # ARI = 1 held here but not on 4 of seeds 1-16: a sample of clients missing a group
+    # makes k-means with n_clusters split another group, whose half then overwrites the
+    # absent group's model (see the user guide's limitations); the paper's rule, kept.
+    assert ari(truth, est.labels_) > 0.5
 
 
 def test_unknown_number_of_clusters():
@@ -194,10 +212,15 @@ def test_unknown_number_of_clusters():
                                               random_state=0)
     est = CLoVE(n_clusters="auto", max_clusters=6, n_rounds=4, local_epochs=25, lr=0.01,
                 random_state=0).fit(clients, truth)
-    assert [h["n_models_used"] for h in est.history_][-1] == 3
     assert len(est.models_) == 6
-    assert est.n_clusters_ == 3
-    assert ari(truth, est.labels_) == 1.0
+    # The silhouette rule may merge two groups, and a merged pair then shares a model
+    # whose losses no longer tell them apart (only the untouched random models do):
+    # seeds 1-12 ended with 2 clusters (ARI 0.52) on 6 of 12, so the full recovery of
+    # this seed is luck. No seed split a true group or ended with more than 3 clusters.
+    for k in range(3):
+        assert len(np.unique(est.labels_[truth == k])) == 1
+    assert est.n_clusters_ in (2, 3)
+    assert est.history_[-1]["n_models_used"] == est.n_clusters_
 
 
 # -- API -------------------------------------------------------------------------------------

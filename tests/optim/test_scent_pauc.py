@@ -49,7 +49,8 @@ def test_training_lowers_objective_and_small_lambda_stable(cancer):
     clf = PartialAUCClassifier(lam=0.1, epochs=10, random_state=0).fit(X, y)
     init = brute_objective(np.zeros(X.shape[1]), X, y, 0.1, 1.0)
     assert init == pytest.approx(1.0)  # all sigmoid scores equal: L = margin^2
-    assert clf.loss_curve_[-1] < 0.1 * init
+    # 0.074 here; 0.08-0.18 on seeds 1-12 (the bound was 0.1: 2 of 12 missed it)
+    assert clf.loss_curve_[-1] < 0.25 * init
     assert np.isfinite(clf.nu_).all()
     assert clf.score(X, y) > 0.9
 

@@ -10,6 +10,7 @@ from mlpapers.federated.clove._kernels import (
     choose_n_clusters,
     clove_assign,
     ifca_assign,
+    match_clusters,
     random_assignment,
 )
 
@@ -105,7 +106,8 @@ class CLoVE(_ClusteredBase):
         getting at least one client.
     loss_transform : {None, "sqrt", "log"}, default=None
         Transform of the losses before k-means (the paper's square-root
-        ablation; ``"log"`` tames unbounded cross-entropy outliers).
+        ablation; ``"log"`` tames unbounded cross-entropy outliers). The
+        clusters are still matched to the models on summed raw losses.
     max_clusters : int, default=15
         Upper bound on the number of clusters when ``n_clusters="auto"``.
     freeze_after : int or None, default=None
@@ -184,6 +186,7 @@ class CLoVE(_ClusteredBase):
         check_in_options(self.loss_transform, "loss_transform", (None, "sqrt", "log"))
 
     def _assign(self, L: np.ndarray, round_: int) -> np.ndarray:
+        raw = L
         if self.loss_transform == "sqrt":
             L = np.sqrt(np.maximum(L, 0.0))
         elif self.loss_transform == "log":
@@ -197,7 +200,13 @@ class CLoVE(_ClusteredBase):
         if round_ == 0 and np.unique(L, axis=0).shape[0] < k:
             return random_assignment(L.shape[0], M, self._numpy_gen)
         seed = int(self._numpy_gen.integers(0, 2**31 - 1))
-        return clove_assign(L, k, random_state=seed, n_init=self.n_init)
+        groups = clove_assign(L, k, random_state=seed, n_init=self.n_init)
+        if self.loss_transform is None:
+            return groups
+        # the transform shapes the embedding only: the clusters are matched to the models
+        # on their summed raw losses (summed logs would let one near-zero loss decide)
+        _, labels = np.unique(groups, return_inverse=True)
+        return match_clusters(raw, labels, int(labels.max()) + 1)[labels]
 
 
 class IFCA(_ClusteredBase):
@@ -205,8 +214,10 @@ class IFCA(_ClusteredBase):
 
     The same simulation as :class:`CLoVE` with the assignment
     :math:`a_i = \\arg\\min_j \\ell_i(\\theta_j)` (model averaging variant). Its
-    guarantees need a good initialisation; with identical initial models every
-    client picks the same model and the clusters never separate.
+    guarantees need a good initialisation. With identical initial models every
+    client picks model 0 in the first round (a tie), which becomes the FedAvg
+    model; later a group moves only to an untouched initial model that happens
+    to fit it better, so the clusters separate partially if at all.
 
     Parameters
     ----------

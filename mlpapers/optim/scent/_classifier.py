@@ -239,6 +239,9 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
     def partial_fit(self, X, y, classes=None, sample_index=None):
         """Run one epoch on ``(X, y)`` with a constant learning rate.
 
+        Parameters changed by ``set_params`` since the last call (``lr``, ``log_alpha``,
+        ``method``, ``momentum``, ...) apply from this call on (schedules).
+
         Parameters
         ----------
         X : array-like or torch.Tensor of shape (n_samples, n_features)
@@ -293,11 +296,18 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         return self
 
     # -- prediction -------------------------------------------------------------------
-    def _logits(self, X) -> torch.Tensor:
-        X = self._validate_data(X, reset=False, dtype=torch.float64)
+    def _chunk_logits(self, X):
+        """``(start, logits)`` of row blocks of a validated float64 ``X``: predict and
+        objective hold at most ``_CHUNK x n_classes`` logits, never ``n x n_classes``."""
         W = torch.as_tensor(self.coef_, dtype=torch.float64, device=X.device)
         b = torch.as_tensor(self.intercept_, dtype=torch.float64, device=X.device)
-        return torch.cat([X[i:i + _CHUNK] @ W.T + b for i in range(0, X.shape[0], _CHUNK)])
+        return ((i, X[i:i + _CHUNK] @ W.T + b) for i in range(0, X.shape[0], _CHUNK))
+
+    def _X64(self, X) -> torch.Tensor:
+        return self._validate_data(X, reset=False, dtype=torch.float64)
+
+    def _logits(self, X) -> torch.Tensor:
+        return torch.cat([z for _, z in self._chunk_logits(self._X64(X))])
 
     def decision_function(self, X):
         """Class scores :math:`z = XW^\\top + b`.
@@ -327,8 +337,8 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
 
     def predict(self, X):
         """Most probable class of each row."""
-        best = self._to_numpy(self._logits(X).argmax(dim=1))
-        return self.classes_[best]
+        best = torch.cat([z.argmax(dim=1) for _, z in self._chunk_logits(self._X64(X))])
+        return self.classes_[self._to_numpy(best)]
 
     def objective(self, X, y) -> float:
         r"""Exact regularised objective of ``loss`` over all classes.
@@ -349,14 +359,16 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         -------
         float
         """
-        z = self._logits(X)
+        X = self._X64(X)
         yi = self._encode(np.asarray(self._to_numpy(y) if isinstance(y, torch.Tensor) else y))
-        if len(yi) != z.shape[0]:
+        if len(yi) != X.shape[0]:
             raise ValueError(f"X and y have inconsistent numbers of samples: "
-                             f"{z.shape[0]} != {len(yi)}.")
-        value = exact_objective(z, yi.to(z.device), self.loss, float(self.temperature))
+                             f"{X.shape[0]} != {len(yi)}.")
+        yi, tau = yi.to(X.device), float(self.temperature)
+        value = sum(float(exact_objective(z, yi[i:i + len(z)], self.loss, tau)) * len(z)
+                    for i, z in self._chunk_logits(X)) / X.shape[0]
         reg = 0.5 * self.alpha * float((self.coef_.astype(np.float64) ** 2).sum())
-        return float(value) + reg
+        return value + reg
 
     # -- persistence / checks ---------------------------------------------------------
     # The weights, dual table and generator state are in the public fitted state

@@ -43,7 +43,11 @@ _DOC_PARAMS = r"""
         dual variable :math:`\log\text{mean}\,e^{\ell/\lambda}` at the initial
         model, so that :math:`\gamma` starts at 1/2 (the paper's heuristic
         :math:`\alpha \approx e^{-\nu^*}`; best on the diabetes benchmark at
-        small :math:`\lambda`). ``None`` uses 0: losses are non-negative,
+        small :math:`\lambda`, but seed-sensitive there: as the loss falls,
+        :math:`\gamma = \sigma(\nu - \nu_0)` collapses and outliers' weights
+        explode; at :math:`\lambda = 0.2`, ``lr=1e-3`` it ended above the ERM
+        start on 6 of 12 seeds after 10 epochs, 1 of 12 after 40). ``None``
+        (the stable default) uses 0: losses are non-negative,
         so :math:`\nu \ge 0` and :math:`\gamma = \sigma(\log\alpha + \nu)` stays
         in [1/2, 1). Smaller values average ``nu`` over more batches but, once
         :math:`\nu` falls, make :math:`\gamma` tiny and the primal weights

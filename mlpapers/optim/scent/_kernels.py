@@ -83,7 +83,8 @@ def log_mean_exp(
     mask = mask.to(torch.bool)
     masked = scores.masked_fill(~mask, float("-inf"))
     count = mask.sum(dim=dim).to(scores.dtype)
-    return torch.logsumexp(masked, dim=dim) - torch.log(count)
+    # an empty slice: logsumexp = -inf and log(count) = -inf would give NaN; it is -inf
+    return torch.logsumexp(masked, dim=dim) - torch.log(count.clamp_min(1))
 
 
 def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,18 @@ class SampledTrainingMixin:
             self._loss_fn.nu[: old.n_anchors] = old.nu
             self._loss_fn.initialized[: old.n_anchors] = old.initialized
 
+    def _sync_params(self) -> None:
+        """Apply what ``set_params`` changed since the last call, as a rebuilt (loaded or
+        unpickled) model does: ``lr``, ``gamma``, ``dual_lr`` and ``temperature`` are read
+        every step; the dual rule and the optimizer's momentum are refreshed here."""
+        C = len(self.classes_)
+        self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
+        lf = self._loss_fn
+        lf.method, lf.log_alpha = self.method, self._log_alpha
+        lf.delta, lf.rho = float(self.delta), float(self.rho)
+        for group in self._opt.param_groups:
+            group["momentum"] = self.momentum
+
     def _momentum_state(self) -> list | None:
         """Heavy-ball buffers of the optimizer (``None`` entries before the first step)."""
         if not hasattr(self, "_opt"):
@@ -105,6 +117,7 @@ class SampledTrainingMixin:
 
     def _run(self, X, y, index, epochs: int, schedule: str) -> None:
         n, tau = X.shape[0], float(self.temperature)
+        self._sync_params()
         y = y.to(X.device)
         bs = min(int(self.batch_size), n)
         total, step = epochs * math.ceil(n / bs), 0

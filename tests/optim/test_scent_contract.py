@@ -1,0 +1,71 @@
+"""Documented promises and memory bounds of SCENT checked directly (sixth audit)."""
+
+import numpy as np
+import pytest
+import torch
+
+from mlpapers.datasets import make_extreme_classification
+from mlpapers.optim.scent import SCENTClassifier, log_mean_exp
+
+
+def test_log_mean_exp_of_an_empty_masked_slice_is_minus_inf():
+    # the docstring promises -inf for a slice without valid items; it gave NaN
+    # (logsumexp = -inf minus log(count = 0) = -inf)
+    scores = torch.tensor([[1.0, 2.0], [3.0, 4.0], [0.5, -1.0]], requires_grad=True)
+    mask = torch.tensor([[True, False], [False, False], [True, True]])
+    out = log_mean_exp(scores, mask=mask)
+    assert out[1].item() == float("-inf")
+    assert out[0].item() == 1.0
+    expected = torch.logsumexp(scores[2], 0) - torch.log(torch.tensor(2.0))
+    torch.testing.assert_close(out[2], expected)
+    out[[0, 2]].sum().backward()  # the empty slice does not poison the other gradients
+    assert torch.isfinite(scores.grad).all() and scores.grad[1].eq(0).all()
+    # along dim=0 as well: a column without a valid item gives -inf
+    cols = log_mean_exp(scores.detach(), dim=0, mask=torch.tensor([[True, False]] * 3))
+    assert cols[1].item() == float("-inf") and torch.isfinite(cols[0])
+
+
+@pytest.mark.parametrize("loss", ["softmax", "negatives"])
+def test_predict_and_objective_work_in_row_blocks(monkeypatch, loss):
+    # predict / score / objective built all n x n_classes float64 logits at once (8 GB for
+    # 100k rows of 10k classes); they now reduce blocks of _CHUNK rows
+    import mlpapers.optim.scent._classifier as mod
+
+    X, y = make_extreme_classification(300, 12, 5, noise=1.0, min_samples_per_class=1,
+                                       random_state=0)
+    clf = SCENTClassifier(n_negatives=4, loss=loss, alpha=0.1, temperature=0.7, epochs=2,
+                          random_state=0).fit(X, y)
+    pred, obj, acc = clf.predict(X), clf.objective(X, y), clf.score(X, y)
+
+    def whole(self, X):
+        raise AssertionError("all logits at once")
+
+    monkeypatch.setattr(mod, "_CHUNK", 7)  # 300 = 42 * 7 + 6: a ragged last block
+    monkeypatch.setattr(SCENTClassifier, "_logits", whole)
+    np.testing.assert_array_equal(clf.predict(X), pred)
+    assert clf.score(X, y) == acc
+    assert clf.objective(X, y) == pytest.approx(obj, rel=1e-12)
+
+
+@pytest.mark.parametrize("change", [dict(log_alpha=5.0), dict(momentum=0.5),
+                                    dict(method="umax", delta=0.1)])
+def test_set_params_between_partial_fits_acts_like_a_reloaded_model(change):
+    # lr / gamma / dual_lr / temperature took effect at the next partial_fit, but the
+    # live model kept its old log_alpha, momentum and dual rule while a pickled or
+    # loaded copy used the new ones (coef_ off by up to 0.2 after one epoch)
+    import pickle
+
+    X, y = make_extreme_classification(200, 8, 4, noise=0.5, min_samples_per_class=2,
+                                       random_state=1)
+    live = SCENTClassifier(n_negatives=3, batch_size=50, momentum=0.2, random_state=0)
+    live.partial_fit(X, y, classes=np.unique(y))
+    copy = pickle.loads(pickle.dumps(live))
+    before = live.coef_.copy()
+    for est in (live, copy):
+        est.set_params(**change).partial_fit(X, y)
+    np.testing.assert_array_equal(live.coef_, copy.coef_)
+    np.testing.assert_array_equal(live.nu_, copy.nu_)
+    unchanged = SCENTClassifier(n_negatives=3, batch_size=50, momentum=0.2, random_state=0)
+    unchanged.partial_fit(X, y, classes=np.unique(y)).partial_fit(X, y)
+    assert not np.array_equal(live.coef_, unchanged.coef_) and not np.array_equal(
+        live.coef_, before)
