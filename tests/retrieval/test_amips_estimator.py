@@ -90,13 +90,21 @@ def test_l2_retrieval_rule_and_varied_norms():
     keys = (np.c_[np.cos(angles), np.sin(angles)] * rng.lognormal(0, 0.3, (12, 1)))
     theta = np.linspace(0, 2 * np.pi, 1000, endpoint=False)
     Q = np.c_[np.cos(theta), np.sin(theta)]
+    # the regime of the claim: even the *exact* answer key, ranked by inner product,
+    # loses a third of the answers to longer keys (on draws where this "oracle" rate is
+    # near 1, e.g. default_rng(5), both rules tie and the comparison below is moot)
+    star = (Q @ keys.T).argmax(1)
+    oracle_ip = np.mean((keys[star] @ keys.T).argmax(1) == star)
+    assert oracle_ip < 0.7
     model = AmortizedMIPS(n_steps=300, **FAST).fit(keys)
     ip_rate = model.score(Q)
     model.set_params(retrieval="l2")
     k_hat = model.predict_key(Q)
     ref = ((k_hat[:, None, :] - keys[None].astype(np.float32)) ** 2).sum(-1).argmin(1)
     np.testing.assert_array_equal(model.predict(Q), ref)
-    assert model.score(Q) >= 0.9 and model.score(Q) > ip_rate
+    # l2 beats the ip rule, even with a perfect key (15/15 model seeds: l2 0.91-0.95,
+    # ip 0.64-0.70)
+    assert model.score(Q) >= 0.85 and model.score(Q) > max(ip_rate, oracle_ip) + 0.15
 
 
 def test_reranking_candidates_equals_recall_at_k():
@@ -202,14 +210,21 @@ def test_faiss_ivf_with_projected_queries():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,floor", [("keynet", 0.65), ("supportnet", 0.5)])
-def test_longer_training_on_mixture_problem(arch, floor):
+# floors from a sweep over the problem draw (random_state 0-5, model seeded alike):
+# KeyNet match@1 0.69-0.76; SupportNet match@1 0.46-0.79 (it ranks better than it picks,
+# see the user guide: its recall@10 was >= 0.98 on every draw, also the hardest)
+@pytest.mark.parametrize("arch,floor,recall10",
+                         [("keynet", 0.65, None), ("supportnet", 0.4, 0.95)])
+def test_longer_training_on_mixture_problem(arch, floor, recall10):
     keys, Q, sampler = make_mips_problem(1000, 16, n_queries=2000, random_state=0)
     model = AmortizedMIPS(arch=arch, depth=4, hidden_dim=128, n_steps=1000, batch_size=512,
                           lr=1e-2, random_state=0).fit(keys, queries=sampler)
     assert model.score(Q) >= floor
     mean_key = np.full(len(Q), int(np.argmax(keys @ Q.mean(0))))
     assert model.score(Q) >= match_rate(ExactMIPS().fit(keys).predict(Q), mean_key) + 0.3
+    if recall10 is not None:
+        ranked = model.kneighbors(Q, 10, return_distance=False)
+        assert recall_at_k(None, ranked, 10, queries=Q, database=keys) >= recall10
 
 
 def test_training_callback_sees_every_step_and_changes_nothing():

@@ -215,3 +215,36 @@ def test_tie_tolerance_is_not_widened_by_one_large_key():
     keys[np.setdiff1d(np.arange(2000), second)[0]] *= 3000  # one far key, never predicted
     second = np.argsort(-(queries @ keys.T), axis=1)[:, 1]
     assert match_rate(None, second, queries=queries, database=keys) == 0.0
+
+
+def test_score_searches_in_chunks_of_the_estimators_batch_size(monkeypatch, rng):
+    """The tie-aware exact search of score() used the metrics' default chunk of 8192
+    queries in float64 whatever batch_size / search_batch_size said (2.5 GB for 8192
+    queries over 40k keys with batch_size=64)."""
+    import mlpapers.retrieval.amips._kernels as kernels
+    from mlpapers.retrieval import AmortizedMIPS
+
+    seen = []
+    topk = kernels.mips_topk
+
+    def spy(queries, keys, k=1, *, batch_size=8192):
+        seen.append(batch_size)
+        return topk(queries, keys, k, batch_size=batch_size)
+
+    monkeypatch.setattr(kernels, "mips_topk", spy)
+    keys, Q = rng.standard_normal((30, 3)), rng.standard_normal((20, 3))
+    assert ExactMIPS(batch_size=7).fit(keys).score(Q) == 1.0
+    assert seen and set(seen) == {7}
+    model = AmortizedMIPS(depth=1, hidden_dim=8, n_steps=1, batch_size=8,
+                          search_batch_size=5, random_state=0).fit(keys)
+    seen.clear()
+    rate = model.score(Q)
+    assert seen and set(seen) == {5}
+    # the chunking does not change the metrics
+    pred = model.kneighbors(Q, 4, return_distance=False)
+    for metric in (match_rate, mean_reciprocal_rank):
+        assert metric(None, pred, queries=Q, database=keys, batch_size=3) == metric(
+            None, pred, queries=Q, database=keys)
+    assert recall_at_k(None, pred, 4, queries=Q, database=keys, batch_size=1) == recall_at_k(
+        None, pred, 4, queries=Q, database=keys)
+    assert rate == match_rate(None, pred[:, 0], queries=Q, database=keys)

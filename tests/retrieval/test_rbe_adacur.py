@@ -14,7 +14,7 @@ from mlpapers.retrieval.rbe import (
     hit_rate,
 )
 
-from ._counting import CountingRelevance
+from ._counting import CatStorageSpy, CountingRelevance
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +194,22 @@ def test_bad_input(problem):
 def test_cur_query_weights_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         cur_query_weights(**kwargs)
+
+
+def test_kneighbors_memory_does_not_grow_with_queries_times_items(monkeypatch):
+    """kneighbors keeps each chunk's top items only; it used to keep every chunk's
+    (chunk, n_items) score matrix until the end (n_queries x n_items float64)."""
+    rng = np.random.default_rng(0)
+    n_q, N = 48, 400
+    A, R_te = rng.standard_normal((20, N)), rng.standard_normal((n_q, N))
+    f = lambda q, i: R_te[np.ix_(np.asarray(q), np.asarray(i))]  # noqa: E731
+    est = AdaCURRetriever(f, n_calls=9, n_rounds=3, batch_size=4, random_state=0)
+    est.fit(np.arange(20), np.arange(N), relevance_matrix=A)
+    S, _ = est.predict(np.arange(n_q), return_anchors=True)
+    ref = np.argsort(-S, axis=1, kind="stable")[:, :5]
+    spy = CatStorageSpy(torch.cat)
+    monkeypatch.setattr(torch, "cat", spy)
+    s, idx = est.kneighbors(np.arange(n_q), 5)
+    np.testing.assert_array_equal(idx, ref)
+    np.testing.assert_allclose(s, np.take_along_axis(S, ref, 1))
+    assert spy.max_bytes < n_q * N * 8 / 4  # chunks of 4 queries: ~ 4 * N * 8 bytes

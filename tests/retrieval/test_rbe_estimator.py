@@ -11,7 +11,7 @@ from sklearn.exceptions import NotFittedError
 from mlpapers.datasets._relevance import make_relevance_problem
 from mlpapers.retrieval.rbe import AnnCURRetriever, RelevanceBasedRetriever, hit_rate
 
-from ._counting import CountingRelevance
+from ._counting import CatStorageSpy, CountingRelevance
 
 
 def _bilinear(rank=4, n_q=60, n_i=40, seed=0):
@@ -153,9 +153,12 @@ def test_small_scale_claim_greedy_and_kmeans_beat_random():
     rand = np.mean([
         AnnCURRetriever(f, n_support=10, random_state=s).fit(Q[:500], I, **fit)
         .score(Q[500:], R[500:], n_neighbors=10) for s in range(5)])
-    for support in ("greedy", "kmeans"):
+    # margins: about half the paper's ablation (greedy +0.088, k-means +0.042 over random);
+    # over 15 other data seeds the measured margins were >= 0.058 and >= 0.028 (k-means
+    # missed a +0.05 margin on 6 of them)
+    for support, margin in (("greedy", 0.04), ("kmeans", 0.02)):
         est = RelevanceBasedRetriever(f, n_support=10, support=support, random_state=0)
-        assert est.fit(Q[:500], I, **fit).score(Q[500:], R[500:], 10) > rand + 0.05
+        assert est.fit(Q[:500], I, **fit).score(Q[500:], R[500:], 10) > rand + margin
 
 
 def test_mlp_head_reduces_to_linear_when_untrained(problem):
@@ -330,3 +333,24 @@ def test_n_rerank_set_after_fit_is_checked_at_inference():
     est = RelevanceBasedRetriever(f, n_support=4, n_rerank=5).fit(Q[:50], I)
     with pytest.raises(ValueError, match="n_rerank"):
         est.set_params(n_rerank=-1).kneighbors(Q[50:], 3)
+
+
+@pytest.mark.parametrize("head", ["linear", "mlp"])
+def test_kneighbors_memory_does_not_grow_with_queries_times_items(monkeypatch, head):
+    """Each query chunk keeps only its top ``n_neighbors`` (not a slice of the chunk's
+    whole argsort, which held ``n_queries x n_items`` int64 until the end)."""
+    rng = np.random.default_rng(0)
+    n_q, N = 48, 400
+    R = rng.standard_normal((30, N))
+    R_te = rng.standard_normal((n_q, N))
+    f = lambda q, i: R_te[np.ix_(np.asarray(q), np.asarray(i))]  # noqa: E731
+    est = RelevanceBasedRetriever(f, n_support=5, support="random", head=head, max_iter=2,
+                                  batch_size=4, random_state=0).fit(np.arange(30),
+                                                                    np.arange(N), R)
+    ref = est.set_params(batch_size=n_q).kneighbors(np.arange(n_q), 3)
+    spy = CatStorageSpy(torch.cat)
+    monkeypatch.setattr(torch, "cat", spy)
+    got = est.set_params(batch_size=4).kneighbors(np.arange(n_q), 3)
+    np.testing.assert_array_equal(got[1], ref[1])
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+    assert spy.max_bytes < n_q * N * 8 / 4  # chunks of 4 queries: ~ 4 * N * 8 bytes

@@ -84,7 +84,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         ... with probability ``n_noise / (n_noise + 1)``, which reproduces the
         paper's dataset of each query plus ``n_noise`` noisy copies.
     search_batch_size : int, default=8192
-        Queries per chunk of the exact label search.
+        Queries per chunk of the exact label search in training, of the ranking with
+        the predicted keys and of the exact search of :meth:`score` (memory
+        ``search_batch_size x n_keys``).
     retrieval : {"ip", "l2"}, default="ip"
         How the predicted key is turned into an index: ``"ip"`` ranks keys by
         :math:`\langle \hat k(x), k_j\rangle` (the paper's rule); ``"l2"`` ranks them
@@ -346,7 +348,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         float
         """
         Q = self._queries(X)
-        return match_rate(None, self.predict(Q), queries=Q, database=self._keys())
+        # exact answers in chunks of search_batch_size (bounded memory, as in training)
+        return match_rate(None, self.predict(Q), queries=Q, database=self._keys(),
+                          batch_size=self.search_batch_size)
 
     def to_faiss_ivf(self, n_lists: int | None = None):
         """Build a faiss ``IndexIVFFlat`` over the database, with the metric of ``retrieval``.

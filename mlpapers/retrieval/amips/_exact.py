@@ -150,7 +150,9 @@ class ExactMIPS(_MIPSBase):
         """Match rate against exact search (1.0 by construction, ties included)."""
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         pred = self.predict(Q)
-        return match_rate(None, pred, queries=Q, database=self._keys())
+        # the tie-aware check searches again: in chunks of batch_size, like kneighbors
+        return match_rate(None, pred, queries=Q, database=self._keys(),
+                          batch_size=self.batch_size)
 
     @classmethod
     def _estimator_check_instances(cls) -> list:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-from mlpapers._utils import check_in_options
+from mlpapers._utils import check_in_options, check_positive
 
 __all__ = [
     "amips_loss",
@@ -197,7 +197,7 @@ def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
     return t.long()
 
 
-def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
+def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Tensor:
     """Boolean (n, k) matrix: is the j-th prediction a correct top-1 answer?"""
     pred = _as_long_2d(y_pred)
     if queries is None and database is None:
@@ -214,7 +214,8 @@ def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
     if bool(((pred < 0) | (pred >= K.shape[0])).any()):
         raise ValueError(f"y_pred holds indices outside [0, {K.shape[0]}) (the rows of "
                          "database).")
-    best, arg = support_function(q, K)
+    check_positive(batch_size, "batch_size", integer=True)
+    best, arg = support_function(q, K, batch_size=int(batch_size))
     pred = pred.to(K.device)
     got = torch.einsum("nkd,nd->nk", K[pred], q)  # (n, k)
     # scale-free tolerance from the two keys compared: ``||q|| (||k_best|| + ||k_pred||)``
@@ -227,7 +228,8 @@ def _hits(y_true, y_pred, queries, database, rtol) -> torch.Tensor:
     return got >= best[:, None] - tol
 
 
-def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-6) -> float:
+def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-6,
+               batch_size: int = 8192) -> float:
     """Fraction of queries whose top-1 prediction is the exact MIPS answer (recall@1).
 
     Parameters
@@ -243,17 +245,20 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
         counted as misses.
     rtol : float, default=1e-6
         Relative tolerance of the tie-aware mode.
+    batch_size : int, default=8192
+        Queries per chunk of the exact search of the tie-aware mode (memory
+        ``batch_size x n_keys`` float64).
 
     Returns
     -------
     float
     """
-    hits = _hits(y_true, _as_long_2d(y_pred)[:, :1], queries, database, rtol)
+    hits = _hits(y_true, _as_long_2d(y_pred)[:, :1], queries, database, rtol, batch_size)
     return float(hits[:, 0].double().mean())
 
 
 def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
-                rtol: float = 1e-6) -> float:
+                rtol: float = 1e-6, batch_size: int = 8192) -> float:
     """Fraction of queries whose exact top-1 answer is among the first ``k`` predictions.
 
     Parameters
@@ -262,7 +267,7 @@ def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
     y_pred : array-like of shape (n, m) with ``m >= k``
         Ranked predicted indices.
     k : int
-    queries, database, rtol
+    queries, database, rtol, batch_size
         Tie-aware mode, as in :func:`match_rate`.
 
     Returns
@@ -272,12 +277,12 @@ def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
     pred = _as_long_2d(y_pred)
     if not 1 <= k <= pred.shape[1]:
         raise ValueError(f"k must be in [1, {pred.shape[1]}] (columns of y_pred), got {k}.")
-    hits = _hits(y_true, pred[:, :k], queries, database, rtol)
+    hits = _hits(y_true, pred[:, :k], queries, database, rtol, batch_size)
     return float(hits.any(dim=1).double().mean())
 
 
 def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
-                         rtol: float = 1e-6) -> float:
+                         rtol: float = 1e-6, batch_size: int = 8192) -> float:
     """Mean of ``1 / rank`` of the first correct prediction (0 when none is correct).
 
     Parameters
@@ -285,7 +290,7 @@ def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
     y_true : array-like of shape (n,)
     y_pred : array-like of shape (n, m)
         Ranked predicted indices.
-    queries, database, rtol
+    queries, database, rtol, batch_size
         Tie-aware mode, as in :func:`match_rate`.
 
     Returns
@@ -293,7 +298,7 @@ def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
     float
     """
     pred = _as_long_2d(y_pred)
-    hits = _hits(y_true, pred, queries, database, rtol)
+    hits = _hits(y_true, pred, queries, database, rtol, batch_size)
     ranks = torch.arange(1, pred.shape[1] + 1, dtype=torch.float64)
     first = torch.where(hits, ranks, torch.full_like(ranks, math.inf)).min(dim=1).values
     return float((1.0 / first).mean())

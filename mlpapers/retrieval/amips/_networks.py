@@ -62,7 +62,11 @@ def solve_width(budget: float, in_features: int, out_features: int, depth: int,
                 min_width: int = 16) -> int:
     """Hidden width whose parameter count matches ``budget`` (the official width solver).
 
-    Solves ``(depth-1) w^2 + (d + out + bias*depth + n_wx*d) w + bias*out = budget``
+    The network of :class:`SupportNet` / :class:`KeyNet` with ``depth`` hidden layers
+    of width ``w`` has
+    ``(depth-1) w^2 + (d + out + bias*depth + n_inj*d) w + d*out + bias*out``
+    parameters, ``n_inj`` the number of hidden layers after the first that re-inject
+    the input (the output layer always does). This solves ``parameters = budget``
     for ``w``, rounds to a multiple of ``multiple`` and clips below at ``min_width``.
     """
     n_wx = sum(_inject_layers(depth, wx_inject)[:-1]) + 1

@@ -138,7 +138,10 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         :func:`cur_query_weights`).
     batch_size : int, default=1024
         Queries per chunk of the shared first-round heavy call; the per-query solves
-        run in chunks bounded by memory.
+        run in chunks of at most ``batch_size`` queries and about :math:`2^{24}` floats
+        of working set, and :meth:`kneighbors` keeps only each chunk's top items (its
+        memory does not grow as ``n_queries x n_items``; :meth:`predict` returns that
+        whole matrix).
     device : str, default="cpu"
         Torch device.
     random_state : int, RandomState instance or None, default=None
@@ -266,8 +269,12 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
             self._A_cache = cache
         return cache[1], cache[2]
 
-    def _search(self, queries: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Adaptive rounds: ``-> scores (n, N)`` (exact at anchors), ``anchors (n, B)``."""
+    def _search(self, queries: Any, top: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adaptive rounds: ``-> scores (n, N)`` (exact at anchors), ``anchors (n, B)``.
+
+        With ``top``, returns the ``top`` best ``(scores, items)`` of each query instead,
+        selected chunk by chunk (memory bounded by the chunk, not ``n x N``).
+        """
         self._check_fitted()
         self._check_relevance_fn("predict")
         n = length(queries, "queries")
@@ -299,7 +306,11 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
                 G = torch.cat([torch.cat([G, X.mT], dim=2),
                                torch.cat([X, C_new @ C_new.mT], dim=2)], dim=1)
                 C, I, u = torch.cat([C, C_new], 1), torch.cat([I, new], 1), torch.cat([u, u_new], 1)
-            out_s.append(S.scatter(1, I, u))
+            S = S.scatter(1, I, u)
+            if top is not None:  # keep only this chunk's top items (stable: lower index)
+                I = torch.argsort(S, dim=1, descending=True, stable=True)[:, :top].clone()
+                S = torch.gather(S, 1, I)
+            out_s.append(S)
             out_i.append(I)
         return torch.cat(out_s), torch.cat(out_i)
 
@@ -346,7 +357,6 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         check_positive(n_neighbors, "n_neighbors", integer=True)
         if n_neighbors > self.n_items_:
             raise ValueError(f"n_neighbors={n_neighbors} must be <= n_items ({self.n_items_}).")
-        S, _ = self._search(queries)
-        idx = torch.argsort(S, dim=1, descending=True, stable=True)[:, :n_neighbors]
-        s, idx = to_numpy(torch.gather(S, 1, idx)), to_numpy(idx).astype(np.int64)
+        s, idx = self._search(queries, top=int(n_neighbors))
+        s, idx = to_numpy(s), to_numpy(idx).astype(np.int64)
         return (s, idx) if return_distance else idx

@@ -111,7 +111,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     n_heavy_calls_ : int
         Heavy-ranker pair evaluations made by ``fit`` (0 with ``relevance_matrix``).
     n_calls_per_query_ : int
-        Online heavy calls per query of :meth:`kneighbors` (``k + n_rerank``).
+        Online heavy calls per query of :meth:`kneighbors` (``k + n_rerank``, with the
+        ``n_rerank`` of ``fit``; :meth:`kneighbors` reads ``n_rerank`` when called, so
+        after ``set_params(n_rerank=...)`` it spends ``k`` plus the new value).
     head_ : NeuralRBEHead or None
         The trained neural head (``head="mlp"``).
     history_ : list of dict

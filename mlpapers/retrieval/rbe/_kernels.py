@@ -167,7 +167,8 @@ def topk_scores(
     vals, idxs = [], []
     for s in range(0, n_queries, batch_size):
         S = score_fn(s, min(s + batch_size, n_queries))
-        order = torch.argsort(S, dim=1, descending=True, stable=True)[:, :k]
+        # clone: a slice would keep the chunk's whole (b, n_items) argsort alive
+        order = torch.argsort(S, dim=1, descending=True, stable=True)[:, :k].clone()
         vals.append(torch.gather(S, 1, order))
         idxs.append(order)
     return torch.cat(vals), torch.cat(idxs)

@@ -235,7 +235,8 @@ def select_support(
     return_scores : bool, default=False
         Also return a per-pick score: the training-MSE decrease (greedy), the mean
         relevance (popular), the cluster size (kmeans), the distance to the previously
-        chosen set (farthest) or NaN (random).
+        chosen set (farthest; for the first pick, the distance to the mean item vector)
+        or NaN (random).
 
     Returns
     -------
