@@ -78,7 +78,10 @@ def test_synthetic_auroc_random_extractor():
     X_train, X_test, y, mask = make_texture_anomalies(32, 32, image_size=48, random_state=0)
     det = RADDetector(extractor="random", k_images=10, image_size=None).fit(X_train)
     maps, scores = det.anomaly_map(X_test, return_scores=True)
-    assert roc_auc_score(y, scores) >= 0.85
+    # Over data seeds 1-20 the image AUROC of this setting has mean 0.90, sd 0.05 and
+    # minimum 0.80 (2 of 20 below the former 0.85, which seed 0 passed by luck); the
+    # bound is mean - 3 sd. The pixel AUROC is stable (min 0.93 over the same seeds).
+    assert roc_auc_score(y, scores) >= 0.75
     assert roc_auc_score(mask.ravel(), maps.ravel()) >= 0.85
     assert det.score(X_test, y) == pytest.approx(roc_auc_score(y, scores))
 
@@ -281,14 +284,18 @@ def test_patchcore_full_memory_equals_brute_force(textures):
     assert det.memory_.shape == (5 * 16 * 16, 96)
 
 
-def test_patchcore_coreset_and_auroc(textures):
-    X_train, X_test, y, mask = textures
+def test_patchcore_coreset_and_auroc():
+    # 64 test images: with the 24 of the fixture the AUROC was too noisy for a bound
+    # (0.75 failed for 6 of 20 data seeds). Over seeds 0-19 this setting gives mean 0.80,
+    # sd 0.06, min 0.69 (the full memory gives the same: the coreset is not the cause);
+    # 0.65 is below mean - 2 sd and 2 null sd above chance (0.5).
+    X_train, X_test, y, _ = make_texture_anomalies(24, 64, image_size=32, random_state=0)
     det = PatchCoreDetector(extractor="random", coreset_ratio=0.1, image_size=None,
                             random_state=0).fit(X_train)
     assert det.memory_.shape[0] == int(np.ceil(0.1 * len(X_train) * 256))
     maps, scores = det.anomaly_map(X_test, return_scores=True)
     assert maps.shape == (len(X_test), 32, 32)
-    assert roc_auc_score(y, scores) >= 0.75
+    assert roc_auc_score(y, scores) >= 0.65
     assert np.all(det.decision_scores_ > 0)
     again = PatchCoreDetector(extractor="random", coreset_ratio=0.1, image_size=None,
                               random_state=0).fit(X_train)

@@ -305,29 +305,53 @@ def _probe(enc, Xtr, ytr, Xte, yte, layers="all"):
     return clf.score(enc.transform(Xte, layers=layers), yte)
 
 
-def test_claim_clapp_beats_random_init_fast():
-    X, y = make_shifted_digits(n_samples=900, random_state=0)
-    Xtr, ytr, Xte, yte = X[:600], y[:600], X[600:], y[600:]
-    kw = dict(architecture="tiny", augment="light", random_state=0)
-    rand = CLAPPEncoder(n_epochs=0, **kw).fit(Xtr)
-    dfb = CLAPPEncoder(n_epochs=8, **kw).fit(Xtr)
-    acc_rand = _probe(rand, Xtr, ytr, Xte, yte, layers=-1)
-    acc_dfb = _probe(dfb, Xtr, ytr, Xte, yte, layers=-1)
-    assert acc_dfb >= acc_rand + 0.03, (acc_dfb, acc_rand)
+def test_dfb_lowers_every_block_loss_on_held_out_images():
+    # Replaces a fast linear-probe claim (last-block probe >= untrained + 3 points after
+    # 8 epochs) that seed 0 passed by luck: over data/model seeds 1-12 the gain was
+    # -3.6 +- 7.2 points and 10 of 12 seeds failed; a short schedule does not move the
+    # probe (the probe gain needs 20-40 epochs, see the slow test and the user guide's
+    # table). What 4 epochs do robustly is learn the local objective itself, beyond the
+    # training images: on 64 held-out images (fixed views and negatives) every block's
+    # loss falls below its untrained value (chance, 2). Over seeds 0-19 the smallest
+    # drops were 0.04, 0.06 and 0.19 for blocks 0, 1, 2 (means 0.11, 0.27, 0.50).
+    X, _ = make_shifted_digits(n_samples=160, random_state=0)
+    kw = dict(variant="clapp++dfb", architecture="tiny", augment="light", random_state=0)
+    init = CLAPPEncoder(n_epochs=0, **kw).fit(X[:96])
+    trained = CLAPPEncoder(n_epochs=4, **kw).fit(X[:96])
+    x = torch.from_numpy(X[96:])
+    views = init._two_views(init._augment_fn(), x, torch.Generator().manual_seed(123))
+    neg = negative_indices(len(x))
+    with torch.no_grad():
+        before = init._layer_losses(views, neg)
+        after = trained._layer_losses(views, neg)
+    assert torch.all(before > 1.99), before
+    assert torch.all(after < before - 0.02), (before, after)
+    assert after[-1] < before[-1] - 0.1, (before, after)
 
 
 @pytest.mark.slow
 def test_claim_local_ssl_vs_random_and_bp():
-    # Seed 0, 30 epochs. Across seeds and at 20 epochs (docs benchmark table) only
-    # the last-block gain over random init is robust; see docs/user_guide/clapp.rst.
-    X, y = make_shifted_digits(n_samples=1200, random_state=0)
-    Xtr, ytr, Xte, yte = X[:800], y[:800], X[800:], y[800:]
-    kw = dict(architecture="tiny", augment="light", random_state=0, n_epochs=30)
-    arms = [("rand", CLAPPEncoder(**{**kw, "n_epochs": 0})), ("dfb", CLAPPEncoder(**kw)),
-            ("bp", GlobalSSLEncoder(**kw)), ("infonce", GlobalSSLEncoder(loss="infonce", **kw))]
-    acc = {name: (_probe(e.fit(Xtr), Xtr, ytr, Xte, yte), _probe(e, Xtr, ytr, Xte, yte, -1))
-           for name, e in arms}
-    assert acc["dfb"][1] >= acc["rand"][1] + 0.05, acc          # last block
-    assert acc["dfb"][0] >= acc["rand"][0], acc                  # all blocks
-    assert acc["dfb"][0] >= acc["bp"][0] - 0.05, acc             # local ~ BP-CLAPP
-    assert acc["infonce"][0] >= acc["rand"][0] + 0.1, acc        # BP-SSL works here
+    # 30 epochs. The former single-seed version also asserted a last-block gain of
+    # >= 5 points and an all-block probe >= random init; seed 0 passed them by luck
+    # (its untrained encoder is unusually weak): data/model seeds 1-3 gave last-block
+    # gains of +12.5, +4.1 and +4.9 points and all-block gains of +1.2, -3.3 and -0.5,
+    # and at the same number of updates (20 epochs, batch 16, 600 images) seeds 0-7 gave
+    # last-block gains of +7.6 +- 7.7 (two below 0). So the last-block claim is the
+    # mean gain over three seeds (> 0), and the all-block one is left to the 40-epoch
+    # benchmark table (docs/user_guide/clapp.rst). The BP comparisons held on seeds 0-3.
+    gains = []
+    for seed in (0, 1, 2):
+        X, y = make_shifted_digits(n_samples=1200, random_state=seed)
+        Xtr, ytr, Xte, yte = X[:800], y[:800], X[800:], y[800:]
+        kw = dict(architecture="tiny", augment="light", random_state=seed, n_epochs=30)
+        arms = [("rand", CLAPPEncoder(**{**kw, "n_epochs": 0})), ("dfb", CLAPPEncoder(**kw))]
+        if seed == 0:
+            arms += [("bp", GlobalSSLEncoder(**kw)),
+                     ("infonce", GlobalSSLEncoder(loss="infonce", **kw))]
+        acc = {name: (_probe(e.fit(Xtr), Xtr, ytr, Xte, yte), _probe(e, Xtr, ytr, Xte, yte, -1))
+               for name, e in arms}
+        gains.append(acc["dfb"][1] - acc["rand"][1])                 # last block
+        if seed == 0:
+            assert acc["dfb"][0] >= acc["bp"][0] - 0.05, acc         # local ~ BP-CLAPP
+            assert acc["infonce"][0] >= acc["rand"][0] + 0.1, acc    # BP-SSL works here
+    assert np.mean(gains) > 0.0, gains

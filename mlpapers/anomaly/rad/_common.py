@@ -172,8 +172,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
     Subclasses implement ``_check_params()``, ``_fit_memory(feats, keys)`` (stores
     the memory, returns the leave-one-out training scores) and
-    ``_score_features(feats, keys, exclude)`` returning ``(maps (B, H', W'),
-    scores (B,))`` at the network input resolution.
+    ``_score_features(feats, keys, exclude, return_maps=True)`` returning ``(maps (B,
+    H', W') or None without return_maps, scores (B,))`` at the network input resolution.
     """
 
     # -- parameter checks ---------------------------------------------------
@@ -279,7 +279,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                      or k == "_extractor"]:
             delattr(self, attr)
 
-    def _maps_and_scores(self, X) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    def _maps_and_scores(self, X, return_maps: bool = True
+                         ) -> tuple[torch.Tensor | None, torch.Tensor, tuple[int, int]]:
         self._check_fitted()
         self._check_params()  # scoring reads parameters (set_params after fit)
         images = check_images(X)
@@ -289,7 +290,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                              f"from {tuple(self.input_size_)} images (image_size=None); resize "
                              "them or set image_size.")
         feats, keys = self._extract(images, desc=f"{type(self).__name__} score")
-        maps, scores = self._score_features(feats, keys, exclude=None)
+        # scores alone do not keep the (n, H', W') maps of every image
+        maps, scores = self._score_features(feats, keys, exclude=None, return_maps=return_maps)
         return maps, scores, tuple(images.shape[-2:])
 
     def decision_function(self, X) -> np.ndarray:
@@ -304,7 +306,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         -------
         ndarray of shape (n_samples,)
         """
-        return self._to_numpy(self._maps_and_scores(X)[1])
+        return self._to_numpy(self._maps_and_scores(X, return_maps=False)[1])
 
     def score_samples(self, X) -> np.ndarray:
         """Alias of :meth:`decision_function`: higher is more anomalous.

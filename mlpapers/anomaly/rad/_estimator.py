@@ -141,9 +141,11 @@ class RADDetector(BaseImageDetector):
 
     Notes
     -----
-    Scores of images that are in the memory are exactly 0 (the image retrieves
-    itself), as in the official code; ``decision_scores_`` therefore uses
-    leave-one-out retrieval so that ``threshold_`` is meaningful.
+    Scores of images that are in the memory are 0 (the image retrieves itself), as
+    in the official code, up to float rounding of the cosine: about 1e-7 with the
+    float32 memory, 1e-4 with ``memory_dtype="float16"`` and 1e-3 with
+    ``"bfloat16"``. ``decision_scores_`` therefore uses leave-one-out retrieval so
+    that ``threshold_`` is meaningful.
 
     References
     ----------
@@ -270,8 +272,9 @@ class RADDetector(BaseImageDetector):
         scores = torch.cat(scores)[inverse]
         return (torch.cat(maps)[inverse] if return_maps else None), scores
 
-    def _score_features(self, feats, keys, exclude=None):
-        return self._score_all(self._patches(feats), keys, exclude=exclude)
+    def _score_features(self, feats, keys, exclude=None, return_maps=True):
+        return self._score_all(self._patches(feats), keys, exclude=exclude,
+                               return_maps=return_maps)
 
     @property
     def memory_bytes_(self) -> int:

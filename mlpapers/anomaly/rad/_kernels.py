@@ -141,7 +141,9 @@ def positional_patch_similarity(
         From :func:`neighbour_indices`.
     chunk_size : int, default=2**24
         Maximum number of values in the gathered candidate chunk
-        ``(rows, k, M, C)`` (64 MB in float32 by default).
+        ``(rows, k_c, M, C)`` (64 MB in float32 by default): chunks of rows, and of
+        ``k_c < k`` retrieved images (running maximum) when one row's ``k M C``
+        candidates exceed the bound (at least one image's window per chunk).
 
     Returns
     -------
@@ -151,18 +153,25 @@ def positional_patch_similarity(
     B, L, C = query.shape
     k = neighbours.shape[1]
     M = index.shape[1]
-    rows_per_chunk = max(1, int(chunk_size) // (k * M * C))
+    kc = min(k, max(1, int(chunk_size) // (M * C)))  # retrieved images per chunk
+    rows_per_chunk = max(1, int(chunk_size) // (kc * M * C))
     q_rows = query.reshape(B * L, C).float()
     out = torch.empty(B * L, dtype=torch.float32, device=query.device)
     for start in range(0, B * L, rows_per_chunk):
         rows = torch.arange(start, min(start + rows_per_chunk, B * L), device=query.device)
         b, j = rows // L, rows % L
-        img = neighbours[b][:, :, None]  # (R, k, 1)
         pos = index[j][:, None, :]  # (R, 1, M)
-        cand = memory[img, pos].float()  # (R, k, M, C)
-        sim = torch.bmm(cand.reshape(len(rows), k * M, C), q_rows[rows, :, None])
-        sim = sim.reshape(len(rows), k, M).masked_fill(~mask[j][:, None, :], -torch.inf)
-        out[rows] = sim.amax(dim=(1, 2))
+        outside = ~mask[j][:, None, :]
+        best = None
+        for k0 in range(0, k, kc):
+            img = neighbours[b, k0:k0 + kc][:, :, None]  # (R, kc, 1)
+            nk = img.shape[1]
+            cand = memory[img, pos].float()  # (R, kc, M, C)
+            sim = torch.bmm(cand.reshape(len(rows), nk * M, C), q_rows[rows, :, None])
+            sim = sim.reshape(len(rows), nk, M).masked_fill(outside, -torch.inf)
+            sim = sim.amax(dim=(1, 2))
+            best = sim if best is None else torch.maximum(best, sim)
+        out[rows] = best
     return out.reshape(B, L)
 
 
@@ -233,8 +242,10 @@ def tiled_patch_similarity(
     tile : int, default=4
     chunk_size : int, default=2**20
         Maximum number of values in one chunk's candidate block
-        ``(n_tiles, b, k P^2, max(C, tile^2))``; query images are processed in
-        chunks of ``b`` (at least one image). Small chunks stay in cache.
+        ``(t, b, k_c P^2, max(C, tile^2))``: query images are processed in
+        chunks of ``b`` images, and when one image's blocks exceed the bound, in
+        chunks of ``t`` tiles and ``k_c`` retrieved images (running maximum; at
+        least one of each). Small chunks stay in cache.
 
     Returns
     -------
@@ -253,19 +264,36 @@ def tiled_patch_similarity(
     q = q.reshape(B, nth, T, ntw, T, C).permute(1, 3, 0, 2, 4, 5)  # (nth, ntw, B, T, T, C)
     q = q.reshape(nt, B, T * T, C)
     flat_memory = memory.reshape(-1, C)
-    b_chunk = max(1, int(chunk_size) // (nt * k * P * P * max(C, T * T)))
+    # chunks of b images x t tiles x kc retrieved images, each at most ``chunk_size``
+    # values (at least one of each): images first, then tiles, then retrieved images
+    unit = P * P * max(C, T * T)
+    kc = min(k, max(1, int(chunk_size) // unit))
+    t_chunk = min(nt, max(1, int(chunk_size) // (k * unit))) if kc == k else 1
+    b_chunk = max(1, int(chunk_size) // (nt * k * unit)) if t_chunk == nt else 1
     out = []
     for start in range(0, B, b_chunk):
         nb = neighbours[start:start + b_chunk]
         b = len(nb)
-        # one gather of every tile's candidate block, channels innermost: (nt, b, k P^2, C)
-        rows = nb.reshape(1, b, k, 1) * L + cells.reshape(nt, 1, 1, P * P)
-        mem = flat_memory.index_select(0, rows.reshape(-1)).float().reshape(nt, b, k * P * P, C)
-        # (T^2, C) @ (C, k P^2) per tile and image; the transposed operand is a view
-        sim = torch.matmul(q[:, start:start + b], mem.transpose(-1, -2))
-        sim = sim.reshape(nt, b, T * T, k, P * P).amax(dim=3)  # best retrieved image
-        sim = sim[:, :, cell, win].masked_fill_(~valid, -torch.inf).amax(dim=-1)
-        sim = sim.reshape(nth, ntw, b, T, T).permute(2, 0, 3, 1, 4).reshape(b, Hp, Wp)
+        tiles = []
+        for t0 in range(0, nt, t_chunk):
+            t = min(t_chunk, nt - t0)
+            qt = q[t0:t0 + t, start:start + b]
+            best = None
+            for k0 in range(0, k, kc):
+                nk = min(kc, k - k0)
+                # one gather of the tiles' candidate blocks, channels innermost
+                rows = (nb[:, k0:k0 + nk].reshape(1, b, nk, 1) * L
+                        + cells[t0:t0 + t].reshape(t, 1, 1, P * P))
+                mem = flat_memory.index_select(0, rows.reshape(-1)).float().reshape(
+                    t, b, nk * P * P, C)
+                # (T^2, C) @ (C, nk P^2) per tile and image; the transposed operand is a view
+                sim = torch.matmul(qt, mem.transpose(-1, -2))
+                sim = sim.reshape(t, b, T * T, nk, P * P).amax(dim=3)  # best retrieved image
+                best = sim if best is None else torch.maximum(best, sim, out=best)
+            tiles.append(best[:, :, cell, win].masked_fill_(~valid[t0:t0 + t], -torch.inf)
+                         .amax(dim=-1))  # (t, b, T^2)
+        sim = torch.cat(tiles).reshape(nth, ntw, b, T, T).permute(2, 0, 3, 1, 4).reshape(
+            b, Hp, Wp)
         out.append(sim[:, :h, :w].reshape(b, L))
     return torch.cat(out)
 
@@ -288,8 +316,11 @@ def global_patch_similarity(
     memory : Tensor of shape (N, L, C)
     neighbours : LongTensor of shape (B, k)
     chunk_size : int, default=2**24
-        Maximum number of values in the similarity ``(B, L, kc * L)`` and gathered
-        ``(B, kc * L, C)`` chunks.
+        Maximum number of values in the similarity ``(b, L, kc * L)`` and gathered
+        ``(b, kc * L, C)`` chunks: chunks of ``b`` query images and ``kc``
+        retrieved images (when one pair exceeds the bound, the ``L`` query
+        positions are cut into row chunks; the gathered ``(L, C)`` patches of one
+        retrieved image are the smallest unit).
 
     Returns
     -------
@@ -297,14 +328,22 @@ def global_patch_similarity(
     """
     B, L, C = query.shape
     k = neighbours.shape[1]
-    per_chunk = max(1, int(chunk_size) // (B * L * max(L, C)))
+    unit = L * max(L, C)  # one query image against one retrieved image
+    kc = min(k, max(1, int(chunk_size) // unit))
+    b_chunk = min(B, max(1, int(chunk_size) // (kc * unit))) if kc == k else 1
+    # a single pair above the bound: score the query positions in row chunks
+    rows = L if kc > 1 or unit <= int(chunk_size) else max(1, int(chunk_size) // L)
     q = query.float()
     best = torch.full((B, L), -torch.inf, device=query.device)
-    for start in range(0, k, per_chunk):
-        cand = memory[neighbours[:, start:start + per_chunk]].float()  # (B, kc, L, C)
-        cand = cand.reshape(B, -1, C)
-        sim = torch.bmm(q, cand.transpose(1, 2))  # (B, L, kc * L)
-        best = torch.maximum(best, sim.amax(dim=2))
+    for b0 in range(0, B, b_chunk):
+        nb = neighbours[b0:b0 + b_chunk]
+        for start in range(0, k, kc):
+            cand = memory[nb[:, start:start + kc]].float()  # (b, kc, L, C)
+            cand = cand.reshape(len(nb), -1, C).transpose(1, 2)
+            for j0 in range(0, L, rows):
+                sim = torch.bmm(q[b0:b0 + b_chunk, j0:j0 + rows], cand)  # (b, rows, kc L)
+                torch.maximum(best[b0:b0 + b_chunk, j0:j0 + rows], sim.amax(dim=2),
+                              out=best[b0:b0 + b_chunk, j0:j0 + rows])
     return best
 
 

@@ -142,7 +142,7 @@ class PatchCoreDetector(BaseImageDetector):
         d = torch.where(finite, d, d[finite].max() if finite.any() else torch.zeros(()))
         return d.amax(dim=1)
 
-    def _score_features(self, feats, keys, exclude=None):
+    def _score_features(self, feats, keys, exclude=None, return_maps=True):
         dev = self._resolved_device
         emb = self._embed(feats).to(dev)
         n, L, C = emb.shape
@@ -151,6 +151,8 @@ class PatchCoreDetector(BaseImageDetector):
         d = knn_distances(emb.reshape(n * L, C), mem, k=1, chunk_size=self.chunk_size)
         d = d[:, 0].reshape(n, h, w)
         scores = d.reshape(n, -1).amax(dim=1)
+        if not return_maps:
+            return None, scores
         maps = gaussian_blur(resize_maps(d, tuple(self.input_size_)),
                              float(self.smoothing_sigma))
         return maps, scores

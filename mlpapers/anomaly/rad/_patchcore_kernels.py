@@ -36,7 +36,7 @@ def knn_distances(
     k : int, default=1
     chunk_size : int, default=2**24
         Maximum number of (query, memory) pairs per chunk (queries in blocks of
-        4096).
+        at most 4096, and at most ``chunk_size``).
     exclude_query_group, memory_group : LongTensor of shape (Q,) and (P,), optional
         Pairs with equal group ids are skipped (leave-one-image-out scores).
 
@@ -45,7 +45,7 @@ def knn_distances(
     Tensor of shape (Q, k), float32, sorted ascending.
     """
     Q, P = query.shape[0], memory.shape[0]
-    q_block = max(1, min(Q, 4096))
+    q_block = max(1, min(Q, 4096, int(chunk_size)))  # q_block * m_block <= chunk_size
     m_block = max(1, int(chunk_size) // q_block)
     center = (memory.float().sum(0) / P) if P else query.new_zeros(query.shape[1]).float()
     m2 = torch.cat([(memory[ms:ms + m_block].float() - center).pow(2).sum(1)
