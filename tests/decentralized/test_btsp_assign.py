@@ -121,11 +121,30 @@ def test_exact_directed_ring_matches_brute_force():
     assert ex3.bcd_ == pytest.approx(ex.bcd_)
 
 
+# Upper bounds on bcd_ / random_bcd_ (n_random=10). Measured over 70 instances
+# (make_delay_matrix and BottleneckNodeAssigner seeded alike, seeds 0-19 and 100-149),
+# the largest ratios were: geometric 0.39 (ring), 0.79 (one-peer), 0.72 (sparse);
+# clustered 0.73, 0.95, 0.98. On clustered networks (metro areas) the long skips of the
+# one-peer and sparse graphs cross clusters whatever the assignment, so the gain is
+# smaller there (mean ratio 0.85 and 0.80) and only "better than random" holds for
+# every instance. (A single 0.8 bound passed with seed 0 only by luck: it failed for
+# 70% and 55% of the clustered instances.)
+_CLAIM_BOUND = {
+    ("geometric", "ring"): 0.5,
+    ("geometric", "one_peer_exponential"): 0.85,
+    ("geometric", "sparse_exponential"): 0.8,
+    ("clustered", "ring"): 0.85,
+    ("clustered", "one_peer_exponential"): 1.0,
+    ("clustered", "sparse_exponential"): 1.0,
+}
+
+
 @pytest.mark.parametrize("kind", ["geometric", "clustered"])
 @pytest.mark.parametrize("topology,n", [("ring", 64), ("one_peer_exponential", 64),
                                         ("sparse_exponential", 100)])
 def test_paper_claim_btsp_msr_beats_random(kind, topology, n):
-    """Small-scale claim: BTSP-MSR cuts the BCD of random assignments by a clear margin.
+    """Small-scale claim: BTSP-MSR lowers the BCD of random assignments, by a clear margin
+    on geometric networks (bounds measured over 70 instances, see ``_CLAIM_BOUND``).
 
     (For n = 2^k the sparse exponential skip n/4 always spans n/4 tour hops, whatever
     the multiplier, hence n = 100 there; the static exponential graph only gains a few
@@ -133,14 +152,19 @@ def test_paper_claim_btsp_msr_beats_random(kind, topology, n):
     """
     D = make_delay_matrix(n, kind, random_state=0)
     est = BottleneckNodeAssigner(topology=topology, random_state=0, n_random=10).fit(D)
-    assert est.bcd_ < 0.8 * est.random_bcd_
+    assert est.bcd_ < _CLAIM_BOUND[kind, topology] * est.random_bcd_
     assert est.bcd_ >= est.lower_bound_ - 1e-12
 
 
-def test_btsp_msr_not_worse_than_random_exponential():
+def test_btsp_msr_close_to_random_on_the_static_exponential_graph():
+    """The static exponential graph's one round uses every skip up to n/2, so its
+    bottleneck stays near the network diameter whatever the assignment (user guide).
+    Over 50 clustered instances (seeds 0-19 and 100-129) bcd_ / random_bcd_ had mean 0.99
+    and max 1.02, and exceeded 1 for 28% of them: ``bcd_ <= random_bcd_`` held for seed 0
+    only by luck."""
     D = make_delay_matrix(64, "clustered", random_state=0)
     est = BottleneckNodeAssigner(topology="exponential", random_state=0, n_random=10).fit(D)
-    assert est.bcd_ <= est.random_bcd_
+    assert est.lower_bound_ - 1e-12 <= est.bcd_ <= 1.05 * est.random_bcd_
 
 
 def test_msr_option_and_ties():

@@ -21,6 +21,8 @@ from mlpapers.sampling import (
     rhat,
 )
 
+from ._ks import assert_ks_ess
+
 
 def gauss(x):
     return -0.5 * (x**2).sum(-1)
@@ -120,10 +122,8 @@ def test_non_numeric_inputs_raise_type_errors_naming_them():
 def test_truncated_normal_marginals_in_extreme_boxes(lo, hi):
     res = ReflectiveHMC(gauss, Box(lo, hi), random_state=1).sample(
         1000, n_chains=4, warmup=300)
-    draws = res.samples.reshape(-1, 2)
-    for j in range(2):
-        p = stats.kstest(draws[:, j], stats.truncnorm(lo[j], hi[j]).cdf).pvalue
-        assert p > 1e-3, (j, p)
+    for j in range(2):  # (a p-value from all 4000 correlated draws failed for 2 of 7 seeds)
+        assert_ks_ess(res.samples[..., j], stats.truncnorm(lo[j], hi[j]).cdf)
 
 
 def _disc_set(with_grad):

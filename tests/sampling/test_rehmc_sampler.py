@@ -1,6 +1,7 @@
 """ReflectiveHMC: API contract, bad input, determinism, thinning, small exactness checks."""
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -99,11 +100,22 @@ def test_thin_and_container_plus_thinning():
 
 
 def test_tiny_support_warns_or_raises():
+    """A support holding 0.25% of the container's mass: either outcome is documented,
+    the kept-fraction warning, or the RuntimeError when some chain misses the support
+    for 2000 recorded states (which happened for 1 seed of 10: expecting the warning
+    alone passed by luck). Over 40 seeds the kept fraction was at most 0.0087 < 1%."""
     tiny = Region(lambda x: x.norm(dim=-1) <= 0.05)
     hmc = ReflectiveHMC(const, Ball([0.0, 0.0], 1.0), support=tiny, n_leapfrog=2,
                         random_state=0)
-    with pytest.warns(RuntimeWarning, match="support"):
-        hmc.sample(2, n_chains=2, warmup=5, x0=[0.0, 0.0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            hmc.sample(2, n_chains=2, warmup=5, x0=[0.0, 0.0])
+        except RuntimeError as exc:
+            assert "support" in str(exc)
+        else:
+            assert any(issubclass(w.category, RuntimeWarning) and "support" in str(w.message)
+                       for w in caught)
 
 
 def test_bad_inputs():

@@ -177,6 +177,16 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
     max_reflections, dtype, device, random_state, verbose : optional
         As in :class:`ReflectiveHMC`.
 
+    Attributes
+    ----------
+    step_size_ : numpy.ndarray of shape (chains,)
+        Frozen step sizes of the last :meth:`sample` call.
+    trajectory_length_ : float or None
+        Frozen ChEES trajectory length of the last call (``None`` with a fixed
+        ``n_leapfrog``).
+    n_features_in_ : int
+        Dimension ``n * k`` of the Euclidean chain.
+
     References
     ----------
     .. [1] "Reflective Hamiltonian Monte Carlo on bounded supports: convex

@@ -82,7 +82,8 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
 
     ``x0`` of shape ``(d,)`` (shared) or ``(n_chains, d)`` is validated; without
     it, random points of the container are drawn (and re-drawn for chains that
-    fall outside ``support``, up to 200 times).
+    fall outside ``support``, up to 400 times: 200 well inside the container, then
+    200 covering all of it).
 
     Raises
     ------
