@@ -1,6 +1,7 @@
 """Exact tests of the RAD / PatchCore kernels against brute-force references."""
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from mlpapers.anomaly.rad._kernels import (
     tiled_patch_similarity,
     top_ratio_pool,
 )
+from mlpapers.anomaly.rad._maps import fused_smoothed_maps, resize_maps, smoothing_operator
 
 
 def _loop_reference(query, memory, nbrs, h, w, radius):
@@ -176,6 +178,35 @@ def test_gaussian_blur_matches_2d_conv_with_zero_padding():
     big = torch.rand(3, 20, 17)
     ref = F.conv2d(F.pad(big[:, None], (2, 2, 2, 2), mode="reflect"), k2[None, None])[:, 0]
     torch.testing.assert_close(gaussian_blur(big, 1.0, padding="reflect"), ref)
+
+
+@pytest.mark.parametrize("padding", ["zeros", "reflect"])
+@pytest.mark.parametrize("sigma", [0.0, 0.4, 1.0, 2.5])
+@pytest.mark.parametrize("grid,size", [((28, 28), (224, 224)), ((5, 3), (37, 19)),
+                                       ((1, 7), (2, 9)), ((16, 16), (16, 16)),
+                                       ((6, 4), (3, 3)), ((1, 1), (1, 1))])
+def test_fused_smoothed_maps_equals_resize_fuse_then_blur(grid, size, sigma, padding):
+    # the per-axis matrices compose bilinear resizing (up or down) and the blur exactly,
+    # for both paddings, kernels wider than the map and one-pixel axes
+    g = torch.Generator().manual_seed(0)
+    (h, w), half = grid, (max(1, grid[0] // 2), max(1, grid[1] // 2))
+    a, b = torch.rand(3, h, w, generator=g), torch.rand(3, *half, generator=g)
+    ref = gaussian_blur(0.3 * resize_maps(a, size) + 0.7 * resize_maps(b, size), sigma,
+                        padding=padding)
+    got = fused_smoothed_maps([a, b], [0.3, 0.7], size, sigma, padding)
+    torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
+    one = fused_smoothed_maps([a.double()], [1.0], size, sigma, padding)
+    torch.testing.assert_close(one, gaussian_blur(resize_maps(a.double(), size), sigma,
+                                                  padding=padding))
+
+
+def test_smoothing_operator_identity_and_exact_zeros():
+    torch.testing.assert_close(smoothing_operator(9, 9, 0.0), torch.eye(9, dtype=torch.float64))
+    # rows of the resize-and-blur operator with reflect padding sum to one (constant maps
+    # stay constant); zero maps stay exactly zero (training images score 0)
+    A = smoothing_operator(7, 40, 1.0, "reflect")
+    torch.testing.assert_close(A.sum(1), torch.ones(40, dtype=torch.float64))
+    assert (fused_smoothed_maps([torch.zeros(2, 7, 7)], [1.0], (40, 40), 1.0) == 0).all()
 
 
 def test_knn_distances_against_cdist_and_exclusion():

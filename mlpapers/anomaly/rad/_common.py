@@ -24,7 +24,7 @@ from mlpapers._utils import (
     torch_compatible_array,
 )
 from mlpapers.anomaly.rad._extractors import resolve_extractor
-from mlpapers.anomaly.rad._kernels import resize_maps
+from mlpapers.anomaly.rad._maps import resize_maps
 
 _MEMORY_DTYPES = ("float32", "float16", "bfloat16")
 

@@ -14,13 +14,11 @@ from einops import rearrange
 from mlpapers._utils import check_in_options, check_positive
 from mlpapers.anomaly.rad._common import BaseImageDetector
 from mlpapers.anomaly.rad._kernels import (
-    gaussian_blur,
     global_patch_similarity,
     l2_normalize,
-    resize_maps,
     retrieve_neighbours,
-    top_ratio_pool,
 )
+from mlpapers.anomaly.rad._maps import fused_smoothed_maps, top_ratio_pool
 from mlpapers.anomaly.rad._matching import order_by_neighbours, positional_similarity
 from mlpapers.anomaly.rad._patchcore import PatchCoreDetector
 
@@ -232,8 +230,7 @@ class RADDetector(BaseImageDetector):
     def _score_patches(self, patches, nbrs, return_maps=True):
         """Maps and scores of one batch of images with retrieved ``nbrs`` (b, k)."""
         dev = self._resolved_device
-        size = tuple(self.input_size_)
-        fused = torch.zeros(len(nbrs), *size, device=dev)
+        layer_maps, layer_weights = [], []
         # read at scoring time, like the other scoring parameters (set_params after fit)
         weights = self._resolve_layer_weights(len(self.memory_))
         for q, mem, (h, w), wl in zip(patches, self.memory_, self.grid_shapes_, weights):
@@ -245,9 +242,11 @@ class RADDetector(BaseImageDetector):
             else:
                 sim = positional_similarity(q, mem, nbrs, (h, w), self.pos_radius,
                                             self.matching, self.chunk_size)
-            s = (1.0 - sim).clamp_min(0.0).reshape(len(nbrs), h, w)
-            fused += float(wl) * resize_maps(s, size)
-        maps = gaussian_blur(fused, float(self.smoothing_sigma), padding=self.blur_padding)
+            layer_maps.append((1.0 - sim).clamp_min(0.0).reshape(len(nbrs), h, w))
+            layer_weights.append(float(wl))
+        # upsampling, fusion and blur in one pass (two small matmuls per batch)
+        maps = fused_smoothed_maps(layer_maps, layer_weights, tuple(self.input_size_),
+                                   float(self.smoothing_sigma), self.blur_padding)
         scores = top_ratio_pool(maps, float(self.top_ratio))
         return (maps if return_maps else None), scores
 

@@ -8,12 +8,12 @@ functions.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from mlpapers.anomaly.rad._maps import gaussian_blur, resize_maps, top_ratio_pool
 from mlpapers.anomaly.rad._patchcore_kernels import greedy_coreset, knn_distances
 
 __all__ = [
@@ -345,75 +345,3 @@ def global_patch_similarity(
                 torch.maximum(best[b0:b0 + b_chunk, j0:j0 + rows], sim.amax(dim=2),
                               out=best[b0:b0 + b_chunk, j0:j0 + rows])
     return best
-
-
-def resize_maps(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Bilinear resize of maps (B, h, w) -> (B, *size) (``align_corners=False``)."""
-    if tuple(maps.shape[-2:]) == tuple(size):
-        return maps
-    return F.interpolate(maps[:, None], size=tuple(size), mode="bilinear",
-                         align_corners=False)[:, 0]
-
-
-def gaussian_blur(
-    maps: torch.Tensor, sigma: float, kernel_size: int | None = None, padding: str = "zeros"
-) -> torch.Tensor:
-    """Separable Gaussian blur of maps (B, H, W).
-
-    Parameters
-    ----------
-    maps : Tensor of shape (B, H, W)
-    sigma : float
-        Standard deviation in pixels; ``0`` returns ``maps`` unchanged.
-    kernel_size : int or None
-        Odd size; ``None`` uses ``2 * ceil(2 * sigma) + 1`` (5 for ``sigma=1``,
-        the official RAD kernel).
-    padding : {"zeros", "reflect"}, default="zeros"
-        ``"zeros"`` matches the official code (it darkens a 2-pixel border).
-
-    Returns
-    -------
-    Tensor of shape (B, H, W)
-    """
-    if sigma <= 0:
-        return maps
-    if kernel_size is None:
-        kernel_size = 2 * math.ceil(2 * sigma) + 1
-    half = kernel_size // 2
-    t = torch.arange(kernel_size, dtype=torch.float64) - half
-    g = torch.exp(-0.5 * (t / sigma) ** 2)
-    g = (g / g.sum()).tolist()
-    H, W = maps.shape[-2:]
-    if padding == "reflect":
-        ph, pw = min(half, H - 1), min(half, W - 1)
-        x = F.pad(maps[:, None], (pw, pw, ph, ph), mode="reflect")[:, 0]
-        x = F.pad(x, (half - pw, half - pw, half - ph, half - ph))
-    else:
-        x = F.pad(maps, (half, half, half, half))
-    # separable weighted sums of shifted slices: much faster on CPU than a
-    # single-channel conv2d, same result up to float rounding
-    y = x[:, :, 0:W] * g[0]
-    for i in range(1, kernel_size):
-        y.add_(x[:, :, i:i + W], alpha=g[i])
-    z = y[:, 0:H] * g[0]
-    for i in range(1, kernel_size):
-        z.add_(y[:, i:i + H], alpha=g[i])
-    return z
-
-
-def top_ratio_pool(maps: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Mean of the top ``ratio`` fraction of each map's pixels (at least one pixel).
-
-    Parameters
-    ----------
-    maps : Tensor of shape (B, H, W) or (B, P)
-    ratio : float in [0, 1]
-        ``0`` is the plain maximum.
-
-    Returns
-    -------
-    Tensor of shape (B,)
-    """
-    flat = maps.reshape(maps.shape[0], -1)
-    n = max(1, int(flat.shape[1] * float(ratio)))
-    return torch.topk(flat, n, dim=1, sorted=False).values.mean(dim=1)

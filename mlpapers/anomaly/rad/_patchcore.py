@@ -10,12 +10,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from mlpapers.anomaly.rad._common import BaseImageDetector
-from mlpapers.anomaly.rad._kernels import (
-    gaussian_blur,
-    greedy_coreset,
-    knn_distances,
-    resize_maps,
-)
+from mlpapers.anomaly.rad._kernels import greedy_coreset, knn_distances
+from mlpapers.anomaly.rad._maps import fused_smoothed_maps
 
 __all__ = ["PatchCoreDetector"]
 
@@ -153,8 +149,8 @@ class PatchCoreDetector(BaseImageDetector):
         scores = d.reshape(n, -1).amax(dim=1)
         if not return_maps:
             return None, scores
-        maps = gaussian_blur(resize_maps(d, tuple(self.input_size_)),
-                             float(self.smoothing_sigma))
+        maps = fused_smoothed_maps([d], [1.0], tuple(self.input_size_),
+                                   float(self.smoothing_sigma))
         return maps, scores
 
     @property

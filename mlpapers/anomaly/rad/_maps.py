@@ -1,0 +1,183 @@
+"""Anomaly-map post-processing shared by RAD and PatchCore.
+
+Per-layer score grids are upsampled (bilinear, ``align_corners=False``), fused
+with layer weights, Gaussian-blurred and pooled into an image score. Bilinear
+resizing and the separable blur are both linear and act on rows and columns
+separately, so :func:`fused_smoothed_maps` composes them per axis into one small
+matrix and computes the whole chain as two batched matmuls, equal to
+``gaussian_blur(sum_l w_l resize_maps(s_l))`` up to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "fused_smoothed_maps",
+    "gaussian_blur",
+    "resize_maps",
+    "smoothing_operator",
+    "top_ratio_pool",
+]
+
+
+def _gaussian_taps(sigma: float, kernel_size: int | None) -> torch.Tensor:
+    """Normalised float64 Gaussian taps; ``kernel_size=None`` gives ``2 ceil(2 sigma) + 1``."""
+    if kernel_size is None:
+        kernel_size = 2 * math.ceil(2 * sigma) + 1
+    t = torch.arange(kernel_size, dtype=torch.float64) - kernel_size // 2
+    g = torch.exp(-0.5 * (t / sigma) ** 2)
+    return g / g.sum()
+
+
+def resize_maps(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear resize of maps (B, h, w) -> (B, *size) (``align_corners=False``)."""
+    if tuple(maps.shape[-2:]) == tuple(size):
+        return maps
+    return F.interpolate(maps[:, None], size=tuple(size), mode="bilinear",
+                         align_corners=False)[:, 0]
+
+
+def gaussian_blur(
+    maps: torch.Tensor, sigma: float, kernel_size: int | None = None, padding: str = "zeros"
+) -> torch.Tensor:
+    """Separable Gaussian blur of maps (B, H, W).
+
+    Parameters
+    ----------
+    maps : Tensor of shape (B, H, W)
+    sigma : float
+        Standard deviation in pixels; ``0`` returns ``maps`` unchanged.
+    kernel_size : int or None
+        Odd size; ``None`` uses ``2 * ceil(2 * sigma) + 1`` (5 for ``sigma=1``,
+        the official RAD kernel).
+    padding : {"zeros", "reflect"}, default="zeros"
+        ``"zeros"`` matches the official code (it darkens a 2-pixel border).
+
+    Returns
+    -------
+    Tensor of shape (B, H, W)
+    """
+    if sigma <= 0:
+        return maps
+    g = _gaussian_taps(sigma, kernel_size).tolist()
+    kernel_size, half = len(g), len(g) // 2
+    H, W = maps.shape[-2:]
+    if padding == "reflect":
+        ph, pw = min(half, H - 1), min(half, W - 1)
+        x = F.pad(maps[:, None], (pw, pw, ph, ph), mode="reflect")[:, 0]
+        x = F.pad(x, (half - pw, half - pw, half - ph, half - ph))
+    else:
+        x = F.pad(maps, (half, half, half, half))
+    # separable weighted sums of shifted slices: much faster on CPU than a
+    # single-channel conv2d, same result up to float rounding
+    y = x[:, :, 0:W] * g[0]
+    for i in range(1, kernel_size):
+        y.add_(x[:, :, i:i + W], alpha=g[i])
+    z = y[:, 0:H] * g[0]
+    for i in range(1, kernel_size):
+        z.add_(y[:, i:i + H], alpha=g[i])
+    return z
+
+
+def top_ratio_pool(maps: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Mean of the top ``ratio`` fraction of each map's pixels (at least one pixel).
+
+    Parameters
+    ----------
+    maps : Tensor of shape (B, H, W) or (B, P)
+    ratio : float in [0, 1]
+        ``0`` is the plain maximum.
+
+    Returns
+    -------
+    Tensor of shape (B,)
+    """
+    flat = maps.reshape(maps.shape[0], -1)
+    n = max(1, int(flat.shape[1] * float(ratio)))
+    return torch.topk(flat, n, dim=1, sorted=False).values.mean(dim=1)
+
+
+def _blur_matrix(n: int, sigma: float, padding: str) -> torch.Tensor:
+    """(n, n) float64 matrix of the 1-D blur of :func:`gaussian_blur` along one axis."""
+    if sigma <= 0:
+        return torch.eye(n, dtype=torch.float64)
+    g = _gaussian_taps(sigma, None)
+    half = len(g) // 2
+    # padded position r + i holds source u = r + i - half: reflected inside the
+    # ``min(half, n - 1)`` band for "reflect" (zeros beyond it), zero otherwise
+    r = torch.arange(n)
+    u = r[:, None] + torch.arange(len(g))[None, :] - half
+    if padding == "reflect":
+        p = min(half, n - 1)
+        u = torch.where((u < 0) & (u >= -p), -u, u)
+        u = torch.where((u >= n) & (u < n + p), 2 * (n - 1) - u, u)
+    inside = (u >= 0) & (u < n)
+    G = torch.zeros(n, n, dtype=torch.float64)
+    rows = r[:, None].expand_as(u)
+    G.index_put_((rows[inside], u[inside]), g.expand_as(u)[inside], accumulate=True)
+    return G
+
+
+def smoothing_operator(n_in: int, n_out: int, sigma: float, padding: str = "zeros"
+                       ) -> torch.Tensor:
+    """Per-axis matrix of bilinear resizing ``n_in -> n_out`` followed by the blur.
+
+    Parameters
+    ----------
+    n_in, n_out : int
+        Input and output lengths of the axis.
+    sigma : float
+        Blur standard deviation in output pixels (``0``: resizing only).
+    padding : {"zeros", "reflect"}, default="zeros"
+        As in :func:`gaussian_blur`.
+
+    Returns
+    -------
+    Tensor of shape (n_out, n_in), float64
+    """
+    # bilinear resizing without antialiasing is separable: resize the identity
+    eye = torch.eye(n_in, dtype=torch.float64)[None, None]
+    up = F.interpolate(eye, size=(n_out, n_in), mode="bilinear", align_corners=False)[0, 0]
+    return _blur_matrix(n_out, sigma, padding) @ up
+
+
+def fused_smoothed_maps(
+    maps: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    size: tuple[int, int],
+    sigma: float,
+    padding: str = "zeros",
+) -> torch.Tensor:
+    """``gaussian_blur(sum_l w_l resize_maps(maps[l], size), sigma, padding)`` as two matmuls.
+
+    Parameters
+    ----------
+    maps : sequence of Tensor of shape (B, h_l, w_l)
+        Per-layer score grids (same ``B``, dtype and device).
+    weights : sequence of float
+        Layer weights.
+    size : (H, W)
+        Output size.
+    sigma : float
+        Blur standard deviation (``0``: no blur).
+    padding : {"zeros", "reflect"}, default="zeros"
+
+    Returns
+    -------
+    Tensor of shape (B, H, W)
+    """
+    H, W = size
+    left, right = [], []
+    for m, w in zip(maps, weights):
+        h_l, w_l = m.shape[-2:]
+        rows = smoothing_operator(h_l, H, sigma, padding).to(m)
+        cols = smoothing_operator(w_l, W, sigma, padding).to(m)
+        left.append(float(w) * (rows @ m))  # (B, H, w_l)
+        right.append(cols)  # (W, w_l)
+    # sum over layers of (A_h M A_w^T) = [A_h M ...] @ [A_w ...]^T
+    return torch.cat(left, dim=2) @ torch.cat(right, dim=1).T
