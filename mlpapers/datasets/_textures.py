@@ -70,9 +70,11 @@ def _skimage_texture(name: str) -> np.ndarray:
 
 def _texture_image(name: str, size: int, rng: np.random.RandomState) -> np.ndarray:
     if name in SKIMAGE_TEXTURES:
-        # a random 2x-downsampled crop of the bundled 512x512 photo, grey on 3 channels
+        # a random 2x-downsampled crop of the bundled 512x512 photo, grey on 3 channels;
+        # from half the photo's size on, a random crop at full resolution (a 2x crop
+        # would be the whole photo or one fixed corner: identical images)
         full = _skimage_texture(name)
-        crop = min(2 * size, full.shape[0])
+        crop = 2 * size if 2 * size < full.shape[0] else size
         y0, x0 = rng.randint(0, full.shape[0] - crop + 1, size=2)
         patch = full[y0:y0 + crop, x0:x0 + crop]
         f = crop // size
@@ -149,8 +151,8 @@ def make_texture_anomalies(
     and ``"bricks"``) with a random phase/offset per image. With
     ``source="skimage"`` images are random crops (downsampled 2x) of the
     grayscale 512x512 ``"brick"``, ``"grass"`` and ``"gravel"`` photos bundled in
-    scikit-image (the ``data`` extra; nothing is downloaded); sizes above 256
-    are crops at full resolution, and at most 512 are possible. Every image gets a
+    scikit-image (the ``data`` extra; nothing is downloaded); sizes of 256 and
+    above are random crops at full resolution, and at most 512 are possible. Every image gets a
     +-5% brightness jitter and Gaussian pixel noise. A fraction
     ``anomaly_ratio`` of the test images receives one defect: a thin
     ``"scratch"``, an elliptic ``"spot"`` of a foreign colour, or a square

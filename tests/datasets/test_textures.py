@@ -72,3 +72,14 @@ def test_skimage_source():
     assert set(t_train) == {0, 1, 2}
     assert not np.allclose(X_train[0], X_train[3])  # different random crops
     assert np.all(mask[y == 1].reshape(int(y.sum()), -1).sum(1) > 0)
+
+
+@pytest.mark.parametrize("size", [200, 256, 300])
+def test_skimage_large_crops_are_random(size):
+    # from 256 px on, a 2x crop of the 512 px photo would be the whole photo or one
+    # fixed corner: images of one texture must still be different crops
+    pytest.importorskip("skimage")
+    X, *_ = make_texture_anomalies(3, 0, image_size=size, source="skimage",
+                                   textures=("brick",), noise=0.0, random_state=0)
+    a, b = X[0, 0].ravel(), X[1, 0].ravel()
+    assert np.corrcoef(a, b)[0, 1] < 0.9

@@ -47,9 +47,10 @@ def test_predict_and_objective_work_in_row_blocks(monkeypatch, loss):
     assert clf.objective(X, y) == pytest.approx(obj, rel=1e-12)
 
 
-@pytest.mark.parametrize("change", [dict(log_alpha=5.0), dict(momentum=0.5),
-                                    dict(method="umax", delta=0.1)])
-def test_set_params_between_partial_fits_acts_like_a_reloaded_model(change):
+@pytest.mark.parametrize("init,change", [
+    ({}, dict(log_alpha=5.0)), ({}, dict(momentum=0.5)), ({}, dict(method="umax", delta=0.1)),
+    ({}, dict(fit_intercept=True)), (dict(fit_intercept=True), dict(fit_intercept=False))])
+def test_set_params_between_partial_fits_acts_like_a_reloaded_model(init, change):
     # lr / gamma / dual_lr / temperature took effect at the next partial_fit, but the
     # live model kept its old log_alpha, momentum and dual rule while a pickled or
     # loaded copy used the new ones (coef_ off by up to 0.2 after one epoch)
@@ -57,15 +58,17 @@ def test_set_params_between_partial_fits_acts_like_a_reloaded_model(change):
 
     X, y = make_extreme_classification(200, 8, 4, noise=0.5, min_samples_per_class=2,
                                        random_state=1)
-    live = SCENTClassifier(n_negatives=3, batch_size=50, momentum=0.2, random_state=0)
+    live = SCENTClassifier(n_negatives=3, batch_size=50, momentum=0.2, random_state=0, **init)
     live.partial_fit(X, y, classes=np.unique(y))
     copy = pickle.loads(pickle.dumps(live))
     before = live.coef_.copy()
     for est in (live, copy):
         est.set_params(**change).partial_fit(X, y)
     np.testing.assert_array_equal(live.coef_, copy.coef_)
+    np.testing.assert_array_equal(live.intercept_, copy.intercept_)
     np.testing.assert_array_equal(live.nu_, copy.nu_)
-    unchanged = SCENTClassifier(n_negatives=3, batch_size=50, momentum=0.2, random_state=0)
+    unchanged = SCENTClassifier(n_negatives=3, batch_size=50, momentum=0.2, random_state=0,
+                                **init)
     unchanged.partial_fit(X, y, classes=np.unique(y)).partial_fit(X, y)
     assert not np.array_equal(live.coef_, unchanged.coef_) and not np.array_equal(
         live.coef_, before)

@@ -248,3 +248,10 @@ def test_score_searches_in_chunks_of_the_estimators_batch_size(monkeypatch, rng)
     assert recall_at_k(None, pred, 4, queries=Q, database=keys, batch_size=1) == recall_at_k(
         None, pred, 4, queries=Q, database=keys)
     assert rate == match_rate(None, pred[:, 0], queries=Q, database=keys)
+
+
+def test_metrics_check_batch_size_in_both_modes():
+    # batch_size was only checked when the tie-aware search ran
+    for bad, err in ((-5, ValueError), (0, ValueError), (2.5, TypeError)):
+        with pytest.raises(err, match="batch_size"):
+            match_rate([0, 1], [0, 1], batch_size=bad)

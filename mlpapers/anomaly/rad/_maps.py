@@ -10,6 +10,7 @@ matrix and computes the whole chain as two batched matmuls, equal to
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -146,6 +147,10 @@ def smoothing_operator(n_in: int, n_out: int, sigma: float, padding: str = "zero
     return _blur_matrix(n_out, sigma, padding) @ up
 
 
+# read-only inside fused_smoothed_maps: scoring builds the same few operators per batch
+_cached_operator = functools.lru_cache(maxsize=32)(smoothing_operator)
+
+
 def fused_smoothed_maps(
     maps: Sequence[torch.Tensor],
     weights: Sequence[float],
@@ -175,8 +180,8 @@ def fused_smoothed_maps(
     left, right = [], []
     for m, w in zip(maps, weights):
         h_l, w_l = m.shape[-2:]
-        rows = smoothing_operator(h_l, H, sigma, padding).to(m)
-        cols = smoothing_operator(w_l, W, sigma, padding).to(m)
+        rows = _cached_operator(int(h_l), int(H), float(sigma), padding).to(m)
+        cols = _cached_operator(int(w_l), int(W), float(sigma), padding).to(m)
         left.append(float(w) * (rows @ m))  # (B, H, w_l)
         right.append(cols)  # (W, w_l)
     # sum over layers of (A_h M A_w^T) = [A_h M ...] @ [A_w ...]^T

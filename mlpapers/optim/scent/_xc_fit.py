@@ -57,7 +57,15 @@ class SampledTrainingMixin:
     def _sync_params(self) -> None:
         """Apply what ``set_params`` changed since the last call, as a rebuilt (loaded or
         unpickled) model does: ``lr``, ``gamma``, ``dual_lr`` and ``temperature`` are read
-        every step; the dual rule and the optimizer's momentum are refreshed here."""
+        every step; the dual rule, the optimizer's momentum and whether the intercept
+        trains are refreshed here."""
+        if self._b.requires_grad != bool(self.fit_intercept):
+            # the optimizer's parameter list changes: keep the weights' heavy-ball state
+            state = self._opt.state.get(self._W)
+            self._b.requires_grad_(bool(self.fit_intercept))
+            self._opt = torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
+            if state:
+                self._opt.state[self._W] = state
         C = len(self.classes_)
         self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
         lf = self._loss_fn

@@ -199,6 +199,7 @@ def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
 
 def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Tensor:
     """Boolean (n, k) matrix: is the j-th prediction a correct top-1 answer?"""
+    check_positive(batch_size, "batch_size", integer=True)
     pred = _as_long_2d(y_pred)
     if queries is None and database is None:
         true = _as_tensor(y_true).long().reshape(-1)
@@ -214,7 +215,6 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Ten
     if bool(((pred < 0) | (pred >= K.shape[0])).any()):
         raise ValueError(f"y_pred holds indices outside [0, {K.shape[0]}) (the rows of "
                          "database).")
-    check_positive(batch_size, "batch_size", integer=True)
     best, arg = support_function(q, K, batch_size=int(batch_size))
     pred = pred.to(K.device)
     got = torch.einsum("nkd,nd->nk", K[pred], q)  # (n, k)
