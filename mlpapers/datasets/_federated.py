@@ -19,6 +19,13 @@ def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
     if separation > d_max * (1 + 1e-12):
         raise ValueError(f"separation must be <= sqrt(2K / (K - 1)) = {d_max:.4g} for "
                          f"{K} unit-norm models (a regular simplex), got {separation}.")
+    if d == 1:  # the only unit vectors are -1 and +1, at distance 2
+        if K > 2 or (K == 2 and not separation <= 2.0 <= 5 * separation):
+            raise ValueError(f"n_features=1 holds at most 2 unit-norm models, at distance 2 "
+                             f"(separation in [0.4, 2]); got {K} models, separation "
+                             f"{separation}. Raise n_features.")
+        sign = 1.0 if rng.uniform() < 0.5 else -1.0
+        return sign * np.array([[1.0], [-1.0]])[:K]
     # Perturb a common centre c by an angle alpha: two such vectors with (almost)
     # orthogonal perturbations are sqrt(2) sin(alpha) apart; aim at 2 * separation.
     sin_a = min(1.0, np.sqrt(2.0) * separation)

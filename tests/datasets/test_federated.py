@@ -95,3 +95,17 @@ def test_linear_large_separations_up_to_the_simplex_bound(K, separation):
     assert dist.min() >= separation * (1 - 1e-12) and dist.max() <= 5 * separation
     with pytest.raises(ValueError, match="separation must be <="):
         make_federated_linear(n_clusters=K, separation=np.sqrt(2 * K / (K - 1)) + 1e-3)
+
+
+def test_linear_one_feature_places_opposite_models_without_warnings():
+    # with n_features=1 the only unit models are -1 and +1: two clusters fit (distance 2),
+    # three do not; before, a 0/0 warning was followed by "could not place" for K=2
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, groups, theta = make_federated_linear(n_clusters=2, n_features=1, random_state=0)
+        assert sorted(np.asarray(theta).ravel().tolist()) == [-1.0, 1.0]
+        assert abs(make_federated_linear(n_clusters=1, n_features=1, random_state=0)[2]).item() == 1
+    with pytest.raises(ValueError, match="n_features=1"):
+        make_federated_linear(n_clusters=3, n_features=1, random_state=0)
