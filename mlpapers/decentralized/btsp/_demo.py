@@ -22,7 +22,7 @@ def rounds_within(budget: float, compute_time: float, round_delays: np.ndarray) 
     estimator="BottleneckNodeAssigner",
     paper="Bottleneck Communication Delay Minimization for Communication-Efficient "
           "Decentralized Learning (BTSP-MSR)",
-    arxiv="n/a",
+    arxiv="ICML 2026 (no arXiv)",
 )
 def demo(quick: bool) -> list[DemoResult]:
     from sklearn.datasets import load_digits

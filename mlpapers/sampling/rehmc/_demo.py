@@ -41,7 +41,7 @@ def max_ks(draws: np.ndarray, marginal) -> float:
     module="mlpapers.sampling.rehmc",
     estimator="ReflectiveHMC",
     paper="Reflective HMC on bounded supports: convex container plus thinning, Stiefel",
-    arxiv="",
+    arxiv="ICML 2026 (no arXiv)",
 )
 def demo(quick: bool) -> list[DemoResult]:
     d, n, warm = (20, 300, 200) if quick else (50, 1000, 500)
