@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mlpapers.datasets import make_extreme_classification
-from mlpapers.optim.scent import SCENTClassifier, log_mean_exp
+from mlpapers.optim.scent import PartialAUCClassifier, SCENTClassifier, log_mean_exp
 
 
 def test_log_mean_exp_of_an_empty_masked_slice_is_minus_inf():
@@ -72,3 +72,40 @@ def test_set_params_between_partial_fits_acts_like_a_reloaded_model(init, change
     unchanged.partial_fit(X, y, classes=np.unique(y)).partial_fit(X, y)
     assert not np.array_equal(live.coef_, unchanged.coef_) and not np.array_equal(
         live.coef_, before)
+
+
+def _badly_scaled_logistic_data(seed=0):
+    rng = np.random.default_rng(seed)
+    Z = rng.standard_normal((300, 5))
+    y = (Z @ np.array([1.0, -2.0, 0.5, 1.5, -1.0]) + rng.standard_normal(300) > 0).astype(int)
+    scales = np.array([1e-3, 1.0, 1e3, 10.0, 1e-2])
+    offsets = np.array([5.0, -100.0, 1e4, 0.0, 3.0])
+    return Z, Z * scales + offsets, y
+
+
+def test_erm_logistic_warm_start_is_independent_of_feature_units_and_offsets():
+    # L-BFGS in the original units stopped far from the optimum on features whose scales
+    # differ by orders of magnitude: the same unpenalised problem must reach the same loss
+    import torch.nn.functional as F
+
+    from mlpapers.optim.scent._dro_init import erm_logistic
+
+    Z, X, y = _badly_scaled_logistic_data()
+    yt = torch.as_tensor(y)
+
+    def loss(A):
+        W, b = erm_logistic(torch.as_tensor(A), yt, 2, alpha=0.0, fit_intercept=True)
+        return float(F.cross_entropy(torch.as_tensor(A) @ W.T + b, yt))
+
+    assert loss(X) == pytest.approx(loss(Z), abs=1e-7)
+
+
+def test_pauc_fit_is_independent_of_feature_units_and_offsets():
+    # the sigmoid saw uncentred scores: raw features with large means put every score in
+    # its flat tail and the fit never left its start (objective 1.0 on raw breast cancer)
+    Z, X, y = _badly_scaled_logistic_data(1)
+    Z = (Z - Z.mean(0)) / Z.std(0)
+    fits = [PartialAUCClassifier(lam=0.5, epochs=5, random_state=0).fit(A, y) for A in (Z, X)]
+    assert fits[1].objective(X, y) == pytest.approx(fits[0].objective(Z, y), rel=1e-4)
+    assert fits[1].score(X, y) == pytest.approx(fits[0].score(Z, y), abs=1e-6)
+    assert fits[1].objective(X, y) < 0.9  # the start (all sigmoids at 1/2) scores 1.0

@@ -18,8 +18,8 @@ def cancer():
     return StandardScaler().fit_transform(X), 1 - y  # malignant = positive
 
 
-def brute_objective(w, X, y, lam, margin):
-    h = 1 / (1 + np.exp(-(X @ w)))
+def brute_objective(w, X, y, lam, margin, b=0.0):
+    h = 1 / (1 + np.exp(-(X @ w + b)))
     hp, hn = h[y == 1], h[y == 0]
     total = 0.0
     for a in hp:  # explicit loop over anchors: the reference, not the implementation
@@ -31,14 +31,15 @@ def brute_objective(w, X, y, lam, margin):
 def test_objective_score_and_threshold(cancer):
     X, y = cancer
     clf = PartialAUCClassifier(lam=0.5, margin=0.8, epochs=8, random_state=0).fit(X, y)
-    assert clf.objective(X, y) == pytest.approx(brute_objective(clf.coef_, X, y, 0.5, 0.8),
-                                                rel=1e-10)
+    assert clf.objective(X, y) == pytest.approx(
+        brute_objective(clf.coef_, X, y, 0.5, 0.8, clf.intercept_), rel=1e-10)
+    assert clf.intercept_ == pytest.approx(-X.mean(0) @ clf.coef_, abs=1e-6)  # float32 X
     assert clf.score(X, y) == pytest.approx(
         roc_auc_score(y, clf.decision_function(X), max_fpr=0.3))
     fpr = np.mean(clf.predict(X[y == 0]) == 1)
     assert fpr <= 0.3 + 1e-9
     # dual variables of positives track log mean_j exp(L_ij / lam)
-    h = 1 / (1 + np.exp(-(X @ clf.coef_)))
+    h = 1 / (1 + np.exp(-(X @ clf.coef_ + clf.intercept_)))
     ell = np.maximum(0.8 - (h[y == 1][:, None] - h[y == 0][None]), 0) ** 2 / 0.5
     nu_star = logsumexp(ell, axis=1) - math.log((y == 0).sum())
     assert np.mean(np.abs(clf.nu_ - nu_star)) < 0.1

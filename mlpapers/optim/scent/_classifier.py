@@ -64,7 +64,9 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         ``< n_classes`` (``n_classes - 1`` uses every class: exact). Unused with
         ``negatives="in_batch"``.
     loss : {"softmax", "negatives"}, default="softmax"
-        The risk minimised (see above); :meth:`objective` evaluates it exactly.
+        The risk minimised (see above); :meth:`objective` evaluates it exactly,
+        for ``"softmax"`` as the cross-entropy itself (without the constant
+        :math:`-\tau\log C`, which does not change the minimiser).
     negatives : {"uniform", "in_batch"}, default="uniform"
         The sampler of the negatives (see above). With ``"in_batch"`` an anchor
         whose batch holds no other class is skipped for that step.

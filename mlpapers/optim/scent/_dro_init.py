@@ -60,7 +60,10 @@ def erm_logistic(X: torch.Tensor, y: torch.Tensor, n_classes: int, *, alpha: flo
                  fit_intercept: bool) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Multinomial logistic regression :math:`\min \frac1n\sum_i \ell_i + \frac{\alpha}{2}\|W\|^2`.
 
-    Solved by L-BFGS from zero (at most 200 iterations, tolerance 1e-9).
+    Solved by L-BFGS from zero (at most 200 iterations, tolerance 1e-9) on the
+    standardised features of :func:`feature_scaling` (the same problem, with the
+    penalty on the original-unit weights): on raw features whose scales differ by
+    orders of magnitude, L-BFGS in the original units stops far from the optimum.
 
     Parameters
     ----------
@@ -78,19 +81,22 @@ def erm_logistic(X: torch.Tensor, y: torch.Tensor, n_classes: int, *, alpha: flo
     b : Tensor of shape (n_classes,), float64
         Zero when ``fit_intercept`` is false.
     """
-    W = torch.zeros(n_classes, X.shape[1], dtype=torch.float64)
-    b = torch.zeros(n_classes, dtype=torch.float64)
-    W, b = W.to(X.device).requires_grad_(True), b.to(X.device)
-    b.requires_grad_(bool(fit_intercept))
-    params = [W, b] if fit_intercept else [W]
+    X = X.double()
+    mu, scale = feature_scaling(X, fit_intercept)
+    Z = (X - mu) / scale
+    V = torch.zeros(n_classes, X.shape[1], dtype=torch.float64, device=X.device)
+    c = torch.zeros(n_classes, dtype=torch.float64, device=X.device)
+    V.requires_grad_(True)
+    c.requires_grad_(bool(fit_intercept))
+    params = [V, c] if fit_intercept else [V]
 
     def objective():
-        ell = F.cross_entropy(X.to(W.dtype) @ W.T + b, y, reduction="none")
-        penalty = 0.5 * alpha * (W * W).sum() if alpha > 0 else W.new_zeros(())
+        ell = F.cross_entropy(Z @ V.T + c, y, reduction="none")
+        penalty = 0.5 * alpha * ((V / scale) ** 2).sum() if alpha > 0 else V.new_zeros(())
         return ell.mean() + penalty
 
     minimize_lbfgs(objective, params, max_iter=200, tol=1e-9)
-    return W.detach(), b.detach()
+    return unscale(V, c, mu, scale)
 
 
 def feature_scaling(X: torch.Tensor, fit_intercept: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,16 +28,19 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         F(w) = \frac{\lambda}{n_+}\sum_{i \in +} \log \frac{1}{n_-}\sum_{j \in -}
                \exp\big(L(h_i - h_j)/\lambda\big),\qquad
-        L(t) = (m - t)_+^2,\quad h = \sigma(w^\top x),
+        L(t) = (m - t)_+^2,\quad h = \sigma\big(w^\top (x - \bar x)\big),
 
     the "SOPA-s" form of the one-way pAUC used in the paper's experiments [1]_:
     small :math:`\lambda` concentrates on the hardest negatives, i.e. on the low
     false-positive region of the ROC curve. Each step samples ``batch_size``
     positives and ``n_negatives`` negatives (shared by the batch) and updates the
-    positives' dual variables with the chosen ``method``. The SGD steps are taken
-    on features divided by their standard deviation (a diagonal preconditioner;
-    ``coef_`` is in the original units), so the fit does not depend on the
-    features' units.
+    positives' dual variables with the chosen ``method``. The sigmoid acts on
+    scores centred at the training mean :math:`\bar x` (``intercept_`` holds
+    :math:`-w^\top \bar x`): uncentred raw features would put every score in the
+    flat tail of the sigmoid, where the surrogate has no gradient. The SGD steps
+    are taken on the centred features divided by their standard deviation (a
+    diagonal preconditioner; ``coef_`` is in the original units), so the fit
+    depends neither on the features' units nor on their offsets.
 
     Parameters
     ----------
@@ -76,6 +79,10 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     classes_ : ndarray of shape (2,)
         ``classes_[1]`` is the positive class.
     coef_ : ndarray of shape (n_features,)
+    intercept_ : float
+        :math:`-w^\top \bar x`: the surrogate scores are
+        :math:`\sigma(w^\top x + \text{intercept\_})`. The ranking, the pAUC and
+        :meth:`decision_function` do not depend on it.
     threshold_ : float
         Decision threshold: the training negatives' score quantile at
         ``1 - max_fpr`` (``method="higher"``: a training negative's score), so
@@ -127,12 +134,12 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.device = device
         self.verbose = verbose
 
-    def _pair_losses(self, w, Xp, Xn):
-        hp, hn = torch.sigmoid(Xp @ w), torch.sigmoid(Xn @ w)
+    def _pair_losses(self, w, Xp, Xn, b=0.0):
+        hp, hn = torch.sigmoid(Xp @ w + b), torch.sigmoid(Xn @ w + b)
         return torch.clamp(self.margin - (hp[:, None] - hn[None, :]), min=0) ** 2
 
-    def _objective_t(self, w, Xp, Xn):
-        ell = self._pair_losses(w, Xp, Xn)
+    def _objective_t(self, w, Xp, Xn, b=0.0):
+        ell = self._pair_losses(w, Xp, Xn, b)
         return self.lam * log_mean_exp(ell / self.lam).mean()
 
     def fit(self, X, y):
@@ -163,13 +170,14 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"max_fpr must be in (0, 1], got {self.max_fpr!r}.")
         check_positive(self.n_negatives, "n_negatives", integer=True)
         pos = torch.as_tensor(y == self.classes_[1], device=X.device)
-        # SGD on Z = X / s (s: feature std) with v = w s: same scores, a diagonal
-        # preconditioner that makes the fit independent of the features' units; the
-        # std, not the RMS, since the pairwise losses ignore offsets (1000 +- 1 is a
-        # feature of scale 1, not 1000)
+        # SGD on Z = (X - mean) / s (s: feature std) with v = w s: the sigmoid sees
+        # centred scores, and the diagonal preconditioner makes the fit independent of
+        # the features' units and offsets
+        mu = X.double().mean(0)
         scale = X.double().std(0, correction=0) if len(X) > 1 else torch.zeros(X.shape[1])
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        Xp, Xn = X[pos] / scale.float(), X[~pos] / scale.float()
+        Z = ((X.double() - mu) / scale).float()
+        Xp, Xn = Z[pos], Z[~pos]
         n_pos, n_neg = len(Xp), len(Xn)
         k = min(int(self.n_negatives), n_neg)
         dev = self._device
@@ -203,6 +211,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.coef_ = (w.detach().double() / scale).cpu().numpy()
+        self.intercept_ = -float(torch.as_tensor(self.coef_) @ mu.cpu())
         nu = loss_fn.nu.detach().clone().cpu()
         nu[~loss_fn.initialized.cpu()] = float("nan")
         self.nu_ = nu.numpy()
@@ -258,7 +267,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError("y contains labels not seen in fit.")
         pos = torch.as_tensor(y == self.classes_[1], device=X.device)
         w = torch.as_tensor(self.coef_, device=X.device)
-        return float(self._objective_t(w, X[pos], X[~pos]))
+        # models saved before intercept_ existed scored uncentred features
+        b = float(getattr(self, "intercept_", 0.0))
+        return float(self._objective_t(w, X[pos], X[~pos], b))
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
