@@ -2,9 +2,9 @@
 
 The KL-DRO objective is minimised from the solution of the ordinary,
 L2-regularised empirical risk with the same ``alpha`` (the paper's initial
-model): least squares for ``KLDRORegressor`` (in closed form) and multinomial
-logistic regression for ``KLDROClassifier`` (by L-BFGS), both in float64 on the
-original features. The SGD then runs on standardised features
+model): least squares for ``KLDRORegressor`` (in closed form, on the original
+features) and multinomial logistic regression for ``KLDROClassifier`` (by L-BFGS
+on the standardised features), both in float64. The SGD then runs on standardised features
 ``Z = (X - mu) / s`` with parameters ``V = W s, c = b + W mu`` (same predictions,
 same objective); :func:`feature_scaling` and :func:`unscale` map between the two.
 """

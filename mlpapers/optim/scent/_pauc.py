@@ -14,6 +14,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_positive
 from mlpapers.optim.scent._common import check_common_params, lr_factor, make_loss, set_lrs
+from mlpapers.optim.scent._dro_init import feature_scaling
 from mlpapers.optim.scent._kernels import log_mean_exp
 
 __all__ = ["PartialAUCClassifier"]
@@ -173,9 +174,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # SGD on Z = (X - mean) / s (s: feature std) with v = w s: the sigmoid sees
         # centred scores, and the diagonal preconditioner makes the fit independent of
         # the features' units and offsets
-        mu = X.double().mean(0)
-        scale = X.double().std(0, correction=0) if len(X) > 1 else torch.zeros(X.shape[1])
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        mu, scale = feature_scaling(X.double(), fit_intercept=True)
         Z = ((X.double() - mu) / scale).float()
         Xp, Xn = Z[pos], Z[~pos]
         n_pos, n_neg = len(Xp), len(Xn)
