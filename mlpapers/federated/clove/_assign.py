@@ -82,6 +82,7 @@ def clove_assign(
     *,
     n_init: int = 10,
     return_centers: bool = False,
+    match_losses=None,
 ):
     """CLoVE's assignment step: k-means on loss vectors, then Hungarian matching.
 
@@ -109,6 +110,10 @@ def clove_assign(
     return_centers : bool, default=False
         Also return the k-means centroids indexed by model (rows of models that
         received no cluster are NaN).
+    match_losses : array-like of shape (n_clients, n_models), optional
+        Losses the clusters are matched on (default ``loss_matrix``): with a
+        transformed embedding (e.g. square roots) pass the raw losses, so that the
+        match still minimises the total loss.
 
     Returns
     -------
@@ -153,7 +158,11 @@ def clove_assign(
         centers_c = km.cluster_centers_
     labels = np.empty(n, dtype=np.int64)
     labels[order] = labels_sorted
-    perm = match_clusters(L, labels, k_eff)
+    M = L if match_losses is None else _check_loss_matrix(match_losses)
+    if M.shape != L.shape:
+        raise ValueError(f"match_losses must have the shape of loss_matrix {L.shape}, "
+                         f"got {M.shape}.")
+    perm = match_clusters(M, labels, k_eff)
     assignment = perm[labels]
     if not return_centers:
         return assignment

@@ -10,7 +10,6 @@ from mlpapers.federated.clove._kernels import (
     choose_n_clusters,
     clove_assign,
     ifca_assign,
-    match_clusters,
     random_assignment,
 )
 
@@ -200,13 +199,9 @@ class CLoVE(_ClusteredBase):
         if round_ == 0 and np.unique(L, axis=0).shape[0] < k:
             return random_assignment(L.shape[0], M, self._numpy_gen)
         seed = int(self._numpy_gen.integers(0, 2**31 - 1))
-        groups = clove_assign(L, k, random_state=seed, n_init=self.n_init)
-        if self.loss_transform is None:
-            return groups
         # the transform shapes the embedding only: the clusters are matched to the models
         # on their summed raw losses (summed logs would let one near-zero loss decide)
-        _, labels = np.unique(groups, return_inverse=True)
-        return match_clusters(raw, labels, int(labels.max()) + 1)[labels]
+        return clove_assign(L, k, random_state=seed, n_init=self.n_init, match_losses=raw)
 
 
 class IFCA(_ClusteredBase):
