@@ -28,7 +28,7 @@ def test_log_mean_exp_of_an_empty_masked_slice_is_minus_inf():
 @pytest.mark.parametrize("loss", ["softmax", "negatives"])
 def test_predict_and_objective_work_in_row_blocks(monkeypatch, loss):
     # predict / score / objective built all n x n_classes float64 logits at once (8 GB for
-    # 100k rows of 10k classes); they now reduce blocks of _CHUNK rows
+    # 100k rows of 10k classes); they now reduce blocks of rows
     import mlpapers.optim.scent._classifier as mod
 
     X, y = make_extreme_classification(300, 12, 5, noise=1.0, min_samples_per_class=1,
@@ -40,7 +40,7 @@ def test_predict_and_objective_work_in_row_blocks(monkeypatch, loss):
     def whole(self, X):
         raise AssertionError("all logits at once")
 
-    monkeypatch.setattr(mod, "_CHUNK", 7)  # 300 = 42 * 7 + 6: a ragged last block
+    monkeypatch.setattr(mod, "_CHUNK_ELEMENTS", 7 * 12 + 5)  # 300 = 42 * 7 + 6: ragged
     monkeypatch.setattr(SCENTClassifier, "_logits", whole)
     np.testing.assert_array_equal(clf.predict(X), pred)
     assert clf.score(X, y) == acc

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.validation import _get_feature_names
 
 from mlpapers._utils import check_tensor, to_numpy
 
@@ -18,6 +20,8 @@ class Federation:
     Xs: list[torch.Tensor]
     ys: list[np.ndarray] | None
     input_shape: tuple[int, ...]
+    #: column names of the clients' DataFrames (the same for all), or None
+    feature_names: np.ndarray | None = None
 
 
 def _split_client(item, i: int):
@@ -58,9 +62,13 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
         )
     if len(clients) == 0:
         raise ValueError("clients must contain at least one client, got an empty list.")
-    Xs, ys = [], []
+    Xs, ys, names = [], [], []
     for i, item in enumerate(clients):
         X, y = _split_client(item, i)
+        if sp.issparse(X):
+            raise TypeError(f"X of clients[{i}] is a scipy sparse matrix, but {owner} needs "
+                            "dense data: pass X.toarray().")
+        names.append(_get_feature_names(X))
         Xt = check_tensor(X, name=f"X of clients[{i}]", ndim=ndim, dtype=torch.float32,
                           device=device, owner=owner)
         shape = tuple(Xt.shape[1:])
@@ -90,7 +98,23 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
     if supervised is not None and is_sup != supervised:
         raise ValueError(f"{owner} was fitted {'with' if supervised else 'without'} targets y; "
                          f"got clients {'with' if is_sup else 'without'} them.")
-    return Federation(Xs, ys if is_sup else None, input_shape)
+    return Federation(Xs, ys if is_sup else None, input_shape, _common_names(names))
+
+
+def _common_names(names: list) -> np.ndarray | None:
+    """The clients' shared column names; clients must all name them alike, or none."""
+    first = names[0]
+    for i, other in enumerate(names[1:], start=1):
+        if (first is None) != (other is None) or (
+                first is not None and not np.array_equal(first, other)):
+            raise ValueError(f"clients[{i}] has feature names {_show(other)}, but clients[0] "
+                             f"has {_show(first)}: give every client the same columns.")
+    return first
+
+
+def _show(names) -> str:
+    return "none" if names is None else str(list(names[:5]))[:-1] + (
+        ", ...]" if len(names) > 5 else "]")
 
 
 def infer_loss(loss: str, model, ys: list[np.ndarray] | None) -> str:

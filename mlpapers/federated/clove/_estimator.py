@@ -68,6 +68,9 @@ _ATTRIBUTES = """labels_ : ndarray of int of shape (n_clients,)
         Class labels (cross-entropy loss only).
     n_features_in_ : int
         Number of (flattened) input features.
+    feature_names_in_ : ndarray of str
+        Column names of the clients' DataFrames (all alike); only set when the
+        clients were DataFrames with string column names.
     n_clients_ : int
         Number of training clients."""
 

@@ -123,6 +123,10 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                                owner=type(self).__name__)
         n = len(fed.Xs)
         self._check_params(n)
+        if fed.feature_names is not None:  # DataFrame clients, as scikit-learn records them
+            self.feature_names_in_ = fed.feature_names
+        else:
+            self.__dict__.pop("feature_names_in_", None)
         truth = None
         if cluster_labels is not None:
             truth = np.asarray(cluster_labels).ravel()

@@ -14,8 +14,9 @@ import numbers
 import numpy as np
 import torch
 from sklearn.metrics import r2_score
+from sklearn.utils.validation import _check_feature_names
 
-from mlpapers.federated.clove._data import validate_clients
+from mlpapers.federated.clove._data import _split_client, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
 
 __all__: list[str] = []
@@ -47,6 +48,9 @@ class _FederatedInferenceMixin:
         from mlpapers._utils import check_tensor
 
         self._check_fitted()
+        # columns of a DataFrame must match ``feature_names_in_`` (warns or raises as in
+        # scikit-learn); tensors/arrays on a model fitted on DataFrames warn
+        _check_feature_names(self, X, reset=False)
         Xt = check_tensor(X, ndim=None, dtype=torch.float32, device=self._resolved_device,
                           owner=type(self).__name__)
         if tuple(Xt.shape[1:]) != tuple(self.input_shape_):
@@ -72,7 +76,9 @@ class _FederatedInferenceMixin:
             output) or reconstructions (autoencoder).
         """
         model = self._model_for(client, cluster)
-        Xt = self._check_X(X)
+        return self._predict_with(model, self._check_X(X))
+
+    def _predict_with(self, model: torch.nn.Module, Xt: torch.Tensor) -> np.ndarray:
         with torch.no_grad():
             out = model(Xt)
         if self.loss_ == "cross_entropy":
@@ -82,6 +88,7 @@ class _FederatedInferenceMixin:
         return self._to_numpy(out.reshape(Xt.shape) if self.loss_ == "reconstruction" else out)
 
     def _client_loss_vector(self, X, y) -> np.ndarray:
+        _check_feature_names(self, X, reset=False)
         fed = validate_clients([(X, y) if y is not None else X], ndim=None,
                                device=self._resolved_device, owner=type(self).__name__,
                                input_shape=tuple(self.input_shape_),
@@ -141,6 +148,9 @@ class _FederatedInferenceMixin:
         float
         """
         self._check_fitted()
+        if isinstance(clients, (list, tuple)):
+            for i, item in enumerate(clients):
+                _check_feature_names(self, _split_client(item, i)[0], reset=False)
         fed = validate_clients(clients, ndim=None, device=self._resolved_device,
                                owner=type(self).__name__, input_shape=tuple(self.input_shape_),
                                supervised=self.loss_ != "reconstruction")
@@ -149,7 +159,7 @@ class _FederatedInferenceMixin:
                              f"got {len(fed.Xs)}.")
         scores = []
         for i, X in enumerate(fed.Xs):
-            pred = self.predict(X, client=i)
+            pred = self._predict_with(self._model_for(i, None), X)
             if self.loss_ == "cross_entropy":
                 scores.append(float(np.mean(pred == fed.ys[i])))
             elif self.loss_ == "mse":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
@@ -10,12 +11,19 @@ from sklearn.utils.multiclass import check_classification_targets
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_in_options, check_positive
 from mlpapers.optim.scent._common import check_common_params
+from mlpapers.optim.scent._sparse_input import (
+    SparseRows,
+    is_sparse_input,
+    sparse_logit_blocks,
+    validate_sparse,
+)
 from mlpapers.optim.scent._xc import LOSSES, NEGATIVES, exact_objective
 from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
 
 __all__ = ["SCENTClassifier"]
 
-_CHUNK = 4096
+#: logits held at once by predict / objective (a block of rows x n_classes, 32 MB)
+_CHUNK_ELEMENTS = 1 << 22
 
 
 class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin,
@@ -56,6 +64,11 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
     SGD estimator (and unlike the KL-DRO and partial-AUC estimators, which
     precondition), the steps depend on the features' units: standardise ``X``
     (a feature a thousand times larger than the others dominates the steps).
+    Sparse ``X`` (scipy CSR, usual for bag-of-words or TF-IDF features; other
+    scipy formats and torch sparse tensors are converted to CSR) is supported
+    everywhere and never densified: the training batches are torch
+    sparse tensors (a step costs :math:`O(\text{nnz}\cdot k)`) and predictions
+    multiply blocks of rows with scipy.
 
     Parameters
     ----------
@@ -218,7 +231,7 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
         y : array-like of shape (n_samples,)
 
         Returns
@@ -226,7 +239,7 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         self : SCENTClassifier
         """
         self._init_fit()
-        X, y = self._validate_data(X, y, reset=True)
+        X, y = self._train_data(X, y, reset=True)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         if len(self.classes_) < 2:
@@ -246,7 +259,7 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
         y : array-like of shape (n_samples,)
         classes : array-like, optional
             All classes; required on the first call.
@@ -263,7 +276,7 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
             if classes is None:
                 raise ValueError("classes must be passed on the first call to partial_fit.")
             self._init_fit()
-            X, y = self._validate_data(X, y, reset=True)
+            X, y = self._train_data(X, y, reset=True)
             check_classification_targets(y)
             self.classes_ = np.unique(np.asarray(classes))
             if len(self.classes_) < 2:
@@ -271,7 +284,7 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
             self._check_params(len(self.classes_))
             self.loss_curve_ = []
         else:
-            X, y = self._validate_data(X, y, reset=False)
+            X, y = self._train_data(X, y, reset=False)
             if classes is not None and not np.array_equal(np.unique(classes), self.classes_):
                 raise ValueError("classes differ from those of the first call to partial_fit.")
             self._check_params(len(self.classes_))
@@ -297,19 +310,37 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         self._run(X, self._encode(y), index, 1, "constant")
         return self
 
+    def _train_data(self, X, y, *, reset: bool):
+        """Validated ``(X, y)``: a float32 tensor, or row batches of a scipy sparse ``X``."""
+        if is_sparse_input(X):
+            X, y = validate_sparse(self, X, y, reset=reset, dtype=np.float32)
+            return SparseRows(X, self._resolved_device), y
+        return self._validate_data(X, y, reset=reset)
+
     # -- prediction -------------------------------------------------------------------
     def _chunk_logits(self, X):
         """``(start, logits)`` of row blocks of a validated float64 ``X``: predict and
-        objective hold at most ``_CHUNK x n_classes`` logits, never ``n x n_classes``."""
+        objective hold about ``_CHUNK_ELEMENTS`` logits at once (at least one row),
+        never ``n x n_classes``, whatever the number of classes."""
+        rows = max(1, _CHUNK_ELEMENTS // len(self.coef_))
+        if sp.issparse(X):
+            return sparse_logit_blocks(X, self.coef_, self.intercept_, rows,
+                                       self._resolved_device)
         W = torch.as_tensor(self.coef_, dtype=torch.float64, device=X.device)
         b = torch.as_tensor(self.intercept_, dtype=torch.float64, device=X.device)
-        return ((i, X[i:i + _CHUNK] @ W.T + b) for i in range(0, X.shape[0], _CHUNK))
+        return ((i, X[i:i + rows] @ W.T + b) for i in range(0, X.shape[0], rows))
 
-    def _X64(self, X) -> torch.Tensor:
+    def _X64(self, X):
+        """Validated float64 ``X``: a tensor, or a CSR matrix for scipy sparse input."""
+        if is_sparse_input(X):
+            return validate_sparse(self, X, reset=False, dtype=np.float64)
         return self._validate_data(X, reset=False, dtype=torch.float64)
 
-    def _logits(self, X) -> torch.Tensor:
-        return torch.cat([z for _, z in self._chunk_logits(self._X64(X))])
+    def _logits(self, X, transform=None) -> torch.Tensor:
+        """All logits (``transform`` applied block by block: one block of temporaries)."""
+        blocks = [z if transform is None else transform(z)
+                  for _, z in self._chunk_logits(self._X64(X))]
+        return torch.cat(blocks)
 
     def decision_function(self, X):
         """Class scores :math:`z = XW^\\top + b`.
@@ -331,11 +362,13 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         -------
         ndarray of shape (n_samples, n_classes)
         """
-        return self._to_numpy(torch.softmax(self._logits(X) / self.temperature, dim=1))
+        tau = float(self.temperature)
+        return self._to_numpy(self._logits(X, lambda z: torch.softmax(z / tau, dim=1)))
 
     def predict_log_proba(self, X):
         """Logarithm of :meth:`predict_proba`, computed stably."""
-        return self._to_numpy(torch.log_softmax(self._logits(X) / self.temperature, dim=1))
+        tau = float(self.temperature)
+        return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(z / tau, dim=1)))
 
     def predict(self, X):
         """Most probable class of each row."""
@@ -353,7 +386,7 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like or scipy sparse matrix of shape (n_samples, n_features)
         y : array-like of shape (n_samples,)
             Labels seen in ``fit`` (others raise ``ValueError``).
 
@@ -366,7 +399,7 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
         if len(yi) != X.shape[0]:
             raise ValueError(f"X and y have inconsistent numbers of samples: "
                              f"{X.shape[0]} != {len(yi)}.")
-        yi, tau = yi.to(X.device), float(self.temperature)
+        yi, tau = yi.to(self._resolved_device), float(self.temperature)
         value = sum(float(exact_objective(z, yi[i:i + len(z)], self.loss, tau)) * len(z)
                     for i, z in self._chunk_logits(X)) / X.shape[0]
         reg = 0.5 * self.alpha * float((self.coef_.astype(np.float64) ** 2).sum())
@@ -407,4 +440,5 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
+        tags.input_tags.sparse = True  # scipy sparse X: trained on sparse batches
         return tags

@@ -100,7 +100,9 @@ class EntropicRiskLoss(nn.Module):
     Attributes
     ----------
     nu : torch.Tensor of shape (n_anchors,), float64
-        Dual variables (a buffer; saved in ``state_dict``).
+        Dual variables (a buffer; saved in ``state_dict``). It stays float64 when
+        the module (or a model holding it) is cast with ``.to(dtype)``,
+        ``.float()`` or ``.half()``; device moves apply.
     initialized : torch.Tensor of shape (n_anchors,), bool
         Which anchors were visited (a separate mask, never ``nu == 0``).
     last_stats : dict
@@ -169,6 +171,16 @@ class EntropicRiskLoss(nn.Module):
         self.register_buffer("nu", torch.zeros(self.n_anchors, dtype=torch.float64))
         self.register_buffer("initialized", torch.zeros(self.n_anchors, dtype=torch.bool))
         self.last_stats: dict[str, float] = {}
+
+    def _apply(self, fn, recurse=True):
+        # ``.float()``/``.half()``/``.to(dtype)`` (often of an enclosing model) cast every
+        # floating buffer: keep the dual table in float64, losslessly (its updates are
+        # small against its level), and let only its device follow.
+        nu = self.nu
+        super()._apply(fn, recurse)
+        if self.nu.dtype != torch.float64:
+            self.nu = nu.to(device=self.nu.device, dtype=torch.float64)
+        return self
 
     def extra_repr(self) -> str:
         return f"n_anchors={self.n_anchors}, method={self.method!r}"

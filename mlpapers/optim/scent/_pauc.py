@@ -20,6 +20,10 @@ from mlpapers.optim.scent._kernels import log_mean_exp
 __all__ = ["PartialAUCClassifier"]
 
 
+#: pair losses held at once by the exact objective (a block of positives x n_neg, 32 MB)
+_PAIR_ELEMENTS = 1 << 22
+
+
 class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     r"""Linear scorer maximising the one-way partial AUC through its KL-DRO surrogate.
 
@@ -140,8 +144,19 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return torch.clamp(self.margin - (hp[:, None] - hn[None, :]), min=0) ** 2
 
     def _objective_t(self, w, Xp, Xn, b=0.0):
-        ell = self._pair_losses(w, Xp, Xn, b)
-        return self.lam * log_mean_exp(ell / self.lam).mean()
+        """Exact objective over all pairs, in blocks of positives: at most about
+        ``_PAIR_ELEMENTS`` pair losses at once, never ``n_pos x n_neg`` (20 GB of
+        float64 for 50k positives and 50k negatives)."""
+        if len(Xp) == 0 or len(Xn) == 0:
+            ell = self._pair_losses(w, Xp, Xn, b)
+            return self.lam * log_mean_exp(ell / self.lam).mean()
+        hp, hn = torch.sigmoid(Xp @ w + b), torch.sigmoid(Xn @ w + b)
+        rows = max(1, _PAIR_ELEMENTS // len(hn))
+        total = hp.new_zeros(())
+        for i in range(0, len(hp), rows):
+            ell = torch.clamp(self.margin - (hp[i:i + rows, None] - hn[None, :]), min=0) ** 2
+            total = total + log_mean_exp(ell / self.lam).sum()
+        return self.lam * total / len(hp)
 
     def fit(self, X, y):
         """Fit the scorer.

@@ -9,6 +9,7 @@ import torch
 from mlpapers._utils import ProgressLogger
 from mlpapers.optim.scent._common import load_nu, lr_factor, make_loss, nu_to_numpy, set_lrs
 from mlpapers.optim.scent._sampled import sparse_rows_grad, sparse_sgd_step
+from mlpapers.optim.scent._sparse_input import sparse_row_dot
 from mlpapers.optim.scent._xc import batch_scores, draw_negatives
 
 
@@ -93,8 +94,12 @@ class SampledTrainingMixin:
         W = self._W.detach()
         Wp = W.index_select(0, yb).requires_grad_(True)          # (B, d)
         Wc = W.index_select(0, draw.cand).requires_grad_(True)   # (m, d)
-        z_pos = (Xb * Wp).sum(1) + self._b[yb]
-        z_neg = Xb @ Wc.T + self._b[draw.cand]
+        if Xb.is_sparse:  # a batch of CSR rows: O(nnz k), X never densified
+            z_pos = sparse_row_dot(Xb, Wp) + self._b[yb]
+            z_neg = torch.sparse.mm(Xb, Wc.T) + self._b[draw.cand]
+        else:
+            z_pos = (Xb * Wp).sum(1) + self._b[yb]
+            z_neg = Xb @ Wc.T + self._b[draw.cand]
         if draw.cols is not None:
             z_neg = z_neg.gather(1, draw.cols)
         scores, mask, keep = batch_scores(self.loss, self.negatives, z_pos, z_neg,

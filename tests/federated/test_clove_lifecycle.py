@@ -1,0 +1,52 @@
+"""Regression tests from the ecosystem / lifecycle audit of CLoVE, IFCA and FedAvg."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from mlpapers.datasets import make_federated_linear
+from mlpapers.federated import CLoVE, FedAvg
+
+
+@pytest.fixture(scope="module")
+def clients():
+    return make_federated_linear(n_clusters=2, n_clients_per_cluster=2, n_samples=30,
+                                 n_features=4, random_state=0)[0]
+
+
+@pytest.mark.parametrize("cls", [CLoVE, FedAvg])
+def test_dataframe_clients_record_feature_names(clients, cls, tmp_path):
+    # DataFrame clients set n_features_in_ but not feature_names_in_, and a frame with
+    # other columns was silently accepted at predict time
+    pd = pytest.importorskip("pandas")
+    cols = ["a", "b", "c", "d"]
+    frames = [(pd.DataFrame(X, columns=cols), pd.Series(y)) for X, y in clients]
+    kw = dict(n_rounds=2, random_state=0) | ({"n_clusters": 2} if cls is CLoVE else {})
+    est = cls(**kw).fit(frames)
+    np.testing.assert_array_equal(est.feature_names_in_, cols)
+    ref = cls(**kw).fit(clients)
+    assert not hasattr(ref, "feature_names_in_")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same frames: no warning
+        np.testing.assert_allclose(est.predict(frames[0][0], client=0),
+                                   ref.predict(clients[0][0], client=0), rtol=1e-6)
+        est.assign(*frames[1])
+        assert est.score(frames) == pytest.approx(ref.score(clients))
+    with pytest.raises(ValueError, match="feature names"):
+        est.predict(frames[0][0].rename(columns={"a": "z"}), client=0)
+    with pytest.warns(UserWarning, match="feature names"):
+        est.predict(clients[0][0], client=0)
+    est.save(tmp_path / "m.pt")
+    np.testing.assert_array_equal(type(est).load(tmp_path / "m.pt").feature_names_in_, cols)
+    est.fit(clients)  # a refit on arrays forgets the names
+    assert not hasattr(est, "feature_names_in_")
+    bad = [frames[0], (frames[1][0].rename(columns={"a": "q"}), frames[1][1])] + frames[2:]
+    with pytest.raises(ValueError, match=r"clients\[1\] has feature names"):
+        cls(**kw).fit(bad)
+
+
+def test_sparse_clients_raise_a_type_error_saying_to_densify(clients):
+    sp = pytest.importorskip("scipy.sparse")
+    with pytest.raises(TypeError, match=r"clients\[0\].*sparse.*toarray"):
+        CLoVE(n_clusters=2).fit([(sp.csr_matrix(X), y) for X, y in clients])
