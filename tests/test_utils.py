@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import scipy.sparse
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -75,6 +76,10 @@ def test_type_errors():
         check_tensor(np.ones((2, 2), dtype=complex))
     with pytest.raises(TypeError, match="array-like"):
         check_tensor({"a": 1})
+    with pytest.raises(TypeError, match=r"queries is a scipy sparse csr_matrix.*toarray"):
+        check_tensor(scipy.sparse.eye(3, format="csr"), name="queries")
+    with pytest.raises(TypeError, match=r"sparse torch tensor.*to_dense"):
+        check_tensor(torch.eye(3).to_sparse())
     with pytest.raises(ValueError, match="None"):
         check_tensor(None)
 

@@ -131,7 +131,7 @@ def check_tensor(
     Raises
     ------
     TypeError
-        If ``X`` is not numeric (strings, objects).
+        If ``X`` is not numeric (strings, objects) or is sparse (scipy or torch).
     ValueError
         On complex data, a wrong number of dimensions, too few samples or features, a feature
         count that differs from ``n_features``, or non-finite values.
@@ -141,6 +141,11 @@ def check_tensor(
         raise ValueError(f"{name} must be an array-like or tensor, got None.")
     if isinstance(X, torch.Tensor):
         t = X.detach()
+        if t.layout != torch.strided:
+            raise TypeError(
+                f"{name} is a sparse torch tensor ({t.layout}), but {owner} needs dense "
+                f"data: pass {name}.to_dense()."
+            )
         if t.is_complex():
             raise ValueError(f"Complex data not supported: {name} has dtype {t.dtype}.")
     else:
@@ -149,6 +154,11 @@ def check_tensor(
                 arr = np.asarray(X)
             except ValueError as exc:  # ragged nested sequences
                 raise ValueError(f"{name} could not be converted to an array: {exc}") from exc
+        elif hasattr(X, "toarray"):  # scipy sparse matrices and arrays
+            raise TypeError(
+                f"{name} is a scipy sparse {type(X).__name__}, but {owner} needs dense "
+                f"data: pass {name}.toarray()."
+            )
         else:
             raise TypeError(
                 f"{name} must be an array-like, numpy array or torch tensor, "
