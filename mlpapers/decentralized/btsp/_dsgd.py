@@ -372,7 +372,8 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             return functional_call(module, params, (X,))
 
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities of the average model, shape ``(n_samples, n_classes)``."""
+        """Class probabilities of the average model, shape ``(n_samples, n_classes)``,
+        float32 (the node models run in float32)."""
         return self._to_numpy(torch.softmax(self._logits(X), dim=1))
 
     def predict(self, X) -> np.ndarray:

@@ -235,7 +235,7 @@ def metric_closure(delays: Any) -> np.ndarray:
 def delays_from_graph(
     G: Any,
     *,
-    length_attr: str = "distance",
+    length_attr: str | None = "distance",
     per_unit: float = 0.0085,
     overhead: float = 4.0,
     shortest_paths: bool = True,
@@ -246,14 +246,19 @@ def delays_from_graph(
     Each link gets the delay ``per_unit * length + overhead`` (the official code's
     defaults: ``0.0085`` ms per mile of fibre plus a 4 ms per-hop overhead); node
     pairs then get the shortest-path (Dijkstra) delay, so the matrix is a symmetric
-    metric for an undirected graph.
+    metric for an undirected graph. Between parallel edges of a multigraph the
+    shortest counts (as for networkx's shortest paths).
 
     Parameters
     ----------
     G : networkx.Graph
-        Physical network. Directed graphs give directed (asymmetric) delays.
-    length_attr : str, default="distance"
-        Edge attribute with the link length. Every edge must have it.
+        Physical network (``Graph``, ``DiGraph``, ``MultiGraph`` or
+        ``MultiDiGraph``; any hashable node labels). Directed graphs give directed
+        (asymmetric) delays.
+    length_attr : str or None, default="distance"
+        Edge attribute with the link length. Every edge must have it. ``None``
+        for an unweighted graph: every link has length 0, so a delay is
+        ``overhead`` times the hop count.
     per_unit : float, default=0.0085
         Delay per unit of length.
     overhead : float, default=4.0
@@ -273,8 +278,8 @@ def delays_from_graph(
     ImportError
         If networkx is not installed.
     ValueError
-        If an edge lacks ``length_attr``, parallel edges have different lengths, or
-        the graph is not connected (with ``shortest_paths=True``).
+        If an edge lacks ``length_attr`` or the graph is not connected (with
+        ``shortest_paths=True``).
     """
     try:
         import networkx as nx  # noqa: F401  (only to give a clear error)
@@ -298,16 +303,16 @@ def delays_from_graph(
     for u, v, data in G.edges(data=True):
         if u == v:
             continue
-        if length_attr not in data:
-            raise ValueError(f"edge ({u!r}, {v!r}) has no {length_attr!r} attribute.")
-        d = per_unit * float(data[length_attr]) + overhead
+        if length_attr is not None and length_attr not in data:
+            raise ValueError(f"edge ({u!r}, {v!r}) has no {length_attr!r} attribute (pass "
+                             "length_attr=None for an unweighted graph: hop-count delays).")
+        length = 0.0 if length_attr is None else float(data[length_attr])
+        d = per_unit * length + overhead
         if not np.isfinite(d) or d < 0:
             raise ValueError(f"edge ({u!r}, {v!r}) has an invalid delay {d}.")
         i, j = index[u], index[v]
         for a, b in ((i, j),) if directed else ((i, j), (j, i)):
-            if np.isfinite(link[a, b]) and not np.isclose(link[a, b], d):
-                raise ValueError(f"edge ({u!r}, {v!r}) has two different lengths.")
-            link[a, b] = d
+            link[a, b] = min(link[a, b], d)  # parallel edges: the shortest link
     np.fill_diagonal(link, 0.0)
     if not shortest_paths:
         return link

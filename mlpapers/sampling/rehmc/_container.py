@@ -46,6 +46,8 @@ class ConvexContainer:
     """
 
     dim: int
+    # longest chord used by random_interior (an unbounded polytope caps it at 1)
+    _chord_cap: float = float("inf")
 
     def _t(self, arr: np.ndarray, like: Tensor) -> Tensor:
         cache = self.__dict__.setdefault("_tensor_cache", {})
@@ -129,7 +131,7 @@ class ConvexContainer:
         u = torch.randn(n, self.dim, generator=gen, dtype=torch.float64)
         u = u / u.norm(dim=1, keepdim=True)
         t, _, _ = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))
-        t = torch.where(torch.isfinite(t), t, torch.ones_like(t))
+        t = torch.where(torch.isfinite(t), t, torch.ones_like(t)).clamp_max(self._chord_cap)
         frac = torch.rand(n, generator=gen, dtype=torch.float64) * 0.9
         return c + (frac * t)[:, None] * u
 

@@ -10,7 +10,9 @@ non-finite draw, or draws that do not vary (R-hat and ESS of constant draws are
 NaN, as in Stan and the R package ``posterior``; ArviZ reports the ESS of constant
 draws as their number). As in ArviZ and Stan, the autocorrelation time is floored
 at ``1 / log10(N)``, so very short chains (about 10 draws) can report an ESS above
-the ``N`` draws.
+the ``N`` draws. The tail ESS's quantiles are numpy's (R's type 7, as ``posterior``):
+where ArviZ's ``mquantiles`` rounds an order statistic down, its tail ESS can differ.
+A single chain gets a split R-hat (from its two halves, as Stan); ArviZ gives NaN.
 """
 
 from __future__ import annotations

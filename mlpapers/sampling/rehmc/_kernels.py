@@ -70,8 +70,12 @@ def reflect_momentum(p: Tensor, normal: Tensor, inv_mass: Tensor | None) -> Tens
 
 def _shape_error(name: str, expected: tuple, x: Tensor, got) -> ValueError:
     shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+    hint = ""
+    if len(expected) == 1:
+        hint = (" It gets one row per chain and must return one value per row (a torch "
+                "tensor: .squeeze(-1) a column; wrap a one-point function in torch.vmap).")
     return ValueError(f"{name} must return a tensor of shape {expected} for a "
-                      f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.")
+                      f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.{hint}")
 
 
 def grad_only(grad_log_prob: GradLogProb, x: Tensor) -> Tensor:

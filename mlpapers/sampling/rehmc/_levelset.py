@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from mlpapers._utils import check_positive
@@ -35,9 +36,11 @@ class ConvexSet(ConvexContainer):
     Parameters
     ----------
     g : callable
-        ``g(x)`` maps a ``(C, d)`` tensor to ``(C,)``.
+        ``g(x)`` maps a ``(C, d)`` tensor to ``(C,)`` (a tensor; an array is
+        accepted when ``grad_g`` is given, else ``TypeError``).
     grad_g : callable, optional
-        Gradient of ``g`` (``(C, d) -> (C, d)``); by autograd when omitted.
+        Gradient of ``g`` (``(C, d) -> (C, d)``, a tensor); by autograd when
+        omitted.
     interior_point : array-like of shape (d,)
         A point with ``g < 0``; it fixes the dimension.
     n_bisect : int, default=60
@@ -55,7 +58,14 @@ class ConvexSet(ConvexContainer):
         self._x0 = _as_float_array(interior_point, "interior_point", 1).copy()
         self.dim = len(self._x0)
         self.n_bisect = int(check_positive(n_bisect, "n_bisect", integer=True))
-        g0 = self._g(torch.as_tensor(self._x0)[None])
+        x0 = torch.as_tensor(self._x0)[None]
+        with torch.no_grad():
+            raw = g(x0)
+        if not isinstance(raw, torch.Tensor) and grad_g is None:
+            raise TypeError(f"g returned a {type(raw).__name__}, not a torch tensor: the "
+                            "boundary normals come from autograd. Write g with torch "
+                            "operations, or pass grad_g.")
+        g0 = self._g(x0)
         if g0.shape != (1,):
             raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(g0.shape)}.")
         if not g0[0] < 0:
@@ -66,7 +76,10 @@ class ConvexSet(ConvexContainer):
 
     def _g(self, x):
         with torch.no_grad():
-            return self.g(x)
+            out = self.g(x)
+        if not isinstance(out, torch.Tensor):  # a numpy g (allowed with grad_g)
+            out = torch.as_tensor(np.asarray(out, dtype=np.float64), device=x.device)
+        return out.to(x.dtype)
 
     def contains(self, x, tol=0.0):
         return self._g(x) <= tol
@@ -75,6 +88,9 @@ class ConvexSet(ConvexContainer):
         if self.grad_g is not None:
             with torch.no_grad():
                 gr = self.grad_g(x)
+            if not isinstance(gr, torch.Tensor):
+                gr = torch.as_tensor(np.asarray(gr, dtype=np.float64), device=x.device)
+            gr = gr.to(x.dtype)
         else:
             with torch.enable_grad():
                 xr = x.detach().requires_grad_(True)

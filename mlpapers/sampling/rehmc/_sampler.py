@@ -245,7 +245,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         RuntimeError
             With a ``support``: if some chain has no draw in it after 2000
             recorded states (or too few after ``1000 * thin * n_samples``
-            iterations), instead of running on and on.
+            iterations), instead of running on and on. Also when ``log_prob``
+            fails on the chains' dtype (a float32 model with the float64
+            default), with a hint to pass ``dtype``.
 
         Warns
         -----

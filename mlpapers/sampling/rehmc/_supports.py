@@ -19,6 +19,12 @@ import torch
 from mlpapers._utils import check_positive, to_numpy
 from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
 from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
+from mlpapers.sampling.rehmc._lp import (
+    _MAX_RADIUS,
+    _chebyshev_lp,
+    _is_unbounded,
+    _nearest_inner_point,
+)
 
 __all__ = ["Ball", "Box", "ConvexContainer", "ConvexSet", "Ellipsoid", "Polytope", "Region"]
 
@@ -159,7 +165,13 @@ class Polytope(ConvexContainer):
     program (:func:`scipy.optimize.linprog`) and raises if the polytope is
     empty or has no interior. An unbounded polytope is accepted (a half-space
     or an orthant, say): boundedness is then the job of ``log_prob``, which
-    must be integrable on it; this is not checked.
+    must be integrable on it; this is not checked (an improper target shows as
+    chains that drift apart: the split R-hat warning of
+    :meth:`~mlpapers.sampling.ReflectiveHMC.sample`).
+    For an unbounded polytope, :meth:`interior_point` is the point nearest the
+    origin (in the max norm) whose unit ball lies inside, and default starting
+    points lie in that unit ball; pass ``x0`` if the target's mass lies far
+    from there.
 
     Parameters
     ----------
@@ -194,7 +206,15 @@ class Polytope(ConvexContainer):
         radius = float(res.x[-1])
         if radius <= 1e-12:
             raise ValueError("Polytope {A x <= b} has an empty interior (it is flat).")
-        return res.x[:self.dim], radius
+        center = res.x[:self.dim]
+        if radius >= _MAX_RADIUS * (1 - 1e-9) and _is_unbounded(self.A):
+            # the LP's centre lies about 1e6 from every face, so chains started there
+            # spent the whole warm-up walking back (an orthant with an exponential target:
+            # R-hat 2.4); start near the origin, at the closest point whose unit ball fits
+            near = _nearest_inner_point(self.A, self.b)
+            if near is not None:  # its unit ball lies inside: random_interior stays in it
+                center, self._chord_cap = near, 1.0
+        return center, radius
 
     def _scaled_width(self, scale):
         A = self.A * scale  # {x = scale * y : A x <= b} = {y : (A scale) y <= b}
@@ -334,18 +354,6 @@ class Ellipsoid(ConvexContainer):
         lam, V = np.linalg.eigh(self.E)
         inv_sqrt = (V / np.sqrt(lam)) @ V.T  # E^{-1/2}, symmetric
         return torch.as_tensor(self.center) + w @ torch.as_tensor(inv_sqrt)
-
-
-def _chebyshev_lp(A: np.ndarray, b: np.ndarray):
-    """Chebyshev-centre LP of ``{A x <= b}`` with unit rows: ``res.x = (centre, radius)``
-    (radius capped at 1e6 for an unbounded polytope)."""
-    from scipy.optimize import linprog
-
-    m, d = A.shape
-    c = np.zeros(d + 1)
-    c[-1] = -1.0  # maximise the radius
-    return linprog(c, A_ub=np.hstack([A, np.ones((m, 1))]), b_ub=b,
-                   bounds=[(None, None)] * d + [(0, 1e6)], method="highs")
 
 
 def _quadratic_exit(a: Tensor, b: Tensor, c: Tensor) -> Tensor:

@@ -53,7 +53,16 @@ def start_state(log_prob: Callable, x: torch.Tensor,
     ``log_prob`` varies but autograd cannot differentiate it (its gradient is then
     zero and the sampler random-walks).
     """
-    logp, grad, has_graph = log_prob_and_grad(log_prob, x, grad_log_prob, report_graph=True)
+    try:
+        logp, grad, has_graph = log_prob_and_grad(log_prob, x, grad_log_prob,
+                                                  report_graph=True)
+    except RuntimeError as exc:  # e.g. a float32 torch module fed the float64 chains
+        if "dtype" not in str(exc) and "Double" not in str(exc):
+            raise
+        raise RuntimeError(
+            f"log_prob failed on the {x.dtype} chains, of shape {tuple(x.shape)} ({exc}). "
+            "The sampler's dtype defaults to torch.float64: for a float32 model pass "
+            "dtype=torch.float32, or convert the model with .double().") from exc
     if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
         raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
     if not has_graph and _varies(log_prob, x, logp):

@@ -1,0 +1,61 @@
+"""Linear programs of :class:`~mlpapers.sampling.Polytope` (scipy's HiGHS).
+
+The Chebyshev centre and radius, the boundedness test, and the interior point near
+the origin used for unbounded polytopes. All take unit-norm rows ``A`` of ``{A x <= b}``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MAX_RADIUS = 1e6  # cap of the Chebyshev radius: an unbounded polytope reaches it
+
+
+def _chebyshev_lp(A: np.ndarray, b: np.ndarray):
+    """Chebyshev-centre LP of ``{A x <= b}`` with unit rows: ``res.x = (centre, radius)``
+    (radius capped at ``_MAX_RADIUS`` for an unbounded polytope)."""
+    from scipy.optimize import linprog
+
+    m, d = A.shape
+    c = np.zeros(d + 1)
+    c[-1] = -1.0  # maximise the radius
+    return linprog(c, A_ub=np.hstack([A, np.ones((m, 1))]), b_ub=b,
+                   bounds=[(None, None)] * d + [(0, _MAX_RADIUS)], method="highs")
+
+
+def _is_unbounded(A: np.ndarray) -> bool:
+    """Whether ``{A x <= b}`` (non-empty) is unbounded: its recession cone ``{u : A u <= 0}``
+    is not ``{0}``, i.e. the rows do not positively span ``R^d`` (rank ``d`` and some
+    ``y > 0`` with ``A^T y = 0``)."""
+    from scipy.optimize import linprog
+
+    m, d = A.shape
+    if np.linalg.matrix_rank(A) < d:
+        return True
+    c = np.zeros(m + 1)
+    c[-1] = -1.0  # maximise s with y_i >= s, sum(y) = 1, A^T y = 0
+    A_eq = np.vstack([np.hstack([A.T, np.zeros((d, 1))]),
+                      np.hstack([np.ones((1, m)), np.zeros((1, 1))])])
+    b_eq = np.concatenate([np.zeros(d), [1.0]])
+    A_ub = np.hstack([-np.eye(m), np.ones((m, 1))])
+    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(m), A_eq=A_eq, b_eq=b_eq,
+                  bounds=[(0, None)] * m + [(None, None)], method="highs")
+    return res.status != 0 or float(res.x[-1]) <= 1e-12
+
+
+def _nearest_inner_point(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """The point ``x`` of smallest ``max_i |x_i|`` whose unit ball lies in ``{A x <= b}``
+    (unit rows), or ``None`` if the LP fails; for polytopes with an inscribed unit ball."""
+    from scipy.optimize import linprog
+
+    m, d = A.shape
+    c = np.zeros(d + 1)
+    c[-1] = 1.0  # minimise s with -s <= x_i <= s
+    eye = np.eye(d)
+    A_ub = np.vstack([np.hstack([A, np.zeros((m, 1))]),
+                      np.hstack([eye, -np.ones((d, 1))]),
+                      np.hstack([-eye, -np.ones((d, 1))])])
+    b_ub = np.concatenate([b - 1.0, np.zeros(2 * d)])
+    res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=[(None, None)] * d + [(0, None)],
+                  method="highs")
+    return res.x[:d] if res.status == 0 else None
