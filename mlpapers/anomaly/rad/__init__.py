@@ -4,7 +4,6 @@ Zhang, Li, Henderson, Aragon-Camarasa and Long, "Is Task-Specific Training
 Necessary for Anomaly Detection?", ICML 2026, arXiv:2601.22763.
 """
 
-from mlpapers.anomaly.rad._common import check_images
 from mlpapers.anomaly.rad._estimator import PatchCoreDetector, RADDetector
 from mlpapers.anomaly.rad._extractors import (
     DinoViTExtractor,
@@ -12,6 +11,7 @@ from mlpapers.anomaly.rad._extractors import (
     TorchFeatureExtractor,
     efficientnet_lite0_extractor,
 )
+from mlpapers.anomaly.rad._images import check_images
 
 __all__ = [
     "DinoViTExtractor",

@@ -1,15 +1,14 @@
-"""Image input validation and the shared shell of the patch-based detectors."""
+"""The shared shell of the patch-based detectors (image validation: ``_images``)."""
 
 from __future__ import annotations
 
 import numbers
 import os
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from scipy.special import erf
 from sklearn.base import BaseEstimator, OutlierMixin
 from sklearn.metrics import roc_auc_score
 
@@ -18,117 +17,18 @@ from mlpapers._utils import (
     ProgressLogger,
     check_in_options,
     check_positive,
-    check_tensor,
-    reject_single_hwc_image,
     resolve_dtype,
-    torch_compatible_array,
 )
 from mlpapers.anomaly.rad._extractors import resolve_extractor
+from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-exported)
+    _resize,
+    _unit_rgb,
+    _validate_images,
+    check_images,
+)
 from mlpapers.anomaly.rad._maps import resize_maps
 
 _MEMORY_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def _pil_to_array(image: Any) -> np.ndarray:
-    """Pixel array of a PIL image: 8-bit modes as uint8 L or RGB, wider modes as stored.
-
-    32-bit integer (``"I"``), 16-bit (``"I;16"``...) and float (``"F"``) images keep
-    their values, so that :func:`check_images` validates them like arrays of the
-    same dtype (PIL's ``convert("L")`` would clip them to 0..255 silently).
-    """
-    mode = image.mode
-    if mode == "F" or mode == "I" or mode.startswith("I;"):
-        return torch_compatible_array(np.asarray(image))
-    return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
-
-
-def _pixels_to_unit(t: torch.Tensor, name: str) -> torch.Tensor:
-    """Pixels as float in [0, 1]: booleans as 0/1, integers (8-bit values, any integer
-    dtype) divided by 255, floats as they are (warning when they look like 0-255)."""
-    if t.dtype == torch.bool:
-        return t.float()
-    if not t.is_floating_point():
-        if not t.numel():
-            lo, hi = 0, 0
-        elif t.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no torch CPU min/max
-            arr = t.cpu().numpy()
-            lo, hi = int(arr.min()), int(arr.max())
-        else:
-            lo, hi = (int(v) for v in torch.aminmax(t))
-        if lo < 0 or hi > 255:
-            raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
-                             "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
-        return t.float() / 255.0
-    t = t.float()
-    lo, hi = (float(v) for v in torch.aminmax(t)) if t.numel() else (0.0, 0.0)
-    if hi > 2.0 or lo < -1.0:
-        warnings.warn(f"{name} is floating point with values in [{lo:.4g}, {hi:.4g}]; float "
-                      "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
-                      "or pass uint8; do not normalise them, the extractor does).",
-                      UserWarning, stacklevel=4)
-    return t
-
-
-def check_images(X: Any, name: str = "X") -> torch.Tensor:
-    """Validate images into a float tensor (n, 3, H, W) with values in [0, 1].
-
-    Accepts numpy arrays, tensors, or lists of PIL images / arrays, shaped
-    ``(n, H, W)`` (grayscale; a 3D array whose last axis has 3 or 4 entries is
-    taken for one ``(H, W, C)`` image and rejected), ``(n, H, W, C)`` or
-    ``(n, C, H, W)`` with ``C`` in
-    ``{1, 3, 4}`` (when both axes could hold the channels, ``(n, C, H, W)`` wins,
-    and 1 or 3 channels win over 4). Integer data (any integer dtype, e.g. ``uint8`` or the
-    ``int64`` of a nested list of pixel values) are 8-bit pixel values and are
-    divided by 255; values outside ``[0, 255]`` raise a ``ValueError``. Boolean
-    data become 0/1. Float data are taken as is (expected in ``[0, 1]``; a
-    ``UserWarning`` flags data that look like 0-255 pixel values). Grayscale is
-    repeated to three channels; the alpha channel of 4-channel (RGBA) data is
-    dropped, as PIL's ``convert("RGB")`` does. PIL images of 16/32-bit integer or
-    float modes (``"I;16"``, ``"I"``, ``"F"``) follow the same rules as arrays of
-    their dtype (they are not clipped to 8 bits). In a list mixing integer and
-    float images, each image is scaled by its own dtype.
-    """
-    if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
-        arrays = []
-        for item in X:
-            if hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
-                item = _pil_to_array(item)
-            arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
-                          else np.asarray(item))
-        if len({a.shape for a in arrays}) > 1:  # grayscale next to colour: repeat channels
-            colour = [a.shape for a in arrays if a.ndim == 3 and a.shape[-1] in (3, 4)]
-            if colour:
-                arrays = [np.repeat(a[..., None], colour[0][-1], axis=-1)
-                          if a.ndim == 2 and a.shape == colour[0][:2] else a for a in arrays]
-        kinds = {a.dtype.kind for a in arrays}
-        if "f" in kinds and kinds & set("biu"):  # 8-bit items next to float items
-            arrays = [a if a.dtype.kind == "f" else
-                      _pixels_to_unit(torch.from_numpy(torch_compatible_array(a)), name).numpy()
-                      for a in arrays]
-        shapes = {a.shape for a in arrays}
-        if len(shapes) > 1:
-            raise ValueError(f"{name} holds images of mixed sizes {sorted(shapes)}; resize them "
-                             "to a common size first.")
-        X = np.stack(arrays)
-    t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
-    reject_single_hwc_image(t, name, fix="X[None] (or a list of images)")
-    t = _pixels_to_unit(t, name)
-    if t.ndim == 3:
-        t = t[:, None]
-    elif t.shape[1] in (1, 3):
-        pass
-    elif t.shape[-1] in (1, 3, 4):
-        t = t.permute(0, 3, 1, 2)
-    elif t.shape[1] != 4:
-        raise ValueError(f"{name} must have 1, 3 or 4 channels, in (n, C, H, W) or "
-                         f"(n, H, W, C) layout; got shape {tuple(t.shape)}.")
-    if t.shape[1] == 4:  # RGBA: drop alpha
-        t = t[:, :3]
-    if t.shape[-1] < 2 or t.shape[-2] < 2:
-        raise ValueError(f"{name} images must be at least 2x2 pixels, got {tuple(t.shape[-2:])}.")
-    if t.shape[1] == 1:
-        t = t.expand(-1, 3, -1, -1)
-    return t.contiguous()
 
 
 def _check_extractor_output(feats: Any, key: Any, n: int, batch: int) -> list[torch.Tensor]:
@@ -203,9 +103,20 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         hw = _check_image_size(self.image_size)
         return tuple(images.shape[-2:]) if hw is None else hw
 
+    def _images(self, X) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
+        """Validated images in their pixel dtype and, for a list of images of different
+        sizes (already resized to ``image_size``), their original sizes."""
+        return _validate_images(X, "X", _check_image_size(self.image_size))
+
     def _extract(self, images: torch.Tensor, desc: str) -> tuple[list[torch.Tensor],
                                                                   torch.Tensor]:
-        """Run the extractor in batches: per-layer maps (n, C_l, h_l, w_l), keys (n, D)."""
+        """Run the extractor in batches: per-layer maps (n, C_l, h_l, w_l), keys (n, D).
+
+        ``images`` are validated (:func:`_validate_images`) but not converted: each
+        batch is made float, RGB and resized on its own, so that the memory of the
+        pipeline is that of the input plus one batch (not a float copy of the input
+        at its full resolution).
+        """
         ext = self._get_extractor()
         size = self._network_size(images)
         dev = self._resolved_device
@@ -215,10 +126,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         log = ProgressLogger(n_batches, verbose=self.verbose, desc=desc)
         with torch.inference_mode():
             for i in log:
-                x = images[i * self.batch_size:(i + 1) * self.batch_size].to(dev)
-                if tuple(x.shape[-2:]) != tuple(size):
-                    x = F.interpolate(x, size=size, mode="bilinear", align_corners=False,
-                                      antialias=True)
+                x = _resize(_unit_rgb(
+                    images[i * self.batch_size:(i + 1) * self.batch_size].to(dev)), size)
                 try:
                     f, k = ext(x)
                 except RuntimeError as exc:
@@ -256,11 +165,11 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         """
         self._init_fit()
         self._check_params()
-        images = check_images(X)
+        images, _ = self._images(X)
         self._forget_fit()
         try:
             feats, keys = self._extract(images, desc=f"{type(self).__name__} fit")
-            self.n_features_in_ = int(np.prod(images.shape[1:]))
+            self.n_features_in_ = int(3 * images.shape[-2] * images.shape[-1])  # RGB C*H*W
             self.n_train_ = len(images)
             self.input_size_ = tuple(int(s) for s in self._network_size(images))
             self.decision_scores_ = self._to_numpy(self._fit_memory(feats, keys))
@@ -279,11 +188,12 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                      or k == "_extractor"]:
             delattr(self, attr)
 
-    def _maps_and_scores(self, X, return_maps: bool = True
-                         ) -> tuple[torch.Tensor | None, torch.Tensor, tuple[int, int]]:
+    def _maps_and_scores(self, X, return_maps: bool = True):
+        """``(maps at the network size or None, scores, input sizes)``; the input sizes
+        are one ``(H, W)`` for same-size images, else a list with one per image."""
         self._check_fitted()
         self._check_params()  # scoring reads parameters (set_params after fit)
-        images = check_images(X)
+        images, sizes = self._images(X)
         size = self._network_size(images)
         if tuple(size) != tuple(self.input_size_):
             raise ValueError(f"X images are {tuple(images.shape[-2:])} but the memory was built "
@@ -292,7 +202,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         feats, keys = self._extract(images, desc=f"{type(self).__name__} score")
         # scores alone do not keep the (n, H', W') maps of every image
         maps, scores = self._score_features(feats, keys, exclude=None, return_maps=return_maps)
-        return maps, scores, tuple(images.shape[-2:])
+        return maps, scores, (tuple(images.shape[-2:]) if sizes is None else sizes)
 
     def decision_function(self, X) -> np.ndarray:
         """Image anomaly scores (higher is more anomalous, as in PyOD).
@@ -327,16 +237,58 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Returns
         -------
-        maps : ndarray of shape (n_samples, H, W)
+        maps : ndarray of shape (n_samples, H, W), or list of ndarray
+            For a list of images of different sizes (accepted when ``image_size``
+            is set), a list with one ``(H_i, W_i)`` map per image.
         scores : ndarray of shape (n_samples,), only with ``return_scores``
         """
         maps, scores, hw = self._maps_and_scores(X)
-        maps = self._to_numpy(resize_maps(maps, hw))
+        if isinstance(hw, list):  # images of different sizes: one map each at its size
+            maps = [self._to_numpy(resize_maps(m[None], s)[0]) for m, s in zip(maps, hw)]
+        else:
+            maps = self._to_numpy(resize_maps(maps, hw))
         return (maps, self._to_numpy(scores)) if return_scores else maps
 
     def predict(self, X) -> np.ndarray:
         """Binary labels: 1 for anomalous (score above ``threshold_``), 0 for normal."""
         return (self.decision_function(X) > self.threshold_).astype(np.int64)
+
+    def predict_proba(self, X, method: str = "linear") -> np.ndarray:
+        r"""Probability of being anomalous, as PyOD's ``predict_proba``.
+
+        The test scores are mapped through the training scores
+        ``decision_scores_``: ``"linear"`` min-max scales them to the training
+        range and clips to [0, 1]; ``"unify"`` is
+        :math:`\operatorname{erf}((s - \mu) / (\sigma \sqrt{2}))` clipped at 0,
+        with the mean and standard deviation of the training scores (Kriegel et
+        al., 2011). A constant training range or standard deviation is replaced
+        by 1, as PyOD's min-max scaler does. These are calibrations of the score,
+        not probabilities estimated from labels.
+
+        Parameters
+        ----------
+        X : array-like, tensor or list of PIL images
+            Images as in :meth:`fit`.
+        method : {"linear", "unify"}, default="linear"
+
+        Returns
+        -------
+        ndarray of shape (n_samples, 2), float64
+            Columns: probability of normal (0) and anomalous (1); rows sum to 1.
+        """
+        check_in_options(method, "method", ("linear", "unify"))
+        self._check_fitted()
+        scores = self.decision_function(X).astype(np.float64)
+        train = np.asarray(self.decision_scores_, dtype=np.float64)
+        if method == "linear":
+            span = float(train.max() - train.min())
+            p = (scores - float(train.min())) / (span if span > 0 else 1.0)
+        else:
+            sigma = float(train.std())
+            p = erf((scores - float(train.mean())) / ((sigma if sigma > 0 else 1.0)
+                                                       * np.sqrt(2.0)))
+        p = np.clip(p, 0.0, 1.0)
+        return np.stack([1.0 - p, p], axis=1)
 
     def fit_predict(self, X, y=None) -> np.ndarray:
         """Fit and return ``labels_`` (leave-one-out labels of the training images)."""

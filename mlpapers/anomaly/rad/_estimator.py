@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from einops import rearrange
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import ProgressLogger, check_in_options, check_positive
 from mlpapers.anomaly.rad._common import BaseImageDetector
 from mlpapers.anomaly.rad._kernels import (
     global_patch_similarity,
@@ -63,9 +63,10 @@ class RADDetector(BaseImageDetector):
         Non-negative fusion weights, normalised to sum to one; ``None`` is uniform.
     image_size : int, (int, int) or None, default=224
         Network input size; images are resized (bilinear, antialiased). ``None``
-        keeps the input size (all images must then share it). Maps and image
-        scores are computed at this size; :meth:`anomaly_map` resizes to the
-        input.
+        keeps the input size (all images must then share it); otherwise a list
+        of images of different sizes is accepted. Maps and image scores are
+        computed at this size; :meth:`anomaly_map` resizes to the input (one map
+        per image, in a list, for images of different sizes).
     top_ratio : float in [0, 1], default=0.01
         Fraction of map pixels averaged into the image score; ``0`` is the max.
     smoothing_sigma : float, default=1.0
@@ -130,7 +131,8 @@ class RADDetector(BaseImageDetector):
     labels_ : ndarray of shape (n_train,)
         ``decision_scores_ > threshold_``.
     n_features_in_ : int
-        ``C * H * W`` of the training images.
+        ``3 * H * W`` of the training images (grayscale counts as RGB; for a
+        list of images of different sizes, ``H, W`` is ``image_size``).
     n_train_ : int
 
     See Also
@@ -261,8 +263,11 @@ class RADDetector(BaseImageDetector):
             for i in range(0, n, bs)])
         order = order_by_neighbours(nbrs)  # exact: every image is scored on its own
         maps, scores = [], []
-        for start in range(0, n, bs):
-            idx = order[start:start + bs]
+        # the matching dominates at scale (e.g. the leave-one-out scores of a large memory)
+        what = "leave-one-out scores" if exclude is not None else "matching"
+        for b in ProgressLogger(-(-n // bs), verbose=self.verbose,
+                                desc=f"{type(self).__name__} {what}"):
+            idx = order[b * bs:(b + 1) * bs]
             m, s = self._score_patches([p[idx.to(p.device)] for p in patches], nbrs[idx],
                                        return_maps)
             maps.append(m)

@@ -117,7 +117,8 @@ class PatchCoreDetector(BaseImageDetector):
         ids = torch.arange(n, device=dev).repeat_interleave(L)
         if self.coreset_ratio < 1.0:
             n_keep = max(1, math.ceil(self.coreset_ratio * n * L))
-            sel = greedy_coreset(flat, n_keep, generator=self._torch_gen)
+            sel = greedy_coreset(flat, n_keep, generator=self._torch_gen,
+                                 verbose=self.verbose)
             flat_mem, ids_mem = flat[sel], ids[sel]
         else:
             flat_mem, ids_mem = flat, ids

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from mlpapers._utils import ProgressLogger
+
 __all__ = ["greedy_coreset", "knn_distances"]
 
 
@@ -82,6 +84,7 @@ def greedy_coreset(
     n_select: int,
     generator: torch.Generator | None = None,
     projection_dim: int | None = 128,
+    verbose: int = 0,
 ) -> torch.Tensor:
     """Greedy k-center coreset (the PatchCore memory subsampling).
 
@@ -98,6 +101,8 @@ def greedy_coreset(
     generator : torch.Generator, optional
         Seeds the start row and the projection.
     projection_dim : int or None, default=128
+    verbose : int, default=0
+        Show a progress bar over the selections (one pass over the rows each).
 
     Returns
     -------
@@ -116,7 +121,9 @@ def greedy_coreset(
     selected[0] = first
     x2 = x.pow(2).sum(1)
     min_d = (x2 - 2.0 * (x @ x[first]) + x2[first]).clamp_min_(0.0)
-    for i in range(1, n_select):
+    for i in ProgressLogger(n_select, verbose=verbose, desc="greedy coreset"):
+        if i == 0:
+            continue
         nxt = torch.argmax(min_d)
         selected[i] = nxt
         d = (x2 - 2.0 * (x @ x[nxt]) + x2[nxt]).clamp_min_(0.0)

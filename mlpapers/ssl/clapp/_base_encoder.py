@@ -26,7 +26,8 @@ from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_re
 _TRANSFORM_CHUNK = 256
 
 
-class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
+class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
+                      auto_wrap_output_keys=None):
     """Base: fit a VGG-like encoder without labels, transform images to pooled features.
 
     Subclasses define ``_default_grid`` (spatial pool side when ``spatial_pool`` is
@@ -35,6 +36,10 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
     """
 
     _loss_names: tuple[str, ...] = ()
+    # ``transform`` is not wrapped by scikit-learn's ``set_output`` machinery (which would
+    # name the columns with ``get_feature_names_out()``, i.e. ``layers="all"``, whatever
+    # ``layers`` / ``spatial_pool`` the call used): it wraps its output itself
+    # (``_wrap_output``). The subclasses still offer ``set_output``.
     # ``transform(X, layers=...)`` is an option, not routed metadata.
     __metadata_request__transform = {"layers": metadata_routing.UNUSED,
                                      "spatial_pool": metadata_routing.UNUSED}
@@ -326,7 +331,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
         -------
         ndarray of shape (n_samples, n_features)
             ``sum(channels[l] * g[l] ** 2 for l in layers)`` features, float32
-            (``layer_dims_`` with the training grids).
+            (``layer_dims_`` with the training grids). Under
+            ``set_output(transform="pandas")`` a DataFrame whose columns are
+            ``get_feature_names_out(layers=layers, spatial_pool=spatial_pool)``.
         """
         X = self._check_images(X, reset=False)
         chosen = self._layer_list(layers)
@@ -339,7 +346,20 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator):
                 h = self._pooled(X[start:start + _TRANSFORM_CHUNK].to(dev), detach=True,
                                  grids=grids)
                 out.append(torch.cat([h[i] for i in chosen], dim=1).cpu())
-        return self._to_numpy(torch.cat(out, dim=0))
+        return self._wrap_output(self._to_numpy(torch.cat(out, dim=0)), X, chosen, grids)
+
+    def _wrap_output(self, out: np.ndarray, X: Any, layers: list[int], grids: list[int]):
+        """The ``set_output`` container of ``out``, its columns named for these
+        ``layers`` and pooling ``grids`` (ndarray unless configured otherwise)."""
+        from sklearn.utils._set_output import ADAPTERS_MANAGER, _get_output_config
+
+        dense = _get_output_config("transform", self)["dense"]
+        if dense == "default":
+            return out
+        return ADAPTERS_MANAGER.adapters[dense].create_container(
+            out, X, columns=lambda: self.get_feature_names_out(layers=layers,
+                                                               spatial_pool=grids),
+            inplace=False)
 
     def get_feature_names_out(self, input_features=None, layers="all", spatial_pool=None):
         """Names of the :meth:`transform` features.

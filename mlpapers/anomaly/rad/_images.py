@@ -1,0 +1,189 @@
+"""Validation of image inputs: arrays, tensors and PIL images to (n, C, H, W) pixels."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mlpapers._utils import check_tensor, reject_single_hwc_image, torch_compatible_array
+
+__all__ = ["check_images"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _pil_to_array(image: Any) -> np.ndarray:
+    """Pixel array of a PIL image: 8-bit modes as uint8 L or RGB, wider modes as stored.
+
+    32-bit integer (``"I"``), 16-bit (``"I;16"``...) and float (``"F"``) images keep
+    their values, so that :func:`check_images` validates them like arrays of the
+    same dtype (PIL's ``convert("L")`` would clip them to 0..255 silently).
+    """
+    mode = image.mode
+    if mode == "F" or mode == "I" or mode.startswith("I;"):
+        return torch_compatible_array(np.asarray(image))
+    return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
+
+
+def _user_stacklevel() -> int:
+    """``stacklevel`` for a warning issued by the caller that points at the first
+    frame outside the mlpapers package (the user's call)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _check_pixel_range(t: torch.Tensor, name: str) -> None:
+    """Check the pixel range of a whole image tensor without copying it: integers
+    must be 8-bit values (ValueError otherwise), floats that look like 0-255 values
+    or normalised data get a warning."""
+    if t.dtype == torch.bool or not t.numel():
+        return
+    if not t.is_floating_point():
+        if t.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no torch CPU min/max
+            arr = t.cpu().numpy()
+            lo, hi = int(arr.min()), int(arr.max())
+        else:
+            lo, hi = (int(v) for v in torch.aminmax(t))
+        if lo < 0 or hi > 255:
+            raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
+                             "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
+        return
+    lo, hi = (float(v) for v in torch.aminmax(t))
+    if hi > 2.0 or lo < -1.0:
+        warnings.warn(f"{name} is floating point with values in [{lo:.4g}, {hi:.4g}]; float "
+                      "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
+                      "or pass uint8; do not normalise them, the extractor does).",
+                      UserWarning, stacklevel=_user_stacklevel())
+
+
+def _to_unit(t: torch.Tensor) -> torch.Tensor:
+    """Pixels as float32 in [0, 1]: booleans as 0/1, integers divided by 255, floats
+    as they are (the range was checked by :func:`_check_pixel_range`)."""
+    if t.dtype == torch.bool:
+        return t.float()
+    if not t.is_floating_point():
+        return t.float() / 255.0
+    return t.float()
+
+
+def _pixels_to_unit(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Check the range (:func:`_check_pixel_range`) and convert to float in [0, 1]."""
+    _check_pixel_range(t, name)
+    return _to_unit(t)
+
+
+def _unit_rgb(t: torch.Tensor) -> torch.Tensor:
+    """A batch of validated images ``(b, 1 or 3, H, W)`` of any pixel dtype as a
+    contiguous float32 tensor ``(b, 3, H, W)`` in [0, 1]."""
+    t = _to_unit(t)
+    if t.shape[1] == 1:
+        t = t.expand(-1, 3, -1, -1)
+    return t.contiguous()
+
+
+def _resize(x: torch.Tensor, size) -> torch.Tensor:
+    """Bilinear, antialiased resize of ``(b, C, H, W)`` images to ``size`` (the
+    resampling of the extractor input)."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False,
+                         antialias=True)
+
+
+def _validate_images(X: Any, name: str = "X", size=None
+                     ) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
+    """Validate images without converting them (see :func:`check_images`).
+
+    Returns ``(images, sizes)``. ``images`` is ``(n, C, H, W)`` with ``C`` in
+    ``{1, 3}`` in the input's pixel dtype (a view of the input where possible:
+    ``uint8`` stays ``uint8``, so that the float conversion is done batch by batch,
+    :func:`_unit_rgb`); ``sizes`` is ``None``. A list of images of different
+    sizes is accepted when ``size`` (the network input size) is given: each image
+    is converted and resized to ``size`` (as the extractor would), ``images`` is
+    then float ``(n, 3, *size)`` and ``sizes`` the original ``(H, W)`` of each.
+    """
+    if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
+        arrays = []
+        for item in X:
+            if hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
+                item = _pil_to_array(item)
+            arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
+                          else np.asarray(item))
+        if len({a.shape for a in arrays}) > 1:  # grayscale next to colour: repeat channels
+            colour = [a.shape for a in arrays if a.ndim == 3 and a.shape[-1] in (3, 4)]
+            if colour:
+                arrays = [np.repeat(a[..., None], colour[0][-1], axis=-1)
+                          if a.ndim == 2 and a.shape == colour[0][:2] else a for a in arrays]
+        shapes = {a.shape for a in arrays}
+        if len(shapes) > 1 and size is not None and all(a.ndim in (2, 3) for a in arrays):
+            # images of different sizes: each one validated, converted and resized to the
+            # network input size on its own (what the extractor would do to it)
+            out, sizes = [], []
+            for a in arrays:
+                t, _ = _validate_images(a[None], name)
+                sizes.append((int(t.shape[-2]), int(t.shape[-1])))
+                out.append(_resize(_unit_rgb(t), size))
+            return torch.cat(out), sizes
+        kinds = {a.dtype.kind for a in arrays}
+        if "f" in kinds and kinds & set("biu"):  # 8-bit items next to float items
+            arrays = [a if a.dtype.kind == "f" else
+                      _pixels_to_unit(torch.from_numpy(torch_compatible_array(a)), name).numpy()
+                      for a in arrays]
+        if len(shapes) > 1 and size is not None:
+            raise ValueError(f"each item of {name} must be one image, (H, W), (H, W, C) or "
+                             f"(C, H, W); got items of shapes {sorted(shapes)}.")
+        if len(shapes) > 1:
+            raise ValueError(f"{name} holds images of mixed sizes {sorted(shapes)}; resize them "
+                             "to a common size first, or set image_size (each image is then "
+                             "resized to it).")
+        X = np.stack(arrays)
+    t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
+    reject_single_hwc_image(t, name, fix="X[None] (or a list of images)")
+    _check_pixel_range(t, name)
+    if t.ndim == 3:
+        t = t[:, None]
+    elif t.shape[1] in (1, 3):
+        pass
+    elif t.shape[-1] in (1, 3, 4):
+        t = t.permute(0, 3, 1, 2)
+    elif t.shape[1] != 4:
+        raise ValueError(f"{name} must have 1, 3 or 4 channels, in (n, C, H, W) or "
+                         f"(n, H, W, C) layout; got shape {tuple(t.shape)}.")
+    if t.shape[1] == 4:  # RGBA: drop alpha
+        t = t[:, :3]
+    if t.shape[-1] < 2 or t.shape[-2] < 2:
+        raise ValueError(f"{name} images must be at least 2x2 pixels, got {tuple(t.shape[-2:])}.")
+    return t, None
+
+
+def check_images(X: Any, name: str = "X") -> torch.Tensor:
+    """Validate images into a float tensor (n, 3, H, W) with values in [0, 1].
+
+    Accepts numpy arrays, tensors, or lists of PIL images / arrays, shaped
+    ``(n, H, W)`` (grayscale; a 3D array whose last axis has 3 or 4 entries is
+    taken for one ``(H, W, C)`` image and rejected), ``(n, H, W, C)`` or
+    ``(n, C, H, W)`` with ``C`` in
+    ``{1, 3, 4}`` (when both axes could hold the channels, ``(n, C, H, W)`` wins,
+    and 1 or 3 channels win over 4). Integer data (any integer dtype, e.g. ``uint8`` or the
+    ``int64`` of a nested list of pixel values) are 8-bit pixel values and are
+    divided by 255; values outside ``[0, 255]`` raise a ``ValueError``. Boolean
+    data become 0/1. Float data are taken as is (expected in ``[0, 1]``; a
+    ``UserWarning`` flags data that look like 0-255 pixel values). Grayscale is
+    repeated to three channels; the alpha channel of 4-channel (RGBA) data is
+    dropped, as PIL's ``convert("RGB")`` does. PIL images of 16/32-bit integer or
+    float modes (``"I;16"``, ``"I"``, ``"F"``) follow the same rules as arrays of
+    their dtype (they are not clipped to 8 bits). In a list mixing integer and
+    float images, each image is scaled by its own dtype; the images of a list must
+    share one size (the detectors, whose ``image_size`` resizes every image anyway,
+    also accept lists of different sizes).
+    """
+    return _unit_rgb(_validate_images(X, name)[0])

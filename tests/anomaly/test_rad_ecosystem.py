@@ -1,0 +1,105 @@
+"""Audit regressions: images as users have them, PyOD habits, memory of the input pipeline."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.special import erf
+
+from mlpapers.anomaly.rad import PatchCoreDetector, RADDetector
+from mlpapers.anomaly.rad._images import _validate_images
+from mlpapers.datasets import make_texture_anomalies
+
+PIL = pytest.importorskip("PIL.Image")
+
+
+@pytest.fixture(scope="module")
+def data():
+    X_train, X_test, y_test, _ = make_texture_anomalies(
+        n_train=10, n_test=8, image_size=32, random_state=0)
+    to_u8 = lambda X: (X * 255).round().astype(np.uint8).transpose(0, 2, 3, 1)  # noqa: E731
+    return to_u8(X_train), to_u8(X_test), y_test
+
+
+def _resize_each(images, size):
+    """Reference: every image converted to [0, 1] and resized on its own."""
+    out = [F.interpolate(torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0)
+                         .permute(2, 0, 1)[None], size=size, mode="bilinear",
+                         align_corners=False, antialias=True) for im in images]
+    return torch.cat(out).numpy()
+
+
+@pytest.mark.parametrize("cls", [RADDetector, PatchCoreDetector])
+def test_pil_images_of_mixed_sizes_are_resized_to_image_size(data, cls):
+    X_train, X_test, _ = data
+    sizes = [(32 + 8 * (i % 3), 28 + 4 * (i % 2)) for i in range(len(X_train))]
+    pil_train = [PIL.fromarray(a).resize(s) for a, s in zip(X_train, sizes)]
+    pil_test = [PIL.fromarray(a).resize(s) for a, s in zip(X_test, sizes[:len(X_test)])]
+    kw = dict(extractor="random", image_size=24)
+    if cls is RADDetector:
+        kw["k_images"] = 4
+    else:
+        kw["random_state"] = 0
+    det = cls(**kw).fit(pil_train)
+    ref = cls(**kw).fit(_resize_each(pil_train, (24, 24)))
+    np.testing.assert_allclose(det.decision_scores_, ref.decision_scores_, atol=1e-6)
+    np.testing.assert_allclose(det.decision_function(pil_test),
+                               ref.decision_function(_resize_each(pil_test, (24, 24))),
+                               atol=1e-6)
+    maps = det.anomaly_map(pil_test)  # one map per image, at that image's size
+    assert isinstance(maps, list)
+    assert [m.shape for m in maps] == [(h, w) for w, h in (im.size for im in pil_test)]
+    with pytest.raises(ValueError, match="set image_size"):
+        cls(**{**kw, "image_size": None}).fit(pil_train)
+
+
+def test_predict_proba_follows_pyod(data):
+    X_train, X_test, _ = data
+    det = RADDetector(extractor="random", k_images=4, image_size=None).fit(X_train)
+    s, tr = det.decision_function(X_test).astype(float), det.decision_scores_.astype(float)
+    lin = det.predict_proba(X_test)
+    assert lin.shape == (len(X_test), 2) and lin.dtype == np.float64
+    np.testing.assert_allclose(lin.sum(1), 1.0)
+    np.testing.assert_allclose(lin[:, 1], np.clip((s - tr.min()) / (tr.max() - tr.min()), 0, 1))
+    uni = det.predict_proba(X_test, method="unify")
+    np.testing.assert_allclose(
+        uni[:, 1], np.clip(erf((s - tr.mean()) / (tr.std() * np.sqrt(2))), 0, 1))
+    with pytest.raises(ValueError, match="method"):
+        det.predict_proba(X_test, method="softmax")
+
+
+def test_uint8_images_are_converted_batch_by_batch(data):
+    X_train = np.ascontiguousarray(data[0])
+    t, sizes = _validate_images(X_train)
+    # no float copy of the whole input: a uint8 (n, C, H, W) view of the caller's array
+    assert t.dtype == torch.uint8 and sizes is None
+    assert t.data_ptr() == X_train.ctypes.data
+    det = RADDetector(extractor="random", k_images=4, image_size=None, batch_size=3)
+    ref = RADDetector(extractor="random", k_images=4, image_size=None, batch_size=3)
+    np.testing.assert_allclose(det.fit(X_train).decision_scores_,
+                               ref.fit(X_train.astype(np.float32) / 255).decision_scores_,
+                               atol=1e-6)
+
+
+def test_range_warning_points_at_the_callers_line(data):
+    X_train, _, _ = data
+    X255 = X_train.astype(np.float32)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        det = RADDetector(extractor="random", k_images=2, image_size=None).fit(X255)
+        det.decision_function(list(X255[:2]))
+    assert len(rec) == 2 and all(w.filename == __file__ for w in rec)
+
+
+def test_verbose_shows_the_matching_and_coreset_stages(data, capsys):
+    X_train, X_test, _ = data
+    RADDetector(extractor="random", k_images=2, image_size=None, verbose=1).fit(
+        X_train).decision_function(X_test)
+    PatchCoreDetector(extractor="random", image_size=None, verbose=1, random_state=0).fit(X_train)
+    err = capsys.readouterr().err
+    # the extraction bars were the only ones: the matching (the bulk of a large fit) and
+    # the coreset selection (PatchCore's) ran without feedback
+    for stage in ("RADDetector leave-one-out scores", "RADDetector matching", "greedy coreset"):
+        assert stage in err
