@@ -119,9 +119,15 @@ def make_mips_problem(
     check_positive(norm_spread, "norm_spread", strict=False)
     rng = check_random_state(random_state)
     dirs = rng.standard_normal((n_keys, n_features))
-    dirs /= np.maximum(np.linalg.norm(dirs, axis=1, keepdims=True), 1e-12)
-    norms = np.exp(norm_spread * rng.standard_normal((n_keys, 1)))
-    keys = (dirs * norms).astype(np.float32)
+    # in place, norms in row chunks: one float64 copy of the keys at a time (the same
+    # values as ``dirs / norm(dirs) * norms``, without its two temporaries)
+    rows = max(1, 2**18 // n_features)
+    for s in range(0, n_keys, rows):
+        block = dirs[s:s + rows]
+        block /= np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
+    dirs *= np.exp(norm_spread * rng.standard_normal((n_keys, 1)))
+    keys = dirs.astype(np.float32)
+    del dirs
     anchors = rng.standard_normal((n_anchors, n_features))
     anchors /= np.maximum(np.linalg.norm(anchors, axis=1, keepdims=True), 1e-12)
     sampler = GaussianMixtureQuerySampler(anchors, query_noise)

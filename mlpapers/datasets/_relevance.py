@@ -48,13 +48,15 @@ class SyntheticRelevance:
             if X.shape[1] != d:
                 raise ValueError(f"{name} must have {d} features, got {X.shape[1]}.")
         r = self.A.shape[0]
-        out = (Xq @ self.A.T) @ (Xi @ self.B.T).T / np.sqrt(r) + (Xi @ self.beta)[None, :]
+        out = (Xq @ self.A.T) @ (Xi @ self.B.T).T  # in place below: no (n, N) temporaries
+        out /= np.sqrt(r)
+        out += (Xi @ self.beta)[None, :]
         hq = Xq @ self.U.T + self.c  # (n, H)
         hi = Xi @ self.V.T  # (N, H)
         chunk = max(1, 2_000_000 // max(1, hi.size))
         for s in range(0, len(Xq), chunk):
-            h = np.tanh(hq[s:s + chunk, None, :] + hi[None, :, :])  # (c, N, H)
-            out[s:s + chunk] += h @ self.w
+            h = hq[s:s + chunk, None, :] + hi[None, :, :]  # (c, N, H)
+            out[s:s + chunk] += np.tanh(h, out=h) @ self.w
         return out
 
     def __repr__(self) -> str:

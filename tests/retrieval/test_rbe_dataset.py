@@ -35,3 +35,15 @@ def test_bad_input():
     Q, I, f = make_relevance_problem(5, 5, n_features=4, random_state=0)
     with pytest.raises(ValueError, match="4 features"):
         f(Q[:, :3], I)
+
+
+def test_synthetic_ranker_allocates_one_score_matrix():
+    """5k x 20k scores are 0.8 GB: no temporaries of that size besides the result."""
+    import tracemalloc
+
+    Q, I, f = make_relevance_problem(2000, 4000, n_hidden=4, random_state=0)
+    tracemalloc.start()
+    R = f(Q, I)  # 64 MB, and chunks of the tanh interaction of 2M values (16 MB)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1.6 * R.nbytes

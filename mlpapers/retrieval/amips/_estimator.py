@@ -15,7 +15,7 @@ from mlpapers.retrieval.amips._exact import (
     _MIPSBase,
     build_faiss_ivf,
 )
-from mlpapers.retrieval.amips._kernels import match_rate, rank_by_key
+from mlpapers.retrieval.amips._kernels import gather_dot, match_rate, rank_by_key
 from mlpapers.retrieval.amips._training import QuerySource, fit_amips
 
 __all__ = ["AmortizedMIPS"]
@@ -84,9 +84,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         ... with probability ``n_noise / (n_noise + 1)``, which reproduces the
         paper's dataset of each query plus ``n_noise`` noisy copies.
     search_batch_size : int, default=8192
-        Queries per chunk of the exact label search in training, of the ranking with
-        the predicted keys and of the exact search of :meth:`score` (memory
-        ``search_batch_size x n_keys``).
+        Most queries per chunk of the exact label search in training, of the ranking
+        with the predicted keys and of the exact search of :meth:`score`; a chunk also
+        holds at most ``2**26`` scores (memory ``min(search_batch_size, 2**26 / n_keys)
+        x n_keys``, see :func:`mips_topk`).
     retrieval : {"ip", "l2"}, default="ip"
         How the predicted key is turned into an index: ``"ip"`` ranks keys by
         :math:`\langle \hat k(x), k_j\rangle` (the paper's rule); ``"l2"`` ranks them
@@ -299,7 +300,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             ``return_distance``), in the predicted order.
         indices : ndarray of shape (n_queries, n_neighbors), int64
         """
-        Q = self._queries(X)
+        return self._kneighbors(self._queries(X), n_neighbors, return_distance)
+
+    def _kneighbors(self, Q: torch.Tensor, n_neighbors: int, return_distance: bool):
+        """:meth:`kneighbors` of validated queries ``Q`` (n, d)."""
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
         keys = self._keys()
         _, key_hat = self._score_and_key(Q)
@@ -318,7 +322,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
                           batch_size=self.search_batch_size)
         if not return_distance:
             return self._to_numpy(idx)
-        sims = torch.einsum("nkd,nd->nk", keys[idx], Q)
+        sims = gather_dot(keys, idx, Q)
         return self._to_numpy(sims), self._to_numpy(idx)
 
     def predict(self, X) -> np.ndarray:
@@ -326,12 +330,14 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
         See ``retrieval`` and ``n_candidates`` (re-ranking by the true inner product).
         """
-        if not hasattr(self, "database_"):
-            self._check_fitted()
+        return self._predict(self._queries(X))
+
+    def _predict(self, Q: torch.Tensor) -> np.ndarray:
+        """:meth:`predict` of validated queries ``Q`` (n, d)."""
         n_cand = min(int(self.n_candidates), self.database_.shape[0])
         if n_cand == 1:
-            return self.kneighbors(X, 1, return_distance=False)[:, 0]
-        sims, idx = self.kneighbors(X, n_cand)
+            return self._kneighbors(Q, 1, return_distance=False)[:, 0]
+        sims, idx = self._kneighbors(Q, n_cand, return_distance=True)
         return idx[np.arange(len(idx)), sims.argmax(1)]
 
     def score(self, X, y=None) -> float:
@@ -349,7 +355,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         Q = self._queries(X)
         # exact answers in chunks of search_batch_size (bounded memory, as in training)
-        return match_rate(None, self.predict(Q), queries=Q, database=self._keys(),
+        # validated once: a second validation of the tensor would warn about missing
+        # feature names after a fit on a DataFrame
+        return match_rate(None, self._predict(Q), queries=Q, database=self._keys(),
                           batch_size=self.search_batch_size)
 
     def to_faiss_ivf(self, n_lists: int | None = None):

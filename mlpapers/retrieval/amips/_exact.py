@@ -59,7 +59,9 @@ class ExactMIPS(_MIPSBase):
     Parameters
     ----------
     batch_size : int, default=8192
-        Queries scored per chunk (memory ``batch_size x n_keys``).
+        Most queries scored per chunk; a chunk also holds at most ``2**26`` scores
+        (memory ``min(batch_size, 2**26 / n_keys) x n_keys`` floats, 256 MiB at most,
+        see :func:`mips_topk`).
     device : str, default="cpu"
 
     Attributes
@@ -133,23 +135,31 @@ class ExactMIPS(_MIPSBase):
         """
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
+        s, i = self._search(Q, k)
+        if return_distance:
+            return self._to_numpy(s), self._to_numpy(i)
+        return self._to_numpy(i)
+
+    def _search(self, Q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-``k`` of validated queries ``Q`` (n, d): ``-> (scores, indices)``."""
         check_positive(self.batch_size, "batch_size", integer=True)
         s, i = mips_topk(Q, self._keys(), k, batch_size=self.batch_size)
         if not bool(torch.isfinite(s).all()):
             raise ValueError("inner products of X with the keys overflow float32; rescale "
                              "the queries or the keys (MIPS answers do not depend on it).")
-        if return_distance:
-            return self._to_numpy(s), self._to_numpy(i)
-        return self._to_numpy(i)
+        return s, i
 
     def predict(self, X) -> np.ndarray:
         """Index of the key with the largest inner product, shape (n_queries,)."""
-        return self.kneighbors(X, 1, return_distance=False)[:, 0]
+        Q = self._validate_data(X, reset=False, dtype=torch.float32)
+        return self._to_numpy(self._search(Q, 1)[1][:, 0])
 
     def score(self, X, y=None) -> float:
         """Match rate against exact search (1.0 by construction, ties included)."""
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
-        pred = self.predict(Q)
+        # validated once: a second validation of the tensor would warn about
+        # missing feature names after a fit on a DataFrame
+        pred = self._search(Q, 1)[1][:, 0]
         # the tie-aware check searches again: in chunks of batch_size, like kneighbors
         return match_rate(None, pred, queries=Q, database=self._keys(),
                           batch_size=self.batch_size)

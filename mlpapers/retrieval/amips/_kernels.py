@@ -15,14 +15,27 @@ from mlpapers._utils import check_in_options, check_positive
 
 __all__ = [
     "amips_loss",
+    "gather_dot",
     "mean_reciprocal_rank",
     "match_rate",
     "mips_topk",
     "rank_by_key",
     "recall_at_k",
+    "search_rows",
     "support_function",
     "warmup_cosine_lr",
 ]
+
+
+#: Most scores held by one chunk of :func:`mips_topk` (256 MiB in float32): the number
+#: of queries per chunk is also capped by ``CHUNK_SCORES // n_keys``.
+CHUNK_SCORES = 2**26
+
+
+def search_rows(batch_size: int, n_keys: int) -> int:
+    """Queries per chunk of a search over ``n_keys`` keys: at most ``batch_size`` and
+    at most ``CHUNK_SCORES // n_keys`` (at least 1)."""
+    return max(1, min(int(batch_size), CHUNK_SCORES // max(int(n_keys), 1)))
 
 
 def mips_topk(
@@ -37,7 +50,9 @@ def mips_topk(
     k : int, default=1
         Number of neighbours (``1 <= k <= N``).
     batch_size : int, default=8192
-        Queries per chunk; memory is ``O(batch_size * N)``.
+        Most queries per chunk. A chunk also holds at most ``2**26`` scores
+        (256 MiB in float32: ``min(batch_size, 2**26 // N)`` queries), so the
+        memory stays bounded for large databases (1M keys: 64 queries per chunk).
 
     Returns
     -------
@@ -49,6 +64,7 @@ def mips_topk(
         for every ``k``.
     """
     n = queries.shape[0]
+    batch_size = search_rows(batch_size, keys.shape[0])
     scores = torch.empty(n, k, dtype=queries.dtype, device=queries.device)
     indices = torch.empty(n, k, dtype=torch.long, device=queries.device)
     for start in range(0, n, batch_size):
@@ -89,6 +105,19 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     s, i = s.gather(1, order), i.gather(1, order)
     order = s.argsort(dim=1, descending=True, stable=True)
     return s.gather(1, order), i.gather(1, order)
+
+
+def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """``<queries[i], keys[index[i, j]]>`` of shape (n, k), in chunks of queries so the
+    gathered keys (``chunk x k x d``) stay within :data:`CHUNK_SCORES` elements."""
+    n, k = index.shape
+    rows = max(1, CHUNK_SCORES // max(k * keys.shape[1], 1))
+    out = torch.empty(n, k, dtype=torch.promote_types(keys.dtype, queries.dtype),
+                      device=queries.device)
+    for s in range(0, n, rows):
+        out[s:s + rows] = torch.einsum("nkd,nd->nk", keys[index[s:s + rows]],
+                                       queries[s:s + rows])
+    return out
 
 
 def support_function(
@@ -217,7 +246,7 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Ten
                          "database).")
     best, arg = support_function(q, K, batch_size=int(batch_size))
     pred = pred.to(K.device)
-    got = torch.einsum("nkd,nd->nk", K[pred], q)  # (n, k)
+    got = gather_dot(K, pred, q)  # (n, k)
     # scale-free tolerance from the two keys compared: ``||q|| (||k_best|| + ||k_pred||)``
     # bounds both products and their rounding errors (an absolute ``+ 1`` called every
     # key a tie on small-norm data; the largest key of the database would widen it for
@@ -246,8 +275,9 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
     rtol : float, default=1e-6
         Relative tolerance of the tie-aware mode.
     batch_size : int, default=8192
-        Queries per chunk of the exact search of the tie-aware mode (memory
-        ``batch_size x n_keys`` float64).
+        Most queries per chunk of the exact search of the tie-aware mode (memory
+        ``min(batch_size, 2**26 / n_keys) x n_keys`` float64, see :func:`mips_topk`;
+        the database is also copied to float64).
 
     Returns
     -------

@@ -152,7 +152,9 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
     Attributes
     ----------
     anchor_relevance_ : ndarray of shape (n_train_queries, n_items)
-        The offline relevance matrix :math:`A` (the index used online).
+        The offline relevance matrix :math:`A` (the index used online), float64, a
+        copy stored item-major (Fortran order), so the estimator holds one copy of
+        the matrix and none of the caller's.
     initial_anchors_ : ndarray of shape (round_sizes_[0],)
         First-round anchor items, shared by all queries.
     round_sizes_ : ndarray of shape (n_rounds,)
@@ -249,7 +251,10 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
             rest = np.setdiff1d(np.arange(N), first)
             fill = self._numpy_gen.choice(rest, size=sizes[0] - first.size, replace=False)
             first = np.concatenate([first, np.sort(fill)])
-        self.anchor_relevance_ = to_numpy(R)
+        # stored item-major (a Fortran-ordered array): the online rounds gather the
+        # anchor items' columns, contiguous in this layout, and this one copy is the only
+        # one kept (no transposed copy per search, none of the caller's matrix)
+        self.anchor_relevance_ = to_numpy(R.T.contiguous()).T
         self.initial_anchors_ = first.astype(np.int64)
         self.round_sizes_ = np.asarray(sizes, dtype=np.int64)
         self.items_ = items
@@ -260,14 +265,29 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         return self
 
     def _anchor_matrix(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(A, A^T)`` on the device, cached per fitted matrix."""
+        """``(A, A^T)`` on the device, ``A^T`` contiguous; cached per fitted matrix.
+
+        Both are views of ``anchor_relevance_`` (item-major after :meth:`fit`); only a
+        C-ordered matrix (e.g. set by hand) is copied once.
+        """
         cache = getattr(self, "_A_cache", None)
         if cache is None or cache[0] is not self.anchor_relevance_:
             A = torch.as_tensor(self.anchor_relevance_, dtype=torch.float64,
                                 device=self._resolved_device)
-            cache = (self.anchor_relevance_, A, A.T.contiguous())
+            At = A.T if A.T.is_contiguous() else A.T.contiguous()
+            cache = (self.anchor_relevance_, At.T, At)
             self._A_cache = cache
         return cache[1], cache[2]
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_A_cache", None)  # views or a copy of anchor_relevance_
+        return state
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        super()._set_state(state)
+        # files hold the matrix query-major: back to the item-major layout of fit
+        self.anchor_relevance_ = np.asfortranarray(self.anchor_relevance_)
 
     def _search(self, queries: Any, top: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Adaptive rounds: ``-> scores (n, N)`` (exact at anchors), ``anchors (n, B)``.

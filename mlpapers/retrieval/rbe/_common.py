@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlpapers._utils import check_tensor, to_numpy
-from mlpapers.retrieval.rbe._kernels import hit_rate
+from mlpapers._utils import to_numpy, torch_compatible_array
+from mlpapers.retrieval.rbe._kernels import check_matrix, hit_rate
 
 __all__ = ["HeavyRankerMixin", "length", "take"]
 
@@ -70,17 +70,21 @@ class HeavyRankerMixin:
         out = self.relevance_fn(queries, items)
         try:
             arr = to_numpy(out)
-            if arr.dtype.kind == "c":
-                raise TypeError("complex scores")
-            t = torch.as_tensor(arr, dtype=torch.float64)
+            if arr.dtype.kind not in "biuf":  # complex, strings, objects (None)
+                raise TypeError("not real numbers")
+            # float64, writable (pandas' copy-on-write and cached read-only arrays would
+            # make torch warn), copied at most once
+            t = torch.from_numpy(torch_compatible_array(np.asarray(arr, dtype=np.float64)))
         except (TypeError, ValueError) as exc:
             dtype = getattr(out, "dtype", None)
             raise TypeError("relevance_fn must return a real numeric array of shape "
                             f"(n_queries, n_items), got {type(out).__name__}"
                             f"{'' if dtype is None else f' of dtype {dtype}'}.") from exc
         if tuple(t.shape) != (n_q, n_i):
+            hint = (" (transposed? rows must be queries, columns items)"
+                    if tuple(t.shape) == (n_i, n_q) else "")
             raise ValueError(f"relevance_fn returned shape {tuple(t.shape)}, expected "
-                             f"(n_queries, n_items) = ({n_q}, {n_i}).")
+                             f"(n_queries, n_items) = ({n_q}, {n_i}){hint}.")
         if not bool(torch.isfinite(t).all()):
             raise ValueError("relevance_fn returned NaN or infinite scores.")
         return t.to(self._resolved_device)
@@ -92,9 +96,12 @@ class HeavyRankerMixin:
             return torch.zeros((n, 0), dtype=torch.float64, device=self._resolved_device)
         if n <= bs:
             return self._heavy(queries, items, n, n_i)
-        parts = [self._heavy(take(queries, np.arange(s, min(s + bs, n))), items,
-                             min(s + bs, n) - s, n_i) for s in range(0, n, bs)]
-        return torch.cat(parts)
+        # filled in place: the chunks and their concatenation are never held together
+        out = torch.empty((n, n_i), dtype=torch.float64, device=self._resolved_device)
+        for s in range(0, n, bs):
+            e = min(s + bs, n)
+            out[s:e] = self._heavy(take(queries, np.arange(s, e)), items, e - s, n_i)
+        return out
 
     def _offline_relevance(self, train_queries: Any, items: Any,
                            relevance_matrix: Any) -> tuple[torch.Tensor, int]:
@@ -105,8 +112,7 @@ class HeavyRankerMixin:
         n_q, N = len(train_queries), len(items)
         if relevance_matrix is None:
             return self._heavy_chunked(train_queries, items, N), n_q * N
-        R = check_tensor(relevance_matrix, name="relevance_matrix", dtype=torch.float64,
-                         device=self._device)
+        R = check_matrix(relevance_matrix, "relevance_matrix", self._device)
         if tuple(R.shape) != (n_q, N):
             raise ValueError(f"relevance_matrix must have shape (n_queries, n_items) = "
                              f"({n_q}, {N}), got {tuple(R.shape)}.")
@@ -124,14 +130,18 @@ class HeavyRankerMixin:
         return torch.stack(rows) if rows else idx.new_zeros((0, m), dtype=torch.float64)
 
     # -- evaluation ------------------------------------------------------------------
-    def score(self, queries: Any, relevance: Any, n_neighbors: int = 10) -> float:
+    def score(self, queries: Any, relevance: Any = None, n_neighbors: int = 10) -> float:
         """HitRate@``n_neighbors`` against the true relevance of ``queries`` to all items.
 
         Parameters
         ----------
         queries : sequence of length n
-        relevance : array-like of shape (n, n_items)
-            Heavy-ranker relevance (ground truth).
+        relevance : array-like of shape (n, n_items) or None, default=None
+            Heavy-ranker relevance (ground truth). ``None`` computes it with
+            ``relevance_fn`` (``n * n_items`` heavy calls, in chunks of ``batch_size``
+            queries), which is what scikit-learn's model selection does when it calls
+            ``score(X_test)``, e.g.
+            ``GridSearchCV(est, {"n_support": [...]}).fit(train_queries, items=items)``.
         n_neighbors : int, default=10
 
         Returns
@@ -139,7 +149,15 @@ class HeavyRankerMixin:
         float
         """
         idx = self.kneighbors(queries, n_neighbors, return_distance=False)
-        return hit_rate(relevance, idx, n_neighbors)
+        if relevance is not None:
+            return hit_rate(relevance, idx, n_neighbors)
+        # the heavy ranker as ground truth, chunk by chunk (memory batch_size x n_items)
+        n, bs, total = len(idx), int(self.batch_size), 0.0
+        for s in range(0, n, bs):
+            rows = np.arange(s, min(s + bs, n))
+            R = self._heavy(take(queries, rows), self.items_, len(rows), self.n_items_)
+            total += hit_rate(R, idx[rows], n_neighbors) * len(rows)
+        return total / n
 
     # -- persistence -------------------------------------------------------------
     def _attach_items(self, items: Any) -> None:

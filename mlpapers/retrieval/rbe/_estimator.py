@@ -236,7 +236,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             n_val = min(n_q - 1, max(1, round(self.validation_fraction * n_q)))
             val_rows, fit_rows = np.sort(perm[:n_val]), np.sort(perm[n_val:])
         Sg = torch.as_tensor(S, device=self._device)
-        R_fit = R[torch.as_tensor(fit_rows, device=self._device)]
+        # no copy of the (n_queries, n_items) matrix when every query is used
+        R_fit = R if len(fit_rows) == n_q else R[torch.as_tensor(fit_rows, device=self._device)]
         lin = fit_linear_embeddings(R_fit[:, Sg], R_fit, ridge=float(self.ridge),
                                     rcond=self.rcond, standardize=bool(self.standardize))
         self.support_indices_ = S

@@ -17,6 +17,24 @@ __all__ = [
 ]
 
 
+def check_matrix(R: Any, name: str, device: Any = None) -> torch.Tensor:
+    """``check_tensor(R, dtype=float64)`` whose NaN/inf check runs in row chunks.
+
+    ``torch.isfinite`` of a whole matrix allocates about 1.1 times its size in
+    temporaries (an ``abs`` copy and masks), a transient gigabyte for a relevance
+    matrix of 100M entries; chunks of about ``2**22`` values bound it.
+    """
+    R = check_tensor(R, name=name, ndim=2, dtype=torch.float64, device=device,
+                     allow_nan=True)
+    rows = max(1, 2**22 // max(R.shape[1], 1))
+    for s in range(0, R.shape[0], rows):
+        if not bool(torch.isfinite(R[s:s + rows]).all()):
+            kind = "NaN" if bool(torch.isnan(R).any()) else "infinity"
+            raise ValueError(f"Input {name} contains {kind} or a value too large for "
+                             f"{R.dtype}.")
+    return R
+
+
 def fit_linear_embeddings(
     R_sup: torch.Tensor,
     R: torch.Tensor,
@@ -65,16 +83,19 @@ def fit_linear_embeddings(
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         U = (R_sup - mean) / scale
         offsets = R.mean(dim=0)
-        T = R - offsets
     else:
         mean = R_sup.new_zeros(k)
         scale = R_sup.new_ones(k)
-        U, offsets, T = R_sup, R.new_zeros(R.shape[1]), R
+        U, offsets = R_sup, R.new_zeros(R.shape[1])
+    # P @ (R - 1 c^T) = P @ R - (P 1) c^T: no centred copy of R (n_queries x n_items)
     if ridge > 0:
         A = U.T @ U + ridge * torch.eye(k, dtype=U.dtype, device=U.device)
-        Et = torch.linalg.solve(A, U.T @ T)
+        P = torch.linalg.solve(A, U.T)
     else:
-        Et = torch.linalg.pinv(U, rtol=rcond) @ T
+        P = torch.linalg.pinv(U, rtol=rcond)
+    Et = P @ R
+    if standardize:
+        Et -= torch.outer(P.sum(dim=1), offsets)
     return {"embeddings": Et.T.contiguous(), "offsets": offsets, "mean": mean, "scale": scale}
 
 
@@ -201,7 +222,7 @@ def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float
     >>> hit_rate([[0.1, 0.9, 0.5]], [[1, 0]])
     0.5
     """
-    T = check_tensor(true_scores, name="true_scores", dtype=torch.float64)
+    T = check_matrix(true_scores, "true_scores")
     P = torch.as_tensor(to_numpy(pred_indices))
     if P.dtype == torch.bool or P.is_complex() or (
             P.is_floating_point() and not bool((P == P.round()).all())):

@@ -19,10 +19,10 @@ import torch
 from mlpapers._utils import (
     check_in_options,
     check_positive,
-    check_tensor,
     make_generators,
     to_numpy,
 )
+from mlpapers.retrieval.rbe._kernels import check_matrix
 
 __all__ = ["SUPPORT_METHODS", "check_support_indices", "greedy_selection", "select_support"]
 
@@ -81,7 +81,7 @@ def greedy_selection(
     """
     check_in_options(method, "method", ("lowrank", "gram"))
     N = X.shape[0]
-    d0 = (X * X).sum(dim=1)
+    d0 = torch.einsum("ij,ij->i", X, X)  # no (N, n_q) temporary
     thresh = tol * d0.clamp_min(torch.finfo(X.dtype).tiny)
     alive = d0 > torch.finfo(X.dtype).tiny
     picks, gains = [], []
@@ -102,10 +102,14 @@ def greedy_selection(
     else:
         d = d0.clone()
         # a_j = ||G_{:, j}||^2 = x_j^T (X^T X) x_j, computed once in the cheaper space.
-        if N <= X.shape[1]:
-            a = ((X @ X.T) ** 2).sum(dim=1)
-        else:
-            a = ((X @ (X.T @ X)) * X).sum(dim=1)
+        # In row chunks of about 2**24 values: no (N, n_q) temporary besides X itself.
+        small = N <= X.shape[1]
+        M = X @ X.T if small else X.T @ X  # (N, N) or (n_q, n_q)
+        rows = max(1, 2**24 // max(M.shape[1], 1))
+        a = torch.cat([(M[s:s + rows] ** 2).sum(dim=1) if small
+                       else ((X[s:s + rows] @ M) * X[s:s + rows]).sum(dim=1)
+                       for s in range(0, N, rows)])
+        del M
         L = X.new_zeros((N, 0))  # deflation factors: G = X X^T - L L^T
         for _ in range(k):
             ok = alive & (d > thresh)
@@ -136,7 +140,7 @@ def greedy_selection(
 
 
 def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    sq = (X * X).sum(dim=1)
+    sq = torch.einsum("ij,ij->i", X, X)
 
     def dist2(y: torch.Tensor) -> torch.Tensor:  # squared distances to y, no (N, d) temp
         return (sq - 2.0 * (X @ y) + y @ y).clamp_min(0.0)
@@ -259,7 +263,7 @@ def select_support(
     """
     check_in_options(method, "method", SUPPORT_METHODS)
     check_in_options(greedy_method, "greedy_method", ("auto", "gram", "lowrank"))
-    Rt = check_tensor(R, name="R", dtype=torch.float64, device=device)
+    Rt = check_matrix(R, "R", device)
     n_q, N = Rt.shape
     check_positive(k, "k", integer=True)
     if k > N:
