@@ -214,3 +214,22 @@ def test_check_tensor_reads_non_native_byte_order():
     x = np.arange(6.0).reshape(2, 3)
     swapped = x.astype(x.dtype.newbyteorder(">" if np.little_endian else "<"))
     torch.testing.assert_close(check_tensor(swapped, dtype="float64"), torch.from_numpy(x))
+
+
+def test_finite_check_works_in_bounded_blocks(monkeypatch):
+    from mlpapers._utils import _validation
+
+    seen = []
+    isfinite = torch.isfinite
+    monkeypatch.setattr(_validation.torch, "isfinite", lambda t: seen.append(t.numel())
+                        or isfinite(t))
+    X = torch.zeros(50, 40)
+    assert _validation._all_finite(X, block=100)
+    assert max(seen) <= 120 and sum(seen) == X.numel()  # 3 rows of 40 values at a time
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        Y = X.clone()
+        Y[-1, -1] = bad  # in the last block
+        assert not _validation._all_finite(Y, block=100)
+        assert not _validation._all_finite(Y.T, block=100)  # non-contiguous rows
+    with pytest.raises(ValueError, match="NaN"):
+        check_tensor(np.full((3, 2), np.nan))

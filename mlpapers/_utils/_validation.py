@@ -83,6 +83,15 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     return _FLOAT_DTYPES[name]
 
 
+def _all_finite(t: torch.Tensor, block: int = 2**22) -> bool:
+    """``torch.isfinite(t).all()`` in blocks of rows of about ``block`` values: the
+    check's temporaries stay small whatever the size of ``t`` (no copy of ``t``)."""
+    if t.ndim == 0 or t.numel() <= block:
+        return bool(torch.isfinite(t).all())
+    rows = max(1, block // max(1, t[0].numel()))
+    return all(bool(torch.isfinite(t[s:s + rows]).all()) for s in range(0, t.shape[0], rows))
+
+
 def check_tensor(
     X: Any,
     *,
@@ -208,7 +217,7 @@ def check_tensor(
         if t.dtype == torch.float16 and dev.type == "cpu":
             t = t.float()
         t = t.to(device=dev)
-    if t.is_floating_point() and not allow_nan and not bool(torch.isfinite(t).all()):
+    if t.is_floating_point() and not allow_nan and not _all_finite(t):
         kind = "NaN" if bool(torch.isnan(t).any()) else "infinity"
         raise ValueError(f"Input {name} contains {kind} or a value too large for {t.dtype}.")
     return t
