@@ -13,6 +13,7 @@ from mlpapers._utils._validation import (
     to_numpy,
     torch_compatible_array,
 )
+from mlpapers._utils._warnings import user_stacklevel
 
 __all__ = [
     "ProgressLogger",
@@ -28,4 +29,5 @@ __all__ = [
     "resolve_dtype",
     "to_numpy",
     "torch_compatible_array",
+    "user_stacklevel",
 ]

@@ -50,3 +50,25 @@ def test_sparse_clients_raise_a_type_error_saying_to_densify(clients):
     sp = pytest.importorskip("scipy.sparse")
     with pytest.raises(TypeError, match=r"clients\[0\].*sparse.*toarray"):
         CLoVE(n_clusters=2).fit([(sp.csr_matrix(X), y) for X, y in clients])
+
+
+def test_arrays_next_to_dataframes_warn_at_fit_and_score_as_before(clients):
+    pd = pytest.importorskip("pandas")
+    mixed = [(pd.DataFrame(clients[0][0], columns=list("abcd")), clients[0][1])]
+    mixed += list(clients[1:])
+    # scored by a model fitted on arrays: per-client check only (sklearn's warning)
+    est = FedAvg(n_rounds=2, random_state=0).fit(clients)
+    with pytest.warns(UserWarning, match="fitted without feature names"):
+        assert est.score(mixed) == pytest.approx(est.score(clients))
+    # fitted on the mix: names cannot be checked for the arrays, so none are recorded
+    with pytest.warns(UserWarning, match="3 of 4 clients have no feature names") as rec:
+        mixed_fit = FedAvg(n_rounds=2, random_state=0).fit(mixed)
+    assert any(w.filename == __file__ for w in rec)  # points at this call
+    assert not hasattr(mixed_fit, "feature_names_in_")
+    np.testing.assert_allclose(mixed_fit.predict(clients[0][0], client=0),
+                               est.predict(clients[0][0], client=0))
+    # named clients that disagree are misaligned features: an error naming the client
+    renamed = [(pd.DataFrame(X, columns=list(c)), y)
+               for (X, y), c in zip(clients, ["abcd", "abcd", "abdc", "abcd"])]
+    with pytest.raises(ValueError, match=r"clients\[2\] has feature names"):
+        FedAvg(n_rounds=2, random_state=0).fit(renamed)

@@ -101,3 +101,26 @@ def test_convex_set_with_a_numpy_level_function():
     t, normal, _ = K.hit(x, v, torch.full((2,), 4.0, dtype=torch.float64))
     np.testing.assert_allclose(t.numpy(), [1.0, np.sqrt(0.75) / 2], rtol=1e-10)
     np.testing.assert_allclose(normal[1].numpy(), [0.5, np.sqrt(0.75)], rtol=1e-10)
+
+
+@pytest.mark.parametrize("width", [0.5, 1000.0, 1.9e6, 2.1e6])
+def test_unbounded_polytope_below_the_radius_cap_starts_near_the_origin(width):
+    # a half-strip 0 <= x0 <= width, x1 >= 0: unbounded with a finite inradius (width/2),
+    # whose Chebyshev centre can sit anywhere along x1 (at width/2 with HiGHS)
+    strip = Polytope([[-1.0, 0.0], [1.0, 0.0], [0.0, -1.0]], [0.0, width, 0.0])
+    ball = min(1.0, width / 2)
+    c = strip.interior_point()
+    assert np.abs(c).max() <= ball + 1e-7
+    assert strip.contains(torch.as_tensor(c)[None]).all()
+    starts = strip.random_interior(200, torch.Generator().manual_seed(0))
+    assert strip.contains(starts).all()
+    assert (starts - torch.as_tensor(c)).norm(dim=1).max() <= ball + 1e-7
+
+
+def test_float64_module_on_float32_chains_gets_the_matching_hint():
+    net = torch.nn.Linear(2, 1).double()
+    box = Polytope(np.vstack([np.eye(2), -np.eye(2)]), np.ones(4))
+    with pytest.raises(RuntimeError, match=r"convert the model to torch\.float32") as info:
+        ReflectiveHMC(lambda x: net(x).squeeze(-1), box, dtype=torch.float32).sample(
+            5, n_chains=2, warmup=0)
+    assert "pass dtype=torch.float32" not in str(info.value)

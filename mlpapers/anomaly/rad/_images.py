@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import os
-import sys
 import warnings
 from typing import Any
 
@@ -12,11 +10,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import check_tensor, reject_single_hwc_image, torch_compatible_array
+from mlpapers._utils import (
+    check_tensor,
+    reject_single_hwc_image,
+    torch_compatible_array,
+    user_stacklevel,
+)
 
 __all__ = ["check_images"]
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _pil_to_array(image: Any) -> np.ndarray:
@@ -31,14 +32,6 @@ def _pil_to_array(image: Any) -> np.ndarray:
         return torch_compatible_array(np.asarray(image))
     return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
 
-
-def _user_stacklevel() -> int:
-    """``stacklevel`` for a warning issued by the caller that points at the first
-    frame outside the mlpapers package (the user's call)."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _check_pixel_range(t: torch.Tensor, name: str) -> None:
@@ -62,7 +55,7 @@ def _check_pixel_range(t: torch.Tensor, name: str) -> None:
         warnings.warn(f"{name} is floating point with values in [{lo:.4g}, {hi:.4g}]; float "
                       "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
                       "or pass uint8; do not normalise them, the extractor does).",
-                      UserWarning, stacklevel=_user_stacklevel())
+                      UserWarning, stacklevel=user_stacklevel())
 
 
 def _to_unit(t: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import _get_feature_names
 
-from mlpapers._utils import check_tensor, to_numpy
+from mlpapers._utils import check_tensor, to_numpy, user_stacklevel
 
 
 @dataclass
@@ -43,8 +44,13 @@ def _is_matrix_like(item) -> bool:
 
 def validate_clients(clients, *, ndim, device: torch.device, owner: str,
                      input_shape: tuple[int, ...] | None = None,
-                     supervised: bool | None = None) -> Federation:
+                     supervised: bool | None = None, record_names: bool = False
+                     ) -> Federation:
     """Check a list of ``(X, y)`` pairs (or ``X`` / ``(X, None)``) and convert it.
+
+    With ``record_names`` (``fit``), the clients' DataFrame column names become
+    ``Federation.feature_names`` (:func:`_common_names`); otherwise they are not
+    compared across clients (prediction checks each client against the fitted names).
 
     Raises
     ------
@@ -98,17 +104,31 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
     if supervised is not None and is_sup != supervised:
         raise ValueError(f"{owner} was fitted {'with' if supervised else 'without'} targets y; "
                          f"got clients {'with' if is_sup else 'without'} them.")
-    return Federation(Xs, ys if is_sup else None, input_shape, _common_names(names))
+    return Federation(Xs, ys if is_sup else None, input_shape,
+                      _common_names(names) if record_names else None)
 
 
 def _common_names(names: list) -> np.ndarray | None:
-    """The clients' shared column names; clients must all name them alike, or none."""
-    first = names[0]
-    for i, other in enumerate(names[1:], start=1):
-        if (first is None) != (other is None) or (
-                first is not None and not np.array_equal(first, other)):
-            raise ValueError(f"clients[{i}] has feature names {_show(other)}, but clients[0] "
-                             f"has {_show(first)}: give every client the same columns.")
+    """The column names shared by the clients that have them.
+
+    Named clients with different columns raise ``ValueError`` (their features would
+    be silently misaligned); a mix of named and unnamed clients (DataFrames next to
+    arrays) warns and records no names, as the arrays' columns cannot be checked.
+    """
+    named = [(i, n) for i, n in enumerate(names) if n is not None]
+    if not named:
+        return None
+    i0, first = named[0]
+    for i, other in named[1:]:
+        if not np.array_equal(first, other):
+            raise ValueError(f"clients[{i}] has feature names {_show(other)}, but "
+                             f"clients[{i0}] has {_show(first)}: give every client the same "
+                             "columns.")
+    if len(named) < len(names):
+        warnings.warn(f"{len(names) - len(named)} of {len(names)} clients have no feature "
+                      f"names (arrays next to DataFrames): feature_names_in_ is not recorded.",
+                      UserWarning, stacklevel=user_stacklevel())
+        return None
     return first
 
 

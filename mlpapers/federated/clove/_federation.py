@@ -120,7 +120,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             self.__dict__.pop(stale, None)
         ndim = 2 if isinstance(self.model, str) else None
         fed = validate_clients(clients, ndim=ndim, device=self._device,
-                               owner=type(self).__name__)
+                               owner=type(self).__name__, record_names=True)
         n = len(fed.Xs)
         self._check_params(n)
         if fed.feature_names is not None:  # DataFrame clients, as scikit-learn records them

@@ -26,26 +26,22 @@ def _chebyshev_lp(A: np.ndarray, b: np.ndarray):
 def _is_unbounded(A: np.ndarray) -> bool:
     """Whether ``{A x <= b}`` (non-empty) is unbounded: its recession cone ``{u : A u <= 0}``
     is not ``{0}``, i.e. the rows do not positively span ``R^d`` (rank ``d`` and some
-    ``y > 0`` with ``A^T y = 0``)."""
+    ``y > 0`` with ``A^T y = 0``; by scaling, some ``y >= 1``: a feasibility LP, solved
+    by the dual simplex about as fast as the Chebyshev LP)."""
     from scipy.optimize import linprog
 
     m, d = A.shape
     if np.linalg.matrix_rank(A) < d:
         return True
-    c = np.zeros(m + 1)
-    c[-1] = -1.0  # maximise s with y_i >= s, sum(y) = 1, A^T y = 0
-    A_eq = np.vstack([np.hstack([A.T, np.zeros((d, 1))]),
-                      np.hstack([np.ones((1, m)), np.zeros((1, 1))])])
-    b_eq = np.concatenate([np.zeros(d), [1.0]])
-    A_ub = np.hstack([-np.eye(m), np.ones((m, 1))])
-    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(m), A_eq=A_eq, b_eq=b_eq,
-                  bounds=[(0, None)] * m + [(None, None)], method="highs")
-    return res.status != 0 or float(res.x[-1]) <= 1e-12
+    res = linprog(np.zeros(m), A_eq=A.T, b_eq=np.zeros(d), bounds=[(1.0, None)] * m,
+                  method="highs-ds")
+    return res.status != 0
 
 
-def _nearest_inner_point(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """The point ``x`` of smallest ``max_i |x_i|`` whose unit ball lies in ``{A x <= b}``
-    (unit rows), or ``None`` if the LP fails; for polytopes with an inscribed unit ball."""
+def _nearest_inner_point(A: np.ndarray, b: np.ndarray, radius: float = 1.0
+                         ) -> np.ndarray | None:
+    """The point ``x`` of smallest ``max_i |x_i|`` whose ball of ``radius`` lies in
+    ``{A x <= b}`` (unit rows), or ``None`` if the LP fails (no such ball fits)."""
     from scipy.optimize import linprog
 
     m, d = A.shape
@@ -55,7 +51,7 @@ def _nearest_inner_point(A: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     A_ub = np.vstack([np.hstack([A, np.zeros((m, 1))]),
                       np.hstack([eye, -np.ones((d, 1))]),
                       np.hstack([-eye, -np.ones((d, 1))])])
-    b_ub = np.concatenate([b - 1.0, np.zeros(2 * d)])
+    b_ub = np.concatenate([b - radius, np.zeros(2 * d)])
     res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=[(None, None)] * d + [(0, None)],
                   method="highs")
     return res.x[:d] if res.status == 0 else None

@@ -20,7 +20,6 @@ from mlpapers._utils import check_positive, to_numpy
 from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
 from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
 from mlpapers.sampling.rehmc._lp import (
-    _MAX_RADIUS,
     _chebyshev_lp,
     _is_unbounded,
     _nearest_inner_point,
@@ -169,9 +168,9 @@ class Polytope(ConvexContainer):
     chains that drift apart: the split R-hat warning of
     :meth:`~mlpapers.sampling.ReflectiveHMC.sample`).
     For an unbounded polytope, :meth:`interior_point` is the point nearest the
-    origin (in the max norm) whose unit ball lies inside, and default starting
-    points lie in that unit ball; pass ``x0`` if the target's mass lies far
-    from there.
+    origin (in the max norm) whose ball of radius ``min(1, inradius)`` lies
+    inside, and default starting points lie in that ball; pass ``x0`` if the
+    target's mass lies far from there.
 
     Parameters
     ----------
@@ -207,13 +206,16 @@ class Polytope(ConvexContainer):
         if radius <= 1e-12:
             raise ValueError("Polytope {A x <= b} has an empty interior (it is flat).")
         center = res.x[:self.dim]
-        if radius >= _MAX_RADIUS * (1 - 1e-9) and _is_unbounded(self.A):
-            # the LP's centre lies about 1e6 from every face, so chains started there
-            # spent the whole warm-up walking back (an orthant with an exponential target:
-            # R-hat 2.4); start near the origin, at the closest point whose unit ball fits
-            near = _nearest_inner_point(self.A, self.b)
-            if near is not None:  # its unit ball lies inside: random_interior stays in it
-                center, self._chord_cap = near, 1.0
+        if _is_unbounded(self.A):
+            # the LP's centre of an unbounded polytope can lie anywhere along its
+            # unbounded directions (about 1e6 from every face for an orthant), so chains
+            # started there spent the whole warm-up walking back (an orthant with an
+            # exponential target: R-hat 2.4); start near the origin instead, at the
+            # closest point whose ball of radius min(1, inradius) fits inside
+            ball = min(1.0, radius * (1 - 1e-9))
+            near = _nearest_inner_point(self.A, self.b, ball)
+            if near is not None:  # its ball lies inside: random_interior stays in it
+                center, self._chord_cap = near, ball
         return center, radius
 
     def _scaled_width(self, scale):

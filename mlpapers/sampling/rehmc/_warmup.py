@@ -59,10 +59,15 @@ def start_state(log_prob: Callable, x: torch.Tensor,
     except RuntimeError as exc:  # e.g. a float32 torch module fed the float64 chains
         if "dtype" not in str(exc) and "Double" not in str(exc):
             raise
+        if x.dtype == torch.float64:
+            hint = ("The sampler's dtype defaults to torch.float64: for a float32 model pass "
+                    "dtype=torch.float32, or convert the model with .double().")
+        else:
+            hint = (f"For a model of another dtype pass it as the sampler's dtype (float64 "
+                    f"is the default), or convert the model to {x.dtype}.")
         raise RuntimeError(
             f"log_prob failed on the {x.dtype} chains, of shape {tuple(x.shape)} ({exc}). "
-            "The sampler's dtype defaults to torch.float64: for a float32 model pass "
-            "dtype=torch.float32, or convert the model with .double().") from exc
+            f"{hint}") from exc
     if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
         raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
     if not has_graph and _varies(log_prob, x, logp):

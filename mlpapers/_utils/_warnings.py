@@ -1,0 +1,20 @@
+"""Warnings that point at the user's code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["user_stacklevel"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` issued by the calling function, such that
+    the warning points at the first frame outside the mlpapers package (the user's
+    call), however deep inside the package the warning is raised."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
