@@ -29,7 +29,7 @@ def test_log_mean_exp_of_an_empty_masked_slice_is_minus_inf():
 def test_predict_and_objective_work_in_row_blocks(monkeypatch, loss):
     # predict / score / objective built all n x n_classes float64 logits at once (8 GB for
     # 100k rows of 10k classes); they now reduce blocks of rows
-    import mlpapers.optim.scent._classifier as mod
+    import mlpapers.optim.scent._xc_predict as mod
 
     X, y = make_extreme_classification(300, 12, 5, noise=1.0, min_samples_per_class=1,
                                        random_state=0)

@@ -36,7 +36,7 @@ def test_entropic_risk_loss_survives_dtype_casts(cast, method):
 def test_predict_blocks_are_bounded_by_elements_not_rows(monkeypatch):
     # predict / objective took blocks of 4096 rows whatever the number of classes: 655 MB
     # of float64 logits per block at 20k classes (1.7 GB peak scoring 20k rows)
-    import mlpapers.optim.scent._classifier as mod
+    import mlpapers.optim.scent._xc_predict as mod
 
     X, y = make_extreme_classification(4200, 1100, 2, noise=1.0, min_samples_per_class=1,
                                        random_state=0)

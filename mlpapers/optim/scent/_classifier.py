@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
@@ -11,23 +10,15 @@ from sklearn.utils.multiclass import check_classification_targets
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_in_options, check_positive
 from mlpapers.optim.scent._common import check_common_params
-from mlpapers.optim.scent._sparse_input import (
-    SparseRows,
-    is_sparse_input,
-    sparse_logit_blocks,
-    validate_sparse,
-)
-from mlpapers.optim.scent._xc import LOSSES, NEGATIVES, exact_objective
+from mlpapers.optim.scent._sparse_input import SparseRows, is_sparse_input, validate_sparse
+from mlpapers.optim.scent._xc import LOSSES, NEGATIVES
 from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
+from mlpapers.optim.scent._xc_predict import SoftmaxPredictionMixin
 
 __all__ = ["SCENTClassifier"]
 
-#: logits held at once by predict / objective (a block of rows x n_classes, 32 MB)
-_CHUNK_ELEMENTS = 1 << 22
-
-
-class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin,
-                      BaseEstimator):
+class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimatorMixin,
+                      ClassifierMixin, BaseEstimator):
     r"""Linear classifier for many classes, trained by SCENT with sampled negatives.
 
     Two objectives are available (``loss``), both compositional entropic
@@ -316,94 +307,6 @@ class SCENTClassifier(SampledTrainingMixin, TorchEstimatorMixin, ClassifierMixin
             X, y = validate_sparse(self, X, y, reset=reset, dtype=np.float32)
             return SparseRows(X, self._resolved_device), y
         return self._validate_data(X, y, reset=reset)
-
-    # -- prediction -------------------------------------------------------------------
-    def _chunk_logits(self, X):
-        """``(start, logits)`` of row blocks of a validated float64 ``X``: predict and
-        objective hold about ``_CHUNK_ELEMENTS`` logits at once (at least one row),
-        never ``n x n_classes``, whatever the number of classes."""
-        rows = max(1, _CHUNK_ELEMENTS // len(self.coef_))
-        if sp.issparse(X):
-            return sparse_logit_blocks(X, self.coef_, self.intercept_, rows,
-                                       self._resolved_device)
-        W = torch.as_tensor(self.coef_, dtype=torch.float64, device=X.device)
-        b = torch.as_tensor(self.intercept_, dtype=torch.float64, device=X.device)
-        return ((i, X[i:i + rows] @ W.T + b) for i in range(0, X.shape[0], rows))
-
-    def _X64(self, X):
-        """Validated float64 ``X``: a tensor, or a CSR matrix for scipy sparse input."""
-        if is_sparse_input(X):
-            return validate_sparse(self, X, reset=False, dtype=np.float64)
-        return self._validate_data(X, reset=False, dtype=torch.float64)
-
-    def _logits(self, X, transform=None) -> torch.Tensor:
-        """All logits (``transform`` applied block by block: one block of temporaries)."""
-        blocks = [z if transform is None else transform(z)
-                  for _, z in self._chunk_logits(self._X64(X))]
-        return torch.cat(blocks)
-
-    def decision_function(self, X):
-        """Class scores :math:`z = XW^\\top + b`.
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes
-            (the score of ``classes_[1]`` minus that of ``classes_[0]``).
-        """
-        z = self._logits(X)
-        if z.shape[1] == 2:
-            z = z[:, 1] - z[:, 0]
-        return self._to_numpy(z)
-
-    def predict_proba(self, X):
-        """Exact softmax probabilities :math:`\\text{softmax}(z/\\tau)` over all classes.
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        tau = float(self.temperature)
-        return self._to_numpy(self._logits(X, lambda z: torch.softmax(z / tau, dim=1)))
-
-    def predict_log_proba(self, X):
-        """Logarithm of :meth:`predict_proba`, computed stably."""
-        tau = float(self.temperature)
-        return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(z / tau, dim=1)))
-
-    def predict(self, X):
-        """Most probable class of each row."""
-        best = torch.cat([z.argmax(dim=1) for _, z in self._chunk_logits(self._X64(X))])
-        return self.classes_[self._to_numpy(best)]
-
-    def objective(self, X, y) -> float:
-        r"""Exact regularised objective of ``loss`` over all classes.
-
-        ``loss="softmax"``: the cross-entropy
-        :math:`\frac{\tau}{n}\sum_i[\log\sum_k e^{z_{ik}/\tau} - z_{iy_i}/\tau]`;
-        ``loss="negatives"``: :math:`\frac{\tau}{n}\sum_i\log\frac{1}{C-1}
-        \sum_{k\ne y_i}e^{(z_{ik}-z_{iy_i})/\tau}`; both plus
-        :math:`\frac{\text{alpha}}{2}\|W\|^2`.
-
-        Parameters
-        ----------
-        X : array-like or scipy sparse matrix of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-            Labels seen in ``fit`` (others raise ``ValueError``).
-
-        Returns
-        -------
-        float
-        """
-        X = self._X64(X)
-        yi = self._encode(np.asarray(self._to_numpy(y) if isinstance(y, torch.Tensor) else y))
-        if len(yi) != X.shape[0]:
-            raise ValueError(f"X and y have inconsistent numbers of samples: "
-                             f"{X.shape[0]} != {len(yi)}.")
-        yi, tau = yi.to(self._resolved_device), float(self.temperature)
-        value = sum(float(exact_objective(z, yi[i:i + len(z)], self.loss, tau)) * len(z)
-                    for i, z in self._chunk_logits(X)) / X.shape[0]
-        reg = 0.5 * self.alpha * float((self.coef_.astype(np.float64) ** 2).sum())
-        return value + reg
 
     # -- persistence / checks ---------------------------------------------------------
     # The weights, dual table and generator state are in the public fitted state

@@ -1,0 +1,115 @@
+"""Prediction of :class:`~mlpapers.optim.SCENTClassifier`: exact softmax over all classes,
+in row blocks whose logits stay within a fixed budget whatever the number of classes."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from mlpapers.optim.scent._sparse_input import (
+    is_sparse_input,
+    sparse_logit_blocks,
+    validate_sparse,
+)
+from mlpapers.optim.scent._xc import exact_objective
+
+__all__: list[str] = []
+
+#: logits held at once by predict / objective (a block of rows x n_classes, 32 MB)
+_CHUNK_ELEMENTS = 1 << 22
+
+
+class SoftmaxPredictionMixin:
+    """``decision_function``, ``predict_proba``, ``predict_log_proba``, ``predict`` and
+    ``objective`` of a linear softmax model with fitted ``coef_`` (n_classes, d),
+    ``intercept_``, ``classes_``, the ``temperature``, ``loss`` and ``alpha``
+    parameters and ``_encode(y)`` (labels to class indices)."""
+
+    def _chunk_logits(self, X):
+        """``(start, logits)`` of row blocks of a validated float64 ``X``: predict and
+        objective hold about ``_CHUNK_ELEMENTS`` logits at once (at least one row),
+        never ``n x n_classes``, whatever the number of classes."""
+        rows = max(1, _CHUNK_ELEMENTS // len(self.coef_))
+        if sp.issparse(X):
+            return sparse_logit_blocks(X, self.coef_, self.intercept_, rows,
+                                       self._resolved_device)
+        W = torch.as_tensor(self.coef_, dtype=torch.float64, device=X.device)
+        b = torch.as_tensor(self.intercept_, dtype=torch.float64, device=X.device)
+        return ((i, X[i:i + rows] @ W.T + b) for i in range(0, X.shape[0], rows))
+
+    def _X64(self, X):
+        """Validated float64 ``X``: a tensor, or a CSR matrix for scipy sparse input."""
+        if is_sparse_input(X):
+            return validate_sparse(self, X, reset=False, dtype=np.float64)
+        return self._validate_data(X, reset=False, dtype=torch.float64)
+
+    def _logits(self, X, transform=None) -> torch.Tensor:
+        """All logits (``transform`` applied block by block: one block of temporaries)."""
+        blocks = [z if transform is None else transform(z)
+                  for _, z in self._chunk_logits(self._X64(X))]
+        return torch.cat(blocks)
+
+    def decision_function(self, X):
+        """Class scores :math:`z = XW^\\top + b`.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes
+            (the score of ``classes_[1]`` minus that of ``classes_[0]``).
+        """
+        z = self._logits(X)
+        if z.shape[1] == 2:
+            z = z[:, 1] - z[:, 0]
+        return self._to_numpy(z)
+
+    def predict_proba(self, X):
+        """Exact softmax probabilities :math:`\\text{softmax}(z/\\tau)` over all classes.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        tau = float(self.temperature)
+        return self._to_numpy(self._logits(X, lambda z: torch.softmax(z / tau, dim=1)))
+
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba`, computed stably."""
+        tau = float(self.temperature)
+        return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(z / tau, dim=1)))
+
+    def predict(self, X):
+        """Most probable class of each row."""
+        best = torch.cat([z.argmax(dim=1) for _, z in self._chunk_logits(self._X64(X))])
+        return self.classes_[self._to_numpy(best)]
+
+    def objective(self, X, y) -> float:
+        r"""Exact regularised objective of ``loss`` over all classes.
+
+        ``loss="softmax"``: the cross-entropy
+        :math:`\frac{\tau}{n}\sum_i[\log\sum_k e^{z_{ik}/\tau} - z_{iy_i}/\tau]`;
+        ``loss="negatives"``: :math:`\frac{\tau}{n}\sum_i\log\frac{1}{C-1}
+        \sum_{k\ne y_i}e^{(z_{ik}-z_{iy_i})/\tau}`; both plus
+        :math:`\frac{\text{alpha}}{2}\|W\|^2`.
+
+        Parameters
+        ----------
+        X : array-like or scipy sparse matrix of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+            Labels seen in ``fit`` (others raise ``ValueError``).
+
+        Returns
+        -------
+        float
+        """
+        X = self._X64(X)
+        yi = self._encode(np.asarray(self._to_numpy(y) if isinstance(y, torch.Tensor) else y))
+        if len(yi) != X.shape[0]:
+            raise ValueError(f"X and y have inconsistent numbers of samples: "
+                             f"{X.shape[0]} != {len(yi)}.")
+        yi, tau = yi.to(self._resolved_device), float(self.temperature)
+        value = sum(float(exact_objective(z, yi[i:i + len(z)], self.loss, tau)) * len(z)
+                    for i, z in self._chunk_logits(X)) / X.shape[0]
+        reg = 0.5 * self.alpha * float((self.coef_.astype(np.float64) ** 2).sum())
+        return value + reg
+
