@@ -81,3 +81,16 @@ def test_user_guide_snippets_run(page, tmp_path):
     if page == "rad":
         pytest.importorskip("efficientnet_lite_pytorch")  # the `pretrained` extra
     _run(_rst_blocks(GUIDE / f"{page}.rst"), tmp_path)
+
+
+def test_api_page_templates_are_where_sphinx_looks_for_them():
+    # autosummary resolves ``:template: NAME`` against the ``templates_path`` folders;
+    # a template elsewhere is silently replaced by Sphinx's default one (which, for
+    # classes, drops the methods inherited from our own base classes)
+    used = set()
+    for page in (ROOT / "docs" / "api").glob("*.rst"):
+        used.update(re.findall(r":template:\s*(\S+)", page.read_text()))
+    assert used, "no :template: option found in docs/api"
+    for name in used:
+        assert (ROOT / "docs" / "_templates" / name).is_file(), name
+    assert ":inherited-members:" in (ROOT / "docs" / "_templates" / "class.rst").read_text()
