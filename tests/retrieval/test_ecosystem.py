@@ -1,6 +1,7 @@
 """Retrieval estimators in the user's ecosystem: pandas, model selection, memory bounds."""
 
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -43,16 +44,21 @@ def test_score_on_a_dataframe_emits_no_feature_name_warning():
 
 
 class _MatmulSizes(TorchFunctionMode):
-    """Records the number of elements of every matrix product's result."""
+    """Records the number of elements of every matrix product's result, and how many
+    earlier results are still alive when the next product starts."""
 
     def __init__(self):
         super().__init__()
-        self.sizes = []
+        self.sizes, self.alive, self._outputs = [], [], []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        is_matmul = getattr(func, "__name__", "") in ("matmul", "__matmul__")
+        if is_matmul:
+            self.alive.append(sum(ref() is not None for ref in self._outputs))
         out = func(*args, **(kwargs or {}))
-        if getattr(func, "__name__", "") in ("matmul", "__matmul__"):
+        if is_matmul:
             self.sizes.append(out.numel())
+            self._outputs.append(weakref.ref(out))
         return out
 
 
@@ -66,6 +72,7 @@ def test_exact_search_chunks_are_bounded_by_scores_not_only_queries(monkeypatch)
     with _MatmulSizes() as spy:
         got = model.kneighbors(queries, 4)
     assert max(spy.sizes) <= 120
+    assert max(spy.alive) == 0  # one chunk of scores at a time, not two
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
     assert model.score(queries) == 1.0
@@ -104,8 +111,9 @@ def test_transposed_heavy_scores_are_named_in_the_error(relevance):
 def test_score_without_relevance_asks_the_heavy_ranker(relevance, cls, params):
     Q, I, f = relevance
     est = cls(f, batch_size=7, **params).fit(Q[:100], I)  # score chunks of 7 queries
-    assert est.score(Q[100:], n_neighbors=5) == pytest.approx(
-        est.score(Q[100:], f(Q[100:], I), n_neighbors=5))
+    # integer hits summed over the chunks: exactly the value of the whole matrix
+    assert est.score(Q[100:], n_neighbors=5) == est.score(Q[100:], f(Q[100:], I),
+                                                          n_neighbors=5)
 
 
 def test_grid_search_over_n_support_with_the_estimators_score(relevance):

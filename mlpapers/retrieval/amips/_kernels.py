@@ -52,7 +52,7 @@ def mips_topk(
     batch_size : int, default=8192
         Most queries per chunk. A chunk also holds at most ``2**26`` scores
         (256 MiB in float32: ``min(batch_size, 2**26 // N)`` queries), so the
-        memory stays bounded for large databases (1M keys: 64 queries per chunk).
+        memory stays bounded for large databases (2**20 keys: 64 queries per chunk).
 
     Returns
     -------
@@ -75,6 +75,7 @@ def mips_topk(
             s, i = _topk_lowest_index(sim, k)
         scores[start:start + batch_size] = s
         indices[start:start + batch_size] = i
+        del sim, s, i  # else the next chunk's scores are built while these are alive
     return scores, indices
 
 

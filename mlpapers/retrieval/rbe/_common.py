@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from mlpapers._utils import to_numpy, torch_compatible_array
-from mlpapers.retrieval.rbe._kernels import check_matrix, hit_rate
+from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts, hit_rate
 
 __all__ = ["HeavyRankerMixin", "length", "take"]
 
@@ -151,13 +151,17 @@ class HeavyRankerMixin:
         idx = self.kneighbors(queries, n_neighbors, return_distance=False)
         if relevance is not None:
             return hit_rate(relevance, idx, n_neighbors)
-        # the heavy ranker as ground truth, chunk by chunk (memory batch_size x n_items)
-        n, bs, total = len(idx), int(self.batch_size), 0.0
+        # the heavy ranker as ground truth, chunk by chunk (one chunk of batch_size x
+        # n_items scores alive at a time); integer hits summed, so the value is exactly
+        # that of hit_rate on the whole matrix
+        n, bs, hits = len(idx), int(self.batch_size), 0
         for s in range(0, n, bs):
             rows = np.arange(s, min(s + bs, n))
             R = self._heavy(take(queries, rows), self.items_, len(rows), self.n_items_)
-            total += hit_rate(R, idx[rows], n_neighbors) * len(rows)
-        return total / n
+            chunk_hits, k = hit_counts(R, idx[rows], n_neighbors)
+            hits += int(chunk_hits.sum())
+            del R, chunk_hits
+        return hits / (n * k)
 
     # -- persistence -------------------------------------------------------------
     def _attach_items(self, items: Any) -> None:

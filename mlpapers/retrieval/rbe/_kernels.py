@@ -18,21 +18,9 @@ __all__ = [
 
 
 def check_matrix(R: Any, name: str, device: Any = None) -> torch.Tensor:
-    """``check_tensor(R, dtype=float64)`` whose NaN/inf check runs in row chunks.
-
-    ``torch.isfinite`` of a whole matrix allocates about 1.1 times its size in
-    temporaries (an ``abs`` copy and masks), a transient gigabyte for a relevance
-    matrix of 100M entries; chunks of about ``2**22`` values bound it.
-    """
-    R = check_tensor(R, name=name, ndim=2, dtype=torch.float64, device=device,
-                     allow_nan=True)
-    rows = max(1, 2**22 // max(R.shape[1], 1))
-    for s in range(0, R.shape[0], rows):
-        if not bool(torch.isfinite(R[s:s + rows]).all()):
-            kind = "NaN" if bool(torch.isnan(R).any()) else "infinity"
-            raise ValueError(f"Input {name} contains {kind} or a value too large for "
-                             f"{R.dtype}.")
-    return R
+    """A validated float64 matrix (:func:`~mlpapers._utils.check_tensor`, whose NaN/inf
+    check runs in row blocks: no temporary of the size of a large relevance matrix)."""
+    return check_tensor(R, name=name, ndim=2, dtype=torch.float64, device=device)
 
 
 def fit_linear_embeddings(
@@ -222,6 +210,20 @@ def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float
     >>> hit_rate([[0.1, 0.9, 0.5]], [[1, 0]])
     0.5
     """
+    hits, k = hit_counts(true_scores, pred_indices, k)
+    return int(hits.sum()) / (len(hits) * k)  # one division: chunked sums agree exactly
+
+
+def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None
+               ) -> tuple[torch.Tensor, int]:
+    """Per-query hit counts of :func:`hit_rate` and the cut-off ``k`` it used.
+
+    Returns
+    -------
+    hits : LongTensor of shape (n_queries,)
+        ``|pred[q, :k] ∩ top_k(true[q])|``.
+    k : int
+    """
     T = check_matrix(true_scores, "true_scores")
     P = torch.as_tensor(to_numpy(pred_indices))
     if P.dtype == torch.bool or P.is_complex() or (
@@ -239,7 +241,7 @@ def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float
     mask = torch.zeros_like(T, dtype=torch.bool)
     mask.scatter_(1, true_top, True)
     pred = torch.zeros_like(mask).scatter_(1, P[:, :k], True)  # a repeated item counts once
-    return float((mask & pred).double().sum(dim=1).mean() / k)
+    return (mask & pred).sum(dim=1), k
 
 
 def softmax_signed_loss(
