@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlpapers._utils import user_stacklevel
 from mlpapers.sampling.rehmc._diagnostics import ess as _ess
 from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
 from mlpapers.sampling.rehmc._diagnostics import split_rhat_classic
@@ -83,7 +84,8 @@ class SampleResult:
             warnings.warn(f"the chains disagree (split R-hat {worst:.3g} > {threshold} in "
                           "some dimension): the draws are not reliable. Run a longer warm-up, "
                           "use mass='diag' for badly scaled targets or containers, or check "
-                          "result.rhat() and the trace.", RuntimeWarning, stacklevel=3)
+                          "result.rhat() and the trace.", RuntimeWarning,
+                          stacklevel=user_stacklevel())
 
     def ess(self, kind: str = "bulk") -> np.ndarray:
         """Rank-normalised bulk or tail effective sample size per dimension, ``(d,)``."""

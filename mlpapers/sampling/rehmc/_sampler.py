@@ -21,6 +21,7 @@ from mlpapers._utils import (
     check_positive,
     resolve_dtype,
     to_numpy,
+    user_stacklevel,
 )
 from mlpapers.sampling.rehmc._adapt import find_reasonable_step_size
 from mlpapers.sampling.rehmc._chees import halton
@@ -274,7 +275,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 "n_leapfrog='auto' (ChEES) estimates the target mean across chains and needs "
                 "n_chains >= 2 (4+ advised); falling back to n_leapfrog=10 for a single chain. "
                 "Pass an integer n_leapfrog to choose the length and silence this warning.",
-                UserWarning, stacklevel=2)
+                UserWarning, stacklevel=user_stacklevel())
             n_leapfrog = FALLBACK_LEAPFROG
         auto_len = isinstance(n_leapfrog, str)
         jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
@@ -377,7 +378,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         kept = (n_in.double() / max(n_rec, 1)).cpu().numpy()
         if kept.mean() < 0.01:
             warnings.warn(f"only {100 * kept.mean():.2g}% of the draws fall in the support; "
-                          "use a tighter container.", RuntimeWarning, stacklevel=2)
+                          "use a tighter container.", RuntimeWarning,
+                          stacklevel=user_stacklevel())
         self.step_size_ = to_numpy(eps).astype(np.float64)
         self.inv_mass_ = to_numpy(inv_mass).astype(np.float64)
         self.trajectory_length_ = float(traj) if auto_len else None

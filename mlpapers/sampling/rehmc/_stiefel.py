@@ -13,7 +13,6 @@ ball ``||X||_F <= b sqrt(k)`` and keeps the draws in ``R`` (container plus thinn
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -285,11 +284,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             target_accept=self.target_accept, max_reflections=self.max_reflections,
             jitter=self.jitter, dtype=self.dtype, device=self.device,
             random_state=self.random_state, verbose=self.verbose)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin)
-        for w in caught:  # re-issued at the caller's line, not at this one
-            warnings.warn(w.message, w.category, stacklevel=2)
+        res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin)
         self.step_size_ = hmc.step_size_
         self.trajectory_length_ = hmc.trajectory_length_
         self.n_features_in_ = n * k

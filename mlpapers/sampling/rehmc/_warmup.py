@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mlpapers._utils import to_numpy
+from mlpapers._utils import to_numpy, user_stacklevel
 from mlpapers.sampling.rehmc._adapt import (
     DualAveraging,
     WelfordVariance,
@@ -77,7 +77,7 @@ def start_state(log_prob: Callable, x: torch.Tensor,
             "taken as zero, so the chain stays exact but mixes like a random walk. Write "
             "log_prob with torch operations, or pass grad_log_prob (for a piecewise "
             "constant density, grad_log_prob=torch.zeros_like silences this warning).",
-            UserWarning, stacklevel=3)
+            UserWarning, stacklevel=user_stacklevel())
     return logp, grad
 
 
