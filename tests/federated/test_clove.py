@@ -199,8 +199,9 @@ def test_partial_participation_and_freeze(linear):
     assert est.history_[-1]["frozen"]
     frozen = [h["frozen"] for h in est.history_]
     assert frozen == sorted(frozen)  # once frozen, always frozen
-    first = frozen.index(True)  # the round that decided to freeze still computed losses
-    assert all("loss" not in h for h in est.history_[first + 1:])  # no loss vectors after
+    first = frozen.index(True)  # frozen from the start of that round: no loss vectors
+    assert all("loss" not in h for h in est.history_[first:])
+    assert all("loss" in h for h in est.history_[:first])
     # ARI = 1 held here but not on 4 of seeds 1-16: a sample of clients missing a group
     # makes k-means with n_clusters split another group, whose half then overwrites the
     # absent group's model (see the user guide's limitations); the paper's rule, kept.

@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from mlpapers.datasets import make_federated_linear
 from mlpapers.federated import CLoVE, FedAvg
@@ -72,3 +73,18 @@ def test_arrays_next_to_dataframes_warn_at_fit_and_score_as_before(clients):
                for (X, y), c in zip(clients, ["abcd", "abcd", "abdc", "abcd"])]
     with pytest.raises(ValueError, match=r"clients\[2\] has feature names"):
         FedAvg(n_rounds=2, random_state=0).fit(renamed)
+
+
+def test_builtin_models_under_float64_default_dtype():
+    # torch.set_default_dtype(torch.float64) in user code built float64 models against the
+    # float32 client data: a crash in the first loss matrix
+    clients = make_federated_linear(n_clusters=2, n_clients_per_cluster=2, n_samples=30,
+                                    random_state=0)[0]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        est = CLoVE(n_clusters=2, n_rounds=2, random_state=0).fit(clients)
+        assert est.models_[0].weight.dtype == torch.float32
+        assert est.predict(clients[0][0], client=0).shape == (30,)
+    finally:
+        torch.set_default_dtype(old)

@@ -133,3 +133,24 @@ def test_torch_sparse_tensor_input_is_accepted():
     est = SCENTClassifier(n_negatives=3, epochs=1, random_state=0).fit(Xs, torch.tensor(y))
     np.testing.assert_allclose(est.coef_, ref.coef_, atol=1e-6)
     np.testing.assert_array_equal(est.predict(Xs), ref.predict(X))
+
+
+@pytest.fixture
+def float64_default():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def test_fit_under_float64_default_dtype(float64_default):
+    # torch.set_default_dtype(torch.float64) in user code made the float32 weights of
+    # SCENTClassifier and PartialAUCClassifier float64 against float32 data: a crash
+    from mlpapers.optim import PartialAUCClassifier
+
+    X, y = make_extreme_classification(200, 10, 6, random_state=0)
+    clf = SCENTClassifier(n_negatives=4, epochs=2, random_state=0).fit(X, y)
+    assert clf.coef_.dtype == np.float32 and clf.predict(X).shape == (200,)
+    yb = (y < 5).astype(int)
+    pauc = PartialAUCClassifier(epochs=2, random_state=0).fit(X, yb)
+    assert np.isfinite(pauc.coef_).all()

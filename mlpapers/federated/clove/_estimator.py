@@ -113,9 +113,11 @@ class CLoVE(_ClusteredBase):
     max_clusters : int, default=15
         Upper bound on the number of clusters when ``n_clusters="auto"``.
     freeze_after : int or None, default=None
-        Stop re-clustering once no client changed model for this many rounds
-        (the paper uses 3); clients seen for the first time afterwards take
-        their lowest-loss model.
+        Stop re-clustering, from the start of a round on, once every client
+        taking part in that round was given the same model in each of its
+        last ``freeze_after`` recorded assignments (the official code's rule;
+        the paper uses 3). No loss vectors are computed after that; clients
+        seen for the first time afterwards take their lowest-loss model.
     n_init : int, default=10
         k-means restarts.
     %(run)s
@@ -227,7 +229,8 @@ class IFCA(_ClusteredBase):
     first_assignment : {"loss", "random"}, default="loss"
         Round-0 assignment: lowest loss, or random.
     freeze_after : int or None, default=None
-        Stop re-assigning once no client changed model for this many rounds.
+        Stop re-assigning once every participant of a round kept the same model
+        in its last ``freeze_after`` assignments (as :class:`CLoVE`).
     %(run)s
 
     Attributes

@@ -151,7 +151,9 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         weights = data.sizes.to(torch.float64)
 
         assignment = np.full(n, -1, dtype=np.int64)
-        frozen, stable = False, 0
+        # run[i]: how many of client i's last recorded assignments equal its current one
+        run = np.zeros(n, dtype=np.int64)
+        frozen = False
         freeze_after = getattr(self, "freeze_after", None)
         log = ProgressLogger(self.n_rounds, self.verbose, desc=type(self).__name__)
         for t in log:
@@ -159,6 +161,10 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             part = self._participants(n, M)
             pdata = data.take(torch.as_tensor(part, device=self._device))
             L = None
+            if not frozen and freeze_after is not None:
+                # the official rule, checked at the start of a round: every participant kept
+                # the same model in its last freeze_after recorded assignments
+                frozen = bool(np.all(run[part] >= freeze_after))
             if frozen:
                 new = assignment[part] < 0
                 if new.any():  # late clients: their lowest-loss model
@@ -172,12 +178,9 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                     a_part = random_assignment(len(part), M, self._numpy_gen)
                 else:
                     a_part = self._assign(L, t)
-                known = assignment[part] >= 0
-                same = known.any() and bool(np.all(assignment[part][known] == a_part[known]))
-                stable = stable + 1 if same else 0
+                kept = assignment[part] == a_part
+                run[part] = np.where(kept, run[part] + 1, 1)
                 assignment[part] = a_part
-                if freeze_after is not None and stable >= freeze_after:
-                    frozen = True
             a_t = torch.as_tensor(a_part, device=self._device)
             client_states = engine.local_train(states, a_t, pdata, self._torch_gen)
             states = weighted_model_average(client_states, a_t, weights[part], states)

@@ -66,14 +66,15 @@ def build_module(
             )
         return module
     hidden = [int(h) for h in hidden_layer_sizes]
+    # built-in models are float32 like the clients' data, whatever torch's default dtype
     if model in ("linear", "logistic"):
-        return nn.Linear(n_features, n_outputs)
+        return nn.Linear(n_features, n_outputs).float()
     if model == "mlp":
-        return _mlp([n_features, *hidden, n_outputs])
+        return _mlp([n_features, *hidden, n_outputs]).float()
     if model == "autoencoder":
         if not hidden:
             raise ValueError("hidden_layer_sizes must be non-empty for model='autoencoder'.")
-        return _mlp([n_features, *hidden, *hidden[-2::-1], n_features])
+        return _mlp([n_features, *hidden, *hidden[-2::-1], n_features]).float()
     raise ValueError(f"model must be one of {list(BUILTIN_MODELS)} or a callable, got {model!r}.")
 
 

@@ -30,7 +30,7 @@ def check_common_params(est) -> None:
     if est.gamma > 1:
         raise ValueError(f"gamma must be in (0, 1], got {est.gamma!r}.")
     check_positive(est.dual_lr, "dual_lr")
-    check_positive(est.delta, "delta")
+    check_positive(est.delta, "delta", strict=False)
     check_positive(est.rho, "rho")
     la = est.log_alpha
     if isinstance(la, str) and la == "auto" and getattr(est, "_supports_auto_alpha", False):

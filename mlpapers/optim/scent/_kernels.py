@@ -192,15 +192,17 @@ def umax_update(
 ) -> torch.Tensor:
     r"""U-max: reset :math:`\nu := L` wherever :math:`\nu < L - \delta`, then an ASGD step.
 
-    Resetting first (as in Fagan & Iyengar's U-max and the official KL-DRO code)
-    bounds :math:`e^{L-\nu} \le e^{\delta}`, so the step cannot overflow.
+    Resetting first (as in Fagan & Iyengar's U-max and the official KL-DRO and
+    pAUC code) bounds :math:`e^{L-\nu} \le e^{\delta}`, so the step cannot
+    overflow; the official extreme-classification code steps first and resets
+    after.
 
     Parameters
     ----------
     nu, log_mean_exp : torch.Tensor of shape (B,)
     dual_lr : float or torch.Tensor
     delta : float
-        Reset threshold (> 0).
+        Reset threshold (>= 0).
 
     Returns
     -------

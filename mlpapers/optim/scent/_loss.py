@@ -89,7 +89,8 @@ class EntropicRiskLoss(nn.Module):
     dual_lr : float, default=0.1
         Dual step size of ``"asgd"``, ``"umax"``, ``"asgd_softplus"``.
     delta : float, default=1.0
-        U-max reset threshold.
+        U-max reset threshold (>= 0; the official KL-DRO and pAUC code use 0,
+        its extreme-classification README 1).
     rho : float, default=1e-3
         Softplus smoothing of ``"asgd_softplus"``.
     nu_init : float or None, default=None
@@ -148,7 +149,7 @@ class EntropicRiskLoss(nn.Module):
         if gamma > 1:
             raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
         check_positive(dual_lr, "dual_lr")
-        check_positive(delta, "delta")
+        check_positive(delta, "delta", strict=False)  # 0: the official DRO/pAUC default
         check_positive(rho, "rho")
         if nu_init is not None and not math.isfinite(nu_init):
             raise ValueError(f"nu_init must be a finite float or None, got {nu_init!r}.")

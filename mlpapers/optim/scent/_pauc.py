@@ -195,7 +195,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         n_pos, n_neg = len(Xp), len(Xn)
         k = min(int(self.n_negatives), n_neg)
         dev = self._device
-        w = torch.zeros(X.shape[1], device=dev, requires_grad=True)
+        w = torch.zeros(X.shape[1], dtype=Z.dtype, device=dev, requires_grad=True)
         log_alpha = 0.0 if self.log_alpha is None else float(self.log_alpha)
         loss_fn = make_loss(self, n_pos, log_alpha, temperature=float(self.lam)).to(dev)
         opt = torch.optim.SGD([w], lr=self.lr, momentum=self.momentum,

@@ -23,8 +23,10 @@ class SampledTrainingMixin:
     def _start_training(self, n_anchors: int, n_features: int) -> None:
         C = len(self.classes_)
         dev = self._device
-        self._W = torch.zeros(C, n_features, device=dev, requires_grad=True)
-        self._b = torch.zeros(C, device=dev, requires_grad=bool(self.fit_intercept))
+        self._W = torch.zeros(C, n_features, dtype=torch.float32, device=dev,
+                              requires_grad=True)
+        self._b = torch.zeros(C, dtype=torch.float32, device=dev,
+                              requires_grad=bool(self.fit_intercept))
         self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
         self._loss_fn = make_loss(self, n_anchors, self._log_alpha).to(dev)
         self._opt = torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
