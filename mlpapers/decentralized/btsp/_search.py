@@ -49,6 +49,8 @@ def greedy(E: np.ndarray, schedule, rng: np.random.Generator) -> np.ndarray:
 
     A random node takes position 0; position ``k`` then gets the unplaced node that
     minimises the partial BCD, counting only links whose two ends are placed.
+    Ties are broken uniformly at random (the official code keeps the lowest node
+    id; with that rule and the same first node the two agree exactly).
     ``O(n^2 sum |S_l|)`` work in ``O(n tau)`` vectorised steps.
     """
     n = E.shape[0]

@@ -267,7 +267,10 @@ def delays_from_graph(
         If False, return the direct link delays with ``inf`` between non-adjacent
         nodes (for plotting; the assignment routines need finite delays).
     nodelist : sequence, optional
-        Node order of the rows; default ``list(G.nodes)``.
+        Node order of the rows; default ``list(G.nodes)`` (for a graph read by
+        :func:`networkx.read_gml`, the order of the file). The official code sorts
+        the labels instead: ``nodelist=sorted(G.nodes)`` reproduces its matrix (and
+        hence its ``no_opt`` identity baseline) exactly.
 
     Returns
     -------

@@ -51,6 +51,15 @@ class SampleResult:
     mean_leapfrog : float
         Mean leapfrog steps per transition and chain during sampling (equals
         ``n_leapfrog`` when it is fixed; ``nan`` if unknown).
+    last_state : numpy.ndarray of shape (chains, d) or None
+        Final position of each chain, where ``sample(..., resume=result)``
+        continues. It equals ``samples[:, -1]`` without a ``support``; with one it
+        may differ (chains that already had their draws kept moving) and may lie
+        outside ``S`` (inside the container).
+    sampler_state : dict or None
+        Opaque state for ``resume`` (the random generator state, the number of
+        transitions run, the rotation of the ChEES lengths). Plain numpy and
+        Python values, so a result survives pickling.
     """
 
     samples: np.ndarray
@@ -65,6 +74,8 @@ class SampleResult:
     warmup_divergent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     trajectory_length: float | None = None
     mean_leapfrog: float = float("nan")
+    last_state: np.ndarray | None = None
+    sampler_state: dict | None = field(default=None, repr=False)
 
     @property
     def reflections_per_step(self) -> float:

@@ -27,6 +27,7 @@ from mlpapers.sampling.rehmc._adapt import find_reasonable_step_size
 from mlpapers.sampling.rehmc._chees import halton
 from mlpapers.sampling.rehmc._kernels import hmc_transition
 from mlpapers.sampling.rehmc._result import SampleResult
+from mlpapers.sampling.rehmc._resume import final_sampler_state, resume_start
 from mlpapers.sampling.rehmc._supports import ConvexContainer, Region
 from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points, start_state
 
@@ -214,8 +215,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}.")
 
     # -- sampling ------------------------------------------------------------
-    def sample(self, n_samples: int, x0=None, *, n_chains: int = 4, warmup: int = 1000,
-               thin: int = 1, return_tensor: bool = False) -> SampleResult:
+    def sample(self, n_samples: int, x0=None, *, n_chains: int | None = None,
+               warmup: int | None = None, thin: int = 1, return_tensor: bool = False,
+               resume: SampleResult | None = None) -> SampleResult:
         """Run warm-up then draw ``n_samples`` kept draws per chain.
 
         Parameters
@@ -225,13 +227,26 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         x0 : array-like of shape (d,) or (n_chains, d), optional
             Starting points inside the support (random points of the container
             by default).
-        n_chains : int, default=4
-        warmup : int, default=1000
-            Warm-up iterations (adaptation happens only here).
+        n_chains : int, optional
+            Number of chains: 4 by default, the result's with ``resume``.
+        warmup : int, optional
+            Warm-up iterations (adaptation happens only here): 1000 by default,
+            0 with ``resume``.
         thin : int, default=1
             Record every ``thin``-th state (then keep those in ``S``).
         return_tensor : bool, default=False
             Also store the draws as a tensor in ``result.samples_tensor``.
+        resume : SampleResult, optional
+            Continue a finished run: each chain restarts from its final state
+            (``resume.last_state``) with the result's frozen step sizes, inverse
+            mass and ChEES trajectory length, and the random stream goes on where
+            the run stopped, so ``sample(n1)`` then ``sample(n2, resume=res)``
+            is the same chain as one ``sample(n1 + n2)`` (bit for bit without a
+            ``support``) and ``random_state`` plays no further role. The sampler's
+            other settings (``log_prob``, container, support, a fixed
+            ``n_leapfrog``, ``jitter``, ``thin``, ...) apply. With ``warmup > 0``
+            the adaptation starts afresh from the final states instead. Works on
+            a result that was pickled and loaded.
 
         Returns
         -------
@@ -239,10 +254,16 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
 
         Raises
         ------
+        TypeError
+            If ``resume`` is not a :class:`SampleResult`.
         ValueError
             If ``x0`` has the wrong shape or lies outside the container or the
             support, if no starting point in the support is found, or if
             ``log_prob`` returns the wrong shape or is not finite at the start.
+            With ``resume``: if ``x0`` is also given, the dimension or
+            ``n_chains`` differs from the result's, the result has no final
+            state, or ``n_leapfrog="auto"`` resumes a fixed-length run without
+            warm-up.
         RuntimeError
             With a ``support``: if some chain has no draw in it after 2000
             recorded states (or too few after ``1000 * thin * n_samples``
@@ -260,14 +281,25 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         """
         self._check_params()
         check_positive(n_samples, "n_samples", integer=True)
-        check_positive(n_chains, "n_chains", integer=True)
-        check_positive(warmup, "warmup", strict=False, integer=True)
+        if n_chains is not None:
+            check_positive(n_chains, "n_chains", integer=True)
+        if warmup is not None:
+            check_positive(warmup, "warmup", strict=False, integer=True)
         check_positive(thin, "thin", integer=True)
         self._init_fit()
         dtype = resolve_dtype(self.dtype)
         dev = self._device
         gen = self._torch_gen
         d = self.container.dim
+        start = None
+        if resume is not None:
+            start = resume_start(resume, self.container, x0, n_chains, dtype, dev)
+            n_chains = start.x.shape[0]
+            warmup = 0 if warmup is None else warmup
+            gen.set_state(start.rng_state)
+        n_chains = 4 if n_chains is None else int(n_chains)
+        warmup = 1000 if warmup is None else int(warmup)
+        frozen = start is not None and warmup == 0  # continue with the result's tuning
         max_refl = int(self.max_reflections) if self.max_reflections is not None else 100 * d
         n_leapfrog = self.n_leapfrog
         if isinstance(n_leapfrog, str) and n_chains < 2:
@@ -278,10 +310,17 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 UserWarning, stacklevel=user_stacklevel())
             n_leapfrog = FALLBACK_LEAPFROG
         auto_len = isinstance(n_leapfrog, str)
+        if frozen and auto_len and start.trajectory_length is None:
+            raise ValueError("resume: the sampler adapts the trajectory length "
+                             "(n_leapfrog='auto') but the result was drawn with a fixed "
+                             f"n_leapfrog={resume.n_leapfrog}; set n_leapfrog to an integer, "
+                             "or pass warmup > 0 to adapt afresh.")
         jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
 
-        x = initial_points(self.container, self.support, x0, n_chains, dtype, dev,
-                           self._torch_gen)
+        if start is None:
+            x = initial_points(self.container, self.support, x0, n_chains, dtype, dev, gen)
+        else:
+            x = start.x
         glp = self.grad_log_prob
         logp, grad = start_state(self.log_prob, x, glp)
 
@@ -292,8 +331,10 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
 
         ones = torch.ones(d, dtype=dtype, device=dev)
         step_cap = self.container._step_cap
-        adapt = isinstance(self.step_size, str)
-        if adapt:
+        adapt = isinstance(self.step_size, str) and not frozen
+        if frozen:
+            eps = start.step_size
+        elif adapt:
             eps = find_step(x, logp, grad, None, torch.ones(n_chains, dtype=dtype, device=dev),
                             step_cap(ones))
         else:
@@ -301,9 +342,16 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         warm = Warmup(warmup, eps, ones, adapt_step=adapt, target_accept=float(self.target_accept),
                       diag_mass=self.mass == "diag", auto_length=auto_len, step_cap=step_cap,
                       find_step=find_step)
-        if auto_len:  # rotation of the Halton points of the jittered lengths
-            shift = float(torch.rand(1, generator=gen, dtype=torch.float64))
+        shift = None
         n_calls = 0
+        if frozen:
+            warm.set_mass(start.inv_mass, identity=bool((start.inv_mass == 1).all()))
+            if auto_len:
+                warm.trajectory_length = start.trajectory_length
+                shift = start.halton_shift
+            n_calls = start.n_transitions
+        if auto_len and shift is None:  # rotation of the Halton points of the jittered lengths
+            shift = float(torch.rand(1, generator=gen, dtype=torch.float64))
 
         def transition(x, logp, grad):  # -> (result, leapfrog steps), chains in lockstep
             nonlocal n_calls
@@ -397,6 +445,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             warmup_divergent=warm.n_divergent.cpu().numpy(),
             trajectory_length=self.trajectory_length_,
             mean_leapfrog=lf_sum / max(it, 1),
+            last_state=to_numpy(x).copy(),
+            sampler_state=final_sampler_state(gen, n_calls, shift),
         )
         res._warn_if_unconverged()
         if return_tensor:
