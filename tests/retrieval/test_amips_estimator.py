@@ -329,3 +329,21 @@ def test_ranking_survives_keys_whose_squared_norm_leaves_float32(key_scale, quer
     np.testing.assert_array_equal(model.kneighbors(Q * query_scale, 5)[1],
                                   ref.kneighbors(Q, 5)[1])
     assert model.score(Q * query_scale) == ref.score(Q) > 0.3
+
+
+def test_resnet_keynet_starts_near_the_identity():
+    # x + F(x) with a small residual branch at initialisation (the official
+    # KeyNet(resnet=True) scales its final layer by 0.01): the untrained model maps a
+    # query close to itself, the point of the residual mode.
+    keys, Q, sampler = make_mips_problem(200, 8, n_queries=50, random_state=0)
+    seen = {}
+
+    def first_step(step, model):
+        if step == 0:
+            x = torch.as_tensor(Q)
+            with torch.no_grad():
+                seen["rel"] = float(((model(x) - x).norm(dim=1) / x.norm(dim=1)).mean())
+
+    AmortizedMIPS(resnet=True, depth=2, hidden_dim=16, n_steps=1, batch_size=32, lr=1e-12,
+                  random_state=0)._fit(keys, sampler, callback=first_step)
+    assert seen["rel"] < 0.1

@@ -147,17 +147,20 @@ def test_soft_leaky_relu_shape_and_limits():
     assert (torch.diff(y) > 0).all() and (torch.diff(y, 2) >= -1e-12).all()
 
 
-@pytest.mark.parametrize("depth,wx,out", [(8, 4, 1), (8, 4, 16), (3, True, 1), (2, False, 16)])
-def test_solve_width_meets_budget(depth, wx, out):
-    budget = 0.2 * 20000 * 16
-    w = solve_width(budget, 16, out, depth, wx, min_width=4)
-    net = (SupportNet(16, [w] * depth, wx_inject=wx) if out == 1
-           else KeyNet(16, [w] * depth, wx_inject=wx))
-    n = sum(p.numel() for p in net.parameters())
+@pytest.mark.parametrize("d,n_keys,depth,wx,out", [
+    (16, 20000, 8, 4, 1), (16, 20000, 8, 4, 16), (16, 20000, 3, True, 1),
+    (16, 20000, 2, False, 16), (128, 1000, 8, 4, 128), (64, 1000, 4, 4, 64)])
+def test_solve_width_meets_the_official_budget(d, n_keys, depth, wx, out):
+    # The official solver budgets every weight except the output layer's input weights
+    # (d * out) and one output bias: count them on the real network and remove those.
+    budget = 0.2 * n_keys * d
+
+    def counted(w):
+        net = (SupportNet(d, [w] * depth, wx_inject=wx) if out == 1
+               else KeyNet(d, [w] * depth, wx_inject=wx))
+        return sum(p.numel() for p in net.parameters()) - d * out - 1
+
+    w = solve_width(budget, d, out, depth, wx, min_width=4)
     # rounding to a multiple of 4 moves the count by at most one step of the width
-    w2 = w + 4
-    net2 = (SupportNet(16, [w2] * depth, wx_inject=wx) if out == 1
-            else KeyNet(16, [w2] * depth, wx_inject=wx))
-    n2 = sum(p.numel() for p in net2.parameters())
-    assert abs(n - budget) <= (n2 - n)
+    assert abs(counted(w) - budget) <= counted(w + 4) - counted(w)
     assert w % 4 == 0 and np.isfinite(w)

@@ -100,6 +100,19 @@ def test_greedy_never_picks_duplicates_or_zero_columns():
     assert len(S) == 5 and set(S.tolist()) <= set(range(5))
 
 
+
+@pytest.mark.parametrize("const", [0.1, 1 / 3, np.pi])
+def test_greedy_centred_never_picks_constant_items(const):
+    # An item scored the same by every query carries nothing once centred; its centred
+    # vector is rounding noise, which must not be picked as a support (a wasted heavy
+    # call) when the real items are exhausted: rank r -> exactly r picks.
+    rng = np.random.default_rng(0)
+    r = 5
+    R = rng.standard_normal((80, r)) @ rng.standard_normal((r, 60))
+    R = np.hstack([R, np.full((80, 3), const)])
+    with pytest.warns(UserWarning, match=f"stopped after {r} of 10"):
+        S = select_support(R, 10, "greedy", center=True)
+    assert len(S) == r and S.max() < 60
 def test_greedy_selection_is_scale_and_permutation_equivariant():
     rng = np.random.default_rng(4)
     R = rng.standard_normal((25, 18))

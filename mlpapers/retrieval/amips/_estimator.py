@@ -58,7 +58,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     homogenize : bool, default=True
         Wrap SupportNet in the 1-homogeneous wrapper (ignored by KeyNet).
     resnet : bool, default=False
-        KeyNet returns ``x + F(x)`` (ignored by SupportNet).
+        KeyNet returns ``x + F(x)`` (ignored by SupportNet); the output layer of
+        ``F`` is scaled by 0.01 at initialisation (as in the official code), so the
+        model starts near the identity map.
     score_weight, target_weight : float, default=0.01, 1.0
         Loss weights of the score and the key terms.
     n_steps : int, default=2000

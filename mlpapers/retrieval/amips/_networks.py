@@ -11,7 +11,10 @@ Both share one layer stack of ``depth`` hidden layers of width ``w``:
 where the input re-injection ``[W_{x,l} x]`` is present every ``wx_inject`` layers
 and always at the (linear) output layer, and
 :math:`\phi(t) = a t + (1-a)\,\mathrm{softplus}(\beta t)/\beta` is the
-soft-leaky-ReLU (convex, increasing). SupportNet keeps :math:`W_z \ge 0` through a
+soft-leaky-ReLU (convex, increasing). (The official ott-jax networks also apply
+:math:`\phi` after the output layer and re-inject at the output only when ``depth``
+is a multiple of ``wx_inject``; see the user guide for why and what it measured.)
+SupportNet keeps :math:`W_z \ge 0` through a
 softplus rectifier, which makes the scalar output convex in :math:`x`; KeyNet
 leaves :math:`W_z` free and outputs a vector in :math:`\mathbb{R}^d`.
 
@@ -60,24 +63,27 @@ def _inject_layers(depth: int, wx_inject: bool | int) -> list[bool]:
 def solve_width(budget: float, in_features: int, out_features: int, depth: int,
                 wx_inject: bool | int = 4, bias: bool = True, multiple: int = 4,
                 min_width: int = 16) -> int:
-    """Hidden width whose parameter count matches ``budget`` (the official width solver).
+    """Hidden width from a parameter budget, as the official width solver computes it.
 
-    The network of :class:`SupportNet` / :class:`KeyNet` with ``depth`` hidden layers
-    of width ``w`` has
-    ``(depth-1) w^2 + (d + out + bias*depth + n_inj*d) w + d*out + bias*out``
-    parameters, ``n_inj`` the number of hidden layers after the first that re-inject
-    the input (the output layer always does). This solves ``parameters = budget``
-    for ``w``, rounds to a multiple of ``multiple`` and clips below at ``min_width``.
+    The official solver (``rectangular_dims`` of ``apple/ml-amips``) solves
+    ``(depth-1) w^2 + (d + out + bias*depth + n_inj*d) w + bias*(out-1) = budget``
+    for ``w``, ``n_inj`` the number of hidden layers after the first that re-inject
+    the input. This counts every weight of :class:`SupportNet` / :class:`KeyNet`
+    except the output layer's input weights (``d * out``) and one output bias, so
+    the network has about ``d * out`` parameters more than ``budget`` (the widths,
+    hence the models, are the official ones). ``budget`` is rounded up to an
+    integer, the width rounded to a multiple of ``multiple`` and clipped below at
+    ``min_width`` (the official code clips at ``multiple``).
     """
-    n_wx = sum(_inject_layers(depth, wx_inject)[:-1]) + 1
+    n_inj = sum(_inject_layers(depth, wx_inject)[:-1])
     a = depth - 1
-    b = in_features + out_features + int(bias) * depth + (n_wx - 1) * in_features
-    c = int(bias) * out_features + in_features * out_features - budget
+    b = in_features + out_features + int(bias) * depth + n_inj * in_features
+    c = int(bias) * (out_features - 1) - math.ceil(budget)
     if a == 0:
         w = -c / b
     else:
         w = (-b + math.sqrt(max(b * b - 4 * a * c, 0.0))) / (2 * a)
-    w = int(round(w / multiple) * multiple)
+    w = max(int(round(w / multiple) * multiple), multiple)
     return max(w, min_width)
 
 

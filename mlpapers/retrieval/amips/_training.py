@@ -236,7 +236,11 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
 
     if init_batch.shape[0] >= 2:
         model.data_init(init_batch)
-    if not (est.arch == "keynet" and est.resnet):
+    if est.arch == "keynet" and est.resnet:
+        # the residual branch starts small, so the model starts near the identity map
+        # x -> x (the official KeyNet(resnet=True) scales its final layer by 0.01)
+        model.scale_output(0.01)
+    else:
         # match the initial key norms to the labels' (a positive scale keeps convexity)
         match_output_scale(model, init_batch, keys, search_batch_size=est.search_batch_size)
     # set before training: a callback reads the units of the fit in progress

@@ -30,9 +30,24 @@ SUPPORT_METHODS = ("greedy", "random", "popular", "kmeans", "farthest")
 
 
 def _item_features(R: torch.Tensor, center: bool) -> torch.Tensor:
-    """``(n_queries, n_items) -> (n_items, n_queries)`` item relevance vectors."""
+    """``(n_queries, n_items) -> (n_items, n_queries)`` item relevance vectors.
+
+    With ``center``, an item whose relevance is constant over the queries (up to
+    rounding) gets an exactly zero vector: centring leaves rounding noise of size
+    about ``n_queries * eps * |x|``, whose *direction* greedy selection would otherwise
+    take for information once the real items are exhausted (the official greedy
+    excludes such items by an absolute norm threshold).
+    """
     X = R.T
-    return X - X.mean(dim=1, keepdim=True) if center else X
+    if not center:
+        return X
+    Xc = X - X.mean(dim=1, keepdim=True)
+    raw = torch.einsum("ij,ij->i", X, X)
+    cen = torch.einsum("ij,ij->i", Xc, Xc)
+    const = cen <= (X.shape[1] * torch.finfo(X.dtype).eps) ** 2 * raw
+    if bool(const.any()):
+        Xc[const] = 0.0
+    return Xc
 
 
 def greedy_selection(
@@ -223,7 +238,8 @@ def select_support(
           from the mean item vector.
     center : bool, default=True
         Centre each item vector over the queries first (matches the affine head of
-        ``standardize=True``). Ignored by ``"random"`` and ``"popular"``.
+        ``standardize=True``); an item constant over the queries becomes an exact zero
+        vector (greedy never picks it). Ignored by ``"random"`` and ``"popular"``.
     tol : float, default=1e-10
         Relative residual tolerance of ``"greedy"``; it may return fewer than ``k``
         items (with a warning) when the rest are already reconstructed exactly.
