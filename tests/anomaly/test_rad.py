@@ -135,6 +135,27 @@ def test_fp16_memory_keeps_auroc(textures):
     np.testing.assert_allclose(half.decision_function(X_train[:3]), 0.0, atol=2e-3)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_memory_is_cast_per_batch_and_equals_the_float32_memory_cast(textures, dtype):
+    X_train = textures[0]
+    full = RADDetector(extractor="random", k_images=4, image_size=None, batch_size=3
+                       ).fit(X_train)
+    half = RADDetector(extractor="random", k_images=4, image_size=None, batch_size=3,
+                       memory_dtype=dtype).fit(X_train)
+    assert half.grid_shapes_ == full.grid_shapes_
+    for h, f in zip(half.memory_, full.memory_):
+        assert h.dtype == getattr(torch, dtype) and h.is_contiguous()
+        assert torch.equal(h, f.to(h.dtype))
+    # the fit keeps each batch only in the stored form: extraction with the fit's
+    # per-batch store returns the memory itself, never the float32 maps of all images
+    images, _ = half._images(X_train)
+    patches, keys = half._extract(images, "fit", store=half._fit_store())
+    assert [p.dtype for p in patches] == [getattr(torch, dtype)] * len(half.memory_)
+    for p, m in zip(patches, half.memory_):
+        assert torch.equal(p, m)
+    assert torch.equal(keys, half.keys_)
+
+
 def test_one_hot_layer_weights_equal_single_layer(textures):
     X_train, X_test = textures[0], textures[1]
     both = RADDetector(extractor="random", k_images=5, image_size=None,

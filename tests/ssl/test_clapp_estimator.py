@@ -90,7 +90,7 @@ def test_bp_variants_propagate_gradients():
     enc, views, neg = _built()
     top_bp = enc._layer_losses(views, neg, detach=False)[-1]
     assert all(g > 0 for g in _grad_norms(top_bp, enc.encoder_.blocks))
-    for loss in ["clapp", "infonce"]:
+    for loss in ["clapp", "infonce", "infonce-cross"]:
         X, _ = make_shifted_digits(n_samples=8, random_state=1)
         glob = GlobalSSLEncoder(loss=loss, architecture="tiny", n_epochs=0, random_state=0).fit(X)
         total = glob._batch_losses(views, neg).sum()

@@ -102,6 +102,25 @@ def test_infonce_matches_brute_force():
     assert float(infonce_loss(p, t)) == pytest.approx(total / 6, rel=1e-10)
 
 
+def test_infonce_cross_is_the_one_directional_cross_view_loss():
+    # the official BP-InfoNCE: view-A row i against the B view-B rows only (one direction)
+    g = torch.Generator().manual_seed(2)
+    p = torch.randn(8, 5, generator=g, dtype=torch.float64)
+    t = 0.1
+    a = p[:4].numpy() / np.linalg.norm(p[:4].numpy(), axis=1, keepdims=True)
+    b = p[4:].numpy() / np.linalg.norm(p[4:].numpy(), axis=1, keepdims=True)
+    total = 0.0
+    for i in range(4):
+        logits = [a[i] @ b[j] / t for j in range(4)]
+        total += -(logits[i] - np.log(np.sum(np.exp(logits))))
+    assert float(infonce_loss(p, t, pairs="cross")) == pytest.approx(total / 4, rel=1e-10)
+    assert float(infonce_loss(p, t, pairs="cross")) != pytest.approx(float(infonce_loss(p, t)))
+    with pytest.raises(ValueError, match="pairs must be"):
+        infonce_loss(p, t, pairs="bogus")
+    with pytest.raises(ValueError, match="even number"):
+        infonce_loss(p[:7], t, pairs="cross")
+
+
 # -- deep linear network theory ------------------------------------------------------
 def _linear_net(seed, dims=(5, 4, 4, 3), n_images=6):
     g = torch.Generator().manual_seed(seed)

@@ -108,26 +108,31 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         sizes (already resized to ``image_size``), their original sizes."""
         return _validate_images(X, "X", _check_image_size(self.image_size))
 
-    def _extract(self, images: torch.Tensor, desc: str) -> tuple[list[torch.Tensor],
-                                                                  torch.Tensor]:
+    def _extract(self, images: torch.Tensor, desc: str, store=None
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Run the extractor in batches: per-layer maps (n, C_l, h_l, w_l), keys (n, D).
 
         ``images`` are validated (:func:`_validate_images`) but not converted: each
         batch is made float, RGB and resized on its own, so that the memory of the
         pipeline is that of the input plus one batch (not a float copy of the input
-        at its full resolution).
+        at its full resolution). ``store``, if given, converts each batch's list of
+        float32 maps into the per-layer tensors that are kept (e.g. normalised
+        patches in the memory dtype), so that only one batch exists in float32. The
+        kept tensors are written into buffers allocated once for all images (no
+        list of batches next to their concatenation).
         """
         ext = self._get_extractor()
         size = self._network_size(images)
         dev = self._resolved_device
-        n_batches = -(-len(images) // self.batch_size)
-        feats: list[list[torch.Tensor]] = []
+        n, bs = len(images), self.batch_size
+        n_batches = -(-n // bs)
+        out: list[torch.Tensor] = []
+        raw_shapes = None
         keys = []
         log = ProgressLogger(n_batches, verbose=self.verbose, desc=desc)
         with torch.inference_mode():
             for i in log:
-                x = _resize(_unit_rgb(
-                    images[i * self.batch_size:(i + 1) * self.batch_size].to(dev)), size)
+                x = _resize(_unit_rgb(images[i * bs:(i + 1) * bs].to(dev)), size)
                 try:
                     f, k = ext(x)
                 except RuntimeError as exc:
@@ -138,14 +143,27 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                         f"(images of {tuple(size)} pixels may be too small for this "
                         "backbone; set image_size, e.g. 224)") from exc
                 f = _check_extractor_output(f, k, len(x), i)
-                if feats and [t.shape[1:] for t in f] != [t.shape[1:] for t in feats[0]]:
+                shapes = [t.shape[1:] for t in f]
+                if raw_shapes is not None and shapes != raw_shapes:
                     raise ValueError("the extractor returned feature maps of different shapes "
                                      "for different batches of same-size images.")
-                feats.append(f)
+                raw_shapes = shapes
+                kept = f if store is None else store(f)
+                if not out:  # normal (not inference) tensors, as the fitted memory
+                    with torch.inference_mode(False):
+                        out = [torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=t.device)
+                               for t in kept]
+                for buf, t in zip(out, kept):
+                    buf[i * bs:i * bs + len(x)] = t
+                del f, kept
                 keys.append(k.float().reshape(len(x), -1))
                 log.log(batch=i)
-        layers = [torch.cat([b[li] for b in feats]) for li in range(len(feats[0]))]
-        return layers, torch.cat(keys)
+        return out, torch.cat(keys)
+
+    def _fit_store(self):
+        """Per-batch conversion of the fit's features (see :meth:`_extract`); ``None``
+        keeps the float32 maps."""
+        return None
 
     # -- public API -----------------------------------------------------------
     def fit(self, X, y=None):
@@ -168,7 +186,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         images, _ = self._images(X)
         self._forget_fit()
         try:
-            feats, keys = self._extract(images, desc=f"{type(self).__name__} fit")
+            feats, keys = self._extract(images, desc=f"{type(self).__name__} fit",
+                                        store=self._fit_store())
             self.n_features_in_ = int(3 * images.shape[-2] * images.shape[-1])  # RGB C*H*W
             self.n_train_ = len(images)
             self.input_size_ = tuple(int(s) for s in self._network_size(images))

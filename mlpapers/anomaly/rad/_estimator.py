@@ -76,8 +76,9 @@ class RADDetector(BaseImageDetector):
     contamination : float in (0, 0.5], default=0.1
         Expected fraction of anomalies, sets ``threshold_`` (PyOD convention).
     memory_dtype : {"float32", "float16", "bfloat16"}, default="float32"
-        Storage dtype of the patch memory (half precision halves its size;
-        similarities are always computed in float32).
+        Storage dtype of the patch memory (half precision halves its size, and the
+        fit's peak with it: each batch of features is normalised and cast as it is
+        extracted; similarities are always computed in float32).
     matching : {"auto", "shared", "tiled", "gather"}, default="auto"
         Kernel of the positional matching; all give the same scores (to float
         rounding). ``"shared"`` scores a batch of test images against the union
@@ -216,11 +217,22 @@ class RADDetector(BaseImageDetector):
                              f"returns {n_layers} layers.")
         return w / w.sum()
 
-    def _fit_memory(self, feats, keys) -> torch.Tensor:
-        self.layer_weights_ = self._resolve_layer_weights(len(feats))
-        self.grid_shapes_ = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
+    def _fit_store(self):
+        """Normalise and cast each fit batch as it is extracted: the fit then holds the
+        memory in ``memory_dtype`` plus one float32 batch, never the float32 features of
+        all training images (the values equal a float32 fit cast afterwards)."""
         dtype = self._memory_dtype()
-        self.memory_ = [p.to(dtype).contiguous() for p in self._patches(feats)]
+
+        def store(feats):
+            self.grid_shapes_ = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
+            return [p.to(dtype) for p in self._patches(feats)]
+        return store
+
+    def _fit_memory(self, feats, keys) -> torch.Tensor:
+        """``feats``: the normalised patches (n, L_l, C_l) in the memory dtype (from
+        :meth:`_fit_store`)."""
+        self.layer_weights_ = self._resolve_layer_weights(len(feats))
+        self.memory_ = [p.contiguous() for p in feats]
         self.keys_ = keys.float().contiguous()
         n = len(keys)
         if n < 2:

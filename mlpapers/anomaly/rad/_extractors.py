@@ -209,7 +209,9 @@ class DinoViTExtractor(nn.Module):
         A DINO ViT exposing ``get_intermediate_layers``, e.g. loaded with
         ``torch.hub.load(repo_dir, "dinov3_vitb16", source="local", weights=path)``.
         Use an ``image_size`` that is a multiple of its patch size (the paper: 448
-        with patch 16, a 28x28 grid).
+        with patch 16, a 28x28 grid). The official code resizes every image to
+        512x512 and center-crops 448x448; the detectors only resize, so crop the
+        central 7/8 of each image yourself to reproduce it.
     layers : sequence of int, default=(3, 6, 9, 11)
         0-based block indices (the paper's setting for ViT-B); negative indices
         count from the last block (the model must expose ``n_blocks`` or

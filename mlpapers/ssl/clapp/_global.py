@@ -21,12 +21,16 @@ class GlobalSSLEncoder(_SSLImageEncoder):
 
     Parameters
     ----------
-    loss : {"clapp", "infonce"}, default="clapp"
+    loss : {"clapp", "infonce", "infonce-cross"}, default="clapp"
         ``"clapp"`` (BP-CLAPP++): the hinge CLAPP loss :math:`f(z_L^\top B_L c_L)`
         of the top block with a detached context from the other view;
         ``"infonce"`` (BP-InfoNCE, SimCLR): a linear projection to
         ``projection_dim`` and NT-Xent with cosine similarity and ``temperature``
-        (views crossed, all other rows of the batch as negatives).
+        (views crossed, all other rows of the batch as negatives, both
+        directions); ``"infonce-cross"``: the same projection with the official
+        CLAPP++ code's InfoNCE, each view-A image against the view-B images only,
+        in one direction (:func:`~mlpapers.ssl.clapp.infonce_loss` with
+        ``pairs="cross"``).
     temperature : float, default=0.1
     projection_dim : int, default=128
         The paper projects to 1024 on STL-10; smaller suits the small default.
@@ -81,7 +85,7 @@ class GlobalSSLEncoder(_SSLImageEncoder):
         self.verbose = verbose
 
     def _check_params(self) -> None:
-        check_in_options(self.loss, "loss", ("clapp", "infonce"))
+        check_in_options(self.loss, "loss", ("clapp", "infonce", "infonce-cross"))
         check_positive(self.temperature, "temperature")
         check_positive(self.projection_dim, "projection_dim", integer=True)
         self._check_common_params()
@@ -103,5 +107,6 @@ class GlobalSSLEncoder(_SSLImageEncoder):
             loss = clapp_layer_loss(swap_views(top), top.detach(), head.weight, neg_idx,
                                     "hinge")
         else:
-            loss = infonce_loss(head(top), self.temperature)
+            pairs = "cross" if self.loss == "infonce-cross" else "all"
+            loss = infonce_loss(head(top), self.temperature, pairs)
         return loss[None]

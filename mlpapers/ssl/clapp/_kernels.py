@@ -161,23 +161,42 @@ def clapp_layer_loss(
     return contrastive_loss(u_pos, u_neg, loss).mean()
 
 
-def infonce_loss(p: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
-    """SimCLR's NT-Xent loss with cosine similarity, views crossed.
+def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
+                 ) -> torch.Tensor:
+    r"""InfoNCE with cosine similarity between the two views of a batch.
+
+    ``pairs="all"`` is SimCLR's NT-Xent: every row of ``[view A; view B]`` must
+    find its other view among the ``2B - 1`` other rows (both directions, the
+    other images of *both* views as negatives). ``pairs="cross"`` is the form of
+    the official CLAPP++ code's BP-InfoNCE baseline (``vision/models/SSLLoss.py``,
+    ``InfoNCE`` with the SimCLR script's flags): each view-A row :math:`a_i` must
+    find :math:`b_i` among the :math:`B` view-B rows only, in one direction,
+
+    .. math:: L = -\frac{1}{B}\sum_i \log \frac{\exp(\cos(a_i, b_i)/\tau)}
+              {\sum_j \exp(\cos(a_i, b_j)/\tau)}.
 
     Parameters
     ----------
     p : Tensor of shape (2B, P)
         Projections ``[view A; view B]``.
     temperature : float
+    pairs : {"all", "cross"}, default="all"
 
     Returns
     -------
     Tensor of shape ()
-        The mean cross-entropy of finding the other view among the ``2B - 1``
-        other rows.
+        The mean cross-entropy.
     """
     n = p.shape[0]
     q = F.normalize(p, dim=1)
+    if pairs == "cross":
+        if n % 2:
+            raise ValueError(f"expected an even number of rows (two views), got {n}.")
+        b = n // 2
+        sim = (q[:b] @ q[b:].T) / temperature
+        return F.cross_entropy(sim, torch.arange(b, device=p.device))
+    if pairs != "all":
+        raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
     sim = (q @ q.T) / temperature
     sim = sim.masked_fill(torch.eye(n, dtype=torch.bool, device=p.device), float("-inf"))
     target = (torch.arange(n, device=p.device) + n // 2) % n
