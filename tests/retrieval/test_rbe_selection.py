@@ -100,7 +100,6 @@ def test_greedy_never_picks_duplicates_or_zero_columns():
     assert len(S) == 5 and set(S.tolist()) <= set(range(5))
 
 
-
 @pytest.mark.parametrize("const", [0.1, 1 / 3, np.pi])
 def test_greedy_centred_never_picks_constant_items(const):
     # An item scored the same by every query carries nothing once centred; its centred
@@ -113,6 +112,18 @@ def test_greedy_centred_never_picks_constant_items(const):
     with pytest.warns(UserWarning, match=f"stopped after {r} of 10"):
         S = select_support(R, 10, "greedy", center=True)
     assert len(S) == r and S.max() < 60
+
+
+def test_greedy_centred_keeps_items_varying_little_around_a_large_offset():
+    # a real rank-5 relevance on top of a huge common offset: the spread is 1e-13 of the
+    # values, yet far above the rounding of centring, so all 5 directions must be found
+    rng = np.random.default_rng(0)
+    R = rng.standard_normal((10_000, 5)) @ rng.standard_normal((5, 40))
+    S = select_support(1e9 + 1e-4 * R, 5, "greedy", center=True)
+    assert len(S) == 5
+    assert np.linalg.matrix_rank(R[:, S] - R[:, S].mean(0)) == 5
+
+
 def test_greedy_selection_is_scale_and_permutation_equivariant():
     rng = np.random.default_rng(4)
     R = rng.standard_normal((25, 18))

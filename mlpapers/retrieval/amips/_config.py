@@ -63,7 +63,7 @@ def build_amips_model(est, n_keys: int, d: int,
     if hidden_dims is None:
         out = d if est.arch == "keynet" else 1
         width = est.hidden_dim if est.hidden_dim is not None else solve_width(
-            est.params_fraction * n_keys * d, d, out, est.depth, est.wx_inject)
+            n_keys * d * est.params_fraction, d, out, est.depth, est.wx_inject)
         hidden_dims = (int(width),) * est.depth
     kw = dict(wx_inject=est.wx_inject, negative_slope=est.negative_slope, beta=est.beta)
     if est.arch == "keynet":

@@ -187,7 +187,6 @@ class _Stack(nn.Module):
                 self.bias[l].copy_(-mean)
             z = self._act(pre / s - mean)
 
-
     @torch.no_grad()
     def scale_output(self, c: float) -> None:
         """Multiply the (affine) output layer by ``c > 0``: the output becomes ``c * out``."""

@@ -32,19 +32,18 @@ SUPPORT_METHODS = ("greedy", "random", "popular", "kmeans", "farthest")
 def _item_features(R: torch.Tensor, center: bool) -> torch.Tensor:
     """``(n_queries, n_items) -> (n_items, n_queries)`` item relevance vectors.
 
-    With ``center``, an item whose relevance is constant over the queries (up to
-    rounding) gets an exactly zero vector: centring leaves rounding noise of size
-    about ``n_queries * eps * |x|``, whose *direction* greedy selection would otherwise
-    take for information once the real items are exhausted (the official greedy
-    excludes such items by an absolute norm threshold).
+    With ``center``, an item whose relevance is exactly constant over the queries gets
+    an exactly zero vector: centring leaves rounding noise (the computed mean need not
+    equal the constant), whose *direction* greedy selection would otherwise take for
+    information once the real items are exhausted (the official greedy excludes such
+    items by an absolute norm threshold). Items that vary at all, however little
+    relative to their offset, are kept.
     """
     X = R.T
     if not center:
         return X
     Xc = X - X.mean(dim=1, keepdim=True)
-    raw = torch.einsum("ij,ij->i", X, X)
-    cen = torch.einsum("ij,ij->i", Xc, Xc)
-    const = cen <= (X.shape[1] * torch.finfo(X.dtype).eps) ** 2 * raw
+    const = X.amax(dim=1) == X.amin(dim=1)
     if bool(const.any()):
         Xc[const] = 0.0
     return Xc
