@@ -86,5 +86,15 @@ def test_builtin_models_under_float64_default_dtype():
         est = CLoVE(n_clusters=2, n_rounds=2, random_state=0).fit(clients)
         assert est.models_[0].weight.dtype == torch.float32
         assert est.predict(clients[0][0], client=0).shape == (30,)
+        # a user's callable model, built in float64 by that default, is cast like the data
+        user = CLoVE(model=lambda d, k: torch.nn.Linear(d, k), n_clusters=2, n_rounds=2,
+                     random_state=0).fit(clients)
+        assert user.models_[0].weight.dtype == torch.float32
+        mlp64 = CLoVE(model="mlp", n_clusters=2, n_rounds=2, random_state=0).fit(clients)
     finally:
         torch.set_default_dtype(old)
+    # the built-in weights are drawn in float32: the same model under either default
+    mlp32 = CLoVE(model="mlp", n_clusters=2, n_rounds=2, random_state=0).fit(clients)
+    for a, b in zip(mlp32.models_, mlp64.models_):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            torch.testing.assert_close(pa, pb, rtol=0, atol=0)

@@ -239,7 +239,8 @@ def make_client_app(
     Parameters
     ----------
     model_fn : callable
-        ``model_fn() -> torch.nn.Module``: the architecture (same on every node).
+        ``model_fn() -> torch.nn.Module``: the architecture (same on every node); it
+        is cast to float32 like the data, as in :class:`~mlpapers.federated.CLoVE`.
     data_fn : callable
         ``data_fn(context) -> (X, y)`` (or ``(X, None)`` for the reconstruction loss):
         the node's training data, e.g. chosen by ``context.node_config["partition-id"]``.
@@ -266,7 +267,7 @@ def make_client_app(
         else:
             Ys = [torch.as_tensor(np.asarray(y, dtype=np.float32).reshape(len(Xt), -1))]
         data = ClientData.from_lists([Xt], Ys, torch.device("cpu"))
-        template = model_fn()
+        template = model_fn().float()
         engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
                         batch_size=batch_size, local_epochs=local_epochs)
         return data, template, engine

@@ -204,7 +204,7 @@ def epoch_permutations(
         Row ``i`` starts with a random permutation of ``0 .. sizes[i] - 1``.
     """
     n = sizes.shape[0]
-    keys = torch.rand(n, m, generator=generator).to(device)
+    keys = torch.rand(n, m, generator=generator, dtype=torch.float32).to(device)
     pad = torch.arange(m, device=device)[None, :] >= sizes.to(device)[:, None]
     keys = keys.masked_fill(pad, 2.0)
     return keys.argsort(dim=1, stable=True)

@@ -24,7 +24,7 @@ LOSSES = ("mse", "cross_entropy", "reconstruction")
 def _mlp(sizes: Sequence[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        layers.append(nn.Linear(sizes[i], sizes[i + 1], dtype=torch.float32))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -38,6 +38,10 @@ def build_module(
 ) -> nn.Module:
     """Build one fresh client model (uses the global torch RNG; callers fork it).
 
+    Models are float32, the dtype of the clients' data, whatever torch's default dtype:
+    built-in models draw their initial weights in float32 (the same draws under any
+    default), and a callable's module is cast with ``module.float()``.
+
     Parameters
     ----------
     model : str or callable
@@ -45,7 +49,8 @@ def build_module(
         ``"mlp"``: ReLU network with ``hidden_layer_sizes``; ``"autoencoder"``:
         encoder ``n_features -> hidden_layer_sizes`` (the last size is the
         bottleneck) and the mirrored decoder back to ``n_features``; a callable
-        is called as ``model(n_features, n_outputs)``.
+        is called as ``model(n_features, n_outputs)`` and its floating-point
+        parameters and buffers are cast to float32.
     n_features : int
         Flattened input size (for built-in models).
     n_outputs : int
@@ -64,17 +69,16 @@ def build_module(
                 "model must return a torch.nn.Module when called as model(n_features, "
                 f"n_outputs), got {type(module).__name__}."
             )
-        return module
+        return module.float()
     hidden = [int(h) for h in hidden_layer_sizes]
-    # built-in models are float32 like the clients' data, whatever torch's default dtype
     if model in ("linear", "logistic"):
-        return nn.Linear(n_features, n_outputs).float()
+        return nn.Linear(n_features, n_outputs, dtype=torch.float32)
     if model == "mlp":
-        return _mlp([n_features, *hidden, n_outputs]).float()
+        return _mlp([n_features, *hidden, n_outputs])
     if model == "autoencoder":
         if not hidden:
             raise ValueError("hidden_layer_sizes must be non-empty for model='autoencoder'.")
-        return _mlp([n_features, *hidden, *hidden[-2::-1], n_features]).float()
+        return _mlp([n_features, *hidden, *hidden[-2::-1], n_features])
     raise ValueError(f"model must be one of {list(BUILTIN_MODELS)} or a callable, got {model!r}.")
 
 
