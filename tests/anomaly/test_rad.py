@@ -421,3 +421,29 @@ def test_list_mixing_grayscale_and_colour_images(fitted, textures):
     mixed = fitted.decision_function([gray, colour])
     np.testing.assert_allclose(mixed, np.r_[fitted.decision_function([gray]),
                                             fitted.decision_function([colour])], atol=1e-6)
+
+
+def test_user_extractor_layouts_and_float64_range():
+    # a user extractor may return strided maps (here channels-last views) or float64 maps;
+    # fit normalises exactly what scoring sees (contiguous float32), and float64 values
+    # beyond the float32 range are caught as infinite, not stored as NaN memory
+    rng = np.random.default_rng(0)
+    X = rng.random((6, 3, 8, 8)).astype(np.float32)
+
+    def plain(x):
+        f = torch.nn.functional.avg_pool2d(x, 2)
+        return [f], f.mean((2, 3))
+
+    def strided(x):
+        f = torch.nn.functional.avg_pool2d(x, 2)
+        return [f.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)], f.mean((2, 3))
+
+    kw = dict(k_images=3, image_size=None, batch_size=4)
+    a = RADDetector(extractor=plain, **kw).fit(X)
+    b = RADDetector(extractor=strided, **kw).fit(X)
+    assert not strided(torch.as_tensor(X))[0][0].is_contiguous()
+    torch.testing.assert_close(a.memory_[0], b.memory_[0], rtol=0, atol=0)
+    np.testing.assert_array_equal(a.decision_scores_, b.decision_scores_)
+    with pytest.raises(ValueError, match="infinite"):
+        RADDetector(extractor=lambda x: ([plain(x)[0][0].double() * 1e39], x.mean((2, 3))),
+                    **kw).fit(X)

@@ -117,8 +117,9 @@ def test_infonce_cross_is_the_one_directional_cross_view_loss():
     assert float(infonce_loss(p, t, pairs="cross")) != pytest.approx(float(infonce_loss(p, t)))
     with pytest.raises(ValueError, match="pairs must be"):
         infonce_loss(p, t, pairs="bogus")
-    with pytest.raises(ValueError, match="even number"):
-        infonce_loss(p[:7], t, pairs="cross")
+    for pairs in ("cross", "all"):  # an odd row count has no view pairing at all
+        with pytest.raises(ValueError, match="even number"):
+            infonce_loss(p[:7], t, pairs=pairs)
 
 
 # -- deep linear network theory ------------------------------------------------------

@@ -46,11 +46,15 @@ def _check_extractor_output(feats: Any, key: Any, n: int, batch: int) -> list[to
     if key.ndim == 0 or key.shape[0] != n:
         raise ValueError(f"the extractor's key has shape {tuple(key.shape)} for a batch of "
                          f"{n} images; expected ({n}, D).")
-    for t, what in [*((f, f"feature map {i}") for i, f in enumerate(feats)), (key, "key")]:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise ValueError(f"the extractor returned NaN or infinite values in its {what} "
-                             f"(batch {batch}).")
-    return [f.float() for f in feats]
+    # contiguous float32, the layout scoring also sees; finiteness is checked after the
+    # cast, which turns float64 values beyond the float32 range into inf
+    feats = [f.float().contiguous() for f in feats]
+    for t, what in [*((f, f"feature map {i}") for i, f in enumerate(feats)),
+                    (key.float(), "key")]:
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"the extractor returned NaN or infinite values (in float32) "
+                             f"in its {what} (batch {batch}).")
+    return feats
 
 
 def _check_image_size(image_size) -> tuple[int, int] | None:

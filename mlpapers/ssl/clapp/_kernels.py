@@ -187,16 +187,16 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     Tensor of shape ()
         The mean cross-entropy.
     """
+    if pairs not in ("all", "cross"):
+        raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
     n = p.shape[0]
+    if n % 2:
+        raise ValueError(f"expected an even number of rows (two views), got {n}.")
     q = F.normalize(p, dim=1)
     if pairs == "cross":
-        if n % 2:
-            raise ValueError(f"expected an even number of rows (two views), got {n}.")
         b = n // 2
         sim = (q[:b] @ q[b:].T) / temperature
         return F.cross_entropy(sim, torch.arange(b, device=p.device))
-    if pairs != "all":
-        raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
     sim = (q @ q.T) / temperature
     sim = sim.masked_fill(torch.eye(n, dtype=torch.bool, device=p.device), float("-inf"))
     target = (torch.arange(n, device=p.device) + n // 2) % n
