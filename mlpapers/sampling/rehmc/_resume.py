@@ -49,6 +49,23 @@ class ResumeStart:
     n_transitions: int
     halton_shift: float | None
 
+    def restore(self, warm, auto_length: bool) -> tuple[int, float | None]:
+        """Freeze ``warm`` (a :class:`._warmup.Warmup` without warm-up iterations) at the
+        result's inverse mass and, with ``auto_length``, its trajectory length.
+
+        Returns
+        -------
+        n_transitions : int
+            Transitions run so far (the index of the next Halton point).
+        halton_shift : float or None
+            The rotation of the Halton points (``None`` without ``auto_length``).
+        """
+        warm.set_mass(self.inv_mass, identity=bool((self.inv_mass == 1).all()))
+        if not auto_length:
+            return self.n_transitions, None
+        warm.trajectory_length = self.trajectory_length
+        return self.n_transitions, self.halton_shift
+
 
 def final_sampler_state(gen: torch.Generator, n_transitions: int,
                         halton_shift: float | None) -> dict:

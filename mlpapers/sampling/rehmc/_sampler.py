@@ -1,6 +1,9 @@
-"""``ReflectiveHMC``: the sampler shell (validation, the sampling loop, thinning, results).
+"""``ReflectiveHMC``: the sampler shell (validation, the start and tuning of the chains,
+the transition, the result).
 
-The warm-up adaptation lives in :mod:`._warmup`, the kernels in :mod:`._kernels`.
+The chain loop (warm-up iterations, thinning, keeping the draws in the support) lives in
+:mod:`._draws`, the warm-up adaptation in :mod:`._warmup`, continuing a run in
+:mod:`._resume` and the kernels in :mod:`._kernels`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
-    ProgressLogger,
     check_in_options,
     check_positive,
     resolve_dtype,
@@ -25,6 +27,7 @@ from mlpapers._utils import (
 )
 from mlpapers.sampling.rehmc._adapt import find_reasonable_step_size
 from mlpapers.sampling.rehmc._chees import halton
+from mlpapers.sampling.rehmc._draws import run_chains
 from mlpapers.sampling.rehmc._kernels import hmc_transition
 from mlpapers.sampling.rehmc._result import SampleResult
 from mlpapers.sampling.rehmc._resume import final_sampler_state, resume_start
@@ -34,7 +37,6 @@ from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
 FALLBACK_LEAPFROG = 10  # n_leapfrog used by "auto" with a single chain (ChEES needs 2+)
-MIN_RECORDS = 2000  # a chain with no draw in S after this many recorded states is an error
 
 
 class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
@@ -342,14 +344,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         warm = Warmup(warmup, eps, ones, adapt_step=adapt, target_accept=float(self.target_accept),
                       diag_mass=self.mass == "diag", auto_length=auto_len, step_cap=step_cap,
                       find_step=find_step)
-        shift = None
-        n_calls = 0
-        if frozen:
-            warm.set_mass(start.inv_mass, identity=bool((start.inv_mass == 1).all()))
-            if auto_len:
-                warm.trajectory_length = start.trajectory_length
-                shift = start.halton_shift
-            n_calls = start.n_transitions
+        n_calls, shift = start.restore(warm, auto_len) if frozen else (0, None)
         if auto_len and shift is None:  # rotation of the Halton points of the jittered lengths
             shift = float(torch.rand(1, generator=gen, dtype=torch.float64))
 
@@ -369,86 +364,31 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                                   warm.kernel_inv_mass, max_refl, gen,
                                   grad_log_prob=glp), n
 
-        samples = torch.empty(n_chains, n_samples, d, dtype=dtype, device=dev)
-        count = torch.zeros(n_chains, dtype=torch.long, device=dev)
-        chain_idx = torch.arange(n_chains, device=dev)
-        acc_sum = torch.zeros(n_chains, dtype=torch.float64, device=dev)
-        ref_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
-        div_sum = torch.zeros(n_chains, dtype=torch.long, device=dev)
-        n_in, n_rec, n_kept, it, lf_sum = torch.zeros_like(ref_sum), 0, 0, 0, 0
-        max_iter = 1000 * thin * n_samples + 1000
-        log = ProgressLogger(warmup + n_samples, self.verbose, desc="ReflectiveHMC")
-        for k in log:
-            if k < warmup:  # ---- warm-up: adapt, then freeze
-                out, n = transition(x, logp, grad)
-                warm.update(k, x, out, n)
-                x, logp, grad = out["x"], out["logp"], out["grad"]
-                if self.verbose:
-                    log.log(phase="warmup", accept=float(out["accept_prob"].mean()))
-                continue
-            while n_kept <= k - warmup:  # ---- sampling: one more kept draw per chain
-                if it >= max_iter:
-                    raise RuntimeError(
-                        f"only {n_kept} of {n_samples} draws kept after {it} "
-                        "iterations: the support holds too little of the container's mass.")
-                out, n = transition(x, logp, grad)
-                x, logp, grad = out["x"], out["logp"], out["grad"]
-                it += 1
-                lf_sum += n
-                acc_sum += out["accept_prob"]
-                ref_sum += out["n_reflections"]
-                div_sum += out["divergent"]
-                if it % thin:
-                    continue
-                n_rec += 1
-                if self.support is None:  # every chain keeps every recorded state
-                    samples[:, n_rec - 1] = x
-                    n_kept = n_rec
-                    continue
-                ins = self.support.contains(x)
-                n_in += ins
-                keep = ins & (count < n_samples)
-                samples[chain_idx[keep], count[keep]] = x[keep]
-                count += keep
-                n_kept = int(count.min())
-                if n_rec >= MIN_RECORDS and not bool(n_in.all()):
-                    raise RuntimeError(
-                        f"no draw of chain {int((n_in == 0).nonzero()[0, 0])} fell in the "
-                        f"support in {n_rec} recorded states (kept fraction < "
-                        f"{1 / n_rec:.1g}): the support holds (almost) none of the container's "
-                        "mass; use a tighter container or check the support.")
-            if self.verbose:
-                log.log(phase="sampling", accept=float(acc_sum.mean()) / max(it, 1))
-
+        draws = run_chains(transition, warm, x, logp, grad, n_samples=n_samples, warmup=warmup,
+                           thin=thin, support=self.support, verbose=self.verbose)
         eps, inv_mass, traj = warm.eps, warm.inv_mass, warm.trajectory_length
-        if self.support is None:
-            n_in = torch.full_like(n_in, n_rec)
-        kept = (n_in.double() / max(n_rec, 1)).cpu().numpy()
-        if kept.mean() < 0.01:
-            warnings.warn(f"only {100 * kept.mean():.2g}% of the draws fall in the support; "
-                          "use a tighter container.", RuntimeWarning,
-                          stacklevel=user_stacklevel())
+        kept = draws.kept_fraction()
         self.step_size_ = to_numpy(eps).astype(np.float64)
         self.inv_mass_ = to_numpy(inv_mass).astype(np.float64)
         self.trajectory_length_ = float(traj) if auto_len else None
         self.n_features_in_ = d
         res = SampleResult(
-            samples=to_numpy(samples),
-            accept_rate=(acc_sum / max(it, 1)).cpu().numpy(),
-            n_reflections=ref_sum.cpu().numpy(),
-            n_divergent=div_sum.cpu().numpy(),
+            samples=to_numpy(draws.samples),
+            accept_rate=draws.accept_rate,
+            n_reflections=draws.n_reflections.cpu().numpy(),
+            n_divergent=draws.n_divergent.cpu().numpy(),
             kept_fraction=kept,
             step_size=self.step_size_.copy(),
             inv_mass=self.inv_mass_.copy(),
-            n_iterations=it,
+            n_iterations=draws.n_iterations,
             n_leapfrog=n_leapfrog if auto_len else int(n_leapfrog),
             warmup_divergent=warm.n_divergent.cpu().numpy(),
             trajectory_length=self.trajectory_length_,
-            mean_leapfrog=lf_sum / max(it, 1),
-            last_state=to_numpy(x).copy(),
+            mean_leapfrog=draws.mean_leapfrog,
+            last_state=to_numpy(draws.x).copy(),
             sampler_state=final_sampler_state(gen, n_calls, shift),
         )
         res._warn_if_unconverged()
         if return_tensor:
-            res.samples_tensor = samples
+            res.samples_tensor = draws.samples
         return res

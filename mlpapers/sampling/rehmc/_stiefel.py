@@ -144,6 +144,17 @@ class StiefelResult(SampleResult):
         The Stiefel draws.
     X : numpy.ndarray of shape (chains, draws, n, k)
         The underlying Euclidean draws (``Q`` is their polar factor).
+
+    Notes
+    -----
+    The inherited ``last_state``, of shape ``(chains, n * k)``, holds each chain's
+    final Euclidean state ``X`` flattened row-major (reshape it to ``(chains, n, k)``),
+    not ``Q``: the chain runs on ``X``, and ``Q`` alone loses ``(X^T X)^{1/2}``, so
+    :meth:`StiefelSampler.sample` continues from it with ``resume=result``. It may
+    differ from ``X[:, -1]`` and lie outside the well-conditioned set (a chain that
+    already had its draws kept moving on), but always inside the Frobenius ball.
+    ``step_size``, ``inv_mass``, ``trajectory_length`` and ``sampler_state`` are those
+    of the inner :class:`ReflectiveHMC` run on ``X``.
     """
 
     Q: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -241,15 +252,52 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             raise ValueError(f"a must be smaller than b, got a={a!r}, b={b!r}.")
         return float(a), float(b)
 
-    def sample(self, n_samples: int, *, n_chains: int = 4, warmup: int = 1000,
-               thin: int = 1) -> StiefelResult:
+    def sample(self, n_samples: int, *, n_chains: int | None = None, warmup: int | None = None,
+               thin: int = 1, resume: StiefelResult | None = None) -> StiefelResult:
         """Draw ``n_samples`` Stiefel matrices per chain.
+
+        Parameters
+        ----------
+        n_samples : int
+            Kept draws per chain.
+        n_chains : int, optional
+            Number of chains: 4 by default, the result's with ``resume``.
+        warmup : int, optional
+            Warm-up iterations (adaptation happens only here): 1000 by default,
+            0 with ``resume``.
+        thin : int, default=1
+            Record every ``thin``-th state (then keep the well-conditioned ones).
+        resume : StiefelResult, optional
+            Continue a finished run of a sampler on the same ``V(n, k)``: each
+            chain restarts from its final Euclidean state ``X``
+            (``resume.last_state``, not ``Q``) with the frozen step sizes and
+            trajectory length of the result, and the random stream goes on where
+            the run stopped, as :meth:`ReflectiveHMC.sample` does with
+            ``resume``: the concatenation is one Markov chain (bit for bit one
+            longer call when every recorded ``X`` of both calls was well
+            conditioned, ``kept_fraction == 1``), and ``random_state`` plays no
+            further role. The sampler's other settings (``log_density``, ``a``,
+            ``b``, a fixed ``n_leapfrog``, ``jitter``, ...) apply. With
+            ``warmup > 0`` the adaptation starts afresh from the final states.
 
         Returns
         -------
         StiefelResult
             ``Q`` of shape ``(chains, draws, n, k)`` (and ``samples``, its
             flattened form, for the diagnostics).
+
+        Raises
+        ------
+        TypeError
+            If ``log_density`` is not callable, or ``resume`` is not a
+            :class:`StiefelResult`.
+        ValueError
+            If ``n``, ``k``, ``a`` or ``b`` are invalid. With ``resume``: if the
+            result was drawn on another ``V(n, k)``, it has no final state (built
+            by hand or by an older version), ``n_chains`` differs from the
+            result's, its final states lie outside the Frobenius ball of radius
+            ``b sqrt(k)`` (a smaller ``b``), or ``n_leapfrog="auto"`` resumes a
+            fixed-length run without warm-up.
         """
         check_positive(self.n, "n", integer=True)
         check_positive(self.k, "k", integer=True)
@@ -259,6 +307,8 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             raise TypeError("log_density must be callable or None.")
         n, k = int(self.n), int(self.k)
         a, b = self._bounds()
+        if resume is not None:
+            _check_resume(resume, n, k)
         g = self.log_density
 
         def log_prob(x):
@@ -284,12 +334,29 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             target_accept=self.target_accept, max_reflections=self.max_reflections,
             jitter=self.jitter, dtype=self.dtype, device=self.device,
             random_state=self.random_state, verbose=self.verbose)
-        res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin)
+        res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin, resume=resume)
         self.step_size_ = hmc.step_size_
         self.trajectory_length_ = hmc.trajectory_length_
         self.n_features_in_ = n * k
-        X = torch.from_numpy(res.samples).reshape(n_chains, n_samples, n, k)
+        chains = res.samples.shape[0]
+        X = torch.from_numpy(res.samples).reshape(chains, n_samples, n, k)
         Q = polar_factor(X.to(torch.float64)).numpy().astype(res.samples.dtype)
         fields = {f: getattr(res, f) for f in SampleResult.__dataclass_fields__}
-        fields["samples"] = Q.reshape(n_chains, n_samples, n * k)
+        fields["samples"] = Q.reshape(chains, n_samples, n * k)
         return StiefelResult(**fields, Q=Q, X=X.numpy())
+
+
+def _check_resume(result, n: int, k: int) -> None:
+    """Reject a ``resume`` that is no :class:`StiefelResult` of ``V(n, k)`` with a final state
+    (the inner :class:`ReflectiveHMC` checks the rest: chains, ball, tuning)."""
+    if not isinstance(result, StiefelResult):
+        raise TypeError("resume must be a StiefelResult returned by StiefelSampler.sample, "
+                        f"got {type(result).__name__}.")
+    Q = np.asarray(result.Q)
+    if result.last_state is None or result.sampler_state is None or Q.ndim != 4:
+        raise ValueError("resume: this StiefelResult has no final chain state (it was built "
+                         "by hand or by an older version of mlpapers); start a new run with "
+                         "a warm-up instead.")
+    if tuple(Q.shape[-2:]) != (n, k):
+        raise ValueError(f"resume: the result was drawn on V({Q.shape[-2]}, {Q.shape[-1]}) "
+                         f"(n={Q.shape[-2]}, k={Q.shape[-1]}) but the sampler has n={n}, k={k}.")
