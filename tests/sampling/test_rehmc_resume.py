@@ -1,6 +1,7 @@
 """ReflectiveHMC.sample(resume=result): continuing a finished run."""
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -131,3 +132,26 @@ def test_resume_errors():
                            inv_mass=res.inv_mass, n_iterations=10, n_leapfrog=3)
     with pytest.raises(ValueError, match="no final chain state"):
         hmc.sample(5, resume=by_hand)
+
+
+def test_resume_honours_a_numeric_step_size_and_read_only_results():
+    box = Box(LO, HI)
+    res = ReflectiveHMC(trunc_gauss, box, n_leapfrog=3, step_size=0.05,
+                        random_state=0).sample(10, n_chains=2, warmup=0)
+    # the new sampler's explicit step size is a setting, like a fixed n_leapfrog
+    fixed = ReflectiveHMC(trunc_gauss, box, n_leapfrog=3, step_size=0.2)
+    np.testing.assert_array_equal(fixed.sample(5, resume=res).step_size, [0.2, 0.2])
+    # "auto" takes the result's frozen step sizes
+    auto = ReflectiveHMC(trunc_gauss, box, n_leapfrog=3)
+    np.testing.assert_array_equal(auto.sample(5, resume=res).step_size, res.step_size)
+    # a result whose arrays are read-only (e.g. memory-mapped by joblib) resumes quietly
+    for arr in (res.last_state, res.step_size, res.inv_mass, res.sampler_state["rng_state"]):
+        arr.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "the chains disagree")  # 5 draws: expected
+        auto.sample(5, resume=res)
+    bad = pickle.loads(pickle.dumps(res))
+    bad.sampler_state["rng_state"] = bad.sampler_state["rng_state"][:100]
+    with pytest.raises(ValueError, match="sampler_state is malformed"):
+        auto.sample(5, resume=bad)

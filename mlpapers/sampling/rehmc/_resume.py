@@ -36,7 +36,8 @@ class ResumeStart:
     rng_state : torch.Tensor
         The torch generator state at the end of the run (uint8).
     n_transitions : int
-        Transitions run so far (warm-up and sampling, over all resumed segments).
+        Transitions run so far (warm-up and sampling, over every segment since the
+        last warm-up began; a resume with ``warmup > 0`` starts counting afresh).
     halton_shift : float or None
         Rotation of the Halton points of the ChEES lengths.
     """
@@ -78,7 +79,7 @@ def final_sampler_state(gen: torch.Generator, n_transitions: int,
 
 
 def _array(value, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
-    arr = np.asarray(value, dtype=np.float64)
+    arr = np.array(value, dtype=np.float64)  # a copy: a result's arrays may be read-only
     if arr.shape != shape:
         raise ValueError(f"resume: the result's {name} has shape {arr.shape}, expected {shape} "
                          "(a result modified by hand?).")
@@ -125,9 +126,10 @@ def resume_start(result, container: ConvexContainer, x0, n_chains: int | None,
     if not bool(container.contains(x).all()):
         raise ValueError("resume: the result's last states lie outside the container (a "
                          "different container than the run being resumed?).")
-    rng = np.asarray(state.get("rng_state"), dtype=np.uint8) if isinstance(state, dict) else None
-    if rng is None or rng.ndim != 1 or rng.size == 0:
-        raise ValueError("resume: the result's sampler_state is malformed.")
+    rng = np.array(state.get("rng_state"), dtype=np.uint8) if isinstance(state, dict) else None
+    if rng is None or rng.ndim != 1 or rng.size != torch.Generator().get_state().numel():
+        raise ValueError("resume: the result's sampler_state is malformed (its rng_state is "
+                         "not the state of a CPU torch.Generator).")
     shift = state.get("halton_shift")
     step = _array(result.step_size, "step_size", (chains,), dtype, device)
     inv_mass = _array(result.inv_mass, "inv_mass", (d,), dtype, device)

@@ -240,13 +240,15 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             Also store the draws as a tensor in ``result.samples_tensor``.
         resume : SampleResult, optional
             Continue a finished run: each chain restarts from its final state
-            (``resume.last_state``) with the result's frozen step sizes, inverse
-            mass and ChEES trajectory length, and the random stream goes on where
+            (``resume.last_state``) with the result's frozen step sizes (a
+            numeric ``step_size`` of the sampler is used instead), inverse mass
+            and ChEES trajectory length, and the random stream goes on where
             the run stopped, so ``sample(n1)`` then ``sample(n2, resume=res)``
             is the same chain as one ``sample(n1 + n2)`` (bit for bit without a
             ``support``) and ``random_state`` plays no further role. The sampler's
             other settings (``log_prob``, container, support, a fixed
-            ``n_leapfrog``, ``jitter``, ``thin``, ...) apply. With ``warmup > 0``
+            ``n_leapfrog``, ``jitter``, ``thin``, ...) apply; the result's inverse
+            mass is reused whatever the sampler's ``mass``. With ``warmup > 0``
             the adaptation starts afresh from the final states instead. Works on
             a result that was pickled and loaded.
 
@@ -334,7 +336,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         ones = torch.ones(d, dtype=dtype, device=dev)
         step_cap = self.container._step_cap
         adapt = isinstance(self.step_size, str) and not frozen
-        if frozen:
+        if frozen and isinstance(self.step_size, str):
             eps = start.step_size
         elif adapt:
             eps = find_step(x, logp, grad, None, torch.ones(n_chains, dtype=dtype, device=dev),
