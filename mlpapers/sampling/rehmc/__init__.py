@@ -14,6 +14,7 @@ from mlpapers.sampling.rehmc._stiefel import (
     matrix_von_mises_fisher_log_density,
     polar_factor,
 )
+from mlpapers.sampling.rehmc._summary import SampleSummary
 from mlpapers.sampling.rehmc._supports import (
     Ball,
     Box,
@@ -34,6 +35,7 @@ __all__ = [
     "ReflectiveHMC",
     "Region",
     "SampleResult",
+    "SampleSummary",
     "StiefelResult",
     "StiefelSampler",
     "bingham_log_density",

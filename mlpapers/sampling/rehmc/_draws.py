@@ -106,7 +106,9 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
     n_samples, warmup, thin : int
     support : Region, ConvexContainer or None
     verbose : int
-        ``> 0`` shows a progress bar over warm-up iterations and draws.
+        ``> 0`` shows a progress bar over the warm-up iterations (mean acceptance
+        probability, leapfrog steps and mean step size of the last one) and one
+        over the draws (mean acceptance and divergent transitions so far).
 
     Returns
     -------
@@ -128,16 +130,18 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
     div_sum = torch.zeros(C, dtype=torch.long, device=x.device)
     n_in, n_rec, n_kept, it, lf_sum = torch.zeros_like(ref_sum), 0, 0, 0, 0
     max_iter = 1000 * thin * n_samples + 1000
-    log = ProgressLogger(warmup + n_samples, verbose, desc="ReflectiveHMC")
-    for k in log:
-        if k < warmup:  # ---- warm-up: adapt, then freeze
+    if warmup:  # ---- warm-up: adapt, then freeze (a bar of its own, as NumPyro's)
+        log = ProgressLogger(warmup, verbose, desc="ReflectiveHMC warmup")
+        for k in log:
             out, n = transition(x, logp, grad)
             warm.update(k, x, out, n)
             x, logp, grad = out["x"], out["logp"], out["grad"]
             if verbose:
-                log.log(phase="warmup", accept=float(out["accept_prob"].mean()))
-            continue
-        while n_kept <= k - warmup:  # ---- sampling: one more kept draw per chain
+                log.log(accept=float(out["accept_prob"].mean()), steps=n,
+                        step_size=float(warm.step_mean))
+    log = ProgressLogger(n_samples, verbose, desc="ReflectiveHMC sampling")
+    for k in log:
+        while n_kept <= k:  # ---- sampling: one more kept draw per chain
             if it >= max_iter:
                 raise RuntimeError(
                     f"only {n_kept} of {n_samples} draws kept after {it} "
@@ -169,7 +173,7 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
                     f"{1 / n_rec:.1g}): the support holds (almost) none of the container's "
                     "mass; use a tighter container or check the support.")
         if verbose:
-            log.log(phase="sampling", accept=float(acc_sum.mean()) / max(it, 1))
+            log.log(accept=float(acc_sum.mean()) / max(it, 1), divergent=int(div_sum.sum()))
     if support is None:
         n_in = torch.full_like(n_in, n_rec)
     return Draws(samples=samples, x=x, accept_sum=acc_sum, n_reflections=ref_sum,

@@ -11,11 +11,14 @@ from mlpapers._utils import user_stacklevel
 from mlpapers.sampling.rehmc._diagnostics import ess as _ess
 from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
 from mlpapers.sampling.rehmc._diagnostics import split_rhat_classic
+from mlpapers.sampling.rehmc._summary import SampleSummary, check_names
 
 __all__ = ["SampleResult"]
 
+DRAW_FIELDS = ("samples",)  # fields with a draw axis (axis 1), joined by ``concat``
 
-@dataclass
+
+@dataclass(repr=False)
 class SampleResult:
     """Draws and diagnostics of :meth:`ReflectiveHMC.sample`.
 
@@ -60,6 +63,12 @@ class SampleResult:
         Opaque state for ``resume`` (the random generator state, the number of
         transitions run, the rotation of the ChEES lengths). Plain numpy and
         Python values, so a result survives pickling.
+
+    Notes
+    -----
+    ``repr(result)`` is one line (shapes and sampler-level figures); the
+    per-dimension table is :meth:`summary`, and ``print(result.summary())``
+    prints it.
     """
 
     samples: np.ndarray
@@ -106,12 +115,43 @@ class SampleResult:
         """Rank-normalised split R-hat per dimension, ``(d,)``."""
         return np.asarray(_rhat(self.samples))
 
-    def summary(self) -> dict[str, np.ndarray | float]:
-        """Per-dimension mean, sd, bulk/tail ESS and R-hat, plus sampler-level figures."""
-        flat = self.samples.reshape(-1, self.samples.shape[-1])
-        return {
-            "mean": flat.mean(0),
-            "sd": flat.std(0, ddof=1) if len(flat) > 1 else np.full(flat.shape[1], np.nan),
+    def _default_names(self) -> list[str]:
+        return [f"x[{i}]" for i in range(self.samples.shape[-1])]
+
+    def summary(self, names=None) -> SampleSummary:
+        """Per-dimension mean, sd, quantiles, bulk/tail ESS and R-hat, and sampler figures.
+
+        Parameters
+        ----------
+        names : sequence of str, optional
+            One label per dimension (e.g. ``["intercept", *feature_names]``) for
+            the printed table and :meth:`SampleSummary.to_frame`; ``x[0]``, ``x[1]``, ...
+            by default.
+
+        Returns
+        -------
+        SampleSummary
+            A ``dict``: ``mean``, ``sd``, ``q5``, ``median``, ``q95`` (an
+            equal-tailed 90% interval), ``ess_bulk``, ``ess_tail`` and ``rhat``
+            (arrays of shape ``(d,)``), and ``accept_rate``, ``n_divergent``,
+            ``reflections_per_step``, ``kept_fraction`` and ``mean_leapfrog``
+            (numbers). It prints as a table, one row per dimension
+            (``print(result.summary())``), and ``.to_frame()`` gives a pandas
+            ``DataFrame`` like ``arviz.summary``'s.
+        """
+        d = self.samples.shape[-1]
+        names = check_names(names, d, self._default_names())
+        flat = self.samples.reshape(-1, d)
+        if len(flat):
+            q5, med, q95 = np.quantile(flat, [0.05, 0.5, 0.95], axis=0)
+        else:
+            q5 = med = q95 = np.full(d, np.nan)
+        return SampleSummary({
+            "mean": flat.mean(0) if len(flat) else np.full(d, np.nan),
+            "sd": flat.std(0, ddof=1) if len(flat) > 1 else np.full(d, np.nan),
+            "q5": q5,
+            "median": med,
+            "q95": q95,
             "ess_bulk": self.ess("bulk"),
             "ess_tail": self.ess("tail"),
             "rhat": self.rhat(),
@@ -120,14 +160,107 @@ class SampleResult:
             "reflections_per_step": self.reflections_per_step,
             "kept_fraction": float(self.kept_fraction.mean()),
             "mean_leapfrog": float(self.mean_leapfrog),
-        }
+        }, names)
 
-    def to_inference_data(self):
-        """The draws as an ``arviz.InferenceData`` (needs the optional ``arviz``)."""
+    def __repr__(self) -> str:
+        chains, draws = self.samples.shape[:2]
+        shape = f"chains={chains}, draws={draws}, d={self.samples.shape[-1]}"
+        if np.ndim(getattr(self, "Q", None)) == 4:  # StiefelResult: Q of V(n, k)
+            shape = (f"chains={chains}, draws={draws}, n={self.Q.shape[-2]}, "
+                     f"k={self.Q.shape[-1]}")
+        step = np.asarray(self.step_size, dtype=float)
+        traj = "None" if self.trajectory_length is None else f"{self.trajectory_length:.4g}"
+        return (f"{type(self).__name__}({shape}, "
+                f"accept_rate={float(np.mean(self.accept_rate)):.3g}, "
+                f"n_divergent={int(np.sum(self.n_divergent))}, "
+                f"kept_fraction={float(np.mean(self.kept_fraction)):.3g}, "
+                f"step_size={float(step.mean()) if step.size else float('nan'):.3g}, "
+                f"n_leapfrog={self.n_leapfrog!r}, trajectory_length={traj}, "
+                f"mean_leapfrog={float(self.mean_leapfrog):.3g})")
+
+    def concat(self, *others: SampleResult) -> SampleResult:
+        """Join this run and its continuations along the draws.
+
+        Meant for ``more = sampler.sample(n, resume=result)``:
+        ``result.concat(more)`` holds the draws of both calls per chain (the
+        same Markov chain), its diagnostics cover all of them, and it can be
+        resumed again (the final state and tuning are those of the last result).
+
+        Parameters
+        ----------
+        *others : SampleResult
+            Results of the same type, number of chains and dimension, in the
+            order they were drawn.
+
+        Returns
+        -------
+        SampleResult
+            ``samples`` (and ``Q``, ``X`` for a :class:`StiefelResult`) joined on
+            axis 1; ``n_reflections``, ``n_divergent``, ``warmup_divergent`` (a
+            continuation resumed with ``warmup > 0`` has its own) and
+            ``n_iterations`` summed; ``accept_rate``, ``kept_fraction`` and
+            ``mean_leapfrog`` averaged with the iterations as weights;
+            ``step_size``, ``inv_mass``, ``n_leapfrog``, ``trajectory_length``,
+            ``last_state`` and ``sampler_state`` of the last.
+
+        Raises
+        ------
+        TypeError
+            If some argument is not a result of this type.
+        ValueError
+            If the numbers of chains or the dimensions differ.
+        """
+        parts = (self, *others)
+        for r in others:
+            if type(r) is not type(self):
+                raise TypeError(f"concat joins results of the same type: a {type(self).__name__} "
+                                f"and a {type(r).__name__}.")
+            if r.samples.shape[0] != self.samples.shape[0] \
+                    or r.samples.shape[2:] != self.samples.shape[2:]:
+                raise ValueError(f"concat: shapes {self.samples.shape} and {r.samples.shape} "
+                                 "differ in the number of chains or the dimension.")
+        w = np.array([max(r.n_iterations, 0) for r in parts], dtype=float)
+        w = w / w.sum() if w.sum() > 0 else np.full(len(parts), 1.0 / len(parts))
+
+        def avg(name):
+            return sum(wi * np.asarray(getattr(r, name), dtype=float) for wi, r in zip(w, parts))
+
+        last = parts[-1]
+        fields = {f: getattr(last, f) for f in self.__dataclass_fields__}
+        for f in self._draw_fields:
+            fields[f] = np.concatenate([np.asarray(getattr(r, f)) for r in parts], axis=1)
+        fields.update(
+            accept_rate=avg("accept_rate"), kept_fraction=avg("kept_fraction"),
+            n_reflections=sum(np.asarray(r.n_reflections) for r in parts),
+            n_divergent=sum(np.asarray(r.n_divergent) for r in parts),
+            n_iterations=int(sum(r.n_iterations for r in parts)),
+            mean_leapfrog=float(avg("mean_leapfrog")),
+            warmup_divergent=sum(np.asarray(r.warmup_divergent) for r in parts),
+        )
+        return type(self)(**fields)
+
+    _draw_fields = DRAW_FIELDS
+
+    def to_inference_data(self, names=None):
+        """The draws as an ``arviz.InferenceData`` (needs the optional ``arviz``).
+
+        The posterior holds one variable ``x`` of shape ``(chain, draw, d)``, and
+        ``sample_stats`` the step size of every draw.
+
+        Parameters
+        ----------
+        names : sequence of str, optional
+            One label per dimension, used as the coordinates of ``x``'s last
+            dimension (``az.summary`` then shows ``x[intercept]``, ...).
+        """
         try:
             import arviz as az
         except ImportError as exc:  # pragma: no cover - optional
             raise ImportError("to_inference_data needs arviz: pip install arviz") from exc
         stats = {"step_size": np.broadcast_to(self.step_size[:, None],
                                               self.samples.shape[:2]).copy()}
-        return az.from_dict(posterior={"x": self.samples}, sample_stats=stats)
+        kw = {}
+        if names is not None:
+            labels = check_names(names, self.samples.shape[-1], [])
+            kw = {"coords": {"x_dim_0": labels}, "dims": {"x": ["x_dim_0"]}}
+        return az.from_dict(posterior={"x": self.samples}, sample_stats=stats, **kw)

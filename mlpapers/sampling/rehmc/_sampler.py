@@ -110,7 +110,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     device : str or torch.device, default="cpu"
     random_state : int, numpy Generator or None
     verbose : int, default=0
-        ``> 0`` shows a progress bar over draws with the acceptance rate.
+        ``> 0`` shows a progress bar over the warm-up (acceptance, leapfrog steps,
+        mean step size), then one over the draws (acceptance, divergences).
 
     Attributes
     ----------
@@ -285,6 +286,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         """
         self._check_params()
         check_positive(n_samples, "n_samples", integer=True)
+        if isinstance(x0, numbers.Number) and not isinstance(x0, bool):
+            raise ValueError(f"x0 is a starting point of shape (d,) or (n_chains, d), got "
+                             f"{x0!r}; for the number of chains pass n_chains={x0!r} by keyword.")
         if n_chains is not None:
             check_positive(n_chains, "n_chains", integer=True)
         if warmup is not None:

@@ -134,7 +134,7 @@ def bingham_log_density(A, B) -> Callable[[Tensor], Tensor]:
     return log_density
 
 
-@dataclass
+@dataclass(repr=False)
 class StiefelResult(SampleResult):
     """:class:`SampleResult` of :class:`StiefelSampler`; ``samples`` holds the flattened ``Q``.
 
@@ -159,6 +159,14 @@ class StiefelResult(SampleResult):
 
     Q: np.ndarray = field(default_factory=lambda: np.zeros(0))
     X: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    _draw_fields = ("samples", "Q", "X")
+
+    def _default_names(self) -> list[str]:
+        Q = np.asarray(self.Q)
+        if Q.ndim != 4:
+            return super()._default_names()
+        return [f"Q[{i},{j}]" for i in range(Q.shape[2]) for j in range(Q.shape[3])]
 
 
 class StiefelSampler(TorchEstimatorMixin, BaseEstimator):

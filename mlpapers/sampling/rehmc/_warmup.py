@@ -58,10 +58,17 @@ def start_state(log_prob: Callable, x: torch.Tensor,
                                                   report_graph=True)
     except RuntimeError as exc:  # e.g. a float32 torch module fed the float64 chains
         if "dtype" not in str(exc) and "Double" not in str(exc):
-            raise
+            # most often a log_prob written for one point (d,), not the (chains, d) batch
+            raise RuntimeError(
+                f"log_prob failed on the starting points, a tensor of shape "
+                f"{tuple(x.shape)} (one row per chain): {exc}. log_prob must map a (chains, "
+                "d) batch to (chains,); a function of one point (d,) can be wrapped in "
+                "torch.vmap (e.g. log_prob=torch.vmap(f)).") from exc
         if x.dtype == torch.float64:
             hint = ("The sampler's dtype defaults to torch.float64: for a float32 model pass "
-                    "dtype=torch.float32, or convert the model with .double().")
+                    "dtype=torch.float32, or make log_prob float64 (build the data tensors it "
+                    "uses with torch.as_tensor(X, dtype=torch.float64), convert an nn.Module "
+                    "with .double()).")
         else:
             hint = (f"For a model of another dtype pass it as the sampler's dtype (float64 "
                     f"is the default), or convert the model to {x.dtype}.")

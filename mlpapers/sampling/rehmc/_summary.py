@@ -1,0 +1,120 @@
+"""``SampleSummary``: the per-dimension table of :meth:`SampleResult.summary`.
+
+A plain ``dict`` (the keys and arrays it always had) that prints as a table, one row per
+dimension, in the spirit of NumPyro's ``print_summary`` and ArviZ's ``az.summary``, and
+converts to a pandas ``DataFrame`` with :meth:`SampleSummary.to_frame`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["PER_DIM_KEYS", "SampleSummary", "check_names"]
+
+# (key, column header) of the per-dimension entries, in table order
+PER_DIM_KEYS = (("mean", "mean"), ("sd", "sd"), ("q5", "5%"), ("median", "50%"),
+                ("q95", "95%"), ("ess_bulk", "ess_bulk"), ("ess_tail", "ess_tail"),
+                ("rhat", "r_hat"))
+# (key, label) of the sampler-level figures printed under the table
+_FOOTER = (("accept_rate", "accept rate"), ("n_divergent", "divergent"),
+           ("reflections_per_step", "reflections/step"), ("kept_fraction", "kept fraction"),
+           ("mean_leapfrog", "mean leapfrog steps"))
+MAX_ROWS = 50  # longer tables print their first and last MAX_ROWS // 2 rows
+
+
+def check_names(names, d: int, default: list[str]) -> list[str]:
+    """``names`` as a list of ``d`` strings (``default`` when ``None``).
+
+    Raises
+    ------
+    TypeError
+        If ``names`` is a single string or not a sequence.
+    ValueError
+        If it does not hold ``d`` names.
+    """
+    if names is None:
+        return default
+    if isinstance(names, str) or not isinstance(names, Sequence | np.ndarray):
+        raise TypeError(f"names must be a sequence of {d} strings (one per dimension), "
+                        f"got {type(names).__name__}.")
+    names = [str(n) for n in names]
+    if len(names) != d:
+        raise ValueError(f"names has {len(names)} entries but the draws have {d} dimensions.")
+    return names
+
+
+def _fmt(v: float, sci: bool = False, integer: bool = False) -> str:
+    if not np.isfinite(v):
+        return str(v)
+    if integer:
+        return f"{v:.0f}"
+    return f"{v:.2e}" if sci else f"{v:.3f}"
+
+
+def _column(values: np.ndarray, integer: bool = False) -> list[str]:
+    """One format per column (as a table reads): fixed 3 decimals, or scientific when
+    the column's largest finite magnitude is below 1e-2 or at least 1e5."""
+    v = np.asarray(values, dtype=float)
+    fin = np.abs(v[np.isfinite(v)])
+    big = float(fin.max()) if fin.size else 1.0
+    sci = big != 0 and (big < 1e-2 or big >= 1e5)
+    return [_fmt(float(x), sci=sci, integer=integer) for x in v]
+
+
+class SampleSummary(dict):
+    """Result of :meth:`SampleResult.summary`: a ``dict`` that prints as a table.
+
+    Keys ``mean``, ``sd``, ``q5``, ``median``, ``q95`` (equal-tailed 90% interval),
+    ``ess_bulk``, ``ess_tail`` and ``rhat`` hold arrays of shape ``(d,)``;
+    ``accept_rate``, ``n_divergent``, ``reflections_per_step``, ``kept_fraction`` and
+    ``mean_leapfrog`` are sampler-level numbers, printed under the table.
+
+    Attributes
+    ----------
+    names : list of str
+        Row labels (``x[0]``, ``x[1]``, ... unless ``names`` was passed).
+    """
+
+    def __init__(self, data: dict, names: list[str]):
+        super().__init__(data)
+        self.names = list(names)
+
+    def to_frame(self):
+        """The per-dimension entries as a ``pandas.DataFrame`` indexed by ``names``."""
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - optional
+            raise ImportError("SampleSummary.to_frame needs pandas: pip install pandas") from exc
+        return pd.DataFrame({col: np.asarray(self[key]) for key, col in PER_DIM_KEYS},
+                            index=pd.Index(self.names, name="parameter"))
+
+    def __str__(self) -> str:
+        cols = [col for _, col in PER_DIM_KEYS]
+        cells = [_column(self[key], integer=key.startswith("ess")) for key, _ in PER_DIM_KEYS]
+        rows = [list(r) for r in zip(*cells)]
+        names = list(self.names)
+        if len(rows) > MAX_ROWS:
+            h = MAX_ROWS // 2
+            skipped = len(rows) - 2 * h
+            rows = rows[:h] + [["..."] * len(cols)] + rows[-h:]
+            names = names[:h] + [f"({skipped} more)"] + names[-h:]
+        wn = max([len(n) for n in names] + [1])
+        widths = [max([len(c)] + [len(r[j]) for r in rows]) for j, c in enumerate(cols)]
+        lines = [" " * wn + "  " + "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+        for n, r in zip(names, rows):
+            lines.append(n.ljust(wn) + "  " + "  ".join(v.rjust(w) for v, w in zip(r, widths)))
+        footer = ", ".join(
+            f"{label} {self[key] if key == 'n_divergent' else f'{float(self[key]):.4g}'}"
+            for key, label in _FOOTER if key in self)
+        return "\n".join(lines + ["", footer])
+
+    def __repr__(self) -> str:
+        return self.__str__()
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython / Jupyter
+        p.text(self.__str__())
+
+    def __reduce__(self):  # pickle with the names (a dict subclass's attributes are lost)
+        return (SampleSummary, (dict(self), self.names))

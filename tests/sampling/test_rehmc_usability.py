@@ -1,0 +1,163 @@
+"""What a new user (coming from PyMC / NumPyro) sees: the result's repr, the summary table,
+named dimensions, joining a run with its continuation, the progress bars, the dtype hint."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from mlpapers.sampling import (
+    Box,
+    ReflectiveHMC,
+    SampleResult,
+    SampleSummary,
+    StiefelSampler,
+    ess,
+    rhat,
+)
+
+# short runs: the split R-hat warning is expected and not what these tests are about
+pytestmark = pytest.mark.filterwarnings("ignore:the chains disagree:RuntimeWarning")
+
+
+def gauss(x):
+    return -0.5 * (((x - 0.3) / 0.4) ** 2).sum(-1)
+
+
+BOX = Box([0.0, 0.0, 0.0], [1.0, 1.0, 2.0])
+
+
+@pytest.fixture(scope="module")
+def run():
+    hmc = ReflectiveHMC(gauss, BOX, n_leapfrog=3, random_state=0)
+    return hmc, hmc.sample(60, warmup=40)
+
+
+def test_repr_is_one_line_without_the_draws(run):
+    _, res = run
+    text = repr(res)
+    assert "\n" not in text and len(text) < 300
+    assert text.startswith("SampleResult(chains=4, draws=60, d=3, ")
+    assert "n_divergent=0" in text and "array" not in text
+
+
+def test_summary_is_the_old_dict_plus_quantiles_and_prints_a_table(run):
+    _, res = run
+    s = res.summary()
+    assert isinstance(s, SampleSummary) and isinstance(s, dict)
+    flat = res.samples.reshape(-1, 3)
+    np.testing.assert_allclose(s["mean"], flat.mean(0))
+    np.testing.assert_allclose(s["median"], np.median(flat, axis=0))
+    np.testing.assert_allclose(s["q5"], np.quantile(flat, 0.05, axis=0))
+    np.testing.assert_allclose(s["q95"], np.quantile(flat, 0.95, axis=0))
+    np.testing.assert_allclose(s["rhat"], rhat(res.samples))
+    np.testing.assert_allclose(s["ess_bulk"], ess(res.samples))
+    lines = str(s).splitlines()
+    assert lines[0].split() == ["mean", "sd", "5%", "50%", "95%", "ess_bulk", "ess_tail",
+                                "r_hat"]
+    assert [ln.split()[0] for ln in lines[1:4]] == ["x[0]", "x[1]", "x[2]"]
+    assert float(lines[1].split()[1]) == pytest.approx(s["mean"][0], abs=1e-3)
+    assert "divergent 0" in lines[-1] and repr(s) == str(s)
+    back = pickle.loads(pickle.dumps(s))
+    assert back.names == s.names and str(back) == str(s)
+
+
+def test_summary_names_label_rows_and_the_frame(run):
+    _, res = run
+    s = res.summary(names=["intercept", "slope", "noise"])
+    assert [ln.split()[0] for ln in str(s).splitlines()[1:4]] == ["intercept", "slope", "noise"]
+    pd = pytest.importorskip("pandas")
+    frame = s.to_frame()
+    assert isinstance(frame, pd.DataFrame) and list(frame.index) == ["intercept", "slope", "noise"]
+    np.testing.assert_allclose(frame["r_hat"].to_numpy(), s["rhat"])
+    with pytest.raises(ValueError, match="names has 2 entries but the draws have 3"):
+        res.summary(names=["a", "b"])
+    with pytest.raises(TypeError, match="sequence of 3 strings"):
+        res.summary(names="abc")
+
+
+def test_long_summaries_are_shortened_when_printed():
+    res = ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box(-1.0, 1.0, dim=60),
+                        n_leapfrog=2, random_state=0).sample(8, warmup=4)
+    lines = str(res.summary()).splitlines()
+    assert len(lines) == 1 + 51 + 2 and "(10 more)" in lines[26]
+
+
+def test_concat_of_a_run_and_its_resumption_is_the_long_run():
+    kw = dict(n_leapfrog=3, mass="diag", random_state=5)
+    hmc = ReflectiveHMC(gauss, BOX, **kw)
+    first = hmc.sample(30, warmup=40)
+    both = first.concat(hmc.sample(20, resume=first))
+    long = ReflectiveHMC(gauss, BOX, **kw).sample(50, warmup=40)
+    np.testing.assert_array_equal(both.samples, long.samples)
+    np.testing.assert_allclose(both.accept_rate, long.accept_rate, rtol=1e-12)
+    np.testing.assert_array_equal(both.n_reflections, long.n_reflections)
+    np.testing.assert_array_equal(both.n_divergent, long.n_divergent)
+    np.testing.assert_array_equal(both.warmup_divergent, long.warmup_divergent)
+    assert both.mean_leapfrog == pytest.approx(long.mean_leapfrog, rel=1e-12)
+    assert both.n_iterations == long.n_iterations == 50
+    np.testing.assert_array_equal(both.last_state, long.last_state)
+    again = hmc.sample(10, resume=both)  # the joined result resumes like the last part
+    assert again.samples.shape == (4, 10, 3)
+    with pytest.raises(ValueError, match="number of chains or the dimension"):
+        first.concat(hmc.sample(5, n_chains=2, warmup=5))
+    with pytest.raises(TypeError, match="same type"):
+        first.concat(first.samples)
+
+
+def test_stiefel_result_concat_repr_and_names():
+    s = StiefelSampler(n=3, k=2, n_leapfrog=2, random_state=0)
+    res = s.sample(10, n_chains=2, warmup=10)
+    both = res.concat(s.sample(5, resume=res))
+    assert both.Q.shape == (2, 15, 3, 2) and both.X.shape == (2, 15, 3, 2)
+    assert both.samples.shape == (2, 15, 6)
+    assert repr(both).startswith("StiefelResult(chains=2, draws=15, n=3, k=2, ")
+    assert str(both.summary()).splitlines()[1].split()[0] == "Q[0,0]"
+
+
+def test_to_inference_data_with_names(run):
+    az = pytest.importorskip("arviz")
+    _, res = run
+    idata = res.to_inference_data(names=["a", "b", "c"])
+    assert list(idata.posterior["x"].coords["x_dim_0"].values) == ["a", "b", "c"]
+    assert list(az.summary(idata).index) == ["x[a]", "x[b]", "x[c]"]
+
+
+def test_verbose_shows_a_warmup_bar_then_a_sampling_bar(capsys):
+    ReflectiveHMC(gauss, BOX, n_leapfrog=2, verbose=1, random_state=0).sample(5, warmup=4)
+    err = capsys.readouterr().err
+    assert "ReflectiveHMC warmup" in err and "ReflectiveHMC sampling" in err
+    assert err.index("warmup") < err.index("sampling") and "divergent=0" in err
+
+
+def test_float32_data_in_log_prob_hint_names_the_data_tensors():
+    X = torch.ones(5, 3, dtype=torch.float32)  # data built as float32, chains float64
+
+    def log_prob(theta):
+        return -((theta @ X.T) ** 2).sum(-1)
+
+    with pytest.raises(RuntimeError, match=r"dtype=torch\.float32.*torch\.as_tensor"):
+        ReflectiveHMC(log_prob, BOX, random_state=0).sample(5, warmup=2)
+
+
+def test_result_is_still_a_dataclass_with_its_fields(run):
+    _, res = run
+    assert isinstance(res, SampleResult) and "samples" in SampleResult.__dataclass_fields__
+
+
+def test_one_point_log_prob_gets_a_vmap_hint_and_vmap_works():
+    def one_point(t):  # written for (d,), as a NumPyro potential
+        return -0.5 * t @ t
+
+    with pytest.raises(RuntimeError, match=r"shape \(4, 3\).*torch\.vmap"):
+        ReflectiveHMC(one_point, BOX, random_state=0).sample(5, warmup=2)
+    kw = dict(n_leapfrog=3, random_state=0)
+    a = ReflectiveHMC(torch.vmap(one_point), BOX, **kw).sample(20, warmup=10).samples
+    b = ReflectiveHMC(lambda t: -0.5 * (t * t).sum(-1), BOX, **kw).sample(20, warmup=10).samples
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_chain_count_passed_as_x0_says_to_use_n_chains():
+    with pytest.raises(ValueError, match="pass n_chains=4 by keyword"):
+        ReflectiveHMC(gauss, BOX, random_state=0).sample(10, 4)
