@@ -119,6 +119,27 @@ def test_nodes_without_data(blobs):
     assert np.isfinite(clf.history_[-1]["loss"])
 
 
+def test_nodes_as_a_list_of_shards(blobs):
+    # a user's own split (np.array_split of a permutation, one index array per node)
+    # used to fail inside numpy ("inhomogeneous shape"); it equals the per-sample labels
+    X, y = blobs
+    shards = np.array_split(np.random.default_rng(0).permutation(len(y)), 4)
+    labels = np.empty(len(y), dtype=int)
+    for i, s in enumerate(shards):
+        labels[s] = i
+    kw = dict(n_nodes=4, n_rounds=10, lr=0.3, random_state=0)
+    a = DecentralizedSGD(**kw).fit(X, y, nodes=shards)
+    b = DecentralizedSGD(**kw).fit(X, y, nodes=labels)
+    for k in a.params_:
+        torch.testing.assert_close(a.params_[k], b.params_[k], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="one index array per node"):
+        DecentralizedSGD(**kw).fit(X, y, nodes=shards[:3])
+    with pytest.raises(ValueError, match="exactly once"):
+        DecentralizedSGD(**kw).fit(X, y, nodes=[shards[0], shards[0], shards[2], shards[3]])
+    with pytest.raises(ValueError, match="list of 4 index arrays"):
+        DecentralizedSGD(**kw).fit(X, y, nodes=np.zeros((len(y), 2), dtype=int))
+
+
 def test_determinism_and_save_load(blobs, tmp_path):
     X, y = blobs
     kw = dict(n_nodes=4, n_rounds=20, lr=0.3, random_state=7)

@@ -51,3 +51,37 @@ def test_digraph_and_string_labels_match_networkx():
     D = delays_from_graph(G)
     np.testing.assert_allclose(D, _dijkstra(G, "w"))
     assert not np.allclose(D, D.T)
+
+
+def test_missing_length_attribute_error_names_the_edge_attributes():
+    # networkx graphs usually carry "weight"; the error used to suggest only
+    # length_attr=None (hop counts), not the attribute the user actually has
+    G = nx.path_graph(4)
+    nx.set_edge_attributes(G, 2.5, "weight")
+    with pytest.raises(ValueError, match=r"its attributes are \['weight'\]: pass length_attr="):
+        delays_from_graph(G)
+    D = delays_from_graph(G, length_attr="weight", per_unit=1.0, overhead=0.0)
+    np.testing.assert_allclose(D, np.array(nx.floyd_warshall_numpy(G, weight="weight")))
+
+
+def test_btsp_msr_warns_when_clearly_worse_than_random():
+    # random link weights on a small-world graph: no spatial structure, and the default
+    # static exponential graph. BTSP-MSR's BCD is 9 % above the random mean there; the
+    # user is told (and refine_iter, which starts annealing from it, fixes it)
+    import warnings
+
+    from mlpapers.decentralized.btsp import BottleneckNodeAssigner
+
+    G = nx.connected_watts_strogatz_graph(40, 4, 0.2, seed=0)
+    rng = np.random.default_rng(0)
+    for u, v in G.edges:
+        G[u][v]["weight"] = float(rng.uniform(1, 20))
+    D = delays_from_graph(G, length_attr="weight", per_unit=1.0, overhead=0.0)
+    with pytest.warns(UserWarning, match="larger BCD .* than the mean of 5 random"):
+        est = BottleneckNodeAssigner(random_state=0).fit(D)
+    assert est.bcd_ > 1.05 * est.random_bcd_
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ref = BottleneckNodeAssigner(random_state=0, refine_iter=800).fit(D)
+        BottleneckNodeAssigner(topology="ring", random_state=0).fit(D)
+    assert ref.bcd_ < est.random_bcd_

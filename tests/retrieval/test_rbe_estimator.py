@@ -126,6 +126,11 @@ def test_explicit_support_and_strings():
     est = RelevanceBasedRetriever(heavy, support=[0, 5, 7], standardize=False).fit(queries, items)
     assert est.support_items_ == ["item0", "item5", "item7"]
     assert est.kneighbors(["q3"], 2, return_distance=False).shape == (1, 2)
+    # a lone query string is not iterated letter by letter into relevance_fn
+    for call in (lambda: est.kneighbors("q3", 2), lambda: est.transform_queries("q3"),
+                 lambda: est.fit("q3", items), lambda: clone(est).fit(queries, "item0")):
+        with pytest.raises(TypeError, match=r"got a single str; wrap a single element"):
+            call()
 
 
 def test_determinism(problem):

@@ -64,6 +64,27 @@ def consensus_distance(params: dict[str, torch.Tensor]) -> float:
     return total
 
 
+def _node_labels(nodes, n_samples: int, n_nodes: int) -> np.ndarray:
+    """``nodes`` as one node label per sample; a list of shards is converted."""
+    is_shards = (isinstance(nodes, (list, tuple)) and len(nodes) > 0
+                 and all(np.ndim(s) == 1 for s in nodes))
+    if not is_shards:
+        return np.asarray(nodes)
+    if len(nodes) != n_nodes:
+        raise ValueError(f"nodes as shards must list one index array per node ({n_nodes}), "
+                         f"got {len(nodes)}.")
+    shards = [np.asarray(s) for s in nodes]
+    if any(s.size and s.dtype.kind not in "iu" for s in shards):
+        raise ValueError("nodes as shards must hold integer sample indices.")
+    idx = np.concatenate([s.astype(np.int64) for s in shards])
+    if idx.size != n_samples or not np.array_equal(np.sort(idx), np.arange(n_samples)):
+        raise ValueError(f"nodes as shards must hold every sample index 0..{n_samples - 1} "
+                         "exactly once.")
+    node_of = np.empty(n_samples, dtype=np.int64)
+    node_of[idx] = np.repeat(np.arange(n_nodes), [s.size for s in shards])
+    return node_of
+
+
 class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     r"""Decentralized SGD classifier simulated on a circulant topology.
 
@@ -244,8 +265,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         ----------
         X : array-like of shape (n_samples, n_features)
         y : array-like of shape (n_samples,)
-        nodes : array-like of shape (n_samples,), optional
-            Physical node holding each sample (default: split by ``partition``).
+        nodes : array-like of shape (n_samples,) or list of n_nodes index arrays, optional
+            Physical node holding each sample (default: split by ``partition``), or
+            the shards themselves: ``nodes[i]`` the indices of the samples on node
+            ``i`` (e.g. ``np.array_split(rng.permutation(n_samples), n_nodes)``;
+            every sample in exactly one shard). A node without samples only
+            averages with its neighbours.
         eval_set : tuple (X_eval, y_eval), optional
             Data on which ``history_`` reports loss and accuracy.
 
@@ -262,9 +287,10 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if nodes is None:
             node_of = self._split(y_enc, n, rng)
         else:
-            node_of = np.asarray(nodes)
+            node_of = _node_labels(nodes, len(y_enc), n)
             if node_of.shape != (len(y_enc),) or node_of.dtype.kind not in "iu":
-                raise ValueError("nodes must be an integer array of shape (n_samples,).")
+                raise ValueError("nodes must be an integer array of shape (n_samples,) "
+                                 f"or a list of {n} index arrays (one shard per node).")
             if node_of.min() < 0 or node_of.max() >= n:
                 raise ValueError(f"nodes must be in 0..{n - 1}.")
         dev = self._device

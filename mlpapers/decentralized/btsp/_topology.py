@@ -307,8 +307,13 @@ def delays_from_graph(
         if u == v:
             continue
         if length_attr is not None and length_attr not in data:
-            raise ValueError(f"edge ({u!r}, {v!r}) has no {length_attr!r} attribute (pass "
-                             "length_attr=None for an unweighted graph: hop-count delays).")
+            have = sorted(map(str, data))
+            hint = (f"; its attributes are {have}: pass length_attr=<one of them>"
+                    if have else "")
+            raise ValueError(f"edge ({u!r}, {v!r}) has no {length_attr!r} attribute{hint}. "
+                             "Pass length_attr=None for an unweighted graph (hop-count "
+                             "delays); for a graph with node coordinates only, store each "
+                             "link's length as an edge attribute first (see the user guide).")
         length = 0.0 if length_attr is None else float(data[length_attr])
         d = per_unit * length + overhead
         if not np.isfinite(d) or d < 0:

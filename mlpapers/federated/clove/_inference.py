@@ -78,6 +78,33 @@ class _FederatedInferenceMixin:
         model = self._model_for(client, cluster)
         return self._predict_with(model, self._check_X(X))
 
+    def predict_proba(self, X, *, client: int | None = None, cluster: int | None = None):
+        """Class probabilities (softmax of the logits) of a client's model.
+
+        Only for the cross-entropy loss (``model="logistic"``, ``"mlp"`` on class
+        labels, or a callable model returning logits).
+
+        Parameters
+        ----------
+        X : array-like or Tensor of shape (n_samples, n_features)
+        client : int, optional
+            Index of a training client: its assigned model is used.
+        cluster : int, optional
+            Index of a model, as an alternative to ``client``.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes), float32
+            Columns in the order of ``classes_``.
+        """
+        self._check_fitted()
+        if self.loss_ != "cross_entropy":
+            raise AttributeError(f"predict_proba needs the cross-entropy loss; this "
+                                 f"{type(self).__name__} was fitted with loss={self.loss_!r}.")
+        model = self._model_for(client, cluster)
+        with torch.no_grad():
+            return self._to_numpy(torch.softmax(model(self._check_X(X)), dim=1))
+
     def _predict_with(self, model: torch.nn.Module, Xt: torch.Tensor) -> np.ndarray:
         with torch.no_grad():
             out = model(Xt)

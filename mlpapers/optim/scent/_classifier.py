@@ -55,6 +55,8 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
     SGD estimator (and unlike the KL-DRO and partial-AUC estimators, which
     precondition), the steps depend on the features' units: standardise ``X``
     (a feature a thousand times larger than the others dominates the steps).
+    For sparse ``X`` use ``StandardScaler(with_mean=False)``, which keeps it
+    sparse: raw TF-IDF rows have unit norm and need a much larger ``lr``.
     Sparse ``X`` (scipy CSR, usual for bag-of-words or TF-IDF features; other
     scipy formats and torch sparse tensors are converted to CSR) is supported
     everywhere and never densified: the training batches are torch

@@ -35,7 +35,9 @@ __all__ = ["KLDROClassifier", "KLDRORegressor"]
 _DOC_PARAMS = r"""
     lam : float, default=1.0
         KL-DRO temperature :math:`\lambda > 0`; small values approach the
-        worst-case (maximum) loss, large values the average loss.
+        worst-case (maximum) loss, large values the average loss. It is in the
+        units of the loss (for the regressor, squared units of ``y``): compare it
+        with the mean ERM loss, or standardise ``y`` first.
     method : {"scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"}, default="scent"
         Update rule of the single dual variable (see :class:`EntropicRiskLoss`).
     log_alpha : float, "auto" or None, default=None

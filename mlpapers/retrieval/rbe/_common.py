@@ -23,7 +23,12 @@ __all__ = ["HeavyRankerMixin", "length", "take"]
 
 
 def length(seq: Any, name: str) -> int:
-    """``len(seq)``, with clear errors for unsized or empty inputs."""
+    """``len(seq)``, with clear errors for unsized, empty or single-string inputs."""
+    if isinstance(seq, (str, bytes)):
+        # a lone query string would otherwise be iterated character by character and
+        # reach relevance_fn as one-letter "queries"
+        raise TypeError(f"{name} must be a sequence (list, array, tensor), got a single "
+                        f"{type(seq).__name__}; wrap a single element in a list, e.g. [query].")
     try:
         n = len(seq)
     except TypeError as exc:
