@@ -239,9 +239,11 @@ def test_save_load_and_pickle_round_trip(fitted, textures, tmp_path):
     assert loaded.threshold_ == fitted.threshold_
     clone = pickle.loads(pickle.dumps(fitted))
     np.testing.assert_array_equal(clone.anomaly_map(X_test), ref)
+    # a custom extractor is not stored: load needs it again (tests/anomaly/test_rad_usability.py)
     custom = RADDetector(extractor=PixelExtractor(), image_size=None).fit(textures[0][:3])
-    with pytest.raises(TypeError, match="pickle"):
-        custom.save(tmp_path / "custom.pt")
+    custom.save(tmp_path / "custom.pt")
+    with pytest.raises(ValueError, match="custom extractor"):
+        RADDetector.load(tmp_path / "custom.pt")
 
 
 def test_determinism_and_verbose(textures, capsys):
@@ -258,6 +260,7 @@ def test_determinism_and_verbose(textures, capsys):
     (lambda X: [X[0], X[1, :, :16]], "mixed sizes"),
     (lambda X: X[:0], "minimum of 1"),
     (lambda X: X[0, 0, 0], "3D or 4D"),
+    (lambda X: X[0, 0], r"For a single image pass X\[None\]"),
 ])
 def test_bad_inputs(textures, make_X, match):
     with pytest.raises(ValueError, match=match):

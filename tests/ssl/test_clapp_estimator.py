@@ -252,7 +252,7 @@ def test_save_load_and_pickle(cls, digits, tmp_path):
 def test_bad_inputs(digits, fitted):
     X, _ = digits
     enc = CLAPPEncoder(architecture="tiny", n_epochs=1)
-    with pytest.raises(ValueError, match="Expected 3D or 4D"):
+    with pytest.raises(ValueError, match=r"reshape flattened images first, e\.g\. X\.reshape"):
         enc.fit(X.reshape(len(X), -1))
     bad = X.copy()
     bad[0, 0, 0, 0] = np.nan
@@ -355,3 +355,19 @@ def test_claim_local_ssl_vs_random_and_bp():
             assert acc["dfb"][0] >= acc["bp"][0] - 0.05, acc         # local ~ BP-CLAPP
             assert acc["infonce"][0] >= acc["rand"][0] + 0.1, acc    # BP-SSL works here
     assert np.mean(gains) > 0.0, gains
+
+
+def test_flattened_images_get_the_reshape_to_apply(digits, fitted):
+    X, _ = digits
+    flat = X.reshape(len(X), -1)
+    n, d = flat.shape
+    side = int(np.sqrt(d))
+    with pytest.raises(ValueError, match=rf"X\.reshape\({n}, 1, {side}, {side}\)"):
+        CLAPPEncoder(architecture="tiny", n_epochs=1).fit(flat)
+    with pytest.raises(ValueError, match=r"X\.reshape\(n, C, H, W\)"):
+        GlobalSSLEncoder(architecture="tiny", n_epochs=1).fit(flat[:, :10])
+    c, h, w = fitted.input_shape_
+    with pytest.raises(ValueError, match=rf"X\.reshape\(3, {c}, {h}, {w}\)"):
+        fitted.transform(flat[:3])
+    with pytest.raises(ValueError, match="reshape flattened images"):
+        fitted.transform(flat[:3].tolist())

@@ -19,7 +19,7 @@ from mlpapers._utils import (
     check_positive,
     resolve_dtype,
 )
-from mlpapers.anomaly.rad._extractors import resolve_extractor
+from mlpapers.anomaly.rad._extractors import check_extractor_output, resolve_extractor
 from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-exported)
     _resize,
     _unit_rgb,
@@ -29,32 +29,8 @@ from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-export
 from mlpapers.anomaly.rad._maps import resize_maps
 
 _MEMORY_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def _check_extractor_output(feats: Any, key: Any, n: int, batch: int) -> list[torch.Tensor]:
-    """Check what a user extractor returned for a batch of ``n`` images."""
-    if (not isinstance(feats, (list, tuple)) or len(feats) == 0
-            or not all(isinstance(f, torch.Tensor) for f in feats)
-            or not isinstance(key, torch.Tensor)):
-        raise TypeError("the extractor must return (list of (B, C, h, w) feature tensors, "
-                        f"(B, D) key tensor), got ({type(feats).__name__}, "
-                        f"{type(key).__name__}).")
-    for i, f in enumerate(feats):
-        if f.ndim != 4 or f.shape[0] != n:
-            raise ValueError(f"the extractor's feature map {i} has shape {tuple(f.shape)} for a "
-                             f"batch of {n} images; expected ({n}, C, h, w).")
-    if key.ndim == 0 or key.shape[0] != n:
-        raise ValueError(f"the extractor's key has shape {tuple(key.shape)} for a batch of "
-                         f"{n} images; expected ({n}, D).")
-    # contiguous float32, the layout scoring also sees; finiteness is checked after the
-    # cast, which turns float64 values beyond the float32 range into inf
-    feats = [f.float().contiguous() for f in feats]
-    for t, what in [*((f, f"feature map {i}") for i, f in enumerate(feats)),
-                    (key.float(), "key")]:
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"the extractor returned NaN or infinite values (in float32) "
-                             f"in its {what} (batch {batch}).")
-    return feats
+# the ``extractor`` parameter stored by ``save`` in place of a custom extractor module
+_CUSTOM_EXTRACTOR = "<custom extractor: pass it to load>"
 
 
 def _check_image_size(image_size) -> tuple[int, int] | None:
@@ -112,7 +88,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         sizes (already resized to ``image_size``), their original sizes."""
         return _validate_images(X, "X", _check_image_size(self.image_size))
 
-    def _extract(self, images: torch.Tensor, desc: str, store=None
+    def _extract(self, images: torch.Tensor, desc: str, store=None, expect=None
                  ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Run the extractor in batches: per-layer maps (n, C_l, h_l, w_l), keys (n, D).
 
@@ -123,7 +99,10 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         float32 maps into the per-layer tensors that are kept (e.g. normalised
         patches in the memory dtype), so that only one batch exists in float32. The
         kept tensors are written into buffers allocated once for all images (no
-        list of batches next to their concatenation).
+        list of batches next to their concatenation). ``expect``, if given, is the
+        list of ``(C, h, w)`` feature map shapes the extractor must return (those of
+        the fit, ``feature_shapes_``). The shapes seen are left in
+        ``self._extracted_shapes``.
         """
         ext = self._get_extractor()
         size = self._network_size(images)
@@ -146,11 +125,18 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                         f"the extractor failed on a batch of shape {tuple(x.shape)}: {exc} "
                         f"(images of {tuple(size)} pixels may be too small for this "
                         "backbone; set image_size, e.g. 224)") from exc
-                f = _check_extractor_output(f, k, len(x), i)
+                f = check_extractor_output(f, k, len(x), i)
                 shapes = [t.shape[1:] for t in f]
                 if raw_shapes is not None and shapes != raw_shapes:
                     raise ValueError("the extractor returned feature maps of different shapes "
                                      "for different batches of same-size images.")
+                if raw_shapes is None and expect is not None and [
+                        tuple(int(v) for v in sh) for sh in shapes] != list(expect):
+                    raise ValueError(
+                        f"the extractor returned feature maps of shapes (C, h, w) "
+                        f"{[tuple(int(v) for v in sh) for sh in shapes]}, but the memory was "
+                        f"built from maps of shapes {list(expect)}; score with the extractor "
+                        "the detector was fitted with.")
                 raw_shapes = shapes
                 kept = f if store is None else store(f)
                 if not out:  # normal (not inference) tensors, as the fitted memory
@@ -162,6 +148,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                 del f, kept
                 keys.append(k.float().reshape(len(x), -1))
                 log.log(batch=i)
+        self._extracted_shapes = [tuple(int(v) for v in sh) for sh in raw_shapes]
         return out, torch.cat(keys)
 
     def _fit_store(self):
@@ -175,7 +162,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like, tensor or list of PIL images
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
             Normal images, (n, H, W), (n, H, W, C) or (n, C, H, W); uint8 or float
             in [0, 1].
         y : ignored
@@ -194,6 +181,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                                         store=self._fit_store())
             self.n_features_in_ = int(3 * images.shape[-2] * images.shape[-1])  # RGB C*H*W
             self.n_train_ = len(images)
+            self.feature_shapes_ = list(self._extracted_shapes)
             self.input_size_ = tuple(int(s) for s in self._network_size(images))
             self.decision_scores_ = self._to_numpy(self._fit_memory(feats, keys))
             self.threshold_ = float(np.percentile(self.decision_scores_,
@@ -208,7 +196,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
     def _forget_fit(self) -> None:
         """Drop the fitted attributes and the cached extractor (unfitted state)."""
         for attr in [k for k in vars(self) if (k.endswith("_") and not k.startswith("__"))
-                     or k == "_extractor"]:
+                     or k in ("_extractor", "_extracted_shapes")]:
             delattr(self, attr)
 
     def _maps_and_scores(self, X, return_maps: bool = True):
@@ -222,7 +210,10 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
             raise ValueError(f"X images are {tuple(images.shape[-2:])} but the memory was built "
                              f"from {tuple(self.input_size_)} images (image_size=None); resize "
                              "them or set image_size.")
-        feats, keys = self._extract(images, desc=f"{type(self).__name__} score")
+        expect = getattr(self, "feature_shapes_", None)  # absent from older files
+        feats, keys = self._extract(images, desc=f"{type(self).__name__} score",
+                                    expect=None if expect is None else
+                                    [tuple(int(v) for v in sh) for sh in expect])
         # scores alone do not keep the (n, H', W') maps of every image
         maps, scores = self._score_features(feats, keys, exclude=None, return_maps=return_maps)
         return maps, scores, (tuple(images.shape[-2:]) if sizes is None else sizes)
@@ -232,7 +223,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like, tensor or list of PIL images
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
             Images as in :meth:`fit`.
 
         Returns
@@ -254,7 +245,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like, tensor or list of PIL images
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
         return_scores : bool, default=False
             Also return the image scores (one extraction for both).
 
@@ -290,7 +281,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like, tensor or list of PIL images
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
             Images as in :meth:`fit`.
         method : {"linear", "unify"}, default="linear"
 
@@ -325,15 +316,60 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
     def save(self, path: str | os.PathLike) -> None:
         """Save parameters and memory (``torch.load(weights_only=True)``-safe).
 
-        Only estimators whose ``extractor`` is ``None`` or a built-in name can be
-        saved this way (the extractor is rebuilt on load); pickle the estimator
-        for a custom extractor module.
+        A built-in extractor (``None`` or a name) is rebuilt on load. A custom
+        extractor module is code, which a safe file cannot hold: it is left out,
+        and :meth:`load` needs it again as ``extractor=`` (the memory, thresholds
+        and every other parameter are stored).
+
+        Parameters
+        ----------
+        path : str or path-like
+            Destination file.
         """
-        if self.extractor is not None and not isinstance(self.extractor, str):
-            raise TypeError("save supports extractor=None or a built-in name "
-                            "('random', 'efficientnet-lite0'); a custom extractor module "
-                            "cannot be stored safely. Use pickle for trusted files instead.")
-        super().save(path)
+        if self.extractor is None or isinstance(self.extractor, str):
+            super().save(path)
+            return
+        ext = self.extractor
+        self.extractor = _CUSTOM_EXTRACTOR  # a marker in the stored parameters
+        try:
+            super().save(path)
+        finally:
+            self.extractor = ext
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *, extractor=None):
+        """Load a detector written by :meth:`save`, safely (``weights_only=True``).
+
+        Parameters
+        ----------
+        path : str or path-like
+            File written by :meth:`save`.
+        map_location : str or torch.device, default="cpu"
+            Where tensors are loaded.
+        extractor : callable or None, default=None
+            The custom extractor the detector was fitted with (required for a
+            detector saved with one, e.g. a :class:`TorchFeatureExtractor` around
+            your module with the same weights; not allowed for a built-in one).
+            Its feature map shapes are checked against the memory when scoring.
+
+        Returns
+        -------
+        detector
+            A fitted instance of this class.
+        """
+        est = super().load(path, map_location=map_location)
+        custom = est.extractor == _CUSTOM_EXTRACTOR
+        if custom and extractor is None:
+            raise ValueError(f"{os.fspath(path)!r} was saved from a detector with a custom "
+                             f"extractor; pass it again: {cls.__name__}.load(path, "
+                             "extractor=my_extractor).")
+        if not custom and extractor is not None:
+            raise ValueError(f"{os.fspath(path)!r} uses the built-in extractor "
+                             f"{est.extractor!r}, which is rebuilt on load; do not pass "
+                             "extractor=.")
+        if custom:
+            est.extractor = extractor
+        return est
 
     def __getstate__(self):
         state = super().__getstate__()  # a copy (TorchEstimatorMixin)

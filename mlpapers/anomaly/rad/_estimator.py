@@ -135,6 +135,9 @@ class RADDetector(BaseImageDetector):
         ``3 * H * W`` of the training images (grayscale counts as RGB; for a
         list of images of different sizes, ``H, W`` is ``image_size``).
     n_train_ : int
+    feature_shapes_ : list of (int, int, int)
+        ``(C, h, w)`` of each extractor feature map at fit time (checked when
+        scoring: another extractor raises a ``ValueError``).
 
     See Also
     --------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,7 +118,33 @@ class TorchFeatureExtractor(nn.Module):
         Name of a method of ``module`` to call instead of ``module(x)`` (e.g.
         ``"extract_features"`` to skip a classifier head).
     mean, std : sequence of float or None
-        Per-channel normalisation applied to the ``[0, 1]`` images.
+        Per-channel normalisation applied to the ``[0, 1]`` images (ImageNet's by
+        default; ``None`` skips it).
+
+    Notes
+    -----
+    A detector fitted with a custom extractor saves its memory with
+    :meth:`RADDetector.save`, but not the module (a safe file holds no code):
+    load it with ``RADDetector.load(path, extractor=TorchFeatureExtractor(...))``
+    around the same weights.
+
+    Examples
+    --------
+    Hook two stages of your own network (for a torchvision ResNet, e.g.
+    ``layers=["layer2", "layer3"]``):
+
+    >>> import torch
+    >>> from mlpapers.anomaly.rad import RADDetector, TorchFeatureExtractor
+    >>> net = torch.nn.Sequential(
+    ...     torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+    ...     torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU())
+    >>> ext = TorchFeatureExtractor(net, layers=["1", "3"])
+    >>> feats, key = ext(torch.rand(2, 3, 64, 64))
+    >>> [tuple(f.shape) for f in feats], tuple(key.shape)
+    ([(2, 16, 32, 32), (2, 32, 16, 16)], (2, 32))
+    >>> det = RADDetector(extractor=ext, k_images=2, image_size=64)
+    >>> det.fit(torch.rand(4, 3, 80, 60)).decision_function(torch.rand(2, 3, 80, 60)).shape
+    (2,)
     """
 
     def __init__(
@@ -158,6 +185,20 @@ class TorchFeatureExtractor(nn.Module):
         raise ValueError(f"cannot make a key from an output of shape {tuple(t.shape)}.")
 
     def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Hooked feature maps and key of a batch.
+
+        Parameters
+        ----------
+        images : Tensor of shape (B, 3, H, W)
+            Images in [0, 1] (normalised here with ``mean`` and ``std``).
+
+        Returns
+        -------
+        feats : list of Tensor of shape (B, C_l, h_l, w_l)
+            The outputs of ``layers``, in their order.
+        key : Tensor of shape (B, D)
+            The pooled output of ``key_layer`` (or of the forward pass).
+        """
         names = dict(self.module.named_modules())
         outputs: dict[str, torch.Tensor] = {}
         wanted = [*self.layers, *([self.key_layer] if self.key_layer else [])]
@@ -322,3 +363,29 @@ def resolve_extractor(spec) -> Callable:
         raise TypeError(f"extractor must be a string, None or a callable, got "
                         f"{type(spec).__name__}.")
     return spec
+
+
+def check_extractor_output(feats: Any, key: Any, n: int, batch: int) -> list[torch.Tensor]:
+    """Check what a user extractor returned for a batch of ``n`` images."""
+    if (not isinstance(feats, (list, tuple)) or len(feats) == 0
+            or not all(isinstance(f, torch.Tensor) for f in feats)
+            or not isinstance(key, torch.Tensor)):
+        raise TypeError("the extractor must return (list of (B, C, h, w) feature tensors, "
+                        f"(B, D) key tensor), got ({type(feats).__name__}, "
+                        f"{type(key).__name__}).")
+    for i, f in enumerate(feats):
+        if f.ndim != 4 or f.shape[0] != n:
+            raise ValueError(f"the extractor's feature map {i} has shape {tuple(f.shape)} for a "
+                             f"batch of {n} images; expected ({n}, C, h, w).")
+    if key.ndim == 0 or key.shape[0] != n:
+        raise ValueError(f"the extractor's key has shape {tuple(key.shape)} for a batch of "
+                         f"{n} images; expected ({n}, D).")
+    # contiguous float32, the layout scoring also sees; finiteness is checked after the
+    # cast, which turns float64 values beyond the float32 range into inf
+    feats = [f.float().contiguous() for f in feats]
+    for t, what in [*((f, f"feature map {i}") for i, f in enumerate(feats)),
+                    (key.float(), "key")]:
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"the extractor returned NaN or infinite values (in float32) "
+                             f"in its {what} (batch {batch}).")
+    return feats

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import numbers
+import os
 import warnings
 from typing import Any
 
@@ -31,6 +33,18 @@ def _pil_to_array(image: Any) -> np.ndarray:
     if mode == "F" or mode == "I" or mode.startswith("I;"):
         return torch_compatible_array(np.asarray(image))
     return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
+
+
+def _read_image_file(path: str | os.PathLike, name: str) -> np.ndarray:
+    """Pixel array of an image file (any format Pillow reads), as :func:`_pil_to_array`."""
+    try:
+        from PIL import Image
+    except ImportError as exc:  # pragma: no cover - Pillow ships with matplotlib/sklearn users
+        raise ImportError(f"{name} holds file paths; reading image files needs Pillow "
+                          "(pip install pillow). Or pass the images as arrays.") from exc
+    with Image.open(os.fspath(path)) as image:
+        image.load()
+        return _pil_to_array(image)
 
 
 
@@ -92,6 +106,26 @@ def _resize(x: torch.Tensor, size) -> torch.Tensor:
                          antialias=True)
 
 
+def _reject_2d(X: Any, name: str) -> None:
+    """A ``ValueError`` for a 2D array (one image, or a table of flattened images)
+    that says how to pass it."""
+    shape = getattr(X, "shape", None)
+    if shape is None or len(shape) != 2:
+        return
+    n, d = (int(v) for v in shape)
+    side, side3 = math.isqrt(d), math.isqrt(d // 3)
+    if side * side == d:
+        eg = f"{name}.reshape({n}, {side}, {side})"
+    elif d % 3 == 0 and side3 * side3 == d // 3:
+        eg = f"{name}.reshape({n}, {side3}, {side3}, 3)"
+    else:
+        eg = f"{name}.reshape(n, H, W) or (n, H, W, 3)"
+    raise ValueError(f"{name} has shape {(n, d)}; images must be (n, H, W), (n, H, W, C) or "
+                     f"(n, C, H, W), or a list of images. For a single image pass {name}[None]; "
+                     f"for a table of flattened images (one row per image) reshape it first, "
+                     f"e.g. {eg}.")
+
+
 def _validate_images(X: Any, name: str = "X", size=None
                      ) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
     """Validate images without converting them (see :func:`check_images`).
@@ -104,10 +138,19 @@ def _validate_images(X: Any, name: str = "X", size=None
     is converted and resized to ``size`` (as the extractor would), ``images`` is
     then float ``(n, 3, *size)`` and ``sizes`` the original ``(H, W)`` of each.
     """
+    if isinstance(X, (str, bytes, os.PathLike)):
+        raise TypeError(f"{name} is a single path ({X!r}); pass a list of image files, e.g. "
+                        "sorted(pathlib.Path(folder).glob('*.png')), or of arrays.")
+    if isinstance(X, np.ndarray) and X.dtype.kind in "US":  # np.array of file names
+        X = X.tolist()
+    elif getattr(X, "ndim", None) == 1 and getattr(X, "dtype", None) == np.dtype(object):
+        X = list(X)  # an object array or pandas Series of images or file names
     if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
         arrays = []
         for item in X:
-            if hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
+            if isinstance(item, (str, os.PathLike)):  # an image file
+                item = _read_image_file(item, name)
+            elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
                 item = _pil_to_array(item)
             arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
                           else np.asarray(item))
@@ -139,6 +182,7 @@ def _validate_images(X: Any, name: str = "X", size=None
                              "to a common size first, or set image_size (each image is then "
                              "resized to it).")
         X = np.stack(arrays)
+    _reject_2d(X, name)
     t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
     reject_single_hwc_image(t, name, fix="X[None] (or a list of images)")
     _check_pixel_range(t, name)
@@ -177,6 +221,8 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
     their dtype (they are not clipped to 8 bits). In a list mixing integer and
     float images, each image is scaled by its own dtype; the images of a list must
     share one size (the detectors, whose ``image_size`` resizes every image anyway,
-    also accept lists of different sizes).
+    also accept lists of different sizes). Items of a list may also be image file
+    paths (``str`` or ``pathlib.Path``; read with Pillow, then as PIL images); a
+    1-D object array or pandas Series of images or paths is taken as the list.
     """
     return _unit_rgb(_validate_images(X, name)[0])

@@ -55,6 +55,9 @@ class PatchCoreDetector(BaseImageDetector):
     input_size_ : (int, int)
     decision_scores_, threshold_, labels_ : as in :class:`RADDetector`
         Training scores exclude the image's own patches (leave-one-out).
+    feature_shapes_ : list of (int, int, int)
+        ``(C, h, w)`` of each extractor feature map at fit time (checked when
+        scoring: another extractor raises a ``ValueError``).
     n_features_in_ : int
 
     References

@@ -101,6 +101,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         retrieved with the predicted key by their true inner product with the
         query (``n_candidates`` extra dot products per query). ``1`` is the
         paper's rule; the match rate then equals the recall at ``n_candidates``.
+        :meth:`kneighbors` with ``n_candidates > 1`` likewise returns the best
+        ``n_neighbors`` of the first ``max(n_candidates, n_neighbors)`` keys by
+        true inner product, in descending order (so its first column is
+        :meth:`predict` when ``n_neighbors <= n_candidates``).
     device : str, default="cpu"
     random_state : int, RandomState, Generator or None, default=None
     verbose : int, default=0
@@ -299,10 +303,21 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         -------
         similarities : ndarray of shape (n_queries, n_neighbors), float32
             The true inner products ``<x, k_j>`` of the returned keys (only if
-            ``return_distance``), in the predicted order.
+            ``return_distance``), in the predicted order; with ``n_candidates > 1``
+            the keys are re-ranked by them, in descending order (ties keep the
+            predicted order).
         indices : ndarray of shape (n_queries, n_neighbors), int64
         """
-        return self._kneighbors(self._queries(X), n_neighbors, return_distance)
+        Q = self._queries(X)
+        k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
+        n_cand = min(max(int(self.n_candidates), k), self.database_.shape[0])
+        if int(self.n_candidates) == 1:
+            return self._kneighbors(Q, k, return_distance)
+        sims, idx = self._kneighbors(Q, n_cand, return_distance=True)
+        order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+        sims = np.take_along_axis(sims, order, axis=1)
+        idx = np.take_along_axis(idx, order, axis=1)
+        return (sims, idx) if return_distance else idx
 
     def _kneighbors(self, Q: torch.Tensor, n_neighbors: int, return_distance: bool):
         """:meth:`kneighbors` of validated queries ``Q`` (n, d)."""
