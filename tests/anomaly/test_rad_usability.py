@@ -1,5 +1,6 @@
 """New-user regressions: image files in a folder, saving a detector with your own backbone."""
 
+import os
 import re
 
 import numpy as np
@@ -49,6 +50,14 @@ def test_a_list_of_image_files_is_read_like_the_arrays(photos, folder, cls):
     column[:] = photos
     det = cls(extractor="random", image_size=32, random_state=0).fit(column)
     np.testing.assert_array_equal(det.decision_scores_, ref.decision_scores_)
+    # file names as bytes, and a pandas Series of paths with pandas' default dtype
+    names = [str(p) for p in paths]
+    for X in ([os.fsencode(p) for p in names], np.array(names, dtype="S")):
+        det = cls(extractor="random", image_size=32, random_state=0).fit(X)
+        np.testing.assert_array_equal(det.decision_scores_, ref.decision_scores_)
+    pd = pytest.importorskip("pandas")
+    det = cls(extractor="random", image_size=32, random_state=0).fit(pd.Series(names))
+    np.testing.assert_array_equal(det.decision_scores_, ref.decision_scores_)
 
 
 def test_a_single_folder_path_says_how_to_list_the_files(folder):
@@ -75,6 +84,15 @@ def test_save_load_with_a_custom_extractor(photos, tmp_path, cls):
     other = TorchFeatureExtractor(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1)), layers=["0"])
     with pytest.raises(ValueError, match="memory was built from maps"):
         cls.load(tmp_path / "det.pt", extractor=other).decision_function(photos)
+    if cls is RADDetector:  # same maps but keys of another dimension: a clear error too
+        keyed = TorchFeatureExtractor(ext.module, layers=["1", "3"], key_layer="1",
+                                      mean=None, std=None)
+        with pytest.raises(ValueError, match="keys of dimension"):
+            cls.load(tmp_path / "det.pt", extractor=keyed).decision_function(photos)
+    # the generic loader cannot restore the module: scoring says how to load it
+    from mlpapers._base import load
+    with pytest.raises(ValueError, match="extractor=my_extractor"):
+        load(tmp_path / "det.pt").decision_function(photos)
     # a built-in extractor is rebuilt: passing one is a mistake
     cls(extractor="random", image_size=32).fit(photos).save(tmp_path / "builtin.pt")
     with pytest.raises(ValueError, match="rebuilt on load"):
@@ -83,6 +101,7 @@ def test_save_load_with_a_custom_extractor(photos, tmp_path, cls):
 
 @pytest.mark.parametrize("shape, hint", [((20, 64), "X.reshape(20, 8, 8)"),
                                          ((20, 48), "X.reshape(20, 4, 4, 3)"),
+                                         ((20, 48), "X.reshape(20, 3, 4, 4)"),
                                          ((20, 10), "X.reshape(n, H, W)")])
 def test_a_table_of_flattened_images_gets_the_reshape_to_apply(shape, hint):
     # PyOD users pass (n_samples, n_features) tables, e.g. load_digits().data

@@ -66,6 +66,11 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         check_in_options(self.memory_dtype, "memory_dtype", _MEMORY_DTYPES)
         check_positive(self.batch_size, "batch_size", integer=True)
         check_positive(self.chunk_size, "chunk_size", integer=True)
+        if isinstance(self.extractor, str) and self.extractor == _CUSTOM_EXTRACTOR:
+            # loaded by the generic loader, which cannot restore the module
+            raise ValueError(f"this {type(self).__name__} was saved with a custom extractor, "
+                             "which the file does not hold; load it with "
+                             f"{type(self).__name__}.load(path, extractor=my_extractor).")
         if isinstance(self.extractor, str):
             check_in_options(self.extractor, "extractor", ("random", "efficientnet-lite0"))
 
@@ -214,6 +219,12 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         feats, keys = self._extract(images, desc=f"{type(self).__name__} score",
                                     expect=None if expect is None else
                                     [tuple(int(v) for v in sh) for sh in expect])
+        fitted_keys = getattr(self, "keys_", None)
+        if fitted_keys is not None and keys.shape[1] != fitted_keys.shape[1]:
+            raise ValueError(f"the extractor returned keys of dimension {keys.shape[1]}, but "
+                             f"the memory was built with keys of dimension "
+                             f"{fitted_keys.shape[1]}; score with the extractor the detector "
+                             "was fitted with.")
         # scores alone do not keep the (n, H', W') maps of every image
         maps, scores = self._score_features(feats, keys, exclude=None, return_maps=return_maps)
         return maps, scores, (tuple(images.shape[-2:]) if sizes is None else sizes)

@@ -117,7 +117,8 @@ def _reject_2d(X: Any, name: str) -> None:
     if side * side == d:
         eg = f"{name}.reshape({n}, {side}, {side})"
     elif d % 3 == 0 and side3 * side3 == d // 3:
-        eg = f"{name}.reshape({n}, {side3}, {side3}, 3)"
+        eg = (f"{name}.reshape({n}, {side3}, {side3}, 3) for channels-last rows or "
+              f"{name}.reshape({n}, 3, {side3}, {side3}) for channels-first rows")
     else:
         eg = f"{name}.reshape(n, H, W) or (n, H, W, 3)"
     raise ValueError(f"{name} has shape {(n, d)}; images must be (n, H, W), (n, H, W, C) or "
@@ -142,14 +143,20 @@ def _validate_images(X: Any, name: str = "X", size=None
         raise TypeError(f"{name} is a single path ({X!r}); pass a list of image files, e.g. "
                         "sorted(pathlib.Path(folder).glob('*.png')), or of arrays.")
     if isinstance(X, np.ndarray) and X.dtype.kind in "US":  # np.array of file names
+        if X.ndim != 1:
+            raise ValueError(f"{name} is an array of file names of shape {X.shape}; pass a "
+                             "1-D list or array of image files.")
         X = X.tolist()
-    elif getattr(X, "ndim", None) == 1 and getattr(X, "dtype", None) == np.dtype(object):
-        X = list(X)  # an object array or pandas Series of images or file names
+    elif (getattr(X, "ndim", None) == 1
+          and getattr(getattr(X, "dtype", None), "kind", None) == "O"):
+        # an object array, or a pandas Series / Index of images or file names (pandas'
+        # string dtypes report kind "O" too)
+        X = list(X)
     if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
         arrays = []
         for item in X:
-            if isinstance(item, (str, os.PathLike)):  # an image file
-                item = _read_image_file(item, name)
+            if isinstance(item, (str, bytes, os.PathLike)):  # an image file
+                item = _read_image_file(os.fsdecode(item), name)
             elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
                 item = _pil_to_array(item)
             arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)

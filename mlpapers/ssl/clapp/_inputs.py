@@ -28,4 +28,5 @@ def _reject_flat_pixels(X: Any, owner: str, fitted_shape=None) -> None:
     else:
         eg = "X.reshape(n, C, H, W)"
     raise ValueError(f"X has shape {(n, d)}, a table of rows: {owner} takes images, (n, H, W) "
-                     f"or (n, C, H, W); reshape flattened images first, e.g. {eg}.")
+                     f"or (n, C, H, W). For one (H, W) image pass X[None]; with one flattened "
+                     f"image per row, reshape flattened images first, e.g. {eg}.")
