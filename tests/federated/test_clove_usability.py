@@ -44,6 +44,11 @@ def test_predict_proba_is_the_softmax_of_the_clients_model():
 def test_predict_proba_needs_the_cross_entropy_loss():
     rng = np.random.default_rng(0)
     clients = [(rng.normal(size=(20, 3)), rng.normal(size=20)) for _ in range(4)]
-    est = CLoVE(n_clusters=2, model="linear", n_rounds=2, random_state=0).fit(clients)
-    with pytest.raises(AttributeError, match="cross-entropy"):
+    est = CLoVE(n_clusters=2, model="linear", n_rounds=2, random_state=0)
+    assert not hasattr(est, "predict_proba")  # a linear regression has no probabilities
+    est.fit(clients)
+    assert not hasattr(est, "predict_proba")  # duck typing (sklearn's available_if)
+    with pytest.raises(AttributeError, match="predict_proba"):
         est.predict_proba(clients[0][0], client=0)
+    assert hasattr(CLoVE(model="logistic"), "predict_proba")
+    assert not hasattr(FedAvg(model="mlp", loss="mse"), "predict_proba")

@@ -14,6 +14,7 @@ import numbers
 import numpy as np
 import torch
 from sklearn.metrics import r2_score
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_feature_names
 
 from mlpapers.federated.clove._data import _split_client, validate_clients
@@ -78,11 +79,23 @@ class _FederatedInferenceMixin:
         model = self._model_for(client, cluster)
         return self._predict_with(model, self._check_X(X))
 
+    def _has_proba(self) -> bool:
+        """``hasattr(est, "predict_proba")``: only for class labels (the cross-entropy
+        loss), as scikit-learn's meta-estimators expect; before the fit, unless the
+        parameters already rule it out."""
+        if hasattr(self, "loss_"):
+            return self.loss_ == "cross_entropy"
+        if self.loss != "auto":
+            return self.loss == "cross_entropy"
+        return self.model not in ("linear", "autoencoder")
+
+    @available_if(_has_proba)
     def predict_proba(self, X, *, client: int | None = None, cluster: int | None = None):
         """Class probabilities (softmax of the logits) of a client's model.
 
         Only for the cross-entropy loss (``model="logistic"``, ``"mlp"`` on class
-        labels, or a callable model returning logits).
+        labels, or a callable model returning logits): for other losses the method
+        is absent (``hasattr(est, "predict_proba")`` is False), as in scikit-learn.
 
         Parameters
         ----------
@@ -98,9 +111,6 @@ class _FederatedInferenceMixin:
             Columns in the order of ``classes_``.
         """
         self._check_fitted()
-        if self.loss_ != "cross_entropy":
-            raise AttributeError(f"predict_proba needs the cross-entropy loss; this "
-                                 f"{type(self).__name__} was fitted with loss={self.loss_!r}.")
         model = self._model_for(client, cluster)
         with torch.no_grad():
             return self._to_numpy(torch.softmax(model(self._check_X(X)), dim=1))
