@@ -58,8 +58,12 @@ def test_missing_length_attribute_error_names_the_edge_attributes():
     # length_attr=None (hop counts), not the attribute the user actually has
     G = nx.path_graph(4)
     nx.set_edge_attributes(G, 2.5, "weight")
-    with pytest.raises(ValueError, match=r"its attributes are \['weight'\]: pass length_attr="):
+    nx.set_edge_attributes(G, "10 Gbps", "LinkLabel")  # as in Topology Zoo files
+    with pytest.raises(ValueError,
+                       match=r"numeric attributes are \['weight'\]: pass length_attr="):
         delays_from_graph(G)
+    with pytest.raises(ValueError, match="non-numeric 'LinkLabel' attribute"):
+        delays_from_graph(G, length_attr="LinkLabel")
     D = delays_from_graph(G, length_attr="weight", per_unit=1.0, overhead=0.0)
     np.testing.assert_allclose(D, np.array(nx.floyd_warshall_numpy(G, weight="weight")))
 

@@ -232,6 +232,16 @@ def metric_closure(delays: Any) -> np.ndarray:
     return D
 
 
+def _as_length(value) -> float | None:
+    """``float(value)`` for a link length (numbers and numeric strings), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def delays_from_graph(
     G: Any,
     *,
@@ -307,14 +317,18 @@ def delays_from_graph(
         if u == v:
             continue
         if length_attr is not None and length_attr not in data:
-            have = sorted(map(str, data))
-            hint = (f"; its attributes are {have}: pass length_attr=<one of them>"
+            have = sorted(str(k) for k, val in data.items() if _as_length(val) is not None)
+            hint = (f"; its numeric attributes are {have}: pass length_attr=<one of them>"
                     if have else "")
             raise ValueError(f"edge ({u!r}, {v!r}) has no {length_attr!r} attribute{hint}. "
                              "Pass length_attr=None for an unweighted graph (hop-count "
                              "delays); for a graph with node coordinates only, store each "
                              "link's length as an edge attribute first (see the user guide).")
-        length = 0.0 if length_attr is None else float(data[length_attr])
+        length = 0.0 if length_attr is None else _as_length(data[length_attr])
+        if length is None:
+            raise ValueError(f"edge ({u!r}, {v!r}) has a non-numeric {length_attr!r} "
+                             f"attribute ({data[length_attr]!r}); length_attr must name a "
+                             "numeric link length.")
         d = per_unit * length + overhead
         if not np.isfinite(d) or d < 0:
             raise ValueError(f"edge ({u!r}, {v!r}) has an invalid delay {d}.")
