@@ -353,10 +353,9 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        path : str or path-like
-            File written by :meth:`save`.
-        map_location : str or torch.device, default="cpu"
-            Where tensors are loaded.
+        path, map_location :
+            The file written by :meth:`save`, and where its tensors are loaded
+            (``"cpu"`` by default), as for every estimator.
         extractor : callable or None, default=None
             The custom extractor the detector was fitted with (required for a
             detector saved with one, e.g. a :class:`TorchFeatureExtractor` around

@@ -99,11 +99,9 @@ class _FederatedInferenceMixin:
 
         Parameters
         ----------
-        X : array-like or Tensor of shape (n_samples, n_features)
-        client : int, optional
-            Index of a training client: its assigned model is used.
-        cluster : int, optional
-            Index of a model, as an alternative to ``client``.
+        X, client, cluster :
+            As in :meth:`predict` (the samples, and the training client whose model,
+            or the model itself, is used).
 
         Returns
         -------
