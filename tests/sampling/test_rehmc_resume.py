@@ -155,3 +155,38 @@ def test_resume_honours_a_numeric_step_size_and_read_only_results():
     bad.sampler_state["rng_state"] = bad.sampler_state["rng_state"][:100]
     with pytest.raises(ValueError, match="sampler_state is malformed"):
         auto.sample(5, resume=bad)
+
+
+def test_concat_weights_the_kept_fraction_by_recorded_states():
+    half = Box(LO, np.array([0.5, 1.0]))  # a support: kept fractions below 1
+    hmc = ReflectiveHMC(trunc_gauss, Box(LO, HI), support=half, n_leapfrog=3, random_state=0)
+    first = hmc.sample(20, warmup=20)  # thin=1
+    more = hmc.sample(20, resume=first, thin=3)
+    r1, r2 = first.n_iterations, more.n_iterations // 3  # recorded states per chain
+    both = first.concat(more)
+    pooled = (first.kept_fraction * r1 + more.kept_fraction * r2) / (r1 + r2)
+    np.testing.assert_allclose(both.kept_fraction, pooled, rtol=1e-12)
+    assert both.sampler_state["n_recorded"] == r1 + r2
+    again = both.concat(hmc.sample(5, resume=both))  # a joined result joins on
+    assert again.sampler_state["n_recorded"] == r1 + r2 + again.n_iterations - both.n_iterations
+
+
+def test_concat_rejects_parts_that_do_not_follow_one_another():
+    hmc = ReflectiveHMC(trunc_gauss, Box(LO, HI), n_leapfrog=3, random_state=0)
+    a = hmc.sample(10, warmup=10)
+    b = hmc.sample(5, resume=pickle.loads(pickle.dumps(a)))
+    c = hmc.sample(5, resume=b)
+    full = a.concat(b, c)
+    for joined in (a.concat(b).concat(c), a.concat(b.concat(c))):
+        np.testing.assert_array_equal(joined.samples, full.samples)
+    other = ReflectiveHMC(trunc_gauss, Box(LO, HI), n_leapfrog=3, random_state=1).sample(
+        10, warmup=10)
+    for bad in ((a, a), (a, c, b), (a, c), (a, other), (other, b),
+                (a, hmc.sample(5, resume=other))):
+        with pytest.raises(ValueError, match="does not continue"):
+            bad[0].concat(*bad[1:])
+    a.concat(hmc.sample(5, resume=a, warmup=5))  # a new warm-up continues the chains too
+    old = SampleResult(**{**{f: getattr(b, f) for f in SampleResult.__dataclass_fields__},
+                          "sampler_state": {k: v for k, v in b.sampler_state.items()
+                                            if k != "resumed_from"}})
+    assert old.concat(c).n_iterations == 10 and other.concat(old).n_iterations  # unchecked

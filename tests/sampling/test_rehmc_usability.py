@@ -161,3 +161,81 @@ def test_one_point_log_prob_gets_a_vmap_hint_and_vmap_works():
 def test_a_chain_count_passed_as_x0_says_to_use_n_chains():
     with pytest.raises(ValueError, match="pass n_chains=4 by keyword"):
         ReflectiveHMC(gauss, BOX, random_state=0).sample(10, 4)
+
+
+def _notes(exc_info):
+    return "\n".join(getattr(exc_info.value, "__notes__", []))
+
+
+def test_start_errors_keep_their_type_and_get_a_hint_only_when_it_fits():
+    def unpack(x):  # one point (3,): fails with a ValueError on the (4, 3) batch
+        a, b, c = x
+        return -(a * a + b * b + c * c)
+
+    with pytest.raises(ValueError, match="too many values") as info:
+        ReflectiveHMC(unpack, BOX, random_state=0).sample(5, warmup=2)
+    assert "torch.vmap" in _notes(info)
+    W = torch.ones(4, 3, dtype=torch.float64)  # a batched log_prob with a shape bug of its own
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as info:
+        ReflectiveHMC(lambda x: -(x @ W).sum(-1), BOX, random_state=0).sample(5, warmup=2)
+    assert _notes(info) == ""
+
+    def oom(x):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        ReflectiveHMC(oom, BOX, random_state=0).sample(5, warmup=2)
+
+    def long_vs_double(x):
+        raise RuntimeError("expected scalar type Long but found Double")
+
+    with pytest.raises(RuntimeError) as info:
+        ReflectiveHMC(long_vs_double, BOX, random_state=0).sample(5, warmup=2)
+    assert _notes(info) == ""
+    # an error of grad_log_prob is not blamed on log_prob
+    with pytest.raises(RuntimeError) as info:
+        ReflectiveHMC(gauss, BOX, grad_log_prob=lambda x: x @ x, random_state=0).sample(5)
+    assert "log_prob" not in str(info.value) and _notes(info) == ""
+    W32 = torch.ones(3, 3, dtype=torch.float32)
+    with pytest.raises(RuntimeError) as info:
+        ReflectiveHMC(gauss, BOX, grad_log_prob=lambda x: x @ W32, random_state=0).sample(5)
+    assert _notes(info).startswith("grad_log_prob failed on the torch.float64 chains")
+    assert "dtype=torch.float32" in _notes(info)
+
+
+def test_only_an_integer_x0_is_taken_for_a_chain_count():
+    with pytest.raises(ValueError, match=r"x0 must have shape \(3,\)") as info:
+        ReflectiveHMC(gauss, BOX, random_state=0).sample(5, 0.5)
+    assert "n_chains=0.5" not in str(info.value)
+    with pytest.raises(ValueError, match=r"got 8; for the number of chains pass n_chains=8 by"):
+        ReflectiveHMC(gauss, BOX, random_state=0).sample(5, np.int64(8))
+
+
+def test_names_accept_any_iterable_of_labels_and_reject_duplicates(run):
+    pd = pytest.importorskip("pandas")
+    _, res = run
+    for names in (pd.Index(["a", "b", "c"]), pd.Series(["a", "b", "c"]),
+                  dict(a=1, b=2, c=3).keys(), np.array(["a", "b", "c"]), ("a", "b", "c")):
+        assert res.summary(names=names).names == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="one-dimensional"):
+        res.summary(names=np.array("abc"))
+    with pytest.raises(ValueError, match="distinct.*'a' repeated"):
+        res.summary(names=["a", "b", "a"])
+    with pytest.raises(TypeError, match="sequence of 3 strings"):
+        res.summary(names="abc")
+
+
+def test_a_51_row_summary_prints_every_row():
+    res = ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box(-1.0, 1.0, dim=51),
+                        n_leapfrog=2, random_state=0).sample(8, warmup=4)
+    lines = str(res.summary()).splitlines()
+    assert len(lines) == 1 + 51 + 2 and "more)" not in str(res.summary())
+    assert lines[26].split()[0] == "x[25]"
+
+
+def test_stiefel_bars_are_labelled_stiefel_sampler(capsys):
+    StiefelSampler(n=3, k=2, n_leapfrog=2, verbose=1, random_state=0).sample(
+        3, n_chains=2, warmup=2)
+    err = capsys.readouterr().err
+    assert "StiefelSampler warmup" in err and "StiefelSampler sampling" in err
+    assert "ReflectiveHMC" not in err

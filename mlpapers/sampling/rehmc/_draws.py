@@ -91,7 +91,8 @@ class Draws:
 
 def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torch.Tensor,
                grad: torch.Tensor, *, n_samples: int, warmup: int, thin: int,
-               support: Region | ConvexContainer | None, verbose: int) -> Draws:
+               support: Region | ConvexContainer | None, verbose: int,
+               label: str = "ReflectiveHMC") -> Draws:
     """Run ``warmup`` adapting transitions, then sample until each chain keeps ``n_samples``.
 
     Parameters
@@ -109,6 +110,8 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
         ``> 0`` shows a progress bar over the warm-up iterations (mean acceptance
         probability, leapfrog steps and mean step size of the last one) and one
         over the draws (mean acceptance and divergent transitions so far).
+    label : str, default="ReflectiveHMC"
+        The bars' label: ``"<label> warmup"`` and ``"<label> sampling"``.
 
     Returns
     -------
@@ -130,8 +133,10 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
     div_sum = torch.zeros(C, dtype=torch.long, device=x.device)
     n_in, n_rec, n_kept, it, lf_sum = torch.zeros_like(ref_sum), 0, 0, 0, 0
     max_iter = 1000 * thin * n_samples + 1000
-    if warmup:  # ---- warm-up: adapt, then freeze (a bar of its own, as NumPyro's)
-        log = ProgressLogger(warmup, verbose, desc="ReflectiveHMC warmup")
+    # ---- warm-up: adapt, then freeze. A bar of its own (NumPyro has one bar whose label
+    # switches from "warmup" to "sample"; ProgressLogger's bar has a fixed length)
+    if warmup:
+        log = ProgressLogger(warmup, verbose, desc=f"{label} warmup")
         for k in log:
             out, n = transition(x, logp, grad)
             warm.update(k, x, out, n)
@@ -139,7 +144,7 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
             if verbose:
                 log.log(accept=float(out["accept_prob"].mean()), steps=n,
                         step_size=float(warm.step_mean))
-    log = ProgressLogger(n_samples, verbose, desc="ReflectiveHMC sampling")
+    log = ProgressLogger(n_samples, verbose, desc=f"{label} sampling")
     for k in log:
         while n_kept <= k:  # ---- sampling: one more kept draw per chain
             if it >= max_iter:

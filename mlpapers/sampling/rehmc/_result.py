@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from dataclasses import dataclass, field
 
@@ -13,9 +14,35 @@ from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
 from mlpapers.sampling.rehmc._diagnostics import split_rhat_classic
 from mlpapers.sampling.rehmc._summary import SampleSummary, check_names
 
-__all__ = ["SampleResult"]
+__all__ = ["SampleResult", "end_fingerprint"]
 
 DRAW_FIELDS = ("samples",)  # fields with a draw axis (axis 1), joined by ``concat``
+
+
+def end_fingerprint(result) -> str | None:
+    """A hash of where ``result`` ended: its generator state and its chains' final states.
+
+    A run resumed from ``result`` stores it as ``sampler_state["resumed_from"]``, so
+    that :meth:`SampleResult.concat` can check that parts follow one another.
+    ``None`` when the result has no final state.
+    """
+    state, last = getattr(result, "sampler_state", None), getattr(result, "last_state", None)
+    if not isinstance(state, dict) or state.get("rng_state") is None or last is None:
+        return None
+    h = hashlib.sha256(np.ascontiguousarray(state["rng_state"], dtype=np.uint8).tobytes())
+    last = np.ascontiguousarray(last, dtype=np.float64)
+    h.update(repr(last.shape).encode())
+    h.update(last.tobytes())
+    return h.hexdigest()
+
+
+def _n_recorded(result) -> int:
+    """Recorded states per chain (the denominator of ``kept_fraction``); results from
+    before it was stored count their iterations (right for ``thin=1``)."""
+    state = result.sampler_state
+    if isinstance(state, dict) and state.get("n_recorded") is not None:
+        return int(state["n_recorded"])
+    return int(result.n_iterations)
 
 
 @dataclass(repr=False)
@@ -61,8 +88,10 @@ class SampleResult:
         outside ``S`` (inside the container).
     sampler_state : dict or None
         Opaque state for ``resume`` (the random generator state, the number of
-        transitions run, the rotation of the ChEES lengths). Plain numpy and
-        Python values, so a result survives pickling.
+        transitions run, the rotation of the ChEES lengths), the number of
+        recorded states and, for a resumed run, a hash of where the resumed
+        result ended (checked by :meth:`concat`). Plain numpy and Python values,
+        so a result survives pickling.
 
     Notes
     -----
@@ -198,17 +227,23 @@ class SampleResult:
             ``samples`` (and ``Q``, ``X`` for a :class:`StiefelResult`) joined on
             axis 1; ``n_reflections``, ``n_divergent``, ``warmup_divergent`` (a
             continuation resumed with ``warmup > 0`` has its own) and
-            ``n_iterations`` summed; ``accept_rate``, ``kept_fraction`` and
-            ``mean_leapfrog`` averaged with the iterations as weights;
-            ``step_size``, ``inv_mass``, ``n_leapfrog``, ``trajectory_length``,
-            ``last_state`` and ``sampler_state`` of the last.
+            ``n_iterations`` summed; ``accept_rate`` and ``mean_leapfrog``
+            averaged with the iterations as weights, ``kept_fraction`` with the
+            recorded states (``n_iterations // thin``) as weights; ``step_size``,
+            ``inv_mass``, ``n_leapfrog``, ``trajectory_length``, ``last_state``
+            and ``sampler_state`` of the last.
 
         Raises
         ------
         TypeError
             If some argument is not a result of this type.
         ValueError
-            If the numbers of chains or the dimensions differ.
+            If the numbers of chains or the dimensions differ, or if a part is
+            not the continuation of the part before it (``sample(...,
+            resume=previous)``, with or without warm-up): a fresh run, the same
+            result twice, the wrong order or another run's continuation. Parts
+            that cannot be checked (results built by hand, or resumed by a
+            version of mlpapers before this check) are joined unchecked.
         """
         parts = (self, *others)
         for r in others:
@@ -219,22 +254,43 @@ class SampleResult:
                     or r.samples.shape[2:] != self.samples.shape[2:]:
                 raise ValueError(f"concat: shapes {self.samples.shape} and {r.samples.shape} "
                                  "differ in the number of chains or the dimension.")
-        w = np.array([max(r.n_iterations, 0) for r in parts], dtype=float)
-        w = w / w.sum() if w.sum() > 0 else np.full(len(parts), 1.0 / len(parts))
+        for i, (prev, r) in enumerate(zip(parts, others), start=1):
+            state = r.sampler_state
+            if isinstance(state, dict) and "resumed_from" in state \
+                    and state["resumed_from"] != end_fingerprint(prev):
+                raise ValueError(
+                    f"concat: part {i} does not continue part {i - 1} (it was not drawn with "
+                    "resume= that result): pass a run and its continuations in the order "
+                    "they were drawn, each once.")
 
-        def avg(name):
+        def weights(counts):
+            w = np.array([max(c, 0) for c in counts], dtype=float)
+            return w / w.sum() if w.sum() > 0 else np.full(len(parts), 1.0 / len(parts))
+
+        def avg(name, w):
             return sum(wi * np.asarray(getattr(r, name), dtype=float) for wi, r in zip(w, parts))
+
+        w_iter = weights([r.n_iterations for r in parts])
+        n_rec = [_n_recorded(r) for r in parts]
 
         last = parts[-1]
         fields = {f: getattr(last, f) for f in self.__dataclass_fields__}
         for f in self._draw_fields:
             fields[f] = np.concatenate([np.asarray(getattr(r, f)) for r in parts], axis=1)
+        if isinstance(last.sampler_state, dict):  # the joined run's counts and origin
+            state = dict(last.sampler_state, n_recorded=int(sum(n_rec)))
+            first = self.sampler_state if isinstance(self.sampler_state, dict) else {}
+            state.pop("resumed_from", None)
+            if "resumed_from" in first:
+                state["resumed_from"] = first["resumed_from"]
+            fields["sampler_state"] = state
         fields.update(
-            accept_rate=avg("accept_rate"), kept_fraction=avg("kept_fraction"),
+            accept_rate=avg("accept_rate", w_iter),
+            kept_fraction=avg("kept_fraction", weights(n_rec)),
             n_reflections=sum(np.asarray(r.n_reflections) for r in parts),
             n_divergent=sum(np.asarray(r.n_divergent) for r in parts),
             n_iterations=int(sum(r.n_iterations for r in parts)),
-            mean_leapfrog=float(avg("mean_leapfrog")),
+            mean_leapfrog=float(avg("mean_leapfrog", w_iter)),
             warmup_divergent=sum(np.asarray(r.warmup_divergent) for r in parts),
         )
         return type(self)(**fields)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mlpapers.sampling.rehmc._result import SampleResult
+from mlpapers.sampling.rehmc._result import SampleResult, end_fingerprint
 from mlpapers.sampling.rehmc._supports import ConvexContainer
 
 __all__ = ["ResumeStart", "final_sampler_state", "resume_start"]
@@ -40,6 +40,9 @@ class ResumeStart:
         last warm-up began; a resume with ``warmup > 0`` starts counting afresh).
     halton_shift : float or None
         Rotation of the Halton points of the ChEES lengths.
+    fingerprint : str or None
+        :func:`._result.end_fingerprint` of the resumed result (stored in the new
+        result's ``sampler_state["resumed_from"]``).
     """
 
     x: torch.Tensor
@@ -49,6 +52,7 @@ class ResumeStart:
     rng_state: torch.Tensor
     n_transitions: int
     halton_shift: float | None
+    fingerprint: str | None = None
 
     def restore(self, warm, auto_length: bool) -> tuple[int, float | None]:
         """Freeze ``warm`` (a :class:`._warmup.Warmup` without warm-up iterations) at the
@@ -69,12 +73,21 @@ class ResumeStart:
 
 
 def final_sampler_state(gen: torch.Generator, n_transitions: int,
-                        halton_shift: float | None) -> dict:
-    """The ``sampler_state`` of a result: plain numpy / Python values (picklable)."""
+                        halton_shift: float | None, n_recorded: int,
+                        start: ResumeStart | None) -> dict:
+    """The ``sampler_state`` of a result: plain numpy / Python values (picklable).
+
+    ``n_recorded`` is the number of recorded states per chain (the denominator of
+    ``kept_fraction``), ``start`` the resumed result's start (``None`` for a fresh
+    run; a resume with ``warmup > 0`` also continues the chains and the random
+    stream, so it is fingerprinted too).
+    """
     return {
         "rng_state": gen.get_state().numpy().copy(),
         "n_transitions": int(n_transitions),
         "halton_shift": None if halton_shift is None else float(halton_shift),
+        "n_recorded": int(n_recorded),
+        "resumed_from": None if start is None else start.fingerprint,
     }
 
 
@@ -144,4 +157,5 @@ def resume_start(result, container: ConvexContainer, x0, n_chains: int | None,
         rng_state=torch.from_numpy(rng.copy()),
         n_transitions=int(state.get("n_transitions", 0)),
         halton_shift=None if shift is None else float(shift),
+        fingerprint=end_fingerprint(result),
     )

@@ -158,6 +158,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     True
     """
 
+    _progress_label = "ReflectiveHMC"  # of the verbose bars (StiefelSampler sets its own)
+
     def __init__(self, log_prob: Callable | None = None, container: ConvexContainer | None = None,
                  *, grad_log_prob: Callable | None = None, support=None, step_size="auto",
                  n_leapfrog: int | str = "auto", mass: str = "identity",
@@ -272,9 +274,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         RuntimeError
             With a ``support``: if some chain has no draw in it after 2000
             recorded states (or too few after ``1000 * thin * n_samples``
-            iterations), instead of running on and on. Also when ``log_prob``
-            fails on the chains' dtype (a float32 model with the float64
-            default), with a hint to pass ``dtype``.
+            iterations), instead of running on and on. An error of ``log_prob``
+            at the start keeps its type and gets a note: pass ``dtype`` (a float
+            dtype mismatch) or wrap a one-point function in ``torch.vmap``.
 
         Warns
         -----
@@ -286,9 +288,10 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         """
         self._check_params()
         check_positive(n_samples, "n_samples", integer=True)
-        if isinstance(x0, numbers.Number) and not isinstance(x0, bool):
+        if isinstance(x0, numbers.Integral) and not isinstance(x0, bool):
             raise ValueError(f"x0 is a starting point of shape (d,) or (n_chains, d), got "
-                             f"{x0!r}; for the number of chains pass n_chains={x0!r} by keyword.")
+                             f"{int(x0)}; for the number of chains pass n_chains={int(x0)} "
+                             "by keyword.")
         if n_chains is not None:
             check_positive(n_chains, "n_chains", integer=True)
         if warmup is not None:
@@ -371,7 +374,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                                   grad_log_prob=glp), n
 
         draws = run_chains(transition, warm, x, logp, grad, n_samples=n_samples, warmup=warmup,
-                           thin=thin, support=self.support, verbose=self.verbose)
+                           thin=thin, support=self.support, verbose=self.verbose,
+                           label=self._progress_label)
         eps, inv_mass, traj = warm.eps, warm.inv_mass, warm.trajectory_length
         kept = draws.kept_fraction()
         self.step_size_ = to_numpy(eps).astype(np.float64)
@@ -392,7 +396,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             trajectory_length=self.trajectory_length_,
             mean_leapfrog=draws.mean_leapfrog,
             last_state=to_numpy(draws.x).copy(),
-            sampler_state=final_sampler_state(gen, n_calls, shift),
+            sampler_state=final_sampler_state(gen, n_calls, shift, draws.n_recorded, start),
         )
         res._warn_if_unconverged()
         if return_tensor:

@@ -342,6 +342,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             target_accept=self.target_accept, max_reflections=self.max_reflections,
             jitter=self.jitter, dtype=self.dtype, device=self.device,
             random_state=self.random_state, verbose=self.verbose)
+        hmc._progress_label = "StiefelSampler"  # the bars the user sees
         res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin, resume=resume)
         self.step_size_ = hmc.step_size_
         self.trajectory_length_ = hmc.trajectory_length_

@@ -7,7 +7,8 @@ converts to a pandas ``DataFrame`` with :meth:`SampleSummary.to_frame`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -25,24 +26,36 @@ MAX_ROWS = 50  # longer tables print their first and last MAX_ROWS // 2 rows
 
 
 def check_names(names, d: int, default: list[str]) -> list[str]:
-    """``names`` as a list of ``d`` strings (``default`` when ``None``).
+    """``names`` as a list of ``d`` distinct strings (``default`` when ``None``).
+
+    Any iterable of labels is accepted (a list, a tuple, a numpy array, a pandas
+    ``Index`` or ``Series``, ``dict.keys()``, ...), except a single string.
 
     Raises
     ------
     TypeError
-        If ``names`` is a single string or not a sequence.
+        If ``names`` is a single string (or bytes) or not iterable.
     ValueError
-        If it does not hold ``d`` names.
+        If it is not one-dimensional, does not hold ``d`` labels, or repeats a label.
     """
     if names is None:
         return default
-    if isinstance(names, str) or not isinstance(names, Sequence | np.ndarray):
+    if isinstance(names, str | bytes) or not isinstance(names, Iterable):
         raise TypeError(f"names must be a sequence of {d} strings (one per dimension), "
                         f"got {type(names).__name__}.")
-    names = [str(n) for n in names]
-    if len(names) != d:
-        raise ValueError(f"names has {len(names)} entries but the draws have {d} dimensions.")
-    return names
+    shape = np.shape(names) if isinstance(names, np.ndarray) else None
+    arr = np.asarray(list(names), dtype=object) if shape != () else np.empty(())
+    if arr.ndim != 1:
+        raise ValueError(f"names must be one-dimensional (one label per dimension), got "
+                         f"shape {arr.shape}.")
+    labels = [str(n) for n in arr]
+    if len(labels) != d:
+        raise ValueError(f"names has {len(labels)} entries but the draws have {d} dimensions.")
+    dup = sorted(n for n, k in Counter(labels).items() if k > 1)
+    if dup:
+        raise ValueError(f"names must be distinct (ArviZ cannot label repeated "
+                         f"coordinates): {', '.join(map(repr, dup))} repeated.")
+    return labels
 
 
 def _fmt(v: float, sci: bool = False, integer: bool = False) -> str:
@@ -95,7 +108,7 @@ class SampleSummary(dict):
         cells = [_column(self[key], integer=key.startswith("ess")) for key, _ in PER_DIM_KEYS]
         rows = [list(r) for r in zip(*cells)]
         names = list(self.names)
-        if len(rows) > MAX_ROWS:
+        if len(rows) > MAX_ROWS + 1:  # "(1 more)" would take the row's place
             h = MAX_ROWS // 2
             skipped = len(rows) - 2 * h
             rows = rows[:h] + [["..."] * len(cols)] + rows[-h:]

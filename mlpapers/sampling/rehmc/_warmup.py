@@ -20,6 +20,7 @@ The sampling loop only reads :attr:`Warmup.eps`, :attr:`Warmup.step_mean`,
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 
@@ -51,30 +52,35 @@ def start_state(log_prob: Callable, x: torch.Tensor,
 
     Raises a ``ValueError`` if either is not finite there, and warns when
     ``log_prob`` varies but autograd cannot differentiate it (its gradient is then
-    zero and the sampler random-walks).
+    zero and the sampler random-walks). An exception raised by ``log_prob`` or
+    ``grad_log_prob`` propagates with its own type and traceback; a hint is added
+    as a note (:pep:`678`) when it is a float dtype mismatch, or when ``log_prob``
+    looks like a density of one point (it returns a scalar for ``x[0]``).
     """
+    failed = []  # which user function raised (the first one)
+
+    def tagged(fn, name):
+        def call(z):
+            try:
+                return fn(z)
+            except BaseException:
+                failed.append(name)
+                raise
+        return call
+
+    glp = None if grad_log_prob is None else tagged(grad_log_prob, "grad_log_prob")
     try:
-        logp, grad, has_graph = log_prob_and_grad(log_prob, x, grad_log_prob,
+        logp, grad, has_graph = log_prob_and_grad(tagged(log_prob, "log_prob"), x, glp,
                                                   report_graph=True)
-    except RuntimeError as exc:  # e.g. a float32 torch module fed the float64 chains
-        if "dtype" not in str(exc) and "Double" not in str(exc):
-            # most often a log_prob written for one point (d,), not the (chains, d) batch
-            raise RuntimeError(
-                f"log_prob failed on the starting points, a tensor of shape "
-                f"{tuple(x.shape)} (one row per chain): {exc}. log_prob must map a (chains, "
-                "d) batch to (chains,); a function of one point (d,) can be wrapped in "
-                "torch.vmap (e.g. log_prob=torch.vmap(f)).") from exc
-        if x.dtype == torch.float64:
-            hint = ("The sampler's dtype defaults to torch.float64: for a float32 model pass "
-                    "dtype=torch.float32, or make log_prob float64 (build the data tensors it "
-                    "uses with torch.as_tensor(X, dtype=torch.float64), convert an nn.Module "
-                    "with .double()).")
-        else:
-            hint = (f"For a model of another dtype pass it as the sampler's dtype (float64 "
-                    f"is the default), or convert the model to {x.dtype}.")
-        raise RuntimeError(
-            f"log_prob failed on the {x.dtype} chains, of shape {tuple(x.shape)} ({exc}). "
-            f"{hint}") from exc
+    except Exception as exc:
+        # our own shape checks raise outside the user's functions: no hint (they have one);
+        # an autograd backward error belongs to log_prob
+        name = failed[0] if failed else ("log_prob" if isinstance(exc, RuntimeError)
+                                         else None)
+        hint = None if name is None else _start_hint(exc, name, log_prob, x)
+        if hint is not None:
+            exc.add_note(hint)
+        raise
     if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
         raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
     if not has_graph and _varies(log_prob, x, logp):
@@ -86,6 +92,61 @@ def start_state(log_prob: Callable, x: torch.Tensor,
             "constant density, grad_log_prob=torch.zeros_like silences this warning).",
             UserWarning, stacklevel=user_stacklevel())
     return logp, grad
+
+
+# the words by which torch's error messages name each floating dtype
+_FLOAT_WORDS = {
+    torch.float64: ("double", "float64", "doubletensor"),
+    torch.float32: ("float", "float32", "floattensor"),
+    torch.float16: ("half", "float16", "halftensor"),
+    torch.bfloat16: ("bfloat16", "bfloat16tensor"),
+}
+
+
+def _is_float_dtype_mismatch(exc: BaseException, dtype: torch.dtype) -> bool:
+    """Whether ``exc`` says two floating dtypes clash, one of them ``dtype`` (e.g. "mat1
+    and mat2 must have the same dtype, but got Double and Float"; not "expected scalar
+    type Long but found Double")."""
+    if not isinstance(exc, RuntimeError) or dtype not in _FLOAT_WORDS:
+        return False
+    words = set(re.findall(r"[a-z0-9]+", str(exc).lower().replace("torch.", "")))
+    named = {dt for dt, w in _FLOAT_WORDS.items() if words.intersection(w)}
+    return dtype in named and len(named) >= 2
+
+
+def _looks_one_point(log_prob: Callable, x: torch.Tensor) -> bool:
+    """Whether ``log_prob`` returns a scalar (a 0-d tensor) for one point ``x[0]``."""
+    try:
+        with torch.no_grad():
+            out = log_prob(x[0])
+    except Exception:
+        return False
+    return isinstance(out, torch.Tensor) and out.ndim == 0
+
+
+def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor) -> str | None:
+    """The note added to an exception of ``name`` (``log_prob`` or ``grad_log_prob``)
+    at the starting points, or ``None`` when no hint applies."""
+    shape = tuple(x.shape)
+    if _is_float_dtype_mismatch(exc, x.dtype):
+        if x.dtype == torch.float64:
+            fix = ("The sampler's dtype defaults to torch.float64: for a float32 model pass "
+                   f"dtype=torch.float32, or make {name} float64 (build the data tensors it "
+                   "uses with torch.as_tensor(X, dtype=torch.float64), convert an nn.Module "
+                   "with .double()).")
+        else:
+            fix = (f"For a model of another dtype pass it as the sampler's dtype (float64 "
+                   f"is the default), or convert the model to {x.dtype}.")
+        return f"{name} failed on the {x.dtype} chains, of shape {shape}. {fix}"
+    if name != "log_prob" or isinstance(exc, torch.OutOfMemoryError):
+        return None
+    if _looks_one_point(log_prob, x):
+        return (f"log_prob failed on the starting points, a tensor of shape {shape} (one "
+                "row per chain), but returns a scalar for one point x[0]: it looks written "
+                f"for one point ({shape[1]},). log_prob must map a (chains, d) batch to "
+                "(chains,); wrap a one-point function in torch.vmap "
+                "(log_prob=torch.vmap(f)).")
+    return None
 
 
 def _varies(log_prob: Callable, x: torch.Tensor, logp: torch.Tensor) -> bool:
