@@ -242,18 +242,14 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         return_tensor : bool, default=False
             Also store the draws as a tensor in ``result.samples_tensor``.
         resume : SampleResult, optional
-            Continue a finished run: each chain restarts from its final state
-            (``resume.last_state``) with the result's frozen step sizes (a
-            numeric ``step_size`` of the sampler is used instead), inverse mass
-            and ChEES trajectory length, and the random stream goes on where
-            the run stopped, so ``sample(n1)`` then ``sample(n2, resume=res)``
-            is the same chain as one ``sample(n1 + n2)`` (bit for bit without a
-            ``support``) and ``random_state`` plays no further role. The sampler's
-            other settings (``log_prob``, container, support, a fixed
-            ``n_leapfrog``, ``jitter``, ``thin``, ...) apply; the result's inverse
-            mass is reused whatever the sampler's ``mass``. With ``warmup > 0``
-            the adaptation starts afresh from the final states instead. Works on
-            a result that was pickled and loaded.
+            Continue a finished (possibly pickled) run from each chain's final
+            state ``resume.last_state``, with its inverse mass (whatever ``mass``),
+            ChEES length and step sizes (unless ``step_size`` is numeric), and the
+            random stream where it stopped: ``sample(n1)`` then
+            ``sample(n2, resume=res)`` is the chain of one ``sample(n1 + n2)``
+            (bit for bit without a ``support``); ``random_state`` plays no role.
+            Other settings (``log_prob``, supports, ``n_leapfrog``, ``jitter``,
+            ``thin``) are the sampler's. ``warmup > 0`` re-adapts from there.
 
         Returns
         -------

@@ -268,11 +268,9 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         ----------
         n_samples : int
             Kept draws per chain.
-        n_chains : int, optional
-            Number of chains: 4 by default, the result's with ``resume``.
-        warmup : int, optional
-            Warm-up iterations (adaptation happens only here): 1000 by default,
-            0 with ``resume``.
+        n_chains, warmup : int, optional
+            As in :meth:`ReflectiveHMC.sample`: 4 chains and 1000 adaptation
+            iterations by default; the result's chains and no warm-up with ``resume``.
         thin : int, default=1
             Record every ``thin``-th state (then keep the well-conditioned ones).
         resume : StiefelResult, optional
