@@ -234,6 +234,43 @@ def reject_single_hwc_image(images: Any, name: str = "X", fix: str = "X[None]") 
                          f"pass {fix}.")
 
 
+def reject_flat_image_table(X: Any, name: str = "X", *, takes: str,
+                            channels_first: bool = False,
+                            image_shape: tuple[int, ...] | None = None) -> None:
+    """Raise when ``X`` is 2D: one image, or a table of flattened images (one row per
+    image, as PyOD or ``load_digits().data`` give), with the reshape to apply.
+
+    ``takes`` names the accepted layouts in the message; ``channels_first`` restricts
+    the suggestion to ``(n, C, H, W)``; ``image_shape`` (e.g. the fit's) is suggested
+    when its size matches a row. Nested lists are measured with ``np.shape``.
+    """
+    shape = getattr(X, "shape", None)
+    if shape is None and isinstance(X, (list, tuple)):
+        try:
+            shape = np.shape(X)
+        except ValueError:  # ragged: the general checks explain
+            return
+    if shape is None or len(shape) != 2:
+        return
+    n, d = (int(v) for v in shape)
+    side, side3 = math.isqrt(d), math.isqrt(d // 3)
+    if image_shape is not None and math.prod(image_shape) == d:
+        eg = f"{name}.reshape({n}, {', '.join(str(int(v)) for v in image_shape)})"
+    elif side * side == d:
+        eg = f"{name}.reshape({n}, {'1, ' if channels_first else ''}{side}, {side})"
+    elif d % 3 == 0 and side3 * side3 == d // 3:
+        first = f"{name}.reshape({n}, 3, {side3}, {side3})"
+        eg = first if channels_first else (
+            f"{name}.reshape({n}, {side3}, {side3}, 3) for channels-last rows or {first} "
+            "for channels-first rows")
+    else:
+        eg = f"{name}.reshape(n, C, H, W)" if channels_first else \
+            f"{name}.reshape(n, H, W) or (n, H, W, 3)"
+    raise ValueError(f"{name} has shape {(n, d)}, a table of rows; {takes}. For a single "
+                     f"image pass {name}[None]; with one flattened image per row, reshape "
+                     f"flattened images first, e.g. {eg}.")
+
+
 def torch_compatible_array(a: Any) -> np.ndarray:
     """``a`` as a numpy array that ``torch.from_numpy`` reads: native byte order,
     writable and C-contiguous, copied at most once and only when needed.

@@ -131,15 +131,14 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                         f"(images of {tuple(size)} pixels may be too small for this "
                         "backbone; set image_size, e.g. 224)") from exc
                 f = check_extractor_output(f, k, len(x), i)
-                shapes = [t.shape[1:] for t in f]
+                shapes = [tuple(int(v) for v in t.shape[1:]) for t in f]
                 if raw_shapes is not None and shapes != raw_shapes:
                     raise ValueError("the extractor returned feature maps of different shapes "
                                      "for different batches of same-size images.")
-                if raw_shapes is None and expect is not None and [
-                        tuple(int(v) for v in sh) for sh in shapes] != list(expect):
+                if raw_shapes is None and expect is not None and shapes != list(expect):
                     raise ValueError(
                         f"the extractor returned feature maps of shapes (C, h, w) "
-                        f"{[tuple(int(v) for v in sh) for sh in shapes]}, but the memory was "
+                        f"{shapes}, but the memory was "
                         f"built from maps of shapes {list(expect)}; score with the extractor "
                         "the detector was fitted with.")
                 raw_shapes = shapes
@@ -153,7 +152,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                 del f, kept
                 keys.append(k.float().reshape(len(x), -1))
                 log.log(batch=i)
-        self._extracted_shapes = [tuple(int(v) for v in sh) for sh in raw_shapes]
+        self._extracted_shapes = raw_shapes
         return out, torch.cat(keys)
 
     def _fit_store(self):

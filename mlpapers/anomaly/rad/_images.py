@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import warnings
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 
 from mlpapers._utils import (
     check_tensor,
+    reject_flat_image_table,
     reject_single_hwc_image,
     torch_compatible_array,
     user_stacklevel,
@@ -106,27 +106,6 @@ def _resize(x: torch.Tensor, size) -> torch.Tensor:
                          antialias=True)
 
 
-def _reject_2d(X: Any, name: str) -> None:
-    """A ``ValueError`` for a 2D array (one image, or a table of flattened images)
-    that says how to pass it."""
-    shape = getattr(X, "shape", None)
-    if shape is None or len(shape) != 2:
-        return
-    n, d = (int(v) for v in shape)
-    side, side3 = math.isqrt(d), math.isqrt(d // 3)
-    if side * side == d:
-        eg = f"{name}.reshape({n}, {side}, {side})"
-    elif d % 3 == 0 and side3 * side3 == d // 3:
-        eg = (f"{name}.reshape({n}, {side3}, {side3}, 3) for channels-last rows or "
-              f"{name}.reshape({n}, 3, {side3}, {side3}) for channels-first rows")
-    else:
-        eg = f"{name}.reshape(n, H, W) or (n, H, W, 3)"
-    raise ValueError(f"{name} has shape {(n, d)}; images must be (n, H, W), (n, H, W, C) or "
-                     f"(n, C, H, W), or a list of images. For a single image pass {name}[None]; "
-                     f"for a table of flattened images (one row per image) reshape it first, "
-                     f"e.g. {eg}.")
-
-
 def _validate_images(X: Any, name: str = "X", size=None
                      ) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
     """Validate images without converting them (see :func:`check_images`).
@@ -189,7 +168,8 @@ def _validate_images(X: Any, name: str = "X", size=None
                              "to a common size first, or set image_size (each image is then "
                              "resized to it).")
         X = np.stack(arrays)
-    _reject_2d(X, name)
+    reject_flat_image_table(X, name, takes="images must be (n, H, W), (n, H, W, C) or "
+                            "(n, C, H, W), or a list of images")
     t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
     reject_single_hwc_image(t, name, fix="X[None] (or a list of images)")
     _check_pixel_range(t, name)

@@ -16,9 +16,6 @@ from mlpapers.sampling.rehmc._summary import SampleSummary, check_names
 
 __all__ = ["SampleResult", "end_fingerprint"]
 
-DRAW_FIELDS = ("samples",)  # fields with a draw axis (axis 1), joined by ``concat``
-
-
 def end_fingerprint(result) -> str | None:
     """A hash of where ``result`` ended: its generator state and its chains' final states.
 
@@ -191,12 +188,13 @@ class SampleResult:
             "mean_leapfrog": float(self.mean_leapfrog),
         }, names)
 
-    def __repr__(self) -> str:
+    def _shape_text(self) -> str:
+        """The shape part of :meth:`__repr__` (subclasses name their own dimensions)."""
         chains, draws = self.samples.shape[:2]
-        shape = f"chains={chains}, draws={draws}, d={self.samples.shape[-1]}"
-        if np.ndim(getattr(self, "Q", None)) == 4:  # StiefelResult: Q of V(n, k)
-            shape = (f"chains={chains}, draws={draws}, n={self.Q.shape[-2]}, "
-                     f"k={self.Q.shape[-1]}")
+        return f"chains={chains}, draws={draws}, d={self.samples.shape[-1]}"
+
+    def __repr__(self) -> str:
+        shape = self._shape_text()
         step = np.asarray(self.step_size, dtype=float)
         traj = "None" if self.trajectory_length is None else f"{self.trajectory_length:.4g}"
         return (f"{type(self).__name__}({shape}, "
@@ -295,7 +293,7 @@ class SampleResult:
         )
         return type(self)(**fields)
 
-    _draw_fields = DRAW_FIELDS
+    _draw_fields = ("samples",)  # fields with a draw axis (axis 1), joined by ``concat``
 
     def to_inference_data(self, names=None):
         """The draws as an ``arviz.InferenceData`` (needs the optional ``arviz``).

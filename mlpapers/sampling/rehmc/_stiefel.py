@@ -162,6 +162,12 @@ class StiefelResult(SampleResult):
 
     _draw_fields = ("samples", "Q", "X")
 
+    def _shape_text(self) -> str:
+        Q = np.asarray(self.Q)
+        if Q.ndim != 4:
+            return super()._shape_text()
+        return f"chains={Q.shape[0]}, draws={Q.shape[1]}, n={Q.shape[2]}, k={Q.shape[3]}"
+
     def _default_names(self) -> list[str]:
         Q = np.asarray(self.Q)
         if Q.ndim != 4:

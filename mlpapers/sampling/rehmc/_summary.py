@@ -43,8 +43,7 @@ def check_names(names, d: int, default: list[str]) -> list[str]:
     if isinstance(names, str | bytes) or not isinstance(names, Iterable):
         raise TypeError(f"names must be a sequence of {d} strings (one per dimension), "
                         f"got {type(names).__name__}.")
-    shape = np.shape(names) if isinstance(names, np.ndarray) else None
-    arr = np.asarray(list(names), dtype=object) if shape != () else np.empty(())
+    arr = np.asarray(names if isinstance(names, np.ndarray) else list(names), dtype=object)
     if arr.ndim != 1:
         raise ValueError(f"names must be one-dimensional (one label per dimension), got "
                          f"shape {arr.shape}.")

@@ -17,11 +17,11 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
     check_tensor,
+    reject_flat_image_table,
     reject_single_hwc_image,
 )
 from mlpapers.ssl.clapp import _distributed as _dist
 from mlpapers.ssl.clapp._augment import DefaultAugment
-from mlpapers.ssl.clapp._inputs import _reject_flat_pixels
 from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
 
 _TRANSFORM_CHUNK = 256
@@ -101,8 +101,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         """Validate images into a float32 CPU tensor of shape (n, C, H, W)."""
         if not reset:
             self._check_fitted()
-        _reject_flat_pixels(X, type(self).__name__,
-                            None if reset else tuple(self.input_shape_))
+        reject_flat_image_table(X, takes=f"{type(self).__name__} takes images, (n, H, W) "
+                                "or (n, C, H, W)", channels_first=True,
+                                image_shape=None if reset else tuple(self.input_shape_))
         X = check_tensor(X, ndim=(3, 4), dtype=torch.float32, device="cpu",
                          min_samples=2 if reset else 1, owner=type(self).__name__)
         reject_single_hwc_image(X, fix="X[None].permute(0, 3, 1, 2) (images are (n, C, H, W))")
