@@ -209,6 +209,19 @@ def test_save_load_string_arrays(tmp_path, labels):
     np.testing.assert_array_equal(back.classes_, labels)
 
 
+def test_save_load_dict_keys_of_every_supported_kind(tmp_path):
+    X, y = _data()
+    est = ToyRidge().fit(X, y)
+    est.table_ = {None: 1, "a": 2, 3: 3, 1.5: 4, True: 5, (np.int64(2), "b"): 6}
+    est.save(tmp_path / "k.pt")
+    back = ToyRidge.load(tmp_path / "k.pt").table_
+    assert back == {None: 1, "a": 2, 3: 3, 1.5: 4, True: 5, (2, "b"): 6}
+    assert all(type(k) is int for k in next(k for k in back if isinstance(k, tuple))[:1])
+    est.table_ = {object(): 1}
+    with pytest.raises(TypeError, match="dict keys of type object"):
+        est.save(tmp_path / "bad.pt")
+
+
 def test_save_refuses_arbitrary_object_arrays(tmp_path):
     X, y = _data()
     est = ToyRidge().fit(X, y)
@@ -339,7 +352,8 @@ def test_big_endian_arrays_are_accepted_and_saved(tmp_path):
 
 @pytest.mark.parametrize("name", ["mlpapers._base:os.system", "mlpapers._base:save",
                                   "mlpapers.__main__:main",
-                                  "mlpapers.datasets._digits:make_shifted_digits"])
+                                  "mlpapers.datasets._digits:make_shifted_digits",
+                                  "mlpapers._base:TorchEstimatorMixin.__init__.__globals__"])
 def test_load_never_calls_anything_but_an_estimator_class(tmp_path, name):
     """A crafted file named ``mlpapers._base:os.system``: ``load`` reached ``os.system``
     through the module's ``os`` attribute and called it with the file's params,
@@ -377,6 +391,29 @@ def test_load_state_sets_only_fitted_attributes(tmp_path, key):
     torch.save(payload, path)
     with pytest.raises(ValueError, match="not a fitted attribute"):
         ToyRidge.load(path)
+
+
+class _RidgeWithMembers(ToyRidge):
+    @property
+    def norm_(self):
+        return float(np.linalg.norm(self.coef_))
+
+    def shifted_(self, c):
+        return self.coef_ + c
+
+
+@pytest.mark.parametrize("key", ["norm_", "shifted_"])
+def test_load_state_never_shadows_a_class_property_or_method(tmp_path, key):
+    """Names ending in ``_`` that the class defines as a property or method are not
+    fitted attributes either."""
+    X, y = _data()
+    path = tmp_path / "m.pt"
+    _RidgeWithMembers().fit(X, y).save(path)
+    payload = torch.load(path, weights_only=True)
+    payload["state"][key] = "x"
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="not a fitted attribute"):
+        _RidgeWithMembers.load(path)
 
 
 @pytest.mark.parametrize("edit", ["bad tag", "unknown param", "state not a dict"])

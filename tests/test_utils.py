@@ -51,6 +51,10 @@ def test_wrong_ndim_uses_sklearn_wording():
         check_tensor(np.ones(3))
     with pytest.raises(ValueError, match="Expected 3D or 4D array for images"):
         check_tensor(np.ones((2, 2)), name="images", ndim=(3, 4))
+    with pytest.raises(ValueError, match=r"reshape\(1, -1\) if it contains a single sample"):
+        check_tensor(np.ones(3))
+    with pytest.raises(ValueError, match=r"instead\.$"):  # no 2D reshape hint for image input
+        check_tensor(np.ones(3), name="images", ndim=(3, 4))
 
 
 def test_min_samples_and_features():
@@ -58,6 +62,8 @@ def test_min_samples_and_features():
         check_tensor(np.ones((0, 3)))
     with pytest.raises(ValueError, match="minimum of 5 is required"):
         check_tensor(np.ones((3, 3)), min_samples=5)
+    assert check_tensor(np.ones((5, 3)), min_samples=5).shape == (5, 3)  # the bound is inclusive
+    assert check_tensor(np.ones((2, 4)), min_features=4).shape == (2, 4)
     with pytest.raises(ValueError, match="0 feature"):
         check_tensor(np.ones((3, 0)))
 
@@ -119,6 +125,16 @@ def test_generators_are_deterministic_per_seed(seed):
     np.testing.assert_array_equal(n1.random(5), n2.random(5))
 
 
+def test_int_seeds_must_lie_in_numpys_range():
+    from mlpapers._utils import check_random_state
+
+    for seed in (0, 2**32 - 1):
+        assert isinstance(check_random_state(seed), np.random.RandomState)
+    for seed in (-1, 2**32):
+        with pytest.raises(ValueError, match=r"random_state must be in \[0, 2\*\*32\)"):
+            check_random_state(seed)
+
+
 def test_generators_differ_between_seeds_and_accept_numpy_rngs():
     a = torch.rand(4, generator=make_generators(0)[0])
     b = torch.rand(4, generator=make_generators(1)[0])
@@ -155,7 +171,9 @@ def test_progress_logger_records_history_and_shows_bar(capsys):
         log.log(epoch=step, loss=float(4 - step), note="x")
     assert log.column("loss") == [4.0, 3.0, 2.0, 1.0]
     assert len(log.history) == 4
-    assert "fit" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "fit" in err and "loss=1" in err  # numeric metrics on the bar, strings not
+    assert "note" not in err
     quiet = ProgressLogger(2, verbose=0)
     for _ in quiet:
         quiet.log(loss=1.0)
