@@ -15,7 +15,13 @@ from mlpapers.retrieval.amips._exact import (
     _MIPSBase,
     build_faiss_ivf,
 )
-from mlpapers.retrieval.amips._kernels import gather_dot, match_rate, rank_by_key
+from mlpapers.retrieval.amips._kernels import match_rate
+from mlpapers.retrieval.amips._retrieve import (
+    predict_top1,
+    rank_by_predicted_key,
+    rerank,
+    score_and_key,
+)
 from mlpapers.retrieval.amips._training import QuerySource, fit_amips
 
 __all__ = ["AmortizedMIPS"]
@@ -267,20 +273,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
                              "maximiser and the search is undefined.")
         return Q
 
-    def _score_and_key(self, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Value and key in the data's units (the network works in scaled units)."""
-        ks, qs = getattr(self, "key_scale_", 1.0), getattr(self, "query_scale_", 1.0)
-        values, keys = [], []
-        with torch.no_grad():
-            for start in range(0, Q.shape[0], self.batch_size):
-                v, k = self.model_.score_and_key(Q[start:start + self.batch_size] / qs)
-                values.append(v * (ks * qs))
-                keys.append(k * ks)
-        return torch.cat(values), torch.cat(keys)
-
     def predict_key(self, X) -> np.ndarray:
         """Predicted argmax key (KeyNet output or SupportNet gradient), shape (n, d)."""
-        return self._to_numpy(self._score_and_key(self._queries(X))[1])
+        return self._to_numpy(score_and_key(self, self._queries(X))[1])
 
     def transform(self, X) -> np.ndarray:
         """Projected queries :math:`\\hat k(x)` for an ANN index (same as :meth:`predict_key`)."""
@@ -288,7 +283,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
     def value(self, X) -> np.ndarray:
         """Estimated support value :math:`\\hat\\sigma_K(x)`, shape (n,)."""
-        return self._to_numpy(self._score_and_key(self._queries(X))[0])
+        return self._to_numpy(score_and_key(self, self._queries(X))[0])
 
     def kneighbors(self, X, n_neighbors: int = 10, return_distance: bool = True):
         """Keys ranked by similarity to the predicted key (see ``retrieval``).
@@ -310,52 +305,18 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         Q = self._queries(X)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
-        n_cand = min(max(int(self.n_candidates), k), self.database_.shape[0])
         if int(self.n_candidates) == 1:
-            return self._kneighbors(Q, k, return_distance)
-        sims, idx = self._kneighbors(Q, n_cand, return_distance=True)
-        order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
-        sims = np.take_along_axis(sims, order, axis=1)
-        idx = np.take_along_axis(idx, order, axis=1)
+            return rank_by_predicted_key(self, Q, k, return_distance)
+        n_cand = min(max(int(self.n_candidates), k), self.database_.shape[0])
+        sims, idx = rerank(*rank_by_predicted_key(self, Q, n_cand, return_distance=True), k)
         return (sims, idx) if return_distance else idx
-
-    def _kneighbors(self, Q: torch.Tensor, n_neighbors: int, return_distance: bool):
-        """:meth:`kneighbors` of validated queries ``Q`` (n, d)."""
-        k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
-        keys = self._keys()
-        _, key_hat = self._score_and_key(Q)
-        # rank in the training units: <k_hat, k_j> ~ ||k||^2 overflows float32 for keys
-        # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact). For
-        # inner products scaling the predicted keys by 1/s^2 is the same ranking without
-        # a copy of the database per call; "l2" needs both sides in training units
-        ks = getattr(self, "key_scale_", 1.0)
-        if ks == 1.0:
-            k_hat, ranked_keys = key_hat, keys
-        elif self.retrieval == "ip":
-            k_hat, ranked_keys = key_hat / ks / ks, keys
-        else:
-            k_hat, ranked_keys = key_hat / ks, keys / ks
-        idx = rank_by_key(k_hat, ranked_keys, k, metric=self.retrieval,
-                          batch_size=self.search_batch_size)
-        if not return_distance:
-            return self._to_numpy(idx)
-        sims = gather_dot(keys, idx, Q)
-        return self._to_numpy(sims), self._to_numpy(idx)
 
     def predict(self, X) -> np.ndarray:
         """Top-1 key index for the predicted key, shape (n,).
 
         See ``retrieval`` and ``n_candidates`` (re-ranking by the true inner product).
         """
-        return self._predict(self._queries(X))
-
-    def _predict(self, Q: torch.Tensor) -> np.ndarray:
-        """:meth:`predict` of validated queries ``Q`` (n, d)."""
-        n_cand = min(int(self.n_candidates), self.database_.shape[0])
-        if n_cand == 1:
-            return self._kneighbors(Q, 1, return_distance=False)[:, 0]
-        sims, idx = self._kneighbors(Q, n_cand, return_distance=True)
-        return idx[np.arange(len(idx)), sims.argmax(1)]
+        return predict_top1(self, self._queries(X))
 
     def score(self, X, y=None) -> float:
         """Match rate (recall@1) against exact search, counting exact ties as hits.
@@ -374,7 +335,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         # exact answers in chunks of search_batch_size (bounded memory, as in training)
         # validated once: a second validation of the tensor would warn about missing
         # feature names after a fit on a DataFrame
-        return match_rate(None, self._predict(Q), queries=Q, database=self._keys(),
+        return match_rate(None, predict_top1(self, Q), queries=Q, database=self._keys(),
                           batch_size=self.search_batch_size)
 
     def to_faiss_ivf(self, n_lists: int | None = None):

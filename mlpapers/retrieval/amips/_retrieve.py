@@ -1,0 +1,78 @@
+"""The solve-and-retrieve path of :class:`AmortizedMIPS`: the trained network's value
+and key in the data's units, the ranking of the database by the predicted key, and the
+re-ranking of candidates by their true inner product.
+
+Kept apart from the estimator shell (:mod:`._estimator`), which validates the queries
+and the parameters and calls these functions with validated ``(n, d)`` float32 tensors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mlpapers.retrieval.amips._exact import _check_n_neighbors
+from mlpapers.retrieval.amips._kernels import gather_dot, rank_by_key
+
+__all__ = ["predict_top1", "rank_by_predicted_key", "rerank", "score_and_key"]
+
+
+def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Value (n,) and key (n, d) of the fitted ``est`` in the data's units.
+
+    The network works in scaled units: it takes ``x / query_scale_`` and predicts keys
+    ``k / key_scale_``; queries are fed in chunks of ``est.batch_size``.
+    """
+    ks, qs = getattr(est, "key_scale_", 1.0), getattr(est, "query_scale_", 1.0)
+    values, keys = [], []
+    with torch.no_grad():
+        for start in range(0, Q.shape[0], est.batch_size):
+            v, k = est.model_.score_and_key(Q[start:start + est.batch_size] / qs)
+            values.append(v * (ks * qs))
+            keys.append(k * ks)
+    return torch.cat(values), torch.cat(keys)
+
+
+def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distance: bool):
+    """The ``n_neighbors`` keys ranked by similarity to the predicted key (``retrieval``).
+
+    Returns numpy ``(sims, idx)`` of shape (n, n_neighbors), ``sims`` the true inner
+    products ``<x, k_j>`` in the predicted order, or ``idx`` alone.
+    """
+    k = _check_n_neighbors(n_neighbors, est.database_.shape[0])
+    keys = est._keys()
+    _, key_hat = score_and_key(est, Q)
+    # rank in the training units: <k_hat, k_j> ~ ||k||^2 overflows float32 for keys
+    # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact). For
+    # inner products scaling the predicted keys by 1/s^2 is the same ranking without
+    # a copy of the database per call; "l2" needs both sides in training units
+    ks = getattr(est, "key_scale_", 1.0)
+    if ks == 1.0:
+        k_hat, ranked_keys = key_hat, keys
+    elif est.retrieval == "ip":
+        k_hat, ranked_keys = key_hat / ks / ks, keys
+    else:
+        k_hat, ranked_keys = key_hat / ks, keys / ks
+    idx = rank_by_key(k_hat, ranked_keys, k, metric=est.retrieval,
+                      batch_size=est.search_batch_size)
+    if not return_distance:
+        return est._to_numpy(idx)
+    sims = gather_dot(keys, idx, Q)
+    return est._to_numpy(sims), est._to_numpy(idx)
+
+
+def rerank(sims: np.ndarray, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` candidates of each row by true inner product, descending (a stable
+    sort: ties keep the predicted order)."""
+    order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(sims, order, axis=1), np.take_along_axis(idx, order, axis=1)
+
+
+def predict_top1(est, Q: torch.Tensor) -> np.ndarray:
+    """Top-1 index (n,): the first key ranked by the predicted key, or with
+    ``n_candidates > 1`` the best of the first ``n_candidates`` by true inner product."""
+    n_cand = min(int(est.n_candidates), est.database_.shape[0])
+    if n_cand == 1:
+        return rank_by_predicted_key(est, Q, 1, return_distance=False)[:, 0]
+    sims, idx = rank_by_predicted_key(est, Q, n_cand, return_distance=True)
+    return idx[np.arange(len(idx)), sims.argmax(1)]
