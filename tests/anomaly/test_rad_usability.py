@@ -60,6 +60,52 @@ def test_a_list_of_image_files_is_read_like_the_arrays(photos, folder, cls):
     np.testing.assert_array_equal(det.decision_scores_, ref.decision_scores_)
 
 
+@pytest.mark.parametrize("cls", [RADDetector, PatchCoreDetector])
+def test_image_files_are_decoded_one_batch_at_a_time(photos, folder, tmp_path, monkeypatch,
+                                                     cls):
+    """A call on a folder of files decoded all of them before the first batch."""
+    from mlpapers.anomaly.rad import _images
+
+    same = tmp_path / "same"
+    same.mkdir()
+    for i, im in enumerate(photos):
+        PIL.fromarray(im[:30, :37]).save(same / f"{i}.png")
+    decoded = []
+    read = _images._read_image_file
+    monkeypatch.setattr(_images, "_read_image_file",
+                        lambda path, name: decoded.append(path) or read(path, name))
+    for root, arrays in ((folder, photos), (same, [im[:30, :37] for im in photos])):
+        paths = sorted(root.glob("*.png"), key=lambda p: int(p.stem))
+        ref = cls(extractor="random", image_size=32, batch_size=2, random_state=0).fit(arrays)
+        calls = []
+        validate = _images._validate_images
+        monkeypatch.setattr(_images, "_validate_images",
+                            lambda X, *a, calls=calls, validate=validate:
+                            (isinstance(X, list) and calls.append(len(X)))
+                            or validate(X, *a))  # lists: not the per-image arrays
+        decoded.clear()
+        det = cls(extractor="random", image_size=32, batch_size=2, random_state=0).fit(paths)
+        monkeypatch.setattr(_images, "_validate_images", validate)
+        assert calls == [2, 2, 2] and len(decoded) == len(paths)
+        np.testing.assert_array_equal(det.decision_scores_, ref.decision_scores_)
+        maps, scores = det.anomaly_map(paths, return_scores=True)
+        ref_maps, ref_scores = ref.anomaly_map(arrays, return_scores=True)
+        np.testing.assert_array_equal(scores, ref_scores)
+        assert type(maps) is type(ref_maps)  # one array for one size, else a list
+        for m, r in zip(maps, ref_maps):
+            np.testing.assert_array_equal(m, r)
+        assert det.n_features_in_ == ref.n_features_in_
+
+
+def test_a_missing_file_fails_before_any_batch(photos, folder, monkeypatch):
+    from mlpapers.anomaly.rad import _images
+
+    paths = sorted(folder.glob("*.png")) + [folder / "missing.png"]
+    monkeypatch.setattr(_images, "_read_image_file", lambda *a: pytest.fail("decoded"))
+    with pytest.raises(FileNotFoundError, match="missing.png"):
+        RADDetector(extractor="random", image_size=32, batch_size=2).fit(paths)
+
+
 def test_a_single_folder_path_says_how_to_list_the_files(folder):
     for X in (folder, str(folder)):
         with pytest.raises(TypeError, match="list of image files"):

@@ -23,8 +23,8 @@ from mlpapers.anomaly.rad._extractors import check_extractor_output, resolve_ext
 from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-exported)
     _resize,
     _unit_rgb,
-    _validate_images,
     check_images,
+    validate_image_source,
 )
 from mlpapers.anomaly.rad._maps import resize_maps
 
@@ -89,9 +89,10 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         return tuple(images.shape[-2:]) if hw is None else hw
 
     def _images(self, X) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
-        """Validated images in their pixel dtype and, for a list of images of different
-        sizes (already resized to ``image_size``), their original sizes."""
-        return _validate_images(X, "X", _check_image_size(self.image_size))
+        """Validated images in their pixel dtype (image files: an :class:`ImageFiles`
+        decoded batch by batch) and, for a list of images of different sizes (resized
+        to ``image_size``), their original sizes."""
+        return validate_image_source(X, "X", _check_image_size(self.image_size))
 
     def _extract(self, images: torch.Tensor, desc: str, store=None, expect=None
                  ) -> tuple[list[torch.Tensor], torch.Tensor]:

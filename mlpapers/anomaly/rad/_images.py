@@ -35,16 +35,49 @@ def _pil_to_array(image: Any) -> np.ndarray:
     return np.asarray(image.convert("L" if mode in ("L", "1") else "RGB"))
 
 
-def _read_image_file(path: str | os.PathLike, name: str) -> np.ndarray:
-    """Pixel array of an image file (any format Pillow reads), as :func:`_pil_to_array`."""
+def _open_image_file(path: str | bytes | os.PathLike, name: str):
+    """``PIL.Image.open`` of an image file (lazy: only the header is read)."""
     try:
         from PIL import Image
     except ImportError as exc:  # pragma: no cover - Pillow ships with matplotlib/sklearn users
         raise ImportError(f"{name} holds file paths; reading image files needs Pillow "
                           "(pip install pillow). Or pass the images as arrays.") from exc
-    with Image.open(os.fspath(path)) as image:
+    return Image.open(os.fsdecode(path))
+
+
+def _read_image_file(path: str | bytes | os.PathLike, name: str) -> np.ndarray:
+    """Pixel array of an image file (any format Pillow reads), as :func:`_pil_to_array`."""
+    with _open_image_file(path, name) as image:
         image.load()
         return _pil_to_array(image)
+
+
+class ImageFiles:
+    """A list of image files decoded one slice at a time, shaped like the validated
+    tensor of :func:`_validate_images`: ``len``, ``shape`` and ``[start:stop]``.
+
+    The detectors resize every image to ``size`` batch by batch, so the files of a call
+    need not be decoded at once: only the headers are read here (sizes, and a missing
+    or unreadable file fails before any work); each slice is decoded and validated by
+    :func:`_validate_images` when the batch is extracted. ``sizes`` is ``None`` when
+    the files share one size, else their ``(H, W)``, as :func:`_validate_images`
+    returns them.
+    """
+
+    def __init__(self, paths: list, name: str, size: tuple[int, int]):
+        self.paths, self.name, self.size = list(paths), name, tuple(size)
+        hw = []
+        for path in self.paths:
+            with _open_image_file(path, name) as image:
+                hw.append((int(image.height), int(image.width)))
+        self.sizes = None if len(set(hw)) == 1 else hw
+        self.shape = (len(hw), 3, *(hw[0] if self.sizes is None else self.size))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: slice) -> torch.Tensor:
+        return _validate_images(self.paths[index], self.name, self.size)[0]
 
 
 
@@ -106,6 +139,40 @@ def _resize(x: torch.Tensor, size) -> torch.Tensor:
                          antialias=True)
 
 
+def _as_item_list(X: Any, name: str) -> Any:
+    """A 1-D numpy array of file names, object array or pandas Series as a list (other
+    inputs unchanged); a single path is a clear error."""
+    if isinstance(X, (str, bytes, os.PathLike)):
+        raise TypeError(f"{name} is a single path ({X!r}); pass a list of image files, e.g. "
+                        "sorted(pathlib.Path(folder).glob('*.png')), or of arrays.")
+    if isinstance(X, np.ndarray) and X.dtype.kind in "US":  # np.array of file names
+        if X.ndim != 1:
+            raise ValueError(f"{name} is an array of file names of shape {X.shape}; pass a "
+                             "1-D list or array of image files.")
+        return X.tolist()
+    if (getattr(X, "ndim", None) == 1
+            and getattr(getattr(X, "dtype", None), "kind", None) == "O"):
+        # an object array, or a pandas Series / Index of images or file names (pandas'
+        # string dtypes report kind "O" too)
+        return list(X)
+    return X
+
+
+def validate_image_source(X: Any, name: str = "X", size=None):
+    """:func:`_validate_images`, except that a list of image files, when ``size`` (the
+    network input size) is given, becomes an :class:`ImageFiles` decoded batch by batch
+    (the memory of a call on a folder is one batch of decoded images, not all of them).
+
+    Returns ``(images, sizes)`` as :func:`_validate_images`.
+    """
+    X = _as_item_list(X, name)
+    if (size is not None and isinstance(X, (list, tuple)) and len(X) > 0
+            and all(isinstance(item, (str, bytes, os.PathLike)) for item in X)):
+        files = ImageFiles(X, name, size)
+        return files, files.sizes
+    return _validate_images(X, name, size)
+
+
 def _validate_images(X: Any, name: str = "X", size=None
                      ) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
     """Validate images without converting them (see :func:`check_images`).
@@ -118,24 +185,12 @@ def _validate_images(X: Any, name: str = "X", size=None
     is converted and resized to ``size`` (as the extractor would), ``images`` is
     then float ``(n, 3, *size)`` and ``sizes`` the original ``(H, W)`` of each.
     """
-    if isinstance(X, (str, bytes, os.PathLike)):
-        raise TypeError(f"{name} is a single path ({X!r}); pass a list of image files, e.g. "
-                        "sorted(pathlib.Path(folder).glob('*.png')), or of arrays.")
-    if isinstance(X, np.ndarray) and X.dtype.kind in "US":  # np.array of file names
-        if X.ndim != 1:
-            raise ValueError(f"{name} is an array of file names of shape {X.shape}; pass a "
-                             "1-D list or array of image files.")
-        X = X.tolist()
-    elif (getattr(X, "ndim", None) == 1
-          and getattr(getattr(X, "dtype", None), "kind", None) == "O"):
-        # an object array, or a pandas Series / Index of images or file names (pandas'
-        # string dtypes report kind "O" too)
-        X = list(X)
+    X = _as_item_list(X, name)
     if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
         arrays = []
         for item in X:
             if isinstance(item, (str, bytes, os.PathLike)):  # an image file
-                item = _read_image_file(os.fsdecode(item), name)
+                item = _read_image_file(item, name)
             elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
                 item = _pil_to_array(item)
             arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
