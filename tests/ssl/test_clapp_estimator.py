@@ -116,15 +116,6 @@ def test_losses_are_swapped_views_with_the_right_context(variant):
         assert all(hd.in_features == enc.layer_dims_[-1] for hd in enc.heads_)
 
 
-def test_dfb_context_is_detached_top():
-    enc, views, neg = _built("clapp++dfb")
-    h = enc._pooled(views, detach=True)
-    ctx = enc._contexts(h)
-    for c in ctx:
-        assert not c.requires_grad
-        torch.testing.assert_close(c, h[-1].detach())
-
-
 def test_update_similarity_top_is_one_and_bounded(digits):
     X, _ = digits
     enc = CLAPPEncoder(architecture="tiny", n_epochs=1, random_state=0).fit(X)

@@ -254,12 +254,6 @@ class CLAPPEncoder(_SSLImageEncoder):
         reset_parameters(heads, generator)
         return heads
 
-    def _contexts(self, h: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Detached context of every block (view-aligned with ``h``); for ``"clapp++both"``
-        the direct-feedback one (the lateral one is ``h[l].detach()``)."""
-        top = h[-1].detach()
-        return [h_l.detach() if self.variant in ("clapp", "clapp++") else top for h_l in h]
-
     # -- representations ----------------------------------------------------------------
     def _encoder_input(self, views: torch.Tensor) -> torch.Tensor:
         """The first block's input: the views, or (2021) view A's patches."""
