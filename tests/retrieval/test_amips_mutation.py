@@ -257,8 +257,7 @@ def _train(n_steps, ema_decay, callback=None, warmup=0.25, lr=0.1, end_lr_ratio=
         model, keys, draw, augment=lambda q: q, n_steps=n_steps, batch_size=32, lr=lr,
         warmup=warmup, end_lr_ratio=end_lr_ratio, ema_decay=ema_decay, grad_clip=1.0,
         score_weight=0.01, target_weight=1.0, search_batch_size=64,
-        double_backprop=False, callback=(None if callback is None
-                                         else lambda s, m: callback(s, m, model)))
+        callback=None if callback is None else lambda s, m: callback(s, m, model))
     return model, init, final, history
 
 

@@ -116,7 +116,6 @@ def train_amips(
     score_weight: float,
     target_weight: float,
     search_batch_size: int,
-    double_backprop: bool,
     verbose: int = 0,
     desc: str = "AmortizedMIPS",
     callback: Callable[[int, nn.Module], None] | None = None,
@@ -129,8 +128,8 @@ def train_amips(
     (``grad_clip``) and the warmup-cosine learning rate (linear from 0 to ``lr``
     over ``round(warmup * n_steps)`` steps, cosine to ``end_lr_ratio * lr``). An
     EMA of the weights (decay ``ema_decay``, 0 disables it) is the returned model.
-    ``double_backprop`` is for gradient models (SupportNet), whose key is an input
-    gradient. ``callback(step, current_eval_model)`` is called after each step
+    Gradient models (SupportNet) differentiate their key, an input gradient, through
+    ``create_graph=True``. ``callback(step, current_eval_model)`` is called after each step
     (used for learning curves; the model passed is the EMA when enabled).
 
     Returns
@@ -158,8 +157,7 @@ def train_amips(
         q = augment(draw(batch_size))
         with torch.no_grad():
             true_score, idx = support_function(q, keys, batch_size=search_batch_size)
-        x = q.requires_grad_(True) if double_backprop else q
-        pred_score, pred_key = model.score_and_key(x, create_graph=True)
+        pred_score, pred_key = model.score_and_key(q, create_graph=True)
         loss, s_loss, k_loss = amips_loss(pred_score, pred_key, true_score, keys[idx],
                                           score_weight=score_weight,
                                           target_weight=target_weight)
@@ -251,6 +249,6 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
         end_lr_ratio=est.end_lr_ratio, ema_decay=est.ema_decay,
         grad_clip=est.grad_clip, score_weight=est.score_weight,
         target_weight=est.target_weight, search_batch_size=est.search_batch_size,
-        double_backprop=est.arch == "supportnet", verbose=est.verbose,
+        verbose=est.verbose,
         desc=type(est).__name__, callback=callback)
     est.n_params_ = int(sum(p.numel() for p in est.model_.parameters()))
