@@ -164,7 +164,9 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     lower_bound_ : float
         A lower bound on the per-round mean BCD of any assignment: ``theta_`` for
         rounds with a skip coprime with ``n``, the largest nearest-neighbour delay
-        otherwise.
+        otherwise (every node sends and receives in every round; with
+        ``directed=True`` the larger of the largest cheapest-outgoing and the
+        largest cheapest-incoming delay).
     random_bcd_ : float
         Mean ``bcd_`` of ``n_random`` uniformly random assignments.
     schedule_ : list of list of int
@@ -327,7 +329,9 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     def _lower_bound(E, theta, schedule) -> float:
         n = E.shape[0]
         off = E + np.diag(np.full(n, np.inf))
-        nearest = float(np.minimum(off.min(axis=0), off.min(axis=1)).max())
+        # every node sends one message and receives one in each round: the round's
+        # bottleneck is at least every node's cheapest outgoing and incoming delay
+        nearest = float(max(off.min(axis=1).max(), off.min(axis=0).max()))
         lbs = [theta if any(math.gcd(s, n) == 1 for s in r) else nearest for r in schedule]
         return float(np.mean(lbs))
 
