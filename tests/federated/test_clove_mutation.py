@@ -314,3 +314,58 @@ def test_score_is_the_mean_over_clients_of_their_r2():
     est = CLoVE(n_clusters=2, n_rounds=2, local_epochs=5, lr=0.05, random_state=0).fit(clients)
     ref = np.mean([r2_score(y, est.predict(X, client=i)) for i, (X, y) in enumerate(clients)])
     assert est.score(clients) == pytest.approx(ref, rel=1e-6)
+
+
+def test_partial_participation_averages_with_the_participants_own_sizes(monkeypatch):
+    # one round of full-batch SGD: the size-weighted average of the participants'
+    # local models is one gradient step on their pooled data (FedAvg's identity);
+    # the participants are clients 1 and 3, of very different sizes
+    from mlpapers.federated.clove import FedAvg
+    from mlpapers.federated.clove._federation import _FederatedBase
+
+    rng = np.random.default_rng(0)
+    sizes = [5, 40, 9, 70]
+    w_true = rng.normal(size=3)
+    clients = []
+    for n_i in sizes:
+        X = rng.normal(size=(n_i, 3))
+        clients.append((X, X @ w_true + rng.normal(size=n_i)))
+    monkeypatch.setattr(_FederatedBase, "_participants",
+                        lambda self, n, M: np.array([1, 3]))
+    kw = dict(model="linear", n_rounds=1, local_epochs=1, batch_size=None, optimizer="sgd",
+              participation=0.5, random_state=0)
+    start = FedAvg(lr=1e-30, **kw).fit(clients).models_[0]  # the initial model
+    lr = 0.1
+    got = FedAvg(lr=lr, **kw).fit(clients).models_[0]
+    W = start.weight.detach().double().clone().requires_grad_(True)
+    b = start.bias.detach().double().clone().requires_grad_(True)
+    X = torch.as_tensor(np.concatenate([clients[1][0], clients[3][0]]))
+    y = torch.as_tensor(np.concatenate([clients[1][1], clients[3][1]]))
+    ((X @ W.T + b).ravel() - y).pow(2).mean().backward()
+    torch.testing.assert_close(got.weight.detach().double(), (W - lr * W.grad).detach(),
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.bias.detach().double(), (b - lr * b.grad).detach(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_clients_first_seen_after_the_freeze_take_their_lowest_loss_model(monkeypatch):
+    # clients 4 and 5 take part only after the assignment froze: each must get its
+    # lowest-loss model (with lr ~ 0 the models never move, so that is the argmin of
+    # the final loss vectors), not a default model
+    from mlpapers.federated.clove import CLoVE
+    from mlpapers.federated.clove._federation import _FederatedBase
+
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=3)
+    clients = []
+    for i in range(6):
+        X = rng.normal(size=(30, 3))
+        clients.append((X, (1 if i % 2 else -1) * 5 * X @ w))
+    rounds = iter([np.arange(4), np.arange(4), np.arange(6)])
+    monkeypatch.setattr(_FederatedBase, "_participants", lambda self, n, M: next(rounds))
+    est = CLoVE(n_clusters=2, n_rounds=3, lr=1e-30, freeze_after=1, participation=0.7,
+                random_state=0).fit(clients)
+    assert [h["frozen"] for h in est.history_] == [False, True, True]
+    late = est.labels_[4:]
+    np.testing.assert_array_equal(late, est.loss_vectors_[4:].argmin(1))
+    assert len(set(late)) == 2  # the two late clients belong to different models

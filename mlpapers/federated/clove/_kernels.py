@@ -70,7 +70,9 @@ def batched_loss_matrix(
     mask : bool Tensor of shape (n, m)
         ``True`` on real samples.
     max_elements : int, default=2**25
-        Bound on ``K * chunk * m * features``: clients are processed in chunks.
+        Memory bound: clients are processed in chunks with
+        ``4 * K * chunk * m * features <= max_elements`` (a margin of 4 for the loss's
+        intermediate tensors; at least one client per chunk).
 
     Returns
     -------
