@@ -171,15 +171,15 @@ def test_patchcore_scores_and_maps_equal_brute_force_nearest_patches(textures):
     d = torch.cdist(mem, mem)
     d[ids[:, None] == ids[None, :]] = float("inf")
     loo = d.min(1).values.reshape(len(X), -1).amax(1)
-    np.testing.assert_allclose(det.decision_scores_, loo.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(det.decision_scores_, loo.numpy(), rtol=1e-4)
     with torch.no_grad():
         f = ext(torch.from_numpy(X_test))[0][0].double()
     emb = _mean3x3(f)
     nn = torch.cdist(emb.reshape(-1, emb.shape[-1]), mem).min(1).values.reshape(emb.shape[:3])
     maps, scores = det.anomaly_map(X_test, return_scores=True)
-    np.testing.assert_allclose(maps, _bilinear(nn.numpy(), X_test.shape[-2:]), rtol=1e-5,
+    np.testing.assert_allclose(maps, _bilinear(nn.numpy(), X_test.shape[-2:]), rtol=1e-4,
                                atol=1e-6)
-    np.testing.assert_allclose(scores, nn.reshape(len(X_test), -1).amax(1).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(scores, nn.reshape(len(X_test), -1).amax(1).numpy(), rtol=1e-4)
 
 
 def test_patchcore_image_without_any_other_memory_patch_gets_the_max_finite_score(textures):
@@ -235,8 +235,10 @@ def test_greedy_coreset_is_exact_under_a_large_common_offset():
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(80, 4, generator=g, dtype=torch.float64)
-    got = greedy_coreset((x + 1e4).float(), 12, generator=torch.Generator().manual_seed(3),
+    xf = (x + 1e4).float()
+    got = greedy_coreset(xf, 12, generator=torch.Generator().manual_seed(3),
                          projection_dim=None)
+    x = xf.double()  # the reference in float64 on the exact input the code sees
     sel = [int(got[0])]
     d = ((x - x[sel[0]]) ** 2).sum(1)
     for _ in range(11):

@@ -64,29 +64,26 @@ def test_a_list_of_image_files_is_read_like_the_arrays(photos, folder, cls):
 def test_image_files_are_decoded_one_batch_at_a_time(photos, folder, tmp_path, monkeypatch,
                                                      cls):
     """A call on a folder of files decoded all of them before the first batch."""
-    from mlpapers.anomaly.rad import _images
+    from mlpapers.anomaly.rad import _common, _images
 
     same = tmp_path / "same"
     same.mkdir()
     for i, im in enumerate(photos):
         PIL.fromarray(im[:30, :37]).save(same / f"{i}.png")
-    decoded = []
-    read = _images._read_image_file
+    decoded, at_batch = [], []
+    read, resize = _images._read_image_file, _common._resize
     monkeypatch.setattr(_images, "_read_image_file",
                         lambda path, name: decoded.append(path) or read(path, name))
+    # the extraction resizes each batch once: how many files were decoded by then
+    monkeypatch.setattr(_common, "_resize",
+                        lambda x, size: at_batch.append(len(decoded)) or resize(x, size))
     for root, arrays in ((folder, photos), (same, [im[:30, :37] for im in photos])):
         paths = sorted(root.glob("*.png"), key=lambda p: int(p.stem))
         ref = cls(extractor="random", image_size=32, batch_size=2, random_state=0).fit(arrays)
-        calls = []
-        validate = _images._validate_images
-        monkeypatch.setattr(_images, "_validate_images",
-                            lambda X, *a, calls=calls, validate=validate:
-                            (isinstance(X, list) and calls.append(len(X)))
-                            or validate(X, *a))  # lists: not the per-image arrays
         decoded.clear()
+        at_batch.clear()
         det = cls(extractor="random", image_size=32, batch_size=2, random_state=0).fit(paths)
-        monkeypatch.setattr(_images, "_validate_images", validate)
-        assert calls == [2, 2, 2] and len(decoded) == len(paths)
+        assert at_batch == [2, 4, 6] and len(decoded) == len(paths)
         np.testing.assert_array_equal(det.decision_scores_, ref.decision_scores_)
         maps, scores = det.anomaly_map(paths, return_scores=True)
         ref_maps, ref_scores = ref.anomaly_map(arrays, return_scores=True)

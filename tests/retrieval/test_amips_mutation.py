@@ -104,8 +104,9 @@ def test_amips_loss_default_weights():
 
 
 def test_support_function_on_a_single_key():
-    q = torch.randn(6, 3, dtype=torch.float64)
-    key = torch.randn(1, 3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 3, dtype=torch.float64, generator=g)
+    key = torch.randn(1, 3, dtype=torch.float64, generator=g)
     value, index = support_function(q, key)
     torch.testing.assert_close(value, (q @ key.T)[:, 0])
     assert index.tolist() == [0] * 6
@@ -197,7 +198,9 @@ def test_augment_queries_keeps_norms_and_replaces_the_documented_fraction(noise_
 
     gen = torch.Generator().manual_seed(0)
     n, d, n_noise = 20000, 8, 3
-    q = torch.randn(n, d, dtype=torch.float64) * torch.rand(n, 1, dtype=torch.float64)
+    data = torch.Generator().manual_seed(1)
+    q = (torch.randn(n, d, dtype=torch.float64, generator=data)
+         * torch.rand(n, 1, dtype=torch.float64, generator=data))
     out = augment_queries(q, noise_std, n_noise, gen)
     torch.testing.assert_close(out.norm(dim=1), q.norm(dim=1))
     replaced = (out != q).any(dim=1).double().mean().item()

@@ -80,15 +80,27 @@ def test_kmeans_picks_the_nearest_member_not_the_nearest_item(monkeypatch):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_kmeans_selection_matches_sklearn_with_three_restarts(seed):
+def test_kmeans_selection_matches_sklearn_with_three_restarts(seed, monkeypatch):
+    # the k-means actually run (recorded): 3 restarts by default, largest cluster
+    # first, each pick the nearest member of its cluster
+    import sklearn.cluster
+
+    runs = []
+
+    class RecordingKMeans(KMeans):
+        def fit(self, X, y=None, sample_weight=None):
+            runs.append((self, np.asarray(X, dtype=np.float64)))
+            return super().fit(X, y, sample_weight=sample_weight)
+
+    monkeypatch.setattr(sklearn.cluster, "KMeans", RecordingKMeans)
     R = np.random.default_rng(seed).standard_normal((6, 40))
     k = 12
-    # select_support draws the k-means seed from the Generator it is given
-    km_seed = int(np.random.default_rng(seed).integers(2**31 - 1))
     S, sizes = select_support(R, k, "kmeans", center=False,
                               random_state=np.random.default_rng(seed), return_scores=True)
-    km = KMeans(n_clusters=k, n_init=3, random_state=km_seed).fit(R.T)  # documented default
-    d = ((km.cluster_centers_[:, None, :] - R.T[None]) ** 2).sum(-1)
+    assert len(runs) == 1
+    km, X = runs[0]
+    assert km.n_init == 3 and km.n_clusters == k  # documented default
+    d = ((km.cluster_centers_[:, None, :] - X[None]) ** 2).sum(-1)
     count = np.bincount(km.labels_, minlength=k)
     order = np.argsort(-count, kind="stable")
     np.testing.assert_array_equal(sizes, count[order])
@@ -120,10 +132,12 @@ def test_head_training_loss_is_the_chosen_loss(loss):
 
     head, U, T, U_val, R_val = _head_problem()
     before = copy.deepcopy(head)
-    g = torch.Generator().manual_seed(3)
-    cols = torch.randint(50, (16,), generator=torch.Generator().manual_seed(3))
+    seen, forward = [], head.forward
+    head.forward = lambda u, cols: seen.append(cols.clone()) or forward(u, cols)
     history, _ = train_head(head, U, T, U_val, R_val, loss=loss, top_quantile=0.9,
-                            item_batch=16, max_iter=1, generator=g)
+                            item_batch=16, max_iter=1, generator=torch.Generator().manual_seed(3))
+    cols = seen[0]  # the item columns sampled for the first step
+    assert cols.shape == (16,)
     with torch.no_grad():
         logits, target = before(U, cols), T[:, cols]
         if loss == "mse":
@@ -145,7 +159,7 @@ def test_head_is_validated_every_eval_every_steps_and_at_the_last():
     assert best >= max(h["val_hit_rate"] for h in history if "val_hit_rate" in h)
 
 
-def test_mlp_head_keeps_a_training_query_whatever_the_validation_fraction():
+def test_mlp_head_fits_two_queries_with_a_validation_fraction_of_nine_tenths():
     rng = np.random.default_rng(0)
     Q, I = rng.standard_normal((2, 3)), rng.standard_normal((12, 3))
     R = Q @ I.T

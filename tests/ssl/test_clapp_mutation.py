@@ -31,8 +31,8 @@ def test_direct_feedback_reads_the_top_block_even_when_widths_match():
         neg = negative_indices(len(x))
         with torch.no_grad():
             out0 = enc.encoder_.blocks[0](views)
-            h0 = F.adaptive_avg_pool2d(out0, 2).flatten(1)
-            h1 = F.adaptive_avg_pool2d(enc.encoder_.blocks[1](out0), 2).flatten(1)
+            h0 = F.adaptive_avg_pool2d(out0, enc.grids_[0]).flatten(1)
+            h1 = F.adaptive_avg_pool2d(enc.encoder_.blocks[1](out0), enc.grids_[1]).flatten(1)
             got = enc._layer_losses(views, neg)
         head = enc.heads_[0]
         w_fb = head.weight if variant == "clapp++dfb" else head[0].weight
