@@ -47,7 +47,9 @@ def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
     batch_size : int or None, default=None
         ``None`` uses the encoder's ``batch_size``.
     random_state : int, RandomState or None
-        Seeds batches, views and negatives.
+        Seeds batches, views and negatives; per batch, one torch generator draws
+        in this order: the batch (a ``randperm`` of ``X``'s rows, first ``batch_size``
+        kept), the two views (the encoder's augmentation), the negatives.
 
     Returns
     -------
