@@ -5,7 +5,8 @@ All chains move in lockstep. During warm-up each transition feeds the adaptation
 support every recorded state is a draw, with one only the recorded states in ``S`` are
 kept, per chain, until every chain holds ``n_samples`` draws (chains that are done keep
 moving with the others and their extra states are dropped). :class:`Draws` holds the
-kept draws, the chains' final state and the statistics of the sampling phase.
+kept draws, the chains' final state and the statistics of the sampling phase, with
+per-draw statistics (:class:`_DrawStats`) aligned with the kept draws.
 
 The transition itself (step sizes, jitter, trajectory lengths) is built by the sampler
 and passed in as a callable, so this module knows nothing of the tuning.
@@ -54,6 +55,8 @@ class Draws:
         Sampling transitions run.
     leapfrog_sum : int
         Leapfrog steps per chain summed over the sampling transitions.
+    stats : dict of str to numpy.ndarray of shape (C, n_samples), optional
+        Per-draw statistics in arviz's names (see :class:`_DrawStats`).
     """
 
     samples: torch.Tensor
@@ -65,6 +68,7 @@ class Draws:
     n_recorded: int
     n_iterations: int
     leapfrog_sum: int
+    stats: dict | None = None
 
     @property
     def accept_rate(self) -> np.ndarray:
@@ -87,6 +91,54 @@ class Draws:
                           "use a tighter container.", RuntimeWarning,
                           stacklevel=user_stacklevel())
         return kept
+
+
+class _DrawStats:
+    """Per-draw statistics, written in the same slot as each kept draw.
+
+    A kept draw's ``energy`` (the Hamiltonian at the kept state) and ``lp`` (its log
+    density) are those of the state itself. ``diverging`` (any), ``acceptance_rate``
+    (mean), ``n_steps`` and ``reflections`` (sums) cover the transitions of the chain
+    since its previous kept draw (since the start of the call for the first), so that
+    with ``thin > 1`` or a support no divergence goes unreported; with ``thin=1`` and no
+    support they are those of the draw's own transition.
+    """
+
+    # running sums per chain since its last kept draw (float64: integers stay exact)
+    _RUN = ("acceptance_rate", "diverging", "reflections", "n_steps", "transitions")
+
+    def __init__(self, C: int, n_samples: int, like: torch.Tensor):
+        opts = {"dtype": torch.float64, "device": like.device}
+        self.dtype = like.dtype
+        self.run = torch.zeros(C, len(self._RUN), **opts)
+        self.one = torch.ones(C, **opts)
+        # one packed buffer: the running sums, then energy and lp (float32 -> 64 is exact)
+        self.buf = torch.zeros(C, n_samples, len(self._RUN) + 2, **opts)
+
+    def add(self, out: dict, n_steps: int) -> None:
+        """Accumulate one transition of every chain."""
+        self.run += torch.stack((out["accept_prob"].double(), out["divergent"].double(),
+                                 out["n_reflections"].double(), self.one * n_steps, self.one), 1)
+
+    def write(self, out: dict, rows, cols) -> None:
+        """Store the statistics of chains ``rows`` in draw slots ``cols``, then reset them."""
+        self.buf[rows, cols] = torch.cat(
+            (self.run[rows], torch.stack((out["energy"][rows], out["logp"][rows]), 1).double()), 1)
+        self.run[rows] = 0.0
+
+    def numpy(self) -> dict:
+        """The statistics as numpy arrays of shape (C, n_samples), in arviz's names."""
+        b = self.buf.cpu().numpy()
+        col = dict(zip((*self._RUN, "energy", "lp"), np.moveaxis(b, -1, 0)))
+        state_dtype = torch.empty(0, dtype=self.dtype).numpy().dtype  # the draws' dtype
+        return {
+            "diverging": col["diverging"] > 0,
+            "energy": col["energy"].astype(state_dtype),
+            "acceptance_rate": col["acceptance_rate"] / np.maximum(col["transitions"], 1.0),
+            "lp": col["lp"].astype(state_dtype),
+            "n_steps": col["n_steps"].astype(np.int64),
+            "reflections": col["reflections"].astype(np.int64),
+        }
 
 
 def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torch.Tensor,
@@ -132,6 +184,7 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
     ref_sum = torch.zeros(C, dtype=torch.long, device=x.device)
     div_sum = torch.zeros(C, dtype=torch.long, device=x.device)
     n_in, n_rec, n_kept, it, lf_sum = torch.zeros_like(ref_sum), 0, 0, 0, 0
+    stats = _DrawStats(C, n_samples, x)
     max_iter = 1000 * thin * n_samples + 1000
     # ---- warm-up: adapt, then freeze. A bar of its own (NumPyro has one bar whose label
     # switches from "warmup" to "sample"; ProgressLogger's bar has a fixed length)
@@ -158,17 +211,20 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
             acc_sum += out["accept_prob"]
             ref_sum += out["n_reflections"]
             div_sum += out["divergent"]
+            stats.add(out, n)
             if it % thin:
                 continue
             n_rec += 1
             if support is None:  # every chain keeps every recorded state
                 samples[:, n_rec - 1] = x
+                stats.write(out, slice(None), n_rec - 1)
                 n_kept = n_rec
                 continue
             ins = support.contains(x)
             n_in += ins
             keep = ins & (count < n_samples)
             samples[chain_idx[keep], count[keep]] = x[keep]
+            stats.write(out, chain_idx[keep], count[keep])
             count += keep
             n_kept = int(count.min())
             if n_rec >= MIN_RECORDS and not bool(n_in.all()):
@@ -183,4 +239,4 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
         n_in = torch.full_like(n_in, n_rec)
     return Draws(samples=samples, x=x, accept_sum=acc_sum, n_reflections=ref_sum,
                  n_divergent=div_sum, n_in=n_in, n_recorded=n_rec, n_iterations=it,
-                 leapfrog_sum=lf_sum)
+                 leapfrog_sum=lf_sum, stats=stats.numpy())

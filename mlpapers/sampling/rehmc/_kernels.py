@@ -265,15 +265,18 @@ def hmc_transition(
     log_prob, container, inv_mass, max_reflections, grad_log_prob
         As in :func:`reflective_leapfrog`.
     gen : torch.Generator
-        CPU generator for the momenta and the uniform draws.
+        CPU generator, drawn in this order: the momenta (``randn`` (C, d), float64,
+        scaled by the mass), then the Metropolis uniforms (``rand`` (C,), float64).
 
     Returns
     -------
     dict
         ``x``, ``logp``, ``grad`` (new state), ``accept_prob`` (C,),
         ``accepted`` (C,) bool, ``n_reflections`` (C,), ``divergent`` (C,) bool,
-        and the proposal ``proposal`` (C, d) with its final velocity
-        ``velocity = M^{-1} p`` (C, d), which trajectory-length adaptation uses.
+        ``energy`` (C,) (the Hamiltonian ``-log_prob + K`` of the kept state:
+        the proposal's if accepted, the starting one's otherwise), and the
+        proposal ``proposal`` (C, d) with its final velocity ``velocity =
+        M^{-1} p`` (C, d), which trajectory-length adaptation uses.
     """
     C, d = x.shape
     z = torch.randn(C, d, generator=gen, dtype=torch.float64).to(x)
@@ -299,6 +302,7 @@ def hmc_transition(
         "accepted": accepted,
         "n_reflections": n_ref,
         "divergent": divergent,
+        "energy": torch.where(accepted, h1, h0),
         "proposal": x1,
         "velocity": velocity(p1, inv_mass),
     }

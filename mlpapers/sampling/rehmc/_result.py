@@ -33,6 +33,18 @@ def end_fingerprint(result) -> str | None:
     return h.hexdigest()
 
 
+# per-draw statistics of ``SampleResult.sample_stats``, in arviz's names
+STAT_NAMES = ("diverging", "energy", "acceptance_rate", "lp", "n_steps", "reflections")
+
+
+def _join_stats(parts: list) -> dict | None:
+    """Join per-draw statistics on the draws axis; ``None`` unless every part has them."""
+    if not all(isinstance(p, dict) for p in parts):
+        return None
+    keys = [k for k in parts[0] if all(k in p for p in parts)]
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts], axis=1) for k in keys}
+
+
 def _n_recorded(result) -> int:
     """Recorded states per chain (the denominator of ``kept_fraction``); results from
     before it was stored count their iterations (right for ``thin=1``)."""
@@ -89,6 +101,21 @@ class SampleResult:
         recorded states and, for a resumed run, a hash of where the resumed
         result ended (checked by :meth:`concat`). Plain numpy and Python values,
         so a result survives pickling.
+    sample_stats : dict of str to numpy.ndarray of shape (chains, draws) or None
+        Per-draw sampler statistics, aligned with ``samples``, in arviz's names
+        (:meth:`to_inference_data` puts them into ``sample_stats``): ``lp``
+        (float, ``log_prob`` of the draw) and ``energy`` (float, the
+        Hamiltonian ``-log_prob + K(p)`` at the draw, for ``az.bfmi`` and
+        ``az.plot_energy``) of the kept state itself; ``diverging`` (bool, some
+        transition diverged), ``acceptance_rate`` (float, mean Metropolis
+        acceptance probability), ``n_steps`` (int, leapfrog steps) and
+        ``reflections`` (int, boundary reflections) over the transitions of the
+        chain since its previous kept draw (in the same ``sample`` call). With
+        ``thin=1`` and no support these are the draw's own transition; with
+        ``thin > 1`` or a support a draw covers the states skipped before it, so
+        no divergence is lost: ``diverging`` marks a draw if any transition since
+        the previous kept draw diverged. ``None`` for results built by hand or
+        by a version of mlpapers before these statistics.
 
     Notes
     -----
@@ -111,6 +138,7 @@ class SampleResult:
     mean_leapfrog: float = float("nan")
     last_state: np.ndarray | None = None
     sampler_state: dict | None = field(default=None, repr=False)
+    sample_stats: dict | None = field(default=None, repr=False)
 
     @property
     def reflections_per_step(self) -> float:
@@ -229,7 +257,8 @@ class SampleResult:
             averaged with the iterations as weights, ``kept_fraction`` with the
             recorded states (``n_iterations // thin``) as weights; ``step_size``,
             ``inv_mass``, ``n_leapfrog``, ``trajectory_length``, ``last_state``
-            and ``sampler_state`` of the last.
+            and ``sampler_state`` of the last; ``sample_stats`` joined on the
+            draws (``None`` unless every part has them).
 
         Raises
         ------
@@ -290,6 +319,7 @@ class SampleResult:
             n_iterations=int(sum(r.n_iterations for r in parts)),
             mean_leapfrog=float(avg("mean_leapfrog", w_iter)),
             warmup_divergent=sum(np.asarray(r.warmup_divergent) for r in parts),
+            sample_stats=_join_stats([getattr(r, "sample_stats", None) for r in parts]),
         )
         return type(self)(**fields)
 
@@ -299,7 +329,13 @@ class SampleResult:
         """The draws as an ``arviz.InferenceData`` (needs the optional ``arviz``).
 
         The posterior holds one variable ``x`` of shape ``(chain, draw, d)``, and
-        ``sample_stats`` the step size of every draw.
+        ``sample_stats`` the step size of every draw (``step_size``, the frozen
+        one of the chain) and, when the result has them (:attr:`sample_stats`),
+        ``diverging``, ``energy``, ``acceptance_rate``, ``lp``, ``n_steps`` and
+        ``reflections``, each of shape ``(chain, draw)``: ``az.bfmi``,
+        ``az.plot_energy`` and ``az.plot_pair(..., divergences=True)`` work on it.
+        With ``thin > 1`` or a support, ``diverging`` marks a draw if any
+        transition since the chain's previous kept draw diverged.
 
         Parameters
         ----------
@@ -311,8 +347,14 @@ class SampleResult:
             import arviz as az
         except ImportError as exc:  # pragma: no cover - optional
             raise ImportError("to_inference_data needs arviz: pip install arviz") from exc
-        stats = {"step_size": np.broadcast_to(self.step_size[:, None],
-                                              self.samples.shape[:2]).copy()}
+        shape = self.samples.shape[:2]
+        stats = {"step_size": np.broadcast_to(np.asarray(self.step_size)[:, None],
+                                              shape).copy()}
+        extra = getattr(self, "sample_stats", None)
+        if isinstance(extra, dict):
+            for key in STAT_NAMES:
+                if key in extra and np.shape(extra[key]) == shape:
+                    stats[key] = np.asarray(extra[key])
         kw = {}
         if names is not None:
             labels = check_names(names, self.samples.shape[-1], [])

@@ -393,6 +393,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             mean_leapfrog=draws.mean_leapfrog,
             last_state=to_numpy(draws.x).copy(),
             sampler_state=final_sampler_state(gen, n_calls, shift, draws.n_recorded, start),
+            sample_stats=draws.stats,
         )
         res._warn_if_unconverged()
         if return_tensor:

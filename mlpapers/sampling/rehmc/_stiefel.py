@@ -153,8 +153,10 @@ class StiefelResult(SampleResult):
     :meth:`StiefelSampler.sample` continues from it with ``resume=result``. It may
     differ from ``X[:, -1]`` and lie outside the well-conditioned set (a chain that
     already had its draws kept moving on), but always inside the Frobenius ball.
-    ``step_size``, ``inv_mass``, ``trajectory_length`` and ``sampler_state`` are those
-    of the inner :class:`ReflectiveHMC` run on ``X``.
+    ``step_size``, ``inv_mass``, ``trajectory_length``, ``sampler_state`` and
+    ``sample_stats`` are those of the inner :class:`ReflectiveHMC` run on ``X``: there
+    ``lp`` is the Euclidean log density ``log g(Q) - ||X||_F^2 / 2`` of the draw and
+    ``energy`` the Hamiltonian of the chain on ``X``.
     """
 
     Q: np.ndarray = field(default_factory=lambda: np.zeros(0))
