@@ -152,3 +152,13 @@ def test_a_table_of_flattened_images_gets_the_reshape_to_apply(shape, hint):
     for data in (X, torch.from_numpy(X), X.tolist()):
         with pytest.raises(ValueError, match=re.escape(hint)):
             RADDetector(extractor="random", image_size=16).fit(data)
+
+
+def test_float_files_warn_once_per_call_not_once_per_batch(tmp_path):
+    for i in range(4):  # float ("F") images with values up to 3: outside [0, 1]
+        im = (np.random.default_rng(i).random((20, 20)) * 3).astype(np.float32)
+        PIL.fromarray(im, mode="F").save(tmp_path / f"{i}.tif")
+    paths = sorted(tmp_path.glob("*.tif"))
+    with pytest.warns(UserWarning, match="float images are expected in") as record:
+        RADDetector(extractor="random", image_size=32, batch_size=2).fit(paths)
+    assert len([w for w in record if "float images" in str(w.message)]) == 1

@@ -58,10 +58,12 @@ class ImageFiles:
 
     The detectors resize every image to ``size`` batch by batch, so the files of a call
     need not be decoded at once: only the headers are read here (sizes, and a missing
-    or unreadable file fails before any work); each slice is decoded and validated by
-    :func:`_validate_images` when the batch is extracted. ``sizes`` is ``None`` when
-    the files share one size, else their ``(H, W)``, as :func:`_validate_images`
-    returns them.
+    file or one whose header cannot be read fails before any work); each slice is
+    decoded and validated by :func:`_validate_images` when the batch is extracted.
+    ``sizes`` is ``None`` when the files share one size, else their ``(H, W)``, as
+    :func:`_validate_images` returns them. A file whose pixels cannot be decoded or fail
+    the checks raises when its batch is reached; a pixel-range warning is given once
+    per call, not per batch.
     """
 
     def __init__(self, paths: list, name: str, size: tuple[int, int]):
@@ -72,12 +74,20 @@ class ImageFiles:
                 hw.append((int(image.height), int(image.width)))
         self.sizes = None if len(set(hw)) == 1 else hw
         self.shape = (len(hw), 3, *(hw[0] if self.sizes is None else self.size))
+        self._warned: set[type] = set()
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: slice) -> torch.Tensor:
-        return _validate_images(self.paths[index], self.name, self.size)[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            images = _validate_images(self.paths[index], self.name, self.size)[0]
+        for w in caught:  # as for an array input: one warning of each kind per call
+            if w.category not in self._warned:
+                self._warned.add(w.category)
+                warnings.warn(w.message, w.category, stacklevel=user_stacklevel())
+        return images
 
 
 

@@ -107,24 +107,32 @@ class _DrawStats:
     # running sums per chain since its last kept draw (float64: integers stay exact)
     _RUN = ("acceptance_rate", "diverging", "reflections", "n_steps", "transitions")
 
-    def __init__(self, C: int, n_samples: int, like: torch.Tensor):
+    def __init__(self, C: int, n_samples: int, like: torch.Tensor, every_transition: bool):
         opts = {"dtype": torch.float64, "device": like.device}
         self.dtype = like.dtype
+        # thin=1 without a support: each draw is one transition, nothing to accumulate
+        self.every_transition = every_transition
         self.run = torch.zeros(C, len(self._RUN), **opts)
         self.one = torch.ones(C, **opts)
         # one packed buffer: the running sums, then energy and lp (float32 -> 64 is exact)
         self.buf = torch.zeros(C, n_samples, len(self._RUN) + 2, **opts)
 
+    def _transition(self, out: dict, n_steps: int) -> torch.Tensor:
+        return torch.stack((out["accept_prob"].double(), out["divergent"].double(),
+                            out["n_reflections"].double(), self.one * n_steps, self.one), 1)
+
     def add(self, out: dict, n_steps: int) -> None:
         """Accumulate one transition of every chain."""
-        self.run += torch.stack((out["accept_prob"].double(), out["divergent"].double(),
-                                 out["n_reflections"].double(), self.one * n_steps, self.one), 1)
+        if not self.every_transition:
+            self.run += self._transition(out, n_steps)
 
-    def write(self, out: dict, rows, cols) -> None:
+    def write(self, out: dict, rows, cols, n_steps: int) -> None:
         """Store the statistics of chains ``rows`` in draw slots ``cols``, then reset them."""
+        run = self._transition(out, n_steps) if self.every_transition else self.run[rows]
         self.buf[rows, cols] = torch.cat(
-            (self.run[rows], torch.stack((out["energy"][rows], out["logp"][rows]), 1).double()), 1)
-        self.run[rows] = 0.0
+            (run, torch.stack((out["energy"][rows], out["logp"][rows]), 1).double()), 1)
+        if not self.every_transition:
+            self.run[rows] = 0.0
 
     def numpy(self) -> dict:
         """The statistics as numpy arrays of shape (C, n_samples), in arviz's names."""
@@ -184,7 +192,7 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
     ref_sum = torch.zeros(C, dtype=torch.long, device=x.device)
     div_sum = torch.zeros(C, dtype=torch.long, device=x.device)
     n_in, n_rec, n_kept, it, lf_sum = torch.zeros_like(ref_sum), 0, 0, 0, 0
-    stats = _DrawStats(C, n_samples, x)
+    stats = _DrawStats(C, n_samples, x, every_transition=thin == 1 and support is None)
     max_iter = 1000 * thin * n_samples + 1000
     # ---- warm-up: adapt, then freeze. A bar of its own (NumPyro has one bar whose label
     # switches from "warmup" to "sample"; ProgressLogger's bar has a fixed length)
@@ -217,14 +225,14 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
             n_rec += 1
             if support is None:  # every chain keeps every recorded state
                 samples[:, n_rec - 1] = x
-                stats.write(out, slice(None), n_rec - 1)
+                stats.write(out, slice(None), n_rec - 1, n)
                 n_kept = n_rec
                 continue
             ins = support.contains(x)
             n_in += ins
             keep = ins & (count < n_samples)
             samples[chain_idx[keep], count[keep]] = x[keep]
-            stats.write(out, chain_idx[keep], count[keep])
+            stats.write(out, chain_idx[keep], count[keep], n)
             count += keep
             n_kept = int(count.min())
             if n_rec >= MIN_RECORDS and not bool(n_in.all()):

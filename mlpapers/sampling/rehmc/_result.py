@@ -114,8 +114,11 @@ class SampleResult:
         ``thin=1`` and no support these are the draw's own transition; with
         ``thin > 1`` or a support a draw covers the states skipped before it, so
         no divergence is lost: ``diverging`` marks a draw if any transition since
-        the previous kept draw diverged. ``None`` for results built by hand or
-        by a version of mlpapers before these statistics.
+        the previous kept draw diverged. ``energy`` is sampled at the kept draws
+        only, so ``az.bfmi`` is meaningful with ``thin=1`` and no support (with
+        thinning its energy differences span several transitions and read too
+        high). ``None`` for results built by hand or by a version of mlpapers
+        before these statistics.
 
     Notes
     -----
