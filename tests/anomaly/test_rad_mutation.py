@@ -8,8 +8,6 @@ kernels or the estimators would break and that no other test checks.
 import numpy as np
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from mlpapers.anomaly import PatchCoreDetector, RADDetector
 from mlpapers.anomaly.rad._kernels import (
@@ -19,45 +17,8 @@ from mlpapers.anomaly.rad._kernels import (
 )
 from mlpapers.datasets import make_texture_anomalies
 
-
-class _LargestNewTensor(TorchFunctionMode):
-    """Largest tensor a torch call returns (views of its inputs excluded)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
-def _problem(B, h, w, C, N, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    mem = l2_normalize(torch.randn(N, h * w, C, generator=g))
-    q = l2_normalize(torch.randn(B, h * w, C, generator=g))
-    nb = torch.stack([torch.randperm(N, generator=g)[:k] for _ in range(B)])
-    return q, mem, nb
-
-
-def _brute(q, mem, nb, h, w, r):
-    """float64 loop: max cosine over the retrieved images' (clipped) windows."""
-    B, L, _ = q.shape
-    out = torch.empty(B, L, dtype=torch.float64)
-    for b in range(B):
-        cand = mem[nb[b]].double()
-        for j in range(L):
-            y, x = divmod(j, w)
-            pos = list(range(L)) if r is None else [
-                yy * w + xx for yy in range(max(0, y - r), min(h, y + r + 1))
-                for xx in range(max(0, x - r), min(w, x + r + 1))]
-            out[b, j] = (cand[:, pos] @ q[b, j].double()).max()
-    return out.float()
+from .test_rad_bounds import _brute, _LargestNewTensor
+from .test_rad_bounds import _data as _problem
 
 
 def test_tiled_and_global_chunk_bounds_hold_when_all_retrieved_images_fit():
