@@ -21,6 +21,9 @@ from mlpapers._utils import (
 
 __all__ = ["check_images"]
 
+# what a list item that names an image file is
+_PATH_TYPES = (str, bytes, os.PathLike)
+
 
 def _pil_to_array(image: Any) -> np.ndarray:
     """Pixel array of a PIL image: 8-bit modes as uint8 L or RGB, wider modes as stored.
@@ -90,7 +93,6 @@ class ImageFiles:
         return images
 
 
-
 def _check_pixel_range(t: torch.Tensor, name: str) -> None:
     """Check the pixel range of a whole image tensor without copying it: integers
     must be 8-bit values (ValueError otherwise), floats that look like 0-255 values
@@ -152,7 +154,7 @@ def _resize(x: torch.Tensor, size) -> torch.Tensor:
 def _as_item_list(X: Any, name: str) -> Any:
     """A 1-D numpy array of file names, object array or pandas Series as a list (other
     inputs unchanged); a single path is a clear error."""
-    if isinstance(X, (str, bytes, os.PathLike)):
+    if isinstance(X, _PATH_TYPES):
         raise TypeError(f"{name} is a single path ({X!r}); pass a list of image files, e.g. "
                         "sorted(pathlib.Path(folder).glob('*.png')), or of arrays.")
     if isinstance(X, np.ndarray) and X.dtype.kind in "US":  # np.array of file names
@@ -177,7 +179,7 @@ def validate_image_source(X: Any, name: str = "X", size=None):
     """
     X = _as_item_list(X, name)
     if (size is not None and isinstance(X, (list, tuple)) and len(X) > 0
-            and all(isinstance(item, (str, bytes, os.PathLike)) for item in X)):
+            and all(isinstance(item, _PATH_TYPES) for item in X)):
         files = ImageFiles(X, name, size)
         return files, files.sizes
     return _validate_images(X, name, size)
@@ -199,7 +201,7 @@ def _validate_images(X: Any, name: str = "X", size=None
     if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
         arrays = []
         for item in X:
-            if isinstance(item, (str, bytes, os.PathLike)):  # an image file
+            if isinstance(item, _PATH_TYPES):  # an image file
                 item = _read_image_file(item, name)
             elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
                 item = _pil_to_array(item)
