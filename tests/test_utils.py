@@ -91,6 +91,33 @@ def test_type_errors():
         check_tensor(None)
 
 
+def test_dates_and_durations_are_refused_by_name():
+    with pytest.raises(TypeError, match=r"X must contain numbers.*datetime64"):
+        check_tensor(np.array([["2020-01-01"]], dtype="datetime64[D]"))
+    with pytest.raises(TypeError, match=r"lags must contain numbers.*timedelta64"):
+        check_tensor(np.array([[1, 2]], dtype="timedelta64[s]"), name="lags")
+
+
+def test_pandas_missing_values_are_reported_as_nan():
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": pd.array([1, None], dtype="Int64"), "b": [0.5, 2.0]})
+    with pytest.raises(ValueError, match="X contains NaN"):
+        check_tensor(frame)
+    t = check_tensor(frame, allow_nan=True, dtype=torch.float64)
+    assert torch.isnan(t[1, 0]) and t[0].tolist() == [1.0, 0.5] and t[1, 1] == 2.0
+    full = pd.DataFrame({"a": pd.array([1, 3], dtype="Int64"), "b": [0.5, 2.0]})
+    assert check_tensor(full, dtype=torch.float64).tolist() == [[1.0, 0.5], [3.0, 2.0]]
+    with pytest.raises(TypeError, match="must contain numbers"):  # NA next to a word
+        check_tensor(np.array([[pd.NA, "a"]], dtype=object))
+
+
+def test_long_double_becomes_float64():
+    x = np.arange(6, dtype=np.longdouble).reshape(3, 2) / 3
+    t = check_tensor(x, dtype=None)
+    assert t.dtype == torch.float64
+    np.testing.assert_array_equal(t.numpy(), x.astype(np.float64))
+
+
 def test_dtype_none_keeps_integer_labels():
     t = check_tensor(np.array([1, 2, 3]), ndim=1, dtype=None)
     assert t.dtype == torch.int64

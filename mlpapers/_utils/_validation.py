@@ -92,6 +92,31 @@ def _all_finite(t: torch.Tensor, block: int = 2**22) -> bool:
     return all(bool(torch.isfinite(t[s:s + rows]).all()) for s in range(0, t.shape[0], rows))
 
 
+def _is_pandas_na(value: Any) -> bool:
+    return type(value).__name__ == "NAType"
+
+
+def _numbers_as_float64(arr: np.ndarray, name: str) -> np.ndarray:
+    """An object/string array of numbers as float64. pandas' nullable columns (``Int64``,
+    ``boolean``) give ``pd.NA`` for missing values: they become NaN, so the NaN check
+    reports them as missing instead of as non-numbers. Dates and durations are refused
+    (their integer encoding is not a feature)."""
+    error = TypeError(f"{name} must contain numbers, got an array of dtype {arr.dtype}.")
+    if arr.dtype.kind in "mM":
+        raise error
+    try:
+        return arr.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        if arr.dtype.kind == "O":
+            missing = np.frompyfunc(_is_pandas_na, 1, 1)(arr).astype(bool)
+            if missing.any():
+                try:
+                    return np.where(missing, np.nan, arr).astype(np.float64)
+                except (TypeError, ValueError):
+                    pass
+        raise error from exc
+
+
 def check_tensor(
     X: Any,
     *,
@@ -175,13 +200,10 @@ def check_tensor(
             )
         if arr.dtype.kind == "c":
             raise ValueError(f"Complex data not supported: {name} has dtype {arr.dtype}.")
-        if arr.dtype.kind in "OUSV":
-            try:
-                arr = arr.astype(np.float64)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"{name} must contain numbers, got an array of dtype {arr.dtype}."
-                ) from exc
+        if arr.dtype.kind in "OUSVmM":
+            arr = _numbers_as_float64(arr, name)
+        elif arr.dtype.kind == "f" and arr.dtype.itemsize > 8:  # long double: torch has none
+            arr = arr.astype(np.float64)
         t = torch.from_numpy(torch_compatible_array(arr))
 
     allowed = None if ndim is None else ({ndim} if isinstance(ndim, int) else set(ndim))
