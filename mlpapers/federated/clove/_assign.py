@@ -95,7 +95,8 @@ def clove_assign(
     back, so the result does not depend on the order of the clients; identical
     rows always share a model. When the matrix has fewer distinct rows than
     ``n_clusters``, k-means runs with that smaller number (some models then get
-    no client).
+    no client); a cluster k-means leaves empty (rows closer than it can resolve
+    next to far larger differences) is dropped the same way.
 
     Parameters
     ----------
@@ -145,7 +146,14 @@ def clove_assign(
         raise ValueError(f"n_clusters must be in [1, {n_models}], got {n_clusters}.")
     if k > n:
         raise ValueError(f"n_clusters={k} exceeds the number of clients {n}.")
-    order = np.lexsort(L.T[::-1])
+    M = L if match_losses is None else _check_loss_matrix(match_losses)
+    if M.shape != L.shape:
+        raise ValueError(f"match_losses must have the shape of loss_matrix {L.shape}, "
+                         f"got {M.shape}.")
+    # a canonical row order (by L, then by M): k-means and the summed matching costs see
+    # the same rows in the same order whatever the clients' order, so that float rounding
+    # cannot break a tie of summed losses differently for a permuted input
+    order = np.lexsort(np.vstack([M.T[::-1], L.T[::-1]]))
     Ls = L[order]
     distinct = 1 + int(np.any(np.diff(Ls, axis=0) != 0, axis=1).sum()) if n > 1 else 1
     k_eff = min(k, distinct)
@@ -154,15 +162,15 @@ def clove_assign(
         centers_c = Ls.mean(axis=0, keepdims=True)
     else:
         km = KMeans(n_clusters=k_eff, n_init=n_init, random_state=random_state).fit(Ls)
-        labels_sorted = km.labels_.astype(np.int64)
-        centers_c = km.cluster_centers_
+        # k-means can leave a cluster empty when rows differ by many orders of magnitude
+        # less than others (it then warns): keep the clusters that hold clients only
+        used, labels_sorted = np.unique(km.labels_, return_inverse=True)
+        labels_sorted = labels_sorted.astype(np.int64).reshape(-1)
+        centers_c = km.cluster_centers_[used]
+        k_eff = len(used)
     labels = np.empty(n, dtype=np.int64)
     labels[order] = labels_sorted
-    M = L if match_losses is None else _check_loss_matrix(match_losses)
-    if M.shape != L.shape:
-        raise ValueError(f"match_losses must have the shape of loss_matrix {L.shape}, "
-                         f"got {M.shape}.")
-    perm = match_clusters(M, labels, k_eff)
+    perm = match_clusters(M[order], labels_sorted, k_eff)
     assignment = perm[labels]
     if not return_centers:
         return assignment
@@ -200,7 +208,8 @@ def choose_n_clusters(
     cluster, so ``n_distinct`` rows give at most ``n_distinct`` clusters) are
     scanned in increasing order; a larger ``k`` replaces the current choice only when its
     silhouette beats the current one by more than ``min_gain`` (relative), which
-    guards against over-splitting (CLoVE's unknown-K mode).
+    guards against over-splitting (CLoVE's unknown-K mode). The answer does not
+    depend on the order of the clients (the rows are sorted first).
 
     Parameters
     ----------
@@ -218,6 +227,9 @@ def choose_n_clusters(
     """
     L = _check_loss_matrix(loss_matrix)
     check_positive(max_clusters, "max_clusters", integer=True)
+    # a canonical row order: Ward linkage breaks ties of merge costs by position, so the
+    # clients' order could otherwise change the chosen number (as in clove_assign)
+    L = L[np.lexsort(L.T[::-1])]
     distinct = np.unique(L, axis=0).shape[0]
     # k = distinct is a valid candidate when rows repeat (it is < n_clients then)
     hi = min(int(max_clusters), distinct, L.shape[0] - 1)
