@@ -149,7 +149,10 @@ class RADDetector(BaseImageDetector):
     in the official code, up to float rounding of the cosine: about 1e-7 with the
     float32 memory, 1e-4 with ``memory_dtype="float16"`` and 1e-3 with
     ``"bfloat16"``. ``decision_scores_`` therefore uses leave-one-out retrieval so
-    that ``threshold_`` is meaningful.
+    that ``threshold_`` is meaningful. A patch whose feature vector is exactly zero
+    (e.g. ReLU features of a uniform region: a uniform mid-gray image with
+    :class:`RandomConvExtractor`) has cosine 0 with every patch, itself included, and
+    scores 1, as in the official code.
 
     References
     ----------

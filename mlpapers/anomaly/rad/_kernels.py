@@ -97,20 +97,64 @@ def retrieve_neighbours(
     Returns
     -------
     LongTensor of shape (B, k')
-        Sorted by decreasing similarity, ``k' = min(k, available)``. Ties are
-        broken by the lower index, so results do not depend on the batch.
+        ``k' = min(k, available)``. Which images are retrieved does not depend on
+        the batch: a tie at the ``k``-th place goes to the lower index. They are
+        sorted by decreasing similarity as one matmul rounds it (exact ties by the
+        lower index), so near-equal similarities may come in another order for
+        another batch; no score depends on the order.
     """
     q = l2_normalize(query_keys.float())
     m = l2_normalize(memory_keys.float())
-    sim = q @ m.T  # (B, N)
+    sim = q @ m.T  # (B, N), fast; its rounding depends on the batch and the position
     n_avail = m.shape[0]
     if exclude is not None:
         rows = torch.nonzero(exclude >= 0).squeeze(1)
         sim[rows, exclude[rows]] = -torch.inf
         n_avail -= int((exclude >= 0).any())
     k = max(1, min(int(k), n_avail))
-    # stable descending sort gives deterministic tie-breaking (topk does not)
-    return torch.sort(sim, dim=1, descending=True, stable=True).indices[:, :k]
+    # Which images make the k best must not depend on the batch: a matmul rounds a dot
+    # product differently by its row, column and batch, so an exact tie at the k-th place
+    # (equal keys) could go either way. The matmul and a position-free reduction
+    # (_position_free_cosines) are both within D * 2**-24 of the exact cosine of the unit
+    # keys, so with ``band`` four times that (a 2x margin), an image above the matmul's
+    # k-th value plus ``band`` is surely in the k best, one below it minus ``band`` surely
+    # out; only the images in between are ranked by the position-free cosines, with ties
+    # to the lower index.
+    band = 8.0 * q.shape[1] * 2.0**-24
+    if torch.get_float32_matmul_precision() != "highest":  # TF32/bf16 matmuls: rank all
+        band = torch.inf
+    kth = sim.topk(k, dim=1).values[:, -1:]
+    chosen = sim > kth + band  # surely in: fewer than k per row
+    maybe = (sim >= kth - band) & ~chosen & (sim > -torch.inf)  # (excluded: -inf)
+    n_maybe = int(maybe.sum(dim=1).max())
+    if n_maybe:
+        cand = sim.masked_fill(~maybe, -torch.inf).topk(n_maybe, dim=1).indices
+        cand = torch.sort(cand, dim=1).values  # ascending index: stable sorts then
+        exact = _position_free_cosines(q, m, cand).masked_fill(
+            ~torch.gather(maybe, 1, cand), -torch.inf)
+        ranked = torch.gather(cand, 1, torch.sort(exact, dim=1, descending=True,
+                                                  stable=True).indices)
+        need = k - chosen.sum(dim=1, keepdim=True)  # (B, 1) places left for the band
+        take = torch.arange(n_maybe, device=sim.device)[None, :] < need
+        rows = torch.arange(len(sim), device=sim.device)[:, None].expand_as(ranked)
+        chosen[rows[take], ranked[take]] = True
+    # the chosen k, by decreasing (matmul) cosine; the order inside the set does not
+    # change any score
+    key = sim.masked_fill(~chosen, -torch.inf)
+    return torch.sort(key, dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def _position_free_cosines(q: torch.Tensor, m: torch.Tensor, cand: torch.Tensor,
+                           block: int = 2**22) -> torch.Tensor:
+    """``q[b] . m[cand[b, j]]`` as elementwise products summed over ``D``: the same
+    reduction for every pair wherever it sits (a matmul rounds a dot product differently
+    by its row, column and batch), in chunks of about ``block`` values.
+
+    Shapes: q (B, D), m (N, D), cand (B, c) -> (B, c).
+    """
+    step = max(1, block // max(1, q.shape[0] * q.shape[1]))
+    return torch.cat([(q[:, None, :] * m[cand[:, s:s + step]]).sum(-1)
+                      for s in range(0, cand.shape[1], step)], dim=1)
 
 
 def positional_patch_similarity(

@@ -119,7 +119,9 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     if loss == "hinge":
         return F.relu(1.0 - u_pos) + F.relu(1.0 + u_neg)
     if loss == "softhinge":
-        return F.softplus(1.0 - u_pos) + F.softplus(1.0 + u_neg)
+        # softplus(x) = -logsigmoid(-x), exact everywhere (F.softplus switches to x above
+        # its threshold 20, an error of up to 2e-9 that float64 losses and gradients see)
+        return -F.logsigmoid(u_pos - 1.0) - F.logsigmoid(-1.0 - u_neg)
     if loss == "linear":
         return u_neg - u_pos
     raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}.")

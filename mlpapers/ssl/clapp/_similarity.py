@@ -33,7 +33,10 @@ def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
     the top block's loss backpropagated through the whole network (the
     BP-CLAPP gradient). For every block the cosine between the two raw gradients
     (all the block's parameters, flattened) is averaged over batches, as in the
-    paper's gradient analysis. The top block's cosine is 1 by construction.
+    paper's gradient analysis. The top block's cosine is 1 by construction, except
+    that a batch on which a block's gradient is exactly zero (every hinge term
+    satisfied) counts as a cosine of 0 for that block, as ``cosine_similarity`` gives
+    in the official analysis; such batches lower the mean.
 
     Parameters
     ----------
