@@ -111,6 +111,14 @@ def test_pandas_missing_values_are_reported_as_nan():
         check_tensor(np.array([[pd.NA, "a"]], dtype=object))
 
 
+def test_reversed_axis_of_length_one_is_accepted():
+    # numpy calls x[:, ::-1] of one column C-contiguous, yet its stride is negative
+    x = np.arange(3.0).reshape(3, 1)[:, ::-1]
+    assert x.flags.c_contiguous and min(x.strides) < 0
+    t = check_tensor(x, dtype=torch.float64)
+    np.testing.assert_array_equal(t.numpy(), x)
+
+
 def test_long_double_becomes_float64():
     x = np.arange(6, dtype=np.longdouble).reshape(3, 2) / 3
     t = check_tensor(x, dtype=None)

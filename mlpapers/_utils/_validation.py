@@ -299,9 +299,12 @@ def torch_compatible_array(a: Any) -> np.ndarray:
 
     Big-endian data (from FITS/HDF5/MATLAB files), read-only memmaps and pandas'
     copy-on-write views, and strided views all need the copy; 0-d arrays stay 0-d.
+    A reversed axis of length 1 (``x[:, ::-1]`` of one column) leaves numpy's
+    C-contiguous flag set but a negative stride that torch refuses: copied too.
     """
     a = np.asanyarray(a)
-    return np.require(a, dtype=a.dtype.newbyteorder("="), requirements=["C", "W"])
+    a = np.require(a, dtype=a.dtype.newbyteorder("="), requirements=["C", "W"])
+    return a.copy() if any(st < 0 for st in a.strides) else a
 
 
 def to_numpy(t: Any) -> np.ndarray:

@@ -347,4 +347,8 @@ def delays_from_graph(
     if not np.all(np.isfinite(D)):
         raise ValueError("G is not (strongly) connected: some node pairs have no path.")
     D[D < 1e-200] = 0.0
+    if not directed:
+        # Dijkstra from u and from v add the same links in opposite orders: the two sums
+        # can differ in the last bit; the matrix of an undirected graph is symmetric
+        np.minimum(D, D.T, out=D)
     return D

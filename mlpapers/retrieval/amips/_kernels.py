@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_positive, torch_compatible_array
 
 __all__ = [
     "amips_loss",
@@ -207,10 +206,10 @@ def warmup_cosine_lr(step: int, n_steps: int, peak: float, warmup_steps: int,
 
 # -- metrics -----------------------------------------------------------------
 def _as_tensor(a, dtype=None) -> torch.Tensor:
-    """Tensor view of an array-like; numpy arrays with negative strides are copied."""
+    """Tensor view of an array-like (copied only when torch cannot read it as is)."""
     if isinstance(a, torch.Tensor):
         return a.detach() if dtype is None else a.detach().to(dtype)
-    return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype)
+    return torch.as_tensor(torch_compatible_array(a), dtype=dtype)
 
 
 def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:

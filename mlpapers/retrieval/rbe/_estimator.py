@@ -51,7 +51,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     n_rerank : int, default=0
         If positive, :meth:`kneighbors` re-scores this many top candidates per query
         with the heavy model (``n_rerank`` extra calls per query) and returns the best
-        of them by heavy score.
+        of them by heavy score (ties broken by the lower item index, so
+        ``n_rerank=n_items`` is exact search).
     ridge : float, default=0.0
         Ridge penalty of the linear solve (0: pseudo-inverse).
     rcond : float or None, default=None
@@ -345,7 +346,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         -------
         scores : ndarray of shape (n, n_neighbors)
             Descending; heavy-ranker scores when re-ranking, else approximate scores
-            (only if ``return_distance``).
+            (only if ``return_distance``). Ties are ordered by item index (lower first).
         indices : ndarray of shape (n, n_neighbors), int64
         """
         self._check_fitted()
@@ -367,6 +368,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         if self.n_rerank > 0:
             # Each query has its own candidates: one heavy call per query (1 x n_rerank).
             heavy = self._heavy_per_query(queries, idx).cpu()
+            # ties in heavy score go to the lower item index, as in the exact top-k of
+            # hit_rate: re-ranking every item is then exactly brute-force search (in the
+            # predicted order, graded relevance with ties scored below 1.0)
+            by_item = torch.argsort(idx, dim=1)
+            idx, heavy = torch.gather(idx, 1, by_item), torch.gather(heavy, 1, by_item)
             order = torch.argsort(heavy, dim=1, descending=True, stable=True)[:, :n_neighbors]
             s, idx = torch.gather(heavy, 1, order), torch.gather(idx, 1, order)
         s, idx = to_numpy(s), to_numpy(idx).astype(np.int64)

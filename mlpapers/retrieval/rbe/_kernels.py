@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from mlpapers._utils import check_positive, check_tensor, to_numpy
+from mlpapers._utils import check_positive, check_tensor, to_numpy, torch_compatible_array
 
 __all__ = [
     "cur_query_weights",
@@ -52,7 +52,11 @@ def fit_linear_embeddings(
         Ridge penalty :math:`\lambda` on the embedding coefficients.
     rcond : float or None
         Relative singular-value cutoff of the pseudo-inverse (``ridge == 0``);
-        ``None`` uses ``max(n_queries, k) * eps``.
+        ``None`` uses ``max(n_queries, k) * eps`` and, with ``standardize``, also drops
+        the singular values of :math:`U` below the rounding error of the centring,
+        :math:`2\,\epsilon \sqrt{n_q k}\, \max_j \max_q |R_{qj}| / \sigma_j` (support
+        columns that are affinely dependent, e.g. :math:`r_1 + r_2` constant, differ from
+        it only by that rounding, which the pseudo-inverse would otherwise amplify).
     standardize : bool, default=True
         Centre and scale the support columns and centre the item columns.
 
@@ -68,7 +72,14 @@ def fit_linear_embeddings(
         mean = R_sup.mean(dim=0)
         # (no support column: greedy found nothing to explain; std would warn on 0 columns)
         scale = R_sup.std(dim=0, correction=0) if k else R_sup.new_ones(0)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        # a column constant over the training queries carries nothing: centred on its
+        # value (an exactly 0 column of U) with unit scale, whatever rounding its computed
+        # mean (0.1 + 1.4e-17 for a column of 0.1) and std have; the rounding bound
+        # below divides by the scale
+        const = (R_sup.amax(dim=0) == R_sup.amin(dim=0)) if n_q else scale == 0
+        if bool(const.any()):
+            mean = torch.where(const, R_sup[0], mean)
+        scale = torch.where((scale > 0) & ~const, scale, torch.ones_like(scale))
         U = (R_sup - mean) / scale
         offsets = R.mean(dim=0)
     else:
@@ -79,6 +90,12 @@ def fit_linear_embeddings(
     if ridge > 0:
         A = U.T @ U + ridge * torch.eye(k, dtype=U.dtype, device=U.device)
         P = torch.linalg.solve(A, U.T)
+    elif rcond is None and standardize and k:
+        # centring a column of offset |R| and spread sigma leaves errors up to
+        # 2 eps |R| / sigma in U: a bound on the singular values it can create
+        eps = torch.finfo(U.dtype).eps
+        noise = 2.0 * eps * (n_q * k) ** 0.5 * float((R_sup.abs().amax(dim=0) / scale).max())
+        P = torch.linalg.pinv(U, atol=noise, rtol=max(n_q, k) * eps)
     else:
         P = torch.linalg.pinv(U, rtol=rcond)
     Et = P @ R
@@ -225,7 +242,7 @@ def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None
     k : int
     """
     T = check_matrix(true_scores, "true_scores")
-    P = torch.as_tensor(to_numpy(pred_indices))
+    P = torch.as_tensor(torch_compatible_array(to_numpy(pred_indices)))
     if P.dtype == torch.bool or P.is_complex() or (
             P.is_floating_point() and not bool((P == P.round()).all())):
         raise TypeError(f"pred_indices must hold integer item indices, got {P.dtype} values.")

@@ -95,6 +95,15 @@ def greedy_selection(
     """
     check_in_options(method, "method", ("lowrank", "gram"))
     N = X.shape[0]
+    # The scores a_j / d_j grow as |X|**2 from a_j ~ |X|**4, which underflows float64 for
+    # |X| < 1e-77 (every gain 0: R = [[4e-144]] scored 0) and overflows for |X| > 1e77.
+    # Picks do not depend on the scale: work in units of a power of two (exact) when
+    # the data are far from 1, and scale the gains back.
+    amax = max(float(X.amax()), -float(X.amin())) if X.numel() else 0.0  # no |X| copy
+    unit = 1.0
+    if amax > 0.0 and not 2.0**-60 <= amax <= 2.0**60:
+        unit = 2.0 ** round(math.log2(amax))
+        X = X / unit
     d0 = torch.einsum("ij,ij->i", X, X)  # no (N, n_q) temporary
     thresh = tol * d0.clamp_min(torch.finfo(X.dtype).tiny)
     alive = d0 > torch.finfo(X.dtype).tiny
@@ -111,6 +120,10 @@ def greedy_selection(
             j = int(torch.argmax(score))
             picks.append(j)
             gains.append(score[j])
+            # never again, whatever the deflation leaves: for an item of norm 1e-114 next
+            # to items of norm 1e-3, g_j**2 underflows and G_jj was not deflated (picked
+            # twice)
+            alive[j] = False
             g = G[:, j].clone()
             G -= torch.outer(g, g) / g[j]
     else:
@@ -133,6 +146,7 @@ def greedy_selection(
             j = int(torch.argmax(score))
             picks.append(j)
             gains.append(score[j])
+            alive[j] = False
             g = X @ X[j] - L @ L[j]  # G[:, j]
             h = X @ (X.T @ g) - L @ (L.T @ g)  # G g
             gj = g[j]
@@ -150,7 +164,7 @@ def greedy_selection(
         )
     idx = torch.tensor(picks, dtype=torch.long, device=X.device)
     gain = torch.stack(gains) if gains else X.new_zeros(0)
-    return idx, gain
+    return idx, gain * unit * unit if unit != 1.0 else gain
 
 
 def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
