@@ -56,10 +56,41 @@ def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
         s = min(d_max, 2.0 * separation) / d_max
         theta = np.sqrt(max(0.0, 1.0 - s**2)) * c / np.linalg.norm(c) + s * V
         return theta / np.linalg.norm(theta, axis=1, keepdims=True)
+    theta = _circle_or_cross_polytope(K, d, separation, rng)
+    if theta is not None:
+        return theta
     raise ValueError(
         f"could not place {K} unit-norm models in {d} dimensions with pairwise distances in "
         f"[{separation}, {5 * separation}]; lower separation or raise n_features."
     )
+
+
+def _circle_or_cross_polytope(K: int, d: int, separation: float,
+                              rng: np.random.RandomState) -> np.ndarray | None:
+    """Layouts for more models than dimensions (K > d >= 2), where perturbing a common
+    centre gives too few directions (in 2-D only two): K points spaced by the smallest
+    allowed angle on a circle in a random plane, else K vertices ``+-q_i`` of a randomly
+    rotated cross-polytope (pairwise distances sqrt(2) and 2). None if neither fits
+    ``[separation, 5 * separation]``."""
+    Q = np.linalg.qr(rng.standard_normal((d, d)))[0]  # a random orthonormal basis
+    if separation <= 2.0:
+        step = 2.0 * np.arcsin(separation / 2.0)  # adjacent points exactly separation apart
+        if K * step <= 2.0 * np.pi:
+            phi = rng.uniform(0.0, 2.0 * np.pi) + step * np.arange(K)
+            theta = np.outer(np.cos(phi), Q[:, 0]) + np.outer(np.sin(phi), Q[:, 1])
+            if _pairwise_within(theta, separation):
+                return theta
+    if K <= 2 * d:
+        theta = np.stack([Q[:, i // 2] * (1.0 if i % 2 == 0 else -1.0) for i in range(K)])
+        if _pairwise_within(theta, separation):
+            return theta
+    return None
+
+
+def _pairwise_within(theta: np.ndarray, separation: float) -> bool:
+    dist = np.linalg.norm(theta[:, None] - theta[None], axis=2)[np.triu_indices(len(theta), 1)]
+    # the rows are exactly separation apart by construction: allow its rounding
+    return bool(dist.min() >= separation * (1 - 1e-12) and dist.max() <= 5 * separation)
 
 
 def make_federated_linear(
@@ -93,7 +124,11 @@ def make_federated_linear(
     separation : float, default=1.0
         Minimum pairwise distance :math:`\\Delta` of the true models, at most
         :math:`\\sqrt{2K/(K-1)}` (a regular simplex: 2 for two clusters; values
-        near the bound need ``n_features >= n_clusters``).
+        near the bound need ``n_features >= n_clusters``). With more clusters than
+        features the models are placed on a circle (any separation up to
+        :math:`2\\sin(\\pi/K)` for :math:`K \\le 6`) or at the vertices of a
+        cross-polytope (pairwise distances :math:`\\sqrt 2` and 2) when random
+        placement fails; other layouts raise a ``ValueError``.
     noise : float, default=0.01
         Noise standard deviation :math:`\\sigma`.
     random_state : int, RandomState, Generator or None, default=None
