@@ -161,11 +161,16 @@ def test_federated_digits_are_real_digits_under_the_cluster_shift(kind, K, per, 
             else:  # one label permutation per cluster, applied to the true label
                 assert perms.setdefault((k, true), label) == label
     if kind == "label_swap":
+        complete = []  # the maps of clusters whose data show all ten digits
         for k in range(K):
             mapping = {t: lab for (c, t), lab in perms.items() if c == k}
             assert len(set(mapping.values())) == len(mapping)  # injective
             if k == 0:
                 assert all(t == lab for t, lab in mapping.items())
+            if len(mapping) == 10:
+                complete.append(tuple(sorted(mapping.items())))
+        # documented: every cluster has a different permutation
+        assert len(set(complete)) == len(complete)
     assert _same(make_federated_digits(**kw), (clients, labels))
 
 

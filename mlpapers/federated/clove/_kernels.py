@@ -143,7 +143,7 @@ def weighted_model_average(
     """Per-model weighted average of client parameters (FedAvg inside each cluster).
 
     :math:`\\theta_j = \\sum_{i: a_i = j} w_i \\theta'_i / \\sum_{i: a_i = j} w_i`; a model
-    with no client keeps ``old_params``.
+    with no client, or only clients of weight 0, keeps ``old_params``.
 
     Parameters
     ----------
