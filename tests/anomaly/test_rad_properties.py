@@ -653,14 +653,14 @@ def test_patchcore_batching_order_and_duplicate_invariance(X, n_test, batch_size
 
 
 def test_retrieval_is_the_same_when_float32_matmuls_may_use_lower_precision():
-    """With ``torch.set_float32_matmul_precision("medium")`` a matmul may round to bf16 or
-    TF32, far beyond the float32 band within which only near-ties are re-ranked: the
-    retrieval then ranks every memory image by the position-free cosines, and gives the
-    same neighbours as at full precision. (It can only fail where matmuls honour the
-    setting: CUDA, CPUs with bf16/AMX units.)"""
+    """With ``torch.set_float32_matmul_precision("medium")`` a float32 matmul may round to
+    bf16 or TF32, far beyond the band within which near-ties are re-ranked; the ranking
+    matmul is float64, which the setting does not touch, so the same images are
+    retrieved. (It can only fail where matmuls honour the setting: CUDA, CPUs with
+    bf16/AMX units.)"""
     g = torch.Generator().manual_seed(3)
     mem = torch.randn(40, 24, generator=g)
-    mem[7] = mem[2] * 3.0  # an exact tie
+    mem[7] = mem[2] * 4.0  # an exact tie
     qry = torch.cat([mem[2:3], torch.randn(5, 24, generator=g)])
     want = retrieve_neighbours(qry, mem, 9)
     previous = torch.get_float32_matmul_precision()
@@ -669,4 +669,59 @@ def test_retrieval_is_the_same_when_float32_matmuls_may_use_lower_precision():
         got = retrieve_neighbours(qry, mem, 9)
     finally:
         torch.set_float32_matmul_precision(previous)
-    assert torch.equal(got, want)
+    assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
+
+
+@settings(max_examples=max(N_EX, 30), deadline=None)
+@given(n_q=st.integers(1, 5), copies=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+       d=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_retrieval_takes_the_lowest_indices_of_a_tied_group_in_any_batch(n_q, copies, d,
+                                                                         seed, data):
+    """Memory of a few directions, each repeated at power-of-two scales (equal keys after
+    normalisation) in shuffled positions: for any ``k`` the retrieved images are the
+    groups ranked by float64 cosine, the group cut at the ``k``-th place contributing
+    its lowest indices, the same for every batch and for each query alone."""
+    g = torch.Generator().manual_seed(seed)
+    base = F.normalize(torch.randn(len(copies), d, generator=g, dtype=torch.float64), dim=1)
+    group = np.repeat(np.arange(len(copies)), copies)
+    group = group[data.draw(st.permutations(range(len(group))))]
+    scale = 2.0 ** torch.randint(-3, 4, (len(group),), generator=g).double()
+    mem = (base[torch.as_tensor(group)] * scale[:, None]).float()
+    qry = torch.randn(n_q, d, generator=g)
+    qry[0] = base[int(group[0])].float()  # a query on a memory direction
+    unit = F.normalize(mem, dim=1)
+    # tie groups: memory rows equal after normalisation (a draw may repeat a direction)
+    _, tie = torch.unique(unit, dim=0, return_inverse=True)
+    cos = F.normalize(qry.double(), dim=1) @ unit.double().T
+    gaps = [abs(float(cos[b, i] - cos[b, j])) for b in range(n_q)
+            for i in range(len(group)) for j in range(len(group)) if tie[i] != tie[j]]
+    assume(not gaps or min(gaps) > 1e-4)  # distinct directions: no near-ties to round
+    k = data.draw(st.integers(1, len(group)))
+    got = retrieve_neighbours(qry, mem, k)
+    for b in range(n_q):
+        # by decreasing cosine, then by index: ties go to the lower index
+        ranked = sorted(range(len(group)), key=lambda i: (-round(float(cos[b, i]), 8), i))
+        assert sorted(got[b].tolist()) == sorted(ranked[:k]), b
+    as_sets = got.sort(dim=1).values
+    for lo in range(n_q):
+        alone = retrieve_neighbours(qry[lo:lo + 1], mem, k)
+        assert torch.equal(alone.sort(dim=1).values, as_sets[lo:lo + 1])
+
+
+def test_retrieval_works_when_the_matmul_precision_cannot_be_read(monkeypatch):
+    """torch refuses ``get_float32_matmul_precision`` once the newer ``fp32_precision``
+    API has been used: retrieval then ranks with a float64 matmul and retrieves the same
+    images (it used to raise from inside ``fit``)."""
+    g = torch.Generator().manual_seed(5)
+    mem = torch.randn(30, 12, generator=g)
+    mem[9] = mem[4] * 0.5  # an exact tie
+    qry = torch.cat([mem[4:5], torch.randn(4, 12, generator=g)])
+    want = retrieve_neighbours(qry, mem, 6)
+
+    def refuse():
+        raise RuntimeError("mixing the old and new fp32 precision APIs")
+
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", refuse)
+    got = retrieve_neighbours(qry, mem, 6)
+    assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
+    assert {4, 9} <= set(got[0].tolist())  # the query and its tied copy

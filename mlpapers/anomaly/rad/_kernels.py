@@ -98,31 +98,37 @@ def retrieve_neighbours(
     -------
     LongTensor of shape (B, k')
         ``k' = min(k, available)``. Which images are retrieved does not depend on
-        the batch: a tie at the ``k``-th place goes to the lower index. They are
+        the batch: a tie at the ``k``-th place (keys equal after normalisation, e.g.
+        one a power-of-two multiple of the other) goes to the lower index. They are
         sorted by decreasing similarity as one matmul rounds it (exact ties by the
         lower index), so near-equal similarities may come in another order for
         another batch; no score depends on the order.
     """
     q = l2_normalize(query_keys.float())
     m = l2_normalize(memory_keys.float())
-    sim = q @ m.T  # (B, N), fast; its rounding depends on the batch and the position
+    # The ranking matmul's rounding depends on its batch and position (handled below).
+    # Float32 when its matmuls are IEEE; if the user allowed TF32/bf16 float32 matmuls,
+    # float64, which those settings never lower.
+    ieee = _float32_matmuls_are_ieee()
+    sim = q @ m.T if ieee else q.double() @ m.double().T  # (B, N)
+    sim_eps = 2.0**-24 if ieee else 2.0**-53
     n_avail = m.shape[0]
     if exclude is not None:
         rows = torch.nonzero(exclude >= 0).squeeze(1)
         sim[rows, exclude[rows]] = -torch.inf
         n_avail -= int((exclude >= 0).any())
     k = max(1, min(int(k), n_avail))
+    if len(q) == 0:
+        return torch.empty(0, k, dtype=torch.long, device=q.device)
     # Which images make the k best must not depend on the batch: a matmul rounds a dot
     # product differently by its row, column and batch, so an exact tie at the k-th place
-    # (equal keys) could go either way. The matmul and a position-free reduction
-    # (_position_free_cosines) are both within D * 2**-24 of the exact cosine of the unit
-    # keys, so with ``band`` four times that (a 2x margin), an image above the matmul's
-    # k-th value plus ``band`` is surely in the k best, one below it minus ``band`` surely
-    # out; only the images in between are ranked by the position-free cosines, with ties
-    # to the lower index.
-    band = 8.0 * q.shape[1] * 2.0**-24
-    if torch.get_float32_matmul_precision() != "highest":  # TF32/bf16 matmuls: rank all
-        band = torch.inf
+    # (equal unit keys) could go either way. The float32 position-free reduction
+    # (_position_free_cosines) is within D * 2**-24 of the exact cosine of the unit keys,
+    # the matmul within D * sim_eps; with ``band`` twice their sum on each side (a 2x
+    # margin), an image above the matmul's k-th value plus ``band`` is surely in the k
+    # best, one below it minus ``band`` surely out; only the images in between are
+    # ranked by the position-free cosines, with ties to the lower index.
+    band = 4.0 * q.shape[1] * (2.0**-24 + sim_eps)
     kth = sim.topk(k, dim=1).values[:, -1:]
     chosen = sim > kth + band  # surely in: fewer than k per row
     maybe = (sim >= kth - band) & ~chosen & (sim > -torch.inf)  # (excluded: -inf)
@@ -130,7 +136,7 @@ def retrieve_neighbours(
     if n_maybe:
         cand = sim.masked_fill(~maybe, -torch.inf).topk(n_maybe, dim=1).indices
         cand = torch.sort(cand, dim=1).values  # ascending index: stable sorts then
-        exact = _position_free_cosines(q, m, cand).masked_fill(
+        exact = _position_free_cosines(q, m, cand).to(sim.dtype).masked_fill(
             ~torch.gather(maybe, 1, cand), -torch.inf)
         ranked = torch.gather(cand, 1, torch.sort(exact, dim=1, descending=True,
                                                   stable=True).indices)
@@ -142,6 +148,15 @@ def retrieve_neighbours(
     # change any score
     key = sim.masked_fill(~chosen, -torch.inf)
     return torch.sort(key, dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def _float32_matmuls_are_ieee() -> bool:
+    """False when float32 matmuls may round to TF32 or bf16 (or the settings cannot be
+    read: torch refuses the old query once the newer ``fp32_precision`` API is used)."""
+    try:
+        return torch.get_float32_matmul_precision() == "highest"
+    except RuntimeError:
+        return False
 
 
 def _position_free_cosines(q: torch.Tensor, m: torch.Tensor, cand: torch.Tensor,

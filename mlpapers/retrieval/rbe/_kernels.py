@@ -94,7 +94,9 @@ def fit_linear_embeddings(
         # centring a column of offset |R| and spread sigma leaves errors up to
         # 2 eps |R| / sigma in U: a bound on the singular values it can create
         eps = torch.finfo(U.dtype).eps
-        noise = 2.0 * eps * (n_q * k) ** 0.5 * float((R_sup.abs().amax(dim=0) / scale).max())
+        # (constant columns are exact zeros in U: no rounding, whatever their value)
+        spread = (R_sup.abs().amax(dim=0) / scale).masked_fill(const, 0.0)
+        noise = 2.0 * eps * (n_q * int((~const).sum())) ** 0.5 * float(spread.max())
         P = torch.linalg.pinv(U, atol=noise, rtol=max(n_q, k) * eps)
     else:
         P = torch.linalg.pinv(U, rtol=rcond)
