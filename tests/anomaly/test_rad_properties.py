@@ -725,3 +725,9 @@ def test_retrieval_works_when_the_matmul_precision_cannot_be_read(monkeypatch):
     got = retrieve_neighbours(qry, mem, 6)
     assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
     assert {4, 9} <= set(got[0].tolist())  # the query and its tied copy
+
+
+def test_retrieval_of_an_empty_batch_is_empty():
+    mem = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
+    got = retrieve_neighbours(torch.empty(0, 4), mem, 3)
+    assert got.shape == (0, 3) and got.dtype == torch.long
