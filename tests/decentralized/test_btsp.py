@@ -53,8 +53,12 @@ def brute_bcd(D, perm, schedule, directed=False):
 
 
 def brute_biconnected(A):
+    """By the definition: connected, and still connected after removing any one node
+    (undirected: ``A`` is symmetrised; fewer than two nodes are not biconnected)."""
     n = len(A)
-    A = A & ~np.eye(n, dtype=bool)
+    A = (A | A.T) & ~np.eye(n, dtype=bool)
+    if n < 2:
+        return False
     if n == 2:
         return bool(A[0, 1])
     if connected_components(A, directed=False)[0] != 1:

@@ -38,6 +38,8 @@ from mlpapers.decentralized.btsp import (
 )
 from mlpapers.decentralized.btsp._dsgd import mix
 
+from .test_btsp import brute_biconnected
+
 N = int(os.environ.get("PROP_EXAMPLES", 0))
 
 
@@ -109,24 +111,6 @@ def _brute_bcd_all(D, schedule, directed):
 
 def _cycle_bottleneck(E, tour):
     return float(E[tour, np.roll(tour, -1)].max())
-
-
-def _brute_biconnected(A):
-    from scipy.sparse.csgraph import connected_components
-
-    n = len(A)
-    A = (A | A.T) & ~np.eye(n, dtype=bool)
-    if n < 2:
-        return False
-    if n == 2:
-        return bool(A[0, 1])
-    if connected_components(A, directed=False)[0] != 1:
-        return False
-    for v in range(n):
-        keep = np.arange(n) != v
-        if connected_components(A[np.ix_(keep, keep)], directed=False)[0] != 1:
-            return False
-    return True
 
 
 # -------------------------------------------------------------- schedules ------
@@ -233,7 +217,7 @@ def test_is_biconnected_matches_the_definition_and_ignores_labels(n, density, se
     rng = np.random.default_rng(seed)
     A = np.triu(rng.random((n, n)) < density, 1)
     A = A | A.T
-    want = _brute_biconnected(A)
+    want = brute_biconnected(A)
     assert is_biconnected(A) == want
     sigma = rng.permutation(n)
     assert is_biconnected(A[np.ix_(sigma, sigma)]) == want
@@ -253,7 +237,7 @@ def test_threshold_is_the_smallest_biconnected_value_and_is_label_and_order_free
     S = np.minimum(D, D.T) if directed else np.maximum(D, D.T)
     theta = biconnected_threshold(D, directed=directed)
     vals = np.unique(S[np.triu_indices(n, 1)])
-    want = next(t for t in vals if _brute_biconnected(S <= t)) if n > 2 else S[0, 1]
+    want = next(t for t in vals if brute_biconnected(S <= t)) if n > 2 else S[0, 1]
     assert theta == want
     sigma = np.random.default_rng(seed).permutation(n)
     assert biconnected_threshold(_perm_matrix(D, sigma), directed=directed) == theta
