@@ -54,9 +54,10 @@ def fit_linear_embeddings(
         Relative singular-value cutoff of the pseudo-inverse (``ridge == 0``);
         ``None`` uses ``max(n_queries, k) * eps`` and, with ``standardize``, also drops
         the singular values of :math:`U` below the rounding error of the centring,
-        :math:`2\,\epsilon \sqrt{n_q k}\, \max_j \max_q |R_{qj}| / \sigma_j` (support
-        columns that are affinely dependent, e.g. :math:`r_1 + r_2` constant, differ from
-        it only by that rounding, which the pseudo-inverse would otherwise amplify).
+        :math:`2\,\epsilon \sqrt{n_q k'}\, \max_j \max_q |R_{qj}| / \sigma_j` over the
+        :math:`k'` support columns that are not constant (affinely dependent columns,
+        e.g. :math:`r_1 + r_2` constant, differ from it only by that rounding, which the
+        pseudo-inverse would otherwise amplify; a constant column is an exact zero).
     standardize : bool, default=True
         Centre and scale the support columns and centre the item columns.
 
