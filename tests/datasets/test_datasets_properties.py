@@ -193,9 +193,10 @@ def test_mips_problem_shapes_unit_queries_and_norms(n_keys, d, n_q, n_anchors, q
     assert _same((k2, q2), (keys, queries))
     extra = sampler(3, seed)
     assert extra.shape == (3, d) and np.array_equal(extra, s2(3, seed))
-    if qn == 0:  # no noise: every query is one of the unit anchors
+    if qn == 0:  # no noise: every query (sampled or returned) is one of the unit anchors
         anchors = sampler.anchors.astype(np.float32)
-        assert all(np.abs(anchors - q).max(axis=1).min() <= 1e-6 for q in extra)
+        assert all(np.abs(anchors - q).max(axis=1).min() <= 1e-6
+                   for q in np.concatenate([extra, queries]))
 
 
 @given(st.integers(1, 8), st.integers(1, 9), st.integers(1, 5), st.integers(1, 4),
