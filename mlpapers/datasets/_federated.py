@@ -42,7 +42,7 @@ def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
         theta /= np.linalg.norm(theta, axis=1, keepdims=True)
         if K == 1:
             return theta
-        dist = np.linalg.norm(theta[:, None] - theta[None], axis=2)[np.triu_indices(K, 1)]
+        dist = _pairwise_distances(theta)
         if dist.min() >= separation and dist.max() <= 5 * separation:
             return theta
     if 1 < K <= d:
@@ -87,8 +87,13 @@ def _circle_or_cross_polytope(K: int, d: int, separation: float,
     return None
 
 
+def _pairwise_distances(theta: np.ndarray) -> np.ndarray:
+    """The distances between all pairs of rows (upper triangle, flattened)."""
+    return np.linalg.norm(theta[:, None] - theta[None], axis=2)[np.triu_indices(len(theta), 1)]
+
+
 def _pairwise_within(theta: np.ndarray, separation: float) -> bool:
-    dist = np.linalg.norm(theta[:, None] - theta[None], axis=2)[np.triu_indices(len(theta), 1)]
+    dist = _pairwise_distances(theta)
     # the rows are exactly separation apart by construction: allow its rounding
     return bool(dist.min() >= separation * (1 - 1e-12) and dist.max() <= 5 * separation)
 

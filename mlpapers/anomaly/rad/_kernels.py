@@ -142,8 +142,8 @@ def retrieve_neighbours(
                                                   stable=True).indices)
         need = k - chosen.sum(dim=1, keepdim=True)  # (B, 1) places left for the band
         take = torch.arange(n_maybe, device=sim.device)[None, :] < need
-        rows = torch.arange(len(sim), device=sim.device)[:, None].expand_as(ranked)
-        chosen[rows[take], ranked[take]] = True
+        query = torch.arange(len(sim), device=sim.device)[:, None].expand_as(ranked)
+        chosen[query[take], ranked[take]] = True
     # the chosen k, by decreasing (matmul) cosine; the order inside the set does not
     # change any score
     key = sim.masked_fill(~chosen, -torch.inf)

@@ -75,6 +75,12 @@ def match_clusters(loss_matrix, cluster_labels, n_clusters: int) -> np.ndarray:
     return perm
 
 
+def _canonical_row_order(*keys: np.ndarray) -> np.ndarray:
+    """Row order sorting by the columns of ``keys[0]``, then of ``keys[1]``, ...: rows
+    equal in every key are interchangeable, so any client order gives the same rows."""
+    return np.lexsort(np.vstack([K.T[::-1] for K in reversed(keys)]))
+
+
 def clove_assign(
     loss_matrix,
     n_clusters: int | None = None,
@@ -153,7 +159,7 @@ def clove_assign(
     # a canonical row order (by L, then by M): k-means and the summed matching costs see
     # the same rows in the same order whatever the clients' order, so that float rounding
     # cannot break a tie of summed losses differently for a permuted input
-    order = np.lexsort(np.vstack([M.T[::-1], L.T[::-1]]))
+    order = _canonical_row_order(L, M)
     Ls = L[order]
     distinct = 1 + int(np.any(np.diff(Ls, axis=0) != 0, axis=1).sum()) if n > 1 else 1
     k_eff = min(k, distinct)
@@ -229,7 +235,7 @@ def choose_n_clusters(
     check_positive(max_clusters, "max_clusters", integer=True)
     # a canonical row order: Ward linkage breaks ties of merge costs by position, so the
     # clients' order could otherwise change the chosen number (as in clove_assign)
-    L = L[np.lexsort(L.T[::-1])]
+    L = L[_canonical_row_order(L)]
     distinct = np.unique(L, axis=0).shape[0]
     # k = distinct is a valid candidate when rows repeat (it is < n_clients then)
     hi = min(int(max_clusters), distinct, L.shape[0] - 1)
