@@ -20,7 +20,12 @@ from mlpapers.anomaly.rad._kernels import (
     tiled_patch_similarity,
     top_ratio_pool,
 )
-from mlpapers.anomaly.rad._maps import fused_smoothed_maps, resize_maps, smoothing_operator
+from mlpapers.anomaly.rad._maps import (
+    _top_values,
+    fused_smoothed_maps,
+    resize_maps,
+    smoothing_operator,
+)
 
 
 def _loop_reference(query, memory, nbrs, h, w, radius):
@@ -161,6 +166,24 @@ def test_top_ratio_pool():
     torch.testing.assert_close(top_ratio_pool(maps, 1.0), maps.reshape(2, -1).mean(1))
     tiny = torch.rand(3, 2, 2)  # 1% of 4 pixels -> still one pixel (no NaN)
     torch.testing.assert_close(top_ratio_pool(tiny, 0.01), tiny.reshape(3, -1).amax(1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), n_pixels=st.integers(1, 3000), ratio=st.floats(0.0, 1.0),
+       levels=st.sampled_from([None, 2, 5]))
+def test_top_values_prefilter_equals_topk(seed, n_pixels, ratio, levels):
+    # the block-max prefilter of the image score keeps exactly the multiset of the n
+    # largest values, ties included (levels: maps of a few repeated values)
+    g = torch.Generator().manual_seed(seed)
+    maps = torch.rand(3, n_pixels, generator=g)
+    if levels is not None:
+        maps = torch.floor(maps * levels)
+    n = max(1, int(n_pixels * ratio))
+    expected = torch.topk(maps, n, dim=1).values
+    got = torch.sort(_top_values(maps, n, block=4), dim=1, descending=True).values
+    assert torch.equal(got, expected)
+    # the pooled score is their mean, to float rounding
+    torch.testing.assert_close(top_ratio_pool(maps, ratio), expected.mean(dim=1))
 
 
 def test_gaussian_blur_matches_2d_conv_with_zero_padding():
