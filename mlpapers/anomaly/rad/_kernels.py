@@ -32,10 +32,22 @@ __all__ = [
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-12) -> torch.Tensor:
-    """Divide ``x`` by its L2 norm along ``dim`` (zero vectors stay zero)."""
+    """Divide ``x`` by its L2 norm along ``dim`` (zero vectors stay zero).
+
+    Any finite nonzero vector becomes a unit vector, whatever its scale: when a sum
+    of squares overflows or comes near underflow (float32 features beyond about
+    ``1e19`` or below ``1e-19``), the vectors are first divided by their largest
+    magnitude. ``eps`` only guards the division of zero vectors.
+    """
     # a plain sum of squares: several times faster than ``Tensor.norm`` on CPU when
     # ``dim`` is strided (the channel axis of the (n, h w, c) patch views)
-    return x / x.square().sum(dim=dim, keepdim=True).sqrt().clamp_min(eps)
+    sq = x.square().sum(dim=dim, keepdim=True)
+    info = torch.finfo(sq.dtype)
+    if not bool(((sq > info.tiny ** 0.5) & (sq < info.max ** 0.5)).all()):
+        # rare (zero vectors, extreme scales): rescale, then the squares are safe
+        x = x / x.abs().amax(dim=dim, keepdim=True).clamp_min(info.tiny)
+        sq = x.square().sum(dim=dim, keepdim=True)
+    return x / sq.sqrt().clamp_min(eps)
 
 
 def neighbour_indices(
