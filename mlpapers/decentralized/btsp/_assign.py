@@ -18,6 +18,8 @@ from mlpapers._utils import check_in_options, check_positive, user_stacklevel
 from mlpapers.decentralized.btsp import _search
 from mlpapers.decentralized.btsp._bottleneck import (
     _edge_matrix,
+    _exact_mean,
+    _exact_total,
     _round_maxima,
     _theta_star,
     bottleneck_tsp,
@@ -97,7 +99,7 @@ def best_multiplier(
     perm = check_assignment(assignment, n)
     schedule = circulant_schedule(n, topology)
     c, new, rounds = _search.msr(_edge_matrix(D, bool(directed)), perm, schedule)
-    return c, new, float(rounds.mean())
+    return c, new, _exact_mean(rounds)
 
 
 class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
@@ -130,7 +132,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     metric_closure : bool, default=False
         Replace the delays by their shortest-path closure before solving (the
         ``2 theta*`` guarantee needs the triangle inequality). BCDs are then
-        reported on the closed delays.
+        reported on the closed delays, and ``inf`` in ``delays`` marks a missing
+        link (every pair must be joined by a path).
     n_random : int, default=5
         Random assignments averaged into ``random_bcd_``.
     n_iter : int or None, default=None
@@ -226,6 +229,14 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         -------
         self
 
+        Raises
+        ------
+        ValueError
+            If ``delays`` holds NaN or negative values off the diagonal, ``inf``
+            (allowed with ``metric_closure=True`` as a missing link, if the network
+            stays connected) or values above ``1e300`` (rescale them: every result
+            is proportional to the delays' unit).
+
         Warns
         -----
         UserWarning
@@ -241,7 +252,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         if self.n_iter is not None:
             check_positive(self.n_iter, "n_iter", integer=True)
         check_positive(self.refine_iter, "refine_iter", strict=False, integer=True)
-        D = check_delays(delays)
+        # with metric_closure, inf marks a missing link: the closure fills it in
+        D = check_delays(delays, allow_inf=bool(self.metric_closure))
         n = D.shape[0]
         schedule = circulant_schedule(n, self.topology)
         self._init_fit()
@@ -285,8 +297,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         self.assignment_ = np.asarray(perm, dtype=np.int64)
         self.multiplier_ = int(c)
         self.bcd_per_round_ = rounds
-        self.bcd_total_ = float(rounds.sum())
-        self.bcd_ = float(rounds.mean())
+        self.bcd_total_ = _exact_total(rounds)
+        self.bcd_ = _exact_mean(rounds)
         theta = _theta_star(np.minimum(D, D.T) if directed else E)
         self.theta_ = theta
         self.lower_bound_ = self._lower_bound(E, theta, schedule)
@@ -313,7 +325,12 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         if k < 3:
             return
         mean = float(random_bcds.mean())
-        margin = max(0.05 * mean, 2.0 * float(random_bcds.std(ddof=1)) / np.sqrt(k))
+        if not mean > 0:  # all delays zero: nothing to lose
+            return
+        # the spread relative to the mean: squared deviations of delays in a tiny or huge
+        # unit would underflow or overflow, making the warning depend on the unit
+        rel_std = float((random_bcds / mean).std(ddof=1))
+        margin = max(0.05, 2.0 * rel_std / np.sqrt(k)) * mean
         if self.bcd_ <= mean + margin:
             return
         msr = self.method == "btsp_msr" if self.msr is None else bool(self.msr)
@@ -333,7 +350,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         # bottleneck is at least every node's cheapest outgoing and incoming delay
         nearest = float(max(off.min(axis=1).max(), off.min(axis=0).max()))
         lbs = [theta if any(math.gcd(s, n) == 1 for s in r) else nearest for r in schedule]
-        return float(np.mean(lbs))
+        # rounded as bcd_ is (correctly), so that lower_bound_ <= bcd_ holds to the bit
+        return _exact_mean(np.asarray(lbs))
 
     @staticmethod
     def _edges(perm, schedule) -> np.ndarray:
@@ -355,7 +373,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
 
         self._check_fitted()
-        D = check_delays(delays)
+        D = check_delays(delays, allow_inf=bool(self.metric_closure))
         if D.shape[0] != self.n_nodes_:
             raise ValueError(f"delays has {D.shape[0]} nodes, but {type(self).__name__} was "
                              f"fitted on {self.n_nodes_}.")

@@ -8,6 +8,8 @@ doubly stochastic mixing matrix of the round.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -56,10 +58,14 @@ def mix(params: dict[str, torch.Tensor], W: torch.Tensor) -> dict[str, torch.Ten
 
 def consensus_distance(params: dict[str, torch.Tensor]) -> float:
     """Mean squared distance of the node models to their average,
-    ``(1/n) sum_i ||x_i - x_bar||^2`` over all stacked parameters."""
+    ``(1/n) sum_i ||x_i - x_bar||^2`` over all stacked parameters.
+
+    Computed in float64: the average of equal float32 rows is then exact, so equal
+    node models give exactly 0, and large models do not overflow the squares.
+    """
     total = 0.0
     for v in params.values():
-        flat = v.reshape(v.shape[0], -1)
+        flat = v.reshape(v.shape[0], -1).double()
         total += float(((flat - flat.mean(0, keepdim=True)) ** 2).sum(1).mean())
     return total
 
@@ -83,6 +89,30 @@ def _node_labels(nodes, n_samples: int, n_nodes: int) -> np.ndarray:
     node_of = np.empty(n_samples, dtype=np.int64)
     node_of[idx] = np.repeat(np.arange(n_nodes), [s.size for s in shards])
     return node_of
+
+
+class _SimClock:
+    """Simulated wall clock after ``t`` rounds, ``t * compute + sum of t round delays``,
+    correctly rounded.
+
+    The round delays repeat with period ``tau``: whole periods plus a prefix, in
+    exact rational arithmetic, so long runs do not drift as a running float sum
+    would (one rounding in all). Only evaluated when the time is recorded.
+    """
+
+    def __init__(self, compute_time: float, round_delays: np.ndarray):
+        self.compute = Fraction(compute_time)
+        vals = [Fraction(float(d)) for d in round_delays]
+        self.tau = len(vals)
+        self.prefix = [sum(vals[:r], Fraction(0)) for r in range(self.tau + 1)]
+
+    def __call__(self, t: int) -> float:
+        q, r = divmod(int(t), self.tau)
+        exact = t * self.compute + q * self.prefix[self.tau] + self.prefix[r]
+        try:
+            return float(exact)
+        except OverflowError:  # beyond float64 (e.g. compute_time=1e308): as a float sum
+            return float("inf")
 
 
 class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
@@ -277,6 +307,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Returns
         -------
         self
+
+        Raises
+        ------
+        FloatingPointError
+            When the node models are no longer finite (checked whenever ``history_``
+            records a round): the run diverged; lower ``lr``.
         """
         n, perm, D = self._check_params()
         self._init_fit()
@@ -348,7 +384,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         local_grads = _local_grads_fn(self.model, base, buffers)
 
         logger = ProgressLogger(int(self.n_rounds), self.verbose, desc="DSGD")
-        sim_time = 0.0
+        clock = _SimClock(float(self.compute_time), self.round_delays_)
         B = int(self.batch_size)
         rows = torch.arange(n, device=dev)[:, None]
         for t in logger:
@@ -364,15 +400,18 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                     velocity[k] = self.momentum * velocity[k] + g
                     params[k] = params[k] - self.lr * velocity[k]
                 params = mix(params, W_t[t % len(schedule)])
-            sim_time += float(self.compute_time) + float(self.round_delays_[t % len(schedule)])
             if (t + 1) % int(self.eval_every) == 0 or t + 1 == int(self.n_rounds):
+                if not all(bool(torch.isfinite(v).all()) for v in params.values()):
+                    raise FloatingPointError(
+                        f"DecentralizedSGD diverged by round {t + 1}: non-finite node "
+                        f"parameters; lower lr (now {self.lr}) or standardise X.")
                 loss, acc = self._evaluate(params, Xe, ye)
-                logger.log(round=t + 1, sim_time=sim_time, loss=loss, accuracy=acc,
+                logger.log(round=t + 1, sim_time=clock(t + 1), loss=loss, accuracy=acc,
                            consensus=consensus_distance(params))
         self.n_nodes_ = n
         self.node_params_ = {k: v.detach().cpu() for k, v in params.items()}
         self.params_ = {k: v.mean(0) for k, v in self.node_params_.items()}
-        self.sim_time_ = sim_time
+        self.sim_time_ = clock(int(self.n_rounds))
         self.history_ = logger.history
         self.node_of_ = node_of
         return self

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 
-from mlpapers.decentralized.btsp._bottleneck import _round_maxima
+from mlpapers.decentralized.btsp._bottleneck import _argmin_total, _round_maxima
 from mlpapers.decentralized.btsp._hamilton import EXACT_MAX_N, _exact_minimax
 
 #: Largest ``n`` of the brute-force exact solver for schedules other than a ring.
@@ -35,12 +36,13 @@ def msr(E: np.ndarray, perm: np.ndarray, schedule) -> tuple[int, np.ndarray, np.
 
     Every unit ``c`` of ``Z_n`` is scored in one batched evaluation; ``c = 1`` comes
     first and ties keep the smallest ``c``, so the result is never worse than ``perm``.
+    Near-ties of the per-period sums are resolved exactly (:func:`_argmin_total`).
     """
     n = perm.shape[0]
     cs = coprime_multipliers(n)
     batch = perm[(cs[:, None] * np.arange(n)[None, :]) % n]  # (phi(n), n)
     rounds = _round_maxima(E, batch, schedule)
-    k = int(rounds.sum(axis=1).argmin())
+    k = _argmin_total(rounds)
     return int(cs[k]), batch[k].copy(), rounds[k]
 
 
@@ -155,7 +157,7 @@ def exact(E: np.ndarray, schedule) -> np.ndarray:
     if n > BRUTE_FORCE_MAX_N:
         raise ValueError(f"method='exact' is limited to n <= {BRUTE_FORCE_MAX_N} for this "
                          f"topology (brute force), got n={n}.")
-    best, best_cost = None, np.inf
+    best, best_cost = None, None
     it = itertools.permutations(range(1, n))
     chunk = 40320
     while True:
@@ -164,8 +166,9 @@ def exact(E: np.ndarray, schedule) -> np.ndarray:
             break
         perms = np.zeros((len(rows), n), dtype=np.int64)
         perms[:, 1:] = rows
-        cost = _round_maxima(E, perms, schedule).sum(axis=1)
-        k = int(cost.argmin())
-        if cost[k] < best_cost:
-            best, best_cost = perms[k].copy(), float(cost[k])
+        rounds = _round_maxima(E, perms, schedule)
+        k = _argmin_total(rounds)  # exact comparisons: float sums of ties may misorder
+        cost = sum(map(Fraction, rounds[k].tolist()))
+        if best_cost is None or cost < best_cost:
+            best, best_cost = perms[k].copy(), cost
     return best

@@ -17,6 +17,7 @@ import numpy as np
 from mlpapers._utils import check_tensor, to_numpy
 
 __all__ = [
+    "MAX_DELAY",
     "TOPOLOGIES",
     "check_assignment",
     "check_delays",
@@ -185,20 +186,56 @@ def mixing_matrices(n: int, topology: str | Sequence = "exponential") -> np.ndar
     return W
 
 
-def check_delays(delays: Any, name: str = "delays") -> np.ndarray:
+#: Largest accepted delay: per-period sums of round bottlenecks, simulated times and
+#: shortest-path sums of larger finite values could overflow float64.
+MAX_DELAY = 1e300
+
+
+def check_delays(delays: Any, name: str = "delays", *, allow_inf: bool = False) -> np.ndarray:
     """Validate a delay matrix: square, at least 2x2, finite and non-negative.
 
     Returns a float64 numpy copy. The diagonal is ignored by every routine (a node
-    never sends to itself) and is set to 0.
+    never sends to itself) and is set to 0, whatever it held (NaN and inf included).
+
+    Parameters
+    ----------
+    delays : array-like of shape (n, n)
+    name : str, default="delays"
+        The argument's name, used in error messages.
+    allow_inf : bool, default=False
+        Accept ``inf`` off the diagonal (no direct link), as the input of
+        :func:`metric_closure` does.
+
+    Notes
+    -----
+    Delays are compared and summed in float64: integer delays above ``2**53`` are
+    rounded (distinct values may then tie), and delays above ``1e300`` are rejected
+    (sums of round bottlenecks would overflow); every result is proportional to the
+    delays' unit, so rescale such inputs.
     """
     t = check_tensor(delays, name=name, ndim=2, dtype="float64", min_samples=2,
-                     min_features=2)
+                     min_features=2, allow_nan=True)
     D = to_numpy(t).astype(np.float64, copy=True)
     if D.shape[0] != D.shape[1]:
         raise ValueError(f"{name} must be a square (n, n) matrix, got shape {D.shape}.")
     np.fill_diagonal(D, 0.0)
+    if np.isnan(D).any():
+        i, j = np.argwhere(np.isnan(D))[0]
+        raise ValueError(f"{name} contains NaN (first at [{i}, {j}]).")
     if (D < 0).any():
         raise ValueError(f"{name} must be non-negative, found min {D.min():.4g}.")
+    inf = np.isinf(D)
+    if inf.any() and not allow_inf:
+        i, j = np.argwhere(inf)[0]
+        raise ValueError(
+            f"{name} contains infinity (first at [{i}, {j}]): every ordered pair of nodes "
+            "needs a finite delay. For link delays with inf between non-adjacent "
+            "nodes, take the shortest-path delays first: metric_closure(delays) or "
+            "metric_closure=True.")
+    if (D[~inf] > MAX_DELAY).any():
+        raise ValueError(f"{name} must be at most {MAX_DELAY:g}, found {D[~inf].max():.4g}: "
+                         "sums of such delays overflow float64; rescale them (every result "
+                         "is proportional to the delays' unit).")
     return D
 
 
@@ -223,12 +260,24 @@ def metric_closure(delays: Any) -> np.ndarray:
     """Shortest-path (Floyd--Warshall) closure of a delay matrix.
 
     The result satisfies the triangle inequality, which the ``2 theta*`` guarantee
-    of :func:`~mlpapers.decentralized.btsp.bottleneck_tsp` needs. Vectorised over
-    the ``(n, n)`` matrix, ``O(n^3)`` time, ``O(n^2)`` memory.
+    of :func:`~mlpapers.decentralized.btsp.bottleneck_tsp` needs. ``inf`` marks a
+    missing link (e.g. ``delays_from_graph(G, shortest_paths=False)``); every pair
+    must be joined by a path. Vectorised over the ``(n, n)`` matrix, ``O(n^3)``
+    time, ``O(n^2)`` memory.
+
+    Raises
+    ------
+    ValueError
+        If some node cannot reach another (the graph of finite delays is not
+        strongly connected).
     """
-    D = check_delays(delays)
+    D = check_delays(delays, allow_inf=True)
     for k in range(D.shape[0]):
         np.minimum(D, D[:, k, None] + D[None, k, :], out=D)
+    if not np.isfinite(D).all():
+        i, j = np.argwhere(~np.isfinite(D))[0]
+        raise ValueError(f"delays has no path of finite delays from node {i} to node {j}: "
+                         "the physical network is disconnected.")
     return D
 
 
