@@ -11,6 +11,7 @@ and the random initial assignment.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import torch
@@ -42,6 +43,22 @@ def _check_loss_matrix(loss_matrix) -> np.ndarray:
     return L
 
 
+def _unit_scale(L: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(L * 2**-e, e)`` with ``2**e`` the power of two just above ``max |L|``.
+
+    k-means, Ward linkage, the silhouette and the matching are scale-equivariant, but
+    their squared distances and sums underflow or overflow for losses far from 1
+    (below ~1e-160 or above ~1e154): clients then collapse into one cluster or the
+    linkage fails. Scaling by a power of two is exact, so well-scaled inputs give
+    bit-identical results.
+    """
+    top = float(np.abs(L).max())
+    if top == 0.0:
+        return L, 0
+    e = math.frexp(top)[1]
+    return np.ldexp(L, -e), e
+
+
 def match_clusters(loss_matrix, cluster_labels, n_clusters: int) -> np.ndarray:
     """Match clusters to models with the Hungarian algorithm on summed losses.
 
@@ -68,7 +85,7 @@ def match_clusters(loss_matrix, cluster_labels, n_clusters: int) -> np.ndarray:
     if n_clusters > L.shape[1]:
         raise ValueError(f"n_clusters={n_clusters} exceeds the number of models {L.shape[1]}.")
     cost = np.zeros((n_clusters, L.shape[1]))
-    np.add.at(cost, labels, L)
+    np.add.at(cost, labels, _unit_scale(L)[0])  # sums of huge losses would overflow
     rows, cols = linear_sum_assignment(cost)
     perm = np.empty(n_clusters, dtype=np.int64)
     perm[rows] = cols
@@ -103,6 +120,9 @@ def clove_assign(
     ``n_clusters``, k-means runs with that smaller number (some models then get
     no client); a cluster k-means leaves empty (rows closer than it can resolve
     next to far larger differences) is dropped the same way.
+
+    The losses are rescaled by a power of two first (exact), so their unit or
+    magnitude does not change the result.
 
     Parameters
     ----------
@@ -160,6 +180,7 @@ def clove_assign(
     # the same rows in the same order whatever the clients' order, so that float rounding
     # cannot break a tie of summed losses differently for a permuted input
     order = _canonical_row_order(L, M)
+    L, scale = _unit_scale(L)
     Ls = L[order]
     distinct = 1 + int(np.any(np.diff(Ls, axis=0) != 0, axis=1).sum()) if n > 1 else 1
     k_eff = min(k, distinct)
@@ -181,7 +202,7 @@ def clove_assign(
     if not return_centers:
         return assignment
     centers = np.full((n_models, n_models), np.nan)
-    centers[perm] = centers_c
+    centers[perm] = np.ldexp(centers_c, scale)
     return assignment, centers
 
 
@@ -235,7 +256,7 @@ def choose_n_clusters(
     check_positive(max_clusters, "max_clusters", integer=True)
     # a canonical row order: Ward linkage breaks ties of merge costs by position, so the
     # clients' order could otherwise change the chosen number (as in clove_assign)
-    L = L[_canonical_row_order(L)]
+    L = _unit_scale(L[_canonical_row_order(L)])[0]
     distinct = np.unique(L, axis=0).shape[0]
     # k = distinct is a valid candidate when rows repeat (it is < n_clients then)
     hi = min(int(max_clusters), distinct, L.shape[0] - 1)

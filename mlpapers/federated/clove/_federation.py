@@ -114,6 +114,13 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         Returns
         -------
         self
+
+        Raises
+        ------
+        FloatingPointError
+            When a client's local update or a training loss is not finite (too large
+            a ``lr``, or losses beyond float32, the models' dtype), naming the round
+            and the client.
         """
         self._init_fit()
         for stale in ("classes_", "_y_1d"):  # from a previous fit with another loss
@@ -168,12 +175,14 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             if frozen:
                 new = assignment[part] < 0
                 if new.any():  # late clients: their lowest-loss model
-                    Ln = engine.loss_matrix(states, data.take(
-                        torch.as_tensor(part[new], device=self._device)))
-                    assignment[part[new]] = ifca_assign(self._to_numpy(Ln))
+                    Ln = self._to_numpy(engine.loss_matrix(states, data.take(
+                        torch.as_tensor(part[new], device=self._device))))
+                    self._check_losses(Ln, part[new], t)
+                    assignment[part[new]] = ifca_assign(Ln)
                 a_part = assignment[part]
             else:
                 L = self._to_numpy(engine.loss_matrix(states, pdata)).astype(np.float64)
+                self._check_losses(L, part, t)
                 if t == 0 and getattr(self, "first_assignment", "loss") == "random":
                     a_part = random_assignment(len(part), M, self._numpy_gen)
                 else:
@@ -183,6 +192,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                 assignment[part] = a_part
             a_t = torch.as_tensor(a_part, device=self._device)
             client_states = engine.local_train(states, a_t, pdata, self._torch_gen)
+            self._check_updates(client_states, part, t)
             states = weighted_model_average(client_states, a_t, weights[part], states)
             entry: dict[str, Any] = {"round": t, "n_participants": len(part),
                                      "n_models_used": len(np.unique(a_part)), "frozen": frozen}
@@ -197,6 +207,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
 
         final = engine.loss_matrix(states, data)
         self.loss_vectors_ = self._to_numpy(final).astype(np.float64)
+        self._check_losses(self.loss_vectors_, np.arange(n), "the final evaluation")
         missing = assignment < 0
         if missing.any():
             assignment[missing] = ifca_assign(self.loss_vectors_[missing])
@@ -207,6 +218,33 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         return self
 
     # -- helpers ----------------------------------------------------------------
+    def _check_updates(self, client_states: dict[str, torch.Tensor], clients: np.ndarray,
+                       t: int) -> None:
+        """A diverged local update (NaN/inf weights) would be averaged into its model and
+        poison every later round silently: stop with the culprits named."""
+        bad = torch.zeros(len(clients), dtype=torch.bool, device=self._device)
+        for v in client_states.values():
+            if v.is_floating_point():
+                bad |= ~torch.isfinite(v.reshape(v.shape[0], -1)).all(1)
+        if bool(bad.any()):
+            ids = clients[self._to_numpy(bad).astype(bool)].tolist()
+            raise FloatingPointError(
+                f"{type(self).__name__} diverged in round {t}: the local update of "
+                f"client(s) {ids[:10]} is not finite; lower lr (now {self.lr}) or "
+                "standardise the data.")
+
+    def _check_losses(self, L: np.ndarray, clients: np.ndarray, when) -> None:
+        """Non-finite losses would make the clustering fail (or silently pick a model)."""
+        bad = ~np.isfinite(L)
+        if bad.any():
+            i, j = np.argwhere(bad)[0]
+            where = f"round {when}" if isinstance(when, (int, np.integer)) else when
+            raise FloatingPointError(
+                f"{type(self).__name__}: the training loss of model {j} on client "
+                f"{int(clients[i])} is not finite in {where}: a model diverged, or the loss "
+                "overflows float32 (the models train in float32); lower lr (now "
+                f"{self.lr}) or rescale the data (e.g. standardise X and y).")
+
     def _encode_targets(self, fed, kind: str) -> tuple[ClientData, int]:
         if kind == "reconstruction":
             return ClientData.from_lists(fed.Xs, None, self._device), int(np.prod(fed.input_shape))

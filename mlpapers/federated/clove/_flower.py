@@ -122,6 +122,11 @@ class CLoVEStrategy(Strategy):
             if set(arrays) != set(keys):
                 raise ValueError(f"node {nid} replied with arrays {sorted(arrays)}, expected "
                                  f"{sorted(keys)}.")
+            if not all(np.isfinite(a).all() for a in arrays.values()):
+                # averaged in, it would poison model j for every later round
+                raise FloatingPointError(f"CLoVEStrategy: node {nid} diverged in round "
+                                         f"{server_round}: its trained model is not finite; "
+                                         "lower the clients' lr.")
             if j not in sums:
                 sums[j] = {k: n * a for k, a in arrays.items()}
                 weights[j] = n
@@ -210,6 +215,12 @@ class CLoVEStrategy(Strategy):
                 metrics = by_node[nid].content["metrics"]
                 if "partition-id" in metrics:
                     self.partitions_[nid] = metrics["partition-id"]
+            if not np.isfinite(L).all():  # name the node: clove_assign could not
+                i, j = np.argwhere(~np.isfinite(L))[0]
+                raise FloatingPointError(
+                    f"CLoVEStrategy: node {self.node_ids_[i]} reported a non-finite loss "
+                    f"for model {j} in round {rnd}: a model diverged (lower the clients' "
+                    "lr) or the loss overflows float32 (rescale the data).")
             assignment = clove_assign(L, min(self.n_clusters, len(self.node_ids_)),
                                       random_state=int(rng.randint(0, 2**31 - 1)),
                                       n_init=self.n_init)
