@@ -24,18 +24,32 @@ def test_l2_normalize_gives_unit_vectors_at_any_scale(dtype, scale):
     torch.testing.assert_close(strided.double(), expected, rtol=tol, atol=tol)
 
 
-class _ScaledConv(torch.nn.Module):
+class _Scale(torch.nn.Module):
     def __init__(self, scale: float):
         super().__init__()
         self.scale = scale
-        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
-        g = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            self.conv.weight.copy_(torch.randn(self.conv.weight.shape, generator=g))
-            self.conv.bias.copy_(torch.randn(self.conv.bias.shape, generator=g))
 
     def forward(self, x):
-        return self.conv(x[:, :1]) * self.scale
+        return x * self.scale
+
+
+def _scaled_extractor(scale: float) -> TorchFeatureExtractor:
+    """A fixed random conv whose hooked patch features (and key) are multiplied by ``scale``."""
+    conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g))
+        conv.bias.copy_(torch.randn(conv.bias.shape, generator=g))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.scaled = conv, _Scale(scale)
+
+        def forward(self, x):
+            return self.scaled(self.conv(x[:, :1]))
+
+    return TorchFeatureExtractor(Net(), layers=["scaled"], key="gap")
 
 
 @pytest.mark.parametrize("scale", [1e-22, 1e21])
@@ -47,8 +61,7 @@ def test_scores_do_not_depend_on_the_feature_scale(scale):
     test = X[3:] + 0.2
 
     def scores(s):
-        ext = TorchFeatureExtractor(_ScaledConv(s), layers=["conv"], key="gap")
-        det = RADDetector(extractor=ext, k_images=2, image_size=16).fit(X)
+        det = RADDetector(extractor=_scaled_extractor(s), k_images=2, image_size=16).fit(X)
         return det.score_samples(X), det.score_samples(test)
 
     train_ref, test_ref = scores(1.0)
@@ -56,3 +69,21 @@ def test_scores_do_not_depend_on_the_feature_scale(scale):
     assert np.all(train < 1e-5)  # every training image matches itself
     np.testing.assert_allclose(train, train_ref, atol=1e-6)
     np.testing.assert_allclose(test_scores, test_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_patchcore_rejects_features_whose_distances_overflow():
+    # Euclidean distances are not scale-free: features near 1e21 overflow float32
+    # squares, which used to give infinite scores; the error names the fix
+    from mlpapers.anomaly.rad import PatchCoreDetector
+
+    rng = np.random.default_rng(0)
+    X = rng.random((6, 16, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="rescale the extractor's outputs"):
+        PatchCoreDetector(extractor=_scaled_extractor(1e21), image_size=16).fit(X)
+    # a large but safe scale still works, with finite scores proportional to the scale
+    small = PatchCoreDetector(extractor=_scaled_extractor(1.0), image_size=16,
+                              random_state=0).fit(X)
+    big = PatchCoreDetector(extractor=_scaled_extractor(2.0**40), image_size=16,
+                            random_state=0).fit(X)
+    np.testing.assert_allclose(big.score_samples(X + 0.2), 2.0**40 * small.score_samples(X + 0.2),
+                               rtol=1e-4)

@@ -109,7 +109,16 @@ class PatchCoreDetector(BaseImageDetector):
             if tuple(f.shape[-2:]) != (h, w):
                 f = F.interpolate(f, size=(h, w), mode="bilinear", align_corners=False)
             out.append(f)
-        return rearrange(torch.cat(out, dim=1), "n c h w -> n (h w) c")
+        emb = rearrange(torch.cat(out, dim=1), "n c h w -> n (h w) c")
+        # squared distances of float32 features beyond this magnitude overflow to inf
+        limit = math.sqrt(torch.finfo(torch.float32).max / (4 * emb.shape[-1]))
+        top = float(emb.abs().amax()) if emb.numel() else 0.0
+        if top > limit:
+            raise ValueError(f"the extractor's features reach magnitude {top:.4g}, beyond "
+                             f"{limit:.3g} where PatchCore's float32 squared distances "
+                             "overflow; rescale the extractor's outputs (e.g. divide them "
+                             "by a constant: the nearest neighbours do not change).")
+        return emb
 
     def _fit_memory(self, feats, keys) -> torch.Tensor:
         dev = self._resolved_device
