@@ -33,6 +33,9 @@ class Unbounded(ConvexContainer):
     def contains(self, x, tol=0.0):
         return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
 
+    def _keeps_inside(self, dtype):
+        return True
+
     def hit(self, x, v, t_max=None, exclude=None):
         C = x.shape[0]
         return (torch.full((C,), float("inf"), dtype=x.dtype, device=x.device),

@@ -57,9 +57,30 @@ class ConvexContainer:
             hit = cache[key] = (arr, torch.as_tensor(arr, dtype=like.dtype, device=like.device))
         return hit[1]
 
+    # whether contains() may be evaluated on float64 copies of lower-precision points (a
+    # closed form on the float64 parameters; a ConvexSet's g is the user's and keeps the
+    # chains' dtype)
+    _exact_in_float64: bool = False
+
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Membership test ``x in K`` (to within ``tol``) of ``(C, d)`` points -> ``(C,)`` bool."""
         raise NotImplementedError
+
+    def _keeps_inside(self, dtype: torch.dtype) -> bool:
+        """Whether every drift of this container provably ends in it (in ``dtype``), so
+        that the sampler can skip testing each proposal (:meth:`_holds`)."""
+        return False
+
+    def _holds(self, x: Tensor) -> Tensor:
+        """Exact membership of ``(C, d)`` points -> ``(C,)`` bool, as the sampler keeps it.
+
+        A float32 point is a float64 number: closed-form containers test it against
+        their float64 parameters (bounds rounded to float32 can lie outside them, and a
+        user's ``(samples >= lo).all()`` in numpy compares in float64).
+        """
+        if self._exact_in_float64 and x.dtype != torch.float64:
+            x = x.double()
+        return self.contains(x)
 
     def hit(self, x: Tensor, v: Tensor, t_max: Tensor | None = None,
             exclude: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:

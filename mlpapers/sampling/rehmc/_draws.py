@@ -228,7 +228,7 @@ def run_chains(transition: Transition, warm: Warmup, x: torch.Tensor, logp: torc
                 stats.write(out, slice(None), n_rec - 1, n)
                 n_kept = n_rec
                 continue
-            ins = support.contains(x)
+            ins = support._holds(x) if isinstance(support, ConvexContainer) else support.contains(x)
             n_in += ins
             keep = ins & (count < n_samples)
             samples[chain_idx[keep], count[keep]] = x[keep]

@@ -84,7 +84,7 @@ class ConvexSet(ConvexContainer):
     def contains(self, x, tol=0.0):
         return self._g(x) <= tol
 
-    def _normal(self, x):
+    def _grad(self, x):
         if self.grad_g is not None:
             with torch.no_grad():
                 gr = self.grad_g(x)
@@ -95,7 +95,7 @@ class ConvexSet(ConvexContainer):
             with torch.enable_grad():
                 xr = x.detach().requires_grad_(True)
                 gr = torch.autograd.grad(self.g(xr).sum(), xr)[0]
-        return gr / gr.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+        return gr
 
     def hit(self, x, v, t_max=None, exclude=None):
         if t_max is None:
@@ -137,7 +137,18 @@ class ConvexSet(ConvexContainer):
             if not bool((open_ & out).any()):
                 break
         t = torch.where(out, lo, torch.full_like(lo, float("inf")))
-        normal = self._normal(x + torch.where(out, lo, t_max)[:, None] * v)
+        gr = self._grad(x + torch.where(out, lo, t_max)[:, None] * v)
+        size = gr.norm(dim=-1)
+        flat = out & ~((size > 0) & torch.isfinite(size))
+        if bool(flat.any()):
+            # g is flat at the inner end of the bracket (a g whose minimum plateau lies
+            # within rounding of 0, or an underflowing gradient): the unit normal 0/0 was
+            # NaN, so the momentum, the positions and log_prob turned NaN and every hit
+            # was a divergence. Outside K, g > min g, so a convex g has a non-zero
+            # gradient at the outer end, a few ulps away.
+            gr = torch.where(flat[:, None], self._grad(x + hi[:, None] * v), gr)
+            size = gr.norm(dim=-1)
+        normal = gr / size[:, None].clamp_min(1e-300)
         return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
 
     def interior_point(self):

@@ -67,8 +67,9 @@ class SampleResult:
     n_reflections : numpy.ndarray of shape (chains,)
         Total boundary reflections over the sampling iterations.
     n_divergent : numpy.ndarray of shape (chains,)
-        Rejected divergent transitions (reflection cap hit, non-finite energy or
-        energy error above 1000) during sampling.
+        Rejected divergent transitions (reflection cap hit, non-finite energy,
+        energy error above 1000, or an end point that rounding put outside the
+        container) during sampling.
     kept_fraction : numpy.ndarray of shape (chains,)
         Fraction of recorded states lying in ``S`` (1 without a ``support``).
     step_size : numpy.ndarray of shape (chains,)

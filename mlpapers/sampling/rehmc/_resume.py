@@ -136,7 +136,7 @@ def resume_start(result, container: ConvexContainer, x0, n_chains: int | None,
         raise ValueError(f"resume: the result has {chains} chains but n_chains={n_chains}; "
                          "leave n_chains unset to continue every chain.")
     x = _array(last, "last_state", (chains, d), dtype, device)
-    if not bool(container.contains(x).all()):
+    if not bool(container._holds(x).all()):  # as the sampler keeps its states
         raise ValueError("resume: the result's last states lie outside the container (a "
                          "different container than the run being resumed?).")
     rng = np.array(state.get("rng_state"), dtype=np.uint8) if isinstance(state, dict) else None

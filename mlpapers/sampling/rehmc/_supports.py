@@ -30,6 +30,8 @@ __all__ = ["Ball", "Box", "ConvexContainer", "ConvexSet", "Ellipsoid", "Polytope
 Tensor = torch.Tensor
 # Faces whose normal speed is below _GRAZE * |v| are treated as parallel to the ray.
 _GRAZE = 64 * float(np.finfo(np.float64).eps)
+# radii whose square (and a margin for |x - center|^2) is a normal float64
+_RADIUS_RANGE = (1e-150, 1e150)
 
 
 class Box(ConvexContainer):
@@ -42,7 +44,8 @@ class Box(ConvexContainer):
     Parameters
     ----------
     lo, hi : array-like of shape (d,) or scalar
-        Finite lower and upper bounds (``lo < hi``); a scalar is broadcast
+        Finite lower and upper bounds (``lo < hi``, with a width ``hi - lo`` that is
+        finite and has a finite inverse, else ``ValueError``); a scalar is broadcast
         against the other bound (at least one must be a vector, or pass
         ``dim``). For a half-open box use a :class:`Polytope` (with a
         ``log_prob`` integrable on it).
@@ -59,6 +62,8 @@ class Box(ConvexContainer):
     >>> float(t[0]), n[0].tolist()
     (0.5, [1.0, 0.0])
     """
+
+    _exact_in_float64 = True
 
     def __init__(self, lo, hi, *, dim: int | None = None):
         lo_a = _as_float_array(lo, "lo", None)
@@ -81,15 +86,33 @@ class Box(ConvexContainer):
                              f"{self.lo[j]:g} >= hi[{j}]={self.hi[j]:g} (a flat box has no "
                              "interior: fix that coordinate and sample the others).")
         self.dim = len(self.lo)
-        self._w = self.hi - self.lo
-        self._inv_w = 1.0 / self._w
+        with np.errstate(over="ignore", divide="ignore"):
+            self._w = self.hi - self.lo
+            self._inv_w = 1.0 / self._w
+        bad = ~(np.isfinite(self._w) & np.isfinite(self._inv_w))
+        if bad.any():  # the fold works in box units (x - lo) / (hi - lo)
+            j = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"Box widths hi - lo must be finite with a finite inverse "
+                             f"(about 1e-308 to 1e308), got hi[{j}] - lo[{j}] = "
+                             f"{self._w[j]:g} (lo[{j}]={self.lo[j]:g}, "
+                             f"hi[{j}]={self.hi[j]:g}); rescale the coordinates.")
+        # the fold's end point lo + w y (0 <= y <= 1) is >= lo, and <= lo + w by
+        # monotone rounding; lo + w can round 1 ulp above hi (1 coordinate in 8 with random
+        # bounds of both signs), else every float64 fold ends in the box
+        self._fold_inside = bool(np.all(self.lo + self._w <= self.hi))
 
     def __repr__(self) -> str:
         return f"Box(dim={self.dim})"
 
     def contains(self, x, tol=0.0):
         lo, hi = self._t(self.lo, x), self._t(self.hi, x)
-        return ((x >= lo - tol) & (x <= hi + tol)).all(-1)
+        if tol:  # (the sampler tests every proposal with tol=0: two operations fewer)
+            lo, hi = lo - tol, hi + tol
+        return ((x >= lo) & (x <= hi)).all(-1)
+
+    def _keeps_inside(self, dtype):
+        # (float32 bounds are rounded to nearest, possibly outside the float64 box)
+        return dtype == torch.float64 and getattr(self, "_fold_inside", False)  # old pickles
 
     def hit(self, x, v, t_max=None, exclude=None):
         lo, hi = self._t(self.lo, x), self._t(self.hi, x)
@@ -178,6 +201,8 @@ class Polytope(ConvexContainer):
     b : array-like of shape (m,)
     """
 
+    _exact_in_float64 = True
+
     def __init__(self, A, b):
         A = _as_float_array(A, "A", 2)
         b = _as_float_array(b, "b", 1)
@@ -203,8 +228,10 @@ class Polytope(ConvexContainer):
         if res.status != 0:
             raise ValueError(f"Polytope: Chebyshev-centre LP failed ({res.message}).")
         radius = float(res.x[-1])
-        if radius <= 1e-12:
-            raise ValueError("Polytope {A x <= b} has an empty interior (it is flat).")
+        if radius <= 1e-12:  # absolute: the LP solver's tolerances are absolute too
+            raise ValueError(f"Polytope {{A x <= b}} has an empty interior (it is flat): "
+                             f"its inradius {radius:.3g} is at most 1e-12 (a polytope that "
+                             "small needs its coordinates rescaled).")
         center = res.x[:self.dim]
         if _is_unbounded(self.A):
             # the LP's centre of an unbounded polytope can lie anywhere along its
@@ -254,7 +281,11 @@ class Ball(ConvexContainer):
     ----------
     center : array-like of shape (d,)
     radius : float
+        In ``[1e-150, 1e150]`` (the exit time solves a quadratic in
+        ``radius**2``), else ``ValueError``: rescale the coordinates.
     """
+
+    _exact_in_float64 = True
 
     def __init__(self, center, radius: float):
         self.center = _as_float_array(center, "center", 1).copy()
@@ -263,6 +294,12 @@ class Ball(ConvexContainer):
             raise TypeError(f"radius must be a real number, got {radius!r}.")
         if not np.isfinite(r) or r <= 0:
             raise ValueError(f"radius must be a finite number > 0, got {radius!r}.")
+        if not _RADIUS_RANGE[0] <= r <= _RADIUS_RANGE[1]:
+            # the exit time solves a quadratic in radius**2, which overflows (an
+            # OverflowError in the first drift) or underflows (every drift was capped)
+            raise ValueError(f"radius must lie in [{_RADIUS_RANGE[0]:g}, "
+                             f"{_RADIUS_RANGE[1]:g}] (its square must be a normal float64), "
+                             f"got {radius!r}; rescale the coordinates.")
         self.radius = float(radius)
         self.dim = len(self.center)
 
@@ -299,6 +336,8 @@ class Ellipsoid(ConvexContainer):
     center : array-like of shape (d,)
     E : array-like of shape (d, d)
     """
+
+    _exact_in_float64 = True
 
     def __init__(self, center, E):
         self.center = _as_float_array(center, "center", 1).copy()

@@ -178,14 +178,14 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
     def in_support(x):
         if support is None:
             return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-        return support.contains(x)
+        return support._holds(x) if isinstance(support, ConvexContainer) else support.contains(x)
 
     if x0 is None:
         x = container.random_interior(n_chains, gen).to(dtype=dtype, device=device)
         # re-draw chains that start outside S: first among the container's well-inside
         # points, then among points covering all of K (S may hug the boundary)
         for attempt in range(400):
-            bad = ~(in_support(x) & container.contains(x))
+            bad = ~(in_support(x) & container._holds(x))
             if not bool(bad.any()):
                 return x
             new = (container.random_interior(n_chains, gen) if attempt < 199
@@ -207,8 +207,9 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
         raise ValueError(f"x0 has {x.shape[0]} rows but n_chains={n_chains}.")
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x0 must be finite (no NaN or inf).")
-    if not bool(container.contains(x).all()):
-        raise ValueError("x0 lies outside the container.")
+    if not bool(container._holds(x).all()):
+        raise ValueError("x0 lies outside the container" + (
+            f" (after rounding to {dtype})." if bool(container.contains(x).all()) else "."))
     if not bool(in_support(x).all()):
         raise ValueError("x0 lies outside the support.")
     return x
