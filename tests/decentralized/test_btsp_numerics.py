@@ -9,10 +9,11 @@ import math
 import warnings
 from fractions import Fraction
 
-import networkx as nx
 import numpy as np
 import pytest
 import torch
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 from mlpapers.decentralized.btsp import (
     BottleneckNodeAssigner,
@@ -39,12 +40,23 @@ def _sym(M):
     return M
 
 
+def _connected(A):
+    return connected_components(csr_matrix(A), directed=False)[0] == 1
+
+
+def _biconnected(A):
+    """From the definition: connected, and still connected without any one vertex."""
+    n = A.shape[0]
+    keep = [np.delete(np.arange(n), v) for v in range(n)]
+    return _connected(A) and all(_connected(A[np.ix_(k, k)]) for k in keep)
+
+
 def _brute_theta(S):
-    """Smallest distinct delay whose threshold graph is biconnected (networkx scan)."""
+    """Smallest distinct delay whose threshold graph is biconnected (a scan)."""
     n = S.shape[0]
     for v in np.unique(S[np.triu_indices(n, 1)]):
         A = (S <= v) & ~np.eye(n, dtype=bool)
-        if n == 2 or nx.is_biconnected(nx.from_numpy_array(A.astype(int))):
+        if n == 2 or _biconnected(A):
             return v
     raise AssertionError("the complete graph is biconnected")
 
@@ -153,6 +165,7 @@ def test_power_of_two_rescaling_changes_nothing(k):
     # scaling by 2**k is exact: the whole fit must scale, including the warning that
     # BTSP-MSR lost to random assignments (its spread estimate squared the BCDs and
     # overflowed above ~1e154, dropping the warning with a numpy RuntimeWarning)
+    nx = pytest.importorskip("networkx")
     G = nx.connected_watts_strogatz_graph(40, 4, 0.2, seed=0)
     rng = np.random.default_rng(0)
     for u, v in G.edges:
@@ -197,6 +210,7 @@ def test_metric_check_of_the_2approx_warning_is_unit_free(scale):
 
 
 def test_infinite_delays_error_names_the_fix_and_metric_closure_fills_links():
+    nx = pytest.importorskip("networkx")
     G = nx.cycle_graph(6)
     G.add_edge(0, 3)
     for u, v in G.edges:
@@ -326,3 +340,18 @@ def test_dsgd_divergence_raises_instead_of_predicting_from_nan():
     # a huge but finite run stays usable, with a finite consensus distance
     clf = DecentralizedSGD(n_nodes=8, n_rounds=30, lr=1e30, random_state=0).fit(X, y)
     assert all(math.isfinite(h["consensus"]) for h in clf.history_)
+
+
+def test_metric_closure_whose_path_sums_exceed_the_bound_names_the_closure():
+    # every link is accepted (1e300), but a 3-hop path sums to 3e300: the error must
+    # come from the closure, not from a later check of delays the user never passed
+    from mlpapers.decentralized.btsp import BottleneckNodeAssigner, metric_closure
+
+    D = np.full((4, 4), np.inf)
+    for i in range(3):
+        D[i, i + 1] = D[i + 1, i] = 1e300
+    with pytest.raises(ValueError, match="shortest-path delays reach 3e\\+300"):
+        metric_closure(D)
+    with pytest.raises(ValueError, match="shortest-path delays reach"):
+        BottleneckNodeAssigner(metric_closure=True).fit(D)
+    np.testing.assert_array_equal(metric_closure(D / 1e10)[0], [0, 1e290, 2e290, 3e290])

@@ -65,7 +65,10 @@ def consensus_distance(params: dict[str, torch.Tensor]) -> float:
     """
     total = 0.0
     for v in params.values():
-        flat = v.reshape(v.shape[0], -1).double()
+        flat = v.reshape(v.shape[0], -1)
+        if flat.device.type == "mps":  # (MPS has no float64)
+            flat = flat.cpu()
+        flat = flat.double()
         total += float(((flat - flat.mean(0, keepdim=True)) ** 2).sum(1).mean())
     return total
 

@@ -278,6 +278,9 @@ def metric_closure(delays: Any) -> np.ndarray:
         i, j = np.argwhere(~np.isfinite(D))[0]
         raise ValueError(f"delays has no path of finite delays from node {i} to node {j}: "
                          "the physical network is disconnected.")
+    if (D > MAX_DELAY).any():  # path sums of delays below the bound can exceed it
+        raise ValueError(f"shortest-path delays reach {D.max():.4g}, above {MAX_DELAY:g}: "
+                         "rescale the delays (every result is proportional to their unit).")
     return D
 
 

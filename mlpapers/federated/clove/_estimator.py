@@ -292,6 +292,8 @@ class FedAvg(_FederatedBase):
        arXiv:1602.05629.
     """
 
+    _assigns_by_loss = False
+
     def __init__(self, *, model="linear", hidden_layer_sizes=(64,), loss="auto", n_rounds=20,
                  local_epochs=1, lr=1e-2, batch_size=100, optimizer="adam",
                  participation=1.0, vectorize="auto", device="cpu", random_state=None,

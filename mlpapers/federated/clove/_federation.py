@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive
+from mlpapers._utils import ProgressLogger, check_in_options, check_positive, user_stacklevel
 from mlpapers.federated.clove._data import infer_loss, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine, stack_states, unstack_state
 from mlpapers.federated.clove._inference import _FederatedInferenceMixin
@@ -42,6 +43,8 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
     """Shared simulation loop; subclasses define the number of models and the assignment."""
 
     _supports_auto = False
+    # whether the assignment reads the loss matrix (FedAvg's does not)
+    _assigns_by_loss = True
     # fit/predict/score take clients, not (X, y) plus routable metadata: no set_*_request.
     __metadata_request__fit = {"clients": metadata_routing.UNUSED,
                                "cluster_labels": metadata_routing.UNUSED}
@@ -234,16 +237,27 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                 "standardise the data.")
 
     def _check_losses(self, L: np.ndarray, clients: np.ndarray, when) -> None:
-        """Non-finite losses would make the clustering fail (or silently pick a model)."""
+        """Non-finite losses would make the clustering fail (or silently pick a model).
+
+        An algorithm whose assignment ignores the losses (FedAvg) only stops on NaN; an
+        infinite loss there is a float32 overflow of a model that still trains (warned).
+        """
         bad = ~np.isfinite(L)
-        if bad.any():
-            i, j = np.argwhere(bad)[0]
-            where = f"round {when}" if isinstance(when, (int, np.integer)) else when
-            raise FloatingPointError(
-                f"{type(self).__name__}: the training loss of model {j} on client "
-                f"{int(clients[i])} is not finite in {where}: a model diverged, or the loss "
-                "overflows float32 (the models train in float32); lower lr (now "
-                f"{self.lr}) or rescale the data (e.g. standardise X and y).")
+        if not bad.any():
+            return
+        i, j = np.argwhere(bad)[0]
+        where = f"round {when}" if isinstance(when, (int, np.integer)) else when
+        advice = (f"lower lr (now {self.lr}) or rescale the data (e.g. standardise X "
+                  "and y).")
+        if not self._assigns_by_loss and not np.isnan(L).any():
+            warnings.warn(f"{type(self).__name__}: some training losses overflow float32 "
+                          "(the models train in float32) and are recorded as inf; "
+                          + advice, RuntimeWarning, stacklevel=user_stacklevel())
+            return
+        raise FloatingPointError(
+            f"{type(self).__name__}: the training loss of model {j} on client "
+            f"{int(clients[i])} is not finite in {where}: a model diverged, or the loss "
+            "overflows float32 (the models train in float32); " + advice)
 
     def _encode_targets(self, fed, kind: str) -> tuple[ClientData, int]:
         if kind == "reconstruction":
