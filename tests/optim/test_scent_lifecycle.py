@@ -104,13 +104,13 @@ def test_partial_auc_exact_objective_works_in_blocks(monkeypatch):
     X = rng.normal(size=(4200, 3))
     y = (X[:, 0] + rng.logistic(size=4200) > 0).astype(int)
     sizes = []
-    original = mod.log_mean_exp
+    original = mod.tempered_log_mean_exp
 
     def recording(x, *args, **kwargs):
         sizes.append(x.numel())
         return original(x, *args, **kwargs)
 
-    monkeypatch.setattr(mod, "log_mean_exp", recording)
+    monkeypatch.setattr(mod, "tempered_log_mean_exp", recording)
     clf = PartialAUCClassifier(epochs=1, random_state=0).fit(X, y)
     value = clf.objective(X, y)
     assert max(sizes) <= 1 << 22

@@ -75,7 +75,8 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         :math:`-\tau\log C`, which does not change the minimiser).
     negatives : {"uniform", "in_batch"}, default="uniform"
         The sampler of the negatives (see above). With ``"in_batch"`` an anchor
-        whose batch holds no other class is skipped for that step.
+        whose batch holds no other class is skipped for that step (so
+        ``batch_size`` must be at least 2).
     method : {"scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"}, default="scent"
         Dual update rule (see :class:`EntropicRiskLoss`).
     log_alpha : float or None, default=None
@@ -201,7 +202,17 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         check_in_options(self.loss, "loss", LOSSES)
         check_in_options(self.negatives, "negatives", NEGATIVES)
         check_positive(self.temperature, "temperature")
+        if self.temperature > float(torch.finfo(torch.float32).max):
+            # the float32 step multiplies the loss by the temperature: inf * 0 = NaN
+            raise ValueError(f"temperature must be at most {torch.finfo(torch.float32).max:.3g}"
+                             f" (float32 training), got {self.temperature!r}.")
         check_positive(self.alpha, "alpha", strict=False)
+        if self.negatives == "in_batch" and self.batch_size < 2:
+            # a batch of one holds no other class: every anchor was skipped, nothing
+            # trained and loss_curve_ was NaN
+            raise ValueError(f"negatives='in_batch' takes the negatives from the other "
+                             f"samples of a batch: batch_size must be >= 2, got "
+                             f"{self.batch_size}.")
         if self.negatives == "uniform" and self.n_negatives >= n_classes:
             raise ValueError(
                 f"n_negatives must be < n_classes (at most {n_classes - 1} negatives exist), "

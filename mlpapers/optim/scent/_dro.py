@@ -28,7 +28,7 @@ from mlpapers.optim.scent._dro_init import (
     feature_scaling,
     unscale,
 )
-from mlpapers.optim.scent._kernels import log_mean_exp
+from mlpapers.optim.scent._kernels import log_mean_exp, tempered_log_mean_exp
 
 __all__ = ["KLDROClassifier", "KLDRORegressor"]
 
@@ -37,7 +37,11 @@ _DOC_PARAMS = r"""
         KL-DRO temperature :math:`\lambda > 0`; small values approach the
         worst-case (maximum) loss, large values the average loss. It is in the
         units of the loss (for the regressor, squared units of ``y``): compare it
-        with the mean ERM loss, or standardise ``y`` first.
+        with the mean ERM loss, or standardise ``y`` first. The SGD is float32:
+        ``lam`` above 3.4e38, or so small that ``loss / lam`` overflows float32,
+        raises a ``ValueError`` (the regressor first rescales ``y`` by a power of
+        two, an exact change of units, when its residuals are beyond
+        :math:`2^{\pm 32}`).
     method : {"scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"}, default="scent"
         Update rule of the single dual variable (see :class:`EntropicRiskLoss`).
     log_alpha : float, "auto" or None, default=None
@@ -132,7 +136,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
 
     def _dro_value(self, W, b, X, y) -> torch.Tensor:
         ell = self._losses(W, b, X, y)
-        return self.lam * log_mean_exp(ell / self.lam) + self._penalty(W)
+        return tempered_log_mean_exp(ell, self.lam) + self._penalty(W)
 
     def fit(self, X, y):
         """Fit by minimising the KL-DRO objective with SCENT (or a baseline).
@@ -169,15 +173,24 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
             scale = scale.clamp_min(math.sqrt(float(self.lr) * float(self.alpha)))
         X = ((X64 - mu) / scale).float()
         W0, b0 = W0.to(X64.device), b0.to(X64.device)
-        W = (W0 * scale).float().to(dev).requires_grad_(True)
-        b = (b0 + W0 @ mu).float().to(dev).requires_grad_(bool(self.fit_intercept))
+        # The regressor's float32 SGD runs on y / t, t a power of two near the initial
+        # residuals: the parameters scale by 1/t and the squared losses, lam and the
+        # penalty by 1/t^2, all exactly in floating point, so the iterates (mapped back)
+        # are those of the unscaled problem, but losses of |y| ~ 1e20 (or 1e-25) no
+        # longer overflow (or underflow) float32.
+        t = self._target_unit(W0, b0, X64, y)
+        y_t = y / t if self._y_numeric else y
+        lam_t = float(self.lam) / (t * t)
+        W = (W0 * scale / t).float().to(dev).requires_grad_(True)
+        b = ((b0 + W0 @ mu) / t).float().to(dev).requires_grad_(bool(self.fit_intercept))
         scale_f = scale.float().to(dev)
+        self._check_lam(self._losses(W, b, X, y_t).detach(), lam_t)
         if isinstance(self.log_alpha, str):  # "auto"
             with torch.no_grad():
                 log_alpha = -float(log_mean_exp(self._losses(W0, b0, X64, y) / self.lam))
         else:
             log_alpha = 0.0 if self.log_alpha is None else float(self.log_alpha)
-        loss_fn = make_loss(self, 1, log_alpha, temperature=float(self.lam)).to(dev)
+        loss_fn = make_loss(self, 1, log_alpha, temperature=lam_t).to(dev)
         params = [W, b] if self.fit_intercept else [W]
         opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum,
                               nesterov=self.momentum > 0)
@@ -193,22 +206,47 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                 rows = perm[start:start + bs]
                 set_lrs(opt, loss_fn, self, lr_factor(self.lr_schedule, step, total))
                 opt.zero_grad()
-                ell = self._losses(W, b, X[rows], y[rows])
-                if not bool(torch.isfinite(ell.detach()).all()):
+                ell = self._losses(W, b, X[rows], y_t[rows])
+                if not bool(torch.isfinite(ell.detach() / lam_t).all()):
                     raise FloatingPointError(
                         f"{type(self).__name__}(method={self.method!r}) diverged at epoch "
                         f"{epoch + 1}; lower lr.")
-                (loss_fn(ell[None, :], zero) + self._penalty(W / scale_f)).backward()
+                surrogate = loss_fn(ell[None, :], zero)
+                if not bool(torch.isfinite(surrogate.detach())):
+                    # ASGD's exp(L - nu) overflowed: nu = inf, every later weight 0 (the
+                    # model would freeze without a word)
+                    raise FloatingPointError(
+                        f"{type(self).__name__}(method={self.method!r}) diverged at epoch "
+                        f"{epoch + 1}: the dual update overflowed; lower dual_lr or lr.")
+                (surrogate + self._penalty(W / scale_f)).backward()
                 opt.step()
                 step += 1
             with torch.no_grad():
-                Wo, bo = unscale(W, b, mu, scale)
+                Wo, bo = unscale(W.detach().double() * t, b.detach().double() * t, mu, scale)
                 self.loss_curve_.append(float(self._dro_value(Wo, bo, X64, y)))
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.nu_ = float(loss_fn.nu[0]) if self.method != "bsgd" else float("nan")
-        self._store(*unscale(W, b, mu, scale))
+        self._store(*unscale(W.detach().double() * t, b.detach().double() * t, mu, scale))
         return self
+
+    def _target_unit(self, W0, b0, X64, y) -> float:
+        """The power of two ``t`` the regressor's SGD divides ``y`` by (1 otherwise)."""
+        return 1.0
+
+    def _check_lam(self, ell: torch.Tensor, lam_t: float) -> None:
+        """Clear errors, before any step, where float32 cannot hold ``loss / lam``."""
+        big = float(torch.finfo(torch.float32).max)
+        if lam_t > big:
+            raise ValueError(
+                f"lam={self.lam!r} is too large for the float32 SGD of {type(self).__name__}: "
+                f"lam is in units of the loss (mean initial loss {float(ell.mean()):.3g}), "
+                "and any lam far above it gives the ERM solution.")
+        if not bool(torch.isfinite(ell / lam_t).all()):
+            raise ValueError(
+                f"lam={self.lam!r} is too small for the scale of the losses: loss / lam "
+                f"overflows float32 at the initial model (losses up to "
+                f"{float(ell.max()) * self.lam / lam_t:.3g}); lam is in units of the loss.")
 
     def objective(self, X, y) -> float:
         r"""Exact KL-DRO objective :math:`\lambda\log\frac1n\sum_i e^{\ell_i/\lambda}
@@ -280,6 +318,16 @@ class KLDRORegressor(RegressorMixin, _KLDROBase):
 
     def _losses(self, W, b, X, y):
         return (X.to(W.dtype) @ W + b - y.to(W.dtype)) ** 2
+
+    def _target_unit(self, W0, b0, X64, y) -> float:
+        with torch.no_grad():
+            r = float((X64 @ W0 + b0 - y).abs().max())
+        if not 0 < r < math.inf or 2.0 ** -32 <= r <= 2.0 ** 32:
+            return 1.0    # float32 holds these squared residuals: nothing to rescale
+        # a power of two >= max |residual|, but keeping lam / t^2 within 2^+-100 (a
+        # near-perfect fit has tiny residuals: t from them alone would make it overflow)
+        half = math.frexp(float(self.lam))[1] // 2
+        return math.ldexp(1.0, min(max(math.frexp(r)[1], half - 50), half + 50))
 
     def _erm_init(self, X, y):
         return erm_least_squares(X, y, alpha=self.alpha, fit_intercept=self.fit_intercept,

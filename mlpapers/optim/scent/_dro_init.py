@@ -2,9 +2,9 @@
 
 The KL-DRO objective is minimised from the solution of the ordinary,
 L2-regularised empirical risk with the same ``alpha`` (the paper's initial
-model): least squares for ``KLDRORegressor`` (in closed form, on the original
-features) and multinomial logistic regression for ``KLDROClassifier`` (by L-BFGS
-on the standardised features), both in float64. The SGD then runs on standardised features
+model): least squares for ``KLDRORegressor`` (in closed form) and multinomial
+logistic regression for ``KLDROClassifier`` (by L-BFGS), both on the standardised
+features and in float64. The SGD then runs on standardised features
 ``Z = (X - mu) / s`` with parameters ``V = W s, c = b + W mu`` (same predictions,
 same objective); :func:`feature_scaling` and :func:`unscale` map between the two.
 """
@@ -42,17 +42,32 @@ def erm_least_squares(X: torch.Tensor, y: torch.Tensor, *, alpha: float, fit_int
         Zero when ``fit_intercept`` is false.
     """
     y = y.double().cpu()
-    X = X.cpu()
+    X = X.double().cpu()
     n, d = X.shape
-    A = torch.cat([X, torch.ones(n, 1, dtype=X.dtype)], 1) if fit_intercept else X
+    # solved on the standardised features Z = (X - mu) / s, then mapped back: gelsd
+    # truncates singular values below eps * the largest, so on raw features whose units
+    # differ from the intercept column's by ~1e16 (features ~1e-30 or ~1e30) it dropped
+    # the features or the intercept; the same problem in V = W s is scale-free
+    mu, scale = feature_scaling(X, fit_intercept)
+    Z = (X - mu) / scale
+    # a constant column (scale 1) keeps the rounding noise of its mean, ~1e-16 of it:
+    # exact zeros, or the unit-column scaling below would fit that noise; every other
+    # column has RMS 1 here
+    Z[:, Z.pow(2).mean(0).sqrt() < 0.5] = 0.0
+    A = torch.cat([Z, torch.ones(n, 1, dtype=X.dtype)], 1) if fit_intercept else Z
     rhs = y
-    if alpha > 0:  # mean (r^2) + alpha/2 |w|^2  <=>  rows sqrt(n alpha / 2) I
-        reg = math.sqrt(n * alpha / 2) * torch.eye(d, A.shape[1], dtype=X.dtype)
+    if alpha > 0:  # mean (r^2) + alpha/2 |V / s|^2  <=>  rows sqrt(n alpha / 2) diag(1 / s)
+        reg = torch.zeros(d, A.shape[1], dtype=X.dtype)
+        reg[:, :d] = torch.diag(math.sqrt(n * alpha / 2) / scale)
         A = torch.cat([A, reg])
         rhs = torch.cat([y, torch.zeros(d, dtype=X.dtype)])
-    sol = torch.linalg.lstsq(A, rhs[:, None], driver="gelsd").solution[:, 0]
-    W = sol[:d]
-    b = sol[d] if fit_intercept else torch.zeros((), dtype=X.dtype)
+    # unit columns for the solver too (a ridge row of a tiny-unit feature is ~1 / s)
+    norms = A.norm(dim=0)
+    norms = torch.where(norms > 0, norms, torch.ones_like(norms))
+    sol = torch.linalg.lstsq(A / norms, rhs[:, None], driver="gelsd").solution[:, 0] / norms
+    V = sol[:d]
+    c = sol[d] if fit_intercept else torch.zeros((), dtype=X.dtype)
+    W, b = unscale(V, c, mu, scale)
     return W.to(device), b.to(device)
 
 
@@ -110,7 +125,9 @@ def feature_scaling(X: torch.Tensor, fit_intercept: bool) -> tuple[torch.Tensor,
     else:
         mu = torch.zeros(X.shape[1], dtype=X.dtype, device=X.device)
         scale = X.pow(2).mean(0).sqrt()
-    scale = torch.where(scale > 1e-12 * (1.0 + mu.abs()), scale, torch.ones_like(scale))
+    # constant columns (spread at the rounding level of their mean, or all zero) get 1;
+    # the threshold is relative only: a feature in tiny units (std 1e-30) is not constant
+    scale = torch.where((scale > 1e-12 * mu.abs()) & (scale > 0), scale, torch.ones_like(scale))
     return mu, scale
 
 

@@ -87,6 +87,67 @@ def log_mean_exp(
     return torch.logsumexp(masked, dim=dim) - torch.log(count.clamp_min(1))
 
 
+def tempered_log_mean_exp(
+    values: torch.Tensor, temperature: float, dim: int = -1, mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r""":math:`\tau \log \frac1k \sum_j \exp(v_j / \tau)` along ``dim``, accurate at any scale.
+
+    The plain form ``tau * log_mean_exp(v / tau)`` overflows when :math:`v/\tau` does
+    (a tiny :math:`\tau`) and loses all relative precision when the result is tiny
+    against :math:`\log k` (a large :math:`\tau`: the value tends to the mean of
+    ``v``, but ``log(mean(exp(x)))`` of near-zero ``x`` rounds to 0). The plain form
+    is kept (same values, same cost) unless some slice overflowed or came out below
+    :math:`2\cdot10^{-4}\log k` in absolute value; then every slice is taken, with
+    :math:`c = \max_j v_j` and :math:`d_j = (v_j - c)/\tau \le 0`, as
+    :math:`c + \tau \log \text{mean}_j e^{d_j}`, the logarithm being
+    ``log1p(mean(expm1(d)))`` where all items lie within 0.5 of the maximum
+    (``mean(exp(d))`` near 1) and a log-sum-exp elsewhere. Differentiable in
+    ``values`` (the gradient is the softmax weights).
+
+    Parameters
+    ----------
+    values : torch.Tensor of shape (..., k, ...)
+    temperature : float
+        :math:`\tau > 0`.
+    dim : int, default=-1
+    mask : torch.Tensor of bool, optional
+        Valid items (as in :func:`log_mean_exp`); an empty slice gives ``-inf``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``values`` with ``dim`` removed.
+    """
+    tau = float(temperature)
+    k = values.shape[dim]
+    plain = log_mean_exp(values / tau, dim=dim, mask=mask)
+    # |error| of the plain form ~ eps (|plain| + 2 log k): fine unless |plain| << log k
+    p = plain.detach()
+    if not bool((~torch.isfinite(p) | (p.abs() < 2e-4 * math.log(max(k, 1)))).any()):
+        return tau * plain
+    if k == 0:  # no items: -inf, as log_mean_exp gives
+        return tau * log_mean_exp(values, dim=dim, mask=mask)
+    v = values if mask is None else values.masked_fill(~mask.to(torch.bool), float("-inf"))
+    c = v.detach().amax(dim=dim, keepdim=True)
+    # an empty (all -inf) or infinite slice: shift by 0 and let the result be +-inf
+    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+    d = (v - c) / tau
+    if mask is None:
+        count = torch.full_like(c.squeeze(dim), float(k))
+    else:
+        count = mask.to(torch.bool).sum(dim=dim).to(values.dtype)
+    out = log_mean_exp(d, dim=dim, mask=mask)
+    dv = d.detach() if mask is None else d.detach().masked_fill(~mask.to(torch.bool), 0.0)
+    near = (dv.amin(dim=dim) > -0.5) & (count > 0)   # over the valid items only
+    if bool(near.any()):
+        dn = d.movedim(dim, -1)[near]
+        if mask is not None:  # masked items are -inf: expm1 = -1, so zero them
+            dn = dn.masked_fill(~mask.to(torch.bool).movedim(dim, -1)[near], 0.0)
+        y = torch.expm1(dn).sum(dim=-1) / count[near]
+        out = out.masked_scatter(near, torch.log1p(y.clamp_min(-0.5)))
+    return c.squeeze(dim) + tau * out
+
+
 def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tensor:
     r"""The effective averaging weight :math:`\gamma = \sigma(\log\alpha + \nu)` of SCENT.
 

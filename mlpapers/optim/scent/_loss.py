@@ -17,6 +17,7 @@ from mlpapers.optim.scent._kernels import (
     sox_update,
     spmd_gamma,
     spmd_update,
+    tempered_log_mean_exp,
     umax_update,
 )
 
@@ -50,7 +51,9 @@ def objective(
     torch.Tensor
         A scalar, differentiable in ``scores``.
     """
-    return temperature * log_mean_exp(scores / temperature, mask=mask).mean()
+    # not tau * log_mean_exp(scores / tau) alone: it overflows for a tiny tau and, for a
+    # large one, log(mean(exp(.))) of near-zero values rounds to 0 (the value -> the mean)
+    return tempered_log_mean_exp(scores, temperature, mask=mask).mean()
 
 
 class EntropicRiskLoss(nn.Module):
@@ -84,6 +87,8 @@ class EntropicRiskLoss(nn.Module):
         between steps (schedules); a tensor must broadcast to ``(B,)``.
     temperature : float, default=1.0
         :math:`\tau`; scores are divided by it and the loss multiplied by it.
+        ``scores / temperature`` must stay finite in the scores' dtype (a
+        ``ValueError`` otherwise, raised before the dual table changes).
     gamma : float, default=0.9
         SOX weight in (0, 1].
     dual_lr : float, default=0.1
@@ -212,9 +217,22 @@ class EntropicRiskLoss(nn.Module):
             mask = mask.to(torch.bool)
             if not bool(mask.any(dim=1).all()):
                 raise ValueError("mask must keep at least one item per anchor.")
+        return index, mask
+
+    def _check_scaled(self, scores: torch.Tensor, s_det: torch.Tensor) -> None:
+        """Finite ``scores / temperature`` (checked once, on the scaled scores)."""
+        # finite scores can still overflow once divided by a small temperature, and a
+        # temperature beyond the dtype's range turns the returned tau * (...) into inf * 0:
+        # both left NaN in the loss and inf in the dual table
+        if self.temperature <= torch.finfo(scores.dtype).max and bool(
+                torch.isfinite(s_det).all()):
+            return
         if not bool(torch.isfinite(scores.detach()).all()):
             raise ValueError("scores contain NaN or infinity.")
-        return index, mask
+        raise ValueError(
+            f"scores / temperature overflow {scores.dtype} (temperature={self.temperature!r}, "
+            f"|scores| up to {float(scores.detach().abs().max()):.3g}): use a temperature in "
+            "the units of the scores, or float64 scores.")
 
     def forward(
         self, scores: torch.Tensor, index: torch.Tensor, mask: torch.Tensor | None = None
@@ -240,6 +258,7 @@ class EntropicRiskLoss(nn.Module):
         tau = self.temperature
         s = scores / tau
         s_det = s.detach()
+        self._check_scaled(scores, s_det)   # before any change to the dual table
         L = log_mean_exp(s_det, mask=mask)  # (B,)
         self.last_stats = {"estimate": float(tau * L.mean())}
         if self.method == "bsgd":

@@ -15,7 +15,7 @@ from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_positive
 from mlpapers.optim.scent._common import check_common_params, lr_factor, make_loss, set_lrs
 from mlpapers.optim.scent._dro_init import feature_scaling
-from mlpapers.optim.scent._kernels import log_mean_exp
+from mlpapers.optim.scent._kernels import tempered_log_mean_exp
 
 __all__ = ["PartialAUCClassifier"]
 
@@ -149,14 +149,14 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         float64 for 50k positives and 50k negatives)."""
         if len(Xp) == 0 or len(Xn) == 0:
             ell = self._pair_losses(w, Xp, Xn, b)
-            return self.lam * log_mean_exp(ell / self.lam).mean()
+            return tempered_log_mean_exp(ell, self.lam).mean()
         hp, hn = torch.sigmoid(Xp @ w + b), torch.sigmoid(Xn @ w + b)
         rows = max(1, _PAIR_ELEMENTS // len(hn))
         total = hp.new_zeros(())
         for i in range(0, len(hp), rows):
             ell = torch.clamp(self.margin - (hp[i:i + rows, None] - hn[None, :]), min=0) ** 2
-            total = total + log_mean_exp(ell / self.lam).sum()
-        return self.lam * total / len(hp)
+            total = total + tempered_log_mean_exp(ell, self.lam).sum()
+        return total / len(hp)
 
     def fit(self, X, y):
         """Fit the scorer.
@@ -185,6 +185,14 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if self.max_fpr > 1:
             raise ValueError(f"max_fpr must be in (0, 1], got {self.max_fpr!r}.")
         check_positive(self.n_negatives, "n_negatives", integer=True)
+        # the pair losses lie in [0, (margin + 1)^2] (sigmoid scores): the float32 SGD
+        # needs loss / lam and lam itself in range (else a NaN step, reported as divergence)
+        big = float(torch.finfo(torch.float32).max)
+        if self.lam > big or self.margin + 1.0 > math.sqrt(big * self.lam):
+            raise ValueError(
+                f"lam={self.lam!r} and margin={self.margin!r} are out of float32 range: the "
+                f"SGD needs lam and (margin + 1)^2 / lam below {big:.3g} (pair losses are "
+                "at most (margin + 1)^2; lam is in their units).")
         pos = torch.as_tensor(y == self.classes_[1], device=X.device)
         # SGD on Z = (X - mean) / s (s: feature std) with v = w s: the sigmoid sees
         # centred scores, and the diagonal preconditioner makes the fit independent of
@@ -212,7 +220,13 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                 set_lrs(opt, loss_fn, self, lr_factor(self.lr_schedule, step, total))
                 opt.zero_grad()
                 ell = self._pair_losses(w, Xp[idx.to(dev)], Xn[neg])
-                loss_fn(ell, idx).backward()
+                surrogate = loss_fn(ell, idx)
+                if not bool(torch.isfinite(surrogate.detach())):
+                    # ASGD's exp(L - nu) overflowed: nu = inf freezes these anchors
+                    raise FloatingPointError(
+                        f"PartialAUCClassifier(method={self.method!r}) diverged at epoch "
+                        f"{epoch + 1}: the dual update overflowed; lower dual_lr or lr.")
+                surrogate.backward()
                 opt.step()
                 if not bool(torch.isfinite(w.detach()).all()):
                     raise FloatingPointError(
@@ -280,6 +294,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if not np.isin(y, self.classes_).all():
             raise ValueError("y contains labels not seen in fit.")
         pos = torch.as_tensor(y == self.classes_[1], device=X.device)
+        if bool(pos.all()) or not bool(pos.any()):  # (it failed with "math domain error")
+            raise ValueError("objective needs samples of both classes: it averages over the "
+                             f"positive-negative pairs, and y holds only the label {y[0]}.")
         w = torch.as_tensor(self.coef_, device=X.device)
         # models saved before intercept_ existed scored uncentred features
         b = float(getattr(self, "intercept_", 0.0))

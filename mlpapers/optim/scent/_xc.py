@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from mlpapers.optim.scent._kernels import tempered_log_mean_exp
 from mlpapers.optim.scent._sampled import (
     NegativeDraw,
     in_batch_negatives,
@@ -117,11 +118,13 @@ def exact_objective(z: torch.Tensor, y: torch.Tensor, objective: str,
     torch.Tensor
         A scalar, differentiable in ``z``.
     """
-    s = z / temperature
+    # logit differences reduced by tempered_log_mean_exp: tau * logsumexp(d / tau) alone
+    # overflows for a tiny tau and rounds the "negatives" risk to 0 for a huge one
     rows = torch.arange(len(y), device=z.device)
-    s = s - s[rows, y][:, None]
+    d = z - z[rows, y][:, None]
     if objective == "softmax":
-        return temperature * torch.logsumexp(s, dim=1).mean()
-    s = s.index_put((rows, y), torch.tensor(float("-inf"), dtype=s.dtype, device=s.device))
-    lme = torch.logsumexp(s, dim=1) - math.log(z.shape[1] - 1)
-    return temperature * lme.mean()
+        return (tempered_log_mean_exp(d, temperature, dim=1)
+                + temperature * math.log(z.shape[1])).mean()
+    valid = torch.ones_like(d, dtype=torch.bool).index_put(
+        (rows, y), torch.tensor(False, device=d.device))
+    return tempered_log_mean_exp(d, temperature, dim=1, mask=valid).mean()

@@ -113,12 +113,17 @@ class SampledTrainingMixin:
         if not bool(torch.isfinite(scores.detach()).all()):
             raise FloatingPointError(
                 f"SCENTClassifier(method={self.method!r}) diverged at epoch "
-                f"{self.n_iter_ + 1}: non-finite scores; lower lr (or dual_lr).")
+                f"{self.n_iter_ + 1}: non-finite scores (logit differences / temperature); "
+                "lower lr (or dual_lr), or raise temperature.")
         self._opt.zero_grad()
         loss = tau * self._loss_fn(scores, index, mask)
         loss.backward()
         rows = [(yb, Wp.grad), (draw.cand, Wc.grad)]
         value = float(loss.detach())
+        if not math.isfinite(value):  # ASGD's exp(L - nu) overflowed: nu = inf, weights 0
+            raise FloatingPointError(
+                f"SCENTClassifier(method={self.method!r}) diverged at epoch "
+                f"{self.n_iter_ + 1}: the dual update overflowed; lower dual_lr or lr.")
         if self.momentum == 0 and self.alpha == 0:
             sparse_sgd_step(self._W, rows, self._opt.param_groups[0]["lr"])
         else:  # momentum / L2 need the dense gradient
