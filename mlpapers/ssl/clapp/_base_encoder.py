@@ -267,6 +267,15 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                 total = _dist.sum_across_ranks(total)
                 seen = int(_dist.sum_across_ranks(torch.tensor([seen], device=dev)).item())
             per = (total / max(seen, 1)).tolist()
+            if not (all(np.isfinite(per)) and all(bool(torch.isfinite(p).all())
+                                                  for p in params)):
+                # no BatchNorm: the scores z^T B c grow like the square of the pixel
+                # scale, and a NaN model would give NaN features without a word
+                raise FloatingPointError(
+                    f"{type(self).__name__} diverged in epoch {epoch}: non-finite losses or "
+                    f"weights (images with values up to {float(X.abs().max()):.3g}). Scale "
+                    "the images to a moderate range such as [0, 1] (the network has no "
+                    "normalisation layer), or lower lr.")
             log.log(epoch=epoch, loss=float(sum(per)),
                     **{name: v for name, v in zip(self._loss_names, per)})
         opt.zero_grad(set_to_none=True)       # no stale gradients on the fitted modules
@@ -350,7 +359,13 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                 h = self._pooled(X[start:start + _TRANSFORM_CHUNK].to(dev), detach=True,
                                  grids=grids)
                 out.append(torch.cat([h[i] for i in chosen], dim=1).cpu())
-        return self._wrap_output(self._to_numpy(torch.cat(out, dim=0)), X, chosen, grids)
+        feats = torch.cat(out, dim=0)
+        if not bool(torch.isfinite(feats).all()):
+            raise ValueError(
+                f"X gives non-finite features (float32 overflow; images with values up to "
+                f"{float(X.abs().max()):.3g}): pass images on the scale of the training "
+                "images, e.g. in [0, 1].")
+        return self._wrap_output(self._to_numpy(feats), X, chosen, grids)
 
     def _wrap_output(self, out: np.ndarray, X: Any, layers: list[int], grids: list[int]):
         """The ``set_output`` container of ``out``, its columns named for these

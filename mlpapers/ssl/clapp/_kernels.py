@@ -17,6 +17,7 @@ References
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -194,7 +195,7 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     n = p.shape[0]
     if n % 2:
         raise ValueError(f"expected an even number of rows (two views), got {n}.")
-    q = F.normalize(p, dim=1)
+    q = _unit_rows(p)
     if pairs == "cross":
         b = n // 2
         sim = (q[:b] @ q[b:].T) / temperature
@@ -203,6 +204,22 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     sim = sim.masked_fill(torch.eye(n, dtype=torch.bool, device=p.device), float("-inf"))
     target = (torch.arange(n, device=p.device) + n // 2) % n
     return F.cross_entropy(sim, target)
+
+
+def _unit_rows(p: torch.Tensor) -> torch.Tensor:
+    """Rows of ``p`` scaled to unit norm (zero rows stay zero), at any scale.
+
+    ``F.normalize`` alone is not scale-free: the squared norm overflows float32 for
+    entries above ~1e19 (every row then becomes 0, every cosine 0) and a norm below its
+    ``eps=1e-12`` is replaced by ``eps`` (rows of entries ~1e-13 are not unit rows). Each
+    row is first multiplied by a power of two that brings its largest entry into
+    [0.5, 1): exact in floating point, so ordinary rows give bit-identical results and
+    gradients, and the cosine similarity stays invariant to the scale of ``p``.
+    """
+    _, exponent = torch.frexp(p.detach().abs().amax(dim=1, keepdim=True))
+    top = math.frexp(torch.finfo(p.dtype).max)[1] - 1      # 2**top is representable
+    shift = torch.exp2((-exponent).clamp(-top, top).to(p.dtype))
+    return F.normalize(p * shift, dim=1)
 
 
 def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -273,6 +290,11 @@ def exact_linear_feedback(
     for W in reversed(weights):              # l = L, L-1, ..., 1
         out.append(M.T @ B_top if mode == "dfb" else M.T @ B_top @ M)
         M = M @ W
+    if not all(bool(torch.isfinite(b).all()) for b in out):
+        # products of L matrices overflow (inf, and inf * 0 = NaN) long before any entry
+        # of the weights does: say so rather than return NaN matrices
+        raise ValueError(f"the products W_L ... W_l overflow {B_top.dtype}: rescale the "
+                         "weights or pass float64 matrices.")
     return out[::-1]
 
 
@@ -307,6 +329,11 @@ def three_factor_grad(
     Tensor of shape (D, K_in)
         :math:`\partial L / \partial W` for the mean loss over ``N`` rows.
     """
+    # one floating dtype, as clapp_layer_loss promotes (matmul refuses mixed dtypes)
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in (x, W, c, B)])
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    x, W, c, B = (t.to(dtype) for t in (x, W, c, B))
     a = x @ W.T
     z = F.relu(a)
     pred = c @ B.T

@@ -21,6 +21,7 @@ References
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
@@ -56,6 +57,12 @@ def extract_patches(x: torch.Tensor, size: int, stride: int
     n_y, n_x : int
         The patch grid.
     """
+    for name, v in (("size", size), ("stride", stride)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}.")
+    if x.ndim != 4 or size > min(x.shape[2], x.shape[3]):
+        raise ValueError(f"x must be images (B, C, H, W) of at least size={size} pixels "
+                         f"a side, got shape {tuple(x.shape)}.")
     p = x.unfold(2, size, stride).unfold(3, size, stride)        # B, C, ny, nx, s, s
     b, c, ny, nx = p.shape[:4]
     p = p.permute(0, 2, 3, 1, 4, 5).reshape(b * ny * nx, c, size, size)
