@@ -268,7 +268,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     def _queries(self, X) -> torch.Tensor:
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         self._check_params()  # inference reads parameters (set_params after fit)
-        if bool((Q.norm(dim=1) == 0).any()):
+        # not ``Q.norm(dim=1) == 0``: in float32 the norm of a row of 1e-23 underflows
+        if not bool((Q != 0).any(dim=1).all()):
             raise ValueError("X contains queries with zero norm; every key is then a "
                              "maximiser and the search is undefined.")
         return Q

@@ -10,7 +10,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_in_options, check_positive
-from mlpapers.retrieval.amips._kernels import match_rate, mips_topk
+from mlpapers.retrieval.amips._kernels import _mips_topk, key_bound, match_rate
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
 
@@ -36,15 +36,27 @@ class _MIPSBase(TorchEstimatorMixin, BaseEstimator):
             self._keys_cache = cached
         return cached
 
+    def _key_bound(self) -> float:
+        """:func:`key_bound` of the keys, cached with them (a pass over the database
+        per search would double the cost of a single query)."""
+        keys = self._keys()
+        cached = getattr(self, "_key_bound_cache", None)
+        if cached is None or cached[0] is not keys:
+            cached = (keys, key_bound(keys))
+            self._key_bound_cache = cached
+        return cached[1]
+
     def _fit_database(self, X) -> torch.Tensor:
         keys = self._validate_data(X, reset=True, dtype=torch.float32)
         self.database_ = self._to_numpy(keys).astype(np.float32, copy=False)
         self._keys_cache = keys
+        self._key_bound_cache = (keys, key_bound(keys))  # set here: predict keeps __dict__
         return keys
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_keys_cache", None)
+        state.pop("_key_bound_cache", None)
         return state
 
     def __sklearn_tags__(self):
@@ -75,6 +87,16 @@ class ExactMIPS(_MIPSBase):
     :meth:`kneighbors` returns *similarities* (inner products) in *descending*
     order, unlike scikit-learn's ``NearestNeighbors`` whose distances ascend.
     Exact ties are ordered by index (lowest first), as by a stable sort.
+
+    The search runs in float32 (``database_`` is stored in float32): float64 or
+    int64 data are rounded to float32 first, so keys whose inner products differ by
+    less than the float32 rounding (about ``1e-7`` relative) can come back as ties,
+    lowest index first. The answers do not depend on the scale of the data: rows
+    whose products leave the normal float32 range are searched again rescaled
+    (see :func:`mips_topk`), so keys and queries of norm ``1e-30`` or ``1e30`` are
+    ranked exactly; similarities beyond ``3.4e38`` raise a ``ValueError`` (they
+    cannot be returned), and those below ``1.2e-38`` are returned as float32
+    subnormals or 0.
 
     References
     ----------
@@ -141,12 +163,17 @@ class ExactMIPS(_MIPSBase):
         return self._to_numpy(i)
 
     def _search(self, Q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-``k`` of validated queries ``Q`` (n, d): ``-> (scores, indices)``."""
+        """Top-``k`` of validated queries ``Q`` (n, d): ``-> (scores, indices)``.
+
+        :func:`mips_topk` rescales the rows whose products leave the float32 range, so
+        tiny products are ranked exactly; products beyond it raise.
+        """
         check_positive(self.batch_size, "batch_size", integer=True)
-        s, i = mips_topk(Q, self._keys(), k, batch_size=self.batch_size)
+        s, i = _mips_topk(Q, self._keys(), k, self.batch_size, self._key_bound())
         if not bool(torch.isfinite(s).all()):
-            raise ValueError("inner products of X with the keys overflow float32; rescale "
-                             "the queries or the keys (MIPS answers do not depend on it).")
+            raise ValueError("inner products of X with the keys overflow float32 (beyond "
+                             "3.4e38); rescale the queries or the keys (MIPS answers do "
+                             "not depend on it).")
         return s, i
 
     def predict(self, X) -> np.ndarray:

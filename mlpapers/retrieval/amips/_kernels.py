@@ -15,6 +15,7 @@ from mlpapers._utils import check_in_options, check_positive, torch_compatible_a
 __all__ = [
     "amips_loss",
     "gather_dot",
+    "key_bound",
     "mean_reciprocal_rank",
     "match_rate",
     "mips_topk",
@@ -61,21 +62,113 @@ def mips_topk(
         Indices of the keys. Exact ties are broken towards the lowest index (the
         order of a stable descending sort), so ``indices[:, 0]`` is the ``argmax``
         for every ``k``.
+
+    Notes
+    -----
+    The ranking of a query does not depend on its scale, so a row with a top-``k``
+    product below ``2**-100`` in magnitude (float32; near the subnormal range, where
+    products lose precision or flush to zero and tie) or one that overflows is
+    searched again with the query multiplied by a power of two that puts the bound
+    ``||q|| sqrt(d) max|k_ij|`` of its products near ``2**120``. The indices are then
+    those of the exact search in the dtype's rounding for any finite data, as long as
+    the top-``k`` products of a query are above about ``1e-66`` times that bound
+    (float32; below it they may still tie). The scores are scaled back: a product
+    beyond the range of the dtype is returned as ``+-inf``, one below it as 0 or a
+    subnormal. Rows tied at exactly 0 (e.g. zero queries) are searched twice.
     """
+    return _mips_topk(queries, keys, k, batch_size, key_bound(keys))
+
+
+def key_bound(keys: torch.Tensor) -> float:
+    """``sqrt(d) max_ij |k_ij|``, a bound on the norms of the keys (N, d) (float64)."""
+    amax = max(float(keys.max()), -float(keys.min())) if keys.numel() else 0.0
+    return amax * math.sqrt(keys.shape[1])
+
+
+def _mips_topk(queries: torch.Tensor, keys: torch.Tensor, k: int, batch_size: int,
+               bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mips_topk` with the :func:`key_bound` ``bound`` of ``keys`` given (cached by
+    the estimators, whose database does not change)."""
     n = queries.shape[0]
     batch_size = search_rows(batch_size, keys.shape[0])
     scores = torch.empty(n, k, dtype=queries.dtype, device=queries.device)
     indices = torch.empty(n, k, dtype=torch.long, device=queries.device)
+    fi = torch.finfo(queries.dtype)
+    safe = 2.0 ** (math.floor(math.log2(fi.max)) - 8)  # 2**120 in float32
+    tiny = fi.tiny / fi.eps * 8.0  # 2**-100 in float32
     for start in range(0, n, batch_size):
-        sim = queries[start:start + batch_size] @ keys.T  # (b, N)
-        if k == 1:
-            s, i = sim.max(dim=1, keepdim=True)
-        else:
-            s, i = _topk_lowest_index(sim, k)
+        q = queries[start:start + batch_size]
+        s, i = _topk_rows(q @ keys.T, k)  # the (b, N) scores are freed on return
+        # Rows searched again with the query rescaled by a power of two (the ranking of
+        # a row does not depend on it): those where a product may overflow (an overflow
+        # to -inf or NaN can hide the true maximum: 2.6e40 computed as -inf was ranked
+        # last, silently) and those with a top-k value near the subnormal range (keys
+        # and queries of norm 1e-23: every product 0 in float32, index 0 returned)
+        bad = ~(q.norm(dim=1) * bound <= safe)  # a norm that overflows counts too
+        bad |= ~((s.abs() >= tiny) & torch.isfinite(s)).all(dim=1)
+        if bool(bad.any()):
+            rows = bad.nonzero()[:, 0]
+            s[rows], i[rows] = _rescaled_topk(q[rows], keys, k, bound)
         scores[start:start + batch_size] = s
         indices[start:start + batch_size] = i
-        del sim, s, i  # else the next chunk's scores are built while these are alive
+        del s, i  # else the next chunk's scores are built while these are alive
     return scores, indices
+
+
+def _topk_rows(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` of each row of ``sim`` (b, N), ties by lowest index."""
+    if k == 1:
+        return sim.max(dim=1, keepdim=True)
+    return _topk_lowest_index(sim, k)
+
+
+def _scale_pow2(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``x * 2**e[:, None]`` row by row (``e`` integral, float64), in steps of factors
+    the dtype holds (``2**1074`` does not fit float64): while the result is a normal
+    number every step is exact (the intermediates lie between ``x`` and the result)."""
+    big = float(math.floor(math.log2(torch.finfo(x.dtype).max)) - 1)
+    e = torch.where(torch.isfinite(e), e, 0.0)  # a copy; never an endless loop
+    while bool((e != 0).any()):
+        step = e.clamp(-big, big)
+        x = x * torch.exp2(step).to(x.dtype)[:, None]
+        e -= step
+    return x
+
+
+def _pow2_unit(x: torch.Tensor, *, rows: bool) -> torch.Tensor:
+    """``x`` (n, d) divided by the power of two nearest its largest ``|x_ij|`` (of each
+    row with ``rows``): exact, and the ranking of inner products with a query (a row)
+    and the scale-free tie tolerance of :func:`_hits` do not depend on it."""
+    if rows:
+        m = x.abs().amax(dim=1)
+    else:  # (no |x| temporary of the size of a database)
+        m = x.new_full((x.shape[0],), max(float(x.max()), -float(x.min())) if x.numel() else 0.0)
+    e = torch.where((m > 0) & torch.isfinite(m), torch.log2(m).round(), 0.0).double()
+    if not bool((e != 0).any()):
+        return x
+    return _scale_pow2(x, -e)
+
+
+def _rescaled_topk(q: torch.Tensor, keys: torch.Tensor, k: int,
+                   bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mips_topk` of the rows ``q`` (b, d) rescaled by powers of two so that the
+    Cauchy-Schwarz bound ``|q| * bound`` of their inner products sits just below
+    the largest float of the dtype (no overflow, and the widest range above the
+    subnormals); the scores are scaled back (to +-inf or 0 if out of range)."""
+    if bound == 0.0:  # all products exactly 0
+        return _topk_rows(q @ keys.T, k)
+    # log2 |q| without overflow for float64 rows of norm above 1e154
+    qd = q.double()
+    m = qd.abs().amax(dim=1)
+    log_qn = torch.log2(m) + torch.log2(
+        torch.linalg.vector_norm(qd / m.clamp_min(torch.finfo(qd.dtype).tiny)[:, None], dim=1))
+    top = math.floor(math.log2(torch.finfo(q.dtype).max)) - 8  # 2**120 in float32
+    e = (top - log_qn - max(0.0, math.log2(bound))).floor()
+    # zero queries: all products exactly 0 anyway; a non-finite row (an overflowed
+    # predicted key) is left as it is (its infinite scale would never be reached)
+    e = torch.where((m > 0) & torch.isfinite(e), e, 0.0)
+    s, i = _topk_rows(_scale_pow2(q, e) @ keys.T, k)
+    return _scale_pow2(s, -e), i
 
 
 def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +188,9 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
         # (a mask and a cumsum: linear in N, unlike a full sort of the row)
         rows = crowded.nonzero()[:, 0]
         sub, kth = sim[rows], s[rows, k - 1:k]
-        above = sub > kth
+        # NaN (an overflow inf - inf) is ranked first by topk: counted above the k-th,
+        # or fewer than k keys were kept (a reshape error)
+        above = (sub > kth) | sub.isnan()
         tied = sub == kth
         need = k - above.sum(dim=1, keepdim=True)
         keep = above | (tied & (tied.cumsum(dim=1) <= need))
@@ -117,6 +212,13 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -
     for s in range(0, n, rows):
         out[s:s + rows] = torch.einsum("nkd,nd->nk", keys[index[s:s + rows]],
                                        queries[s:s + rows])
+    # a product that overflows the dtype (inf - inf = NaN for a finite inner product of
+    # 1e20-scale data) is recomputed in float64: NaN never, inf only beyond the range
+    bad = ~torch.isfinite(out).all(dim=1)
+    if bool(bad.any()) and out.dtype != torch.float64:
+        r = bad.nonzero()[:, 0]
+        out[r] = torch.einsum("nkd,nd->nk", keys[index[r]].double(),
+                              queries[r].double()).to(out.dtype)
     return out
 
 
@@ -153,6 +255,13 @@ def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: st
     """
     check_in_options(metric, "metric", ("ip", "l2"))
     if metric == "l2":
+        # in units of a power of two of the keys (exact; the ranking does not depend on
+        # it): ||k_j||^2 overflowed float32 for keys of 1e20 and underflowed for 1e-25,
+        # which turned the ranking into garbage or into the "ip" one
+        amax = max(float(keys.max()), -float(keys.min())) if keys.numel() else 0.0
+        if amax > 0.0 and not 2.0**-30 <= amax <= 2.0**30:
+            unit = 2.0 ** math.floor(math.log2(amax))
+            key_hat, keys = key_hat / unit, keys / unit
         key_hat = torch.cat([key_hat, key_hat.new_ones(len(key_hat), 1)], 1)
         keys = torch.cat([keys, -0.5 * keys.square().sum(1, keepdim=True)], 1)
     return mips_topk(key_hat, keys, k, batch_size=batch_size)[1]
@@ -237,8 +346,11 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Ten
         return pred == true[:, None]
     if queries is None or database is None:
         raise ValueError("queries and database must be given together (tie-aware mode).")
-    q = _as_tensor(queries, torch.float64)
-    K = _as_tensor(database, torch.float64).to(q.device)
+    # in float64, queries and database rescaled by powers of two: inner products of
+    # data near 1e-160 underflowed (all tied: any prediction a hit) and norms near 1e160
+    # overflowed (an infinite tolerance: any prediction a hit)
+    q = _pow2_unit(_as_tensor(queries, torch.float64), rows=True)
+    K = _pow2_unit(_as_tensor(database, torch.float64).to(q.device), rows=False)
     if q.shape[0] != pred.shape[0]:
         raise ValueError(f"queries has {q.shape[0]} rows but y_pred has {pred.shape[0]}.")
     if bool(((pred < 0) | (pred >= K.shape[0])).any()):

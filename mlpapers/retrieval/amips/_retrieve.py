@@ -50,7 +50,10 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     if ks == 1.0:
         k_hat, ranked_keys = key_hat, keys
     elif est.retrieval == "ip":
-        k_hat, ranked_keys = key_hat / ks / ks, keys
+        # (far from 1, key_hat / ks**2 ~ 1 / ks leaves float32: 2**128 for subnormal keys;
+        # divided once, the products ~ ||k|| are rescaled by the search itself)
+        k_hat = key_hat / ks / ks if 2.0**-60 <= ks <= 2.0**60 else key_hat / ks
+        ranked_keys = keys
     else:
         k_hat, ranked_keys = key_hat / ks, keys / ks
     idx = rank_by_key(k_hat, ranked_keys, k, metric=est.retrieval,

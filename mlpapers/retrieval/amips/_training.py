@@ -53,7 +53,8 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
         return draw
     pool = check_tensor(queries, name="queries", dtype=torch.float32, device=device,
                         n_features=d, owner=owner)
-    if bool((pool.norm(dim=1) == 0).any()):
+    # not ``pool.norm(dim=1) == 0``: in float32 the norm of a row of 1e-23 underflows
+    if not bool((pool != 0).any(dim=1).all()):
         raise ValueError("queries contains rows with zero norm; MIPS needs nonzero queries.")
 
     def draw(n):
@@ -225,9 +226,12 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
         torch.manual_seed(seed)
         model, est.hidden_dims_ = est._build_model(n_keys, d)
     model = model.to(est._device)
-    init_batch = augment(draw(min(est.batch_size, 1024)))
+    # the units are measured before the augmentation (which keeps each norm) and the
+    # augmentation runs in them: its float32 norms overflowed for queries of norm 1e19
+    # (a NaN batch: training in the data's units) and underflowed for 1e-19
+    init_batch = draw(min(est.batch_size, 1024))
     key_scale, query_scale = power_of_two_scale(keys), power_of_two_scale(init_batch)
-    keys, init_batch = keys / key_scale, init_batch / query_scale
+    keys, init_batch = keys / key_scale, augment(init_batch / query_scale)
 
     def draw_scaled(n):
         return draw(n) / query_scale

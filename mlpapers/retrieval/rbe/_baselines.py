@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -306,22 +307,34 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         chunk = max(1, min(int(self.batch_size),
                            2**24 // max(1, sum(sizes) * A.shape[0] + A.shape[1])))
         starts = list(range(0, n, chunk))
+        # The Gram C C^T of the anchor relevance is formed in units of a power of two
+        # when |A| is far from 1 (exact; the weights scale back): its squares
+        # underflowed for |A| < 1e-154 (every direction dropped, HitRate 0.66 -> 0.31)
+        # and overflowed for |A| > 1e154 (a LinAlgError from eigh). With C / s, the
+        # weights are s w and the ridge acts as ridge / s**2 on the scaled Gram.
+        amax = max(float(A.max()), -float(A.min())) if A.numel() else 0.0
+        unit = 1.0
+        if amax > 0.0 and not 2.0**-60 <= amax <= 2.0**60:
+            unit = 2.0 ** math.floor(math.log2(amax))
+        ridge = float(self.ridge) / unit / unit
         out_s, out_i = [], []
         for c in ProgressLogger(len(starts), self.verbose, desc="ADACUR"):
             lo, hi = starts[c], min(starts[c] + chunk, n)
             sub = take(queries, np.arange(lo, hi))
             I = first.expand(hi - lo, -1).clone()
             u, C = u0[lo:hi], At[I]  # (b, m), (b, m, n_a)
+            if unit != 1.0:
+                C = C / unit
             G = C @ C.mT
             for r in range(1, len(sizes) + 1):
-                w = cur_query_weights(C, u, gram=G, ridge=float(self.ridge), rcond=self.rcond)
-                S = w @ A  # (b, N)
+                w = cur_query_weights(C, u, gram=G, ridge=ridge, rcond=self.rcond)
+                S = (w / unit if unit != 1.0 else w) @ A  # (b, N)
                 if r == len(sizes):
                     break
                 masked = S.scatter(1, I, -torch.inf)
                 new = torch.argsort(masked, dim=1, descending=True, stable=True)[:, :sizes[r]]
                 u_new = self._heavy_per_query(sub, new)
-                C_new = At[new]
+                C_new = At[new] if unit == 1.0 else At[new] / unit
                 X = C_new @ C.mT  # (b, s, m)
                 G = torch.cat([torch.cat([G, X.mT], dim=2),
                                torch.cat([X, C_new @ C_new.mT], dim=2)], dim=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         after ``set_params(n_rerank=...)`` it spends ``k`` plus the new value).
     head_ : NeuralRBEHead or None
         The trained neural head (``head="mlp"``).
+    head_units_ : ndarray of shape (2,)
+        Units of the neural head's query input and scores (``head="mlp"``): powers of
+        two of the relevance when its largest magnitude is outside
+        :math:`[2^{-40}, 2^{40}]` (float32 range), else 1.
     history_ : list of dict
         Training log of the neural head (loss, validation hit rate).
 
@@ -266,13 +271,24 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     def _fit_mlp(self, R_fit, R_val, S, popularity) -> None:
         f32 = torch.float32
-        U_fit = self._standardize(R_fit[:, S]).to(f32)
-        head = build_head(self.item_embeddings_, self.item_offsets_, popularity, U_fit,
-                          int(self.mlp_hidden), seed=int(self._numpy_gen.integers(2**31 - 1)),
-                          device=self._device)
-        U_val = self._standardize(R_val[:, S]).to(f32)
+        # The float32 head works in units of a power of two of the relevance when it is
+        # far from 1 (its scores scale back in float64): relevance of 1e40 overflowed
+        # float32 (NaN scores) and of 1e-60 flushed to 0. The scores are
+        # <u, e> + offsets, with u scale-free and e in the relevance's units when
+        # standardised, the other way round otherwise.
+        amax = float(R_fit.abs().amax()) if R_fit.numel() else 0.0
+        unit = 1.0
+        if amax > 0.0 and not 2.0**-40 <= amax <= 2.0**40:
+            unit = 2.0 ** math.floor(math.log2(amax))
+        q_unit = 1.0 if bool(self.standardize) else unit
+        self.head_units_ = np.array([q_unit, unit])
+        U_fit = (self._standardize(R_fit[:, S]) / q_unit).to(f32)
+        head = build_head(self.item_embeddings_ * (q_unit / unit), self.item_offsets_ / unit,
+                          popularity / unit, U_fit, int(self.mlp_hidden),
+                          seed=int(self._numpy_gen.integers(2**31 - 1)), device=self._device)
+        U_val = (self._standardize(R_val[:, S]) / q_unit).to(f32)
         history, best = train_head(
-            head, U_fit, R_fit.to(f32), U_val, R_val, loss=self.loss,
+            head, U_fit, (R_fit / unit).to(f32), U_val, R_val, loss=self.loss,
             top_quantile=float(self.top_quantile), item_batch=int(self.item_batch),
             max_iter=int(self.max_iter), lr=float(self.lr), eval_every=int(self.eval_every),
             batch_size=int(self.batch_size), generator=self._torch_gen, verbose=self.verbose)
@@ -311,8 +327,12 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     def _score_fn(self, U: torch.Tensor):
         if self.head_ is not None:
-            U32 = U.to(torch.float32)
-            return lambda a, b: self.head_(U32[a:b])
+            q_unit, unit = getattr(self, "head_units_", (1.0, 1.0))  # (files before it)
+            if unit == 1.0:
+                U32 = U.to(torch.float32)
+                return lambda a, b: self.head_(U32[a:b])
+            U32 = (U / float(q_unit)).to(torch.float32)
+            return lambda a, b: self.head_(U32[a:b]).double() * float(unit)
         E = torch.as_tensor(self.item_embeddings_, device=U.device)
         c = torch.as_tensor(self.item_offsets_, device=U.device)
         return lambda a, b: U[a:b] @ E.T + c

@@ -53,11 +53,15 @@ def fit_linear_embeddings(
     rcond : float or None
         Relative singular-value cutoff of the pseudo-inverse (``ridge == 0``);
         ``None`` uses ``max(n_queries, k) * eps`` and, with ``standardize``, also drops
-        the singular values of :math:`U` below the rounding error of the centring,
-        :math:`2\,\epsilon \sqrt{n_q k'}\, \max_j \max_q |R_{qj}| / \sigma_j` over the
-        :math:`k'` support columns that are not constant (affinely dependent columns,
-        e.g. :math:`r_1 + r_2` constant, differ from it only by that rounding, which the
-        pseudo-inverse would otherwise amplify; a constant column is an exact zero).
+        the directions that the rounding error of the centring can create: the
+        pseudo-inverse is taken of :math:`U` with each column divided by
+        :math:`\max_q |R_{qj}| / \sigma_j` (its rounding error per entry, over
+        :math:`2\epsilon`), with the absolute cutoff :math:`2\,\epsilon \sqrt{n_q k'}`
+        over the :math:`k'` support columns that are not constant (affinely dependent
+        columns, e.g. :math:`r_1 + r_2` constant, differ from it only by that rounding,
+        which the pseudo-inverse would otherwise amplify; a column varying only at the
+        rounding level of its offset is dropped, the others kept; a constant column is
+        an exact zero).
     standardize : bool, default=True
         Centre and scale the support columns and centre the item columns.
 
@@ -70,9 +74,14 @@ def fit_linear_embeddings(
     """
     n_q, k = R_sup.shape
     if standardize:
-        mean = R_sup.mean(dim=0)
+        # mean and std in units of a power of two per column (exact): the squares of
+        # |R| > 1e154 overflowed (std inf: U = 0, then NaN or item means) and those of
+        # |R| < 1e-154 underflowed (std 0: U left unscaled, so ridge swamped it)
+        amax = R_sup.abs().amax(dim=0) if n_q else R_sup.new_zeros(k)
+        unit = torch.where(amax > 0, torch.exp2(torch.log2(amax).floor()), 1.0)
+        mean = (R_sup / unit).mean(dim=0) * unit
         # (no support column: greedy found nothing to explain; std would warn on 0 columns)
-        scale = R_sup.std(dim=0, correction=0) if k else R_sup.new_ones(0)
+        scale = (R_sup / unit).std(dim=0, correction=0) * unit if k else R_sup.new_ones(0)
         # a column constant over the training queries carries nothing: centred on its
         # value (an exactly 0 column of U) with unit scale, whatever rounding its computed
         # mean (0.1 + 1.4e-17 for a column of 0.1) and std have; the rounding bound
@@ -93,12 +102,16 @@ def fit_linear_embeddings(
         P = torch.linalg.solve(A, U.T)
     elif rcond is None and standardize and k:
         # centring a column of offset |R| and spread sigma leaves errors up to
-        # 2 eps |R| / sigma in U: a bound on the singular values it can create
+        # 2 eps |R| / sigma in U. The pseudo-inverse is taken of W = U / spread, whose
+        # errors are at most 2 eps in every entry, so the cutoff bounds the singular
+        # values rounding can create column by column: a cutoff from the largest spread
+        # let one support column of rounding noise (values 5 and the next float) drop
+        # every singular value, and linear RBE predicted the item means
         eps = torch.finfo(U.dtype).eps
         # (constant columns are exact zeros in U: no rounding, whatever their value)
-        spread = (R_sup.abs().amax(dim=0) / scale).masked_fill(const, 0.0)
-        noise = 2.0 * eps * (n_q * int((~const).sum())) ** 0.5 * float(spread.max())
-        P = torch.linalg.pinv(U, atol=noise, rtol=max(n_q, k) * eps)
+        spread = (R_sup.abs().amax(dim=0) / scale).masked_fill(const, 1.0)
+        noise = 2.0 * eps * (n_q * int((~const).sum())) ** 0.5
+        P = torch.linalg.pinv(U / spread, atol=noise, rtol=max(n_q, k) * eps) / spread[:, None]
     else:
         P = torch.linalg.pinv(U, rtol=rcond)
     Et = P @ R

@@ -84,7 +84,11 @@ def greedy_selection(
         (:math:`O(N^2)` memory); ``"lowrank"`` never forms it: it keeps the
         column norms :math:`a_j = \|G_{:, j}\|^2`, the diagonal :math:`d_j` and the
         deflation factors, and updates them in :math:`O(N (n_q + t))` per step. Both
-        give the same sequence up to rounding.
+        give the same sequence up to rounding on well-conditioned data; the update of
+        :math:`a_j` cancels at the scale of :math:`|X|^4`, so on ill-conditioned data
+        (singular values spread over more than about :math:`10^4`) late
+        ``"lowrank"`` picks can differ from ``"gram"`` ones. The recorded gains are
+        computed from the picked column in both (:math:`\|g\|^2 / g_j`).
 
     Returns
     -------
@@ -145,11 +149,14 @@ def greedy_selection(
             score = torch.where(ok, a / torch.where(ok, d, 1.0), -math.inf)
             j = int(torch.argmax(score))
             picks.append(j)
-            gains.append(score[j])
             alive[j] = False
             g = X @ X[j] - L @ L[j]  # G[:, j]
             h = X @ (X.T @ g) - L @ (L.T @ g)  # G g
             gj = g[j]
+            # the gain from the column itself, ||G_j||^2 / G_jj (as the "gram" method):
+            # the updated a_j cancels at the scale of |X|**4, so on ill-conditioned
+            # relevance the recorded gains were off by factors up to 1e5
+            gains.append((g @ g) / gj)
             coef = g / gj
             a = a - 2.0 * coef * h + coef * coef * (g @ g)
             d = d - g * coef

@@ -1,0 +1,199 @@
+"""Numerical robustness of exact and amortized MIPS: scale, overflow, underflow.
+
+References are float64 brute-force searches written from the definition on the
+float32 values the estimators store.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from mlpapers.retrieval import AmortizedMIPS, ExactMIPS, match_rate, mips_topk
+from mlpapers.retrieval.amips._kernels import _topk_lowest_index, gather_dot
+
+FAST = dict(depth=2, hidden_dim=16, n_steps=30, batch_size=32, random_state=0)
+
+
+def _brute(Q, K, k):
+    """Top-k of float64 inner products, ties by lowest index (stable sort)."""
+    S = np.asarray(Q, np.float64) @ np.asarray(K, np.float64).T
+    idx = np.argsort(-S, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(S, idx, 1), idx
+
+
+@pytest.mark.parametrize("scale", [2.0**-75, 2.0**-62, 2.0**60])
+@pytest.mark.parametrize("k", [1, 4])
+def test_exact_search_is_exact_whatever_the_scale(scale, k):
+    # regression: products below ~1e-38 were subnormal or flushed to 0 in float32, so
+    # keys and queries of norm ~2**-75 tied everywhere and index 0 came back
+    rng = np.random.default_rng(0)
+    K = (rng.standard_normal((30, 5)) * scale).astype(np.float32)
+    Q = (rng.standard_normal((12, 5)) * scale).astype(np.float32)
+    idx = ExactMIPS(batch_size=5).fit(K).kneighbors(Q, k, return_distance=False)
+    np.testing.assert_array_equal(idx, _brute(Q, K, k)[1])
+    np.testing.assert_array_equal(mips_topk(torch.from_numpy(Q), torch.from_numpy(K), k)[1],
+                                  idx)
+
+
+def test_mixed_row_scales_are_ranked_exactly():
+    # each key and query row has its own scale over 60 orders of magnitude
+    rng = np.random.default_rng(1)
+    K = rng.standard_normal((40, 4)) * 10.0 ** rng.uniform(-30, 15, (40, 1))
+    Q = rng.standard_normal((25, 4)) * 10.0 ** rng.uniform(-30, 15, (25, 1))
+    K, Q = K.astype(np.float32), Q.astype(np.float32)
+    idx = ExactMIPS().fit(K).kneighbors(Q, 3, return_distance=False)
+    best, _ = _brute(Q, K, 3)
+    got = np.take_along_axis(np.asarray(Q, np.float64) @ np.asarray(K, np.float64).T, idx, 1)
+    np.testing.assert_allclose(got, best, rtol=1e-5)
+
+
+def test_an_overflowed_product_never_hides_the_maximum():
+    # regression: 1e20 * 3e18 + 1e20 * 3e18 - 1e20 * 4e18 = 2e38 fits float32, but a
+    # partial product overflowed to -inf: the true maximum was ranked last and index 0
+    # returned without an error (or, when the sum came out NaN, a needless error)
+    K = np.array([[1.0, 0.0, 0.0], [3e18, 3e18, -4e18], [-1.0, 0.0, 0.0]], np.float32)
+    q = np.full((1, 3), 1e20, np.float32)
+    exact = ExactMIPS().fit(K)
+    assert exact.predict(q)[0] == 1
+    sims, idx = exact.kneighbors(q, 3)
+    ref_s, ref_i = _brute(q, K, 3)
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(sims, ref_s, rtol=1e-6)
+    # the similarities of AmortizedMIPS are gathered products: no NaN either
+    got = gather_dot(torch.from_numpy(K), torch.tensor([[1, 0]]), torch.from_numpy(q))
+    np.testing.assert_allclose(got.numpy(), ref_s[:, :2], rtol=1e-6)
+
+
+def test_products_beyond_float32_raise_in_exact_search():
+    # the documented limit: similarities that do not fit float32 cannot be returned
+    rng = np.random.default_rng(0)
+    K = rng.standard_normal((6, 3)).astype(np.float32) * 1e20
+    with pytest.raises(ValueError, match="overflow float32"):
+        ExactMIPS().fit(K).kneighbors(K, 2)
+    # the kernel still ranks them exactly, with infinite scores
+    s, i = mips_topk(torch.from_numpy(K), torch.from_numpy(K), 2)
+    np.testing.assert_array_equal(i.numpy(), _brute(K, K, 2)[1])
+    assert bool(torch.isinf(s).any())
+
+
+def test_topk_keeps_k_columns_with_nan_scores():
+    # regression: NaN (inf - inf) ranked first by topk was not counted above the k-th
+    # value, so with ties at the k-th place the reshape to k columns failed
+    nan = float("nan")
+    sim = torch.tensor([[1.0, nan, 5.0, nan, 5.0, 5.0]])
+    s, i = _topk_lowest_index(sim, 3)
+    assert i.tolist() == [[1, 3, 2]]
+    assert bool(torch.isnan(s[0, :2]).all()) and s[0, 2] == 5.0
+
+
+@pytest.mark.parametrize("kq", [(1e-160, 1e-160), (1e160, 1.0), (1e200, 1e100),
+                                (1e-300, 1e-300)])
+def test_tie_aware_match_rate_at_extreme_float64_scales(kq):
+    # regression: the products underflowed (everything tied) or the norms in the
+    # tolerance overflowed (an infinite tolerance): wrong answers counted as hits
+    sk, sq = kq
+    rng = np.random.default_rng(0)
+    K, Q = rng.standard_normal((30, 4)), rng.standard_normal((50, 4))
+    truth = np.argmax(Q @ K.T, axis=1)
+    wrong = np.argmin(Q @ K.T, axis=1)
+    assert match_rate(None, truth, queries=Q * sq, database=K * sk) == 1.0
+    assert match_rate(None, wrong, queries=Q * sq, database=K * sk) == 0.0
+
+
+@pytest.mark.parametrize("query_scale", [2.0**-100, 2.0**66])
+def test_amortized_search_trains_on_tiny_and_huge_queries(query_scale):
+    # regression: the float32 norm of a query of 1e-30 underflows, so the queries were
+    # rejected as zero; for 1e20 it overflowed in the augmentation of the first batch
+    # (NaN units: training in the data's units, match rate 0)
+    rng = np.random.default_rng(0)
+    keys, Q = rng.standard_normal((20, 3)), rng.standard_normal((60, 3))
+    ref = AmortizedMIPS(**FAST).fit(keys, queries=Q)
+    model = AmortizedMIPS(**FAST).fit(keys, queries=Q * query_scale)
+    assert model.query_scale_ == ref.query_scale_ * query_scale
+    np.testing.assert_array_equal(model.predict(Q * query_scale), ref.predict(Q))
+    np.testing.assert_array_equal(model.kneighbors(Q * query_scale, 4)[1],
+                                  ref.kneighbors(Q, 4)[1])
+    assert model.score(Q * query_scale) == ref.score(Q)
+
+
+def test_amortized_search_ranks_subnormal_keys():
+    # regression: ranking by <k_hat / s**2, k_j> with the key unit s = 2**-138
+    # overflowed float32 (inf, then NaN scores and arbitrary answers)
+    rng = np.random.default_rng(0)
+    keys = rng.integers(-8, 9, (20, 3)).astype(np.float64)
+    keys[np.abs(keys).sum(1) == 0, 0] = 1.0
+    Q = rng.standard_normal((60, 3))
+    ref = AmortizedMIPS(**FAST).fit(keys, queries=Q)
+    tiny = keys * 2.0**-140  # exact float32 subnormals
+    model = AmortizedMIPS(**FAST).fit(tiny, queries=Q)
+    assert model.key_scale_ == ref.key_scale_ * 2.0**-140
+    np.testing.assert_array_equal(model.predict(Q), ref.predict(Q))
+    np.testing.assert_array_equal(model.kneighbors(Q, 4)[1], ref.kneighbors(Q, 4)[1])
+
+
+def test_zero_queries_are_still_rejected():
+    keys = np.eye(3)
+    model = AmortizedMIPS(**dict(FAST, n_steps=2)).fit(keys)
+    with pytest.raises(ValueError, match="zero norm"):
+        model.predict([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="zero norm"):
+        AmortizedMIPS(**dict(FAST, n_steps=2)).fit(keys, queries=[[0.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
+def test_low_precision_and_integer_inputs_match_float64_search(dtype):
+    # inputs are converted to float32 (exact for these values) before the search
+    rng = np.random.default_rng(0)
+    K = torch.from_numpy(np.round(rng.standard_normal((30, 4)) * 4)).to(dtype)
+    Q = torch.from_numpy(np.round(rng.standard_normal((10, 4)) * 4)).to(dtype)
+    idx = ExactMIPS().fit(K).kneighbors(Q, 30, return_distance=False)
+    np.testing.assert_array_equal(idx, _brute(Q.double().numpy(), K.double().numpy(), 30)[1])
+
+
+def test_results_do_not_depend_on_the_chunking(monkeypatch):
+    # chunk bounds around the score budget (CHUNK_SCORES // n_keys queries per chunk)
+    import mlpapers.retrieval.amips._kernels as kernels
+
+    rng = np.random.default_rng(0)
+    K = rng.standard_normal((40, 6)).astype(np.float32)
+    Q = rng.standard_normal((9, 6)).astype(np.float32)
+    Q[3] *= 2.0**-80  # a row searched again (rescaled) inside a chunk
+    ref = _brute(Q, K, 7)[1]
+    for budget in (1, 39, 40, 41, 80, 81):
+        monkeypatch.setattr(kernels, "CHUNK_SCORES", budget)
+        for bs in (1, 2, 8, 9):
+            idx = ExactMIPS(batch_size=bs).fit(K).kneighbors(Q, 7, return_distance=False)
+            np.testing.assert_array_equal(idx, ref)
+
+
+def test_float64_keys_closer_than_float32_rounding_tie_as_documented():
+    # the documented limit: the database is stored in float32, so these two keys are
+    # equal there and the lowest index wins, although key 1 is larger in float64
+    keys = np.array([[1.0, 0.0], [1.0 + 1e-9, 0.0], [0.0, 1.0]])
+    exact = ExactMIPS().fit(keys)
+    assert np.argmax(keys @ [1.0, 0.0]) == 1
+    assert exact.predict([[1.0, 0.0]])[0] == 0
+    assert exact.kneighbors([[1.0, 0.0]], 2, return_distance=False).tolist() == [[0, 1]]
+
+
+def test_similarities_below_the_float32_range_flush_as_documented():
+    # indices exact (tested above), similarities rounded to float32: 2**-160 -> 0
+    keys = np.array([[2.0**-80, 0.0], [0.0, 2.0**-80]])
+    sims, idx = ExactMIPS().fit(keys).kneighbors([[0.0, 2.0**-80]], 2)
+    assert idx.tolist() == [[1, 0]]
+    assert sims.tolist() == [[0.0, 0.0]]
+
+
+@pytest.mark.parametrize("scale", [2.0**-90, 1.0, 2.0**70])
+def test_l2_ranking_by_predicted_key_at_any_scale(scale):
+    # regression: ||k_j||^2 of the augmented keys overflowed float32 for keys of 1e21
+    # and underflowed for 1e-27 (2% and 10% of the ranks right)
+    from mlpapers.retrieval import rank_by_key
+
+    rng = np.random.default_rng(0)
+    K, H = rng.standard_normal((30, 4)), rng.standard_normal((10, 4))
+    K32, H32 = (K * scale).astype(np.float32), (H * scale).astype(np.float32)
+    d2 = ((H32[:, None].astype(np.float64) - K32[None].astype(np.float64)) ** 2).sum(-1)
+    ref = np.argsort(d2, axis=1, kind="stable")[:, :5]
+    idx = rank_by_key(torch.from_numpy(H32), torch.from_numpy(K32), 5, metric="l2")
+    np.testing.assert_array_equal(idx.numpy(), ref)
