@@ -270,8 +270,8 @@ def test_start_exactly_on_the_boundary(container, x0):
 
 # -- degenerate inputs --------------------------------------------------------------------
 def test_convexset_with_flat_g_at_the_boundary_reflects_with_the_outer_normal():
-    # g is flat (exactly 0 gradient) at the inner end of the hit bracket; the unit normal
-    # was 0/0 = NaN, the momentum and the positions turned NaN, every hit diverged
+    # g is flat (exactly 0 gradient) at the inner end of the hit bracket; the normal was
+    # zero, the reflection's (n.p)/(n.n) = 0/0 made the momentum and positions NaN
     cs = ConvexSet(lambda z: torch.relu(z.norm(dim=-1) - 1.0) ** 2 - 1e-300,
                    interior_point=[0.0, 0.0])
     t, normal, _ = cs.hit(torch.zeros(1, 2, dtype=D), torch.tensor([[0.0, 2.0]], dtype=D),
@@ -307,3 +307,14 @@ def test_stiefel_extreme_shapes(n, k):
     assert Q.shape == (2, 20, n, k)
     np.testing.assert_allclose(np.einsum("cdij,cdik->cdjk", Q, Q),
                                np.broadcast_to(np.eye(k), (2, 20, k, k)), atol=1e-12)
+
+
+def test_float32_ball_radius_is_range_checked_without_a_cast_overflow():
+    # the range bounds 1e-150 / 1e150 used to be cast to float32 (inf and 0) with a
+    # RuntimeWarning, and then checked nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Ball([0.0], np.float32(2)).radius == 2.0
+        assert Ball([0.0], torch.tensor(2.0)).radius == 2.0
+    with pytest.raises(ValueError, match="radius must lie in"):
+        Ball([0.0], np.float64(1e-200))

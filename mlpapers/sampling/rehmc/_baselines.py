@@ -63,7 +63,7 @@ def hard_rejection_hmc(log_prob, container: ConvexContainer, n_samples: int, *, 
 
     def masked(x):
         lp = log_prob(x)
-        return torch.where(container.contains(x), lp, torch.full_like(lp, -float("inf")))
+        return torch.where(container._holds(x), lp, torch.full_like(lp, -float("inf")))
 
     hmc = ReflectiveHMC(masked, Unbounded(container.dim, container.interior_point()), **kw)
     return hmc.sample(n_samples, x0=x0, n_chains=n_chains, warmup=warmup)
@@ -74,9 +74,11 @@ def transform_hmc(log_prob, box: Box, n_samples: int, *, x0, n_chains: int = 4,
     """HMC on ``y = logit((x - lo) / (hi - lo))`` with the log-Jacobian, mapped back to ``x``."""
     lo = torch.as_tensor(box.lo, dtype=torch.float64)
     w = torch.as_tensor(box.hi - box.lo, dtype=torch.float64)
+    hi = torch.as_tensor(box.hi, dtype=torch.float64)
 
     def to_x(y):
-        return lo.to(y) + w.to(y) * torch.sigmoid(y)
+        # (a saturated sigmoid can round lo + w above hi for bounds of both signs)
+        return torch.minimum(lo.to(y) + w.to(y) * torch.sigmoid(y), hi.to(y))
 
     def lp_y(y):  # log |dx/dy| = sum log w + log sigma(y) + log sigma(-y)
         jac = (torch.nn.functional.logsigmoid(y) + torch.nn.functional.logsigmoid(-y)).sum(-1)
@@ -111,7 +113,7 @@ def random_walk_metropolis(log_prob, container: ConvexContainer, n_samples: int,
     out = np.empty((n_chains, n_samples, d))
     for i in range(warmup + n_samples * thin):
         prop = x + scale[:, None] * torch.randn(n_chains, d, generator=gen, dtype=torch.float64)
-        inside = container.contains(prop)
+        inside = container._holds(prop)
         with torch.no_grad():
             lp_prop = torch.where(inside, log_prob(prop), torch.full_like(lp, -float("inf")))
         acc_p = torch.exp((lp_prop - lp).clamp_max(0.0))

@@ -142,10 +142,10 @@ class ConvexSet(ConvexContainer):
         flat = out & ~((size > 0) & torch.isfinite(size))
         if bool(flat.any()):
             # g is flat at the inner end of the bracket (a g whose minimum plateau lies
-            # within rounding of 0, or an underflowing gradient): the unit normal 0/0 was
-            # NaN, so the momentum, the positions and log_prob turned NaN and every hit
-            # was a divergence. Outside K, g > min g, so a convex g has a non-zero
-            # gradient at the outer end, a few ulps away.
+            # within rounding of 0, or an underflowing gradient): the normal was zero, the
+            # reflection's (n.p)/(n.n) was 0/0, so the momentum, the positions and
+            # log_prob turned NaN and every hit was a divergence. Outside K, g > min g,
+            # so a convex g has a non-zero gradient at the outer end, a few ulps away.
             gr = torch.where(flat[:, None], self._grad(x + hi[:, None] * v), gr)
             size = gr.norm(dim=-1)
         normal = gr / size[:, None].clamp_min(1e-300)

@@ -150,7 +150,9 @@ class Box(ConvexContainer):
         Returns
         -------
         x_new : torch.Tensor of shape (C, d)
-            End position (clamped into the box against round-off).
+            End position: the box-unit position is clamped to [0, 1] against round-off,
+            but ``lo + w y`` can still round one ulp above ``hi`` when ``lo + (hi - lo)``
+            does (the sampler then rejects the proposal).
         flipped : torch.Tensor of shape (C, d), bool
             Whether each velocity coordinate changed sign.
         n_reflections : torch.Tensor of shape (C,), int64
@@ -294,7 +296,8 @@ class Ball(ConvexContainer):
             raise TypeError(f"radius must be a real number, got {radius!r}.")
         if not np.isfinite(r) or r <= 0:
             raise ValueError(f"radius must be a finite number > 0, got {radius!r}.")
-        if not _RADIUS_RANGE[0] <= r <= _RADIUS_RANGE[1]:
+        # (as a Python float: a float32 radius would cast the bounds to inf and 0)
+        if not _RADIUS_RANGE[0] <= float(r) <= _RADIUS_RANGE[1]:
             # the exit time solves a quadratic in radius**2, which overflows (an
             # OverflowError in the first drift) or underflows (every drift was capped)
             raise ValueError(f"radius must lie in [{_RADIUS_RANGE[0]:g}, "
