@@ -6,18 +6,22 @@ inf returned silently, a wrong exact objective, or a misleading error.
 
 import math
 
-import mpmath
 import numpy as np
 import pytest
 import torch
 
 from mlpapers.optim.scent import (
     EntropicRiskLoss,
+    KLDROClassifier,
     KLDRORegressor,
     PartialAUCClassifier,
     SCENTClassifier,
     objective,
 )
+from mlpapers.optim.scent._kernels import tempered_log_mean_exp
+
+# multiprecision references; mpmath comes with torch (through sympy) but no extra lists it
+mpmath = pytest.importorskip("mpmath")
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +167,99 @@ def test_in_batch_negatives_with_batches_of_one_raise():
         SCENTClassifier(negatives="in_batch", batch_size=1, epochs=1).fit(X, y)
     clf = SCENTClassifier(negatives="in_batch", batch_size=2, epochs=2, random_state=0)
     assert np.isfinite(clf.fit(X, y).loss_curve_).all()
+
+
+def test_tempered_log_mean_exp_keeps_its_digits_with_one_item_far_below_the_max():
+    # log1p(mean(expm1(d))) was chosen only when every item lay within 0.5 of the max: one
+    # item at -tau sent the slice to log-sum-exp, whose log of a value near 1 kept
+    # ~1e-10 of it. The error left is that of summing the values in float64
+    # (eps * mean |v|), whatever the temperature
+    tau, k = 1e6, 20000
+    gen = torch.Generator().manual_seed(0)
+    v = torch.rand(k, generator=gen, dtype=torch.float64) * 0.01 * tau - 0.005 * tau
+    v = torch.cat([v, torch.tensor([-tau], dtype=torch.float64)])
+    ref = _reference(v, tau, dps=40)
+    err = abs(float(tempered_log_mean_exp(v, tau)) - ref)
+    assert err <= 16 * torch.finfo(torch.float64).eps * float(v.abs().mean())
+
+
+@pytest.mark.parametrize("tau", [0.3, 30.0, 3e3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_objective_of_narrow_float_scores_is_correctly_rounded(tau, dtype):
+    # the plain-form switch (|plain| < 2e-4 log k) suits float64 only, and the shifted
+    # form c + tau log(...) cancels when the value is far below max |v|: float32
+    # objective() of randn scores at tau = 30 was off by ~4e-5. Narrow floats are now
+    # reduced in float64: the result is the reference rounded to the dtype
+    v = torch.randn(3, 300, generator=torch.Generator().manual_seed(1)).to(dtype)
+    got = objective(v, temperature=tau)
+    assert got.dtype == dtype
+    ref = np.mean([_reference(row, tau, dps=40) for row in v.double()])
+    assert float(got) == pytest.approx(ref, rel=torch.finfo(dtype).eps, abs=0)
+    g = torch.Generator().manual_seed(2)
+    rows = torch.randn(4, 300, generator=g).to(dtype)  # per slice too (dim, mask)
+    mask = torch.rand(4, 300, generator=g) < 0.7
+    got = tempered_log_mean_exp(rows.T, tau, dim=0, mask=mask.T)
+    for i in range(4):
+        ref = _reference(rows[i][mask[i]].double(), tau, dps=40)
+        assert float(got[i]) == pytest.approx(ref, rel=torch.finfo(dtype).eps, abs=0)
+
+
+def test_a_huge_constant_feature_column_is_ignored_not_diverged():
+    # with an intercept, the float64 mean of a column of 1e20 (n = 101) is off by an ulp:
+    # X - mu was a constant 16384 that feature_scaling left at scale 1, so the float32
+    # SGD saw a feature of curvature 16384^2 and raised "diverged"; a constant column is
+    # now exactly 0 in every standardised design, as if the column were absent
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((101, 2))
+    y = X @ [1.0, -2.0] + rng.standard_normal(101)
+    Xc = np.c_[X, np.full(101, 1e20)]
+    assert Xc[:, 2].mean() != 1e20          # the premise: an inexact float64 mean
+    yb = (y > 0).astype(int)
+    kw = dict(lam=1.0, epochs=3, random_state=0)
+    for est, target in ((KLDRORegressor(alpha=0.0, **kw), y),
+                        (KLDRORegressor(alpha=0.1, **kw), y),
+                        (KLDROClassifier(**kw), yb),
+                        (PartialAUCClassifier(epochs=3, random_state=0), yb)):
+        with_col = est.fit(Xc, target)
+        coef_c = np.atleast_2d(with_col.coef_)
+        assert (coef_c[:, 2] == 0).all()
+        without = type(est)(**est.get_params()).fit(X, target)
+        np.testing.assert_allclose(coef_c[:, :2], np.atleast_2d(without.coef_), rtol=1e-6)
+        np.testing.assert_allclose(with_col.intercept_, without.intercept_, rtol=1e-6,
+                                   atol=1e-12)
+
+
+def test_pauc_rejects_every_margin_and_lam_that_overflow_float32():
+    # these passed the range check, then failed mid-fit with "scores contain NaN or
+    # infinity" ((margin + 1)^2 beyond float32 whatever lam) or "the dual update
+    # overflowed" under SCENT (whose dual step cannot overflow: the surrogate's mean of
+    # nu ~ loss / lam over the batch did)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] > 0).astype(int)
+    for margin, lam in ((1e20, 1e30), (1e19, 1.0), (1.0, 3e-38)):
+        with pytest.raises(ValueError, match="margin=.*float32"):
+            PartialAUCClassifier(margin=margin, lam=lam, epochs=1, random_state=0).fit(X, y)
+    # just inside the documented bounds the fit runs, for every method with a safe dual
+    big = float(torch.finfo(torch.float32).max)
+    bs = 32
+    for margin, lam in ((1.0, 4 / (big / (2 * bs)) * 1.01),
+                        (math.sqrt(big) * 0.999 - 1, 1e38)):
+        for method in ("scent", "sox", "umax", "bsgd"):
+            clf = PartialAUCClassifier(margin=margin, lam=lam, method=method, epochs=2,
+                                       batch_size=bs, random_state=0).fit(X, y)
+            assert np.isfinite(clf.loss_curve_).all() and np.isfinite(clf.coef_).all()
+
+
+def test_surrogate_overflow_names_the_dual_update_only_for_asgd():
+    # a non-finite surrogate was reported as "the dual update overflowed" for every
+    # method, but only ASGD's exp(L - nu) step can overflow
+    from mlpapers.optim.scent._common import surrogate_overflow
+
+    for method in ("asgd", "asgd_softplus"):
+        msg = str(surrogate_overflow("KLDRORegressor", method, 2, "loss / lam"))
+        assert "dual update overflowed" in msg and "epoch 2" in msg
+    for method in ("scent", "sox", "umax", "bsgd"):
+        msg = str(surrogate_overflow("SCENTClassifier", method, 1, "score / temperature"))
+        assert "dual update" not in msg
+        assert "score / temperature too large" in msg and "raise temperature" in msg

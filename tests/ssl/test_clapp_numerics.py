@@ -131,3 +131,38 @@ def test_extract_patches_rejects_patches_larger_than_the_image():
         extract_patches(torch.zeros(1, 1, 4, 4), 5, 1)
     with pytest.raises(ValueError, match="stride"):
         extract_patches(torch.zeros(1, 1, 4, 4), 2, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_unit_rows_needs_no_frexp_and_matches_plain_normalize(monkeypatch, dtype):
+    # torch.frexp has no MPS kernel: the power-of-two prescaling used it, so InfoNCE failed
+    # on Apple GPUs. Rows of ordinary scale, with maxima just below, at and above powers
+    # of two (where log2 may round up), and a zero row, must give F.normalize's values
+    # and gradients bit for bit (zero rows: 0, or NaN in float16 where eps=1e-12 is 0)
+    from mlpapers.ssl.clapp import _kernels
+
+    def no_frexp(*args, **kwargs):
+        raise NotImplementedError("aten::frexp is not implemented for the MPS device")
+
+    monkeypatch.setattr(torch, "frexp", no_frexp)
+    gen = torch.Generator().manual_seed(2)
+    p = torch.randn(8, 5, generator=gen, dtype=torch.float64)
+    e = 1 if dtype == torch.float16 else 3   # float16's squares overflow beyond ~2^7
+    p = p * torch.logspace(-e, e, 8, dtype=torch.float64)[:, None]
+    below = 1 - torch.finfo(dtype).eps / 2          # the largest value below 1 in dtype
+    p[1, 2], p[2, 0], p[3, 4] = 4 * below, -8.0, 2 * below + 1e-3
+    p[5] = 0.0
+    p = p.to(dtype)
+    a = p.clone().requires_grad_(True)
+    b = p.clone().requires_grad_(True)
+    ua, ub = _kernels._unit_rows(a), F.normalize(b, dim=1)
+    torch.testing.assert_close(ua, ub, rtol=0, atol=0, equal_nan=True)
+    w = torch.randn(8, 5, generator=gen).to(dtype)
+    (ua[:5] * w[:5]).sum().backward()
+    (ub[:5] * w[:5]).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, equal_nan=True)
+    if dtype != torch.float16:
+        assert bool((ua[5] == 0).all())
+    # and the scale-free part still holds without frexp: 2^100-scaled rows, same result
+    big = 2.0 ** 100 if torch.finfo(dtype).max > 2.0 ** 101 else 2.0 ** 8
+    assert torch.equal(_kernels._unit_rows(p[:5] * big), ua[:5].detach())

@@ -77,6 +77,23 @@ def minimize_lbfgs(fun, params, max_iter: int = 500, tol: float = 1e-10) -> None
     opt.step(closure)
 
 
+def surrogate_overflow(name: str, method: str, epoch: int, ratio: str) -> FloatingPointError:
+    """The error for a non-finite surrogate value, naming its actual cause.
+
+    Only ASGD's dual step ``nu - dual_lr (1 - exp(L - nu))`` can overflow (``nu``
+    lagging far behind ``L``); SCENT's, SOX's and U-max's cannot, so with them the
+    overflow is in the surrogate itself: ``loss / lam`` (``ratio``) near the top of
+    float32, summed over the batch.
+    """
+    if method in ("asgd", "asgd_softplus"):
+        return FloatingPointError(
+            f"{name}(method={method!r}) diverged at epoch {epoch}: the dual update "
+            "overflowed; lower dual_lr or lr.")
+    return FloatingPointError(
+        f"{name}(method={method!r}) diverged at epoch {epoch}: the surrogate overflowed "
+        f"float32 ({ratio} too large); lower lr, or raise {ratio.split(' / ')[-1]}.")
+
+
 def nu_to_numpy(loss_fn) -> torch.Tensor:
     """The dual table with NaN at anchors never visited."""
     nu = loss_fn.nu.detach().clone().cpu()

@@ -21,11 +21,13 @@ from mlpapers.optim.scent._common import (
     lr_factor,
     make_loss,
     set_lrs,
+    surrogate_overflow,
 )
 from mlpapers.optim.scent._dro_init import (
     erm_least_squares,
     erm_logistic,
     feature_scaling,
+    standardise,
     unscale,
 )
 from mlpapers.optim.scent._kernels import log_mean_exp, tempered_log_mean_exp
@@ -166,12 +168,12 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         # SGD runs on standardised features Z = (X - mu) / s with V = W s, c = b + W mu
         # (same predictions, same objective): a diagonal preconditioner that makes the
         # fit independent of the features' units and offsets.
-        mu, scale = feature_scaling(X64, bool(self.fit_intercept))
+        mu, scale, const = feature_scaling(X64, bool(self.fit_intercept))
         if self.alpha > 0:
             # the penalty's curvature in V = W s is alpha / s^2: floor s so that SGD stays
             # stable (lr alpha / s^2 <= 1); the penalised objective depends on units anyway
             scale = scale.clamp_min(math.sqrt(float(self.lr) * float(self.alpha)))
-        X = ((X64 - mu) / scale).float()
+        X = standardise(X64, mu, scale, const).float()
         W0, b0 = W0.to(X64.device), b0.to(X64.device)
         # The regressor's float32 SGD runs on y / t, t a power of two near the initial
         # residuals: the parameters scale by 1/t and the squared losses, lam and the
@@ -214,10 +216,9 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                 surrogate = loss_fn(ell[None, :], zero)
                 if not bool(torch.isfinite(surrogate.detach())):
                     # ASGD's exp(L - nu) overflowed: nu = inf, every later weight 0 (the
-                    # model would freeze without a word)
-                    raise FloatingPointError(
-                        f"{type(self).__name__}(method={self.method!r}) diverged at epoch "
-                        f"{epoch + 1}: the dual update overflowed; lower dual_lr or lr.")
+                    # model would freeze without a word); other methods: loss / lam did
+                    raise surrogate_overflow(type(self).__name__, self.method, epoch + 1,
+                                             "loss / lam")
                 (surrogate + self._penalty(W / scale_f)).backward()
                 opt.step()
                 step += 1

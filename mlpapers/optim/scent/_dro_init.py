@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from mlpapers.optim.scent._common import minimize_lbfgs
 
-__all__ = ["erm_least_squares", "erm_logistic", "feature_scaling", "unscale"]
+__all__ = ["erm_least_squares", "erm_logistic", "feature_scaling", "standardise", "unscale"]
 
 
 def erm_least_squares(X: torch.Tensor, y: torch.Tensor, *, alpha: float, fit_intercept: bool,
@@ -48,12 +48,8 @@ def erm_least_squares(X: torch.Tensor, y: torch.Tensor, *, alpha: float, fit_int
     # truncates singular values below eps * the largest, so on raw features whose units
     # differ from the intercept column's by ~1e16 (features ~1e-30 or ~1e30) it dropped
     # the features or the intercept; the same problem in V = W s is scale-free
-    mu, scale = feature_scaling(X, fit_intercept)
-    Z = (X - mu) / scale
-    # a constant column (scale 1) keeps the rounding noise of its mean, ~1e-16 of it:
-    # exact zeros, or the unit-column scaling below would fit that noise; every other
-    # column has RMS 1 here
-    Z[:, Z.pow(2).mean(0).sqrt() < 0.5] = 0.0
+    mu, scale, const = feature_scaling(X, fit_intercept)
+    Z = standardise(X, mu, scale, const)
     A = torch.cat([Z, torch.ones(n, 1, dtype=X.dtype)], 1) if fit_intercept else Z
     rhs = y
     if alpha > 0:  # mean (r^2) + alpha/2 |V / s|^2  <=>  rows sqrt(n alpha / 2) diag(1 / s)
@@ -65,7 +61,8 @@ def erm_least_squares(X: torch.Tensor, y: torch.Tensor, *, alpha: float, fit_int
     norms = A.norm(dim=0)
     norms = torch.where(norms > 0, norms, torch.ones_like(norms))
     sol = torch.linalg.lstsq(A / norms, rhs[:, None], driver="gelsd").solution[:, 0] / norms
-    V = sol[:d]
+    # a zero column's coefficient is SVD rounding (~1e-14): exactly 0, as in the SGD
+    V = sol[:d].masked_fill(const, 0.0)
     c = sol[d] if fit_intercept else torch.zeros((), dtype=X.dtype)
     W, b = unscale(V, c, mu, scale)
     return W.to(device), b.to(device)
@@ -97,8 +94,8 @@ def erm_logistic(X: torch.Tensor, y: torch.Tensor, n_classes: int, *, alpha: flo
         Zero when ``fit_intercept`` is false.
     """
     X = X.double()
-    mu, scale = feature_scaling(X, fit_intercept)
-    Z = (X - mu) / scale
+    mu, scale, const = feature_scaling(X, fit_intercept)
+    Z = standardise(X, mu, scale, const)
     V = torch.zeros(n_classes, X.shape[1], dtype=torch.float64, device=X.device)
     c = torch.zeros(n_classes, dtype=torch.float64, device=X.device)
     V.requires_grad_(True)
@@ -114,10 +111,13 @@ def erm_logistic(X: torch.Tensor, y: torch.Tensor, n_classes: int, *, alpha: flo
     return unscale(V, c, mu, scale)
 
 
-def feature_scaling(X: torch.Tensor, fit_intercept: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_scaling(X: torch.Tensor, fit_intercept: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Centre (with an intercept) and scale (std, or RMS without intercept) of X.
 
-    Returns ``mu`` and ``scale``, each of shape ``(d,)``; constant columns get scale 1.
+    Returns ``mu`` and ``scale``, each of shape ``(d,)``, and the bool mask ``const``
+    of the columns taken as constant (they get scale 1; :func:`standardise` sets them
+    to exactly 0).
     """
     if fit_intercept:
         mu = X.mean(0)
@@ -127,8 +127,20 @@ def feature_scaling(X: torch.Tensor, fit_intercept: bool) -> tuple[torch.Tensor,
         scale = X.pow(2).mean(0).sqrt()
     # constant columns (spread at the rounding level of their mean, or all zero) get 1;
     # the threshold is relative only: a feature in tiny units (std 1e-30) is not constant
-    scale = torch.where((scale > 1e-12 * mu.abs()) & (scale > 0), scale, torch.ones_like(scale))
-    return mu, scale
+    const = ~((scale > 1e-12 * mu.abs()) & (scale > 0))
+    scale = torch.where(const, torch.ones_like(scale), scale)
+    return mu, scale, const
+
+
+def standardise(X: torch.Tensor, mu: torch.Tensor, scale: torch.Tensor,
+                const: torch.Tensor) -> torch.Tensor:
+    """``(X - mu) / scale`` with the constant columns of :func:`feature_scaling` exactly 0.
+
+    A constant column keeps the rounding error of its float64 mean: ~1e-16 of it,
+    but 16384 for a column of 1e20 (n = 101), which the float32 SGD saw as a feature
+    of curvature 16384^2 and diverged on; the least-squares warm start would fit it.
+    """
+    return ((X - mu) / scale).masked_fill(const, 0.0)
 
 
 def unscale(W, b, mu, scale):

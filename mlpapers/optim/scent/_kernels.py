@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 
+#: float64's machine epsilon (the reference of the dtype-dependent switch below)
+_EPS64 = torch.finfo(torch.float64).eps
+
+
 def _as_tensor(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.to(device=like.device, dtype=like.dtype)
@@ -97,12 +101,17 @@ def tempered_log_mean_exp(
     against :math:`\log k` (a large :math:`\tau`: the value tends to the mean of
     ``v``, but ``log(mean(exp(x)))`` of near-zero ``x`` rounds to 0). The plain form
     is kept (same values, same cost) unless some slice overflowed or came out below
-    :math:`2\cdot10^{-4}\log k` in absolute value; then every slice is taken, with
+    :math:`2\cdot10^{-4}\log k` in absolute value (float64; the bound scales with the
+    dtype's machine epsilon); then every slice is taken, with
     :math:`c = \max_j v_j` and :math:`d_j = (v_j - c)/\tau \le 0`, as
     :math:`c + \tau \log \text{mean}_j e^{d_j}`, the logarithm being
-    ``log1p(mean(expm1(d)))`` where all items lie within 0.5 of the maximum
-    (``mean(exp(d))`` near 1) and a log-sum-exp elsewhere. Differentiable in
-    ``values`` (the gradient is the softmax weights).
+    ``log1p(y)`` with :math:`y = \text{mean}_j\,\text{expm1}(d_j)` where
+    :math:`y > -1/2` (``mean(exp(d))`` near 1; each ``expm1(d)`` lies in [-1, 0], so
+    the mean has no cancellation) and a log-sum-exp elsewhere. Floating inputs
+    narrower than float64 are reduced in float64 (where the device has it) and the
+    result cast back: the value can be far smaller than the largest ``|v|``, and
+    float32 arithmetic then lost up to ~1e-4 of it. Differentiable in ``values``
+    (the gradient is the softmax weights).
 
     Parameters
     ----------
@@ -120,10 +129,15 @@ def tempered_log_mean_exp(
     """
     tau = float(temperature)
     k = values.shape[dim]
+    eps = torch.finfo(values.dtype).eps if values.is_floating_point() else 0.0
+    if eps > _EPS64 and values.device.type != "mps":  # (MPS has no float64)
+        return tempered_log_mean_exp(values.double(), tau, dim=dim, mask=mask).to(values.dtype)
     plain = log_mean_exp(values / tau, dim=dim, mask=mask)
-    # |error| of the plain form ~ eps (|plain| + 2 log k): fine unless |plain| << log k
+    # |error| of the plain form ~ eps (|plain| + 2 log k): fine unless |plain| << log k;
+    # 2e-4 log k in float64 (relative error <= ~1e4 eps_64), as strict in other dtypes
     p = plain.detach()
-    if not bool((~torch.isfinite(p) | (p.abs() < 2e-4 * math.log(max(k, 1)))).any()):
+    small = 2e-4 * max(eps, _EPS64) / _EPS64 * math.log(max(k, 1))
+    if not bool((~torch.isfinite(p) | (p.abs() < small)).any()):
         return tau * plain
     if k == 0:  # no items: -inf, as log_mean_exp gives
         return tau * log_mean_exp(values, dim=dim, mask=mask)
@@ -137,8 +151,10 @@ def tempered_log_mean_exp(
     else:
         count = mask.to(torch.bool).sum(dim=dim).to(values.dtype)
     out = log_mean_exp(d, dim=dim, mask=mask)
-    dv = d.detach() if mask is None else d.detach().masked_fill(~mask.to(torch.bool), 0.0)
-    near = (dv.amin(dim=dim) > -0.5) & (count > 0)   # over the valid items only
+    # log1p(mean(expm1(d))) keeps every digit of a log near 0; chosen per slice on the
+    # mean itself (not on every item being near the max: one far item cost ~1e-10)
+    dn = d.detach() if mask is None else d.detach().masked_fill(~mask.to(torch.bool), 0.0)
+    near = (torch.expm1(dn).sum(dim=dim) / count.clamp_min(1) > -0.5) & (count > 0)
     if bool(near.any()):
         dn = d.movedim(dim, -1)[near]
         if mask is not None:  # masked items are -inf: expm1 = -1, so zero them

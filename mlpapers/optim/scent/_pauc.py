@@ -13,8 +13,14 @@ from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_positive
-from mlpapers.optim.scent._common import check_common_params, lr_factor, make_loss, set_lrs
-from mlpapers.optim.scent._dro_init import feature_scaling
+from mlpapers.optim.scent._common import (
+    check_common_params,
+    lr_factor,
+    make_loss,
+    set_lrs,
+    surrogate_overflow,
+)
+from mlpapers.optim.scent._dro_init import feature_scaling, standardise
 from mlpapers.optim.scent._kernels import tempered_log_mean_exp
 
 __all__ = ["PartialAUCClassifier"]
@@ -50,9 +56,12 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     lam : float, default=1.0
-        KL-DRO temperature :math:`\lambda`.
+        KL-DRO temperature :math:`\lambda`, in the units of the pair losses.
     margin : float, default=1.0
-        Margin :math:`m` of the squared hinge on sigmoid scores.
+        Margin :math:`m` of the squared hinge on sigmoid scores. The float32 SGD
+        needs :math:`(m+1)^2` (the largest pair loss) below 3.4e38 and
+        :math:`(m+1)^2/\lambda` below 3.4e38 / (2 ``batch_size``); a
+        ``ValueError`` otherwise.
     max_fpr : float, default=0.3
         FPR bound of :meth:`score` (standardised partial AUC) and of the
         decision threshold.
@@ -185,22 +194,29 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if self.max_fpr > 1:
             raise ValueError(f"max_fpr must be in (0, 1], got {self.max_fpr!r}.")
         check_positive(self.n_negatives, "n_negatives", integer=True)
+        pos = torch.as_tensor(y == self.classes_[1], device=X.device)
+        n_pos = int(pos.sum())
+        bs = min(int(self.batch_size), n_pos)
         # the pair losses lie in [0, (margin + 1)^2] (sigmoid scores): the float32 SGD
-        # needs loss / lam and lam itself in range (else a NaN step, reported as divergence)
+        # needs lam, the losses themselves and loss / lam in range, the last one with a
+        # factor 2 bs to spare (the surrogate sums about nu ~ loss / lam over the bs
+        # anchors of a batch); else a NaN step, or an inf surrogate, after the check
         big = float(torch.finfo(torch.float32).max)
-        if self.lam > big or self.margin + 1.0 > math.sqrt(big * self.lam):
+        ratio_max = big / (2 * bs)
+        if (self.lam > big or self.margin + 1.0 > math.sqrt(big)
+                or (self.margin + 1.0) ** 2 / self.lam > ratio_max):
             raise ValueError(
                 f"lam={self.lam!r} and margin={self.margin!r} are out of float32 range: the "
-                f"SGD needs lam and (margin + 1)^2 / lam below {big:.3g} (pair losses are "
-                "at most (margin + 1)^2; lam is in their units).")
-        pos = torch.as_tensor(y == self.classes_[1], device=X.device)
+                f"SGD needs lam and (margin + 1)^2 below {big:.3g} and (margin + 1)^2 / lam "
+                f"below {ratio_max:.3g} (float32 max / (2 batch_size)): pair losses are at "
+                "most (margin + 1)^2, and lam is in their units.")
         # SGD on Z = (X - mean) / s (s: feature std) with v = w s: the sigmoid sees
         # centred scores, and the diagonal preconditioner makes the fit independent of
         # the features' units and offsets
-        mu, scale = feature_scaling(X.double(), fit_intercept=True)
-        Z = ((X.double() - mu) / scale).float()
+        mu, scale, const = feature_scaling(X.double(), fit_intercept=True)
+        Z = standardise(X.double(), mu, scale, const).float()
         Xp, Xn = Z[pos], Z[~pos]
-        n_pos, n_neg = len(Xp), len(Xn)
+        n_neg = len(Xn)
         k = min(int(self.n_negatives), n_neg)
         dev = self._device
         w = torch.zeros(X.shape[1], dtype=Z.dtype, device=dev, requires_grad=True)
@@ -208,7 +224,6 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         loss_fn = make_loss(self, n_pos, log_alpha, temperature=float(self.lam)).to(dev)
         opt = torch.optim.SGD([w], lr=self.lr, momentum=self.momentum,
                               nesterov=self.momentum > 0)
-        bs = min(int(self.batch_size), n_pos)
         total, step = self.epochs * math.ceil(n_pos / bs), 0
         self.loss_curve_ = []
         log = ProgressLogger(self.epochs, self.verbose, desc="PartialAUCClassifier")
@@ -222,10 +237,10 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                 ell = self._pair_losses(w, Xp[idx.to(dev)], Xn[neg])
                 surrogate = loss_fn(ell, idx)
                 if not bool(torch.isfinite(surrogate.detach())):
-                    # ASGD's exp(L - nu) overflowed: nu = inf freezes these anchors
-                    raise FloatingPointError(
-                        f"PartialAUCClassifier(method={self.method!r}) diverged at epoch "
-                        f"{epoch + 1}: the dual update overflowed; lower dual_lr or lr.")
+                    # ASGD's exp(L - nu) overflowed (nu = inf freezes these anchors), or
+                    # loss / lam summed over the batch did
+                    raise surrogate_overflow("PartialAUCClassifier", self.method, epoch + 1,
+                                             "loss / lam")
                 surrogate.backward()
                 opt.step()
                 if not bool(torch.isfinite(w.detach()).all()):

@@ -7,7 +7,14 @@ import math
 import torch
 
 from mlpapers._utils import ProgressLogger
-from mlpapers.optim.scent._common import load_nu, lr_factor, make_loss, nu_to_numpy, set_lrs
+from mlpapers.optim.scent._common import (
+    load_nu,
+    lr_factor,
+    make_loss,
+    nu_to_numpy,
+    set_lrs,
+    surrogate_overflow,
+)
 from mlpapers.optim.scent._sampled import sparse_rows_grad, sparse_sgd_step
 from mlpapers.optim.scent._sparse_input import sparse_row_dot
 from mlpapers.optim.scent._xc import batch_scores, draw_negatives
@@ -120,10 +127,9 @@ class SampledTrainingMixin:
         loss.backward()
         rows = [(yb, Wp.grad), (draw.cand, Wc.grad)]
         value = float(loss.detach())
-        if not math.isfinite(value):  # ASGD's exp(L - nu) overflowed: nu = inf, weights 0
-            raise FloatingPointError(
-                f"SCENTClassifier(method={self.method!r}) diverged at epoch "
-                f"{self.n_iter_ + 1}: the dual update overflowed; lower dual_lr or lr.")
+        if not math.isfinite(value):  # ASGD's exp(L - nu) overflowed (nu = inf, weights 0)
+            raise surrogate_overflow("SCENTClassifier", self.method, self.n_iter_ + 1,
+                                     "score / temperature")
         if self.momentum == 0 and self.alpha == 0:
             sparse_sgd_step(self._W, rows, self._opt.param_groups[0]["lr"])
         else:  # momentum / L2 need the dense gradient

@@ -207,18 +207,25 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
 
 
 def _unit_rows(p: torch.Tensor) -> torch.Tensor:
-    """Rows of ``p`` scaled to unit norm (zero rows stay zero), at any scale.
+    """Rows of ``p`` scaled to unit norm, at any scale.
 
     ``F.normalize`` alone is not scale-free: the squared norm overflows float32 for
     entries above ~1e19 (every row then becomes 0, every cosine 0) and a norm below its
     ``eps=1e-12`` is replaced by ``eps`` (rows of entries ~1e-13 are not unit rows). Each
-    row is first multiplied by a power of two that brings its largest entry into
-    [0.5, 1): exact in floating point, so ordinary rows give bit-identical results and
-    gradients, and the cosine similarity stays invariant to the scale of ``p``.
+    row is first multiplied by the power of two ``2**-floor(log2(max |p_i|))`` that
+    brings its largest entry into [1, 2): exact in floating point, so ordinary rows give
+    bit-identical results and gradients, and the cosine similarity stays invariant to
+    the scale of ``p``. Zero rows and rows holding inf or NaN are left unscaled and get
+    what ``F.normalize`` gives them: a zero row stays zero in float32, float64 and
+    bfloat16, but is NaN in float16, where its ``eps=1e-12`` rounds to 0 (0 / 0).
     """
-    _, exponent = torch.frexp(p.detach().abs().amax(dim=1, keepdim=True))
+    amax = p.detach().abs().amax(dim=1, keepdim=True)
+    # exp2(-floor(log2)), not torch.frexp: frexp has no MPS kernel; any power of two
+    # (log2 may round a value just below 2**e up to e) keeps the result exact
+    ok = torch.isfinite(amax) & (amax > 0)
     top = math.frexp(torch.finfo(p.dtype).max)[1] - 1      # 2**top is representable
-    shift = torch.exp2((-exponent).clamp(-top, top).to(p.dtype))
+    e = torch.where(ok, amax, torch.ones_like(amax)).log2().floor()
+    shift = torch.exp2((-e).clamp(-top, top))
     return F.normalize(p * shift, dim=1)
 
 
