@@ -7,6 +7,7 @@ float32 values the estimators store.
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mlpapers.retrieval import AmortizedMIPS, ExactMIPS, match_rate, mips_topk
 from mlpapers.retrieval.amips._kernels import _topk_lowest_index, gather_dot
@@ -157,13 +158,21 @@ def test_results_do_not_depend_on_the_chunking(monkeypatch):
     rng = np.random.default_rng(0)
     K = rng.standard_normal((40, 6)).astype(np.float32)
     Q = rng.standard_normal((9, 6)).astype(np.float32)
-    Q[3] *= 2.0**-80  # a row searched again (rescaled) inside a chunk
+    # a row searched again (rescaled) inside a chunk: its products ~2**-140 are
+    # subnormal in float32 (2**-80 never reached the rescue)
+    Q[3] *= 2.0**-140
     ref = _brute(Q, K, 7)[1]
+    calls = []
+    rescue = kernels._rescaled_topk
+    monkeypatch.setattr(kernels, "_rescaled_topk",
+                        lambda q, *a: calls.append(len(q)) or rescue(q, *a))
     for budget in (1, 39, 40, 41, 80, 81):
         monkeypatch.setattr(kernels, "CHUNK_SCORES", budget)
         for bs in (1, 2, 8, 9):
+            calls.clear()
             idx = ExactMIPS(batch_size=bs).fit(K).kneighbors(Q, 7, return_distance=False)
             np.testing.assert_array_equal(idx, ref)
+            assert calls == [1]  # row 3, and only it, was rescued
 
 
 def test_float64_keys_closer_than_float32_rounding_tie_as_documented():
@@ -197,3 +206,186 @@ def test_l2_ranking_by_predicted_key_at_any_scale(scale):
     ref = np.argsort(d2, axis=1, kind="stable")[:, :5]
     idx = rank_by_key(torch.from_numpy(H32), torch.from_numpy(K32), 5, metric="l2")
     np.testing.assert_array_equal(idx.numpy(), ref)
+
+
+class _Recorder(TorchDispatchMode):
+    """Dtypes and sizes of the outputs of every torch op run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.outs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.outs.append((t.dtype, t.numel()))
+        return out
+
+
+def _count_rescues(monkeypatch):
+    import mlpapers.retrieval.amips._kernels as kernels
+
+    calls = []
+    rescue = kernels._rescaled_topk
+    monkeypatch.setattr(kernels, "_rescaled_topk",
+                        lambda q, *a: calls.append(len(q)) or rescue(q, *a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_tensors_are_searched_as_before(dtype):
+    # regression: torch.finfo() of an integer dtype raised in the rescue thresholds
+    from mlpapers.retrieval import rank_by_key, support_function
+
+    g = torch.Generator().manual_seed(0)
+    K = torch.randint(-3, 4, (20, 4), generator=g, dtype=dtype)
+    Q = torch.randint(-3, 4, (6, 4), generator=g, dtype=dtype)
+    ref_s, ref_i = _brute(Q.numpy(), K.numpy(), 5)
+    s, i = mips_topk(Q, K, 5)
+    assert s.dtype == dtype
+    np.testing.assert_array_equal(i.numpy(), ref_i)
+    np.testing.assert_array_equal(s.numpy(), ref_s)
+    v, a = support_function(Q, K)
+    np.testing.assert_array_equal(a.numpy(), ref_i[:, 0])
+    np.testing.assert_array_equal(v.numpy(), ref_s[:, 0])
+    np.testing.assert_array_equal(rank_by_key(Q, K, 3).numpy(), ref_i[:, :3])
+
+
+def _sparse_cases():
+    rng = np.random.default_rng(0)
+    sparse = ((rng.random((300, 8)) < 0.2) * rng.random((300, 8))).astype(np.float32)
+    neg = -np.abs(rng.standard_normal((20, 8))).astype(np.float32)
+    eye = np.eye(8, dtype=np.float32)
+    onehot_k, onehot_q = eye[rng.integers(0, 8, 300)], eye[rng.integers(0, 8, 20)]
+    gauss = rng.standard_normal((300, 8)).astype(np.float32)
+    gauss[17] = 0.0
+    zero_q = rng.standard_normal((20, 8)).astype(np.float32)
+    zero_q[::3] = 0.0
+    return [(neg, sparse, 10), (onehot_q, onehot_k, 60), (gauss[:20], gauss, 300),
+            (zero_q, gauss, 5)]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_exact_zero_products_are_not_searched_twice(case, monkeypatch):
+    # regression: top-k lists holding genuine exact zeros (sparse non-negative keys and
+    # negative queries, one-hot data with k above the matches, a zero key with k=N,
+    # zero queries) were all searched again (2x the cost), though no rescaling
+    # changes an exact zero: a rescue is needed only where a product can underflow
+    Q, K, k = _sparse_cases()[case]
+    calls = _count_rescues(monkeypatch)
+    s, i = mips_topk(torch.from_numpy(Q), torch.from_numpy(K), k)
+    ref_s, ref_i = _brute(Q, K, k)
+    np.testing.assert_array_equal(i.numpy(), ref_i)
+    np.testing.assert_allclose(s.numpy(), ref_s, rtol=1e-6, atol=1e-6)
+    assert calls == []
+    exact = ExactMIPS().fit(K)
+    np.testing.assert_array_equal(exact.kneighbors(Q, k, return_distance=False), ref_i)
+    assert calls == []
+
+
+def test_underflowing_products_of_sparse_data_are_still_rescued(monkeypatch):
+    # the other side of the criterion: nonzero products below the float32 normal range
+    rng = np.random.default_rng(1)
+    K = ((rng.random((50, 6)) < 0.3) * rng.random((50, 6)) * 2.0**-70).astype(np.float32)
+    Q = (-np.abs(rng.standard_normal((8, 6))) * 2.0**-70).astype(np.float32)
+    Q[:, 0] = 2.0**-70  # a few positive products of ~2**-140 (subnormal in float32)
+    calls = _count_rescues(monkeypatch)
+    i = mips_topk(torch.from_numpy(Q), torch.from_numpy(K), 4)[1]
+    np.testing.assert_array_equal(i.numpy(), _brute(Q, K, 4)[1])
+    assert sum(calls) == 8
+
+
+@pytest.mark.parametrize("key_scale", [1.0, 30.0])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_rows_are_searched_once_as_before(dtype, key_scale, monkeypatch):
+    # regression: the thresholds came from float16's own range (2**-1 and 2**7), so
+    # every row of ordinary unit-norm data was searched twice; the results are those
+    # of the plain search in the input dtype
+    from mlpapers.retrieval.amips._kernels import _topk_rows
+
+    g = torch.Generator().manual_seed(0)
+    unit = torch.nn.functional.normalize
+    K = (unit(torch.randn(400, 384, generator=g), dim=1) * key_scale).to(dtype)
+    Q = unit(torch.randn(30, 384, generator=g), dim=1).to(dtype)
+    calls = _count_rescues(monkeypatch)
+    for k in (1, 10):
+        s, i = mips_topk(Q, K, k)
+        ref_s, ref_i = _topk_rows(Q @ K.T, k)
+        assert s.dtype == dtype
+        assert torch.equal(i, ref_i) and torch.equal(s, ref_s)
+    assert calls == []
+
+
+def test_float16_products_below_its_range_are_rescued_in_float32(monkeypatch):
+    # products ~2**-24 are subnormal or 0 in float16: searched again in float32, where
+    # the products of float16 values are exact
+    rng = np.random.default_rng(2)
+    K = torch.from_numpy(rng.standard_normal((40, 4)) * 2.0**-12).half()
+    Q = torch.from_numpy(rng.standard_normal((6, 4)) * 2.0**-12).half()
+    calls = _count_rescues(monkeypatch)
+    s, i = mips_topk(Q, K, 3)
+    assert s.dtype == torch.float16 and sum(calls) == 6
+    np.testing.assert_array_equal(i.numpy(), _brute(Q.double().numpy(), K.double().numpy(), 3)[1])
+
+
+def test_the_rescue_of_float32_rows_needs_no_float64():
+    # MPS has no float64: the exponents of the rescue are small integers, held in float32
+    rng = np.random.default_rng(3)
+    K = torch.from_numpy((rng.standard_normal((30, 5)) * 2.0**-75).astype(np.float32))
+    Q = torch.from_numpy((rng.standard_normal((7, 5)) * 2.0**-75).astype(np.float32))
+    with _Recorder() as rec:
+        i = mips_topk(Q, K, 3)[1]
+    np.testing.assert_array_equal(i.numpy(), _brute(Q.numpy(), K.numpy(), 3)[1])
+    assert {dt for dt, _ in rec.outs if dt.is_floating_point} == {torch.float32}
+
+
+def test_gather_dot_recomputes_overflowed_rows_in_bounded_chunks(monkeypatch):
+    # regression: when every row overflowed, the float64 recompute gathered all
+    # n x k x d keys at once; it now runs in the chunks of the float32 pass
+    import mlpapers.retrieval.amips._kernels as kernels
+
+    rng = np.random.default_rng(4)
+    # 3e38 + 3e38 - 4e38 = 2e38: every row's partial sums overflow float32
+    K = np.stack([rng.uniform(2.9, 3.1, 50), rng.uniform(2.9, 3.1, 50),
+                  rng.uniform(-4.1, -3.9, 50)], 1).astype(np.float32) * np.float32(1e18)
+    Q = rng.uniform(0.99, 1.01, (40, 3)).astype(np.float32) * np.float32(1e20)
+    idx = torch.from_numpy(rng.integers(0, 50, (40, 3)))
+    budget = 36  # 4 queries (4 x 3 x 3 gathered values) per chunk
+    monkeypatch.setattr(kernels, "CHUNK_SCORES", budget)
+    with _Recorder() as rec:
+        out = gather_dot(torch.from_numpy(K), idx, torch.from_numpy(Q))
+    ref = np.einsum("nkd,nd->nk", K.astype(np.float64)[idx.numpy()], Q.astype(np.float64))
+    assert np.isfinite(ref.astype(np.float32)).all()
+    np.testing.assert_allclose(out.numpy(), ref.astype(np.float32), rtol=1e-6)
+    sizes = [n for dt, n in rec.outs if dt == torch.float64]
+    assert sizes and max(sizes) <= budget
+
+
+def test_predict_does_not_rescan_the_database(monkeypatch):
+    # regression: each predict recomputed max|k_ij| of the keys (two passes over the
+    # database, one more for "l2"): a single-query predict cost 3x the search
+    rng = np.random.default_rng(5)
+    K = rng.standard_normal((200, 4)).astype(np.float32)
+    Q = rng.standard_normal((5, 4)).astype(np.float32)
+    scans = []
+
+    def spy(name, orig):
+        def f(x, *a, **kw):
+            if isinstance(x, torch.Tensor) and x.ndim == 2 and x.shape[0] == 200 \
+                    and x.shape[1] >= 4:  # the keys (200, 4), or the "l2" ones (200, 5)
+                scans.append(name)
+            return orig(x, *a, **kw)
+        return f
+
+    for retrieval in ("ip", "l2"):
+        est = AmortizedMIPS(**dict(FAST, n_steps=3), retrieval=retrieval).fit(K, queries=Q)
+        exact = ExactMIPS().fit(K)
+        with monkeypatch.context() as m:
+            m.setattr(torch, "aminmax", spy("aminmax", torch.aminmax))
+            m.setattr(torch.Tensor, "max", spy("max", torch.Tensor.max))
+            m.setattr(torch.Tensor, "min", spy("min", torch.Tensor.min))
+            est.predict(Q[:1])
+            est.kneighbors(Q, 3)
+            exact.predict(Q[:1])
+        assert scans == []

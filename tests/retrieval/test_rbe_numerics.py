@@ -214,3 +214,27 @@ def test_neural_head_is_invariant_to_the_scale_of_relevance(scale, standardize, 
                                         relevance_fn=lambda q, i: heavy15(q, i) * scale,
                                         items=items)
     np.testing.assert_array_equal(back.kneighbors(Q[60:], 10, return_distance=False), idx)
+
+
+@pytest.mark.parametrize("scale", [2.0**-560, 2.0**560])
+def test_adacur_ridge_beyond_the_float64_range_of_the_relevance_raises(scale):
+    # regression: the Gram is formed in units of the relevance, where the ridge is
+    # ridge / unit**2: it overflowed (a cryptic "ridge must be >= 0, got inf") or
+    # underflowed to 0 (silently the unregularised rcond branch)
+    Q, items, heavy = _heavy_problem()
+    est = AdaCURRetriever(lambda q, i: heavy(q, i) * scale, n_calls=12, n_rounds=3,
+                          ridge=1e-3, random_state=0)
+    with pytest.raises(ValueError, match=r"ridge=0\.001 is out of range.*relevance"):
+        est.fit(Q[:60], items).kneighbors(Q[60:], 10)
+
+
+@pytest.mark.parametrize("scale", [2.0**-400, 2.0**400])
+def test_adacur_ridge_scaled_with_the_relevance_gives_the_same_neighbours(scale):
+    # ridge acts on the Gram of the relevance: scaled by scale**2 it is the same fit
+    Q, items, heavy = _heavy_problem()
+    kw = dict(n_calls=12, n_rounds=3, random_state=0)
+    ref = AdaCURRetriever(heavy, ridge=1e-3, **kw).fit(Q[:60], items)
+    est = AdaCURRetriever(lambda q, i: heavy(q, i) * scale, ridge=1e-3 * scale**2,
+                          **kw).fit(Q[:60], items)
+    np.testing.assert_array_equal(est.kneighbors(Q[60:], 10, return_distance=False),
+                                  ref.kneighbors(Q[60:], 10, return_distance=False))

@@ -10,7 +10,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_in_options, check_positive
-from mlpapers.retrieval.amips._kernels import _mips_topk, key_bound, match_rate
+from mlpapers.retrieval.amips._kernels import _KeyStats, _mips_topk, match_rate
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
 
@@ -36,27 +36,28 @@ class _MIPSBase(TorchEstimatorMixin, BaseEstimator):
             self._keys_cache = cached
         return cached
 
-    def _key_bound(self) -> float:
-        """:func:`key_bound` of the keys, cached with them (a pass over the database
-        per search would double the cost of a single query)."""
+    def _key_stats(self) -> _KeyStats:
+        """Scale statistics of the keys (:func:`key_bound` and, once needed, the smallest
+        nonzero ``|k_ij|``), cached with them (a pass over the database per search
+        would double the cost of a single query)."""
         keys = self._keys()
-        cached = getattr(self, "_key_bound_cache", None)
+        cached = getattr(self, "_key_stats_cache", None)
         if cached is None or cached[0] is not keys:
-            cached = (keys, key_bound(keys))
-            self._key_bound_cache = cached
+            cached = (keys, _KeyStats(keys))
+            self._key_stats_cache = cached
         return cached[1]
 
     def _fit_database(self, X) -> torch.Tensor:
         keys = self._validate_data(X, reset=True, dtype=torch.float32)
         self.database_ = self._to_numpy(keys).astype(np.float32, copy=False)
         self._keys_cache = keys
-        self._key_bound_cache = (keys, key_bound(keys))  # set here: predict keeps __dict__
+        self._key_stats_cache = (keys, _KeyStats(keys))  # set here: predict keeps __dict__
         return keys
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_keys_cache", None)
-        state.pop("_key_bound_cache", None)
+        state.pop("_key_stats_cache", None)
         return state
 
     def __sklearn_tags__(self):
@@ -169,7 +170,7 @@ class ExactMIPS(_MIPSBase):
         tiny products are ranked exactly; products beyond it raise.
         """
         check_positive(self.batch_size, "batch_size", integer=True)
-        s, i = _mips_topk(Q, self._keys(), k, self.batch_size, self._key_bound())
+        s, i = _mips_topk(Q, self._keys(), k, self.batch_size, self._key_stats())
         if not bool(torch.isfinite(s).all()):
             raise ValueError("inner products of X with the keys overflow float32 (beyond "
                              "3.4e38); rescale the queries or the keys (MIPS answers do "

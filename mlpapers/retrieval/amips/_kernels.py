@@ -65,50 +65,135 @@ def mips_topk(
 
     Notes
     -----
-    The ranking of a query does not depend on its scale, so a row with a top-``k``
-    product below ``2**-100`` in magnitude (float32; near the subnormal range, where
-    products lose precision or flush to zero and tie) or one that overflows is
-    searched again with the query multiplied by a power of two that puts the bound
-    ``||q|| sqrt(d) max|k_ij|`` of its products near ``2**120``. The indices are then
-    those of the exact search in the dtype's rounding for any finite data, as long as
-    the top-``k`` products of a query are above about ``1e-66`` times that bound
-    (float32; below it they may still tie). The scores are scaled back: a product
-    beyond the range of the dtype is returned as ``+-inf``, one below it as 0 or a
-    subnormal. Rows tied at exactly 0 (e.g. zero queries) are searched twice.
+    The ranking of a query does not depend on its scale, so a row that may overflow
+    (``||q|| sqrt(d) max|k_ij|`` above about ``2**120`` in float32) or whose top-``k``
+    holds a product below ``2**-100`` in magnitude while an element-wise product
+    ``q_i k_ji`` can leave the normal range (``min|q_i| min|k_ji|`` over the nonzero
+    entries below ``2**-125``; there products lose precision or flush to zero and
+    tie) is searched again with the query multiplied by a power of two. The factor
+    puts the bound ``||q|| sqrt(d) max|k_ij|`` of its products near ``2**120`` (when
+    ``sqrt(d) max|k_ij| < 1``, it is ``||q||`` itself that is moved near ``2**120``).
+    The indices are then those of the exact search in the dtype's rounding for any
+    finite data, as long as the top-``k`` products of a query are above about
+    ``1e-66 ||q|| max(1, sqrt(d) max|k_ij|)``, ``1e-66`` times the quantity actually
+    placed near ``2**120`` (float32; below it they may still tie). The scores are
+    scaled back: a product beyond the range of the dtype is returned as ``+-inf``,
+    one below it as 0 or a subnormal. Exact
+    zero products that no rescaling can change (sparse or one-hot data, zero
+    queries) are not searched again. Half-precision inputs (float16, bfloat16) are
+    searched in their dtype and only the rows whose outputs leave its range are
+    searched again, in float32; integer inputs are searched as they are, without
+    rescaling.
     """
-    return _mips_topk(queries, keys, k, batch_size, key_bound(keys))
+    return _mips_topk(queries, keys, k, batch_size, _KeyStats(keys))
+
+
+def _abs_max(x: torch.Tensor) -> float:
+    """``max |x_ij|`` as a Python float, in one pass (``aminmax``: no ``|x|`` copy)."""
+    if not x.numel():
+        return 0.0
+    lo, hi = torch.aminmax(x)
+    return max(float(hi), -float(lo))
+
+
+def _min_nonzero_abs(x: torch.Tensor) -> float:
+    """Smallest nonzero ``|x_ij|`` (``inf`` if none), by chunks of rows so the ``|x|``
+    temporary stays within :data:`CHUNK_SCORES` elements."""
+    out = math.inf
+    rows = max(1, CHUNK_SCORES // max(x.shape[1], 1))
+    for s in range(0, x.shape[0], rows):
+        a = x[s:s + rows].abs()
+        a = a.masked_fill(a == 0, math.inf)
+        if a.numel():
+            out = min(out, float(a.min()))
+    return out
+
+
+class _KeyStats:
+    """Scale statistics of a key matrix (N, d) used to decide which rows of a search
+    are rescued: ``amax = max|k_ij|``, ``bound = sqrt(d) amax`` (a bound on the key
+    norms, float64) and, computed on first use only (a pass over the keys that
+    ordinary data never needs), ``min_nonzero = min |k_ij| over k_ij != 0``.
+    The estimators cache one per database (the keys do not change)."""
+
+    __slots__ = ("_keys", "_min_nonzero", "amax", "bound")
+
+    def __init__(self, keys: torch.Tensor, amax: float | None = None):
+        self._keys = keys
+        self.amax = _abs_max(keys) if amax is None else amax
+        self.bound = self.amax * math.sqrt(keys.shape[1])
+        self._min_nonzero = None
+
+    @property
+    def min_nonzero(self) -> float:
+        if self._min_nonzero is None:
+            self._min_nonzero = _min_nonzero_abs(self._keys)
+        return self._min_nonzero
 
 
 def key_bound(keys: torch.Tensor) -> float:
     """``sqrt(d) max_ij |k_ij|``, a bound on the norms of the keys (N, d) (float64)."""
-    amax = max(float(keys.max()), -float(keys.min())) if keys.numel() else 0.0
-    return amax * math.sqrt(keys.shape[1])
+    return _KeyStats(keys).bound
 
 
 def _mips_topk(queries: torch.Tensor, keys: torch.Tensor, k: int, batch_size: int,
-               bound: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`mips_topk` with the :func:`key_bound` ``bound`` of ``keys`` given (cached by
-    the estimators, whose database does not change)."""
+               stats: _KeyStats) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mips_topk` with the :class:`_KeyStats` ``stats`` of ``keys`` given (cached
+    by the estimators, whose database does not change)."""
     n = queries.shape[0]
     batch_size = search_rows(batch_size, keys.shape[0])
     scores = torch.empty(n, k, dtype=queries.dtype, device=queries.device)
     indices = torch.empty(n, k, dtype=torch.long, device=queries.device)
-    fi = torch.finfo(queries.dtype)
-    safe = 2.0 ** (math.floor(math.log2(fi.max)) - 8)  # 2**120 in float32
-    tiny = fi.tiny / fi.eps * 8.0  # 2**-100 in float32
+    floating = queries.dtype.is_floating_point and keys.dtype.is_floating_point
+    if floating:
+        fi = torch.finfo(queries.dtype)
+        half = fi.bits == 16 or torch.finfo(keys.dtype).bits == 16
+        if half:
+            # float16/bfloat16: the thresholds of float32 below gave 0.5 and 2**7 here
+            # (every row searched twice). The products are computed as before; a row is
+            # rescued (searched again in float32) only when an output may leave the
+            # range, or when a top-k output is near the subnormals while an element
+            # product can be (below 2**-11 and 2**-13 in float16)
+            fi = torch.finfo(torch.promote_types(queries.dtype, keys.dtype))
+            safe = 2.0 ** (math.floor(math.log2(fi.max)) - 1)
+            tiny = fi.tiny * 8.0
+        else:
+            safe = 2.0 ** (math.floor(math.log2(fi.max)) - 8)  # 2**120 in float32
+            tiny = fi.tiny / fi.eps * 8.0  # 2**-100 in float32
+        under = 2.0 * fi.tiny  # 2**-125 in float32: an element product may be subnormal
+        bound = stats.bound
+        keys32 = None
     for start in range(0, n, batch_size):
         q = queries[start:start + batch_size]
         s, i = _topk_rows(q @ keys.T, k)  # the (b, N) scores are freed on return
-        # Rows searched again with the query rescaled by a power of two (the ranking of
-        # a row does not depend on it): those where a product may overflow (an overflow
-        # to -inf or NaN can hide the true maximum: 2.6e40 computed as -inf was ranked
-        # last, silently) and those with a top-k value near the subnormal range (keys
-        # and queries of norm 1e-23: every product 0 in float32, index 0 returned)
-        bad = ~(q.norm(dim=1) * bound <= safe)  # a norm that overflows counts too
-        bad |= ~((s.abs() >= tiny) & torch.isfinite(s)).all(dim=1)
-        if bool(bad.any()):
-            rows = bad.nonzero()[:, 0]
-            s[rows], i[rows] = _rescaled_topk(q[rows], keys, k, bound)
+        if floating:  # integers are exact (or wrap) whatever the scale: nothing to rescue
+            # Rows searched again with the query rescaled by a power of two (the ranking
+            # of a row does not depend on it): those where a product may overflow (an
+            # overflow to -inf or NaN can hide the true maximum: 2.6e40 computed as -inf
+            # was ranked last, silently) and those with a top-k value near the subnormal
+            # range (keys and queries of norm 1e-23: every product 0 in float32, index 0
+            # returned) where an element product can actually underflow: an exact zero
+            # (sparse or one-hot data) is the same at any scale, and a search again
+            # doubled the cost of such rows
+            bad = ~(q.norm(dim=1) * bound <= safe)  # a norm that overflows counts too
+            bad |= ~torch.isfinite(s).all(dim=1)
+            small = ~bad & (s.abs() < tiny).any(dim=1)
+            if bool(small.any()):
+                r = small.nonzero()[:, 0]
+                qa = q[r].abs()
+                qmin = qa.masked_fill(qa == 0, math.inf).amin(dim=1)
+                kmin = stats.min_nonzero
+                if kmin < math.inf:
+                    bad[r] = qmin < under / kmin
+            if bool(bad.any()):
+                rows = bad.nonzero()[:, 0]
+                if half:  # in float32, whose range holds every product of half floats
+                    if keys32 is None:
+                        keys32 = keys.float()
+                    sr, ir = _rescaled_topk(q[rows].float(), keys32, k, bound)
+                    s[rows], i[rows] = sr.to(s.dtype), ir
+                else:
+                    s[rows], i[rows] = _rescaled_topk(q[rows], keys, k, bound)
         scores[start:start + batch_size] = s
         indices[start:start + batch_size] = i
         del s, i  # else the next chunk's scores are built while these are alive
@@ -123,14 +208,16 @@ def _topk_rows(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _scale_pow2(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """``x * 2**e[:, None]`` row by row (``e`` integral, float64), in steps of factors
-    the dtype holds (``2**1074`` does not fit float64): while the result is a normal
-    number every step is exact (the intermediates lie between ``x`` and the result)."""
+    """``x * 2**e[:, None]`` row by row (``e`` integral, in ``x``'s dtype: small integers,
+    exact in float32, so no float64 is needed on devices without it), in steps of
+    factors the dtype holds (``2**1074`` does not fit float64): while the result is a
+    normal number every step is exact (the intermediates lie between ``x`` and the
+    result)."""
     big = float(math.floor(math.log2(torch.finfo(x.dtype).max)) - 1)
-    e = torch.where(torch.isfinite(e), e, 0.0)  # a copy; never an endless loop
+    e = torch.where(torch.isfinite(e), e, 0.0).to(x.dtype)  # a copy; never an endless loop
     while bool((e != 0).any()):
         step = e.clamp(-big, big)
-        x = x * torch.exp2(step).to(x.dtype)[:, None]
+        x = x * torch.exp2(step)[:, None]
         e -= step
     return x
 
@@ -142,8 +229,8 @@ def _pow2_unit(x: torch.Tensor, *, rows: bool) -> torch.Tensor:
     if rows:
         m = x.abs().amax(dim=1)
     else:  # (no |x| temporary of the size of a database)
-        m = x.new_full((x.shape[0],), max(float(x.max()), -float(x.min())) if x.numel() else 0.0)
-    e = torch.where((m > 0) & torch.isfinite(m), torch.log2(m).round(), 0.0).double()
+        m = x.new_full((x.shape[0],), _abs_max(x))
+    e = torch.where((m > 0) & torch.isfinite(m), torch.log2(m).round(), 0.0)
     if not bool((e != 0).any()):
         return x
     return _scale_pow2(x, -e)
@@ -157,13 +244,13 @@ def _rescaled_topk(q: torch.Tensor, keys: torch.Tensor, k: int,
     subnormals); the scores are scaled back (to +-inf or 0 if out of range)."""
     if bound == 0.0:  # all products exactly 0
         return _topk_rows(q @ keys.T, k)
-    # log2 |q| without overflow for float64 rows of norm above 1e154
-    qd = q.double()
-    m = qd.abs().amax(dim=1)
+    # log2 |q| without overflow (rows of norm above the dtype's range), in q's own dtype
+    # (no float64 on MPS): the exponent only needs to be right within a few units
+    m = q.abs().amax(dim=1)
     log_qn = torch.log2(m) + torch.log2(
-        torch.linalg.vector_norm(qd / m.clamp_min(torch.finfo(qd.dtype).tiny)[:, None], dim=1))
+        torch.linalg.vector_norm(q / torch.where(m > 0, m, 1.0)[:, None], dim=1))
     top = math.floor(math.log2(torch.finfo(q.dtype).max)) - 8  # 2**120 in float32
-    e = (top - log_qn - max(0.0, math.log2(bound))).floor()
+    e = (top - max(0.0, math.log2(bound)) - log_qn).floor()
     # zero queries: all products exactly 0 anyway; a non-finite row (an overflowed
     # predicted key) is left as it is (its infinite scale would never be reached)
     e = torch.where((m > 0) & torch.isfinite(e), e, 0.0)
@@ -213,12 +300,18 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -
         out[s:s + rows] = torch.einsum("nkd,nd->nk", keys[index[s:s + rows]],
                                        queries[s:s + rows])
     # a product that overflows the dtype (inf - inf = NaN for a finite inner product of
-    # 1e20-scale data) is recomputed in float64: NaN never, inf only beyond the range
+    # 1e20-scale data) is recomputed in float64: NaN never, inf only beyond the range.
+    # By chunks of the same size (every row may overflow), on the CPU where the device
+    # has no float64 (MPS)
     bad = ~torch.isfinite(out).all(dim=1)
     if bool(bad.any()) and out.dtype != torch.float64:
         r = bad.nonzero()[:, 0]
-        out[r] = torch.einsum("nkd,nd->nk", keys[index[r]].double(),
-                              queries[r].double()).to(out.dtype)
+        dev = torch.device("cpu") if out.device.type == "mps" else out.device
+        for s in range(0, len(r), rows):
+            rr = r[s:s + rows]
+            kk = keys[index[rr]].to(dev, torch.float64)
+            qq = queries[rr].to(dev, torch.float64)
+            out[rr] = torch.einsum("nkd,nd->nk", kk, qq).to(out.device, out.dtype)
     return out
 
 
@@ -254,17 +347,28 @@ def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: st
     :math:`[\hat k, 1]` and :math:`[k_j, -\|k_j\|^2/2]`.
     """
     check_in_options(metric, "metric", ("ip", "l2"))
+    return _rank_by_key(key_hat, keys, k, metric, batch_size, None)
+
+
+def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
+                 batch_size: int, stats: _KeyStats | None) -> torch.Tensor:
+    """:func:`rank_by_key` with the :class:`_KeyStats` of ``keys`` given (or ``None``)."""
+    if stats is None:
+        stats = _KeyStats(keys)
     if metric == "l2":
         # in units of a power of two of the keys (exact; the ranking does not depend on
         # it): ||k_j||^2 overflowed float32 for keys of 1e20 and underflowed for 1e-25,
         # which turned the ranking into garbage or into the "ip" one
-        amax = max(float(keys.max()), -float(keys.min())) if keys.numel() else 0.0
+        amax = stats.amax
         if amax > 0.0 and not 2.0**-30 <= amax <= 2.0**30:
             unit = 2.0 ** math.floor(math.log2(amax))
-            key_hat, keys = key_hat / unit, keys / unit
+            key_hat, keys, amax = key_hat / unit, keys / unit, amax / unit
         key_hat = torch.cat([key_hat, key_hat.new_ones(len(key_hat), 1)], 1)
-        keys = torch.cat([keys, -0.5 * keys.square().sum(1, keepdim=True)], 1)
-    return mips_topk(key_hat, keys, k, batch_size=batch_size)[1]
+        half_sq = -0.5 * keys.square().sum(1, keepdim=True)
+        keys = torch.cat([keys, half_sq], 1)
+        # the augmented keys' largest entry, from the new column alone (N values)
+        stats = _KeyStats(keys, amax=max(amax, _abs_max(half_sq)))
+    return _mips_topk(key_hat, keys, k, batch_size, stats)[1]
 
 
 def amips_loss(

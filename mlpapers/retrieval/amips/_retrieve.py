@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from mlpapers.retrieval.amips._exact import _check_n_neighbors
-from mlpapers.retrieval.amips._kernels import gather_dot, rank_by_key
+from mlpapers.retrieval.amips._kernels import _KeyStats, _rank_by_key, gather_dot
 
 __all__ = ["predict_top1", "rank_by_predicted_key", "rerank", "score_and_key"]
 
@@ -46,7 +46,10 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact). For
     # inner products scaling the predicted keys by 1/s^2 is the same ranking without
     # a copy of the database per call; "l2" needs both sides in training units
+    # The cached scale statistics of the keys are passed down: recomputing them (a
+    # pass over the database) per call tripled the cost of a single-query predict
     ks = getattr(est, "key_scale_", 1.0)
+    stats = est._key_stats()
     if ks == 1.0:
         k_hat, ranked_keys = key_hat, keys
     elif est.retrieval == "ip":
@@ -56,8 +59,8 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
         ranked_keys = keys
     else:
         k_hat, ranked_keys = key_hat / ks, keys / ks
-    idx = rank_by_key(k_hat, ranked_keys, k, metric=est.retrieval,
-                      batch_size=est.search_batch_size)
+        stats = _KeyStats(ranked_keys, amax=stats.amax / ks)  # exact: ks is a power of 2
+    idx = _rank_by_key(k_hat, ranked_keys, k, est.retrieval, est.search_batch_size, stats)
     if not return_distance:
         return est._to_numpy(idx)
     sims = gather_dot(keys, idx, Q)

@@ -317,6 +317,18 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         if amax > 0.0 and not 2.0**-60 <= amax <= 2.0**60:
             unit = 2.0 ** math.floor(math.log2(amax))
         ridge = float(self.ridge) / unit / unit
+        if unit != 1.0 and float(self.ridge) > 0.0 and not 2.0**-1022 <= ridge <= 2.0**1023:
+            # the scaled ridge overflowed (a cryptic "ridge must be >= 0, got inf") or
+            # underflowed to 0 (silently the rcond branch): no float64 ridge acts on
+            # the Gram of this relevance as the one given would
+            raise ValueError(
+                f"ridge={self.ridge!r} is out of range for relevance values of magnitude "
+                f"{amax:.3g}: the anchor Gram matrix is formed in units of "
+                f"2**{int(math.log2(unit))} of the relevance, where the ridge becomes "
+                f"ridge / unit**2 = 2**{math.log2(float(self.ridge)) - 2 * math.log2(unit):.0f}"
+                ", beyond the float64 range. Scale ridge with the square of the "
+                "relevance (ridge / max|relevance|**2 between about 1e-300 and 1e300), "
+                "or use ridge=0.")
         out_s, out_i = [], []
         for c in ProgressLogger(len(starts), self.verbose, desc="ADACUR"):
             lo, hi = starts[c], min(starts[c] + chunk, n)
