@@ -250,6 +250,11 @@ def test_integer_tensors_are_searched_as_before(dtype):
     np.testing.assert_array_equal(a.numpy(), ref_i[:, 0])
     np.testing.assert_array_equal(v.numpy(), ref_s[:, 0])
     np.testing.assert_array_equal(rank_by_key(Q, K, 3).numpy(), ref_i[:, :3])
+    # the l2 ranking too: nearest keys, ties to the lower index (it failed with a matmul
+    # of mixed dtypes: the -||k||^2 / 2 column is not an integer)
+    d2 = ((Q.numpy()[:, None, :] - K.numpy()[None, :, :]).astype(np.int64) ** 2).sum(-1)
+    np.testing.assert_array_equal(rank_by_key(Q, K, 3, metric="l2").numpy(),
+                                  np.argsort(d2, axis=1, kind="stable")[:, :3])
 
 
 def _sparse_cases():

@@ -60,8 +60,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     margin : float, default=1.0
         Margin :math:`m` of the squared hinge on sigmoid scores. The float32 SGD
         needs :math:`(m+1)^2` (the largest pair loss) below 3.4e38 and
-        :math:`(m+1)^2/\lambda` below 3.4e38 / (2 ``batch_size``); a
-        ``ValueError`` otherwise.
+        :math:`(m+1)^2/\lambda` below 3.4e38 / (2 min(``batch_size``, number of
+        positives)); a ``ValueError`` otherwise.
     max_fpr : float, default=0.3
         FPR bound of :meth:`score` (standardised partial AUC) and of the
         decision threshold.
@@ -208,8 +208,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"lam={self.lam!r} and margin={self.margin!r} are out of float32 range: the "
                 f"SGD needs lam and (margin + 1)^2 below {big:.3g} and (margin + 1)^2 / lam "
-                f"below {ratio_max:.3g} (float32 max / (2 batch_size)): pair losses are at "
-                "most (margin + 1)^2, and lam is in their units.")
+                f"below {ratio_max:.3g} (float32 max / (2 min(batch_size, positives))): pair "
+                "losses are at most (margin + 1)^2, and lam is in their units.")
         # SGD on Z = (X - mean) / s (s: feature std) with v = w s: the sigmoid sees
         # centred scores, and the diagonal preconditioner makes the fit independent of
         # the features' units and offsets

@@ -309,9 +309,9 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -
         dev = torch.device("cpu") if out.device.type == "mps" else out.device
         for s in range(0, len(r), rows):
             rr = r[s:s + rows]
-            kk = keys[index[rr]].to(dev, torch.float64)
-            qq = queries[rr].to(dev, torch.float64)
-            out[rr] = torch.einsum("nkd,nd->nk", kk, qq).to(out.device, out.dtype)
+            kk = keys[index[rr]].to(dev).double()  # move first: MPS has no float64
+            qq = queries[rr].to(dev).double()
+            out[rr] = torch.einsum("nkd,nd->nk", kk, qq).to(out.dtype).to(out.device)
     return out
 
 
@@ -356,6 +356,10 @@ def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
     if stats is None:
         stats = _KeyStats(keys)
     if metric == "l2":
+        if not (key_hat.is_floating_point() and keys.is_floating_point()):
+            # integers: -||k||^2 / 2 is not an integer, and matmul needs one dtype
+            key_hat, keys = key_hat.float(), keys.float()
+            stats = _KeyStats(keys)
         # in units of a power of two of the keys (exact; the ranking does not depend on
         # it): ||k_j||^2 overflowed float32 for keys of 1e20 and underflowed for 1e-25,
         # which turned the ranking into garbage or into the "ip" one
