@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -287,3 +289,14 @@ def test_finite_check_works_in_bounded_blocks(monkeypatch):
         assert not _validation._all_finite(Y.T, block=100)  # non-contiguous rows
     with pytest.raises(ValueError, match="NaN"):
         check_tensor(np.full((3, 2), np.nan))
+
+
+def test_power_of_two_unit_is_one_inside_the_window_and_an_exact_power_outside():
+    from mlpapers._utils import power_of_two_unit
+
+    assert power_of_two_unit(0.0, 30) == 1.0
+    assert power_of_two_unit(3.0, 30) == 1.0 and power_of_two_unit(2.0**30, 30) == 1.0
+    for amax in (1e-300, 3e-20, 7e40, 1e300):
+        unit = power_of_two_unit(amax, 30)
+        assert unit <= amax < 2 * unit
+        assert math.frexp(unit)[0] == 0.5  # a power of two: dividing by it is exact

@@ -2,6 +2,7 @@
 
 from mlpapers._utils._progress import ProgressLogger
 from mlpapers._utils._random import check_generator, check_random_state, make_generators
+from mlpapers._utils._units import power_of_two_unit
 from mlpapers._utils._validation import (
     check_in_options,
     check_positive,
@@ -24,6 +25,7 @@ __all__ = [
     "check_random_state",
     "check_tensor",
     "make_generators",
+    "power_of_two_unit",
     "probe_module",
     "reject_flat_image_table",
     "reject_single_hwc_image",

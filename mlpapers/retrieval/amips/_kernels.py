@@ -10,7 +10,12 @@ import math
 
 import torch
 
-from mlpapers._utils import check_in_options, check_positive, torch_compatible_array
+from mlpapers._utils import (
+    check_in_options,
+    check_positive,
+    power_of_two_unit,
+    torch_compatible_array,
+)
 
 __all__ = [
     "amips_loss",
@@ -364,8 +369,8 @@ def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
         # it): ||k_j||^2 overflowed float32 for keys of 1e20 and underflowed for 1e-25,
         # which turned the ranking into garbage or into the "ip" one
         amax = stats.amax
-        if amax > 0.0 and not 2.0**-30 <= amax <= 2.0**30:
-            unit = 2.0 ** math.floor(math.log2(amax))
+        unit = power_of_two_unit(amax, 30)
+        if unit != 1.0:
             key_hat, keys, amax = key_hat / unit, keys / unit, amax / unit
         key_hat = torch.cat([key_hat, key_hat.new_ones(len(key_hat), 1)], 1)
         half_sq = -0.5 * keys.square().sum(1, keepdim=True)

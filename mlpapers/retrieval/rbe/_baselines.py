@@ -15,6 +15,7 @@ from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
     ProgressLogger,
     check_positive,
+    power_of_two_unit,
     to_numpy,
 )
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
@@ -313,9 +314,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         # and overflowed for |A| > 1e154 (a LinAlgError from eigh). With C / s, the
         # weights are s w and the ridge acts as ridge / s**2 on the scaled Gram.
         amax = max(float(A.max()), -float(A.min())) if A.numel() else 0.0
-        unit = 1.0
-        if amax > 0.0 and not 2.0**-60 <= amax <= 2.0**60:
-            unit = 2.0 ** math.floor(math.log2(amax))
+        unit = power_of_two_unit(amax, 60)
         ridge = float(self.ridge) / unit / unit
         if unit != 1.0 and float(self.ridge) > 0.0 and not 2.0**-1022 <= ridge <= 2.0**1023:
             # the scaled ridge overflowed (a cryptic "ridge must be >= 0, got inf") or

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +10,7 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_positive, to_numpy
+from mlpapers._utils import check_positive, power_of_two_unit, to_numpy
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
 from mlpapers.retrieval.rbe._heads import build_head, head_from_state, head_state, train_head
 from mlpapers.retrieval.rbe._kernels import fit_linear_embeddings, topk_scores
@@ -277,9 +276,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # <u, e> + offsets, with u scale-free and e in the relevance's units when
         # standardised, the other way round otherwise.
         amax = float(R_fit.abs().amax()) if R_fit.numel() else 0.0
-        unit = 1.0
-        if amax > 0.0 and not 2.0**-40 <= amax <= 2.0**40:
-            unit = 2.0 ** math.floor(math.log2(amax))
+        unit = power_of_two_unit(amax, 40)
         q_unit = 1.0 if bool(self.standardize) else unit
         self.head_units_ = np.array([q_unit, unit])
         U_fit = (self._standardize(R_fit[:, S]) / q_unit).to(f32)
