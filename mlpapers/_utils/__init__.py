@@ -1,5 +1,11 @@
 """Shared helpers used by every algorithm: validation, conversion, seeding, progress."""
 
+from mlpapers._utils._ambient import (
+    autograd_enabled,
+    default_dtype,
+    usable_outside_inference,
+    with_autograd,
+)
 from mlpapers._utils._progress import ProgressLogger
 from mlpapers._utils._random import check_generator, check_random_state, make_generators
 from mlpapers._utils._units import power_of_two_unit
@@ -18,6 +24,10 @@ from mlpapers._utils._validation import (
 from mlpapers._utils._warnings import user_stacklevel
 
 __all__ = [
+    "autograd_enabled",
+    "default_dtype",
+    "usable_outside_inference",
+    "with_autograd",
     "ProgressLogger",
     "check_generator",
     "check_in_options",

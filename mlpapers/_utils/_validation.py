@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mlpapers._utils._ambient import usable_outside_inference
+
 _FLOAT_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -239,6 +241,7 @@ def check_tensor(
         if t.dtype == torch.float16 and dev.type == "cpu":
             t = t.float()
         t = t.to(device=dev)
+    t = usable_outside_inference(t)
     if t.is_floating_point() and not allow_nan and not _all_finite(t):
         kind = "NaN" if bool(torch.isnan(t).any()) else "infinity"
         raise ValueError(f"Input {name} contains {kind} or a value too large for {t.dtype}.")
