@@ -348,6 +348,13 @@ def load(
     reconstructed; no other module is ever imported and nothing but that class is
     ever called.
     """
+    # normal tensors even when called inside inference_mode: an estimator loaded there
+    # would otherwise hold tensors that can never be differentiated (fine-tuned) later
+    with torch.inference_mode(False):
+        return _load(path, map_location, trusted)
+
+
+def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> BaseEstimator:
     payload = torch.load(os.fspath(path), map_location=map_location, weights_only=True)
     if (not isinstance(payload, dict) or payload.get("format") != _FORMAT_VERSION
             or not isinstance(payload.get("class"), str)):

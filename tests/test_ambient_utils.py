@@ -12,6 +12,8 @@ from mlpapers._utils import (
     autograd_enabled,
     check_tensor,
     default_dtype,
+    default_init_,
+    seeded_linear,
     usable_outside_inference,
     with_autograd,
 )
@@ -26,6 +28,7 @@ from mlpapers.datasets import (
 )
 from tests._ambient import (
     AMBIENT,
+    assert_same_result,
     assert_state_unchanged,
     check_ambient,
     check_state_untouched,
@@ -194,3 +197,155 @@ def test_dataset_generators_are_indifferent_to_the_ambient_state(make, kw, conte
 def test_dataset_generators_are_thread_safe_and_leave_global_state_alone(make, kw):
     check_state_untouched(lambda: _generated(make, kw))
     check_thread_safe(lambda: _generated(make, kw))
+
+
+def _torch_built(build, seed):
+    torch.manual_seed(seed)
+    return build()
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")  # torch's, both ways
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 3), (1, 1), (0, 4)])
+def test_seeded_linear_draws_what_nn_linear_draws_after_manual_seed(shape, bias):
+    state = torch.random.get_rng_state()
+    ours = seeded_linear(*shape, bias=bias, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is untouched
+    with torch.random.fork_rng(devices=[]):
+        ref = _torch_built(lambda: torch.nn.Linear(*shape, bias=bias), 7)
+    assert ours.weight.dtype == torch.float32
+    assert torch.equal(ours.weight, ref.weight)
+    assert (ours.bias is None) == (not bias)
+    if bias:
+        assert torch.equal(ours.bias, ref.bias)
+
+
+def test_default_init_matches_reset_parameters_for_convolutions_in_module_order():
+    def build():
+        return torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.ReLU(),
+                                   torch.nn.Conv1d(4, 2, 5, groups=2, bias=False),
+                                   torch.nn.Linear(3, 2))
+
+    with torch.random.fork_rng(devices=[]):
+        ref = _torch_built(build, 3)
+        ours = build()  # other values, overwritten below
+    default_init_(ours, torch.Generator().manual_seed(3))
+    for a, b in zip(ours.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_seeded_linear_without_a_generator_is_nn_linear():
+    with torch.random.fork_rng(devices=[]):
+        a = _torch_built(lambda: seeded_linear(4, 2), 5)
+        b = _torch_built(lambda: torch.nn.Linear(4, 2), 5)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
+def _fitted_outputs(name):
+    """Fit one small trainer: what it learned, or the estimator and how to evaluate it."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 4)).astype(np.float32)
+    if name == "KLDRORegressor":
+        from mlpapers.optim import KLDRORegressor
+
+        return KLDRORegressor(epochs=2, random_state=0).fit(X, X @ np.arange(4.0)).coef_
+    if name == "SCENTClassifier":
+        from mlpapers.optim import SCENTClassifier
+
+        est = SCENTClassifier(n_negatives=2, epochs=2, batch_size=8, random_state=0)
+        return est.fit(X, np.arange(40) % 4).coef_
+    if name == "CLAPPEncoder":
+        from mlpapers.ssl import CLAPPEncoder
+
+        est = CLAPPEncoder(n_epochs=1, batch_size=4, random_state=0)
+        return [p.detach().clone() for p in est.fit(rng.random((8, 1, 16, 16))).encoder_
+                .parameters()]
+    if name == "AmortizedMIPS":
+        from mlpapers.retrieval import AmortizedMIPS
+
+        est = AmortizedMIPS(depth=2, hidden_dim=8, n_steps=3, batch_size=16, random_state=0)
+        return dict(est.fit(X).model_.state_dict())
+    if name == "CLoVE":
+        from mlpapers.federated import CLoVE
+
+        clients, _, _ = make_federated_linear(n_clusters=2, n_clients_per_cluster=2,
+                                              n_samples=10, n_features=4, random_state=0)
+        est = CLoVE(n_rounds=2, model="mlp", hidden_layer_sizes=(3,), random_state=0)
+        return est.fit(clients), lambda e: (e.labels_, e.predict(clients[0][0], cluster=0))
+    if name == "DecentralizedSGD":
+        from mlpapers.decentralized import DecentralizedSGD
+
+        est = DecentralizedSGD(model="mlp", n_nodes=4, n_rounds=3, hidden=4, random_state=0)
+        return est.fit(X, np.arange(40) % 3), lambda e: e.predict_proba(X)
+    raise AssertionError(name)
+
+
+TRAINERS = ["KLDRORegressor", "SCENTClassifier", "CLAPPEncoder", "AmortizedMIPS", "CLoVE",
+            "DecentralizedSGD"]
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_fits_train_in_their_own_precision_under_the_callers_autocast(name):
+    """``torch.autocast`` would run the fit's matmuls and convolutions in bfloat16; fits
+    switch it off (the caller's inference calls still follow it, as torch modules do)."""
+    expected = _fitted_outputs(name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        actual = _fitted_outputs(name)
+        assert torch.is_autocast_enabled("cpu")  # the caller's autocast is back
+    if isinstance(expected, tuple) and callable(expected[1]):  # evaluated outside autocast
+        expected, actual = expected[1](expected[0]), actual[1](actual[0])
+    assert_same_result(expected, actual)
+
+
+def test_autograd_enabled_switches_the_callers_autocast_off_and_back_on():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autograd_enabled():
+            assert not torch.is_autocast_enabled("cpu")
+            out = torch.ones(2, 2) @ torch.ones(2, 2)
+        assert torch.is_autocast_enabled("cpu")
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    assert out.dtype == torch.float32
+
+
+def _inference_tensors(obj, seen=None):
+    """Paths of the inference tensors held by an estimator (attributes, containers, modules)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return ["tensor"] if obj.is_inference() else []
+    if isinstance(obj, torch.nn.Module):
+        return [n for n, t in [*obj.named_parameters(), *obj.named_buffers()] if t.is_inference()]
+    if isinstance(obj, dict):
+        return [f"{k}/{p}" for k, v in obj.items() for p in _inference_tensors(v, seen)]
+    if isinstance(obj, (list, tuple)):
+        return [f"{i}/{p}" for i, v in enumerate(obj) for p in _inference_tensors(v, seen)]
+    return []
+
+
+def _small_fitted(name):
+    rng = np.random.default_rng(0)
+    if name == "RADDetector":
+        from mlpapers.anomaly import RADDetector
+
+        return RADDetector(image_size=32).fit(rng.random((3, 32, 32, 3)))
+    if name == "PatchCoreDetector":
+        from mlpapers.anomaly import PatchCoreDetector
+
+        return PatchCoreDetector(image_size=32, random_state=0).fit(rng.random((3, 32, 32, 3)))
+    from mlpapers.decentralized import DecentralizedSGD
+
+    X = rng.normal(size=(20, 3)).astype(np.float32)
+    return DecentralizedSGD(n_nodes=2, n_rounds=2, random_state=0).fit(X, np.arange(20) % 2)
+
+
+@pytest.mark.parametrize("name", ["RADDetector", "PatchCoreDetector", "DecentralizedSGD"])
+def test_load_inside_inference_mode_gives_normal_tensors(name, tmp_path):
+    est = _small_fitted(name)
+    est.save(tmp_path / "est.pt")
+    with torch.inference_mode():
+        back = type(est).load(tmp_path / "est.pt")
+        assert torch.is_inference_mode_enabled()  # the caller's mode is back
+    assert _inference_tensors(vars(back)) == []
+    assert _inference_tensors(vars(est)) == []  # (the fit's own tensors are normal too)

@@ -6,6 +6,7 @@ from mlpapers._utils._ambient import (
     usable_outside_inference,
     with_autograd,
 )
+from mlpapers._utils._init import default_init_, seeded_linear
 from mlpapers._utils._progress import ProgressLogger
 from mlpapers._utils._random import check_generator, check_random_state, make_generators
 from mlpapers._utils._units import power_of_two_unit
@@ -26,6 +27,7 @@ from mlpapers._utils._warnings import user_stacklevel
 __all__ = [
     "autograd_enabled",
     "default_dtype",
+    "default_init_",
     "usable_outside_inference",
     "with_autograd",
     "ProgressLogger",
@@ -39,6 +41,7 @@ __all__ = [
     "probe_module",
     "reject_flat_image_table",
     "reject_single_hwc_image",
+    "seeded_linear",
     "resolve_device",
     "resolve_dtype",
     "to_numpy",

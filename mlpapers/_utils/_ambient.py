@@ -9,10 +9,10 @@ as it was.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -24,11 +24,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 _DEFAULT_DTYPE_LOCK = threading.RLock()
 
 
-@contextmanager
+@contextlib.contextmanager
 def autograd_enabled() -> Iterator[None]:
-    """Enable autograd inside the caller's ``no_grad`` or ``inference_mode`` block."""
-    with torch.inference_mode(False), torch.enable_grad():
+    """Enable autograd inside the caller's ``no_grad`` or ``inference_mode`` block, and
+    switch off the caller's ``torch.autocast``: fits train in their stated precision."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        for device_type in _autocast_devices():
+            stack.enter_context(torch.autocast(device_type, enabled=False))
         yield
+
+
+def _autocast_devices() -> list[str]:
+    # only devices whose autocast is on: naming an absent one (cuda here) warns
+    return [d for d in ("cpu", "cuda", "mps") if _autocast_on(d)]
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type this build does not know
+        return False
 
 
 def with_autograd(method: F) -> F:
@@ -42,7 +59,7 @@ def with_autograd(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@contextmanager
+@contextlib.contextmanager
 def default_dtype(dtype: torch.dtype = torch.float32) -> Iterator[None]:
     """Build modules and factory tensors in ``dtype``, whatever the caller's default.
 
