@@ -8,8 +8,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_in_options, check_positive
-from mlpapers.optim.scent._common import check_common_params
+from mlpapers._utils import check_in_options, check_positive, with_autograd
+from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
 from mlpapers.optim.scent._sparse_input import SparseRows, is_sparse_input, validate_sparse
 from mlpapers.optim.scent._xc import LOSSES, NEGATIVES
 from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
@@ -18,7 +18,7 @@ from mlpapers.optim.scent._xc_predict import SoftmaxPredictionMixin
 __all__ = ["SCENTClassifier"]
 
 class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimatorMixin,
-                      ClassifierMixin, BaseEstimator):
+                      TensorTargetsScore, ClassifierMixin, BaseEstimator):
     r"""Linear classifier for many classes, trained by SCENT with sampled negatives.
 
     Two objectives are available (``loss``), both compositional entropic
@@ -230,6 +230,8 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         return torch.as_tensor(pos, dtype=torch.long)
 
     # -- fitting ----------------------------------------------------------------------
+    # training needs autograd even inside the caller's no_grad / inference_mode block
+    @with_autograd
     def fit(self, X, y):
         """Fit the classifier.
 
@@ -255,6 +257,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         self._run(X, self._encode(y), torch.arange(X.shape[0]), self.epochs, self.lr_schedule)
         return self
 
+    @with_autograd
     def partial_fit(self, X, y, classes=None, sample_index=None):
         """Run one epoch on ``(X, y)`` with a constant learning rate.
 

@@ -7,7 +7,7 @@ import numbers
 
 import torch
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_positive, to_numpy
 from mlpapers.optim.scent._loss import METHODS, EntropicRiskLoss
 
 PAPER_REF = (
@@ -107,3 +107,33 @@ def load_nu(loss_fn, nu) -> None:
     visited = ~torch.isnan(nu[:n])
     loss_fn.nu[:n] = torch.nan_to_num(nu[:n], nan=0.0).to(loss_fn.nu.device)
     loss_fn.initialized[:n] = visited.to(loss_fn.initialized.device)
+
+
+def tensors_to_numpy(*values):
+    """``values`` with every torch tensor as a numpy array (detached, on the CPU)."""
+    return tuple(to_numpy(v) if isinstance(v, torch.Tensor) else v for v in values)
+
+
+class TensorTargetsScore:
+    """``score`` of scikit-learn's mixins, taking ``y`` and ``sample_weight`` as tensors too.
+
+    Put it before ``ClassifierMixin``/``RegressorMixin`` in the bases: their ``score``
+    reads a tensor through numpy, which refuses one that requires grad.
+    """
+
+    def score(self, X, y, sample_weight=None):
+        """The default score on ``(X, y)``: the accuracy of :meth:`predict` for a
+        classifier, its :math:`R^2` for a regressor (as scikit-learn's mixins).
+
+        Parameters
+        ----------
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
+        y : array-like or torch.Tensor of shape (n_samples,)
+        sample_weight : array-like or torch.Tensor of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+        """
+        y, sample_weight = tensors_to_numpy(y, sample_weight)
+        return super().score(X, y, sample_weight=sample_weight)

@@ -15,8 +15,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive
+from mlpapers._utils import ProgressLogger, check_in_options, check_positive, with_autograd
 from mlpapers.optim.scent._common import (
+    TensorTargetsScore,
     check_common_params,
     lr_factor,
     make_loss,
@@ -140,6 +141,9 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         ell = self._losses(W, b, X, y)
         return tempered_log_mean_exp(ell, self.lam) + self._penalty(W)
 
+    # the ERM warm start and the SGD need autograd even inside the caller's no_grad /
+    # inference_mode block
+    @with_autograd
     def fit(self, X, y):
         """Fit by minimising the KL-DRO objective with SCENT (or a baseline).
 
@@ -272,7 +276,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         return {}
 
 
-class KLDRORegressor(RegressorMixin, _KLDROBase):
+class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
     __doc__ = r"""Linear least squares under KL distributionally robust optimisation.
 
     Minimises :math:`\lambda \log \frac{1}{n}\sum_i \exp\big((x_i^\top w + b - y_i)^2/\lambda\big)`,
@@ -353,7 +357,7 @@ class KLDRORegressor(RegressorMixin, _KLDROBase):
         return [cls(epochs=2, random_state=0)]
 
 
-class KLDROClassifier(ClassifierMixin, _KLDROBase):
+class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
     __doc__ = r"""Multinomial logistic regression under KL distributionally robust optimisation.
 
     Minimises :math:`\lambda \log \frac{1}{n}\sum_i \exp(\ell_i/\lambda)

@@ -255,6 +255,11 @@ class EntropicRiskLoss(nn.Module):
             Scalar surrogate; its gradient is the method's primal direction.
         """
         index, mask = self._check_inputs(scores, index, mask)
+        # a loss built (or moved) inside torch.inference_mode() holds inference buffers,
+        # which the in-place dual update below cannot change outside that mode
+        if not torch.is_inference_mode_enabled() and (
+                self.nu.is_inference() or self.initialized.is_inference()):
+            self.nu, self.initialized = self.nu.clone(), self.initialized.clone()
         tau = self.temperature
         s = scores / tau
         s_det = s.detach()

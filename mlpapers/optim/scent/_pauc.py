@@ -12,13 +12,14 @@ from sklearn.metrics import roc_auc_score
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import ProgressLogger, check_positive
+from mlpapers._utils import ProgressLogger, check_positive, with_autograd
 from mlpapers.optim.scent._common import (
     check_common_params,
     lr_factor,
     make_loss,
     set_lrs,
     surrogate_overflow,
+    tensors_to_numpy,
 )
 from mlpapers.optim.scent._dro_init import feature_scaling, standardise
 from mlpapers.optim.scent._kernels import tempered_log_mean_exp
@@ -167,6 +168,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             total = total + tempered_log_mean_exp(ell, self.lam).sum()
         return total / len(hp)
 
+    # training needs autograd even inside the caller's no_grad / inference_mode block
+    @with_autograd
     def fit(self, X, y):
         """Fit the scorer.
 
@@ -291,7 +294,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     def score(self, X, y, sample_weight=None):
         """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``)."""
         scores = self.decision_function(X)
-        y = self._to_numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
+        # (numpy, hence roc_auc_score, refuses tensors that require grad)
+        y, sample_weight = tensors_to_numpy(y, sample_weight)
+        y = np.asarray(y)
         if y.ndim == 2 and y.shape[1] == 1:  # a column vector, as scikit-learn accepts
             y = y.ravel()
         if y.shape != scores.shape:
