@@ -1,7 +1,9 @@
 """SimCLR-style image augmentations in plain torch (no torchvision), vectorised per batch.
 
 Every random draw comes from the ``torch.Generator`` passed in (the estimator's),
-so two fits with the same ``random_state`` see the same views.
+so two fits with the same ``random_state`` see the same views. The draws are float32
+whatever ``torch.get_default_dtype()`` is: a float64 draw consumes the generator
+differently, so a caller's default dtype changed every crop.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ import torch.nn.functional as F
 __all__ = ["DefaultAugment"]
 
 
+def _rand(n: int, gen: torch.Generator | None) -> torch.Tensor:
+    return torch.rand(n, generator=gen, dtype=torch.float32)
+
+
 def _uniform(n: int, low: float, high: float, gen: torch.Generator | None) -> torch.Tensor:
-    return low + (high - low) * torch.rand(n, generator=gen, dtype=torch.float32)
+    return low + (high - low) * _rand(n, gen)
 
 
 class DefaultAugment:
@@ -104,10 +110,10 @@ class DefaultAugment:
         r = torch.exp(log_r)
         w = torch.sqrt(area * r).clamp(max=1.0)       # crop side as a fraction of the image
         h = torch.sqrt(area / r).clamp(max=1.0)
-        cx = (1 - w) * (2 * torch.rand(n, generator=gen) - 1)   # centre in [-1, 1] coords
-        cy = (1 - h) * (2 * torch.rand(n, generator=gen) - 1)
-        sign = torch.where(torch.rand(n, generator=gen) < self.flip, -1.0, 1.0)
-        theta = torch.zeros(n, 2, 3)
+        cx = (1 - w) * (2 * _rand(n, gen) - 1)   # centre in [-1, 1] coords
+        cy = (1 - h) * (2 * _rand(n, gen) - 1)
+        sign = torch.where(_rand(n, gen) < self.flip, -1.0, 1.0).to(torch.float32)
+        theta = torch.zeros(n, 2, 3, dtype=torch.float32)
         theta[:, 0, 0] = w * sign
         theta[:, 0, 2] = cx
         theta[:, 1, 1] = h
@@ -122,8 +128,9 @@ class DefaultAugment:
 
         def draw(strength):
             f = _uniform(n, max(0.0, 1 - strength), 1 + strength, gen)
-            on = torch.rand(n, generator=gen) < self.jitter_p
-            return torch.where(on, f, torch.ones(n)).to(x.device, x.dtype).view(n, 1, 1, 1)
+            on = _rand(n, gen) < self.jitter_p
+            return torch.where(on, f, torch.ones(n, dtype=torch.float32)).to(
+                x.device, x.dtype).view(n, 1, 1, 1)
 
         b, k, s = (draw(v) for v in self.jitter)
         x = x * b
@@ -133,7 +140,7 @@ class DefaultAugment:
             gray = (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype,
                                      device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
             x = (x - gray) * s + gray
-            to_gray = (torch.rand(n, generator=gen) < self.gray_p).to(x.device).view(n, 1, 1, 1)
+            to_gray = (_rand(n, gen) < self.gray_p).to(x.device).view(n, 1, 1, 1)
             gray = (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype,
                                      device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
             x = torch.where(to_gray, gray.expand_as(x), x)
@@ -143,7 +150,7 @@ class DefaultAugment:
         n, c, height, width = x.shape
         k = max(3, int(0.1 * min(height, width)) // 2 * 2 + 1)
         sig = _uniform(n, *self.sigma, gen)
-        on = torch.rand(n, generator=gen) < self.blur_p
+        on = _rand(n, gen) < self.blur_p
         t = torch.arange(k, dtype=torch.float32) - (k - 1) / 2
         ker = torch.exp(-0.5 * (t[None] / sig[:, None]) ** 2)
         ker = ker / ker.sum(1, keepdim=True)                   # (n, k)

@@ -14,11 +14,13 @@ from torch import nn
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
     ProgressLogger,
+    autograd_enabled,
     check_in_options,
     check_positive,
     check_tensor,
     reject_flat_image_table,
     reject_single_hwc_image,
+    with_autograd,
 )
 from mlpapers.ssl.clapp import _distributed as _dist
 from mlpapers.ssl.clapp._augment import DefaultAugment
@@ -195,6 +197,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         return self.encoder_.map_sizes(*self.input_shape_[1:])
 
     # -- fitting ------------------------------------------------------------------
+    # training needs autograd even inside the caller's no_grad / inference_mode block (the
+    # torchrun path included: it runs inside this method)
+    @with_autograd
     def fit(self, X, y=None):
         """Train the encoder without labels.
 
@@ -246,7 +251,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             perm = torch.randperm(n, generator=shuffle_gen)
             if ddp is not None:
                 perm = _dist.shard(perm, *ddp)
-            total = torch.zeros(len(self._loss_names), device=dev)
+            total = torch.zeros(len(self._loss_names), dtype=torch.float32, device=dev)
             seen = 0
             for start in range(0, len(perm), bs):
                 idx = perm[start:start + bs]
@@ -424,9 +429,13 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._check_params()
-        self._build(tuple(state["input_shape_"]), None)
-        self.encoder_.load_state_dict(state["encoder"])
-        self.heads_.load_state_dict(state["heads"])
+        # the throwaway initialisation draws from a private generator, not the global torch
+        # RNG, and the modules are built outside the caller's inference_mode (inference
+        # parameters could never be trained or differentiated, e.g. by update_similarity)
+        with autograd_enabled():
+            self._build(tuple(state["input_shape_"]), torch.Generator())
+            self.encoder_.load_state_dict(state["encoder"])
+            self.heads_.load_state_dict(state["heads"])
         self.encoder_.eval()
         self.history_ = state["history_"]
         self.n_features_in_ = state["n_features_in_"]

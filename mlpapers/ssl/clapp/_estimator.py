@@ -9,7 +9,7 @@ from mlpapers._utils import check_in_options, check_positive
 from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
 from mlpapers.ssl.clapp._global import GlobalSSLEncoder
 from mlpapers.ssl.clapp._kernels import LOSSES, clapp_layer_loss, swap_views
-from mlpapers.ssl.clapp._networks import pool_representations, reset_parameters
+from mlpapers.ssl.clapp._networks import linear, materialize, pool_representations
 from mlpapers.ssl.clapp._patches import (
     SKIP_STEP,
     PatchPredictor,
@@ -241,18 +241,16 @@ class CLAPPEncoder(_SSLImageEncoder):
     def _build_heads(self, dims, generator) -> nn.Module:
         if self.variant == "clapp2021":
             steps = self.patch_grid_[4]
-            return nn.ModuleList(PatchPredictor(c, steps, generator)
+            return nn.ModuleList(PatchPredictor(c, steps, generator, dtype=torch.float32)
                                  for c in self.encoder_.channels)
         if self.variant in ("clapp", "clapp++"):
-            heads = nn.ModuleList(nn.Linear(d, d, bias=False) for d in dims)
+            heads = nn.ModuleList(linear(d, d) for d in dims)
         elif self.variant == "clapp++dfb":
-            heads = nn.ModuleList(nn.Linear(dims[-1], d, bias=False) for d in dims)
+            heads = nn.ModuleList(linear(dims[-1], d) for d in dims)
         else:                                   # "clapp++both": [feedback, lateral] per block
-            heads = nn.ModuleList(
-                nn.ModuleList([nn.Linear(dims[-1], d, bias=False), nn.Linear(d, d, bias=False)])
-                for d in dims)
-        reset_parameters(heads, generator)
-        return heads
+            heads = nn.ModuleList(nn.ModuleList([linear(dims[-1], d), linear(d, d)])
+                                  for d in dims)
+        return materialize(heads, generator)
 
     # -- representations ----------------------------------------------------------------
     def _encoder_input(self, views: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from torch import nn
 from mlpapers._utils import check_in_options, check_positive
 from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
 from mlpapers.ssl.clapp._kernels import clapp_layer_loss, infonce_loss, swap_views
-from mlpapers.ssl.clapp._networks import reset_parameters
+from mlpapers.ssl.clapp._networks import linear, materialize
 
 __all__ = ["GlobalSSLEncoder"]
 
@@ -96,9 +96,7 @@ class GlobalSSLEncoder(_SSLImageEncoder):
     def _build_heads(self, dims, generator) -> nn.Module:
         d = dims[-1]
         out = d if self.loss == "clapp" else self.projection_dim
-        heads = nn.ModuleList([nn.Linear(d, out, bias=False)])
-        reset_parameters(heads, generator)
-        return heads
+        return materialize(nn.ModuleList([linear(d, out)]), generator)
 
     def _batch_losses(self, views, neg_idx):
         top = self._pooled(views, detach=False)[-1]

@@ -8,12 +8,13 @@ mode its input is ``detach()``-ed, so no gradient crosses block boundaries.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mlpapers._utils import default_init_
 
 __all__ = ["ARCHITECTURES", "VGGEncoder", "check_architecture", "pool_representations"]
 
@@ -63,6 +64,13 @@ class VGGEncoder(nn.Module):
         Validated architecture (see :func:`check_architecture`).
     generator : torch.Generator, optional
         Seeds the (PyTorch-default) initialisation without the global RNG.
+
+    Notes
+    -----
+    The parameters are float32 whatever ``torch.get_default_dtype()`` is (the estimators
+    validate images to float32), and building the network never draws from the global
+    torch RNG (the layers are made on the ``meta`` device, then initialised from
+    ``generator``).
     """
 
     def __init__(self, in_channels: int, blocks: list[tuple],
@@ -76,14 +84,14 @@ class VGGEncoder(nn.Module):
                 if code == "M":
                     layers.append(nn.MaxPool2d(2))
                 else:
-                    layers += [nn.Conv2d(c, code, 3, padding=1), nn.ReLU()]
+                    layers += [nn.Conv2d(c, code, 3, padding=1, **_META), nn.ReLU()]
                     c = code
             mods.append(nn.Sequential(*layers))
         self.blocks = nn.ModuleList(mods)
         self.channels = [next(m.out_channels for m in reversed(b) if isinstance(m, nn.Conv2d))
                          for b in self.blocks]
         self.downsample = [sum(code == "M" for code in b) for b in blocks]
-        reset_parameters(self, generator)
+        materialize(self, generator)
 
     def forward(self, x: torch.Tensor, detach: bool = True) -> list[torch.Tensor]:
         """Return the output map of every block.
@@ -114,15 +122,25 @@ class VGGEncoder(nn.Module):
         return sizes
 
 
-def reset_parameters(module: nn.Module, generator: torch.Generator | None) -> None:
-    """PyTorch's default Conv/Linear initialisation, drawn from ``generator``."""
-    for m in module.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=generator)
-            if m.bias is not None:
-                fan_in = m.weight[0].numel()
-                bound = 1.0 / math.sqrt(fan_in)
-                nn.init.uniform_(m.bias, -bound, bound, generator=generator)
+#: Factory arguments of the library's layers: float32 whatever the caller's default dtype
+#: (under float64 the convolutions failed on the float32 images, under float16 they lost
+#: precision), on the ``meta`` device so that construction does not draw its throwaway
+#: initialisation from the global torch RNG (:func:`materialize` then initialises them).
+_META = {"device": "meta", "dtype": torch.float32}
+
+
+def linear(in_features: int, out_features: int) -> nn.Linear:
+    """A bias-free ``nn.Linear`` built as the encoders' layers are (float32, meta device):
+    pass the module holding it through :func:`materialize`."""
+    return nn.Linear(in_features, out_features, bias=False, **_META)
+
+
+def materialize(module: nn.Module, generator: torch.Generator | None) -> nn.Module:
+    """Allocate a module built with ``_META`` on the CPU and initialise it from
+    ``generator`` (PyTorch's default initialisation); returns ``module``."""
+    module.to_empty(device="cpu")
+    default_init_(module, generator)
+    return module
 
 
 def pool_representations(maps: Sequence[torch.Tensor], grids: Sequence[int]

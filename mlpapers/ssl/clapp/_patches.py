@@ -149,17 +149,21 @@ class PatchPredictor(nn.Module):
     n_steps : int
         ``K``, the number of prediction steps.
     generator : torch.Generator, optional
+    dtype : torch.dtype, optional
+        Of the parameters; ``None`` follows ``torch.get_default_dtype()``, as
+        ``nn.Linear`` does (:class:`CLAPPEncoder` passes float32).
 
     Attributes
     ----------
     weight, mirror : Parameter of shape (K, D, D)
     """
 
-    def __init__(self, dim: int, n_steps: int, generator: torch.Generator | None = None):
+    def __init__(self, dim: int, n_steps: int, generator: torch.Generator | None = None, *,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         bound = 1.0 / math.sqrt(dim)          # nn.Linear's default initialisation
-        self.weight = nn.Parameter(torch.empty(n_steps, dim, dim))
-        self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim))
+        self.weight = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype))
+        self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype))
         with torch.no_grad():
             for p in (self.weight, self.mirror):
                 p.uniform_(-bound, bound, generator=generator)
