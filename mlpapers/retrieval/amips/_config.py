@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 
+import torch
 from torch import nn
 
 from mlpapers._utils import check_in_options, check_positive
@@ -53,19 +54,27 @@ def check_amips_params(est) -> None:
 
 
 def build_amips_model(est, n_keys: int, d: int,
-                      hidden_dims: tuple[int, ...] | None = None) -> tuple[nn.Module, tuple]:
-    """Build the untrained network of ``est`` for ``n_keys`` keys of dimension ``d``.
+                      hidden_dims: tuple[int, ...] | None = None, *,
+                      seed: int = 0) -> tuple[nn.Module, tuple]:
+    """Build the untrained float32 network of ``est`` for ``n_keys`` keys of dimension ``d``.
 
     The width is ``est.hidden_dim`` or solved from the budget
     ``params_fraction * n_keys * d`` (:func:`solve_width`); ``hidden_dims`` (from a
-    fitted estimator) overrides both. Returns the model and its hidden widths.
+    fitted estimator) overrides both. The initialisation is drawn from a generator
+    seeded with ``seed`` (the values of a build after ``torch.manual_seed(seed)``)
+    and the parameters are float32 whatever the caller's default dtype: the global
+    RNG, shared by all threads, is neither read nor advanced, and a default of float64
+    or float16 neither breaks the float32 fit nor changes its initial values.
+    Returns the model and its hidden widths.
     """
     if hidden_dims is None:
         out = d if est.arch == "keynet" else 1
         width = est.hidden_dim if est.hidden_dim is not None else solve_width(
             n_keys * d * est.params_fraction, d, out, est.depth, est.wx_inject)
         hidden_dims = (int(width),) * est.depth
-    kw = dict(wx_inject=est.wx_inject, negative_slope=est.negative_slope, beta=est.beta)
+    # explicit dtype and generator: no global state is switched, even for a moment
+    kw = dict(wx_inject=est.wx_inject, negative_slope=est.negative_slope, beta=est.beta,
+              generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float32)
     if est.arch == "keynet":
         model = KeyNet(d, list(hidden_dims), resnet=est.resnet, **kw)
     else:

@@ -9,6 +9,7 @@ import torch
 from sklearn.base import TransformerMixin
 from sklearn.utils import metadata_routing
 
+from mlpapers._utils import with_autograd
 from mlpapers.retrieval.amips._config import build_amips_model, check_amips_params
 from mlpapers.retrieval.amips._exact import (
     _check_n_neighbors,
@@ -231,8 +232,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     def _check_params(self) -> None:
         check_amips_params(self)
 
-    def _build_model(self, n_keys: int, d: int, hidden_dims: tuple[int, ...] | None = None):
-        return build_amips_model(self, n_keys, d, hidden_dims)
+    def _build_model(self, n_keys: int, d: int, hidden_dims: tuple[int, ...] | None = None,
+                     seed: int = 0):
+        return build_amips_model(self, n_keys, d, hidden_dims, seed=seed)
 
     # -- fit -----------------------------------------------------------------
     def fit(self, X, y=None, *, queries: QuerySource = None):
@@ -256,6 +258,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         return self._fit(X, queries)
 
+    # training needs autograd, also inside the caller's no_grad / inference_mode block
+    @with_autograd
     def _fit(self, X, queries: QuerySource, callback=None):
         """:meth:`fit`, with ``callback(step, model)`` after every step (learning curves;
         the model sees ``X / query_scale_`` and predicts keys in units of ``key_scale_``)."""
@@ -370,8 +374,11 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         weights = state.pop("model_state_dict")
         super()._set_state(state)
         n_keys, d = self.database_.shape
-        model, _ = self._build_model(n_keys, d, tuple(self.hidden_dims_))
-        model.load_state_dict(weights)
+        # normal tensors even when loaded inside inference_mode (the parameters of a model
+        # built there are inference tensors, which cannot be fine-tuned later)
+        with torch.inference_mode(False):
+            model, _ = self._build_model(n_keys, d, tuple(self.hidden_dims_))
+            model.load_state_dict(weights)
         model = model.to(self._resolved_device).eval()
         model.requires_grad_(False)
         self.model_ = model

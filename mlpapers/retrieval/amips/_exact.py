@@ -9,7 +9,7 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_positive, resolve_device
 from mlpapers.retrieval.amips._kernels import _KeyStats, _mips_topk, match_rate
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
@@ -136,7 +136,10 @@ class ExactMIPS(_MIPSBase):
         self
         """
         check_positive(self.batch_size, "batch_size", integer=True)
-        self._init_fit()
+        # the device only: ``_init_fit`` would also draw a seed from numpy's global RNG
+        # (random_state=None), advancing the caller's stream for a search without any
+        # randomness
+        self._device = resolve_device(self.device)
         self._fit_database(X)
         return self
 

@@ -97,7 +97,9 @@ def _abs_max(x: torch.Tensor) -> float:
     """``max |x_ij|`` as a Python float, in one pass (``aminmax``: no ``|x|`` copy)."""
     if not x.numel():
         return 0.0
-    lo, hi = torch.aminmax(x)
+    # detached: a scale statistic, not part of a graph (a key tensor that requires grad
+    # made torch warn about converting it to a Python float)
+    lo, hi = torch.aminmax(x.detach())
     return max(float(hi), -float(lo))
 
 
@@ -107,7 +109,7 @@ def _min_nonzero_abs(x: torch.Tensor) -> float:
     out = math.inf
     rows = max(1, CHUNK_SCORES // max(x.shape[1], 1))
     for s in range(0, x.shape[0], rows):
-        a = x[s:s + rows].abs()
+        a = x[s:s + rows].detach().abs()
         a = a.masked_fill(a == 0, math.inf)
         if a.numel():
             out = min(out, float(a.min()))

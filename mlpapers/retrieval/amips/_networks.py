@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlpapers._utils import seeded_linear, usable_outside_inference
+
 __all__ = [
     "Homogenize",
     "KeyNet",
@@ -92,7 +94,8 @@ class _Stack(nn.Module):
 
     def __init__(self, in_features: int, hidden_dims: list[int], out_features: int, *,
                  wx_inject: bool | int, negative_slope: float, beta: float, bias: bool,
-                 positive: bool):
+                 positive: bool, generator: torch.Generator | None = None,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         if len(hidden_dims) < 1:
             raise ValueError("hidden_dims must contain at least one width.")
@@ -105,31 +108,37 @@ class _Stack(nn.Module):
         depth = len(hidden_dims)
         self.inject = _inject_layers(depth, wx_inject)
         dims = [*self.hidden_dims, self.out_features]
-        self.wx0 = nn.Linear(in_features, dims[0], bias=bias)
+        self.wx0 = seeded_linear(in_features, dims[0], bias=bias, generator=generator,
+                                 dtype=dtype)
         # z-path weights: raw parameters (softplus-rectified when positive)
         self.wz = nn.ParameterList(
-            [nn.Parameter(torch.empty(dims[l + 1], dims[l])) for l in range(depth)]
+            [nn.Parameter(torch.empty(dims[l + 1], dims[l], dtype=dtype)) for l in range(depth)]
         )
         self.wx = nn.ModuleList(
-            [nn.Linear(in_features, dims[l + 1], bias=False) if self.inject[l] else nn.Identity()
-             for l in range(depth)]
+            [seeded_linear(in_features, dims[l + 1], bias=False, generator=generator,
+                           dtype=dtype) if self.inject[l]
+             else nn.Identity() for l in range(depth)]
         )
         self.bias = nn.ParameterList(
-            [nn.Parameter(torch.zeros(dims[l + 1])) for l in range(depth)] if bias else []
+            [nn.Parameter(torch.zeros(dims[l + 1], dtype=dtype)) for l in range(depth)]
+            if bias else []
         )
-        self.reset_parameters()
+        self.reset_parameters(generator)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Draw the z-path weights (from ``generator``, else torch's global RNG)."""
         for l, w in enumerate(self.wz):
             fan_in = w.shape[1]
             if self.positive:
                 # effective weights |N(0, 1/fan_in)|; rescaled/centred by data_init
                 with torch.no_grad():
-                    eff = torch.randn_like(w).abs().mul_(1.0 / math.sqrt(fan_in)).clamp_min_(1e-6)
+                    eff = torch.randn(w.shape, generator=generator, dtype=w.dtype,
+                                      device=w.device)
+                    eff = eff.abs().mul_(1.0 / math.sqrt(fan_in)).clamp_min_(1e-6)
                     w.copy_(_inv_softplus(eff))
             else:
                 gain = 1.0 if l == len(self.wz) - 1 else math.sqrt(2.0)
-                nn.init.normal_(w, std=gain / math.sqrt(fan_in))
+                nn.init.normal_(w, std=gain / math.sqrt(fan_in), generator=generator)
 
     def effective_wz(self) -> list[torch.Tensor]:
         """The z-path weight matrices actually used (non-negative for SupportNet)."""
@@ -225,6 +234,12 @@ class SupportNet(nn.Module):
     negative_slope, beta : float, default=0.1, 20.0
         Soft-leaky-ReLU parameters.
     bias : bool, default=True
+    generator : torch.Generator or None, default=None
+        Source of the random initialisation; ``None`` draws from torch's global RNG
+        (as ``torch.nn`` layers do), a generator leaves the global RNG untouched.
+    dtype : torch.dtype or None, default=None
+        Dtype of the parameters; ``None`` is torch's default dtype (as for ``torch.nn``
+        layers).
 
     Notes
     -----
@@ -232,10 +247,12 @@ class SupportNet(nn.Module):
     """
 
     def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
-                 negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True):
+                 negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True,
+                 generator: torch.Generator | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         self.stack = _Stack(in_features, hidden_dims, 1, wx_inject=wx_inject,
-                            negative_slope=negative_slope, beta=beta, bias=bias, positive=True)
+                            negative_slope=negative_slope, beta=beta, bias=bias, positive=True,
+                            generator=generator, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stack(x)[..., 0]
@@ -253,7 +270,11 @@ class SupportNet(nn.Module):
         self.stack.scale_output(c)
 
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
-        """Value ``h(x)`` of shape (n,) and gradient of shape (n, d)."""
+        """Value ``h(x)`` of shape (n,) and gradient of shape (n, d).
+
+        ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
+        on; under ``no_grad`` or ``inference_mode`` the results carry no graph.
+        """
         return _value_and_grad(self, x, create_graph)
 
 
@@ -291,7 +312,11 @@ class Homogenize(nn.Module):
         self.model.scale_output(c)
 
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
-        """Value ``f(x)`` of shape (n,) and gradient of shape (n, d)."""
+        """Value ``f(x)`` of shape (n,) and gradient of shape (n, d).
+
+        ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
+        on; under ``no_grad`` or ``inference_mode`` the results carry no graph.
+        """
         return _value_and_grad(self, x, create_graph)
 
 
@@ -310,6 +335,12 @@ class KeyNet(nn.Module):
     bias : bool, default=True
     resnet : bool, default=False
         Return ``x + F(x)`` instead of ``F(x)``.
+    generator : torch.Generator or None, default=None
+        Source of the random initialisation; ``None`` draws from torch's global RNG
+        (as ``torch.nn`` layers do), a generator leaves the global RNG untouched.
+    dtype : torch.dtype or None, default=None
+        Dtype of the parameters; ``None`` is torch's default dtype (as for ``torch.nn``
+        layers).
 
     Notes
     -----
@@ -318,11 +349,13 @@ class KeyNet(nn.Module):
 
     def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
                  negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True,
-                 resnet: bool = False):
+                 resnet: bool = False, generator: torch.Generator | None = None,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         self.resnet = resnet
         self.stack = _Stack(in_features, hidden_dims, in_features, wx_inject=wx_inject,
-                            negative_slope=negative_slope, beta=beta, bias=bias, positive=False)
+                            negative_slope=negative_slope, beta=beta, bias=bias, positive=False,
+                            generator=generator, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.stack(x)
@@ -364,11 +397,17 @@ class SupportFunction(nn.Module):
 
 
 def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool):
-    """Value and input gradient of a scalar model; double-backprop ready when asked."""
-    if create_graph:
+    """Value and input gradient of a scalar model; double-backprop ready when asked.
+
+    ``create_graph`` respects the caller's grad mode: under ``torch.no_grad()`` or
+    ``torch.inference_mode()`` the results carry no graph (as for :class:`KeyNet`),
+    where a graph used to be built anyway (no_grad) or the call failed (inference mode).
+    """
+    if create_graph and torch.is_grad_enabled():
         with torch.enable_grad():
             if not x.requires_grad:
-                x = x.detach().requires_grad_(True)
+                # (an inference tensor cannot be made to require grad: a normal copy)
+                x = usable_outside_inference(x).detach().requires_grad_(True)
             value = model(x)
             (grad,) = torch.autograd.grad(value.sum(), x, create_graph=True)
         return value, grad

@@ -39,7 +39,9 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
     """
     if queries is None:
         def draw(n):
-            q = torch.randn(n, d, generator=torch_gen)
+            # float32 whatever the default dtype (float16 rounded the queries, float64
+            # drew other numbers and failed against the float32 network)
+            q = torch.randn(n, d, generator=torch_gen, dtype=torch.float32)
             return (q / q.norm(dim=1, keepdim=True).clamp_min(1e-12)).to(device)
         return draw
     if callable(queries) and not isinstance(queries, (np.ndarray, torch.Tensor)):
@@ -76,9 +78,12 @@ def augment_queries(q: torch.Tensor, noise_std: float, n_noise: int,
         return q
     n, d = q.shape
     norm = q.norm(dim=1, keepdim=True)
-    noisy = q + noise_std * norm * torch.randn(n, d, generator=gen).to(q)
+    # float32 draws whatever the default dtype (the numbers of the default float32)
+    eps = torch.randn(n, d, generator=gen, dtype=torch.float32)
+    noisy = q + noise_std * norm * eps.to(q)
     noisy = noisy * (norm / noisy.norm(dim=1, keepdim=True).clamp_min(1e-12))
-    replace = torch.rand(n, 1, generator=gen).to(q.device) < n_noise / (n_noise + 1)
+    u = torch.rand(n, 1, generator=gen, dtype=torch.float32)
+    replace = u.to(q.device) < n_noise / (n_noise + 1)
     return torch.where(replace, noisy, q)
 
 
@@ -220,11 +225,11 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
     def augment(q):
         return augment_queries(q, est.noise_std, est.n_noise, gen)
 
-    # model init on the private generator; the global RNG state is restored
+    # model init from a generator seeded by the private one: the global RNG, shared by
+    # all threads, is never seeded (a fork_rng + manual_seed here made simultaneous fits
+    # in threads draw each other's initialisations and left the global RNG changed)
     seed = int(torch.randint(2**62, (1,), generator=gen))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model, est.hidden_dims_ = est._build_model(n_keys, d)
+    model, est.hidden_dims_ = est._build_model(n_keys, d, seed=seed)
     model = model.to(est._device)
     # the units are measured before the augmentation (which keeps each norm) and the
     # augmentation runs in them: its float32 norms overflowed for queries of norm 1e19

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ from mlpapers._utils import (
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
 from mlpapers.retrieval.rbe._kernels import cur_query_weights
-from mlpapers.retrieval.rbe._selection import select_support
+from mlpapers.retrieval.rbe._selection import quiet_early_stop, select_support
 from mlpapers.retrieval.rbe._validation import check_adacur_params
 
 __all__ = ["AdaCURRetriever", "AnnCURRetriever"]
@@ -245,8 +244,9 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         self._check_params(N)
         R, n_calls = self._offline_relevance(train_queries, items, relevance_matrix)
         sizes = round_sizes(int(self.n_calls), int(self.n_rounds))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # greedy may stop early: filled below
+        # greedy may stop early: filled below (a per-thread switch, not catch_warnings,
+        # whose process-wide filter swap simultaneous fits could leave at "ignore all")
+        with quiet_early_stop():
             first = select_support(R, sizes[0], self.init, center=False,
                                    random_state=self._numpy_gen, device=self._device)
         if first.size < sizes[0]:

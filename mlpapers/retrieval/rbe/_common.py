@@ -9,6 +9,7 @@ the mixin below holds the code they share for both.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mlpapers._base import save as _save
 from mlpapers._utils import to_numpy, torch_compatible_array
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts, hit_rate
 
@@ -47,7 +49,9 @@ def take(seq: Any, idx: np.ndarray) -> Any:
     if isinstance(seq, np.ndarray):
         return seq[idx]
     if isinstance(seq, torch.Tensor):
-        return seq[torch.as_tensor(idx, dtype=torch.long, device=seq.device)]
+        # detached: the retrievers never differentiate through relevance_fn, and a slice
+        # of a tensor that requires grad kept a graph in ``support_items_``
+        return seq.detach()[torch.as_tensor(idx, dtype=torch.long, device=seq.device)]
     return [seq[int(i)] for i in idx]
 
 
@@ -187,12 +191,12 @@ class HeavyRankerMixin:
         ----------
         path : str or path-like
         """
-        fn = self.relevance_fn
-        try:
-            self.relevance_fn = None
-            super().save(path)
-        finally:
-            self.relevance_fn = fn
+        # a shallow copy without the callable is saved: setting ``relevance_fn = None`` on
+        # the estimator itself for the duration made a kneighbors running at the same time
+        # in another thread fail ("relevance_fn must be set")
+        clone = copy.copy(self)
+        clone.relevance_fn = None
+        _save(clone, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, relevance_fn: Callable | None = None,

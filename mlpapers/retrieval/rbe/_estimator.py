@@ -10,7 +10,13 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_positive, power_of_two_unit, to_numpy
+from mlpapers._utils import (
+    autograd_enabled,
+    check_positive,
+    power_of_two_unit,
+    to_numpy,
+    usable_outside_inference,
+)
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
 from mlpapers.retrieval.rbe._heads import build_head, head_from_state, head_state, train_head
 from mlpapers.retrieval.rbe._kernels import fit_linear_embeddings, topk_scores
@@ -116,7 +122,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         ``n_rerank`` of ``fit``; :meth:`kneighbors` reads ``n_rerank`` when called, so
         after ``set_params(n_rerank=...)`` it spends ``k`` plus the new value).
     head_ : NeuralRBEHead or None
-        The trained neural head (``head="mlp"``).
+        The trained neural head (``head="mlp"``), in eval mode with ``requires_grad``
+        off (``head_.requires_grad_(True)`` to fine-tune it).
     head_units_ : ndarray of shape (2,)
         Units of the neural head's query input and scores (``head="mlp"``): powers of
         two of the relevance when its largest magnitude is outside
@@ -269,6 +276,15 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         return (R_sup - mean) / scale
 
     def _fit_mlp(self, R_fit, R_val, S, popularity) -> None:
+        # training needs autograd, also inside the caller's no_grad / inference_mode
+        # block; switched on here only, so relevance_fn runs in the caller's grad mode.
+        # Inputs made under inference mode are copied: the head's training saves them
+        with autograd_enabled():
+            R_fit, R_val, popularity = (usable_outside_inference(t)
+                                        for t in (R_fit, R_val, popularity))
+            self._train_mlp(R_fit, R_val, S, popularity)
+
+    def _train_mlp(self, R_fit, R_val, S, popularity) -> None:
         f32 = torch.float32
         # The float32 head works in units of a power of two of the relevance when it is
         # far from 1 (its scores scale back in float64): relevance of 1e40 overflowed
@@ -291,7 +307,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             batch_size=int(self.batch_size), generator=self._torch_gen, verbose=self.verbose)
         if best is not None:
             self.best_validation_hit_rate_ = best
-        head.eval()
+        # fitted state, as AmortizedMIPS's model_: no gradients kept from the last step
+        # (a copy of every parameter) and none recorded at inference
+        head.zero_grad(set_to_none=True)
+        head.eval().requires_grad_(False)
         self.head_ = head
         self.history_ = history
 

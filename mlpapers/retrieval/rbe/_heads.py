@@ -7,14 +7,16 @@ import copy
 import torch
 from torch import nn
 
-from mlpapers._utils import ProgressLogger
+from mlpapers._utils import ProgressLogger, seeded_linear, usable_outside_inference
 from mlpapers.retrieval.rbe._kernels import hit_rate, softmax_signed_loss, topk_scores
 
 __all__ = ["NeuralRBEHead", "build_head", "head_from_state", "head_state", "train_head"]
 
 
-def _tower(k: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(k, hidden), nn.ELU(), nn.Linear(hidden, hidden))
+def _tower(k: int, hidden: int, generator: torch.Generator | None = None) -> nn.Sequential:
+    # float32 whatever the default dtype (a float16 default rounded the initial weights)
+    return nn.Sequential(seeded_linear(k, hidden, generator=generator), nn.ELU(),
+                         seeded_linear(hidden, hidden, generator=generator))
 
 
 class NeuralRBEHead(nn.Module):
@@ -46,9 +48,14 @@ class NeuralRBEHead(nn.Module):
         Standardisation of the query input of :math:`\mathrm{MLP}_q`.
     hidden : int
         MLP width (0 disables the MLP term).
+    generator : torch.Generator or None, default=None
+        Source of the towers' random initialisation (drawn in float32, then cast to the
+        dtype of ``embeddings``); ``None`` draws from torch's global RNG (as ``torch.nn``
+        layers do), a generator leaves the global RNG untouched.
     """
 
-    def __init__(self, embeddings, offsets, popularity, query_mean, query_scale, hidden: int):
+    def __init__(self, embeddings, offsets, popularity, query_mean, query_scale, hidden: int,
+                 *, generator: torch.Generator | None = None):
         super().__init__()
         n_items, k = embeddings.shape
         self.hidden = int(hidden)
@@ -67,8 +74,8 @@ class NeuralRBEHead(nn.Module):
         self.p = nn.Parameter(torch.zeros((), dtype=embeddings.dtype))
         self.b = nn.Parameter(torch.zeros((), dtype=embeddings.dtype))
         if self.hidden > 0:
-            self.query_tower = _tower(k, self.hidden).to(embeddings.dtype)
-            self.item_tower = _tower(k, self.hidden).to(embeddings.dtype)
+            self.query_tower = _tower(k, self.hidden, generator).to(embeddings.dtype)
+            self.item_tower = _tower(k, self.hidden, generator).to(embeddings.dtype)
             # Zero output layer of the item tower: the MLP term starts at exactly 0
             # (so the untrained head equals linear RBE) yet still gets gradients.
             nn.init.zeros_(self.item_tower[-1].weight)
@@ -99,31 +106,38 @@ def head_from_state(state: dict | None, device) -> NeuralRBEHead | None:
     if state is None:
         return None
     sd = state["state_dict"]
-    head = NeuralRBEHead(sd["embeddings"], sd["v"], sd["popularity"], sd["query_mean"],
-                         sd["query_scale"], int(state["hidden"]))
-    head.load_state_dict(sd)
-    return head.to(device).eval()
+    # (a throwaway generator: the initial towers are overwritten, and building them
+    # must not advance the caller's global RNG)
+    # normal tensors even when loaded inside inference_mode (a head built there has
+    # inference-tensor parameters and buffers, which cannot be fine-tuned later)
+    with torch.inference_mode(False):
+        sd = {k: usable_outside_inference(v) for k, v in sd.items()}
+        head = NeuralRBEHead(sd["embeddings"], sd["v"], sd["popularity"], sd["query_mean"],
+                             sd["query_scale"], int(state["hidden"]),
+                             generator=torch.Generator())
+        head.load_state_dict(sd)
+    return head.to(device).eval().requires_grad_(False)
 
 
 def build_head(embeddings, offsets, popularity, U_fit: torch.Tensor, hidden: int, *,
                seed: int, device: torch.device) -> NeuralRBEHead:
     """A :class:`NeuralRBEHead` on ``device`` (float32), towers seeded by ``seed``.
 
-    The global torch RNG is left untouched (``fork_rng``). ``embeddings`` (n_items, k)
+    The towers are drawn from a generator seeded with ``seed`` (the values of a build
+    after ``torch.manual_seed(seed)``): the global torch RNG, shared by all threads, is
+    neither seeded nor advanced. ``embeddings`` (n_items, k)
     and ``offsets`` (n_items,) are the linear RBE solution, ``popularity`` (n_items,)
     the mean training relevance, ``U_fit`` (n_fit, k) the standardised training
     query inputs (their mean and scale standardise the query tower's input).
     """
     f32 = torch.float32
-    cuda = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(seed)
-        head = NeuralRBEHead(
-            torch.as_tensor(embeddings, dtype=f32, device=device),
-            torch.as_tensor(offsets, dtype=f32, device=device),
-            torch.as_tensor(popularity, device=device).to(f32), U_fit.mean(dim=0),
-            U_fit.std(dim=0, correction=0).clamp_min(1e-12), int(hidden),
-        )
+    head = NeuralRBEHead(
+        torch.as_tensor(embeddings, dtype=f32, device=device),
+        torch.as_tensor(offsets, dtype=f32, device=device),
+        torch.as_tensor(popularity, device=device).to(f32), U_fit.mean(dim=0),
+        U_fit.std(dim=0, correction=0).clamp_min(1e-12), int(hidden),
+        generator=torch.Generator().manual_seed(int(seed)),
+    )
     return head.to(device)
 
 

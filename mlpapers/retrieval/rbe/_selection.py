@@ -9,7 +9,10 @@ used with ``standardize=True``.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
+import threading
 import warnings
 from typing import Any
 
@@ -22,11 +25,31 @@ from mlpapers._utils import (
     make_generators,
     to_numpy,
 )
+from mlpapers._utils._random import _check_seed_type
 from mlpapers.retrieval.rbe._kernels import check_matrix
 
-__all__ = ["SUPPORT_METHODS", "check_support_indices", "greedy_selection", "select_support"]
+__all__ = ["SUPPORT_METHODS", "check_support_indices", "greedy_selection", "quiet_early_stop",
+           "select_support"]
 
 SUPPORT_METHODS = ("greedy", "random", "popular", "kmeans", "farthest")
+
+# Per-thread switch of the early-stop warning of greedy selection. Not a
+# ``warnings.catch_warnings`` block: that swaps the process-wide filter list and restores
+# it on exit, so two blocks overlapping in two threads could leave "ignore every warning"
+# installed for good (seen with simultaneous ADACUR fits)
+_QUIET = threading.local()
+
+
+@contextlib.contextmanager
+def quiet_early_stop():
+    """In this thread, :func:`greedy_selection` does not warn when it stops early
+    (for callers that fill the missing items themselves)."""
+    previous = getattr(_QUIET, "early_stop", False)
+    _QUIET.early_stop = True
+    try:
+        yield
+    finally:
+        _QUIET.early_stop = previous
 
 
 def _item_features(R: torch.Tensor, center: bool) -> torch.Tensor:
@@ -95,9 +118,13 @@ def greedy_selection(
     indices : LongTensor of shape (k',)
         Picked items, ``k' <= k``.
     gains : Tensor of shape (k',)
-        The decrease of the squared Frobenius residual at each pick.
+        The decrease of the squared Frobenius residual at each pick (no autograd
+        graph: ``X`` is read detached).
     """
     check_in_options(method, "method", ("lowrank", "gram"))
+    # a discrete selection, not differentiable: no graph (an X that requires grad made
+    # torch warn when its scale was read as a Python float)
+    X = X.detach()
     N = X.shape[0]
     # The scores a_j / d_j grow as |X|**2 from a_j ~ |X|**4, which underflows float64 for
     # |X| < 1e-77 (every gain 0: R = [[4e-144]] scored 0) and overflows for |X| > 1e77.
@@ -162,7 +189,7 @@ def greedy_selection(
             d = d - g * coef
             L = torch.cat([L, (g / torch.sqrt(gj)).unsqueeze(1)], dim=1)
             a = a.clamp_min(0.0)
-    if len(picks) < k:
+    if len(picks) < k and not getattr(_QUIET, "early_stop", False):
         warnings.warn(
             f"greedy support selection stopped after {len(picks)} of {k} items: the "
             "remaining items lie (up to tol) in the span of the chosen ones, so the "
@@ -200,9 +227,21 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
     from sklearn.cluster import KMeans
 
     Xn = to_numpy(X)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # duplicate points: fewer distinct clusters
-        km = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(Xn)
+    km = KMeans(n_clusters=k, n_init=n_init, random_state=seed)
+    if len(np.unique(Xn + 0.0, axis=0)) >= k:  # (+ 0.0: -0.0 and 0.0 are one point)
+        # no catch_warnings here: it swaps the process-wide warning filters, so blocks
+        # overlapping in two threads could leave "ignore every warning" installed for good
+        km.fit(Xn)
+    else:
+        # fewer distinct item vectors than clusters: scikit-learn warns that it found
+        # fewer distinct clusters (handled below). Silenced the only way it can be, with
+        # process-wide filters (a documented limit: not thread-safe in this degenerate case)
+        from sklearn.exceptions import ConvergenceWarning
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Number of distinct clusters",
+                                    category=ConvergenceWarning)
+            km.fit(Xn)
     centres = torch.as_tensor(km.cluster_centers_, dtype=X.dtype, device=X.device)
     labels = torch.as_tensor(km.labels_, device=X.device)
     dist = torch.cdist(centres, X) ** 2  # (k, N)
@@ -304,9 +343,16 @@ def select_support(
     check_positive(k, "k", integer=True)
     if k > N:
         raise ValueError(f"k={k} support items requested but R has only {N} items (columns).")
-    # a caller's Generator (the estimators pass their own) is drawn from directly
-    rng = (random_state if isinstance(random_state, np.random.Generator)
-           else make_generators(random_state)[1])
+    # a caller's Generator (the estimators pass their own) is drawn from directly; made
+    # only for the random methods: random_state=None draws a seed from numpy's global
+    # RNG, which the deterministic methods advanced for nothing
+    _check_seed_type(random_state)  # (still a TypeError for a bad seed, whatever the method)
+    if isinstance(random_state, numbers.Integral) and random_state < 0:
+        raise ValueError(f"random_state must be a non-negative integer, got {random_state}.")
+    rng = None
+    if method in ("random", "kmeans"):
+        rng = (random_state if isinstance(random_state, np.random.Generator)
+               else make_generators(random_state)[1])
     if method == "random":
         idx = rng.choice(N, size=k, replace=False).astype(np.int64)
         scores = np.full(k, np.nan)
