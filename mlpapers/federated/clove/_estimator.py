@@ -21,7 +21,9 @@ default="linear"
         softmax regression (cross-entropy); ``"mlp"``: ReLU network with
         ``hidden_layer_sizes``; ``"autoencoder"``: ReLU autoencoder whose last
         hidden size is the bottleneck (reconstruction loss). A callable
-        ``f(n_features, n_outputs) -> torch.nn.Module`` builds any model.
+        ``f(n_features, n_outputs) -> torch.nn.Module`` builds any model; it is
+        called in a seeded fork of torch's global RNG (left as it was) under a
+        float32 default dtype, and the models are float32 copies of its modules.
     hidden_layer_sizes : tuple of int, default=(64,)
         Hidden widths of ``"mlp"`` and ``"autoencoder"``.
     loss : {"auto", "mse", "cross_entropy", "reconstruction"}, default="auto"

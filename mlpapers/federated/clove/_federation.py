@@ -23,6 +23,7 @@ from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive, user_stacklevel
+from mlpapers._utils._ambient import with_autograd
 from mlpapers.federated.clove._data import infer_loss, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine, stack_states, unstack_state
 from mlpapers.federated.clove._inference import _FederatedInferenceMixin
@@ -101,6 +102,8 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                                  f"({n_clients}).")
 
     # -- fit ------------------------------------------------------------------
+    # local training needs autograd, also inside the caller's no_grad/inference_mode
+    @with_autograd
     def fit(self, clients, cluster_labels=None):
         """Run the federated simulation.
 
@@ -289,10 +292,8 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         modules = []
         for _j in range(1 if same else M):
             seed = int(torch.randint(0, 2**62, (1,), generator=self._torch_gen))
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                modules.append(build_module(self.model, self.n_features_in_, self.n_outputs_,
-                                            self._hidden).to(self._device))
+            modules.append(build_module(self.model, self.n_features_in_, self.n_outputs_,
+                                        self._hidden, seed=seed).to(self._device))
         states = stack_states(modules)
         if same:
             states = {k: v.expand(M, *v.shape[1:]).clone() for k, v in states.items()}
@@ -342,9 +343,13 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             self._y_1d = bool(state.pop("y_1d_"))
         state["input_shape_"] = tuple(state["input_shape_"])
         super()._set_state(state)
-        template = build_module(self.model, self.n_features_in_, self.n_outputs_, self._hidden)
-        self._set_models(template.to(self._resolved_device),
-                         {k: v.to(self._resolved_device) for k, v in states.items()})
+        # load() inside inference_mode would give inference-tensor weights, which a user
+        # fine-tuning ``models_`` could not use in autograd
+        with torch.inference_mode(False):
+            template = build_module(self.model, self.n_features_in_, self.n_outputs_,
+                                    self._hidden)
+            self._set_models(template.to(self._resolved_device),
+                             {k: v.to(self._resolved_device).clone() for k, v in states.items()})
 
     @classmethod
     def _estimator_check_instances(cls) -> list:

@@ -31,8 +31,10 @@ from flwr.serverapp.strategy import Strategy
 from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils._ambient import autograd_enabled
 from mlpapers.federated.clove._engine import ClientData, Engine
 from mlpapers.federated.clove._kernels import clove_assign
+from mlpapers.federated.clove._models import build_user_module
 
 __all__ = ["CLoVEStrategy", "make_client_app"]
 
@@ -251,7 +253,9 @@ def make_client_app(
     ----------
     model_fn : callable
         ``model_fn() -> torch.nn.Module``: the architecture (same on every node); it
-        is cast to float32 like the data, as in :class:`~mlpapers.federated.CLoVE`.
+        is built under a float32 default dtype in a fork of the global torch RNG (the
+        node's RNG state is left as it was) and cast to float32 like the data, as in
+        :class:`~mlpapers.federated.CLoVE`.
     data_fn : callable
         ``data_fn(context) -> (X, y)`` (or ``(X, None)`` for the reconstruction loss):
         the node's training data, e.g. chosen by ``context.node_config["partition-id"]``.
@@ -278,7 +282,9 @@ def make_client_app(
         else:
             Ys = [torch.as_tensor(np.asarray(y, dtype=np.float32).reshape(len(Xt), -1))]
         data = ClientData.from_lists([Xt], Ys, torch.device("cpu"))
-        template = model_fn().float()
+        # the architecture only (its weights are replaced): built without advancing the
+        # node's global RNG, in float32 whatever the node's default dtype
+        template = build_user_module(model_fn).float()
         engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
                         batch_size=batch_size, local_epochs=local_epochs)
         return data, template, engine
@@ -311,7 +317,8 @@ def make_client_app(
         states = stack([msg.content["arrays"]], template)
         seed = int(msg.content["config"].get("seed", 0)) if "config" in msg.content else 0
         gen = torch.Generator().manual_seed(seed * 100003 + int(msg.metadata.group_id or 0))
-        new = engine.local_train(states, torch.zeros(1, dtype=torch.long), data, gen)
+        with autograd_enabled():  # also inside a caller's no_grad/inference_mode
+            new = engine.local_train(states, torch.zeros(1, dtype=torch.long), data, gen)
         record = ArrayRecord({k: v[0].detach() for k, v in new.items()})
         return Message(RecordDict({"arrays": record, "metrics": metrics(
             context, **{"num-examples": int(data.sizes[0])})}), reply_to=msg)

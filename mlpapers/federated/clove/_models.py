@@ -7,27 +7,50 @@ means over a client's (padded) samples so that they vectorise over clients.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from mlpapers._utils import probe_module
+from mlpapers._utils import probe_module, seeded_linear
+from mlpapers._utils._ambient import default_dtype
 
-__all__ = ["BUILTIN_MODELS", "LOSSES", "build_module", "check_model_output", "make_loss_fn",
-           "per_sample_loss"]
+__all__ = ["BUILTIN_MODELS", "LOSSES", "build_module", "build_user_module", "check_model_output",
+           "make_loss_fn", "per_sample_loss"]
 
 BUILTIN_MODELS = ("linear", "logistic", "mlp", "autoencoder")
 LOSSES = ("mse", "cross_entropy", "reconstruction")
 
 
-def _mlp(sizes: Sequence[int]) -> nn.Sequential:
+def _mlp(sizes: Sequence[int], gen: torch.Generator) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1], dtype=torch.float32))
+        layers.append(seeded_linear(sizes[i], sizes[i + 1], generator=gen))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def build_user_module(factory: Callable[..., nn.Module], *args,
+                      seed: int | None = None) -> nn.Module:
+    """A copy of ``factory(*args)``, built in a fork of the global torch RNG (seeded with
+    ``seed`` if given) under a float32 default dtype, one build at a time.
+
+    The caller's global RNG state and default dtype are left as they were, and the
+    module's initial weights do not depend on them (nor on other threads). The copy
+    keeps the library's casts and weight loads off the user's objects: a factory
+    returning one module (or modules sharing layers) every time would otherwise make
+    the K models share their weights and overwrite the user's module.
+    """
+    # default_dtype's lock makes the builds one at a time: threads would otherwise reseed
+    # each other's fork of the global RNG (so a factory must not wait on another thread's
+    # fit). Only the CPU generator is seeded: the fork restores no other device's.
+    with default_dtype(torch.float32), torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.default_generator.manual_seed(seed)
+        module = factory(*args)
+    return copy.deepcopy(module) if isinstance(module, nn.Module) else module
 
 
 def build_module(
@@ -35,12 +58,20 @@ def build_module(
     n_features: int,
     n_outputs: int,
     hidden_layer_sizes: Sequence[int] = (64,),
+    seed: int | None = None,
 ) -> nn.Module:
-    """Build one fresh client model (uses the global torch RNG; callers fork it).
+    """Build one fresh client model, initialised from ``seed``.
+
+    The global torch RNG is never advanced: built-in models draw their weights from a
+    generator seeded with ``seed``, a callable runs in a seeded fork of the global RNG
+    (:func:`build_user_module`); both give the weights ``torch.manual_seed(seed)``
+    followed by the build would give. ``seed=None`` (a template whose weights are
+    replaced) uses seed 0 for built-in models and an unseeded fork for a callable.
 
     Models are float32, the dtype of the clients' data, whatever torch's default dtype:
     built-in models draw their initial weights in float32 (the same draws under any
-    default), and a callable's module is cast with ``module.float()``.
+    default), a callable is called under a float32 default dtype and its module is cast
+    with ``module.float()``.
 
     Parameters
     ----------
@@ -57,13 +88,15 @@ def build_module(
         Output size: number of targets or classes (ignored by the autoencoder).
     hidden_layer_sizes : sequence of int
         Hidden widths of ``"mlp"`` and ``"autoencoder"``.
+    seed : int or None, default=None
+        Seed of the initial weights.
 
     Returns
     -------
     torch.nn.Module
     """
     if callable(model) and not isinstance(model, str):
-        module = model(n_features, n_outputs)
+        module = build_user_module(model, n_features, n_outputs, seed=seed)
         if not isinstance(module, nn.Module):
             raise TypeError(
                 "model must return a torch.nn.Module when called as model(n_features, "
@@ -71,14 +104,15 @@ def build_module(
             )
         return module.float()
     hidden = [int(h) for h in hidden_layer_sizes]
+    gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     if model in ("linear", "logistic"):
-        return nn.Linear(n_features, n_outputs, dtype=torch.float32)
+        return seeded_linear(n_features, n_outputs, generator=gen)
     if model == "mlp":
-        return _mlp([n_features, *hidden, n_outputs])
+        return _mlp([n_features, *hidden, n_outputs], gen)
     if model == "autoencoder":
         if not hidden:
             raise ValueError("hidden_layer_sizes must be non-empty for model='autoencoder'.")
-        return _mlp([n_features, *hidden, *hidden[-2::-1], n_features])
+        return _mlp([n_features, *hidden, *hidden[-2::-1], n_features], gen)
     raise ValueError(f"model must be one of {list(BUILTIN_MODELS)} or a callable, got {model!r}.")
 
 
