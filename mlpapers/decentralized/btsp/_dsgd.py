@@ -20,6 +20,7 @@ from torch.func import functional_call, stack_module_state
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive
+from mlpapers._utils._ambient import with_autograd
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
 from mlpapers.decentralized.btsp._node_models import (
     _build_module,
@@ -136,7 +137,9 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     model : {"logistic", "mlp"} or torch.nn.Module, default="logistic"
         Node model mapping ``(batch, n_features)`` to class logits. A module is
         used as the common initialisation of every node (save/load then needs
-        pickle, since a module is not a safe parameter).
+        pickle, since a module is not a safe parameter); ``fit`` trains a copy of
+        it (cast to float32 if its parameters are another floating dtype) and leaves
+        the module itself untouched.
     topology : str or sequence, default="exponential"
         Circulant schedule, see :func:`~mlpapers.decentralized.btsp.circulant_schedule`.
     assignment : array-like of shape (n,) or None, default=None
@@ -291,6 +294,8 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return nodes
 
     # ---------------------------------------------------------------- fit -----
+    # the local gradients need autograd, also inside the caller's no_grad/inference_mode
+    @with_autograd
     def fit(self, X, y, nodes=None, eval_set=None):
         """Run ``n_rounds`` rounds of decentralized SGD.
 
@@ -391,7 +396,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         B = int(self.batch_size)
         rows = torch.arange(n, device=dev)[:, None]
         for t in logger:
-            r = torch.rand(n, B, generator=self._torch_gen).to(dev)
+            r = torch.rand(n, B, generator=self._torch_gen, dtype=torch.float32).to(dev)
             local = (r * counts_t[:, None]).long().clamp_max(width - 1)
             idx = pad_t[rows, local]  # (n, B)
             grads = local_grads(params, X[idx], yt[idx])

@@ -26,11 +26,27 @@ Grads = Callable[[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], dict[str
 
 
 def _build_module(model: Any, n_features: int, n_classes: int, hidden: int) -> nn.Module:
+    """A float32 copy of a user module, or a built-in model with uninitialised weights.
+
+    The built-in layers are built without their default init (:func:`_init_params` sets
+    the weights from the estimator's generator), so the global torch RNG is never
+    advanced, and in float32 whatever torch's default dtype: the node models run on
+    float32 data.
+    """
     if isinstance(model, nn.Module):
-        return copy.deepcopy(model)
+        module = copy.deepcopy(model)
+        # cast only a module that would fail on float32 data: float64 buffers of a
+        # float32 module (which work) keep their precision
+        if any(p.is_floating_point() and p.dtype != torch.float32 for p in module.parameters()):
+            module = module.float()
+        return module
+
+    def linear(n_in: int, n_out: int) -> nn.Linear:
+        return nn.utils.skip_init(nn.Linear, n_in, n_out, dtype=torch.float32)
+
     if model == "logistic":
-        return nn.Linear(n_features, n_classes)
-    return nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+        return linear(n_features, n_classes)
+    return nn.Sequential(linear(n_features, hidden), nn.ReLU(), linear(hidden, n_classes))
 
 
 def _stacked_forward(params: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
@@ -52,7 +68,7 @@ def _init_params(module: nn.Module, gen: torch.Generator) -> None:
         for p in module.parameters():
             if p.ndim >= 2:
                 bound = 1.0 / np.sqrt(p.shape[1])
-                p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * bound)
+                p.copy_((torch.rand(p.shape, generator=gen, dtype=p.dtype) * 2 - 1) * bound)
             else:
                 p.zero_()
 
