@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mlpapers._utils import check_positive
+from mlpapers._utils import autograd_enabled, check_positive, usable_outside_inference
 from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
 
 __all__ = ["ConvexSet", "Region"]
@@ -78,7 +78,8 @@ class ConvexSet(ConvexContainer):
         with torch.no_grad():
             out = self.g(x)
         if not isinstance(out, torch.Tensor):  # a numpy g (allowed with grad_g)
-            out = torch.as_tensor(np.asarray(out, dtype=np.float64), device=x.device)
+            # torch.tensor copies: as_tensor warns on a read-only (e.g. broadcast) array
+            out = torch.tensor(np.asarray(out, dtype=np.float64), device=x.device)
         return out.to(x.dtype)
 
     def contains(self, x, tol=0.0):
@@ -89,11 +90,13 @@ class ConvexSet(ConvexContainer):
             with torch.no_grad():
                 gr = self.grad_g(x)
             if not isinstance(gr, torch.Tensor):
-                gr = torch.as_tensor(np.asarray(gr, dtype=np.float64), device=x.device)
+                gr = torch.tensor(np.asarray(gr, dtype=np.float64), device=x.device)
             gr = gr.to(x.dtype)
         else:
-            with torch.enable_grad():
-                xr = x.detach().requires_grad_(True)
+            # autograd on even in a caller's no_grad / inference_mode (the normal would be a
+            # torch error there); an inference tensor x cannot require grad outside that mode
+            with autograd_enabled():
+                xr = usable_outside_inference(x.detach()).requires_grad_(True)
                 gr = torch.autograd.grad(self.g(xr).sum(), xr)[0]
         return gr
 
@@ -204,7 +207,9 @@ class Region:
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Membership ``(C, d) -> (C,)`` bool."""
         with torch.no_grad():
-            out = torch.as_tensor(self._contains(x))
+            out = self._contains(x)
+            # torch.tensor copies a numpy answer: as_tensor warns on a read-only one
+            out = out if isinstance(out, torch.Tensor) else torch.tensor(np.asarray(out))
         if out.shape != x.shape[:1]:
             raise ValueError(
                 f"Region.contains must return shape ({x.shape[0]},), got {tuple(out.shape)}.")

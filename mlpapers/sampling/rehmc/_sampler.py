@@ -19,6 +19,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
+    autograd_enabled,
     check_in_options,
     check_positive,
     resolve_dtype,
@@ -288,7 +289,24 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             leaves torch): the gradient is then taken as zero.
         RuntimeWarning
             If less than 1% of the recorded states fall in the support.
+
+        Notes
+        -----
+        The draws do not depend on the caller's grad mode: ``log_prob`` is differentiated
+        with autograd switched on even inside ``torch.no_grad()`` or
+        ``torch.inference_mode()``. A tensor that ``log_prob`` uses and that was created
+        under ``torch.inference_mode()`` cannot take part in autograd: create it outside
+        that block, or ``.clone()`` it there.
         """
+        # The leapfrog kicks differentiate log_prob by autograd: inside a caller's
+        # torch.no_grad() or torch.inference_mode() the gradient would silently be zero (a
+        # random walk, other draws), so autograd is switched on for the call, and the draws
+        # are the same whatever the caller's grad mode.
+        with autograd_enabled():
+            return self._sample(n_samples, x0, n_chains=n_chains, warmup=warmup, thin=thin,
+                                return_tensor=return_tensor, resume=resume)
+
+    def _sample(self, n_samples, x0, *, n_chains, warmup, thin, return_tensor, resume):
         self._check_params()
         check_positive(n_samples, "n_samples", integer=True)
         if isinstance(x0, numbers.Integral) and not isinstance(x0, bool):

@@ -140,6 +140,14 @@ def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor) 
         return f"{name} failed on the {x.dtype} chains, of shape {shape}. {fix}"
     if name != "log_prob" or isinstance(exc, torch.OutOfMemoryError):
         return None
+    if isinstance(exc, RuntimeError) and "inference tensors" in str(exc).lower():
+        # autograd runs even in the caller's inference_mode (the draws must not depend
+        # on it), and torch refuses tensors made in that mode (e.g. a matrix log_prob
+        # multiplies by) in a differentiated computation
+        return ("log_prob uses a tensor created under torch.inference_mode(); the sampler "
+                "differentiates log_prob with autograd (whatever the caller's grad mode), "
+                "which such tensors cannot enter. Create it outside inference_mode or "
+                ".clone() it there, or pass grad_log_prob.")
     if _looks_one_point(log_prob, x):
         return (f"log_prob failed on the starting points, a tensor of shape {shape} (one "
                 "row per chain), but returns a scalar for one point x[0]: it looks written "
@@ -197,7 +205,8 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
         x0_np = to_numpy(x0) if isinstance(x0, torch.Tensor) else np.asarray(x0, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"x0 must be a numeric array-like, got {x0!r}.") from exc
-    x = torch.as_tensor(x0_np).to(dtype=dtype, device=device)
+    # a copy: torch warns on a read-only array (and x0 must not alias the chains)
+    x = torch.tensor(x0_np).to(dtype=dtype, device=device)
     if x.ndim == 1:
         x = x.expand(n_chains, -1).clone()
     if x.ndim != 2 or x.shape[1] != d:
