@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 from typing import Any
@@ -19,7 +20,12 @@ from mlpapers._utils import (
     check_positive,
     resolve_dtype,
 )
-from mlpapers.anomaly.rad._extractors import check_extractor_output, resolve_extractor
+from mlpapers.anomaly.rad._extractors import (
+    _as_module_input,
+    check_extractor_output,
+    eval_mode,
+    resolve_extractor,
+)
 from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-exported)
     _resize,
     _unit_rgb,
@@ -79,7 +85,9 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         if ext is None:
             ext = resolve_extractor(self.extractor)
             if isinstance(ext, torch.nn.Module):
-                ext = ext.to(self._resolved_device).eval()
+                # not .eval() for good: a user's module keeps its training flags (each
+                # extraction runs it in eval mode, see _extract)
+                ext = ext.to(self._resolved_device)
             self._extractor = ext
         return ext
 
@@ -119,9 +127,12 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         raw_shapes = None
         keys = []
         log = ProgressLogger(n_batches, verbose=self.verbose, desc=desc)
-        with torch.inference_mode():
+        frozen = eval_mode(ext) if isinstance(ext, torch.nn.Module) else contextlib.nullcontext()
+        with torch.inference_mode(), frozen:
             for i in log:
                 x = _resize(_unit_rgb(images[i * bs:(i + 1) * bs].to(dev)), size)
+                if isinstance(ext, torch.nn.Module):  # a float64 or half backbone
+                    x = _as_module_input(x, ext)
                 try:
                     f, k = ext(x)
                 except RuntimeError as exc:
@@ -177,6 +188,13 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         -------
         self
         """
+        # the fitted tensors must be normal tensors even when the caller fits inside
+        # torch.inference_mode() (inference tensors cannot be updated in place or enter
+        # autograd later); the extraction itself runs in inference mode (_extract)
+        with torch.inference_mode(False):
+            return self._fit(X)
+
+    def _fit(self, X):
         self._init_fit()
         self._check_params()
         images, _ = self._images(X)

@@ -11,7 +11,12 @@ import numpy as np
 import torch
 from einops import rearrange
 
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive
+from mlpapers._utils import (
+    ProgressLogger,
+    check_in_options,
+    check_positive,
+    resolve_device,
+)
 from mlpapers.anomaly.rad._common import BaseImageDetector
 from mlpapers.anomaly.rad._kernels import (
     global_patch_similarity,
@@ -105,7 +110,8 @@ class RADDetector(BaseImageDetector):
         (64 MB in float32); bounds the scoring memory.
     device : str or torch.device, default="cpu"
     random_state : int, RandomState instance or None, default=None
-        Unused (RAD is deterministic); kept for API consistency.
+        Unused (RAD is deterministic; ``None`` draws no seed from numpy's global
+        generator); kept for API consistency.
     verbose : int, default=0
         Show a progress bar over batches.
 
@@ -194,6 +200,15 @@ class RADDetector(BaseImageDetector):
         self.random_state = random_state
         self.verbose = verbose
 
+    def _init_fit(self) -> None:
+        # RAD draws no random numbers: random_state=None must not draw a seed from numpy's
+        # global RNG (the shared _init_fit does, for the estimators that use one), which
+        # would change the caller's later np.random draws
+        if self.random_state is None:
+            self._device = resolve_device(self.device)
+        else:
+            super()._init_fit()
+
     def _check_params(self) -> None:
         self._check_common_params()
         check_in_options(self.matching, "matching", ("auto", "shared", "tiled", "gather"))
@@ -241,8 +256,8 @@ class RADDetector(BaseImageDetector):
         self.memory_ = [p.contiguous() for p in feats]
         self.keys_ = keys.float().contiguous()
         n = len(keys)
-        if n < 2:
-            return torch.zeros(n)
+        if n < 2:  # float32 as the scores of a larger memory, whatever the default dtype
+            return torch.zeros(n, dtype=torch.float32)
         exclude = torch.arange(n, device=keys.device)
         return self._score_all(self.memory_, keys, exclude=exclude, return_maps=False)[1]
 

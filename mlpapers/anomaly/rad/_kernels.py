@@ -407,7 +407,7 @@ def global_patch_similarity(
     # a single pair above the bound: score the query positions in row chunks
     rows = L if kc > 1 or unit <= int(chunk_size) else max(1, int(chunk_size) // L)
     q = query.float()
-    best = torch.full((B, L), -torch.inf, device=query.device)
+    best = torch.full((B, L), -torch.inf, dtype=torch.float32, device=query.device)
     for b0 in range(0, B, b_chunk):
         nb = neighbours[b0:b0 + b_chunk]
         for start in range(0, k, kc):

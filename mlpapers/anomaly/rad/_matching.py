@@ -143,7 +143,7 @@ def shared_patch_similarity(
     cells = _padded_rows(h, w, ry, rx, dev)  # (Hp Wp,)
     flat = memory.reshape(-1, C)
     u_chunk = max(1, int(chunk_size) // (Hp * Wp * Cp))
-    best = torch.full((n_rows, B), -torch.inf, device=dev)
+    best = torch.full((n_rows, B), -torch.inf, dtype=torch.float32, device=dev)
     for u0 in range(0, len(union), u_chunk):
         uidx = union[u0:u0 + u_chunk]
         uc = len(uidx)
@@ -154,7 +154,7 @@ def shared_patch_similarity(
         # -inf for the union images a query did not retrieve, repeated over the nx window
         # columns (adding it is exact and much faster on CPU than a broadcast masked_fill)
         drop = None if everyone else torch.where(
-            member[:, u0:u0 + uc], 0.0, -torch.inf).repeat(1, nx)  # (B, nx uc)
+            member[:, u0:u0 + uc], 0.0, -torch.inf).to(torch.float32).repeat(1, nx)  # (B, nx uc)
         rows_per_chunk = max(1, min(int(chunk_size), int(block_size)) // (B * nx * uc))
         for p0 in range(0, n_rows, rows_per_chunk):
             n = min(rows_per_chunk, n_rows - p0)

@@ -141,14 +141,14 @@ class PatchCoreDetector(BaseImageDetector):
                              "memory_dtype='float32' or rescale the extractor's features.")
         self.memory_ = memory
         self.memory_image_ids_ = ids_mem.contiguous()
-        if n < 2:
-            return torch.zeros(n)
+        if n < 2:  # float32 as the scores of a larger memory, whatever the default dtype
+            return torch.zeros(n, dtype=torch.float32)
         d = knn_distances(flat, self.memory_, k=1, chunk_size=self.chunk_size,
                           exclude_query_group=ids, memory_group=self.memory_image_ids_)
         d = d[:, 0].reshape(n, L)
         # images whose every neighbour was excluded (tiny coresets) get the max finite score
         finite = torch.isfinite(d)
-        d = torch.where(finite, d, d[finite].max() if finite.any() else torch.zeros(()))
+        d = torch.where(finite, d, d[finite].max() if finite.any() else d.new_zeros(()))
         return d.amax(dim=1)
 
     def _score_features(self, feats, keys, exclude=None, return_maps=True):

@@ -56,7 +56,7 @@ def knn_distances(
     for qs in range(0, Q, q_block):
         q = query[qs:qs + q_block].float() - center
         q2 = (q * q).sum(1, keepdim=True)
-        best = torch.full((len(q), 0), torch.inf, device=q.device)
+        best = torch.full((len(q), 0), torch.inf, dtype=torch.float32, device=q.device)
         best_idx = torch.zeros((len(q), 0), dtype=torch.long, device=q.device)
         for ms in range(0, P, m_block):
             m = memory[ms:ms + m_block].float() - center
@@ -113,7 +113,9 @@ def greedy_coreset(
     n_select = max(1, min(int(n_select), P))
     x = features.float()
     if projection_dim is not None and C > projection_dim:
-        proj = torch.randn(C, projection_dim, generator=generator, device="cpu").to(x.device)
+        # float32 whatever the default dtype: the same projection (and coreset)
+        proj = torch.randn(C, projection_dim, generator=generator, dtype=torch.float32,
+                           device="cpu").to(x.device)
         x = x @ (proj / math.sqrt(projection_dim))
     x = x - x.mean(0)  # same distances, less float32 cancellation in the identity below
     first = int(torch.randint(P, (1,), generator=generator).item())
