@@ -42,6 +42,7 @@ from sklearn.utils.validation import (
 from mlpapers._utils import (
     check_tensor,
     make_generators,
+    on_cpu_default_device,
     resolve_device,
     resolve_dtype,
     to_numpy,
@@ -70,6 +71,10 @@ class TorchEstimatorMixin:
     fits are reproducible and never touch the global RNG state (``None`` draws
     one seed from numpy's global ``RandomState``, as in scikit-learn).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _run_public_methods_on_cpu_default_device(cls)
 
     # -- fitting helpers ---------------------------------------------------
     def _init_fit(self) -> None:
@@ -273,6 +278,31 @@ class TorchEstimatorMixin:
     def _expected_failed_checks(self) -> dict[str, str]:
         """Checks that genuinely do not apply, mapped to the reason."""
         return {}
+
+
+def _run_public_methods_on_cpu_default_device(cls: type) -> None:
+    """Wrap every public method of ``cls`` (its own and its mixins', plain and class
+    methods; scikit-learn's excepted) in :func:`~mlpapers._utils.on_cpu_default_device`, once.
+
+    So a caller's ``torch.set_default_device`` never reaches the library's code: tensors
+    it creates without a device stay on the CPU, as it was written for.
+    """
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if name.startswith("_"):
+                continue
+            is_classmethod = isinstance(attr, classmethod)
+            func = attr.__func__ if is_classmethod else attr
+            if (not inspect.isfunction(func) or func.__module__.startswith("sklearn.")
+                    or getattr(func, "_on_cpu_default_device", False)):
+                continue
+            wrapped = on_cpu_default_device(func)
+            wrapped._on_cpu_default_device = True
+            setattr(cls, name, classmethod(wrapped) if is_classmethod else wrapped)
 
 
 def _is_class_member(cls: type, name: str) -> bool:

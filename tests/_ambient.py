@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mlpapers._utils import default_dtype
+
 
 def _warm_up_torch() -> None:
     """Take one optimizer step before any snapshot: torch's first step in a process
@@ -31,16 +33,6 @@ def _warm_up_torch() -> None:
 
 
 _warm_up_torch()
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 @contextlib.contextmanager
@@ -61,15 +53,27 @@ def _anomaly() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _default_device_meta() -> Iterator[None]:
+    # stands for a caller's torch.set_default_device("cuda") on a machine without one:
+    # a tensor the library made on the default device would have no data
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+
+
 #: The caller's contexts a library call must be indifferent to, by name.
 AMBIENT: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "no_grad": torch.no_grad,
     "inference_mode": torch.inference_mode,
-    "default_float64": lambda: _default_dtype(torch.float64),
-    "default_float16": lambda: _default_dtype(torch.float16),
-    "default_bfloat16": lambda: _default_dtype(torch.bfloat16),
+    "default_float64": lambda: default_dtype(torch.float64),
+    "default_float16": lambda: default_dtype(torch.float16),
+    "default_bfloat16": lambda: default_dtype(torch.bfloat16),
     "deterministic": _deterministic,
     "anomaly": _anomaly,
+    "default_device_meta": _default_device_meta,
 }
 
 
@@ -88,6 +92,7 @@ def global_state() -> dict[str, Any]:
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "anomaly": torch.is_anomaly_enabled(),
         "num_threads": torch.get_num_threads(),
+        "default_device": torch.get_default_device(),
         "warning_filters": list(warnings.filters),
         "root_logger": (root.level, list(root.handlers)),
     }
@@ -152,6 +157,24 @@ def check_state_untouched(call: Callable[[], Any]) -> Any:
     before = global_state()
     result = call()
     assert_state_unchanged(before, global_state())
+    return result
+
+
+def check_one_numpy_seed(call: Callable[[], Any]) -> Any:
+    """``call()`` (a fit with ``random_state=None``) draws exactly one seed from numpy's
+    global RandomState (scikit-learn's convention), never reseeds it, and touches no
+    other generator or state. Returns the result."""
+    np.random.seed(123)
+    expected = np.random.RandomState(123)
+    expected.randint(0, 2**31 - 1)  # the one draw of make_generators(None)
+    before = global_state()
+    result = call()
+    after = global_state()
+    want = expected.get_state()
+    np.testing.assert_array_equal(after["numpy_rng"], want[1])
+    assert after["numpy_rng_position"] == want[2:]
+    before.update(numpy_rng=after["numpy_rng"], numpy_rng_position=after["numpy_rng_position"])
+    assert_state_unchanged(before, after)
     return result
 
 

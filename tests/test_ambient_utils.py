@@ -13,18 +13,15 @@ from mlpapers._utils import (
     check_tensor,
     default_dtype,
     default_init_,
+    on_inputs_device,
     seeded_linear,
     usable_outside_inference,
     with_autograd,
 )
 from mlpapers.datasets import (
-    make_extreme_classification,
-    make_federated_digits,
     make_federated_linear,
     make_mips_problem,
     make_relevance_problem,
-    make_shifted_digits,
-    make_texture_anomalies,
 )
 from tests._ambient import (
     AMBIENT,
@@ -36,6 +33,7 @@ from tests._ambient import (
     global_state,
 )
 from tests._toy import ToyRidge
+from tests.datasets.test_random_state import SMALL
 
 
 def _grad_of_square(x):
@@ -164,23 +162,11 @@ def test_save_load_round_trip_under_the_ambient_state(context, tmp_path):
     np.testing.assert_array_equal(back.predict(X), est.predict(X))
 
 
-SMALL = [
-    (make_shifted_digits, dict(n_samples=6)),
-    (make_extreme_classification, dict(n_samples=60, n_classes=5, n_features=4)),
-    (make_mips_problem, dict(n_keys=20, n_features=4, n_queries=3)),
-    (make_federated_linear, dict(n_clusters=2, n_clients_per_cluster=2, n_samples=5,
-                                 n_features=4)),
-    (make_federated_digits, dict(n_clusters=2, n_clients_per_cluster=1, n_samples=5)),
-    (make_texture_anomalies, dict(n_train=2, n_test=2, image_size=16)),
-    (make_relevance_problem, dict(n_queries=3, n_items=4)),
-]
-
-
 def _generated(make, kw):
     out = make(**kw, random_state=0)
     if make is make_relevance_problem:  # also score with the returned relevance function
         queries, items, relevance = out
-        return queries, items, relevance(queries, torch.as_tensor(items))
+        return queries, items, relevance(queries, torch.from_numpy(items))
     if make is make_mips_problem:
         keys, queries, sampler = out
         return keys, queries, sampler(5, np.random.default_rng(1))
@@ -329,11 +315,12 @@ def _small_fitted(name):
     if name == "RADDetector":
         from mlpapers.anomaly import RADDetector
 
-        return RADDetector(image_size=32).fit(rng.random((3, 32, 32, 3)))
+        return RADDetector(image_size=32, extractor="random").fit(rng.random((3, 32, 32, 3)))
     if name == "PatchCoreDetector":
         from mlpapers.anomaly import PatchCoreDetector
 
-        return PatchCoreDetector(image_size=32, random_state=0).fit(rng.random((3, 32, 32, 3)))
+        return PatchCoreDetector(image_size=32, extractor="random", random_state=0).fit(
+            rng.random((3, 32, 32, 3)))
     from mlpapers.decentralized import DecentralizedSGD
 
     X = rng.normal(size=(20, 3)).astype(np.float32)
@@ -349,3 +336,37 @@ def test_load_inside_inference_mode_gives_normal_tensors(name, tmp_path):
         assert torch.is_inference_mode_enabled()  # the caller's mode is back
     assert _inference_tensors(vars(back)) == []
     assert _inference_tensors(vars(est)) == []  # (the fit's own tensors are normal too)
+
+
+def test_on_inputs_device_computes_where_the_first_tensor_argument_is():
+    @on_inputs_device
+    def made_here(x=None, *, y=None):
+        return torch.zeros(1).device
+
+    cpu, meta = torch.ones(1, device="cpu"), torch.ones(1, device="meta")
+    assert made_here(cpu) == torch.device("cpu")  # default CPU: nothing to do
+    with AMBIENT["default_device_meta"]():
+        assert made_here(cpu).type == "cpu"
+        assert made_here(y=cpu).type == "cpu"
+        assert made_here().type == "cpu"  # numpy or no inputs: the CPU
+        assert made_here(meta).type == "meta"
+        assert torch.zeros(1).device.type == "meta"  # the caller's default is back
+
+
+def test_estimator_methods_run_on_the_cpu_default_device_including_subclasses():
+    class MyRidge(ToyRidge):
+        def fitted_device(self):
+            return torch.zeros(1).device
+
+        @classmethod
+        def made_device(cls):
+            return torch.zeros(1).device
+
+    est = MyRidge()
+    with AMBIENT["default_device_meta"]():
+        assert est.fitted_device().type == "cpu" and MyRidge.made_device().type == "cpu"
+        assert torch.zeros(1).device.type == "meta"
+    assert MyRidge.fitted_device.__name__ == "fitted_device"  # (functools.wraps)
+    assert MyRidge.get_params is ToyRidge.get_params  # scikit-learn's methods untouched
+    assert not hasattr(MyRidge.get_params, "_on_cpu_default_device")
+    assert MyRidge.fit is ToyRidge.fit  # wrapped once, where it is defined

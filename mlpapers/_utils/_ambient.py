@@ -83,3 +83,50 @@ def usable_outside_inference(t: torch.Tensor) -> torch.Tensor:
     if t.is_inference() and not torch.is_inference_mode_enabled():
         return t.clone()
     return t
+
+
+@contextlib.contextmanager
+def cpu_default_device() -> Iterator[None]:
+    """Run the library's code with torch's default device, the CPU, as it was written for.
+
+    Under a caller's ``torch.set_default_device("cuda")`` (or a ``with torch.device(...)``
+    block) tensors the library creates without an explicit device, and draws from its
+    CPU generators, would land elsewhere and fail or mix devices. A no-op (no torch
+    function mode, so no per-op cost) when the default device is already the CPU.
+    """
+    if torch.get_default_device().type == "cpu":
+        yield
+    else:
+        with torch.device("cpu"):
+            yield
+
+
+def on_cpu_default_device(method: F) -> F:
+    """Run ``method`` under :func:`cpu_default_device`."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with cpu_default_device():
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def on_inputs_device(func: F) -> F:
+    """Run ``func`` with the default device set to its first tensor argument's device.
+
+    For the public functions and module methods: like torch's own functions they compute
+    where their inputs are (the CPU for numpy inputs), whatever a caller's
+    ``torch.set_default_device``. A no-op when the default device is the CPU.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.get_default_device().type == "cpu":
+            return func(*args, **kwargs)
+        device = next((a.device for a in (*args, *kwargs.values())
+                       if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        with torch.device(device):
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

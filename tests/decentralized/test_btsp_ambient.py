@@ -26,9 +26,9 @@ from tests._ambient import (
     AMBIENT,
     assert_same_result,
     check_ambient,
+    check_one_numpy_seed,
     check_state_untouched,
     check_thread_safe,
-    global_state,
 )
 
 D = make_delay_matrix(8, random_state=0)
@@ -151,14 +151,8 @@ def test_dsgd_leaves_global_state_and_is_thread_safe(model, iris):
 
 
 def test_dsgd_random_state_none_never_reseeds(iris):
-    np.random.seed(7)
-    expected_numpy = np.random.RandomState(7)
-    expected_numpy.randint(0, 2**31 - 1)  # scikit-learn's convention: one draw
-    before = global_state()
-    DecentralizedSGD(n_nodes=4, n_rounds=2, random_state=None).fit(*iris)
-    after = global_state()
-    np.testing.assert_array_equal(after["numpy_rng"], expected_numpy.get_state()[1])
-    assert torch.equal(before["torch_rng"], after["torch_rng"])
+    check_one_numpy_seed(lambda: DecentralizedSGD(n_nodes=4, n_rounds=2,
+                                                  random_state=None).fit(*iris))
 
 
 def test_dsgd_user_module_left_untouched(iris):

@@ -24,9 +24,9 @@ from tests._ambient import (
     AMBIENT,
     assert_same_result,
     check_ambient,
+    check_one_numpy_seed,
     check_state_untouched,
     check_thread_safe,
-    global_state,
     run_in_threads,
 )
 
@@ -100,15 +100,8 @@ def test_fit_leaves_global_state_untouched(case, clients, class_clients):
 
 
 def test_random_state_none_draws_one_seed_and_never_reseeds(clients):
-    np.random.seed(123)
-    expected_numpy = np.random.RandomState(123)
-    expected_numpy.randint(0, 2**31 - 1)  # scikit-learn's convention: one draw
-    before = global_state()
-    CLoVE(n_rounds=1, model=_user_model, random_state=None).fit(clients)
-    after = global_state()
-    np.testing.assert_array_equal(after["numpy_rng"], expected_numpy.get_state()[1])
-    assert torch.equal(before["torch_rng"], after["torch_rng"])
-    assert before["python_rng"] == after["python_rng"]
+    check_one_numpy_seed(lambda: CLoVE(n_rounds=1, model=_user_model,
+                                       random_state=None).fit(clients))
 
 
 class _MeetingFactory:

@@ -37,9 +37,9 @@ from mlpapers.optim.scent import (
 from tests._ambient import (
     AMBIENT,
     check_ambient,
+    check_one_numpy_seed,
     check_state_untouched,
     check_thread_safe,
-    global_state,
 )
 
 _rng = np.random.default_rng(0)
@@ -117,17 +117,21 @@ def _save_load(name: str):
 
 def _loss_calls() -> list:
     """Every dual rule of EntropicRiskLoss on float32 and float64 scores, two steps."""
-    gen = torch.Generator().manual_seed(0)
-    scores = torch.randn(2, 4, 6, generator=gen, dtype=torch.float32)
-    mask = torch.rand(4, 6, generator=gen, dtype=torch.float32) > 0.3
-    mask[:, 0] = True
+    # the inputs and the module are made on the CPU (under a caller's default device a
+    # module is built there, as torch.nn modules are); the calls run in the context
+    with torch.device("cpu"):
+        gen = torch.Generator().manual_seed(0)
+        scores = torch.randn(2, 4, 6, generator=gen, dtype=torch.float32)
+        mask = torch.rand(4, 6, generator=gen, dtype=torch.float32) > 0.3
+        mask[:, 0] = True
+        indices = [torch.tensor([0, 3, 5, 7]), torch.tensor([3, 5, 8, 9])]
     out = []
     for method in ("scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"):
         for dtype in (torch.float32, torch.float64):
-            loss_fn = EntropicRiskLoss(10, method=method, log_alpha=-0.5, temperature=0.7)
-            for step, idx in enumerate(([0, 3, 5, 7], [3, 5, 8, 9])):
-                out.append(loss_fn(scores[step].to(dtype), torch.tensor(idx),
-                                   mask if step else None))
+            with torch.device("cpu"):
+                loss_fn = EntropicRiskLoss(10, method=method, log_alpha=-0.5, temperature=0.7)
+            for step, idx in enumerate(indices):
+                out.append(loss_fn(scores[step].to(dtype), idx, mask if step else None))
             out += [loss_fn.nu, loss_fn.initialized]
     return out
 
@@ -135,10 +139,12 @@ def _loss_calls() -> list:
 def _kernel_calls() -> list:
     out = []
     for dtype in (torch.float32, torch.float64):
-        nu = torch.tensor([0.1, 0.5, -1.0], dtype=dtype)
-        lme = torch.tensor([1.0, 0.2, 30.0], dtype=dtype)
-        s = torch.tensor([[0.1, 2.0], [3.0, -1.0], [0.0, 0.5]], dtype=dtype)
-        out += [spmd_update(nu, lme, 0.5), spmd_update(nu, lme, torch.tensor(-2.0)),
+        with torch.device("cpu"):  # CPU inputs, whatever the context's default device
+            nu = torch.tensor([0.1, 0.5, -1.0], dtype=dtype)
+            lme = torch.tensor([1.0, 0.2, 30.0], dtype=dtype)
+            s = torch.tensor([[0.1, 2.0], [3.0, -1.0], [0.0, 0.5]], dtype=dtype)
+            log_alpha = torch.tensor(-2.0)
+        out += [spmd_update(nu, lme, 0.5), spmd_update(nu, lme, log_alpha),
                 spmd_gamma(nu, 0.2), sox_update(nu, lme, 0.3), asgd_update(nu, lme, 0.1),
                 umax_update(nu, lme, 0.1, 1.0), softplus_dual_ratio(s, nu, 1e-3),
                 softplus_dual_ratio(s, nu, 1e-3, mask=s > 0), log_mean_exp(s),
@@ -180,15 +186,7 @@ def test_fit_with_random_state_none_does_not_reseed(name):
     """``None`` draws one seed from numpy's global RandomState (scikit-learn's rule)
     and touches no other generator: it advances numpy's stream, never reseeds it."""
     make, y = ESTIMATORS[name]
-    start = np.random.get_state()
-    before = global_state()
-    make().set_params(random_state=None).fit(X, y)
-    after = global_state()
-    np.random.set_state(start)
-    np.random.randint(0, 2**31 - 1)           # the one draw of make_generators(None)
-    assert np.array_equal(after["numpy_rng"], np.random.get_state()[1])
-    assert torch.equal(after["torch_rng"], before["torch_rng"])
-    assert after["python_rng"] == before["python_rng"]
+    check_one_numpy_seed(lambda: make().set_params(random_state=None).fit(X, y))
 
 
 @pytest.mark.parametrize("name", list(ESTIMATORS))

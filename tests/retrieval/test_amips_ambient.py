@@ -138,8 +138,9 @@ def test_networks_ambient(context):
     # is given; with a generator the initialisation is the same in every context
     def call():
         gen = torch.Generator().manual_seed(3)
-        nets = [KeyNet(6, [8, 8], generator=gen, dtype=torch.float32),
-                Homogenize(SupportNet(6, [8, 8], generator=gen, dtype=torch.float32))]
+        with torch.device("cpu"):  # built on the CPU whatever the context's default device
+            nets = [KeyNet(6, [8, 8], generator=gen, dtype=torch.float32),
+                    Homogenize(SupportNet(6, [8, 8], generator=gen, dtype=torch.float32))]
         x = torch.from_numpy(Q)
         return [(dict(n.state_dict()), n.score_and_key(x)) for n in nets]
 

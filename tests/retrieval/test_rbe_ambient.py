@@ -124,8 +124,9 @@ def test_kernels_ambient(context):
 def test_neural_head_ambient(context):
     def call():
         E = torch.from_numpy(np.random.default_rng(3).standard_normal((30, 5))).float()
-        head = NeuralRBEHead(E, E[:, 0], E[:, 1], E.mean(0), E.std(0), 8,
-                             generator=torch.Generator().manual_seed(2))
+        with torch.device("cpu"):  # built on the CPU whatever the context's default device
+            head = NeuralRBEHead(E, E[:, 0], E[:, 1], E.mean(0), E.std(0), 8,
+                                 generator=torch.Generator().manual_seed(2))
         return dict(head.state_dict()), head(E[:7, :5])
 
     check_ambient(call, context)

@@ -36,9 +36,9 @@ from tests._ambient import (
     AMBIENT,
     assert_same_result,
     check_ambient,
+    check_one_numpy_seed,
     check_state_untouched,
     check_thread_safe,
-    global_state,
 )
 
 IMAGES = np.random.default_rng(0).random((6, 1, 8, 8)).astype(np.float32)
@@ -92,9 +92,10 @@ def _similarity():
 
 
 def _augment() -> list:
-    gen = torch.Generator().manual_seed(0)
-    gray = torch.as_tensor(IMAGES)
-    rgb = torch.rand(3, 3, 10, 10, generator=gen, dtype=torch.float32)
+    with torch.device("cpu"):  # CPU inputs, whatever the context's default device
+        gen = torch.Generator().manual_seed(0)
+        gray = torch.as_tensor(IMAGES)
+        rgb = torch.rand(3, 3, 10, 10, generator=gen, dtype=torch.float32)
     return [DefaultAugment()(gray, torch.Generator().manual_seed(1)),
             DefaultAugment.light()(gray, torch.Generator().manual_seed(2)),
             DefaultAugment(flip=1.0, gray_p=0.5)(rgb, torch.Generator().manual_seed(3)),
@@ -105,22 +106,26 @@ def _kernels() -> list:
     gen = torch.Generator().manual_seed(0)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+        return torch.randn(*shape, generator=gen, dtype=torch.float32, device="cpu")
 
-    x, W, c, B = randn(6, 5), randn(4, 5), randn(6, 3), randn(4, 3)
-    neg = torch.tensor([1, 2, 3, 4, 5, 0])
-    Ws = [randn(3, 4), randn(2, 3)]
+    # CPU inputs (and module), whatever the context's default device
+    with torch.device("cpu"):
+        x, W, c, B = randn(6, 5), randn(4, 5), randn(6, 3), randn(4, 3)
+        neg = torch.tensor([1, 2, 3, 4, 5, 0])
+        Ws = [randn(3, 4), randn(2, 3)]
+        images, idx = torch.as_tensor(IMAGES), torch.tensor([1, 2, 3, 0])
+        pred = [randn(4, 3, 6, 2), randn(4, 3, 6, 2), randn(2, 3, 3)]
+        B_top = randn(2, 2)
+        predictor = PatchPredictor(3, 2, torch.Generator().manual_seed(0), dtype=torch.float32)
     return [three_factor_grad(x, W, c, B, neg, "softhinge"),
             clapp_layer_loss(torch.relu(x @ W.T), c, B, neg),
             infonce_loss(x), infonce_loss(x.double(), pairs="cross"),
             contrastive_loss(x[:, 0], x[:, 1], "softhinge"),
-            extract_patches(torch.as_tensor(IMAGES), 4, 2)[0],
-            patch_prediction_loss(randn(4, 3, 6, 2), randn(4, 3, 6, 2), randn(2, 3, 3),
-                                  torch.tensor([1, 2, 3, 0])),
-            exact_linear_feedback(Ws, randn(2, 2)),
-            exact_linear_feedback([w.double() for w in Ws], randn(2, 2).double(), "lateral"),
-            PatchPredictor(3, 2, torch.Generator().manual_seed(0),
-                           dtype=torch.float32).state_dict()]
+            extract_patches(images, 4, 2)[0],
+            patch_prediction_loss(*pred, idx),
+            exact_linear_feedback(Ws, B_top),
+            exact_linear_feedback([w.double() for w in Ws], B_top.double(), "lateral"),
+            predictor.state_dict()]
 
 
 #: name -> factory of the call (fitted objects the call needs are made by the factory)
@@ -178,15 +183,7 @@ def test_fit_and_load_leave_the_global_rngs_alone():
 def test_fit_with_random_state_none_does_not_reseed():
     """``None`` draws one seed from numpy's global RandomState (scikit-learn's rule)
     and touches no other generator."""
-    start = np.random.get_state()
-    before = global_state()
-    CLAPPEncoder(**{**SMALL, "random_state": None}).fit(IMAGES)
-    after = global_state()
-    np.random.set_state(start)
-    np.random.randint(0, 2**31 - 1)           # the one draw of make_generators(None)
-    assert np.array_equal(after["numpy_rng"], np.random.get_state()[1])
-    assert torch.equal(after["torch_rng"], before["torch_rng"])
-    assert after["python_rng"] == before["python_rng"]
+    check_one_numpy_seed(lambda: CLAPPEncoder(**{**SMALL, "random_state": None}).fit(IMAGES))
 
 
 @pytest.mark.parametrize("name", ["CLAPPEncoder[clapp++dfb]", "CLAPPEncoder[clapp2021]",

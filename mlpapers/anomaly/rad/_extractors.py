@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import default_dtype
+from mlpapers._utils import default_dtype, on_inputs_device
 
 __all__ = [
     "DinoViTExtractor",
@@ -380,6 +380,7 @@ class DinoViTExtractor(nn.Module):
         return [by_block[i][0] for i in self.layers], by_block[blocks[-1]][1]
 
 
+@on_inputs_device
 def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatureExtractor:
     """The ImageNet-pretrained EfficientNet-Lite0 shipped in a PyPI wheel (no download).
 

@@ -19,7 +19,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import silhouette_score
 
-from mlpapers._utils import check_positive
+from mlpapers._utils import check_positive, on_inputs_device
 
 __all__ = [
     "choose_n_clusters",
@@ -98,6 +98,7 @@ def _canonical_row_order(*keys: np.ndarray) -> np.ndarray:
     return np.lexsort(np.vstack([K.T[::-1] for K in reversed(keys)]))
 
 
+@on_inputs_device
 def clove_assign(
     loss_matrix,
     n_clusters: int | None = None,
@@ -206,6 +207,7 @@ def clove_assign(
     return assignment, centers
 
 
+@on_inputs_device
 def ifca_assign(loss_matrix) -> np.ndarray:
     """IFCA's assignment: each client takes its lowest-loss model (ties: lowest index).
 
@@ -225,6 +227,7 @@ def ifca_assign(loss_matrix) -> np.ndarray:
     return _check_loss_matrix(loss_matrix).argmin(axis=1).astype(np.int64)
 
 
+@on_inputs_device
 def choose_n_clusters(
     loss_matrix, max_clusters: int, *, min_gain: float = 0.1
 ) -> int:

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from sklearn.utils import check_random_state
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_positive, on_cpu_default_device
 from mlpapers._utils._ambient import autograd_enabled
 from mlpapers.federated.clove._engine import ClientData, Engine
 from mlpapers.federated.clove._kernels import clove_assign
@@ -301,6 +301,7 @@ def make_client_app(
         return MetricRecord(values)
 
     @app.train(_LOSSES_ACTION)
+    @on_cpu_default_device  # whatever the node's torch.set_default_device
     def losses(msg: Message, context: Context) -> Message:
         data, template, engine = setup(context)
         keys = sorted((k for k in msg.content.array_records if k.startswith("m")),
@@ -312,6 +313,7 @@ def make_client_app(
                        reply_to=msg)
 
     @app.train()
+    @on_cpu_default_device
     def train(msg: Message, context: Context) -> Message:
         data, template, engine = setup(context)
         states = stack([msg.content["arrays"]], template)

@@ -17,6 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mlpapers._utils import on_inputs_device
+
 __all__ = [
     "asgd_update",
     "log_mean_exp",
@@ -55,6 +57,7 @@ def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
     return out[0], out[1]
 
 
+@on_inputs_device
 def log_mean_exp(
     scores: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -164,6 +167,7 @@ def tempered_log_mean_exp(
     return c.squeeze(dim) + tau * out
 
 
+@on_inputs_device
 def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tensor:
     r"""The effective averaging weight :math:`\gamma = \sigma(\log\alpha + \nu)` of SCENT.
 
@@ -172,6 +176,7 @@ def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tenso
     return torch.sigmoid(_as_tensor(log_alpha, nu) + nu)
 
 
+@on_inputs_device
 def spmd_update(
     nu: torch.Tensor, log_mean_exp: torch.Tensor, log_alpha: float | torch.Tensor
 ) -> torch.Tensor:
@@ -219,6 +224,7 @@ def spmd_update(
         return torch.logaddexp(nu + F.logsigmoid(-a), F.logsigmoid(a) + log_mean_exp)
 
 
+@on_inputs_device
 def sox_update(
     nu: torch.Tensor, log_mean_exp: torch.Tensor, gamma: float | torch.Tensor
 ) -> torch.Tensor:
@@ -242,6 +248,7 @@ def sox_update(
         return torch.logaddexp(torch.log1p(-g) + nu, torch.log(g) + log_mean_exp)
 
 
+@on_inputs_device
 def asgd_update(
     nu: torch.Tensor, log_mean_exp: torch.Tensor, dual_lr: float | torch.Tensor
 ) -> torch.Tensor:
@@ -263,6 +270,7 @@ def asgd_update(
         return nu - _as_tensor(dual_lr, nu) * (1.0 - torch.exp(log_mean_exp - nu))
 
 
+@on_inputs_device
 def umax_update(
     nu: torch.Tensor, log_mean_exp: torch.Tensor, dual_lr: float | torch.Tensor,
     delta: float,
@@ -290,6 +298,7 @@ def umax_update(
         return asgd_update(reset, log_mean_exp, dual_lr)
 
 
+@on_inputs_device
 def softplus_dual_ratio(
     scores: torch.Tensor, nu: torch.Tensor, rho: float, mask: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_positive, on_inputs_device
 from mlpapers.optim.scent._kernels import (
     asgd_update,
     log_mean_exp,
@@ -27,6 +27,7 @@ __all__ = ["METHODS", "EntropicRiskLoss", "objective"]
 METHODS = ("scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus")
 
 
+@on_inputs_device
 def objective(
     scores: torch.Tensor, mask: torch.Tensor | None = None, temperature: float = 1.0
 ) -> torch.Tensor:
@@ -234,6 +235,7 @@ class EntropicRiskLoss(nn.Module):
             f"|scores| up to {float(scores.detach().abs().max()):.3g}): use a temperature in "
             "the units of the scores, or float64 scores.")
 
+    @on_inputs_device
     def forward(
         self, scores: torch.Tensor, index: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_in_options, check_positive, resolve_device
+from mlpapers._utils import check_in_options, check_positive, on_inputs_device, resolve_device
 from mlpapers.retrieval.amips._kernels import _KeyStats, _mips_topk, match_rate
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
@@ -200,6 +200,7 @@ class ExactMIPS(_MIPSBase):
         return [cls(batch_size=7)]
 
 
+@on_inputs_device
 def build_faiss_ivf(database, n_lists: int | None = None, metric: str = "ip"):
     """A faiss ``IndexIVFFlat`` over ``database`` (inner-product or L2 quantizer).
 

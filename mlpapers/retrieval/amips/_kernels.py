@@ -13,6 +13,7 @@ import torch
 from mlpapers._utils import (
     check_in_options,
     check_positive,
+    on_inputs_device,
     power_of_two_unit,
     torch_compatible_array,
 )
@@ -43,6 +44,7 @@ def search_rows(batch_size: int, n_keys: int) -> int:
     return max(1, min(int(batch_size), CHUNK_SCORES // max(int(n_keys), 1)))
 
 
+@on_inputs_device
 def mips_topk(
     queries: torch.Tensor, keys: torch.Tensor, k: int = 1, *, batch_size: int = 8192
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,6 +324,7 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -
     return out
 
 
+@on_inputs_device
 def support_function(
     queries: torch.Tensor, keys: torch.Tensor, *, batch_size: int = 8192
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -345,6 +348,7 @@ def support_function(
     return s[:, 0], i[:, 0]
 
 
+@on_inputs_device
 def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: str = "ip",
                 batch_size: int = 8192) -> torch.Tensor:
     r"""Indices (n, k) of the keys closest to predicted keys ``key_hat`` (n, d).
@@ -382,6 +386,7 @@ def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
     return _mips_topk(key_hat, keys, k, batch_size, stats)[1]
 
 
+@on_inputs_device
 def amips_loss(
     pred_score: torch.Tensor,
     pred_key: torch.Tensor,
@@ -484,6 +489,7 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Ten
     return got >= best[:, None] - tol
 
 
+@on_inputs_device
 def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-6,
                batch_size: int = 8192) -> float:
     """Fraction of queries whose top-1 prediction is the exact MIPS answer (recall@1).
@@ -514,6 +520,7 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
     return float(hits[:, 0].double().mean())
 
 
+@on_inputs_device
 def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
                 rtol: float = 1e-6, batch_size: int = 8192) -> float:
     """Fraction of queries whose exact top-1 answer is among the first ``k`` predictions.
@@ -538,6 +545,7 @@ def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
     return float(hits.any(dim=1).double().mean())
 
 
+@on_inputs_device
 def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
                          rtol: float = 1e-6, batch_size: int = 8192) -> float:
     """Mean of ``1 / rank`` of the first correct prediction (0 when none is correct).

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import seeded_linear, usable_outside_inference
+from mlpapers._utils import on_inputs_device, seeded_linear, usable_outside_inference
 
 __all__ = [
     "Homogenize",
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 
+@on_inputs_device
 def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
                     beta: float = 20.0) -> torch.Tensor:
     r""":math:`a x + (1-a)\,\mathrm{softplus}(\beta x)/\beta`, a smooth convex leaky ReLU.
@@ -62,6 +63,7 @@ def _inject_layers(depth: int, wx_inject: bool | int) -> list[bool]:
     return [*mask, True]
 
 
+@on_inputs_device
 def solve_width(budget: float, in_features: int, out_features: int, depth: int,
                 wx_inject: bool | int = 4, bias: bool = True, multiple: int = 4,
                 min_width: int = 16) -> int:
@@ -254,6 +256,7 @@ class SupportNet(nn.Module):
                             negative_slope=negative_slope, beta=beta, bias=bias, positive=True,
                             generator=generator, dtype=dtype)
 
+    @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stack(x)[..., 0]
 
@@ -269,6 +272,7 @@ class SupportNet(nn.Module):
         """Scale the output (and hence the gradient) by ``c > 0``; keeps convexity."""
         self.stack.scale_output(c)
 
+    @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
         """Value ``h(x)`` of shape (n,) and gradient of shape (n, d).
 
@@ -299,6 +303,7 @@ class Homogenize(nn.Module):
         self.model = model
         self.eps = eps
 
+    @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         norm = x.norm(dim=-1, keepdim=True)
         return norm[..., 0] * self.model(x / norm.clamp_min(self.eps))
@@ -311,6 +316,7 @@ class Homogenize(nn.Module):
         """Scale the output by ``c > 0``."""
         self.model.scale_output(c)
 
+    @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
         """Value ``f(x)`` of shape (n,) and gradient of shape (n, d).
 
@@ -357,6 +363,7 @@ class KeyNet(nn.Module):
                             negative_slope=negative_slope, beta=beta, bias=bias, positive=False,
                             generator=generator, dtype=dtype)
 
+    @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.stack(x)
         return x + out if self.resnet else out
@@ -368,6 +375,7 @@ class KeyNet(nn.Module):
         """Scale the residual branch ``F`` by ``c > 0``."""
         self.stack.scale_output(c)
 
+    @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
         """Euler score ``<x, key>`` of shape (n,) and key of shape (n, d)."""
         key = self(x)
@@ -389,9 +397,11 @@ class SupportFunction(nn.Module):
         super().__init__()
         self.register_buffer("keys", keys)
 
+    @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x @ self.keys.T).max(dim=-1).values
 
+    @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
         return _value_and_grad(self, x, create_graph)
 

@@ -7,7 +7,12 @@ import copy
 import torch
 from torch import nn
 
-from mlpapers._utils import ProgressLogger, seeded_linear, usable_outside_inference
+from mlpapers._utils import (
+    ProgressLogger,
+    on_inputs_device,
+    seeded_linear,
+    usable_outside_inference,
+)
 from mlpapers.retrieval.rbe._kernels import hit_rate, softmax_signed_loss, topk_scores
 
 __all__ = ["NeuralRBEHead", "build_head", "head_from_state", "head_state", "train_head"]
@@ -81,6 +86,7 @@ class NeuralRBEHead(nn.Module):
             nn.init.zeros_(self.item_tower[-1].weight)
             nn.init.zeros_(self.item_tower[-1].bias)
 
+    @on_inputs_device
     def forward(self, u: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
         """Scores ``(n, k), (m,) item indices or None (all) -> (n, m)``."""
         sl = slice(None) if items is None else items

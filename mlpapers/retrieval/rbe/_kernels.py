@@ -6,7 +6,13 @@ from typing import Any
 
 import torch
 
-from mlpapers._utils import check_positive, check_tensor, to_numpy, torch_compatible_array
+from mlpapers._utils import (
+    check_positive,
+    check_tensor,
+    on_inputs_device,
+    to_numpy,
+    torch_compatible_array,
+)
 
 __all__ = [
     "cur_query_weights",
@@ -23,6 +29,7 @@ def check_matrix(R: Any, name: str, device: Any = None) -> torch.Tensor:
     return check_tensor(R, name=name, ndim=2, dtype=torch.float64, device=device)
 
 
+@on_inputs_device
 def fit_linear_embeddings(
     R_sup: torch.Tensor,
     R: torch.Tensor,
@@ -124,6 +131,7 @@ def _shape(x: Any) -> str:
     return f"shape {tuple(x.shape)}" if hasattr(x, "shape") else type(x).__name__
 
 
+@on_inputs_device
 def cur_query_weights(
     C: torch.Tensor,
     u: torch.Tensor,
@@ -216,6 +224,7 @@ def topk_scores(
     return torch.cat(vals), torch.cat(idxs)
 
 
+@on_inputs_device
 def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float:
     """HitRate@k: overlap of the predicted and the true top-``k`` item sets.
 
@@ -277,6 +286,7 @@ def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None
     return (mask & pred).sum(dim=1), k
 
 
+@on_inputs_device
 def softmax_signed_loss(
     logits: torch.Tensor, targets: torch.Tensor, top_quantile: float = 0.99
 ) -> torch.Tensor:

@@ -23,6 +23,7 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
     make_generators,
+    on_inputs_device,
     to_numpy,
 )
 from mlpapers._utils._random import _check_seed_type
@@ -72,6 +73,7 @@ def _item_features(R: torch.Tensor, center: bool) -> torch.Tensor:
     return Xc
 
 
+@on_inputs_device
 def greedy_selection(
     X: torch.Tensor,
     k: int,
@@ -263,6 +265,7 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
     return order, size_of.astype(np.float64)
 
 
+@on_inputs_device
 def select_support(
     R: Any,
     k: int,

@@ -13,7 +13,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mlpapers._utils import autograd_enabled, check_positive, usable_outside_inference
+from mlpapers._utils import (
+    autograd_enabled,
+    check_positive,
+    on_cpu_default_device,
+    usable_outside_inference,
+)
 from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
 
 __all__ = ["ConvexSet", "Region"]
@@ -47,6 +52,7 @@ class ConvexSet(ConvexContainer):
         Maximum root-finding iterations.
     """
 
+    @on_cpu_default_device
     def __init__(self, g: Callable[[Tensor], Tensor], grad_g: Callable | None = None, *,
                  interior_point, n_bisect: int = 60):
         if not callable(g):

@@ -21,7 +21,7 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_positive
+from mlpapers._utils import check_positive, on_inputs_device
 from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Ball, Region
@@ -59,6 +59,7 @@ class _Polar(torch.autograd.Function):
         return inner + outer
 
 
+@on_inputs_device
 def polar_factor(X: Tensor) -> Tensor:
     """Orthonormal polar factor ``Q = X (X^T X)^{-1/2}`` of ``(..., n, k)`` matrices (via SVD).
 
@@ -94,6 +95,7 @@ def _check_input_shape(Q: Tensor, n: int, k: int, names: str) -> None:
                          f"k={k}), got Q of shape {tuple(Q.shape)}.")
 
 
+@on_inputs_device
 def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
     """``log g(Q) = tr(F^T Q)`` (matrix von Mises-Fisher), for ``(C, n, k)`` inputs.
 
@@ -112,6 +114,7 @@ def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
     return log_density
 
 
+@on_inputs_device
 def bingham_log_density(A, B) -> Callable[[Tensor], Tensor]:
     """``log g(Q) = tr(Q^T A Q B)`` (matrix Bingham), for ``(C, n, k)`` inputs.
 

@@ -13,6 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mlpapers._utils import on_inputs_device
+
 __all__ = ["DefaultAugment"]
 
 
@@ -84,6 +86,7 @@ class DefaultAugment:
                 f"jitter={self.jitter}, jitter_p={self.jitter_p}, gray_p={self.gray_p}, "
                 f"blur_p={self.blur_p}, sigma={self.sigma})")
 
+    @on_inputs_device
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None
                  ) -> torch.Tensor:
         """Augment a batch.

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mlpapers._utils import on_inputs_device
+
 __all__ = [
     "LOSSES",
     "clapp_layer_loss",
@@ -259,6 +261,7 @@ def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]
     return Ws, B
 
 
+@on_inputs_device
 def exact_linear_feedback(
     weights: Sequence[torch.Tensor], B_top: torch.Tensor, mode: str = "dfb"
 ) -> list[torch.Tensor]:

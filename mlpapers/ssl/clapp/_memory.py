@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mlpapers._utils import check_positive, with_autograd
+from mlpapers._utils import check_positive, on_cpu_default_device, with_autograd
 
 __all__ = ["SavedActivationTracker", "training_step_activation_bytes"]
 
@@ -99,6 +99,7 @@ class SavedActivationTracker:
 
 # it runs a training step: autograd on even inside the caller's no_grad / inference_mode
 @with_autograd
+@on_cpu_default_device
 def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
                                    random_state: int = 0) -> int:
     """Peak bytes of saved activations in one training step of a fitted encoder.

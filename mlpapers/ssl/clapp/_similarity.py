@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from mlpapers._utils import check_generator, check_in_options, check_positive, with_autograd
+from mlpapers._utils import (
+    check_generator,
+    check_in_options,
+    check_positive,
+    on_inputs_device,
+    with_autograd,
+)
 from mlpapers.ssl.clapp._kernels import negative_indices
 
 __all__ = ["update_similarity"]
@@ -25,6 +31,7 @@ def _flat_grads(loss: torch.Tensor, blocks) -> list[torch.Tensor]:
 
 # it differentiates the encoder's losses: autograd on even inside the caller's no_grad /
 # inference_mode block (its result is a dict of floats, no graph escapes)
+@on_inputs_device
 @with_autograd
 def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
                       batch_size: int | None = None, random_state=None) -> dict[int, float]:
