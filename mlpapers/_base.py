@@ -47,6 +47,7 @@ from mlpapers._utils import (
     resolve_dtype,
     to_numpy,
     torch_compatible_array,
+    wrap_public_methods,
 )
 from mlpapers._utils._serialize import decode as _decode
 from mlpapers._utils._serialize import encode as _encode
@@ -74,7 +75,9 @@ class TorchEstimatorMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _run_public_methods_on_cpu_default_device(cls)
+        # a caller's torch.set_default_device never reaches an estimator's code: tensors
+        # it creates without a device stay on the CPU, as it was written for
+        wrap_public_methods(cls, on_cpu_default_device)
 
     # -- fitting helpers ---------------------------------------------------
     def _init_fit(self) -> None:
@@ -278,31 +281,6 @@ class TorchEstimatorMixin:
     def _expected_failed_checks(self) -> dict[str, str]:
         """Checks that genuinely do not apply, mapped to the reason."""
         return {}
-
-
-def _run_public_methods_on_cpu_default_device(cls: type) -> None:
-    """Wrap every public method of ``cls`` (its own and its mixins', plain and class
-    methods; scikit-learn's excepted) in :func:`~mlpapers._utils.on_cpu_default_device`, once.
-
-    So a caller's ``torch.set_default_device`` never reaches the library's code: tensors
-    it creates without a device stay on the CPU, as it was written for.
-    """
-    seen: set[str] = set()
-    for klass in cls.__mro__:
-        for name, attr in vars(klass).items():
-            if name in seen:
-                continue
-            seen.add(name)
-            if name.startswith("_"):
-                continue
-            is_classmethod = isinstance(attr, classmethod)
-            func = attr.__func__ if is_classmethod else attr
-            if (not inspect.isfunction(func) or func.__module__.startswith("sklearn.")
-                    or getattr(func, "_on_cpu_default_device", False)):
-                continue
-            wrapped = on_cpu_default_device(func)
-            wrapped._on_cpu_default_device = True
-            setattr(cls, name, classmethod(wrapped) if is_classmethod else wrapped)
 
 
 def _is_class_member(cls: type, name: str) -> bool:

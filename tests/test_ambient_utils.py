@@ -370,3 +370,47 @@ def test_estimator_methods_run_on_the_cpu_default_device_including_subclasses():
     assert MyRidge.get_params is ToyRidge.get_params  # scikit-learn's methods untouched
     assert not hasattr(MyRidge.get_params, "_on_cpu_default_device")
     assert MyRidge.fit is ToyRidge.fit  # wrapped once, where it is defined
+
+
+def test_device_wrappers_do_not_break_a_torch_compile_graph():
+    @on_inputs_device
+    def scaled(x):
+        return x * torch.ones(1)
+
+    compiled = torch.compile(scaled, fullgraph=True, backend="eager")
+    x = torch.arange(3.0)
+    assert torch.equal(compiled(x), x)
+
+
+def test_a_with_torch_device_block_is_handled_like_set_default_device():
+    @on_inputs_device
+    def made_here(x):
+        return torch.zeros(1).device
+
+    with torch.device("meta"):
+        assert made_here(torch.ones(1, device="cpu")).type == "cpu"
+
+
+def test_unbound_estimator_methods_still_pickle_by_reference():
+    import pickle
+
+    from mlpapers.federated import CLoVE
+    from mlpapers.retrieval import ExactMIPS
+
+    for method in (ExactMIPS.save, ExactMIPS.kneighbors, CLoVE.score, CLoVE.predict):
+        assert pickle.loads(pickle.dumps(method)) is method
+
+
+def test_support_and_augmentation_methods_compute_on_the_inputs_device():
+    from mlpapers.sampling import Ball, Box
+    from mlpapers.ssl import DefaultAugment
+
+    with torch.device("cpu"):
+        images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    with AMBIENT["default_device_meta"]():
+        for support in (Box([-1.0, -1.0], [1.0, 1.0]), Ball([0.0, 0.0], 1.0)):
+            assert support.random_interior(3, gen).device.type == "cpu"
+        aug = DefaultAugment()
+        for out in (aug.crop_flip(images, gen), aug.color(images, gen), aug.blur(images, gen)):
+            assert out.device.type == "cpu"

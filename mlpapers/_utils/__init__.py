@@ -8,6 +8,7 @@ from mlpapers._utils._ambient import (
     on_inputs_device,
     usable_outside_inference,
     with_autograd,
+    wrap_public_methods,
 )
 from mlpapers._utils._init import default_init_, seeded_linear
 from mlpapers._utils._progress import ProgressLogger
@@ -36,6 +37,7 @@ __all__ = [
     "on_inputs_device",
     "usable_outside_inference",
     "with_autograd",
+    "wrap_public_methods",
     "ProgressLogger",
     "check_generator",
     "check_in_options",

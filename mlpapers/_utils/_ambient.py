@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -85,20 +86,32 @@ def usable_outside_inference(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# torch.get_default_device() misses ``with torch.device(...)`` blocks before torch 2.8 and
+# costs microseconds; a default device (either way) is a torch function mode, and without
+# any mode the default device is the CPU
+_mode_stack_depth = getattr(torch._C, "_len_torch_function_stack",
+                            lambda: len(torch.overrides._get_current_function_mode_stack()))
+
+
+def _default_device_may_differ() -> bool:
+    # (under torch.compile the wrappers step aside: the context would break the graph)
+    return _mode_stack_depth() > 0 and not torch.compiler.is_compiling()
+
+
 @contextlib.contextmanager
 def cpu_default_device() -> Iterator[None]:
     """Run the library's code with torch's default device, the CPU, as it was written for.
 
     Under a caller's ``torch.set_default_device("cuda")`` (or a ``with torch.device(...)``
     block) tensors the library creates without an explicit device, and draws from its
-    CPU generators, would land elsewhere and fail or mix devices. A no-op (no torch
-    function mode, so no per-op cost) when the default device is already the CPU.
+    CPU generators, would land elsewhere and fail or mix devices. Free (no torch
+    function mode, so no per-op cost) when the caller has set no default device.
     """
-    if torch.get_default_device().type == "cpu":
-        yield
-    else:
+    if _default_device_may_differ():
         with torch.device("cpu"):
             yield
+    else:
+        yield
 
 
 def on_cpu_default_device(method: F) -> F:
@@ -106,7 +119,9 @@ def on_cpu_default_device(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with cpu_default_device():
+        if not _default_device_may_differ():
+            return method(*args, **kwargs)
+        with torch.device("cpu"):
             return method(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -116,13 +131,13 @@ def on_inputs_device(func: F) -> F:
     """Run ``func`` with the default device set to its first tensor argument's device.
 
     For the public functions and module methods: like torch's own functions they compute
-    where their inputs are (the CPU for numpy inputs), whatever a caller's
-    ``torch.set_default_device``. A no-op when the default device is the CPU.
+    where their inputs are (the CPU for numpy inputs or none), whatever a caller's
+    ``torch.set_default_device``. Free when the caller has set no default device.
     """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if torch.get_default_device().type == "cpu":
+        if not _default_device_may_differ():
             return func(*args, **kwargs)
         device = next((a.device for a in (*args, *kwargs.values())
                        if isinstance(a, torch.Tensor)), torch.device("cpu"))
@@ -130,3 +145,34 @@ def on_inputs_device(func: F) -> F:
             return func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+_WRAPPED = "_mlpapers_default_device"
+
+
+def wrap_public_methods(cls: type, decorator: Callable[[F], F]) -> type:
+    """Wrap every public method of ``cls`` (its own and inherited ones, plain and class
+    methods; scikit-learn's excepted) in ``decorator``, once; returns ``cls``.
+
+    A method inherited from a class that is not wrapped itself (a mixin) is wrapped
+    on ``cls`` under ``cls``'s qualified name, so that it still pickles by reference.
+    """
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if name.startswith("_"):
+                continue
+            is_classmethod = isinstance(attr, classmethod)
+            func = attr.__func__ if is_classmethod else attr
+            if (not inspect.isfunction(func) or func.__module__.startswith("sklearn.")
+                    or getattr(func, _WRAPPED, False)):
+                continue
+            wrapped = decorator(func)
+            setattr(wrapped, _WRAPPED, True)
+            wrapped.__qualname__ = f"{cls.__qualname__}.{name}"
+            wrapped.__module__ = cls.__module__
+            setattr(cls, name, classmethod(wrapped) if is_classmethod else wrapped)
+    return cls

@@ -17,6 +17,7 @@ from sklearn.metrics import r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_feature_names
 
+from mlpapers._utils import on_cpu_default_device
 from mlpapers.federated.clove._data import _split_client, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
 
@@ -90,6 +91,7 @@ class _FederatedInferenceMixin:
         return self.model not in ("linear", "autoencoder")
 
     @available_if(_has_proba)
+    @on_cpu_default_device  # (available_if hides it from the estimators' own wrapping)
     def predict_proba(self, X, *, client: int | None = None, cluster: int | None = None):
         """Class probabilities (softmax of the logits) of a client's model.
 

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from mlpapers._utils import to_numpy
+from mlpapers._utils import on_inputs_device, to_numpy, wrap_public_methods
 
 __all__ = ["ConvexContainer"]
 
@@ -44,6 +44,12 @@ class ConvexContainer:
     Subclasses implement :meth:`contains`, :meth:`hit` and
     :meth:`interior_point`; :attr:`dim` is the dimension ``d``.
     """
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # the public methods compute where their inputs are (the CPU for numpy ones),
+        # whatever a caller's torch.set_default_device
+        super().__init_subclass__(**kwargs)
+        wrap_public_methods(cls, on_inputs_device)
 
     dim: int
     # longest chord used by random_interior (an unbounded polytope caps it at 1)
@@ -156,3 +162,5 @@ class ConvexContainer:
         frac = torch.rand(n, generator=gen, dtype=torch.float64) * 0.9
         return c + (frac * t)[:, None] * u
 
+
+wrap_public_methods(ConvexContainer, on_inputs_device)

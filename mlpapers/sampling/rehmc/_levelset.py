@@ -17,7 +17,9 @@ from mlpapers._utils import (
     autograd_enabled,
     check_positive,
     on_cpu_default_device,
+    on_inputs_device,
     usable_outside_inference,
+    wrap_public_methods,
 )
 from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
 
@@ -220,3 +222,7 @@ class Region:
             raise ValueError(
                 f"Region.contains must return shape ({x.shape[0]},), got {tuple(out.shape)}.")
         return out.bool()
+
+
+# membership computes where the points are, whatever a caller's default device
+wrap_public_methods(Region, on_inputs_device)

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import on_inputs_device
+from mlpapers._utils import on_inputs_device, wrap_public_methods
 
 __all__ = ["DefaultAugment"]
 
@@ -164,3 +164,7 @@ class DefaultAugment:
         y = F.conv2d(y, ker.view(n * c, 1, 1, k), groups=n * c)
         y = y.view(n, c, height, width)
         return torch.where(on.to(x.device).view(n, 1, 1, 1), y, x)
+
+
+# crop_flip, color and blur compute where the images are, as __call__ does
+wrap_public_methods(DefaultAugment, on_inputs_device)
