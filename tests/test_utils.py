@@ -300,3 +300,43 @@ def test_power_of_two_unit_is_one_inside_the_window_and_an_exact_power_outside()
         unit = power_of_two_unit(amax, 30)
         assert unit <= amax < 2 * unit
         assert math.frexp(unit)[0] == 0.5  # a power of two: dividing by it is exact
+
+
+def _public_tensor_calls():
+    from mlpapers.optim import log_mean_exp, objective, softplus_dual_ratio
+    from mlpapers.retrieval import (
+        amips_loss,
+        fit_linear_embeddings,
+        greedy_selection,
+        mips_topk,
+        rank_by_key,
+        soft_leaky_relu,
+        softmax_signed_loss,
+        support_function,
+    )
+
+    a = np.ones((3, 2), dtype=np.float32)
+    return {
+        "mips_topk": (lambda x: mips_topk(x, torch.ones(4, 2)), "queries"),
+        "rank_by_key": (lambda x: rank_by_key(torch.ones(3, 2), keys=x, k=1), "keys"),
+        "support_function": (lambda x: support_function(x, torch.ones(4, 2)), "queries"),
+        "amips_loss": (lambda x: amips_loss(torch.ones(3), torch.ones(3, 2), torch.ones(3),
+                                            x), "true_key"),
+        "soft_leaky_relu": (lambda x: soft_leaky_relu(x), "x"),
+        "softmax_signed_loss": (lambda x: softmax_signed_loss(x, torch.ones(3, 2)), "logits"),
+        "fit_linear_embeddings": (lambda x: fit_linear_embeddings(torch.ones(3, 2), x), "R"),
+        "greedy_selection": (lambda x: greedy_selection(x, 1), "X"),
+        "log_mean_exp": (lambda x: log_mean_exp(x), "scores"),
+        "softplus_dual_ratio": (lambda x: softplus_dual_ratio(x, torch.ones(3), 0.1), "scores"),
+        "objective": (lambda x: objective(scores=x), "scores"),
+    }, a
+
+
+def test_public_tensor_functions_name_the_parameter_given_a_numpy_array():
+    """A numpy array gave an AttributeError ('numel', 'detach') from deep inside."""
+    calls, array = _public_tensor_calls()
+    for name, (call, param) in calls.items():
+        with pytest.raises(TypeError, match=rf"{name}: {param} must be a torch\.Tensor "
+                                            rf"\(torch\.from_numpy\({param}\)\), got ndarray"):
+            call(array)
+        call(torch.from_numpy(array))  # the same call with a tensor runs

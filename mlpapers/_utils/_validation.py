@@ -7,6 +7,8 @@ input was wrong before any expensive work starts.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 from collections.abc import Iterable
@@ -398,3 +400,27 @@ def probe_module(module: torch.nn.Module, x: torch.Tensor, name: str = "model") 
                          f"{exc}") from exc
     finally:
         module.train(training)
+
+
+_ABSENT = object()
+
+
+def requires_tensors(func):
+    """Raise a ``TypeError`` naming the parameter when an argument annotated
+    ``torch.Tensor`` is something else (a numpy array gave an ``AttributeError`` from
+    deep inside the function). For the public tensor functions."""
+    params = list(inspect.signature(func).parameters.values())
+    required = [(i, p.name) for i, p in enumerate(params)
+                if p.annotation in ("torch.Tensor", "Tensor", torch.Tensor)]
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        for i, name in required:
+            value = args[i] if i < len(args) else kwargs.get(name, _ABSENT)
+            if value is not _ABSENT and not isinstance(value, torch.Tensor):
+                hint = f" (torch.from_numpy({name}))" if isinstance(value, np.ndarray) else ""
+                raise TypeError(f"{func.__name__}: {name} must be a torch.Tensor{hint}, got "
+                                f"{type(value).__name__}.")
+        return func(*args, **kwargs)
+
+    return wrapper

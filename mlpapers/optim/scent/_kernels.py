@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import on_inputs_device
+from mlpapers._utils import on_inputs_device, requires_tensors
 
 __all__ = [
     "asgd_update",
@@ -58,6 +58,7 @@ def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @on_inputs_device
+@requires_tensors
 def log_mean_exp(
     scores: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -299,6 +300,7 @@ def umax_update(
 
 
 @on_inputs_device
+@requires_tensors
 def softplus_dual_ratio(
     scores: torch.Tensor, nu: torch.Tensor, rho: float, mask: torch.Tensor | None = None
 ) -> torch.Tensor:

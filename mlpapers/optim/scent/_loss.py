@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import check_in_options, check_positive, on_inputs_device
+from mlpapers._utils import check_in_options, check_positive, on_inputs_device, requires_tensors
 from mlpapers.optim.scent._kernels import (
     asgd_update,
     log_mean_exp,
@@ -28,6 +28,7 @@ METHODS = ("scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus")
 
 
 @on_inputs_device
+@requires_tensors
 def objective(
     scores: torch.Tensor, mask: torch.Tensor | None = None, temperature: float = 1.0
 ) -> torch.Tensor:

@@ -15,6 +15,7 @@ from mlpapers._utils import (
     check_positive,
     on_inputs_device,
     power_of_two_unit,
+    requires_tensors,
     torch_compatible_array,
 )
 
@@ -45,6 +46,7 @@ def search_rows(batch_size: int, n_keys: int) -> int:
 
 
 @on_inputs_device
+@requires_tensors
 def mips_topk(
     queries: torch.Tensor, keys: torch.Tensor, k: int = 1, *, batch_size: int = 8192
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,6 +327,7 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -
 
 
 @on_inputs_device
+@requires_tensors
 def support_function(
     queries: torch.Tensor, keys: torch.Tensor, *, batch_size: int = 8192
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -349,6 +352,7 @@ def support_function(
 
 
 @on_inputs_device
+@requires_tensors
 def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: str = "ip",
                 batch_size: int = 8192) -> torch.Tensor:
     r"""Indices (n, k) of the keys closest to predicted keys ``key_hat`` (n, d).
@@ -387,6 +391,7 @@ def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
 
 
 @on_inputs_device
+@requires_tensors
 def amips_loss(
     pred_score: torch.Tensor,
     pred_key: torch.Tensor,

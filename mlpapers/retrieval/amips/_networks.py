@@ -32,7 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import on_inputs_device, seeded_linear, usable_outside_inference
+from mlpapers._utils import (
+    on_inputs_device,
+    requires_tensors,
+    seeded_linear,
+    usable_outside_inference,
+)
 
 __all__ = [
     "Homogenize",
@@ -45,6 +50,7 @@ __all__ = [
 
 
 @on_inputs_device
+@requires_tensors
 def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
                     beta: float = 20.0) -> torch.Tensor:
     r""":math:`a x + (1-a)\,\mathrm{softplus}(\beta x)/\beta`, a smooth convex leaky ReLU.

@@ -10,6 +10,7 @@ from mlpapers._utils import (
     check_positive,
     check_tensor,
     on_inputs_device,
+    requires_tensors,
     to_numpy,
     torch_compatible_array,
 )
@@ -30,6 +31,7 @@ def check_matrix(R: Any, name: str, device: Any = None) -> torch.Tensor:
 
 
 @on_inputs_device
+@requires_tensors
 def fit_linear_embeddings(
     R_sup: torch.Tensor,
     R: torch.Tensor,
@@ -287,6 +289,7 @@ def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None
 
 
 @on_inputs_device
+@requires_tensors
 def softmax_signed_loss(
     logits: torch.Tensor, targets: torch.Tensor, top_quantile: float = 0.99
 ) -> torch.Tensor:

@@ -24,6 +24,7 @@ from mlpapers._utils import (
     check_positive,
     make_generators,
     on_inputs_device,
+    requires_tensors,
     to_numpy,
 )
 from mlpapers._utils._random import _check_seed_type
@@ -74,6 +75,7 @@ def _item_features(R: torch.Tensor, center: bool) -> torch.Tensor:
 
 
 @on_inputs_device
+@requires_tensors
 def greedy_selection(
     X: torch.Tensor,
     k: int,
