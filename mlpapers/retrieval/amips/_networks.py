@@ -416,8 +416,7 @@ def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool):
     """Value and input gradient of a scalar model; double-backprop ready when asked.
 
     ``create_graph`` respects the caller's grad mode: under ``torch.no_grad()`` or
-    ``torch.inference_mode()`` the results carry no graph (as for :class:`KeyNet`),
-    where a graph used to be built anyway (no_grad) or the call failed (inference mode).
+    ``torch.inference_mode()`` the results carry no graph (as for :class:`KeyNet`).
     """
     if create_graph and torch.is_grad_enabled():
         with torch.enable_grad():
