@@ -68,7 +68,8 @@ class TorchEstimatorMixin:
     Notes
     -----
     Call :meth:`_init_fit` at the start of ``fit``: it resolves the device and
-    creates ``self._torch_gen`` / ``self._numpy_gen`` from ``random_state``, so
+    creates ``self._torch_gen`` / ``self._numpy_gen`` from ``random_state`` (unless the
+    class sets ``_uses_random_state = False``), so
     fits are reproducible and never touch the global RNG state (``None`` draws
     one seed from numpy's global ``RandomState``, as in scikit-learn).
     """
@@ -80,11 +81,16 @@ class TorchEstimatorMixin:
         wrap_public_methods(cls, on_cpu_default_device)
 
     # -- fitting helpers ---------------------------------------------------
+    #: False for an estimator without randomness: its fit makes no generators, so
+    #: ``random_state=None`` draws no seed from numpy's global RNG either
+    _uses_random_state = True
+
     def _init_fit(self) -> None:
         self._device = resolve_device(getattr(self, "device", "cpu"))
-        self._torch_gen, self._numpy_gen = make_generators(
-            getattr(self, "random_state", None), device="cpu"
-        )
+        if self._uses_random_state:
+            self._torch_gen, self._numpy_gen = make_generators(
+                getattr(self, "random_state", None), device="cpu"
+            )
 
     @property
     def _resolved_device(self) -> torch.device:

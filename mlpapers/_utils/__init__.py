@@ -2,7 +2,6 @@
 
 from mlpapers._utils._ambient import (
     autograd_enabled,
-    cpu_default_device,
     default_dtype,
     on_cpu_default_device,
     on_inputs_device,
@@ -31,7 +30,6 @@ from mlpapers._utils._warnings import user_stacklevel
 
 __all__ = [
     "autograd_enabled",
-    "cpu_default_device",
     "default_dtype",
     "default_init_",
     "on_cpu_default_device",

@@ -98,33 +98,36 @@ def _default_device_may_differ() -> bool:
     return _mode_stack_depth() > 0 and not torch.compiler.is_compiling()
 
 
-@contextlib.contextmanager
-def cpu_default_device() -> Iterator[None]:
-    """Run the library's code with torch's default device, the CPU, as it was written for.
+def _on_default_device(func: F, device_for: Callable[..., torch.device]) -> F:
+    # runs ``func`` with the default device ``device_for(*args, **kwargs)`` when the caller
+    # may have set another one; otherwise a plain call
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _default_device_may_differ():
+            return func(*args, **kwargs)
+        with torch.device(device_for(*args, **kwargs)):
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+_CPU = torch.device("cpu")
+
+
+def on_cpu_default_device(method: F) -> F:
+    """Run ``method`` with torch's default device, the CPU, as the library was written for.
 
     Under a caller's ``torch.set_default_device("cuda")`` (or a ``with torch.device(...)``
     block) tensors the library creates without an explicit device, and draws from its
     CPU generators, would land elsewhere and fail or mix devices. Free (no torch
     function mode, so no per-op cost) when the caller has set no default device.
     """
-    if _default_device_may_differ():
-        with torch.device("cpu"):
-            yield
-    else:
-        yield
+    return _on_default_device(method, lambda *args, **kwargs: _CPU)
 
 
-def on_cpu_default_device(method: F) -> F:
-    """Run ``method`` under :func:`cpu_default_device`."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _default_device_may_differ():
-            return method(*args, **kwargs)
-        with torch.device("cpu"):
-            return method(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
+def _first_tensor_device(*args: Any, **kwargs: Any) -> torch.device:
+    return next((a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)),
+                _CPU)
 
 
 def on_inputs_device(func: F) -> F:
@@ -134,17 +137,7 @@ def on_inputs_device(func: F) -> F:
     where their inputs are (the CPU for numpy inputs or none), whatever a caller's
     ``torch.set_default_device``. Free when the caller has set no default device.
     """
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _default_device_may_differ():
-            return func(*args, **kwargs)
-        device = next((a.device for a in (*args, *kwargs.values())
-                       if isinstance(a, torch.Tensor)), torch.device("cpu"))
-        with torch.device(device):
-            return func(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
+    return _on_default_device(func, _first_tensor_device)
 
 
 _WRAPPED = "_mlpapers_default_device"

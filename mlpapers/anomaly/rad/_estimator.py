@@ -15,7 +15,6 @@ from mlpapers._utils import (
     ProgressLogger,
     check_in_options,
     check_positive,
-    resolve_device,
 )
 from mlpapers.anomaly.rad._common import BaseImageDetector
 from mlpapers.anomaly.rad._kernels import (
@@ -179,6 +178,8 @@ class RADDetector(BaseImageDetector):
     True
     """
 
+    _uses_random_state = False  # RAD draws no random numbers
+
     def __init__(self, *, extractor=None, k_images=150, pos_radius=1, layer_weights=None,
                  image_size=224, top_ratio=0.01, smoothing_sigma=1.0, blur_padding="zeros",
                  contamination=0.1, memory_dtype="float32", matching="auto", batch_size=16,
@@ -199,15 +200,6 @@ class RADDetector(BaseImageDetector):
         self.device = device
         self.random_state = random_state
         self.verbose = verbose
-
-    def _init_fit(self) -> None:
-        # RAD draws no random numbers: random_state=None must not draw a seed from numpy's
-        # global RNG (the shared _init_fit does, for the estimators that use one), which
-        # would change the caller's later np.random draws
-        if self.random_state is None:
-            self._device = resolve_device(self.device)
-        else:
-            super()._init_fit()
 
     def _check_params(self) -> None:
         self._check_common_params()

@@ -9,7 +9,7 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_in_options, check_positive, on_inputs_device, resolve_device
+from mlpapers._utils import check_in_options, check_positive, on_inputs_device
 from mlpapers.retrieval.amips._kernels import _KeyStats, _mips_topk, match_rate
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
@@ -117,6 +117,8 @@ class ExactMIPS(_MIPSBase):
     (array([[2., 1.]], dtype=float32), array([[1, 0]]))
     """
 
+    _uses_random_state = False  # an exact search draws no random numbers
+
     def __init__(self, *, batch_size: int = 8192, device: str = "cpu"):
         self.batch_size = batch_size
         self.device = device
@@ -136,10 +138,7 @@ class ExactMIPS(_MIPSBase):
         self
         """
         check_positive(self.batch_size, "batch_size", integer=True)
-        # the device only: ``_init_fit`` would also draw a seed from numpy's global RNG
-        # (random_state=None), advancing the caller's stream for a search without any
-        # randomness
-        self._device = resolve_device(self.device)
+        self._init_fit()
         self._fit_database(X)
         return self
 
