@@ -42,14 +42,18 @@ def test_predict_blocks_are_bounded_by_elements_not_rows(monkeypatch):
                                        random_state=0)
     clf = SCENTClassifier(n_negatives=4, epochs=1, random_state=0).fit(X, y)
     sizes = []
-    original = SCENTClassifier._chunk_logits
+    original = SCENTClassifier._logit_block
 
     def recording(self, X):
-        for i, z in original(self, X):
-            sizes.append(z.numel())
-            yield i, z
+        logits = original(self, X)
 
-    monkeypatch.setattr(SCENTClassifier, "_chunk_logits", recording)
+        def block(rows):
+            z = logits(rows)
+            sizes.append(z.numel())
+            return z
+        return block
+
+    monkeypatch.setattr(SCENTClassifier, "_logit_block", recording)
     clf.predict(X)
     clf.objective(X, y)
     assert len(sizes) > 2 and max(sizes) <= getattr(mod, "_CHUNK_ELEMENTS", 1 << 22)

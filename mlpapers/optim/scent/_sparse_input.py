@@ -100,10 +100,8 @@ def sparse_row_dot(Xb: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return out.index_add(0, idx[0], val * W[idx[0], idx[1]])
 
 
-def sparse_logit_blocks(X: sp.csr_matrix, W: np.ndarray, b: np.ndarray, rows: int, device):
-    """``(start, X[start:start + rows] @ W.T + b)`` float64 blocks, as torch tensors."""
+def sparse_logit_block(X: sp.csr_matrix, W: np.ndarray, b: np.ndarray, device):
+    """``rows -> X[rows] @ W.T + b`` as a float64 torch tensor on ``device``."""
     WT = np.ascontiguousarray(W.T, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    for i in range(0, X.shape[0], rows):
-        z = np.asarray(X[i:i + rows] @ WT) + b
-        yield i, torch.from_numpy(z).to(device)
+    return lambda rows: torch.from_numpy(np.asarray(X[rows] @ WT) + b).to(device)

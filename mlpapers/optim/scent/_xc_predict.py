@@ -7,9 +7,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from mlpapers._utils._blocks import collect_row_blocks, row_blocks
 from mlpapers.optim.scent._sparse_input import (
     is_sparse_input,
-    sparse_logit_blocks,
+    sparse_logit_block,
     validate_sparse,
 )
 from mlpapers.optim.scent._xc import exact_objective
@@ -26,17 +27,25 @@ class SoftmaxPredictionMixin:
     ``intercept_``, ``classes_``, the ``temperature``, ``loss`` and ``alpha``
     parameters and ``_encode(y)`` (labels to class indices)."""
 
-    def _chunk_logits(self, X):
-        """``(start, logits)`` of row blocks of a validated float64 ``X``: predict and
-        objective hold about ``_CHUNK_ELEMENTS`` logits at once (at least one row),
+    def _block_rows(self) -> int:
+        """Rows per block: about ``_CHUNK_ELEMENTS`` logits at once (at least one row),
         never ``n x n_classes``, whatever the number of classes."""
-        rows = max(1, _CHUNK_ELEMENTS // len(self.coef_))
+        return max(1, _CHUNK_ELEMENTS // len(self.coef_))
+
+    def _logit_block(self, X):
+        """``rows -> X[rows] @ W.T + b`` in float64 for a validated ``X`` (tensor or CSR)."""
         if sp.issparse(X):
-            return sparse_logit_blocks(X, self.coef_, self.intercept_, rows,
-                                       self._resolved_device)
+            return sparse_logit_block(X, self.coef_, self.intercept_, self._resolved_device)
         W = torch.as_tensor(self.coef_, dtype=torch.float64, device=X.device)
         b = torch.as_tensor(self.intercept_, dtype=torch.float64, device=X.device)
-        return ((i, X[i:i + rows] @ W.T + b) for i in range(0, X.shape[0], rows))
+        return lambda rows: X[rows] @ W.T + b
+
+    def _map_logits(self, X, transform):
+        """``transform(logits)`` of every row of a validated ``X``, block by block, into
+        one preallocated output (see :mod:`mlpapers._utils._blocks` for why not a list)."""
+        logits = self._logit_block(X)
+        return collect_row_blocks(lambda rows: transform(logits(rows)), X.shape[0],
+                                  self._block_rows())
 
     def _X64(self, X):
         """Validated float64 ``X``: a tensor, or a CSR matrix for scipy sparse input."""
@@ -46,9 +55,7 @@ class SoftmaxPredictionMixin:
 
     def _logits(self, X, transform=None) -> torch.Tensor:
         """All logits (``transform`` applied block by block: one block of temporaries)."""
-        blocks = [z if transform is None else transform(z)
-                  for _, z in self._chunk_logits(self._X64(X))]
-        return torch.cat(blocks)
+        return self._map_logits(self._X64(X), (lambda z: z) if transform is None else transform)
 
     def decision_function(self, X):
         """Class scores :math:`z = XW^\\top + b`.
@@ -80,7 +87,7 @@ class SoftmaxPredictionMixin:
 
     def predict(self, X):
         """Most probable class of each row."""
-        best = torch.cat([z.argmax(dim=1) for _, z in self._chunk_logits(self._X64(X))])
+        best = self._map_logits(self._X64(X), lambda z: z.argmax(dim=1))
         return self.classes_[self._to_numpy(best)]
 
     def objective(self, X, y) -> float:
@@ -108,8 +115,10 @@ class SoftmaxPredictionMixin:
             raise ValueError(f"X and y have inconsistent numbers of samples: "
                              f"{X.shape[0]} != {len(yi)}.")
         yi, tau = yi.to(self._resolved_device), float(self.temperature)
-        value = sum(float(exact_objective(z, yi[i:i + len(z)], self.loss, tau)) * len(z)
-                    for i, z in self._chunk_logits(X)) / X.shape[0]
+        logits = self._logit_block(X)
+        value = sum(float(exact_objective(logits(rows), yi[rows], self.loss, tau))
+                    * (rows.stop - rows.start)
+                    for rows in row_blocks(X.shape[0], self._block_rows())) / X.shape[0]
         reg = 0.5 * self.alpha * float((self.coef_.astype(np.float64) ** 2).sum())
         return value + reg
 
