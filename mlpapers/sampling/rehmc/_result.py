@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlpapers._utils import user_stacklevel
+from mlpapers.sampling.rehmc._diagnostics import dim_blocks, split_rhat_classic
 from mlpapers.sampling.rehmc._diagnostics import ess as _ess
 from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
-from mlpapers.sampling.rehmc._diagnostics import split_rhat_classic
 from mlpapers.sampling.rehmc._summary import SampleSummary, check_names
 
 __all__ = ["SampleResult", "end_fingerprint"]
@@ -155,7 +155,10 @@ class SampleResult:
         """Warn when the chains disagree (classic split R-hat above ``threshold`` in some
         dimension; the rank-normalised :meth:`rhat` costs seconds for hundreds of chains)."""
         x = self.samples
-        if x.ndim != 3 or x.shape[0] < 2 or not np.isfinite(x).all():
+        if x.ndim != 3 or x.shape[0] < 2:
+            return
+        # block by block: a mask of all the draws is 1/8 of their size (they reach GBs)
+        if not all(np.isfinite(x[:, :, dims]).all() for dims in dim_blocks(x.shape)):
             return
         worst = np.nanmax(split_rhat_classic(x), initial=1.0)
         if worst > threshold:
@@ -200,13 +203,22 @@ class SampleResult:
         d = self.samples.shape[-1]
         names = check_names(names, d, self._default_names())
         flat = self.samples.reshape(-1, d)
-        if len(flat):
-            q5, med, q95 = np.quantile(flat, [0.05, 0.5, 0.95], axis=0)
-        else:
-            q5 = med = q95 = np.full(d, np.nan)
+        dtype = flat.dtype if np.issubdtype(flat.dtype, np.floating) else np.float64
+        mean = flat.mean(0) if len(flat) else np.full(d, np.nan)  # a reduction: no copy
+        sd = np.full(d, np.nan, dtype=dtype)
+        q5, med, q95 = (np.full(d, np.nan) for _ in range(3))  # np.quantile's float64
+        # blocks of dimensions: the quantiles (a partitioned copy) and the sd (the
+        # deviations) of all draws at once held two temporaries the size of the draws
+        # (the sd of a block may differ from the whole array's in the last bit: numpy
+        # sums the columns of a strided block in another order)
+        for dims in (dim_blocks(flat.shape) if len(flat) else []):
+            block = flat[:, dims]
+            q5[dims], med[dims], q95[dims] = np.quantile(block, [0.05, 0.5, 0.95], axis=0)
+            if len(flat) > 1:
+                sd[dims] = block.std(0, ddof=1)
         return SampleSummary({
-            "mean": flat.mean(0) if len(flat) else np.full(d, np.nan),
-            "sd": flat.std(0, ddof=1) if len(flat) > 1 else np.full(d, np.nan),
+            "mean": mean,
+            "sd": sd,
             "q5": q5,
             "median": med,
             "q95": q95,

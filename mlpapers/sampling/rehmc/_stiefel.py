@@ -22,6 +22,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_positive, on_inputs_device
+from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Ball, Region
@@ -358,10 +359,28 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         self.n_features_in_ = n * k
         chains = res.samples.shape[0]
         X = torch.from_numpy(res.samples).reshape(chains, n_samples, n, k)
-        Q = polar_factor(X.to(torch.float64)).numpy().astype(res.samples.dtype)
+        Q = polar_draws(X)
         fields = {f: getattr(res, f) for f in SampleResult.__dataclass_fields__}
         fields["samples"] = Q.reshape(chains, n_samples, n * k)
         return StiefelResult(**fields, Q=Q, X=X.numpy())
+
+
+POLAR_BLOCK_ELEMENTS = 1 << 22  # draws' entries per block of polar factors (32 MB float64)
+
+
+def polar_draws(X: Tensor) -> np.ndarray:
+    """Polar factors of draws ``X`` of shape ``(chains, draws, n, k)``, in ``X``'s dtype.
+
+    Computed in float64 over blocks of draws written into one output: the SVD of all
+    the draws at once held a copy of them, ``U`` and the product besides the result (a
+    run of 64 chains x 10^4 draws on ``V(50, 10)`` has 2.6 GB of float64 draws).
+    """
+    shape = X.shape
+    flat = X.reshape(-1, *shape[-2:])
+    rows = max(1, POLAR_BLOCK_ELEMENTS // max(shape[-2] * shape[-1], 1))
+    Q = collect_row_blocks(lambda r: polar_factor(flat[r].to(torch.float64)).to(X.dtype),
+                           flat.shape[0], rows)
+    return Q.reshape(shape).numpy()
 
 
 def _check_resume(result, n: int, k: int) -> None:

@@ -1,0 +1,177 @@
+"""ReflectiveHMC's results at user scale: the diagnostics of GBs of draws stay bounded.
+
+A run of 64 chains x 10^4 draws x d = 200 holds 1 GB of float64 draws; every pass over
+all of them (the convergence check at the end of ``sample``, ``summary``, ``ess``,
+``rhat``) must work in blocks of dimensions instead of holding copies of the draws.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import rankdata
+
+from mlpapers.sampling.rehmc import _diagnostics
+from mlpapers.sampling.rehmc._diagnostics import (
+    BLOCK_ELEMENTS,
+    _average_ranks,
+    _rhat_basic,
+    _split,
+    dim_blocks,
+    ess,
+    rhat,
+    split_rhat_classic,
+)
+from mlpapers.sampling.rehmc._result import SampleResult
+from tests._scale import peak_mb, requires_peak_rss
+
+SMALL_BLOCK = 1 << 20  # the children use 8 MB blocks, so that the draws can be small
+BLOCK_MB = SMALL_BLOCK * 8 / 2**20
+assert SMALL_BLOCK < BLOCK_ELEMENTS
+
+
+def _result_src(shape, dtype="float64", stub_rank_diagnostics=False) -> str:
+    # draws from rng.random: the cheapest to make (their values do not matter for memory)
+    return f"""
+import numpy as np
+from mlpapers.sampling.rehmc import _diagnostics
+from mlpapers.sampling.rehmc._result import SampleResult
+_diagnostics.BLOCK_ELEMENTS = {SMALL_BLOCK}
+x = np.random.default_rng(0).random({shape}).astype(np.{dtype}, copy=False)
+C, d = x.shape[0], x.shape[-1]
+res = SampleResult(samples=x, accept_rate=np.ones(C), n_reflections=np.zeros(C, int),
+                   n_divergent=np.zeros(C, int), kept_fraction=np.ones(C), step_size=np.ones(C),
+                   inv_mass=np.ones(d), n_iterations=x.shape[1], n_leapfrog=3)
+if {stub_rank_diagnostics}:  # per dimension (bounded), and slow at this size
+    SampleResult.ess = lambda self, kind="bulk": np.zeros(d)
+    SampleResult.rhat = lambda self: np.zeros(d)
+"""
+
+
+def _result(x):
+    C, d = x.shape[0], x.shape[-1]
+    return SampleResult(samples=x, accept_rate=np.ones(C), n_reflections=np.zeros(C, int),
+                        n_divergent=np.zeros(C, int), kept_fraction=np.ones(C),
+                        step_size=np.ones(C), inv_mass=np.ones(d), n_iterations=x.shape[1],
+                        n_leapfrog=3)
+
+
+# ------------------------------------------------------------------ memory ---------
+@requires_peak_rss
+def test_convergence_check_of_sample_holds_no_copy_of_the_draws():
+    # sample() ends with a split R-hat over all draws: the split halves were concatenated
+    # (a copy) and their variance took another, with 8 x 2000 x 400 float64 draws
+    # (51 MB) about 97 MB. Blocked: a split copy and the deviations of one block of
+    # dimensions (2 x 8 MB); bound 3 blocks.
+    assert peak_mb(_result_src((8, 2000, 400)), "res._warn_if_unconverged()") < 3 * BLOCK_MB
+
+
+@requires_peak_rss
+def test_summary_moments_and_quantiles_hold_no_copy_of_the_draws():
+    # np.quantile (a partitioned copy) and std (the deviations) over all 51 MB of draws
+    # at once took about 49 MB; in blocks of dimensions one block's copy (8 MB) at a
+    # time; bound 2 blocks.
+    src = _result_src((8, 2000, 400), stub_rank_diagnostics=True)
+    assert peak_mb(src, "res.summary()") < 2 * BLOCK_MB
+
+
+@requires_peak_rss
+def test_ess_of_float32_draws_converts_one_dimension_at_a_time():
+    # float32 draws (2 x 4000 x 500 = 16 MB) were converted to float64 all at once
+    # (32 MB) before the per-dimension loop; one dimension's copy is 64 kB. Bound: half
+    # the float32 draws.
+    src = _result_src((2, 4000, 500), dtype="float32")
+    assert peak_mb(src, "res.ess()") < 0.5 * 2 * 4000 * 500 * 4 / 2**20
+
+
+# ------------------------------------------------- same values as before -----------
+def test_average_ranks_equal_scipy_rankdata_bit_for_bit():
+    rng = np.random.default_rng(0)
+    cases = [rng.standard_normal((6, 50)), np.round(rng.standard_normal((4, 37)) * 2),
+             np.array([[1.0, 1.0, 1.0]]), np.array([[np.inf, -np.inf, 0.0, np.inf]]),
+             rng.integers(0, 3, (3, 11)).astype(float)]
+    for x in cases:
+        expected = rankdata(x, method="average").reshape(x.shape)
+        np.testing.assert_array_equal(_average_ranks(x), expected)
+    x = rng.standard_normal((3, 9))
+    x[1, 4] = np.nan  # as rankdata's nan_policy="propagate": all NaN, never finite ranks
+    assert np.isnan(_average_ranks(x)).all()
+    assert np.isnan(rankdata(x)).all()
+
+
+def test_blocked_split_rhat_equals_the_whole_array_computation(monkeypatch):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 61, 9))
+    x[:, :, 3] = 2.0  # constant: NaN
+    x[2, 7, 5] = np.inf  # non-finite: NaN
+    x[:2, :, 6] += 3.0  # chains disagree
+    monkeypatch.setattr(_diagnostics, "BLOCK_ELEMENTS", 2 * 4 * 61)  # blocks of 2 dims
+    assert len(dim_blocks(x.shape)) == 5
+    with np.errstate(invalid="ignore"):  # the infinite draw's variance
+        expected = _rhat_basic(_split(x))
+        np.testing.assert_array_equal(split_rhat_classic(x), expected)
+    # default blocks: at least one dimension each, covering all of them in order
+    blocks = dim_blocks((2, 3, 10), block_elements=1)
+    assert [b.start for b in blocks] == list(range(10))
+
+
+def test_summary_equals_the_statistics_of_the_flattened_draws(monkeypatch):
+    rng = np.random.default_rng(2)
+    monkeypatch.setattr(_diagnostics, "BLOCK_ELEMENTS", 3 * 5 * 40)  # blocks of 3 dims
+    assert len(dim_blocks((5, 40, 7))) == 3
+    for dtype in (np.float64, np.float32):
+        x = rng.standard_normal((5, 40, 7)).astype(dtype)
+        s = _result(x).summary()
+        flat = x.reshape(-1, 7)
+        np.testing.assert_array_equal(s["mean"], flat.mean(0))
+        # a strided block's column sums run in another order: equal to rounding
+        rtol = 1e-12 if dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(s["sd"], flat.std(0, ddof=1), rtol=rtol)
+        assert s["mean"].dtype == s["sd"].dtype == dtype
+        q = np.quantile(flat, [0.05, 0.5, 0.95], axis=0)
+        np.testing.assert_array_equal(np.stack([s["q5"], s["median"], s["q95"]]), q)
+        # the rank diagnostics of float32 draws are those of their float64 values
+        np.testing.assert_array_equal(s["ess_bulk"], ess(x.astype(np.float64)))
+        np.testing.assert_array_equal(s["rhat"], rhat(x.astype(np.float64)))
+
+
+@pytest.mark.parametrize("kind", ["bulk", "tail"])
+def test_ess_per_dimension_equals_the_one_dimensional_ess(kind):
+    x = np.random.default_rng(3).standard_normal((3, 80, 4)).astype(np.float32)
+    per_dim = [ess(x[:, :, j].astype(np.float64), kind=kind) for j in range(4)]
+    np.testing.assert_array_equal(ess(x, kind=kind), per_dim)
+
+
+# ------------------------------------------------------------------ Stiefel --------
+@requires_peak_rss
+def test_polar_factors_of_the_draws_hold_a_few_blocks_besides_the_output():
+    # StiefelSampler.sample took the polar factors of all the draws at once: a float64
+    # copy of them, the SVD's U and the product in float64, then the cast back (float32
+    # draws 4 x 5000 x 50 x 10, a 38 MB output: 246 MB in all). In blocks of 2 MB of
+    # float64 entries: a block's float64 copy, the SVD's copy and U, the product and its
+    # cast (5 blocks), with allocator slack; bound: the output plus 12 blocks.
+    block = 1 << 18
+    setup = f"""
+import torch
+from mlpapers.sampling.rehmc import _stiefel
+_stiefel.POLAR_BLOCK_ELEMENTS = {block}
+_stiefel.polar_draws(torch.rand(1, 2, 50, 10, dtype=torch.float64))  # loads LAPACK's pages
+X = torch.rand(4, 5000, 50, 10, dtype=torch.float32)
+"""
+    out_mb = 4 * 5000 * 50 * 10 * 4 / 2**20
+    assert peak_mb(setup, "Q = _stiefel.polar_draws(X)") < out_mb + 12 * block * 8 / 2**20
+
+
+def test_polar_draws_equal_the_polar_factor_of_every_draw(monkeypatch):
+    from mlpapers.sampling.rehmc import _stiefel
+
+    rng = np.random.default_rng(4)
+    monkeypatch.setattr(_stiefel, "POLAR_BLOCK_ELEMENTS", 3 * 5 * 2)  # blocks of 3 draws
+    for dtype in (np.float64, np.float32):
+        x = rng.standard_normal((3, 7, 5, 2)).astype(dtype)
+        got = _stiefel.polar_draws(torch.from_numpy(x))
+        ref = _stiefel.polar_factor(torch.from_numpy(x.astype(np.float64))).numpy()
+        assert got.dtype == dtype and got.shape == x.shape
+        np.testing.assert_array_equal(got, ref.astype(dtype))
+        np.testing.assert_allclose(np.swapaxes(got, -1, -2) @ got,
+                                   np.broadcast_to(np.eye(2), (3, 7, 2, 2)),
+                                   atol=1e-12 if dtype == np.float64 else 1e-5)
