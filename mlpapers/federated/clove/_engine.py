@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -24,7 +25,11 @@ from mlpapers.federated.clove._kernels import (
     epoch_permutations,
     n_steps_per_epoch,
 )
-from mlpapers.federated.clove._models import make_loss_fn, per_sample_loss
+from mlpapers.federated.clove._models import (
+    activation_elements,
+    make_loss_fn,
+    per_sample_loss,
+)
 
 Params = dict[str, torch.Tensor]
 
@@ -107,13 +112,15 @@ class Engine:
         self.local_epochs = int(local_epochs)
         self.max_elements = max_elements
         self.loss_fn = make_loss_fn(template, kind)
+        self._activations: dict[tuple[int, ...], int] = {}
 
     # -- losses ------------------------------------------------------------
     def loss_matrix(self, states: Params, data: ClientData) -> torch.Tensor:
         """Mean training loss of every model on every client: ``n x K``."""
         if self.vectorize:
             return batched_loss_matrix(self.loss_fn, states, data.X, data.Y, data.mask,
-                                       max_elements=self.max_elements)
+                                       max_elements=self.max_elements,
+                                       sample_elements=self._sample_elements(data.X))
         K = next(iter(states.values())).shape[0]
         module = copy.deepcopy(self.template).eval()
         out = torch.empty(data.sizes.shape[0], K, dtype=torch.float32, device=data.X.device)
@@ -125,6 +132,17 @@ class Engine:
                     x, y = data.X[i, :n_i], data.Y[i, :n_i]
                     out[i, j] = per_sample_loss(module(x), x, y, self.kind).mean()
         return out
+
+    def _sample_elements(self, X: torch.Tensor) -> int:
+        """Activations of one sample under the template (cached per input shape): the
+        loss matrix's chunks are sized by them, not by the input width alone."""
+        shape = tuple(X.shape[2:])
+        cache = self._activations
+        if shape not in cache:
+            x = X.new_zeros((1, *shape))
+            cache[shape] = int(np.prod(shape, dtype=np.int64)) + activation_elements(
+                self.template, x)
+        return cache[shape]
 
     # -- local training --------------------------------------------------------
     def local_train(self, states: Params, assignment: torch.Tensor, data: ClientData,

@@ -16,8 +16,8 @@ from torch import nn
 from mlpapers._utils import probe_module, seeded_linear
 from mlpapers._utils._ambient import default_dtype
 
-__all__ = ["BUILTIN_MODELS", "LOSSES", "build_module", "build_user_module", "check_model_output",
-           "make_loss_fn", "per_sample_loss"]
+__all__ = ["BUILTIN_MODELS", "LOSSES", "activation_elements", "build_module",
+           "build_user_module", "check_model_output", "make_loss_fn", "per_sample_loss"]
 
 BUILTIN_MODELS = ("linear", "logistic", "mlp", "autoencoder")
 LOSSES = ("mse", "cross_entropy", "reconstruction")
@@ -130,6 +130,33 @@ def check_model_output(module: torch.nn.Module, x: torch.Tensor, kind: str,
                 else f"shape (batch, {n_out})")
         raise ValueError(f"model(n_features, n_outputs) must build a module whose output has "
                          f"{want} for loss={kind!r}, got {tuple(out.shape)} for a batch of 1.")
+
+
+def activation_elements(module: nn.Module, x: torch.Tensor) -> int:
+    """Elements of the intermediate outputs of ``module`` for one sample ``x[:1]``.
+
+    The sum of the output sizes of its leaf modules (an upper bound on what a forward
+    pass without gradients holds at once), found by running a copy of it once in eval
+    mode (:func:`probe_module`): hooks on the module itself would also count, and be
+    counted by, the forward passes another thread runs on it at the same time, and
+    the block sizes derived from the count would then vary between identical calls.
+    """
+    module = copy.deepcopy(module)
+    total = 0
+
+    def count(_mod, _inp, out):
+        nonlocal total
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        total += sum(o[:1].numel() for o in outs if isinstance(o, torch.Tensor) and o.ndim)
+
+    leaves = [m for m in module.modules() if not any(True for _ in m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    try:
+        probe_module(module, x[:1])
+    finally:
+        for h in hooks:
+            h.remove()
+    return int(total)
 
 
 def per_sample_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor,

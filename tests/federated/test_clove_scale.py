@@ -1,0 +1,107 @@
+"""CLoVE at user scale: the loss matrix's memory is bounded by its element budget."""
+
+import torch
+
+from tests._scale import peak_mb, requires_peak_rss
+
+# 40 clients x 500 samples of 10 features, 4 MLP models of width 512, a budget of
+# 2^22 elements (16 MB of float32) for the loss matrix's intermediates
+_ENGINE = """
+import torch
+from mlpapers.federated.clove._engine import ClientData, Engine, stack_states
+from mlpapers.federated.clove._models import build_module
+K, d, n, m = 4, 10, 40, 500
+mods = [build_module("mlp", d, 1, (512,), seed=j) for j in range(K)]
+states = stack_states(mods)
+engine = Engine(mods[0], "mse", vectorize=True, optimizer="adam", lr=0.01, batch_size=100,
+                local_epochs=1, max_elements=2 ** 22)
+g = torch.Generator().manual_seed(0)
+data = ClientData(torch.randn(n, m, d, generator=g), torch.randn(n, m, 1, generator=g),
+                  torch.ones(n, m, dtype=torch.bool), torch.full((n,), m))
+"""
+
+
+@requires_peak_rss
+def test_loss_matrix_memory_counts_the_model_activations():
+    # The chunks of clients were sized by the input width alone (4 x 10 features per
+    # sample), so a width-512 MLP held all 40 clients' activations at once:
+    # 4 models x 40 x 500 x 1025 floats = 330 MB. Sized by the activations, a chunk
+    # holds at most 2^22 elements (16 MB); bound: that, plus the 3 MB of data and room
+    # for the allocator and vmap's temporaries.
+    assert peak_mb(_ENGINE, "engine.loss_matrix(states, data)") < 64
+
+
+def test_activation_elements_sums_the_leaf_outputs():
+    from mlpapers.federated.clove._models import activation_elements
+
+    net = torch.nn.Sequential(torch.nn.Linear(10, 7), torch.nn.ReLU(),
+                              torch.nn.Sequential(torch.nn.Linear(7, 3), torch.nn.Tanh()))
+    net.train()
+    assert activation_elements(net, torch.zeros(5, 10)) == 7 + 7 + 3 + 3
+    assert net.training  # probed in eval mode, flag restored
+
+
+def test_chunked_loss_matrix_is_the_unchunked_one():
+    from mlpapers.federated.clove._engine import ClientData, Engine, stack_states
+    from mlpapers.federated.clove._models import build_module
+
+    K, d, n, m = 3, 4, 9, 6
+    mods = [build_module("mlp", d, 2, (16,), seed=j) for j in range(K)]
+    states = stack_states(mods)
+    g = torch.Generator().manual_seed(1)
+    sizes = torch.tensor([6, 3, 5, 6, 1, 2, 6, 4, 6])
+    mask = torch.arange(m)[None, :] < sizes[:, None]
+    data = ClientData(torch.randn(n, m, d, generator=g), torch.randint(0, 2, (n, m), generator=g),
+                      mask, sizes)
+    kw = dict(vectorize=True, optimizer="adam", lr=0.01, batch_size=None, local_epochs=1)
+    tiny = Engine(mods[0], "cross_entropy", max_elements=1, **kw)  # one client per chunk
+    full = Engine(mods[0], "cross_entropy", max_elements=10 ** 12, **kw)
+    loop = Engine(mods[0], "cross_entropy", **{**kw, "vectorize": False})
+    torch.testing.assert_close(tiny.loss_matrix(states, data), full.loss_matrix(states, data))
+    torch.testing.assert_close(tiny.loss_matrix(states, data), loop.loss_matrix(states, data))
+
+
+_FITTED = """
+import numpy as np
+from mlpapers.datasets import make_federated_linear
+from mlpapers.federated import CLoVE
+clients, _, _ = make_federated_linear(n_clusters=2, n_clients_per_cluster=2, n_samples=50,
+                                      random_state=0)
+clients = [(X, (y > 0).astype(int)) for X, y in clients]
+est = CLoVE(n_clusters=2, n_rounds=1, model="mlp", hidden_layer_sizes=(512,),
+            random_state=0).fit(clients)
+X = np.random.default_rng(0).standard_normal((100000, clients[0][0].shape[1]))
+X = X.astype(np.float32)
+"""
+
+
+@requires_peak_rss
+def test_predict_memory_grows_with_the_output_only():
+    # predict ran the MLP on all 100,000 rows at once: two 100,000 x 512 float32
+    # activations (0.4 GB, growing with n). In blocks of 2^22 activation values: the
+    # float32 copy of X (4 MB), the outputs (1 MB), a block's activations and the
+    # matmul temporaries (2 x 16 MB), with room for the allocator.
+    assert peak_mb(_FITTED, "est.predict(X, client=0); est.predict_proba(X, client=0)") < 100
+
+
+def test_predict_in_blocks_is_the_model_on_all_rows(monkeypatch):
+    import numpy as np
+
+    from mlpapers.datasets import make_federated_linear
+    from mlpapers.federated import CLoVE
+    from mlpapers.federated.clove import _inference
+
+    clients, _, _ = make_federated_linear(n_clusters=2, n_clients_per_cluster=2,
+                                          n_samples=30, random_state=0)
+    clients = [(X, (y > 0).astype(int)) for X, y in clients]
+    est = CLoVE(n_clusters=2, n_rounds=1, model="mlp", hidden_layer_sizes=(8,),
+                random_state=0).fit(clients)
+    X = np.random.default_rng(1).standard_normal((103, clients[0][0].shape[1]))
+    X = X.astype(np.float32)
+    with torch.no_grad():
+        logits = est.models_[1](torch.as_tensor(X))
+    monkeypatch.setattr(_inference, "_PREDICT_ELEMENTS", 140)  # blocks of a few rows
+    np.testing.assert_allclose(est.predict_proba(X, cluster=1),
+                               torch.softmax(logits, 1).numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(est.predict(X, cluster=1),
+                                  est.classes_[logits.argmax(1).numpy()])
