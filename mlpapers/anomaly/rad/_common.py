@@ -20,6 +20,7 @@ from mlpapers._utils import (
     check_positive,
     resolve_dtype,
 )
+from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.anomaly.rad._extractors import (
     _as_module_input,
     check_extractor_output,
@@ -102,8 +103,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         to ``image_size``), their original sizes."""
         return validate_image_source(X, "X", _check_image_size(self.image_size))
 
-    def _extract(self, images: torch.Tensor, desc: str, store=None, expect=None
-                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def _extract(self, images: torch.Tensor, desc: str, store=None, expect=None,
+                 rows: slice | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Run the extractor in batches: per-layer maps (n, C_l, h_l, w_l), keys (n, D).
 
         ``images`` are validated (:func:`_validate_images`) but not converted: each
@@ -115,22 +116,29 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         kept tensors are written into buffers allocated once for all images (no
         list of batches next to their concatenation). ``expect``, if given, is the
         list of ``(C, h, w)`` feature map shapes the extractor must return (those of
-        the fit, ``feature_shapes_``). The shapes seen are left in
-        ``self._extracted_shapes``.
+        the fit, ``feature_shapes_``). ``rows``, if given, extracts ``images[rows]``
+        only (a contiguous slice; scoring extracts the images group by group). The
+        shapes seen are left in ``self._extracted_shapes``.
         """
         ext = self._get_extractor()
         size = self._network_size(images)
         dev = self._resolved_device
-        n, bs = len(images), self.batch_size
+        first = 0 if rows is None else int(rows.start or 0)
+        n = len(images) - first if rows is None else min(int(rows.stop), len(images)) - first
+        bs = self.batch_size
         n_batches = -(-n // bs)
         out: list[torch.Tensor] = []
         raw_shapes = None
-        keys = []
+        # keys go into a buffer allocated once, like the features: a list of small key
+        # batches kept between the extractor's large transient activations pins the heap
+        # (mlpapers._utils._blocks), and the resident memory grows by batches
+        keys: torch.Tensor | None = None
         log = ProgressLogger(n_batches, verbose=self.verbose, desc=desc)
         frozen = eval_mode(ext) if isinstance(ext, torch.nn.Module) else contextlib.nullcontext()
         with torch.inference_mode(), frozen:
             for i in log:
-                x = _resize(_unit_rgb(images[i * bs:(i + 1) * bs].to(dev)), size)
+                x = _resize(_unit_rgb(images[first + i * bs:first + min((i + 1) * bs, n)]
+                                      .to(dev)), size)
                 if isinstance(ext, torch.nn.Module):  # a float64 or half backbone
                     x = _as_module_input(x, ext)
                 try:
@@ -162,10 +170,16 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                 for buf, t in zip(out, kept):
                     buf[i * bs:i * bs + len(x)] = t
                 del f, kept
-                keys.append(k.float().reshape(len(x), -1))
+                k = k.float().reshape(len(x), -1)
+                if keys is None:
+                    with torch.inference_mode(False):
+                        keys = torch.empty((n, k.shape[1]), dtype=k.dtype, device=k.device)
+                keys[i * bs:i * bs + len(x)] = k
                 log.log(batch=i)
         self._extracted_shapes = raw_shapes
-        return out, torch.cat(keys)
+        if keys is None:  # no image: what the concatenation of no batch would be
+            keys = torch.empty(0, 0)
+        return out, keys
 
     def _fit_store(self):
         """Per-batch conversion of the fit's features (see :meth:`_extract`); ``None``
@@ -234,18 +248,49 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                              f"from {tuple(self.input_size_)} images (image_size=None); resize "
                              "them or set image_size.")
         expect = getattr(self, "feature_shapes_", None)  # absent from older files
-        feats, keys = self._extract(images, desc=f"{type(self).__name__} score",
-                                    expect=None if expect is None else
-                                    [tuple(int(v) for v in sh) for sh in expect])
+        expect = None if expect is None else [tuple(int(v) for v in sh) for sh in expect]
         fitted_keys = getattr(self, "keys_", None)
-        if fitted_keys is not None and keys.shape[1] != fitted_keys.shape[1]:
-            raise ValueError(f"the extractor returned keys of dimension {keys.shape[1]}, but "
-                             f"the memory was built with keys of dimension "
-                             f"{fitted_keys.shape[1]}; score with the extractor the detector "
-                             "was fitted with.")
-        # scores alone do not keep the (n, H', W') maps of every image
-        maps, scores = self._score_features(feats, keys, exclude=None, return_maps=return_maps)
+        desc = f"{type(self).__name__} score"
+
+        def score_group(rows: slice):
+            feats, keys = self._extract(images, desc=desc, expect=expect, rows=rows,
+                                        store=self._score_store())
+            if fitted_keys is not None and keys.shape[1] != fitted_keys.shape[1]:
+                raise ValueError(f"the extractor returned keys of dimension {keys.shape[1]}, "
+                                 f"but the memory was built with keys of dimension "
+                                 f"{fitted_keys.shape[1]}; score with the extractor the "
+                                 "detector was fitted with.")
+            maps, scores = self._score_extracted(feats, keys, return_maps)
+            return (maps, scores) if return_maps else scores
+
+        # The test images are extracted and scored group by group, each group's maps and
+        # scores written into outputs allocated once: the features of all test images
+        # never exist at once (they are several times the size of the maps), so the
+        # memory is the output plus one group, whatever the number of images.
+        group = self._score_group_size(expect)
+        out = collect_row_blocks(score_group, len(images), group)
+        maps, scores = out if return_maps else (None, out)
         return maps, scores, (tuple(images.shape[-2:]) if sizes is None else sizes)
+
+    def _score_group_size(self, shapes) -> int:
+        """Test images per scoring group: as many as have float32 features of at most
+        ``8 * chunk_size`` values (512 MB at the default), at least one batch, in whole
+        batches. Without the fitted feature shapes (files of older versions), 16 batches."""
+        bs = int(self.batch_size)
+        if not shapes:
+            return 16 * bs
+        per_image = max(1, sum(int(np.prod(sh)) for sh in shapes))
+        return max(1, (8 * int(self.chunk_size)) // (per_image * bs)) * bs
+
+    def _score_store(self):
+        """Per-batch conversion of the scored features (see :meth:`_extract`); ``None``
+        keeps the float32 maps."""
+        return None
+
+    def _score_extracted(self, feats, keys, return_maps: bool):
+        """Maps and scores of one group of test images from the output of
+        :meth:`_extract` with :meth:`_score_store`."""
+        return self._score_features(feats, keys, exclude=None, return_maps=return_maps)
 
     def decision_function(self, X) -> np.ndarray:
         """Image anomaly scores (higher is more anomalous, as in PyOD).

@@ -106,7 +106,9 @@ class RADDetector(BaseImageDetector):
         Images per extractor batch and per scoring batch.
     chunk_size : int, default=2**24
         Maximum number of values in one gathered candidate / similarity chunk
-        (64 MB in float32); bounds the scoring memory.
+        (64 MB in float32); bounds the scoring memory. Test images are extracted and
+        scored in groups of whole batches whose float32 features hold at most
+        ``8 * chunk_size`` values, so the scoring memory is the output plus one group.
     device : str or torch.device, default="cpu"
     random_state : int, RandomState instance or None, default=None
         Unused (RAD is deterministic; ``None`` draws no seed from numpy's global
@@ -287,7 +289,7 @@ class RADDetector(BaseImageDetector):
             exclude=None if exclude is None else exclude[i:i + bs].to(dev))
             for i in range(0, n, bs)])
         order = order_by_neighbours(nbrs)  # exact: every image is scored on its own
-        maps, scores = [], []
+        maps = scores = None
         # the matching dominates at scale (e.g. the leave-one-out scores of a large memory)
         what = "leave-one-out scores" if exclude is not None else "matching"
         for b in ProgressLogger(-(-n // bs), verbose=self.verbose,
@@ -295,15 +297,32 @@ class RADDetector(BaseImageDetector):
             idx = order[b * bs:(b + 1) * bs]
             m, s = self._score_patches([p[idx.to(p.device)] for p in patches], nbrs[idx],
                                        return_maps)
-            maps.append(m)
-            scores.append(s)
-        inverse = torch.argsort(order)
-        scores = torch.cat(scores)[inverse]
-        return (torch.cat(maps)[inverse] if return_maps else None), scores
+            # written in place at the images' input positions: no list of the batches'
+            # maps (which would pin the heap between the matching's large transient
+            # blocks, see mlpapers._utils._blocks) and no reordered copy of them
+            if scores is None:
+                scores = s.new_empty(n)
+                maps = None if m is None else m.new_empty((n, *m.shape[1:]))
+            scores[idx.to(s.device)] = s
+            if maps is not None:
+                maps[idx.to(m.device)] = m
+            del m, s
+        if scores is None:  # no image
+            scores = torch.empty(0, dtype=torch.float32)
+            maps = torch.empty(0, *self.input_size_) if return_maps else None
+        return maps, scores
 
     def _score_features(self, feats, keys, exclude=None, return_maps=True):
         return self._score_all(self._patches(feats), keys, exclude=exclude,
                                return_maps=return_maps)
+
+    def _score_store(self):
+        """Normalise each batch of test features as it is extracted (float32): the
+        scoring then never holds the raw features next to their normalised copy."""
+        return self._patches
+
+    def _score_extracted(self, feats, keys, return_maps):
+        return self._score_all(feats, keys, return_maps=return_maps)
 
     @property
     def memory_bytes_(self) -> int:

@@ -40,7 +40,9 @@ class PatchCoreDetector(BaseImageDetector):
     memory_dtype : {"float32", "float16", "bfloat16"}, default="float32"
     batch_size : int, default=16
     chunk_size : int, default=2**24
-        Maximum (query, memory) pairs per distance chunk.
+        Maximum (query, memory) pairs per distance chunk. Test images are extracted
+        and scored in groups of whole batches whose float32 features hold at most
+        ``8 * chunk_size`` values, so the scoring memory is the output plus one group.
     device : str or torch.device, default="cpu"
     random_state : int, RandomState instance or None, default=None
         Seeds the coreset start and projection.

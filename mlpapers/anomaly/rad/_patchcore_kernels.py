@@ -10,6 +10,7 @@ import math
 import torch
 
 from mlpapers._utils import ProgressLogger
+from mlpapers._utils._blocks import collect_row_blocks
 
 __all__ = ["greedy_coreset", "knn_distances"]
 
@@ -50,22 +51,28 @@ def knn_distances(
     q_block = max(1, min(Q, 4096, int(chunk_size)))  # q_block * m_block <= chunk_size
     m_block = max(1, int(chunk_size) // q_block)
     center = (memory.float().sum(0) / P) if P else query.new_zeros(query.shape[1]).float()
-    m2 = torch.cat([(memory[ms:ms + m_block].float() - center).pow(2).sum(1)
-                    for ms in range(0, P, m_block)]) if P else memory.new_zeros(0).float()
-    out = []
-    for qs in range(0, Q, q_block):
-        q = query[qs:qs + q_block].float() - center
+    # the per-block results are written into outputs allocated once (collect_row_blocks):
+    # a list of small results kept between the large transient distance blocks pins the
+    # heap and the resident memory grows by blocks (mlpapers._utils._blocks)
+    m2 = collect_row_blocks(lambda ms: (memory[ms].float() - center).pow(2).sum(1), P,
+                            m_block) if P else memory.new_zeros(0).float()
+
+    def nearest(qs: slice) -> torch.Tensor:
+        q = query[qs].float() - center
         q2 = (q * q).sum(1, keepdim=True)
         best = torch.full((len(q), 0), torch.inf, dtype=torch.float32, device=q.device)
         best_idx = torch.zeros((len(q), 0), dtype=torch.long, device=q.device)
         for ms in range(0, P, m_block):
             m = memory[ms:ms + m_block].float() - center
-            d2 = (q2 + m2[None, ms:ms + m_block] - 2.0 * q @ m.T).clamp_min_(0.0)
+            # (|q|^2 + |m|^2) - 2 q.m, rounded as the plain expression (the factor -2 is
+            # exact), with one (q, m) block in place of three
+            d2 = torch.addmm(q2 + m2[None, ms:ms + m_block], q, m.T, alpha=-2.0)
+            d2.clamp_min_(0.0)
             if exclude_query_group is not None and memory_group is not None:
-                same = (exclude_query_group[qs:qs + q_block, None]
-                        == memory_group[None, ms:ms + m_block])
-                d2 = d2.masked_fill(same, torch.inf)
+                d2.masked_fill_(exclude_query_group[qs, None]
+                                == memory_group[None, ms:ms + m_block], torch.inf)
             vals, pos = torch.topk(d2, min(k, d2.shape[1]), dim=1, largest=False)
+            del d2
             both = torch.cat([best, vals], dim=1)  # merge with the running top-k
             idx = torch.cat([best_idx, pos + ms], dim=1)
             best, pos = torch.topk(both, min(k, both.shape[1]), dim=1, largest=False)
@@ -75,8 +82,11 @@ def knn_distances(
             *best_idx.shape, memory.shape[1])
         exact = diff.pow(2).sum(-1)
         best = torch.where(torch.isfinite(best), exact, best)
-        out.append(best.sort(dim=1).values)
-    return torch.cat(out).sqrt()
+        return best.sort(dim=1).values
+
+    if Q == 0:
+        return torch.empty(0, min(k, P) if P else 0, dtype=torch.float32).sqrt()
+    return collect_row_blocks(nearest, Q, q_block).sqrt_()
 
 
 def greedy_coreset(

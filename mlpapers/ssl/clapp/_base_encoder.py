@@ -22,6 +22,7 @@ from mlpapers._utils import (
     reject_single_hwc_image,
     with_autograd,
 )
+from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.ssl.clapp import _distributed as _dist
 from mlpapers.ssl.clapp._augment import DefaultAugment
 from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
@@ -331,7 +332,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         """Pooled block outputs, concatenated: the linear-probe features.
 
         No gradients, no batch statistics (no BatchNorm): each image's features
-        depend on that image only, so the result does not depend on batching.
+        depend on that image only, so the result does not depend on batching (up to
+        float rounding: CPU convolutions round by batch size, about 1e-7).
 
         Parameters
         ----------
@@ -357,15 +359,25 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         chosen = self._layer_list(layers)
         grids = self._feature_grids(spatial_pool)
         dev = self._resolved_device
-        out = []
         self.encoder_.eval()
+
+        finite = [True]
+
+        def chunk(rows: slice) -> torch.Tensor:
+            h = self._pooled(X[rows].to(dev), detach=True, grids=grids)
+            f = torch.cat([h[i] for i in chosen], dim=1)
+            # checked per chunk: torch.isfinite of the whole output allocates
+            # temporaries larger than the output itself
+            finite[0] = finite[0] and bool(torch.isfinite(f).all())
+            return f.cpu()
+
         with torch.no_grad():
-            for start in range(0, X.shape[0], _TRANSFORM_CHUNK):
-                h = self._pooled(X[start:start + _TRANSFORM_CHUNK].to(dev), detach=True,
-                                 grids=grids)
-                out.append(torch.cat([h[i] for i in chosen], dim=1).cpu())
-        feats = torch.cat(out, dim=0)
-        if not bool(torch.isfinite(feats).all()):
+            # each chunk's features are written into one output allocated once: a list
+            # of the chunks' features concatenated at the end would hold the features
+            # twice, and pin the heap between the network's large transient activations
+            # (mlpapers._utils._blocks)
+            feats = collect_row_blocks(chunk, X.shape[0], _TRANSFORM_CHUNK)
+        if not finite[0]:
             raise ValueError(
                 f"X gives non-finite features (float32 overflow; images with values up to "
                 f"{float(X.abs().max()):.3g}): pass images on the scale of the training "
