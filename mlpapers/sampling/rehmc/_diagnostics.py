@@ -47,8 +47,9 @@ def _split(x: np.ndarray) -> np.ndarray:
 def _average_ranks(x: np.ndarray) -> np.ndarray:
     """``scipy.stats.rankdata(x, method="average")`` (ties share their mean rank, NaN
     anywhere gives all NaN), equal bit for bit. The ranks do not depend on how ties are
-    ordered, so the sort need not be stable: the default introsort is about 5 times as
-    fast as the merge sort rankdata uses, and ranking is most of a diagnostic's time."""
+    ordered, so the sort need not be stable: numpy's default introsort is faster than the
+    stable sort recent scipy uses (about 2x on 640 000 draws), and ranking is most of a
+    diagnostic's time."""
     flat = x.ravel()
     if np.isnan(flat).any():
         return np.full(x.shape, np.nan)
