@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.retrieval.amips._exact import _check_n_neighbors
 from mlpapers.retrieval.amips._kernels import _KeyStats, _rank_by_key, gather_dot
 
@@ -24,13 +25,15 @@ def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``k / key_scale_``; queries are fed in chunks of ``est.batch_size``.
     """
     ks, qs = getattr(est, "key_scale_", 1.0), getattr(est, "query_scale_", 1.0)
-    values, keys = [], []
+
+    def block(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        v, k = est.model_.score_and_key(Q[rows] / qs)
+        return v * (ks * qs), k * ks
+
+    # written into one preallocated output: lists of the blocks and their concatenation
+    # held the (n, d) keys twice
     with torch.no_grad():
-        for start in range(0, Q.shape[0], est.batch_size):
-            v, k = est.model_.score_and_key(Q[start:start + est.batch_size] / qs)
-            values.append(v * (ks * qs))
-            keys.append(k * ks)
-    return torch.cat(values), torch.cat(keys)
+        return collect_row_blocks(block, Q.shape[0], est.batch_size)
 
 
 def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distance: bool):
@@ -55,10 +58,12 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     elif est.retrieval == "ip":
         # (far from 1, key_hat / ks**2 ~ 1 / ks leaves float32: 2**128 for subnormal keys;
         # divided once, the products ~ ||k|| are rescaled by the search itself)
-        k_hat = key_hat / ks / ks if 2.0**-60 <= ks <= 2.0**60 else key_hat / ks
+        # (in place: key_hat is not used again, and a scaled copy held the (n, d)
+        # predicted keys twice)
+        k_hat = key_hat.div_(ks).div_(ks) if 2.0**-60 <= ks <= 2.0**60 else key_hat.div_(ks)
         ranked_keys = keys
     else:
-        k_hat, ranked_keys = key_hat / ks, keys / ks
+        k_hat, ranked_keys = key_hat.div_(ks), keys / ks
         stats = _KeyStats(ranked_keys, amax=stats.amax / ks)  # exact: ks is a power of 2
     idx = _rank_by_key(k_hat, ranked_keys, k, est.retrieval, est.search_batch_size, stats)
     if not return_distance:
