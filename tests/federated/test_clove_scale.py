@@ -105,3 +105,60 @@ def test_predict_in_blocks_is_the_model_on_all_rows(monkeypatch):
                                torch.softmax(logits, 1).numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(est.predict(X, cluster=1),
                                   est.classes_[logits.argmax(1).numpy()])
+
+
+def _fitted_mlp(n_samples=30):
+    from mlpapers.datasets import make_federated_linear
+    from mlpapers.federated import CLoVE
+
+    clients, _, _ = make_federated_linear(n_clusters=2, n_clients_per_cluster=2,
+                                          n_samples=n_samples, random_state=0)
+    clients = [(X, (y > 0).astype(int)) for X, y in clients]
+    return CLoVE(n_clusters=2, n_rounds=1, model="mlp", hidden_layer_sizes=(8,),
+                 random_state=0).fit(clients), clients
+
+
+def test_predict_neither_copies_nor_probes_the_fitted_models(monkeypatch):
+    # predict counted the activations on a deep copy of the fitted model at every call:
+    # a model holding a lock could no longer predict, and the user's hooks saw an extra
+    # one-row call. The count is taken once, on the library's template, at fit and load.
+    import threading
+
+    import numpy as np
+
+    from mlpapers.federated.clove import _inference
+
+    est, clients = _fitted_mlp()
+    X = clients[0][0][:7].astype(np.float32)
+    est.models_[1].lock = threading.Lock()
+    seen = []
+    est.models_[1][0].register_forward_hook(lambda m, i, o: seen.append(o.shape[0]))
+    monkeypatch.setattr(_inference, "_PREDICT_ELEMENTS", 3 * est._predict_row_elements)
+    est.predict(X, cluster=1)
+    assert seen == [3, 3, 1]  # blocks of 3 rows, nothing else
+
+
+def test_models_without_one_output_row_per_input_row_run_on_all_rows(monkeypatch):
+    # a reconstruction is checked by its size only: a model returning its output
+    # transposed was reshaped block by block into different rows
+
+    from mlpapers.federated.clove import _inference
+
+    class Transposed(torch.nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.lin = torch.nn.Linear(d, d)
+
+        def forward(self, x):
+            return self.lin(x).T.contiguous()
+
+    model = Transposed(3)
+    X = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = model(X).reshape(10, -1)
+    monkeypatch.setattr(_inference, "_PREDICT_ELEMENTS", 4 * 6)  # blocks of 4 rows
+    assert torch.equal(_inference._forward_in_blocks(model, X, 6), whole)
+    flat = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Flatten(0))
+    with torch.no_grad():
+        whole = flat(X).reshape(10, -1)
+    assert torch.equal(_inference._forward_in_blocks(flat, X, 6), whole)

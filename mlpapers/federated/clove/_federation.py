@@ -37,6 +37,7 @@ from mlpapers.federated.clove._models import (
     LOSSES,
     build_module,
     check_model_output,
+    row_elements,
 )
 
 
@@ -324,6 +325,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             mod.load_state_dict(unstack_state(self._states, j))
             models.append(mod.to(self._resolved_device).eval())
         self.models_ = models
+        self._predict_row_elements = row_elements(template, self.input_shape_)
 
     # -- persistence -----------------------------------------------------------------
     def _get_state(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from mlpapers._utils import on_cpu_default_device
 from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.federated.clove._data import _split_client, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
-from mlpapers.federated.clove._models import activation_elements
+from mlpapers.federated.clove._models import row_elements
 
 __all__: list[str] = []
 
@@ -30,20 +30,27 @@ __all__: list[str] = []
 _PREDICT_ELEMENTS = 1 << 22
 
 
-def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor) -> torch.Tensor:
-    """``model(Xt)`` without gradients, in row blocks whose activations hold about
-    ``_PREDICT_ELEMENTS`` values: all rows at once held ``n x width`` of every layer
-    (0.4 GB for 100,000 rows through an MLP of width 512, growing with ``n``), while
-    the output is ``n x n_outputs``. The fitted models are in eval mode, so a row's
-    output does not depend on the other rows of its block."""
-    per_row = max(1, int(np.prod(Xt.shape[1:], dtype=np.int64))
-                  + activation_elements(model, Xt[:1]))
-    # one row of values per sample: a reconstruction may come back flat (checked only
-    # by its size), and the callers reshape it to the input's shape
+def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: int
+                       ) -> torch.Tensor:
+    """``model(Xt)`` without gradients as ``(n, -1)``, in row blocks whose activations
+    hold about ``_PREDICT_ELEMENTS`` values (``row_elements`` per row): all rows at
+    once held ``n x width`` of every layer (0.4 GB for 100,000 rows through an MLP of
+    width 512, growing with ``n``), while the output is ``n x n_outputs``. The fitted
+    models are in eval mode, so a row's output does not depend on the other rows of
+    its block. A model whose output does not have one row per input row (a
+    reconstruction may come back flat or transposed: only its size is checked) runs
+    on all rows at once, as the callers reshape its output by size."""
+    n = Xt.shape[0]
+    rows = max(1, _PREDICT_ELEMENTS // max(1, int(row_elements)))
     with torch.no_grad():
+        if n <= rows:
+            return model(Xt).reshape(n, -1)
+        first = model(Xt[:rows])
+        if first.ndim == 0 or first.shape[0] != rows:
+            return model(Xt).reshape(n, -1)
         return collect_row_blocks(
-            lambda rows: model(Xt[rows]).reshape(rows.stop - rows.start, -1), Xt.shape[0],
-            _PREDICT_ELEMENTS // per_row)
+            lambda r: (first if r.start == 0 else model(Xt[r])).reshape(r.stop - r.start, -1),
+            n, rows)
 
 
 class _FederatedInferenceMixin:
@@ -134,11 +141,20 @@ class _FederatedInferenceMixin:
         """
         self._check_fitted()
         model = self._model_for(client, cluster)
-        return self._to_numpy(torch.softmax(_forward_in_blocks(model, self._check_X(X)),
-                                            dim=1))
+        out = _forward_in_blocks(model, self._check_X(X), self._row_elements())
+        return self._to_numpy(torch.softmax(out, dim=1))
+
+    def _row_elements(self) -> int:
+        """Values one row holds through a fitted model (its input and the outputs of the
+        template's leaf modules), counted once when the models are set (fit, load) on
+        the library's template: probing the fitted models on every call would copy
+        them (user hooks, locks) or hook them while other threads use them."""
+        count = getattr(self, "_predict_row_elements", None)
+        return count if count is not None else row_elements(self._template,
+                                                            self.input_shape_)
 
     def _predict_with(self, model: torch.nn.Module, Xt: torch.Tensor) -> np.ndarray:
-        out = _forward_in_blocks(model, Xt)
+        out = _forward_in_blocks(model, Xt, self._row_elements())
         if self.loss_ == "cross_entropy":
             return self.classes_[self._to_numpy(out.argmax(1))]
         if self.loss_ == "mse" and getattr(self, "_y_1d", False):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -17,7 +18,8 @@ from mlpapers._utils import probe_module, seeded_linear
 from mlpapers._utils._ambient import default_dtype
 
 __all__ = ["BUILTIN_MODELS", "LOSSES", "activation_elements", "build_module",
-           "build_user_module", "check_model_output", "make_loss_fn", "per_sample_loss"]
+           "build_user_module", "check_model_output", "make_loss_fn", "per_sample_loss",
+           "row_elements"]
 
 BUILTIN_MODELS = ("linear", "logistic", "mlp", "autoencoder")
 LOSSES = ("mse", "cross_entropy", "reconstruction")
@@ -157,6 +159,16 @@ def activation_elements(module: nn.Module, x: torch.Tensor) -> int:
         for h in hooks:
             h.remove()
     return int(total)
+
+
+def row_elements(template: nn.Module, input_shape: Sequence[int]) -> int:
+    """Values one sample holds through ``template``: its input plus the outputs of the
+    leaf modules (:func:`activation_elements` on one zero sample)."""
+    shape = tuple(int(v) for v in input_shape)
+    param = next(template.parameters(), None)
+    x = torch.zeros((1, *shape), dtype=torch.float32,
+                    device=None if param is None else param.device)
+    return int(np.prod(shape, dtype=np.int64)) + activation_elements(template, x)
 
 
 def per_sample_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
