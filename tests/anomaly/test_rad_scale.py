@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from mlpapers.anomaly.rad import PatchCoreDetector, RADDetector
@@ -80,7 +81,7 @@ def test_patchcore_scores_by_groups_equal_one_group():
 
 
 def test_knn_distances_blocks_match_float64_reference():
-    # query and memory blocks (q_block = 1000 rows, m_block = 2 rows at chunk_size 2000)
+    # query and memory blocks (q_block = 2000 rows, m_block = 1 row at chunk_size 2000)
     # give the exact float64 nearest distances, with and without group exclusion
     g = torch.Generator().manual_seed(0)
     q = torch.rand(2500, 6, generator=g) * 3 + 10  # a common offset, as CNN activations
@@ -95,3 +96,34 @@ def test_knn_distances_blocks_match_float64_reference():
                         memory_group=gm)[:, 0]
     np.testing.assert_allclose(got, ref_ex, rtol=1e-5, atol=1e-5)
     assert knn_distances(q[:0], m).shape == (0, 1)
+
+
+@pytest.mark.parametrize("cls", ["RADDetector", "PatchCoreDetector"])
+def test_scoring_in_several_groups_shows_one_progress_bar(monkeypatch, cls):
+    # each group opened its own extraction (and RAD matching) bar: 2 x groups bars,
+    # each restarting at batch 0; one group keeps the per-batch bars of before
+    import mlpapers.anomaly as anomaly
+    from mlpapers._utils import _progress
+
+    shown = []
+    original = _progress.ProgressLogger.__iter__
+
+    def recording(self):
+        if self.verbose:
+            shown.append((self.desc, self.total))
+        return original(self)
+
+    monkeypatch.setattr(_progress.ProgressLogger, "__iter__", recording)
+    rng = np.random.default_rng(0)
+    Xtr, Xte = rng.random((12, 32, 32, 3)), rng.random((40, 32, 32, 3))
+    kw = dict(k_images=3) if cls == "RADDetector" else {}
+    det = getattr(anomaly, cls)(extractor="random", image_size=None, batch_size=4,
+                                chunk_size=2**10, random_state=0, **kw).fit(Xtr)
+    det.set_params(verbose=1)
+    shown.clear()
+    det.decision_function(Xte)
+    assert shown == [(f"{cls} score (40 images in groups of 4)", 10)]
+    det.set_params(chunk_size=2**24)
+    shown.clear()
+    det.decision_function(Xte)
+    assert (f"{cls} score", 10) in shown and all(total == 10 for _, total in shown)

@@ -20,7 +20,7 @@ from mlpapers._utils import (
     check_positive,
     resolve_dtype,
 )
-from mlpapers._utils._blocks import collect_row_blocks
+from mlpapers._utils._blocks import collect_row_blocks, row_blocks
 from mlpapers.anomaly.rad._extractors import (
     _as_module_input,
     check_extractor_output,
@@ -104,7 +104,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         return validate_image_source(X, "X", _check_image_size(self.image_size))
 
     def _extract(self, images: torch.Tensor, desc: str, store=None, expect=None,
-                 rows: slice | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 rows: slice | None = None, verbose=None
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Run the extractor in batches: per-layer maps (n, C_l, h_l, w_l), keys (n, D).
 
         ``images`` are validated (:func:`_validate_images`) but not converted: each
@@ -117,7 +118,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         list of batches next to their concatenation). ``expect``, if given, is the
         list of ``(C, h, w)`` feature map shapes the extractor must return (those of
         the fit, ``feature_shapes_``). ``rows``, if given, extracts ``images[rows]``
-        only (a contiguous slice; scoring extracts the images group by group). The
+        only (a contiguous slice; scoring extracts the images group by group);
+        ``verbose`` overrides the estimator's for this call's progress bar. The
         shapes seen are left in ``self._extracted_shapes``.
         """
         ext = self._get_extractor()
@@ -133,7 +135,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         # batches kept between the extractor's large transient activations pins the heap
         # (mlpapers._utils._blocks), and the resident memory grows by batches
         keys: torch.Tensor | None = None
-        log = ProgressLogger(n_batches, verbose=self.verbose, desc=desc)
+        log = ProgressLogger(n_batches, desc=desc,
+                             verbose=self.verbose if verbose is None else verbose)
         frozen = eval_mode(ext) if isinstance(ext, torch.nn.Module) else contextlib.nullcontext()
         with torch.inference_mode(), frozen:
             for i in log:
@@ -251,45 +254,60 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         expect = None if expect is None else [tuple(int(v) for v in sh) for sh in expect]
         fitted_keys = getattr(self, "keys_", None)
         desc = f"{type(self).__name__} score"
+        # The test images are extracted and scored group by group, each group's maps and
+        # scores written into outputs allocated once: the features of all test images
+        # never exist at once (they are several times the size of the maps), so the
+        # memory is the output plus one group, whatever the number of images.
+        size = self._score_group_size(expect)
+        groups = list(row_blocks(len(images), size))
+        # one progress bar: per batch for one group (as without groups), else per group
+        inner = None if len(groups) == 1 else 0
+        log = ProgressLogger(len(groups), verbose=self.verbose if inner == 0 else 0,
+                             desc=f"{desc} ({len(images)} images in groups of {size})")
 
         def score_group(rows: slice):
             feats, keys = self._extract(images, desc=desc, expect=expect, rows=rows,
-                                        store=self._score_store())
+                                        store=self._score_store(), verbose=inner)
             if fitted_keys is not None and keys.shape[1] != fitted_keys.shape[1]:
                 raise ValueError(f"the extractor returned keys of dimension {keys.shape[1]}, "
                                  f"but the memory was built with keys of dimension "
                                  f"{fitted_keys.shape[1]}; score with the extractor the "
                                  "detector was fitted with.")
-            maps, scores = self._score_extracted(feats, keys, return_maps)
+            maps, scores = self._score_extracted(feats, keys, return_maps, verbose=inner)
+            log.log(images=rows.stop)
             return (maps, scores) if return_maps else scores
 
-        # The test images are extracted and scored group by group, each group's maps and
-        # scores written into outputs allocated once: the features of all test images
-        # never exist at once (they are several times the size of the maps), so the
-        # memory is the output plus one group, whatever the number of images.
-        group = self._score_group_size(expect)
-        out = collect_row_blocks(score_group, len(images), group)
+        # zip draws from the logger first, so that its bar closes with the last group
+        out = collect_row_blocks(score_group, len(images), size,
+                                 blocks=(rows for _, rows in zip(log, groups)))
         maps, scores = out if return_maps else (None, out)
         return maps, scores, (tuple(images.shape[-2:]) if sizes is None else sizes)
 
     def _score_group_size(self, shapes) -> int:
-        """Test images per scoring group: as many as have float32 features of at most
-        ``8 * chunk_size`` values (512 MB at the default), at least one batch, in whole
-        batches. Without the fitted feature shapes (files of older versions), 16 batches."""
+        """Test images per scoring group: as many as hold at most ``8 * chunk_size``
+        float32 values of scoring features (512 MB at the default), at least one batch,
+        in whole batches. Without the fitted feature shapes (files of older versions),
+        16 batches."""
         bs = int(self.batch_size)
         if not shapes:
             return 16 * bs
-        per_image = max(1, sum(int(np.prod(sh)) for sh in shapes))
+        per_image = max(1, self._score_values_per_image(shapes))
         return max(1, (8 * int(self.chunk_size)) // (per_image * bs)) * bs
+
+    def _score_values_per_image(self, shapes) -> int:
+        """Float32 values one test image holds while its group is scored: its feature
+        maps of shapes ``(C, h, w)``."""
+        return sum(int(np.prod(sh)) for sh in shapes)
 
     def _score_store(self):
         """Per-batch conversion of the scored features (see :meth:`_extract`); ``None``
         keeps the float32 maps."""
         return None
 
-    def _score_extracted(self, feats, keys, return_maps: bool):
+    def _score_extracted(self, feats, keys, return_maps: bool, verbose=None):
         """Maps and scores of one group of test images from the output of
-        :meth:`_extract` with :meth:`_score_store`."""
+        :meth:`_extract` with :meth:`_score_store` (``verbose`` overrides the
+        estimator's for the group's progress bars)."""
         return self._score_features(feats, keys, exclude=None, return_maps=return_maps)
 
     def decision_function(self, X) -> np.ndarray:

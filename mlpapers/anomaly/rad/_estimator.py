@@ -279,8 +279,9 @@ class RADDetector(BaseImageDetector):
         scores = top_ratio_pool(maps, float(self.top_ratio))
         return (maps if return_maps else None), scores
 
-    def _score_all(self, patches, keys, exclude=None, return_maps=True):
-        """Retrieve, group images by retrieved sets, score in batches, restore the order."""
+    def _score_all(self, patches, keys, exclude=None, return_maps=True, verbose=None):
+        """Retrieve, group images by retrieved sets, score in batches, restore the order
+        (``verbose`` overrides the estimator's for the progress bar)."""
         dev = self._resolved_device
         n, bs = len(keys), self.batch_size
         mem_keys = self.keys_.to(dev)
@@ -292,7 +293,8 @@ class RADDetector(BaseImageDetector):
         maps = scores = None
         # the matching dominates at scale (e.g. the leave-one-out scores of a large memory)
         what = "leave-one-out scores" if exclude is not None else "matching"
-        for b in ProgressLogger(-(-n // bs), verbose=self.verbose,
+        for b in ProgressLogger(-(-n // bs),
+                                verbose=self.verbose if verbose is None else verbose,
                                 desc=f"{type(self).__name__} {what}"):
             idx = order[b * bs:(b + 1) * bs]
             m, s = self._score_patches([p[idx.to(p.device)] for p in patches], nbrs[idx],
@@ -321,8 +323,8 @@ class RADDetector(BaseImageDetector):
         scoring then never holds the raw features next to their normalised copy."""
         return self._patches
 
-    def _score_extracted(self, feats, keys, return_maps):
-        return self._score_all(feats, keys, return_maps=return_maps)
+    def _score_extracted(self, feats, keys, return_maps, verbose=None):
+        return self._score_all(feats, keys, return_maps=return_maps, verbose=verbose)
 
     @property
     def memory_bytes_(self) -> int:

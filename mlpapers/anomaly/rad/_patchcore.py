@@ -41,7 +41,8 @@ class PatchCoreDetector(BaseImageDetector):
     batch_size : int, default=16
     chunk_size : int, default=2**24
         Maximum (query, memory) pairs per distance chunk. Test images are extracted
-        and scored in groups of whole batches whose float32 features hold at most
+        and scored in groups of whole batches whose float32 embeddings (counted four
+        times: upsampled, concatenated and rearranged copies) hold at most
         ``8 * chunk_size`` values, so the scoring memory is the output plus one group.
     device : str or torch.device, default="cpu"
     random_state : int, RandomState instance or None, default=None
@@ -121,6 +122,13 @@ class PatchCoreDetector(BaseImageDetector):
                              "overflow; rescale the extractor's outputs (e.g. divide them "
                              "by a constant: the nearest neighbours do not change).")
         return emb
+
+    def _score_values_per_image(self, shapes) -> int:
+        """The embedding (every layer pooled and upsampled to the first layer's grid,
+        concatenated and rearranged: about four copies of ``h_0 w_0 sum C_l`` values)
+        is what an image holds while it is scored, several times its feature maps."""
+        h, w = shapes[0][1], shapes[0][2]
+        return 4 * int(h) * int(w) * sum(int(sh[0]) for sh in shapes)
 
     def _fit_memory(self, feats, keys) -> torch.Tensor:
         dev = self._resolved_device

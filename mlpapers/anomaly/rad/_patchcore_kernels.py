@@ -85,7 +85,8 @@ def knn_distances(
         return best.sort(dim=1).values
 
     if Q == 0:
-        return torch.empty(0, min(k, P) if P else 0, dtype=torch.float32).sqrt()
+        return torch.empty(0, min(k, P) if P else 0, dtype=torch.float32,
+                           device=query.device)
     return collect_row_blocks(nearest, Q, q_block).sqrt_()
 
 
