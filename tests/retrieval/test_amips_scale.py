@@ -86,7 +86,8 @@ def test_kneighbors_memory_grows_with_the_queries_not_a_256_mib_gather():
     # 2**26 entries (256 MiB), and the predicted keys were rescaled into a copy:
     # 290 MB for 10**5 queries. Left: the predicted keys (n x d float32), the outputs
     # (n x k float32 + int64), a search chunk (8192 queries x 500 keys) and a gather
-    # chunk (GATHER_ELEMENTS float32), with a 16 MB margin.
+    # chunk (GATHER_ELEMENTS float32), with a 48 MB margin for the allocator (57 - 74 MB
+    # measured against a 67 MB sum; the old code took 337 MB).
     n, d, k, n_keys = 100_000, 64, 10, 500
     make = (f"keys = rng.standard_normal(({n_keys}, {d})).astype(np.float32)\n"
             "est = AmortizedMIPS(n_steps=1, batch_size=64, hidden_dim=64, "
@@ -95,5 +96,5 @@ def test_kneighbors_memory_grows_with_the_queries_not_a_256_mib_gather():
     peak = peak_mb(_SETUP.format(make=make), f"est.kneighbors(Q, {k})")
     mib = 2**20
     bound = (n * d * 4 + n * k * 12 + 8192 * n_keys * 4
-             + amips_kernels.GATHER_ELEMENTS * 4) / mib + 16
+             + amips_kernels.GATHER_ELEMENTS * 4) / mib + 48
     assert peak < bound, (peak, bound)

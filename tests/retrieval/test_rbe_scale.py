@@ -173,9 +173,10 @@ def test_kneighbors_memory_is_bounded_by_a_chunk_not_by_batch_size_items():
 def test_neural_head_fit_makes_no_float64_copy_of_the_relevance():
     # the head trains on a float32 copy of the (n_fit, n_items) relevance, made from a
     # float64 copy divided by its unit even when the unit is 1, after an |R| copy to
-    # find that unit: 2x the float64 matrix in all (300 MB for 153 MB). Left: the
+    # find that unit: 2x the float64 matrix in all (300 - 304 MB for 153 MB). Left: the
     # float32 copy (0.5x) and what the linear fit alone takes (52 MB measured with
-    # head="linear"): 110 - 150 MB measured.
+    # head="linear"), which the allocator keeps to a varying degree: 91 - 179 MB
+    # measured over a dozen runs. The bound sits between the two.
     n_q, N = 400, 50_000
     setup = f"""
 import numpy as np, torch
@@ -192,5 +193,28 @@ RelevanceBasedRetriever(fn, **kw).fit(Q[:20], I[:50])  # warm-up: lazy first-use
     call = "RelevanceBasedRetriever(fn, **kw).fit(Q, I, relevance_matrix=R)"
     matrix_mb = n_q * N * 8 / 2**20
     peak = peak_mb(setup, call)
-    bound = 1.3 * matrix_mb  # f32 copy (0.5x) + the linear fit (0.35x) + margin
+    bound = 1.55 * matrix_mb  # f32 copy (0.5x) + the linear fit (0.35x) + allocator
     assert peak < bound, (peak, bound)
+
+
+def test_adacur_follows_in_place_changes_of_the_anchor_relevance():
+    # max|A| was cached with the views of anchor_relevance_: scaling the matrix in
+    # place after a first search left the Gram units stale (a LinAlgError from eigh at
+    # 1e200); the views follow the change, and so must the maximum
+    Qtr, Qte, I = _problem()
+    ada = AdaCURRetriever(_dot, n_calls=12, n_rounds=3, random_state=0).fit(Qtr, I)
+    ada.predict(Qte)
+    ada.anchor_relevance_ *= 1e200
+    fresh = AdaCURRetriever(_dot, n_calls=12, n_rounds=3, random_state=0).fit(Qtr, I)
+    fresh.anchor_relevance_ = ada.anchor_relevance_.copy(order="K")
+    np.testing.assert_array_equal(ada.predict(Qte), fresh.predict(Qte))
+
+
+def test_neural_head_scores_all_items_as_its_forward():
+    # the item side is computed once per call for chunked callers: bitwise forward's
+    Qtr, Qte, I = _problem()
+    rbe = RelevanceBasedRetriever(_dot, n_support=6, support="random", head="mlp",
+                                  mlp_hidden=16, max_iter=5, random_state=0).fit(Qtr, I)
+    U = torch.randn(7, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.equal(rbe.head_.all_items_scorer()(U), rbe.head_(U))

@@ -302,7 +302,7 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 
 #: Most gathered key entries (``chunk x k x d``) held by one chunk of :func:`gather_dot`
 #: (16 MiB in float32). It was :data:`CHUNK_SCORES` (256 MiB): ``kneighbors`` of 10**5
-#: queries held a 256 MiB gather beside its search chunk (319 MB peak, 79 MB now), and
+#: queries held a 256 MiB gather beside its search chunk (337 MB peak; 57 - 74 MB now), and
 #: the smaller chunks are also faster (0.33 s against 0.47 s for 10**5 x 10 x 64); the
 #: values are the same (each row's products do not depend on the chunk).
 GATHER_ELEMENTS = 2**22

@@ -269,25 +269,27 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
 
     def _anchor_cache(self) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
         """``(anchor_relevance_, A, A^T, max|A|)``, ``A`` and ``A^T`` on the device,
-        ``A^T`` contiguous; cached per fitted matrix.
+        ``A^T`` contiguous; the views are cached per fitted matrix.
 
         Both are views of ``anchor_relevance_`` (item-major after :meth:`fit`); only a
-        C-ordered matrix (e.g. set by hand) is copied once. ``max|A|`` is cached with
-        them: read from the strided ``A`` in every search, it cost a second per call
-        at 2000 x 10**5, whatever the number of queries.
+        C-ordered matrix (e.g. set by hand) is copied once. ``max|A|`` is read at every
+        call (the views follow in-place changes of the matrix, so a cached maximum
+        could go stale), from the contiguous ``A^T`` in one pass: read from the strided
+        ``A`` it cost a second per call at 2000 x 10**5.
         """
         cache = getattr(self, "_A_cache", None)
         if cache is None or cache[0] is not self.anchor_relevance_:
             A = torch.as_tensor(self.anchor_relevance_, dtype=torch.float64,
                                 device=self._resolved_device)
             At = A.T if A.T.is_contiguous() else A.T.contiguous()
-            amax = 0.0
-            if At.numel():
-                lo, hi = torch.aminmax(At)  # one pass over contiguous memory, no |A| copy
-                amax = max(float(hi), -float(lo))
-            cache = (self.anchor_relevance_, At.T, At, amax)
+            cache = (self.anchor_relevance_, At.T, At)
             self._A_cache = cache
-        return cache
+        At = cache[2]
+        amax = 0.0
+        if At.numel():
+            lo, hi = torch.aminmax(At)  # one pass over contiguous memory, no |A| copy
+            amax = max(float(hi), -float(lo))
+        return (*cache, amax)
 
     def _anchor_matrix(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A, A^T)`` of :meth:`_anchor_cache`."""

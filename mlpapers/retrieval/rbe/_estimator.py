@@ -93,6 +93,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         Queries per chunk when calling ``relevance_fn`` and scoring items; the
         scoring chunks of :meth:`predict` and :meth:`kneighbors` also hold at most
         ``2**22`` scores (``2**22 // n_items`` queries when fewer), so their memory
+        beyond the item side (the neural head's item tower, computed once per call)
         does not grow with the catalogue.
     device : str, default="cpu"
         Torch device.
@@ -355,14 +356,16 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     def _score_fn(self, U: torch.Tensor):
         if self.head_ is not None:
             q_unit, unit = getattr(self, "head_units_", (1.0, 1.0))  # (files before it)
+            score_all = self.head_.all_items_scorer()
             if unit == 1.0:
                 U32 = U.to(torch.float32)
-                return lambda a, b: self.head_(U32[a:b])
+                return lambda a, b: score_all(U32[a:b])
             U32 = (U / float(q_unit)).to(torch.float32)
-            return lambda a, b: self.head_(U32[a:b]).double() * float(unit)
+            return lambda a, b: score_all(U32[a:b]).double() * float(unit)
         E = torch.as_tensor(self.item_embeddings_, device=U.device)
         c = torch.as_tensor(self.item_offsets_, device=U.device)
-        return lambda a, b: U[a:b] @ E.T + c
+        # in place: a second (chunk, n_items) block for the sum pinned memory per chunk
+        return lambda a, b: (U[a:b] @ E.T).add_(c)
 
     def predict(self, queries: Any) -> np.ndarray:
         """Approximate relevance of every item, shape (n_queries, n_items).

@@ -98,6 +98,22 @@ class NeuralRBEHead(nn.Module):
             s = s + zq @ zi.T / self.hidden
         return s
 
+    def all_items_scorer(self):
+        """``u -> self(u)`` (scores of all items), with the item side computed once:
+        bitwise :meth:`forward`'s scores, for callers that score the queries in many
+        chunks (the item tower over all items per chunk cost more than the chunk)."""
+        E_T = self.embeddings.T
+        offset = (self.p * self.popularity + self.v + self.b)[None, :]
+        zi_T = self.item_tower(self.items_std).T if self.hidden > 0 else None
+
+        def scores(u: torch.Tensor) -> torch.Tensor:
+            s = (u @ self.W) @ E_T + offset
+            if zi_T is not None:
+                zq = self.query_tower((u - self.query_mean) / self.query_scale)
+                s = s + zq @ zi_T / self.hidden
+            return s
+        return scores
+
 
 def head_state(head: NeuralRBEHead | None) -> dict | None:
     """A ``weights_only``-safe description of ``head`` (``None`` stays ``None``)."""
@@ -203,7 +219,8 @@ def train_head(
 
     def validate() -> float:
         with torch.no_grad():
-            _, idx = topk_scores(lambda a, b: head(U_val[a:b]), U_val.shape[0], eval_k,
+            score_all = head.all_items_scorer()
+            _, idx = topk_scores(lambda a, b: score_all(U_val[a:b]), U_val.shape[0], eval_k,
                                  batch_size=batch_size, n_items=N)
         return hit_rate(R_val, idx.cpu(), eval_k)
 
