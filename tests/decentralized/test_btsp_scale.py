@@ -67,10 +67,13 @@ def test_cached_links_give_the_maxima_of_a_full_evaluation(topology):
 def test_anneal_equals_the_search_evaluated_from_scratch(topology, monkeypatch):
     from mlpapers.decentralized.btsp import _search
 
+    # delays between random points rounded to 1/16 (ties in the maxima): uniform
+    # delays rounded to 1/8 made every round's bottleneck 1.0 whatever the assignment,
+    # so every search returned its start and a broken cache went unnoticed
     rng = np.random.default_rng(1)
     n = 23
-    E = rng.random((n, n))
-    E = np.round(np.maximum(E, E.T) * 8) / 8
+    points = rng.random((n, 2))
+    E = np.round(np.linalg.norm(points[:, None] - points[None], axis=-1) * 16) / 16
     schedule = circulant_schedule(n, topology)
     init = rng.permutation(n)
     runs = [(0, dict(n_iter=300)), (1, dict(n_iter=300)),
@@ -83,6 +86,9 @@ def test_anneal_equals_the_search_evaluated_from_scratch(topology, monkeypatch):
     monkeypatch.setattr(_search, "_Links", _FromScratch)
     for (seed, kw), result in zip(runs, got):
         np.testing.assert_array_equal(result, search(seed, kw))
+    # the instance discriminates: the search moves away from its start
+    start = kw.get("init", np.random.default_rng(seed).permutation(n))
+    assert not np.array_equal(got[-1], start)
 
 
 def test_anneal_reads_a_bounded_number_of_links_per_move():
