@@ -47,7 +47,9 @@ def test_fit_makes_no_float64_or_rescaled_copy_of_the_database():
             "small.fit(keys[:500])  # warm-up: torch's lazy first-use allocations")
     call = "AmortizedMIPS(n_steps=1, batch_size=16, hidden_dim=16, random_state=0).fit(keys)"
     peak = peak_mb(_SETUP.format(make=make), call)
-    bound = 0.5 * keys_mb  # no full-size copy of the keys
+    # no full-size copy of the keys: 16 MB typical, 39 MB once in CI (the allocator
+    # keeping a second search chunk), against 214 MB before
+    bound = keys_mb
     assert peak < bound, (peak, bound)
 
 
