@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from mlpapers._utils import ProgressLogger, check_tensor
+from mlpapers._utils._blocks import row_blocks
 from mlpapers.retrieval.amips._kernels import amips_loss, support_function, warmup_cosine_lr
 
 __all__ = ["QuerySource", "augment_queries", "fit_amips", "make_query_source",
@@ -203,7 +204,7 @@ def power_of_two_scale(x: torch.Tensor) -> float:
     # square of the whole matrix took 4x the memory of the keys (1 GB for 10**6 x 64)
     x = x.detach()
     rows = max(1, 2**20 // max(x.shape[1], 1))
-    total = sum(float(x[s:s + rows].double().square().sum()) for s in range(0, x.shape[0], rows))
+    total = sum(float(x[r].double().square().sum()) for r in row_blocks(x.shape[0], rows))
     rms = math.sqrt(total / x.shape[0]) if x.numel() else 0.0
     if not math.isfinite(rms) or rms <= 0.0:
         return 1.0
