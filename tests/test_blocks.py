@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mlpapers._utils._blocks import collect_row_blocks, row_blocks
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks, row_blocks
 
 
 @pytest.mark.parametrize("n, block", [(1, 1), (7, 3), (9, 3), (10, 100), (5, 0)])
@@ -43,3 +43,23 @@ def test_explicit_blocks_and_empty_input():
 def test_block_with_wrong_row_count_raises():
     with pytest.raises(RuntimeError, match="returned 1 rows"):
         collect_row_blocks(lambda rows: torch.zeros(1), 4, 2)
+
+
+@pytest.mark.parametrize("row_elements", [0, 1, 7, 1000, 2**22, 2**22 + 1, 10**9])
+@pytest.mark.parametrize("cap", [None, 1, 5, 10**12])
+def test_block_rows_for_is_the_largest_count_within_budget(row_elements, cap):
+    rows = block_rows_for(row_elements, cap=cap)
+    assert rows >= 1
+    if cap is not None:
+        assert rows <= cap
+    # within the budget unless a single row is already over it
+    per_row = max(1, row_elements)
+    assert rows * per_row <= BLOCK_ELEMENTS or rows == 1
+    # and the largest such count: one more row would break the budget or the cap
+    assert (rows + 1) * per_row > BLOCK_ELEMENTS or rows == cap
+
+
+def test_block_rows_for_custom_budget():
+    assert block_rows_for(3, 10) == 3
+    assert block_rows_for(3, 2) == 1
+    assert block_rows_for(3, 10, cap=2) == 2

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from mlpapers._utils._ambient import usable_outside_inference
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 
 _FLOAT_DTYPES = {
     "float16": torch.float16,
@@ -87,12 +88,12 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     return _FLOAT_DTYPES[name]
 
 
-def _all_finite(t: torch.Tensor, block: int = 2**22) -> bool:
+def _all_finite(t: torch.Tensor, block: int = BLOCK_ELEMENTS) -> bool:
     """``torch.isfinite(t).all()`` in blocks of rows of about ``block`` values: the
     check's temporaries stay small whatever the size of ``t`` (no copy of ``t``)."""
     if t.ndim == 0 or t.numel() <= block:
         return bool(torch.isfinite(t).all())
-    rows = max(1, block // max(1, t[0].numel()))
+    rows = block_rows_for(t[0].numel(), block)
     return all(bool(torch.isfinite(t[s:s + rows]).all()) for s in range(0, t.shape[0], rows))
 
 

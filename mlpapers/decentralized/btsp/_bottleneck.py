@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers.decentralized.btsp._hamilton import EXACT_MAX_N, _exact_minimax, _two_approx_tour
 from mlpapers.decentralized.btsp._topology import (
     check_assignment,
@@ -36,7 +37,7 @@ __all__ = [
     "is_biconnected",
 ]
 
-_CHUNK = 1 << 22  # gathered delay entries per batch in batched BCD evaluations
+_CHUNK = BLOCK_ELEMENTS  # gathered delay entries per batch in batched BCD evaluations
 
 
 # ---------------------------------------------------------------- BCD ---------
@@ -67,7 +68,7 @@ def _round_maxima(E: np.ndarray, perms: np.ndarray, schedule) -> np.ndarray:
     base = np.arange(n)
     for l, skips in enumerate(schedule):
         idx = (base[:, None] + np.asarray(skips)[None, :]) % n  # (n, k)
-        step = max(1, _CHUNK // (n * len(skips)))
+        step = block_rows_for(n * len(skips), _CHUNK)
         for a in range(0, b, step):
             p = perms[a:a + step]
             vals = E[p[:, :, None], p[:, idx]]  # (chunk, n, k)
@@ -406,7 +407,7 @@ def _is_metric(S: np.ndarray, tol: float = 1e-9) -> bool:
     """Triangle inequality up to a relative ``tol`` (scale-free: the same answer in
     any unit of the delays)."""
     n = S.shape[0]
-    step = max(1, (1 << 22) // (n * n))
+    step = block_rows_for(n * n)
     for a in range(0, n, step):
         via = (S[:, a:a + step, None] + S[None, a:a + step, :]).min(axis=1)
         if (S > via * (1 + tol)).any():

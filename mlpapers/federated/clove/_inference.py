@@ -18,7 +18,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_feature_names
 
 from mlpapers._utils import on_cpu_default_device
-from mlpapers._utils._blocks import collect_row_blocks
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._data import _split_client, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
 from mlpapers.federated.clove._models import row_elements
@@ -27,7 +27,7 @@ __all__: list[str] = []
 
 
 #: elements of the model's intermediate outputs held at once by predict (16 MB of float32)
-_PREDICT_ELEMENTS = 1 << 22
+_PREDICT_ELEMENTS = BLOCK_ELEMENTS
 
 
 def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: int
@@ -41,7 +41,7 @@ def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: i
     reconstruction may come back flat or transposed: only its size is checked) runs
     on all rows at once, as the callers reshape its output by size."""
     n = Xt.shape[0]
-    rows = max(1, _PREDICT_ELEMENTS // max(1, int(row_elements)))
+    rows = block_rows_for(row_elements, _PREDICT_ELEMENTS)
     with torch.no_grad():
         if n <= rows:
             return model(Xt).reshape(n, -1)

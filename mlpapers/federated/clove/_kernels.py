@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mlpapers._utils._blocks import collect_row_blocks
+from mlpapers._utils._blocks import block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._assign import (  # re-exported: importable from here as before
     _brute_force_matching_cost,  # noqa: F401
     _check_loss_matrix,  # noqa: F401
@@ -92,7 +92,7 @@ def batched_loss_matrix(
     if sample_elements is not None:
         per_sample = max(per_sample, int(sample_elements))
     per_client = max(1, K * m * per_sample)
-    chunk = max(1, min(n, max_elements // per_client))
+    chunk = block_rows_for(per_client, max_elements, cap=n)
     over_clients = torch.func.vmap(loss_fn, in_dims=(None, 0, 0, 0))
     over_models = torch.func.vmap(over_clients, in_dims=(0, None, None, None))
     with torch.no_grad():

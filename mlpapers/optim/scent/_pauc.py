@@ -13,6 +13,7 @@ from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_positive, with_autograd
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers.optim.scent._common import (
     check_common_params,
     lr_factor,
@@ -28,7 +29,7 @@ __all__ = ["PartialAUCClassifier"]
 
 
 #: pair losses held at once by the exact objective (a block of positives x n_neg, 32 MB)
-_PAIR_ELEMENTS = 1 << 22
+_PAIR_ELEMENTS = BLOCK_ELEMENTS
 
 
 class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
@@ -161,7 +162,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             ell = self._pair_losses(w, Xp, Xn, b)
             return tempered_log_mean_exp(ell, self.lam).mean()
         hp, hn = torch.sigmoid(Xp @ w + b), torch.sigmoid(Xn @ w + b)
-        rows = max(1, _PAIR_ELEMENTS // len(hn))
+        rows = block_rows_for(len(hn), _PAIR_ELEMENTS)
         total = hp.new_zeros(())
         for i in range(0, len(hp), rows):
             ell = torch.clamp(self.margin - (hp[i:i + rows, None] - hn[None, :]), min=0) ** 2

@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from mlpapers._utils._blocks import collect_row_blocks, row_blocks
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks, row_blocks
 from mlpapers.optim.scent._sparse_input import (
     is_sparse_input,
     sparse_logit_block,
@@ -18,7 +18,7 @@ from mlpapers.optim.scent._xc import exact_objective
 __all__: list[str] = []
 
 #: logits held at once by predict / objective (a block of rows x n_classes, 32 MB)
-_CHUNK_ELEMENTS = 1 << 22
+_CHUNK_ELEMENTS = BLOCK_ELEMENTS
 
 
 class SoftmaxPredictionMixin:
@@ -30,7 +30,7 @@ class SoftmaxPredictionMixin:
     def _block_rows(self) -> int:
         """Rows per block: about ``_CHUNK_ELEMENTS`` logits at once (at least one row),
         never ``n x n_classes``, whatever the number of classes."""
-        return max(1, _CHUNK_ELEMENTS // len(self.coef_))
+        return block_rows_for(len(self.coef_), _CHUNK_ELEMENTS)
 
     def _logit_block(self, X):
         """``rows -> X[rows] @ W.T + b`` in float64 for a validated ``X`` (tensor or CSR)."""

@@ -18,6 +18,7 @@ from mlpapers._utils import (
     requires_tensors,
     torch_compatible_array,
 )
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 
 __all__ = [
     "amips_loss",
@@ -42,7 +43,7 @@ CHUNK_SCORES = 2**26
 def search_rows(batch_size: int, n_keys: int) -> int:
     """Queries per chunk of a search over ``n_keys`` keys: at most ``batch_size`` and
     at most ``CHUNK_SCORES // n_keys`` (at least 1)."""
-    return max(1, min(int(batch_size), CHUNK_SCORES // max(int(n_keys), 1)))
+    return block_rows_for(n_keys, CHUNK_SCORES, cap=batch_size)
 
 
 @on_inputs_device
@@ -111,7 +112,7 @@ def _min_nonzero_abs(x: torch.Tensor) -> float:
     """Smallest nonzero ``|x_ij|`` (``inf`` if none), by chunks of rows so the ``|x|``
     temporary stays within :data:`CHUNK_SCORES` elements."""
     out = math.inf
-    rows = max(1, CHUNK_SCORES // max(x.shape[1], 1))
+    rows = block_rows_for(x.shape[1], CHUNK_SCORES)
     for s in range(0, x.shape[0], rows):
         a = x[s:s + rows].detach().abs()
         a = a.masked_fill(a == 0, math.inf)
@@ -305,7 +306,7 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 #: queries held a 256 MiB gather beside its search chunk (337 MB peak; 57 - 74 MB now), and
 #: the smaller chunks are also faster (0.33 s against 0.47 s for 10**5 x 10 x 64); the
 #: values are the same (each row's products do not depend on the chunk).
-GATHER_ELEMENTS = 2**22
+GATHER_ELEMENTS = BLOCK_ELEMENTS
 
 
 def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
@@ -313,7 +314,7 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -
     gathered keys (``chunk x k x d``) stay within :data:`GATHER_ELEMENTS` elements."""
     n, k = index.shape
     # (never more than CHUNK_SCORES, the bound of every chunk of this module)
-    rows = max(1, min(GATHER_ELEMENTS, CHUNK_SCORES) // max(k * keys.shape[1], 1))
+    rows = block_rows_for(k * keys.shape[1], min(GATHER_ELEMENTS, CHUNK_SCORES))
     out = torch.empty(n, k, dtype=torch.promote_types(keys.dtype, queries.dtype),
                       device=queries.device)
     for s in range(0, n, rows):

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mlpapers._utils import ProgressLogger, check_tensor
-from mlpapers._utils._blocks import row_blocks
+from mlpapers._utils._blocks import block_rows_for, row_blocks
 from mlpapers.retrieval.amips._kernels import amips_loss, support_function, warmup_cosine_lr
 
 __all__ = ["QuerySource", "augment_queries", "fit_amips", "make_query_source",
@@ -203,7 +203,7 @@ def power_of_two_scale(x: torch.Tensor) -> float:
     # float64 squares summed in row chunks of 2**20 values: a float64 copy and its
     # square of the whole matrix took 4x the memory of the keys (1 GB for 10**6 x 64)
     x = x.detach()
-    rows = max(1, 2**20 // max(x.shape[1], 1))
+    rows = block_rows_for(x.shape[1], 2**20)
     total = sum(float(x[r].double().square().sum()) for r in row_blocks(x.shape[0], rows))
     rms = math.sqrt(total / x.shape[0]) if x.numel() else 0.0
     if not math.isfinite(rms) or rms <= 0.0:

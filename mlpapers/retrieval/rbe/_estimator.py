@@ -17,7 +17,7 @@ from mlpapers._utils import (
     to_numpy,
     usable_outside_inference,
 )
-from mlpapers._utils._blocks import collect_row_blocks
+from mlpapers._utils._blocks import block_rows_for, collect_row_blocks
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
 from mlpapers.retrieval.rbe._heads import build_head, head_from_state, head_state, train_head
 from mlpapers.retrieval.rbe._kernels import CHUNK_SCORES, fit_linear_embeddings, topk_scores
@@ -373,7 +373,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         Makes ``k`` heavy calls per query.
         """
         U = self._standardize(self._query_support(queries))
-        rows = max(1, min(int(self.batch_size), CHUNK_SCORES // max(self.n_items_, 1)))
+        rows = block_rows_for(self.n_items_, CHUNK_SCORES, cap=self.batch_size)
         with torch.no_grad():
             fn = self._score_fn(U)
             # into one preallocated output: a list of chunks and their concatenation

@@ -14,7 +14,7 @@ from mlpapers._utils import (
     to_numpy,
     torch_compatible_array,
 )
-from mlpapers._utils._blocks import collect_row_blocks
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 
 __all__ = [
     "cur_query_weights",
@@ -200,7 +200,7 @@ def cur_query_weights(
 #: queries per chunk are also capped by ``CHUNK_SCORES // n_items``. (Smaller chunks
 #: were also faster: 1024 queries x 10**5 items scored and selected in 2.5 s by chunks
 #: of 2**22 scores, 4.1 s by 2**24 and 4.9 s in one chunk of 1024 queries.)
-CHUNK_SCORES = 2**22
+CHUNK_SCORES = BLOCK_ELEMENTS
 
 
 def stable_topk(S: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,7 +268,7 @@ def topk_scores(
     """
     rows = int(batch_size)
     if n_items is not None:
-        rows = max(1, min(rows, CHUNK_SCORES // max(int(n_items), 1)))
+        rows = block_rows_for(n_items, CHUNK_SCORES, cap=rows)
     # written into one preallocated output: a list of small results kept alive between
     # the large transient score chunks made the resident memory grow by a chunk per
     # chunk (see mlpapers._utils._blocks)

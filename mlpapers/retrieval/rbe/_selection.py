@@ -27,6 +27,7 @@ from mlpapers._utils import (
     requires_tensors,
     to_numpy,
 )
+from mlpapers._utils._blocks import block_rows_for
 from mlpapers._utils._random import _check_seed_type
 from mlpapers.retrieval.rbe._kernels import check_matrix
 
@@ -167,7 +168,7 @@ def greedy_selection(
         # In row chunks of about 2**24 values: no (N, n_q) temporary besides X itself.
         small = N <= X.shape[1]
         M = X @ X.T if small else X.T @ X  # (N, N) or (n_q, n_q)
-        rows = max(1, 2**24 // max(M.shape[1], 1))
+        rows = block_rows_for(M.shape[1], 2**24)
         a = torch.cat([(M[s:s + rows] ** 2).sum(dim=1) if small
                        else ((X[s:s + rows] @ M) * X[s:s + rows]).sum(dim=1)
                        for s in range(0, N, rows)])

@@ -20,13 +20,16 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
+from mlpapers._utils._blocks import BLOCK_ELEMENTS as DEFAULT_BLOCK_ELEMENTS
+from mlpapers._utils._blocks import block_rows_for
+
 __all__ = ["ess", "rhat"]
 
 MIN_DRAWS = 4  # fewer draws per chain give NaN (as ArviZ), never an exception
 # Elements of one block of dimensions in the vectorised passes over all draws (32 MB of
 # float64): the draws of a sampler reach GBs ((64, 10^4, 200) is 1 GB) and a pass over
 # all of them at once held two or three temporaries of their size
-BLOCK_ELEMENTS = 1 << 22
+BLOCK_ELEMENTS = DEFAULT_BLOCK_ELEMENTS
 
 
 def dim_blocks(shape: tuple, block_elements: int | None = None) -> list[slice]:
@@ -34,7 +37,7 @@ def dim_blocks(shape: tuple, block_elements: int | None = None) -> list[slice]:
     (default :data:`BLOCK_ELEMENTS`) elements each (at least one dimension per block)."""
     block_elements = BLOCK_ELEMENTS if block_elements is None else block_elements
     per_dim = max(int(np.prod(shape[:-1])), 1)
-    step = max(1, block_elements // per_dim)
+    step = block_rows_for(per_dim, block_elements)
     return [slice(i, min(i + step, shape[-1])) for i in range(0, shape[-1], step)]
 
 

@@ -22,7 +22,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_positive, on_inputs_device
-from mlpapers._utils._blocks import collect_row_blocks
+from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Ball, Region
@@ -365,7 +365,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         return StiefelResult(**fields, Q=Q, X=X.numpy())
 
 
-POLAR_BLOCK_ELEMENTS = 1 << 22  # draws' entries per block of polar factors (32 MB float64)
+POLAR_BLOCK_ELEMENTS = BLOCK_ELEMENTS  # draws' entries per block of polar factors (32 MB float64)
 
 
 def polar_draws(X: Tensor) -> np.ndarray:
@@ -377,7 +377,7 @@ def polar_draws(X: Tensor) -> np.ndarray:
     """
     shape = X.shape
     flat = X.reshape(-1, *shape[-2:])
-    rows = max(1, POLAR_BLOCK_ELEMENTS // max(shape[-2] * shape[-1], 1))
+    rows = block_rows_for(shape[-2] * shape[-1], POLAR_BLOCK_ELEMENTS)
     Q = collect_row_blocks(lambda r: polar_factor(flat[r].to(torch.float64)).to(X.dtype),
                            flat.shape[0], rows)
     return Q.reshape(shape).numpy()
