@@ -41,14 +41,28 @@ def _as_tensor(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
-    """Floating tensors of broadcastable shapes (array-likes and integers converted)."""
-    out = []
+    """Floating tensors of broadcastable shapes (array-likes and integers converted to
+    the other argument's floating dtype and device, the default dtype if neither is a
+    floating tensor: an integer ``nu`` beside float64 values is not rounded to float32)."""
+    raw = []
     for name, x in (("nu", nu), ("log_mean_exp", lme)):
         t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
         if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32,
                                                       torch.int64, torch.uint8)):
             raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}.")
-        out.append(t.detach() if t.is_floating_point() else t.to(torch.get_default_dtype()))
+        raw.append((t, isinstance(x, torch.Tensor)))
+    floats = [t for t, _ in raw if t.is_floating_point()]
+    dtype = floats[0].dtype if floats else torch.get_default_dtype()
+    for t in floats[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    device = next((t.device for t, given in raw if given), None)
+    out = []
+    for t, given in raw:
+        if not t.is_floating_point():
+            t = t.to(dtype)
+        if not given and device is not None:  # an array-like beside a tensor: its device
+            t = t.to(device)
+        out.append(t.detach())
     try:
         torch.broadcast_shapes(out[0].shape, out[1].shape)
     except RuntimeError as exc:
@@ -242,10 +256,17 @@ def sox_update(
     -------
     torch.Tensor of shape (B,)
     """
+    # integer nu made gamma an integer too (0.5 -> 0: silently no update), and lists
+    # or arrays failed with a cryptic trace; converted as spmd_update does
+    nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
     with torch.no_grad():
         g = _as_tensor(gamma, nu)
         if bool((g >= 1).all()):
-            return log_mean_exp.clone()
+            # the dtype and shape of the general branch (L alone kept L's: a float32 L
+            # with float64 nu came back float32, a scalar L with (B,) nu a scalar)
+            shape = torch.broadcast_shapes(nu.shape, log_mean_exp.shape, g.shape)
+            dtype = torch.promote_types(nu.dtype, log_mean_exp.dtype)
+            return log_mean_exp.to(dtype).expand(shape).clone()
         return torch.logaddexp(torch.log1p(-g) + nu, torch.log(g) + log_mean_exp)
 
 
@@ -267,6 +288,8 @@ def asgd_update(
     -------
     torch.Tensor of shape (B,)
     """
+    # (integer nu truncated dual_lr to 0, a silent no-op step; see sox_update)
+    nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
     with torch.no_grad():
         return nu - _as_tensor(dual_lr, nu) * (1.0 - torch.exp(log_mean_exp - nu))
 
@@ -294,6 +317,7 @@ def umax_update(
     -------
     torch.Tensor of shape (B,)
     """
+    nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
     with torch.no_grad():
         reset = torch.where(nu < log_mean_exp - delta, log_mean_exp, nu)
         return asgd_update(reset, log_mean_exp, dual_lr)

@@ -63,12 +63,22 @@ class EntropicRiskLoss(nn.Module):
 
     Minimises :math:`F(w) = \frac{\tau}{n}\sum_i \log \mathbb{E}_j \exp(s_{ij}(w)/\tau)`
     through the dual :math:`\log m = \min_\nu m e^{-\nu} + \nu - 1`. Each call
-    updates the dual variables ``nu`` of the anchors in the batch (with the
-    rule chosen by ``method``) and returns a scalar whose gradient in ``w`` is
-    the method's primal direction, so any :mod:`torch.optim` optimizer can take
-    the step. The returned value is the mini-batch estimate of the dual
-    objective :math:`\tau\,\text{mean}_i[\text{mean}_j e^{s_{ij}/\tau-\nu_i} + \nu_i - 1]`
+    in training mode (the default) updates the dual variables ``nu`` of the
+    anchors in the batch (with the rule chosen by ``method``) and returns a
+    scalar whose gradient in ``w`` is the method's primal direction, so any
+    :mod:`torch.optim` optimizer can take the step. The returned value is the
+    mini-batch estimate of the dual objective
+    :math:`\tau\,\text{mean}_i[\text{mean}_j e^{s_{ij}/\tau-\nu_i} + \nu_i - 1]`
     (an upper-bound estimate of :math:`F`; ``"bsgd"`` returns its plug-in value).
+    In eval mode (``loss_fn.eval()``, or ``.eval()`` of a model holding it) the
+    dual table is neither read nor written, as BatchNorm's running statistics,
+    and every method returns the plug-in value
+    :math:`\tau\,\text{mean}_i \log \text{mean}_j e^{s_{ij}/\tau}` of the batch (a
+    validation loss whose indices may be those of another dataset).
+    float16 and bfloat16 scores (autocast, ``model.half()``) are computed in
+    float32 and the loss is returned in float32, as torch's losses are under
+    autocast (a float16 loss would overflow to ``inf`` above 65504, and so would
+    ``GradScaler``'s default scale of its gradient).
 
     Parameters
     ----------
@@ -89,8 +99,9 @@ class EntropicRiskLoss(nn.Module):
         between steps (schedules); a tensor must broadcast to ``(B,)``.
     temperature : float, default=1.0
         :math:`\tau`; scores are divided by it and the loss multiplied by it.
-        ``scores / temperature`` must stay finite in the scores' dtype (a
-        ``ValueError`` otherwise, raised before the dual table changes).
+        ``scores / temperature`` must stay finite in the scores' dtype (float32
+        for float16/bfloat16 scores; a ``ValueError`` otherwise, raised before the
+        dual table changes).
     gamma : float, default=0.9
         SOX weight in (0, 1].
     dual_lr : float, default=0.1
@@ -207,9 +218,13 @@ class EntropicRiskLoss(nn.Module):
             raise ValueError(f"index must have shape ({scores.shape[0]},) to match scores, "
                              f"got {tuple(index.shape)}.")
         index = index.to(device=self.nu.device, dtype=torch.long)
-        if bool((index < 0).any()) or bool((index >= self.n_anchors).any()):
+        # eval mode never touches the dual table: a validation set's indices need not
+        # be anchors of the training set (nor distinct)
+        if self.training and (bool((index < 0).any())
+                              or bool((index >= self.n_anchors).any())):
             raise ValueError(f"index values must lie in [0, {self.n_anchors}).")
-        if index.numel() > 1 and torch.unique(index).numel() != index.numel():
+        if (self.training and index.numel() > 1
+                and torch.unique(index).numel() != index.numel()):
             raise ValueError("index must not repeat an anchor within one batch.")
         if mask is not None:
             mask = torch.as_tensor(mask, device=scores.device)
@@ -226,13 +241,13 @@ class EntropicRiskLoss(nn.Module):
         # finite scores can still overflow once divided by a small temperature, and a
         # temperature beyond the dtype's range turns the returned tau * (...) into inf * 0:
         # both left NaN in the loss and inf in the dual table
-        if self.temperature <= torch.finfo(scores.dtype).max and bool(
+        if self.temperature <= torch.finfo(s_det.dtype).max and bool(
                 torch.isfinite(s_det).all()):
             return
         if not bool(torch.isfinite(scores.detach()).all()):
             raise ValueError("scores contain NaN or infinity.")
         raise ValueError(
-            f"scores / temperature overflow {scores.dtype} (temperature={self.temperature!r}, "
+            f"scores / temperature overflow {s_det.dtype} (temperature={self.temperature!r}, "
             f"|scores| up to {float(scores.detach().abs().max()):.3g}): use a temperature in "
             "the units of the scores, or float64 scores.")
 
@@ -264,13 +279,25 @@ class EntropicRiskLoss(nn.Module):
                 self.nu.is_inference() or self.initialized.is_inference()):
             self.nu, self.initialized = self.nu.clone(), self.initialized.clone()
         tau = self.temperature
-        s = scores / tau
+        # half-precision scores (autocast, model.half()) are computed and returned in
+        # float32, as torch's own losses are under autocast: in float16, exp(s - nu)
+        # overflowed once a dual lagged its scores by 11 (an inf loss and gradient where
+        # float32 gave 2.6e5; a float16 loss of 1.6e5 is inf too), and bfloat16's 8 bits
+        # rounded L, hence the dual update, by ~3e-2 and the gradient by ~3%
+        narrow = scores.dtype in (torch.float16, torch.bfloat16)
+        s = (scores.float() if narrow else scores) / tau
         s_det = s.detach()
         self._check_scaled(scores, s_det)   # before any change to the dual table
         L = log_mean_exp(s_det, mask=mask)  # (B,)
         self.last_stats = {"estimate": float(tau * L.mean())}
-        if self.method == "bsgd":
-            return tau * log_mean_exp(s, mask=mask).mean()
+        if self.method == "bsgd" or not self.training:
+            # eval mode (``loss_fn.eval()``, or ``model.eval()`` of a model holding it),
+            # as BatchNorm's running statistics: the dual table is neither read nor
+            # written, and the value is the exact mini-batch risk tau * mean_i L_i (the
+            # dual objective at its minimum over nu). A validation pass in eval mode
+            # overwrote the training duals of its indices.
+            out = tau * log_mean_exp(s, mask=mask).mean()
+            return out
 
         work = torch.float64
         L64 = L.to(device=self.nu.device, dtype=work)
@@ -323,5 +350,6 @@ class EntropicRiskLoss(nn.Module):
         else:
             mf = mask.to(terms.dtype)
             inner = (terms * mf).sum(1) / mf.sum(1)
-        return tau * (inner + nu_g[:, 0] - 1.0).mean()
+        out = tau * (inner + nu_g[:, 0] - 1.0).mean()
+        return out
 

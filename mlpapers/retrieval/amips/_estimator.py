@@ -264,8 +264,17 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """:meth:`fit`, with ``callback(step, model)`` after every step (learning curves;
         the model sees ``X / query_scale_`` and predicts keys in units of ``key_scale_``)."""
         self._check_params()
-        self._init_fit()
-        fit_amips(self, self._fit_database(X), queries, callback=callback)
+        before = dict(vars(self))
+        try:
+            self._init_fit()
+            fit_amips(self, self._fit_database(X), queries, callback=callback)
+        except BaseException:
+            # a fit that stops part-way (the user's query sampler or callback raising,
+            # Ctrl-C) left the previous model_ with the new database_ and data units
+            # (predictions off by their ratio): the estimator is put back as it was
+            vars(self).clear()
+            vars(self).update(before)
+            raise
         return self
 
     # -- inference -----------------------------------------------------------

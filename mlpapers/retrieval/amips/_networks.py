@@ -426,6 +426,16 @@ def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool):
             value = model(x)
             (grad,) = torch.autograd.grad(value.sum(), x, create_graph=True)
         return value, grad
+    if _has_train_mode_state(model):
+        # a user's model with BatchNorm in train mode updates its running statistics
+        # in forward, which torch.func.grad refuses ("attempted to call in-place
+        # operation ... that would mutate a captured tensor"): plain autograd, as a
+        # forward in train mode does (the statistics are updated), no graph kept
+        with torch.inference_mode(False), torch.enable_grad():
+            xi = usable_outside_inference(x).detach().requires_grad_(True)
+            value = model(xi)
+            (grad,) = torch.autograd.grad(value.sum(), xi)
+        return value.detach(), grad.detach()
     # inference path: torch.func works under no_grad and keeps no graph afterwards
     def total(inp):
         v = model(inp)
@@ -433,3 +443,10 @@ def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool):
 
     grad, value = torch.func.grad(total, has_aux=True)(x.detach())
     return value.detach(), grad.detach()
+
+
+def _has_train_mode_state(model: nn.Module) -> bool:
+    """Whether a batch-norm layer in train mode tracks running statistics (its forward
+    then updates them in place)."""
+    return any(isinstance(m, nn.modules.batchnorm._NormBase) and m.training
+               and m.track_running_stats for m in model.modules())

@@ -257,7 +257,10 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         # stored item-major (a Fortran-ordered array): the online rounds gather the
         # anchor items' columns, contiguous in this layout, and this one copy is the only
         # one kept (no transposed copy per search, none of the caller's matrix)
-        self.anchor_relevance_ = to_numpy(R.T.contiguous()).T
+        # (a clone, not .contiguous(): with one training query R.T is already
+        # contiguous, and the estimator kept the caller's matrix, or relevance_fn's
+        # output buffer, instead of its own copy)
+        self.anchor_relevance_ = to_numpy(R.T.clone(memory_format=torch.contiguous_format)).T
         self.initial_anchors_ = first.astype(np.int64)
         self.round_sizes_ = np.asarray(sizes, dtype=np.int64)
         self.items_ = items
@@ -317,7 +320,8 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         _, A, At, amax = self._anchor_cache()
         sizes = [int(s) for s in self.round_sizes_]
         first = torch.as_tensor(self.initial_anchors_, device=A.device)
-        u0 = self._heavy_chunked(queries, take(self.items_, self.initial_anchors_), len(first))
+        u0 = self._heavy_chunked(queries, take(self.items_, self.initial_anchors_), len(first),
+                                 online=True)
         # per-chunk working set: C (b, B, n_a) and scores (b, N), about 2**24 floats
         chunk = max(1, min(int(self.batch_size),
                            2**24 // max(1, sum(sizes) * A.shape[0] + A.shape[1])))

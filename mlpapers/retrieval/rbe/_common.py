@@ -21,7 +21,7 @@ from mlpapers._base import save as _save
 from mlpapers._utils import to_numpy, torch_compatible_array
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts, hit_rate
 
-__all__ = ["HeavyRankerMixin", "length", "take"]
+__all__ = ["HeavyRankerMixin", "fresh", "length", "take"]
 
 
 def length(seq: Any, name: str) -> int:
@@ -53,6 +53,21 @@ def take(seq: Any, idx: np.ndarray) -> Any:
         # of a tensor that requires grad kept a graph in ``support_items_``
         return seq.detach()[torch.as_tensor(idx, dtype=torch.long, device=seq.device)]
     return [seq[int(i)] for i in idx]
+
+
+def fresh(seq: Any) -> Any:
+    """A new container holding the elements of ``seq`` (arrays, tensors, pandas objects
+    and lists, whose type ``take`` keeps); other sequences are returned as given.
+
+    What the retrievers hand ``relevance_fn`` besides the catalogue: a heavy ranker
+    that modifies its arguments in place (in-place normalisation, scratch space) then
+    never changes the estimator's ``support_items_`` nor the queries a later heavy call
+    of the same search reads (the rerank, the next ADACUR round), whatever
+    ``batch_size``. Elements of a list are the same objects (not deep-copied).
+    """
+    if hasattr(seq, "iloc") or isinstance(seq, (np.ndarray, torch.Tensor, list)):
+        return take(seq, np.arange(len(seq)))
+    return seq
 
 
 class HeavyRankerMixin:
@@ -98,18 +113,35 @@ class HeavyRankerMixin:
             raise ValueError("relevance_fn returned NaN or infinite scores.")
         return t.to(self._resolved_device)
 
-    def _heavy_chunked(self, queries: Any, items: Any, n_i: int) -> torch.Tensor:
-        """All queries against the same items, in chunks of ``batch_size`` queries."""
+    def _heavy_chunked(self, queries: Any, items: Any, n_i: int, *,
+                       online: bool = False) -> torch.Tensor:
+        """All queries against the same items, in chunks of ``batch_size`` queries.
+
+        Every call gets its own copy of the queries (:func:`fresh`): a relevance_fn
+        that modifies its arguments in place must not change what the next chunk or a
+        later heavy call of the same search reads. ``online`` (the estimator's own
+        support/anchor items, never the catalogue) also copies the items per call and
+        returns scores the estimator owns: a relevance_fn may return the same buffer at
+        every call (CUDA-graph replays, I/O-binding runtimes), and the next heavy call of
+        the search overwrote the scores kept from this one.
+        """
         n, bs = len(queries), int(self.batch_size)
         if n_i == 0:  # no support item (greedy found nothing to explain): no heavy call
             return torch.zeros((n, 0), dtype=torch.float64, device=self._resolved_device)
+
+        def items_for_call() -> Any:
+            return fresh(items) if online else items
+
         if n <= bs:
-            return self._heavy(queries, items, n, n_i)
+            # (offline, fit uses the matrix as returned, without a copy of its size:
+            # no other heavy call is made while it is in use)
+            t = self._heavy(fresh(queries), items_for_call(), n, n_i)
+            return t.clone() if online else t
         # filled in place: the chunks and their concatenation are never held together
         out = torch.empty((n, n_i), dtype=torch.float64, device=self._resolved_device)
         for s in range(0, n, bs):
             e = min(s + bs, n)
-            out[s:e] = self._heavy(take(queries, np.arange(s, e)), items, e - s, n_i)
+            out[s:e] = self._heavy(take(queries, np.arange(s, e)), items_for_call(), e - s, n_i)
         return out
 
     def _offline_relevance(self, train_queries: Any, items: Any,
@@ -132,11 +164,15 @@ class HeavyRankerMixin:
 
         One ``relevance_fn`` call of shape ``(1, m)`` per query: exactly ``m`` pairs.
         """
-        m = idx.shape[1]
-        rows = [self._heavy(take(queries, np.array([q])),
-                            take(self.items_, to_numpy(idx[q]).astype(np.int64)), 1, m)[0]
-                for q in range(idx.shape[0])]
-        return torch.stack(rows) if rows else idx.new_zeros((0, m), dtype=torch.float64)
+        n, m = idx.shape
+        # each row copied out at once: a list of the returned rows stacked at the end
+        # held views of one buffer when relevance_fn reuses its output buffer (every
+        # row then read the last query's scores)
+        out = torch.empty((n, m), dtype=torch.float64, device=self._resolved_device)
+        for q in range(n):
+            out[q] = self._heavy(take(queries, np.array([q])),
+                                 take(self.items_, to_numpy(idx[q]).astype(np.int64)), 1, m)[0]
+        return out
 
     # -- evaluation ------------------------------------------------------------------
     def score(self, queries: Any, relevance: Any = None, n_neighbors: int = 10) -> float:

@@ -45,7 +45,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     relevance_fn : callable
         The heavy ranker, ``relevance_fn(queries, items) -> array (n_queries, n_items)``
         scoring every query against every item of the given subsequences. Queries and
-        items may be anything indexable (arrays, tensors, lists of strings).
+        items may be anything indexable (arrays, tensors, lists of strings). Each call
+        gets a new container of the queries and of the support items (the catalogue
+        itself is passed as given), and its result is cast to float64 and copied
+        where it is kept; see the user guide for the exact call budget.
     n_support : int, default=100
         Number of support items ``k`` (online heavy calls per query).
     support : str or array-like of int, default="greedy"
@@ -336,7 +339,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         self._check_fitted()
         self._check_relevance_fn("predict")
         length(queries, "queries")
-        return self._heavy_chunked(queries, self.support_items_, len(self.support_indices_))
+        # a copy of the support items per heavy call: a relevance_fn that modified its
+        # items in place changed support_items_, and with it every later prediction
+        return self._heavy_chunked(queries, self.support_items_, len(self.support_indices_),
+                                   online=True)
 
     def transform_queries(self, queries: Any) -> np.ndarray:
         """Query embeddings: standardised heavy relevance to the support items.
