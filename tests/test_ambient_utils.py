@@ -14,6 +14,8 @@ from mlpapers._utils import (
     default_dtype,
     default_init_,
     on_inputs_device,
+    seed_from_generator,
+    seeded_global_rng,
     seeded_linear,
     usable_outside_inference,
     with_autograd,
@@ -109,6 +111,53 @@ def test_default_dtype_is_safe_when_two_threads_enter_it_at_once():
         assert torch.get_default_dtype() == torch.float64
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_seeded_global_rng_is_reproducible_and_restores_the_callers_rng():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    with seeded_global_rng(7):
+        first = torch.rand(5)
+    assert torch.equal(torch.get_rng_state(), before)
+    with seeded_global_rng(7, torch.device("cpu")):
+        again = torch.rand(5)
+    assert torch.equal(first, again)
+    assert torch.equal(first, torch.rand(5, generator=torch.Generator().manual_seed(7)))
+    with pytest.raises(KeyError), seeded_global_rng(8):  # restored on error too
+        torch.rand(3)
+        raise KeyError
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_seeded_global_rng_forks_in_threads_do_not_interleave():
+    # each fork holds the one process-wide lock: a thread's draws depend on its seed only
+    results, barrier = {}, threading.Barrier(4)
+
+    def run(seed):
+        barrier.wait()
+        out = []
+        for _ in range(50):
+            with seeded_global_rng(seed):
+                out.append(torch.rand(3))
+        results[seed] = torch.stack(out)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for seed, draws in results.items():
+        want = torch.rand(3, generator=torch.Generator().manual_seed(seed))
+        assert all(torch.equal(d, want) for d in draws)
+
+
+def test_seed_from_generator_reads_the_state_without_drawing():
+    g = torch.Generator().manual_seed(3)
+    seed = seed_from_generator(g)
+    assert 0 <= seed < 2**63 and seed_from_generator(g) == seed
+    assert torch.equal(g.get_state(), torch.Generator().manual_seed(3).get_state())
+    torch.rand(1, generator=g)
+    assert seed_from_generator(g) != seed  # the stream moves with the generator
 
 
 def test_inference_tensors_become_trainable_inputs():

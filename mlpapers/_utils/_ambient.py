@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator
@@ -73,6 +74,41 @@ def default_dtype(dtype: torch.dtype = torch.float32) -> Iterator[None]:
             yield
         finally:
             torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def seeded_global_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run a block with torch's global generators (the CPU's and ``device``'s) seeded
+    with ``seed``, in a fork that restores them afterwards, one fork at a time.
+
+    For the user's own code that draws from the global generator (dropout in a user
+    module, a user augmentation): its draws become reproducible under the estimator's
+    ``random_state`` and the caller's global RNG is left as it was. The lock is the
+    library's one lock on process-wide torch state (also held by :func:`default_dtype`),
+    so forks in several threads do not interleave.
+    """
+    device = torch.device(device)
+    index = None
+    if device.type != "cpu":
+        module = torch.get_device_module(device.type)
+        index = device.index if device.index is not None else module.current_device()
+    with _DEFAULT_DTYPE_LOCK, torch.random.fork_rng(
+            devices=[] if index is None else [index],
+            device_type="cuda" if index is None else device.type):
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":  # this device's generator only (fork_rng restores it)
+            torch.cuda.default_generators[index].manual_seed(seed)
+        elif index is not None:  # (mps and other devices with one generator)
+            module.manual_seed(seed)
+        yield
+
+
+def seed_from_generator(generator: torch.Generator) -> int:
+    """A 63-bit seed determined by ``generator``'s state, without drawing from it: the
+    user's random layers get their own reproducible stream while the draws the library
+    makes from ``generator`` stay as they were."""
+    state = generator.get_state().numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(state, digest_size=8).digest(), "little") >> 1
 
 
 def usable_outside_inference(t: torch.Tensor) -> torch.Tensor:

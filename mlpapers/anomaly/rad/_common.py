@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import itertools
 import numbers
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -19,12 +22,15 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
     resolve_dtype,
+    user_stacklevel,
 )
 from mlpapers._utils._blocks import collect_row_blocks, row_blocks
 from mlpapers.anomaly.rad._extractors import (
     _as_module_input,
     check_extractor_output,
     eval_mode,
+    extractor_module,
+    refuse_batch_statistics,
     resolve_extractor,
 )
 from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-exported)
@@ -36,8 +42,48 @@ from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-export
 from mlpapers.anomaly.rad._maps import resize_maps
 
 _MEMORY_DTYPES = ("float32", "float16", "bfloat16")
+# words of torch's errors for inputs too small for a network (convolution kernels, pools)
+_SIZE_ERRORS = ("kernel size", "too small", "output size", "input size", "pad should be")
 # the ``extractor`` parameter stored by ``save`` in place of a custom extractor module
 _CUSTOM_EXTRACTOR = "<custom extractor: pass it to load>"
+
+
+def _needs_move(module: torch.nn.Module, device: torch.device) -> bool:
+    """Whether a parameter or buffer of ``module`` is off ``device`` (``"cuda"`` without
+    an index is the current device, where the images go)."""
+    if device.type != "cpu" and device.index is None:
+        device = torch.device(device.type, torch.get_device_module(device.type)
+                              .current_device())
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if t.device.type != device.type or (
+                device.index is not None and t.device.index != device.index):
+            return True
+    return False
+
+
+def _copy_to_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A deep copy of ``module`` with its parameters and buffers made directly on
+    ``device`` (a deep copy then ``.to`` would first duplicate a large backbone where it
+    is, e.g. on a full GPU); tied parameters stay tied, ``requires_grad`` is kept."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = torch.nn.Parameter(p.detach().to(device, copy=True),
+                                         requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = b.detach().to(device, copy=True)
+    try:
+        return copy.deepcopy(module, memo)
+    except Exception as exc:  # e.g. a module holding a lock or an open file
+        raise TypeError(f"the extractor's weights are not on device={str(device)!r} and "
+                        f"its copy for that device failed ({type(exc).__name__}: {exc}); "
+                        "set device to where the weights are, or move the module there "
+                        "yourself.") from exc
+
+
+def _shares_memory(x: torch.Tensor, images) -> bool:
+    """Whether ``x`` may be a view of the tensor ``images`` (same storage)."""
+    return (isinstance(images, torch.Tensor) and x.device == images.device
+            and x.untyped_storage().data_ptr() == images.untyped_storage().data_ptr())
 
 
 def _check_image_size(image_size) -> tuple[int, int] | None:
@@ -85,10 +131,22 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         ext = getattr(self, "_extractor", None)
         if ext is None:
             ext = resolve_extractor(self.extractor)
-            if isinstance(ext, torch.nn.Module):
-                # not .eval() for good: a user's module keeps its training flags (each
-                # extraction runs it in eval mode, see _extract)
-                ext = ext.to(self._resolved_device)
+            user_object = not (self.extractor is None or isinstance(self.extractor, str))
+            if not user_object:  # the library's own backbone, built on the CPU for this fit
+                if isinstance(ext, torch.nn.Module):
+                    ext = ext.to(self._resolved_device)
+            elif isinstance(ext, torch.nn.Module) and _needs_move(ext, self._resolved_device):
+                # a copy on the device: Module.to moves in place, and the user's module
+                # stays where they put it (not .eval() for good either: it keeps its
+                # training flags, each extraction runs it in eval mode, see _extract)
+                where = sorted({str(t.device) for t in itertools.chain(ext.parameters(),
+                                                                       ext.buffers())})
+                warnings.warn(f"the extractor's weights are on {', '.join(where)} but "
+                              f"device={str(self._resolved_device)!r}: extraction runs on a "
+                              "copy of the extractor on that device (your module is not "
+                              "moved); set device to where the weights are to run it there.",
+                              UserWarning, stacklevel=user_stacklevel())
+                ext = _copy_to_device(ext, self._resolved_device)
             self._extractor = ext
         return ext
 
@@ -137,23 +195,38 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         keys: torch.Tensor | None = None
         log = ProgressLogger(n_batches, desc=desc,
                              verbose=self.verbose if verbose is None else verbose)
-        frozen = eval_mode(ext) if isinstance(ext, torch.nn.Module) else contextlib.nullcontext()
-        with torch.inference_mode(), frozen:
+        # the module behind the extractor (itself, or the owner of a bound method such
+        # as my_net.features) runs in eval mode and gets images in its dtype
+        module = extractor_module(ext)
+        frozen = eval_mode(module) if module is not None else contextlib.nullcontext()
+        checked = (refuse_batch_statistics(module) if module is not None
+                   else contextlib.nullcontext())
+        with torch.inference_mode(), frozen, checked:
             for i in log:
                 x = _resize(_unit_rgb(images[first + i * bs:first + min((i + 1) * bs, n)]
                                       .to(dev)), size)
-                if isinstance(ext, torch.nn.Module):  # a float64 or half backbone
-                    x = _as_module_input(x, ext)
+                if module is not None:  # a float64 or half backbone
+                    x = _as_module_input(x, module)
+                if _shares_memory(x, images):
+                    # float images at the network size reach the extractor as a view of
+                    # the caller's X: one that works in place would change their data
+                    x = x.clone()
                 try:
-                    f, k = ext(x)
+                    out_i = ext(x)
                 except RuntimeError as exc:
                     if isinstance(exc, torch.OutOfMemoryError):
                         raise
-                    raise ValueError(
-                        f"the extractor failed on a batch of shape {tuple(x.shape)}: {exc} "
-                        f"(images of {tuple(size)} pixels may be too small for this "
-                        "backbone; set image_size, e.g. 224)") from exc
-                f = check_extractor_output(f, k, len(x), i)
+                    # the image-size hint only for errors about sizes: a dtype, device or
+                    # channel mismatch inside a user's extractor is not fixed by image_size
+                    text = str(exc).lower()
+                    hint = (f"images of {tuple(size)} pixels may be too small for this "
+                            "backbone; set image_size, e.g. 224"
+                            if any(w in text for w in _SIZE_ERRORS) else
+                            f"the extractor is given {x.dtype} images in [0, 1] on {x.device}")
+                    raise ValueError(f"the extractor failed on a batch of shape "
+                                     f"{tuple(x.shape)}: {exc} ({hint})") from exc
+                f, k = check_extractor_output(out_i, len(x), i)
+                del out_i
                 shapes = [tuple(int(v) for v in t.shape[1:]) for t in f]
                 if raw_shapes is not None and shapes != raw_shapes:
                     raise ValueError("the extractor returned feature maps of different shapes "
@@ -174,6 +247,10 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                     buf[i * bs:i * bs + len(x)] = t
                 del f, kept
                 k = k.float().reshape(len(x), -1)
+                if keys is not None and k.shape[1] != keys.shape[1]:
+                    raise ValueError(f"the extractor returned keys of dimension {k.shape[1]} "
+                                     f"in batch {i} but {keys.shape[1]} before, for "
+                                     "same-size images; the key dimension must be fixed.")
                 if keys is None:
                     with torch.inference_mode(False):
                         keys = torch.empty((n, k.shape[1]), dtype=k.dtype, device=k.device)
@@ -464,8 +541,11 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
     def __getstate__(self):
         state = super().__getstate__()  # a copy (TorchEstimatorMixin)
-        if isinstance(self.extractor, str) or self.extractor is None:
-            state.pop("_extractor", None)  # rebuilt on demand
+        if (isinstance(self.extractor, str) or self.extractor is None
+                or state.get("_extractor") is not self.extractor):
+            # rebuilt on demand: a built-in one, or the device copy of the user's module
+            # (which would be pickled twice)
+            state.pop("_extractor", None)
         return state
 
     def _memory_dtype(self) -> torch.dtype:

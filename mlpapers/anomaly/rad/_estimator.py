@@ -57,7 +57,10 @@ class RADDetector(BaseImageDetector):
         :class:`RandomConvExtractor`. A callable maps ``(B, 3, H, W)`` images in
         [0, 1] to ``(list of (B, C_l, h_l, w_l) maps, (B, D) keys)``, e.g.
         :class:`TorchFeatureExtractor` or :class:`DinoViTExtractor` (the
-        paper's DINOv3 ViT-B/16 path).
+        paper's DINOv3 ViT-B/16 path). The module behind it (the extractor, or
+        the owner of a bound method) runs in eval mode under inference mode on a
+        copy of each batch and is left as given; see the user guide, "Your own
+        backbone".
     k_images : int, default=150
         Number of retrieved training images, clamped to the memory size.
     pos_radius : int or None, default=1

@@ -15,7 +15,7 @@ import math
 import numbers
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -177,11 +177,16 @@ class TorchFeatureExtractor(nn.Module):
         The frozen backbone (run in ``eval`` mode).
     layers : str or sequence of str
         Names (as in ``module.named_modules()``) of the submodules whose outputs
-        ``(B, C, h, w)`` are the patch features.
+        ``(B, C, h, w)`` are the patch features (of a tuple or list output, the
+        first element; a submodule called several times in one forward pass, such
+        as a shared ``ReLU``, gives its last output). Each must run in the forward
+        pass; ``(B, T, C)`` tokens are refused (use :class:`DinoViTExtractor`, or
+        a module that reshapes them to a grid).
     key : {"gap", "cls"}, default="gap"
         How the key tensor becomes a ``(B, D)`` vector: global average pooling
         of a ``(B, C, h, w)`` map or of ``(B, T, C)`` tokens, or the first token
-        (``"cls"``) of ``(B, T, C)`` tokens. ``(B, D)`` tensors are used as is.
+        (``"cls"``) of ``(B, T, C)`` tokens (a ``ValueError`` for a map, which has
+        no class token). ``(B, D)`` tensors are used as is.
     key_layer : str or None, default=None
         Submodule whose output is the key; ``None`` uses the forward output.
     forward : str or None, default=None
@@ -228,16 +233,27 @@ class TorchFeatureExtractor(nn.Module):
         std: Sequence[float] | None = IMAGENET_STD,
     ):
         super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__} "
+                            "(pass any other callable directly as the detector's extractor).")
         if key not in ("gap", "cls"):
             raise ValueError(f"key must be 'gap' or 'cls', got {key!r}.")
         if isinstance(layers, str):  # one layer name, not a sequence of characters
             layers = [layers]
+        if isinstance(layers, Iterable) and not isinstance(layers, torch.Tensor):
+            layers = list(layers)
+        if not isinstance(layers, list) or not all(isinstance(n, str) for n in layers):
+            raise TypeError(f"layers must be a submodule name or a sequence of them (as in "
+                            f"module.named_modules()), got {layers!r}.")
         names = dict(module.named_modules())
         missing = [n for n in [*layers, *([key_layer] if key_layer else [])] if n not in names]
         if missing:
             raise ValueError(f"layers {missing} are not submodules of {type(module).__name__}.")
         if len(layers) == 0:
             raise ValueError("layers must name at least one submodule.")
+        if forward is not None and not callable(getattr(module, forward, None)):
+            raise ValueError(f"forward must name a method of {type(module).__name__}, got "
+                             f"{forward!r}.")
         # not put in eval mode or frozen here: the module is the user's (each call runs it
         # in eval mode without gradients, see forward)
         self.module = module
@@ -248,7 +264,18 @@ class TorchFeatureExtractor(nn.Module):
         self.mean, self.std = mean, std
 
     def _pool_key(self, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            where = f"layer {self.key_layer!r}" if self.key_layer else "the forward pass"
+            raise TypeError(f"{where} returned a {type(t).__name__}, not a tensor; the key "
+                            "needs a (B, D) vector, (B, T, C) tokens or a (B, C, h, w) map "
+                            "(set key_layer to a submodule that returns one).")
         if t.ndim == 4:
+            if self.key == "cls":
+                # a conv map has no class token: the global average would be used silently
+                raise ValueError(f"key='cls' takes the first token of (B, T, C) tokens, but "
+                                 f"the key source returned a (B, C, h, w) map of shape "
+                                 f"{tuple(t.shape)}; use key='gap' for convolutional "
+                                 "networks.")
             return t.mean(dim=(2, 3))
         if t.ndim == 3:
             return t[:, 0] if self.key == "cls" else t.mean(dim=1)
@@ -297,11 +324,22 @@ class TorchFeatureExtractor(nn.Module):
                     h.remove()
         feats = []
         for n in self.layers:
+            if n not in outputs:
+                raise ValueError(f"layer {n!r} of {type(self.module).__name__} did not run in "
+                                 "the forward pass, so it gave no features; hook a submodule "
+                                 "that the forward pass calls.")
             f = outputs[n]
+            if not isinstance(f, torch.Tensor):
+                raise TypeError(f"layer {n!r} returned a {type(f).__name__}, not a tensor; "
+                                "hook a submodule that returns a (B, C, h, w) tensor (of a "
+                                "tuple or list output the first element is used).")
             if f.ndim != 4:
                 raise ValueError(f"layer {n!r} returned shape {tuple(f.shape)}; patch features "
                                  "must be (B, C, h, w) maps (use DinoViTExtractor for ViTs).")
             feats.append(f)
+        if self.key_layer and self.key_layer not in outputs:
+            raise ValueError(f"key_layer {self.key_layer!r} of {type(self.module).__name__} "
+                             "did not run in the forward pass.")
         key_src = outputs[self.key_layer] if self.key_layer else out
         if isinstance(key_src, (tuple, list)):
             key_src = key_src[0]
@@ -345,6 +383,8 @@ class DinoViTExtractor(nn.Module):
     def __init__(self, model: nn.Module, layers: Sequence[int] = (3, 6, 9, 11),
                  norm: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD):
         super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
         if not hasattr(model, "get_intermediate_layers"):
             raise TypeError(f"{type(model).__name__} has no get_intermediate_layers method; "
                             "pass a DINOv2/DINOv3 ViT or use TorchFeatureExtractor.")
@@ -443,20 +483,81 @@ def resolve_extractor(spec) -> Callable:
             return RandomConvExtractor()
         raise ValueError(f"extractor must be one of {list(_BUILTIN)}, None or a callable, "
                          f"got {spec!r}.")
+    if isinstance(spec, type):
+        # a class is callable too: extractor(images) would construct it from the images
+        raise TypeError(f"extractor must be an extractor object, got the class "
+                        f"{spec.__name__}; pass an instance, e.g. {spec.__name__}(...).")
     if not callable(spec):
         raise TypeError(f"extractor must be a string, None or a callable, got "
                         f"{type(spec).__name__}.")
     return spec
 
 
-def check_extractor_output(feats: Any, key: Any, n: int, batch: int) -> list[torch.Tensor]:
-    """Check what a user extractor returned for a batch of ``n`` images."""
+def extractor_module(ext) -> nn.Module | None:
+    """The module behind an extractor: the extractor itself, or the module of a bound
+    method such as ``my_net.features`` (``None`` for any other callable)."""
+    if isinstance(ext, nn.Module):
+        return ext
+    owner = getattr(ext, "__self__", None)
+    return owner if isinstance(owner, nn.Module) else None
+
+
+@contextmanager
+def refuse_batch_statistics(module: nn.Module) -> Iterator[None]:
+    """Inside the block, a BatchNorm of ``module`` without running statistics that runs
+    raises a ``ValueError``; one that never runs (an unused head) is fine.
+
+    A BatchNorm built with ``track_running_stats=False`` normalises with the statistics
+    of the batch even in eval mode: an image's features (and score) would change with
+    the images it is batched with and with ``batch_size``. Checked when the layer is
+    called (a forward pre-hook, removed on exit), not by its mere presence.
+    """
+    handles = []
+
+    def refuse(layer: nn.Module, name: str) -> Any:
+        def hook(_module, _inputs):
+            raise ValueError(
+                f"the extractor's {type(layer).__name__} {name!r} has no running "
+                "statistics (track_running_stats=False): it normalises with the "
+                "statistics of the batch even in eval mode, so an image's features would "
+                "depend on the other images of its batch. Use a BatchNorm with running "
+                "statistics (e.g. estimated on your training images), or a per-image "
+                "normalisation (GroupNorm, LayerNorm, InstanceNorm).")
+        return hook
+
+    try:
+        for name, m in module.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None:
+                handles.append(m.register_forward_pre_hook(
+                    refuse(m, name or type(module).__name__)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def check_extractor_output(out: Any, n: int, batch: int) -> tuple[list[torch.Tensor],
+                                                                   torch.Tensor]:
+    """Check what a user extractor returned for a batch of ``n`` images: the feature
+    maps as contiguous float32 tensors, and the key."""
+    expected = "(list of (B, C, h, w) feature tensors, (B, D) key tensor)"
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        got = (f"a {type(out).__name__} of length {len(out)}"
+               if isinstance(out, (tuple, list)) else f"a {type(out).__name__}")
+        raise TypeError(f"the extractor must return a pair {expected}, got {got}.")
+    feats, key = out
     if (not isinstance(feats, (list, tuple)) or len(feats) == 0
             or not all(isinstance(f, torch.Tensor) for f in feats)
             or not isinstance(key, torch.Tensor)):
-        raise TypeError("the extractor must return (list of (B, C, h, w) feature tensors, "
-                        f"(B, D) key tensor), got ({type(feats).__name__}, "
-                        f"{type(key).__name__}).")
+        inner = (f"[{', '.join(sorted({type(f).__name__ for f in feats}))}]"
+                 if isinstance(feats, (list, tuple)) and len(feats) else "")
+        raise TypeError(f"the extractor must return {expected}, got "
+                        f"({type(feats).__name__}{inner}, {type(key).__name__}).")
+    for i, t in enumerate([*feats, key]):
+        if t.is_complex():  # the float32 cast would drop the imaginary part
+            what = "key" if i == len(feats) else f"feature map {i}"
+            raise TypeError(f"the extractor's {what} is complex ({t.dtype}); features and "
+                            "key must be real tensors.")
     for i, f in enumerate(feats):
         if f.ndim != 4 or f.shape[0] != n:
             raise ValueError(f"the extractor's feature map {i} has shape {tuple(f.shape)} for a "
@@ -472,4 +573,4 @@ def check_extractor_output(feats: Any, key: Any, n: int, batch: int) -> list[tor
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"the extractor returned NaN or infinite values (in float32) "
                              f"in its {what} (batch {batch}).")
-    return feats
+    return feats, key

@@ -9,11 +9,12 @@ differently, so a caller's default dtype changed every crop.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import on_inputs_device, wrap_public_methods
+from mlpapers._utils import on_inputs_device, seeded_global_rng, wrap_public_methods
 
 __all__ = ["DefaultAugment"]
 
@@ -168,3 +169,49 @@ class DefaultAugment:
 
 # crop_flip, color and blur compute where the images are, as __call__ does
 wrap_public_methods(DefaultAugment, on_inputs_device)
+
+
+# mixed into the estimator generator's seed for the stream of the augment seeds, so that
+# it differs from the generator's own stream
+_SEED_SALT = 0x5DEECE66D
+
+
+class UserAugment:
+    """A user's ``augment(x, generator) -> x`` callable, called as the encoders promise.
+
+    Each call gets its own copy of the batch (an augment that modifies its input in
+    place would otherwise make the two views of a pair one tensor, or change the next
+    view's input), and runs with the global torch RNG of the CPU (and of the batch's
+    accelerator) forked and seeded from a stream derived from the estimator's
+    generator: an augment drawing from ``torch.rand`` instead of ``generator`` is then
+    reproducible under ``random_state`` and leaves the caller's global RNG as it was.
+    The estimator's generator itself is not advanced by this (an augment that draws
+    from it sees the same stream as before). An augment module runs in the mode it was
+    given (dropout in it stays random), and its buffers (BatchNorm running statistics)
+    are restored after each call.
+    """
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._seeds: torch.Generator | None = None
+        # the module behind the callable (itself, or the owner of a bound method): its
+        # buffers are restored after each call, so that a BatchNorm in train mode
+        # normalises with the batch as the user built it but does not accumulate
+        # running statistics into the user's module
+        owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+        self._module = owner if isinstance(owner, torch.nn.Module) else None
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        if self._seeds is None:  # one stream per fit (a new UserAugment each fit)
+            base = generator.initial_seed() if generator is not None else 0
+            self._seeds = torch.Generator().manual_seed((base ^ _SEED_SALT) % 2 ** 63)
+        seed = int(torch.randint(0, 2 ** 62, (1,), generator=self._seeds))
+        with seeded_global_rng(seed, x.device):
+            buffers = [] if self._module is None else list(self._module.buffers())
+            saved = [b.detach().clone() for b in buffers]
+            try:
+                return self.fn(x.clone(), generator)
+            finally:
+                with torch.no_grad():
+                    for b, v in zip(buffers, saved):
+                        b.copy_(v)

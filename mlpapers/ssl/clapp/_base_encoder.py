@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import os
 from typing import Any
 
 import numpy as np
@@ -24,10 +26,21 @@ from mlpapers._utils import (
 )
 from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.ssl.clapp import _distributed as _dist
-from mlpapers.ssl.clapp._augment import DefaultAugment
+from mlpapers.ssl.clapp._augment import DefaultAugment, UserAugment
 from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
 
 _TRANSFORM_CHUNK = 256
+# the ``augment`` parameter stored by ``save`` in place of a custom callable (code, which a
+# safe file cannot hold), and the key under which a DefaultAugment's settings are stored
+_CUSTOM_AUGMENT = "<custom augment: pass it to load>"
+_DEFAULT_AUGMENT_TAG = "__DefaultAugment__"
+
+
+def _augment_settings(aug: DefaultAugment) -> dict:
+    """The constructor arguments of a ``DefaultAugment`` (what ``load`` rebuilds it from;
+    other attributes a user set on it are not settings and are not stored)."""
+    names = [k for k in inspect.signature(DefaultAugment.__init__).parameters if k != "self"]
+    return {k: getattr(aug, k) for k in names}
 
 
 class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
@@ -75,7 +88,13 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         check_positive(self.lr, "lr")
         check_positive(self.weight_decay, "weight_decay", strict=False)
         check_in_options(self.negatives, "negatives", ("next", "random"))
-        if not (callable(self.augment) or self.augment in ("default", "light", None)):
+        if isinstance(self.augment, type):
+            # a class is callable too: augment(x, generator) would construct it
+            raise TypeError(f"augment must be a callable object, got the class "
+                            f"{self.augment.__name__}; pass an instance, e.g. "
+                            f"{self.augment.__name__}().")
+        if not (callable(self.augment) or self.augment in ("default", "light", None,
+                                                            _CUSTOM_AUGMENT)):
             raise ValueError("augment must be 'default', 'light', None (identity views) or a "
                              f"callable augment(x, generator) -> x, got {self.augment!r}.")
         self._blocks = check_architecture(self.architecture)
@@ -134,20 +153,34 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                     "Use larger images, fewer 'M' max-pools or a smaller spatial_pool.")
 
     def _augment_fn(self):
+        if isinstance(self.augment, str) and self.augment == _CUSTOM_AUGMENT:
+            raise ValueError(f"this {type(self).__name__} was saved with a custom augment, "
+                             "which the file does not hold; pass it again to train: "
+                             f"{type(self).__name__}.load(path, augment=my_augment) or "
+                             "set_params(augment=my_augment).")
         if self.augment == "default":
             return DefaultAugment()
         if self.augment == "light":
             return DefaultAugment.light()
         if self.augment is None:
             return lambda x, generator=None: x
-        return self.augment
+        if type(self.augment) is DefaultAugment:  # draws from the generator only, in place
+            return self.augment                   # never: no copy, fork or lock needed
+        # a copy of the batch per call, the global torch RNG forked and seeded (UserAugment)
+        return UserAugment(self.augment)
 
     def _two_views(self, augment, xb: torch.Tensor, gen) -> torch.Tensor:
         """Two augmented views of ``xb`` stacked to ``(2N, C, h, w)``; a user callable's
-        output is checked so that a wrong one is named rather than failing inside torch."""
-        custom = callable(self.augment)
+        output is checked so that a wrong one is named rather than failing inside torch
+        (or training on it silently)."""
+        custom = callable(self.augment) and type(self.augment) is not DefaultAugment
         try:
-            views = [augment(xb, gen), augment(xb, gen)]
+            first = augment(xb, gen)
+            if custom and isinstance(first, torch.Tensor):
+                # an augment that writes every result into one buffer of its own would
+                # overwrite the first view with the second (one memcpy of the batch)
+                first = first.clone()
+            views = [first, augment(xb, gen)]
         except TypeError as exc:
             if not custom:
                 raise
@@ -158,12 +191,40 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                 if not isinstance(v, torch.Tensor):
                     raise TypeError(f"augment must return a torch.Tensor, got "
                                     f"{type(v).__name__}.")
+                if not v.is_floating_point():
+                    # integer or boolean views would be cast to float on another scale
+                    # than the images (0-255 for uint8), complex ones lose a part
+                    raise TypeError(f"augment must return floating-point images (it is "
+                                    f"given float32 ones), got dtype {v.dtype}.")
                 if v.ndim != 4 or tuple(v.shape[:2]) != tuple(xb.shape[:2]):
                     raise ValueError(f"augment must return images of shape (N, C, h, w) = "
                                      f"({xb.shape[0]}, {xb.shape[1]}, h, w), got "
                                      f"{tuple(v.shape)}.")
+            if views[0].shape != views[1].shape:
+                raise ValueError(f"augment returned views of different sizes "
+                                 f"{tuple(views[0].shape)} and {tuple(views[1].shape)} for "
+                                 "one batch; both views must have the same size (resize "
+                                 "random crops to a fixed size, e.g. the input's).")
+            self._check_view_size(tuple(int(s) for s in views[0].shape[2:]))
             views = [v.to(device=xb.device, dtype=xb.dtype) for v in views]
+            for v in views:  # after the cast: float64 values beyond float32 become inf
+                if not bool(torch.isfinite(v).all()):
+                    raise ValueError("augment returned NaN or infinite values; the views "
+                                     "must be finite images.")
         return torch.cat(views, dim=0)
+
+    def _check_view_size(self, size: tuple[int, int]) -> None:
+        """Augmented views of another size than the training images must still fit
+        the architecture and the pooling grids (what the images were checked for)."""
+        if size == tuple(self.input_shape_[1:]):
+            return
+        for i, ((h, w), g) in enumerate(zip(self.encoder_.map_sizes(*size), self.grids_)):
+            if min(h, w) < g:
+                raise ValueError(
+                    f"augment returned views of size {size[0]}x{size[1]}, too small for the "
+                    f"architecture: block {i} outputs {h}x{w} maps, smaller than its "
+                    f"spatial_pool grid {g}. Return views of the input size "
+                    f"{self.input_shape_[1]}x{self.input_shape_[2]}.")
 
     # -- building -----------------------------------------------------------------
     def _build(self, shape: tuple[int, int, int], generator: torch.Generator | None) -> None:
@@ -223,12 +284,12 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         rank). See the user guide, "Scale-out".
         """
         self._check_params()
+        augment = self._augment_fn()          # before any work: a saved custom augment
         self._init_fit()
         X = self._check_images(X, reset=True)
         gen = self._torch_gen
         self._build(tuple(X.shape[1:]), gen)
         self.n_features_in_ = int(np.prod(self.input_shape_))
-        augment = self._augment_fn()
         params = [p for p in [*self.encoder_.parameters(), *self.heads_.parameters()]
                   if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
@@ -439,7 +500,63 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             "n_features_in_": self.n_features_in_,
         }
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Save the parameters and the fitted encoder (``torch.load(weights_only=True)``-safe).
+
+        A :class:`DefaultAugment` given as ``augment`` is stored by its settings and
+        rebuilt on load. Any other callable is code, which a safe file cannot hold: it
+        is left out (:meth:`transform` does not need it), and training the loaded
+        encoder again needs it back (``load(path, augment=...)`` or ``set_params``).
+
+        Parameters
+        ----------
+        path : str or path-like
+            Destination file.
+        """
+        aug = self.augment
+        if aug is None or isinstance(aug, str):
+            super().save(path)
+            return
+        self.augment = ({_DEFAULT_AUGMENT_TAG: _augment_settings(aug)}
+                        if type(aug) is DefaultAugment else _CUSTOM_AUGMENT)
+        try:
+            super().save(path)
+        finally:
+            self.augment = aug
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *, augment=None):
+        """Load an encoder written by :meth:`save`, safely (``weights_only=True``).
+
+        Parameters
+        ----------
+        path, map_location :
+            The file written by :meth:`save`, and where its tensors are loaded.
+        augment : callable or None, default=None
+            The custom augment the encoder was saved with (only for such a file;
+            needed to train it again, not to transform).
+
+        Returns
+        -------
+        encoder
+            A fitted instance of this class.
+        """
+        est = super().load(path, map_location=map_location)
+        if augment is not None:
+            if not (isinstance(est.augment, str) and est.augment == _CUSTOM_AUGMENT):
+                raise ValueError(f"{os.fspath(path)!r} was saved with augment="
+                                 f"{est.augment!r}, which is restored on load; do not pass "
+                                 "augment=.")
+            if not callable(augment):
+                raise TypeError(f"augment must be a callable augment(x, generator) -> x, "
+                                f"got {type(augment).__name__}.")
+            est.augment = augment
+        return est
+
     def _set_state(self, state: dict[str, Any]) -> None:
+        aug = self.augment  # a DefaultAugment stored by its settings (save)
+        if isinstance(aug, dict) and set(aug) == {_DEFAULT_AUGMENT_TAG}:
+            self.augment = DefaultAugment(**aug[_DEFAULT_AUGMENT_TAG])
         self._check_params()
         # the throwaway initialisation draws from a private generator, not the global torch
         # RNG, and the modules are built outside the caller's inference_mode (inference

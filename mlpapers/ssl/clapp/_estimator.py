@@ -99,8 +99,10 @@ class CLAPPEncoder(_SSLImageEncoder):
         ``"default"`` is :class:`DefaultAugment` (the paper's random resized
         crop, flip, jitter, blur); ``"light"`` is :meth:`DefaultAugment.light`
         (no flip, milder crops and jitter: better for digits); a callable
-        ``augment(x, generator) -> x`` on ``(N, C, H, W)`` tensors; ``None`` uses
-        identical views.
+        ``augment(x, generator) -> x`` on ``(N, C, H, W)`` tensors (each call gets
+        its own copy of the batch, with the global torch RNG seeded from
+        ``random_state``; its output is checked: see the user guide, "Your own
+        augmentation"); ``None`` uses identical views.
     n_epochs : int, default=20
     batch_size : int, default=32
         The paper's batch size (>= 2).
@@ -236,6 +238,15 @@ class CLAPPEncoder(_SSLImageEncoder):
             if min(n_y, n_x) < g:
                 raise ValueError(f"spatial_pool grid {g} of block {i} is larger than the "
                                  f"{n_y}x{n_x} patch grid.")
+
+    def _check_view_size(self, size: tuple[int, int]) -> None:
+        if self.variant == "clapp2021" and size != tuple(self.input_shape_[1:]):
+            # the patch grid (patch_grid_) and the predictors are fixed by the image size
+            raise ValueError(f"augment returned views of size {size[0]}x{size[1]}; "
+                             f"variant='clapp2021' needs views of the input size "
+                             f"{self.input_shape_[1]}x{self.input_shape_[2]} (its patch "
+                             "grid is fixed by the training images).")
+        super()._check_view_size(size)
 
     # -- heads and contexts ---------------------------------------------------------------
     def _build_heads(self, dims, generator) -> nn.Module:

@@ -8,8 +8,10 @@ mode its input is ``detach()``-ed, so no gradient crosses block boundaries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,18 +40,26 @@ def check_architecture(architecture) -> list[tuple]:
                          f"[(32,), (64, 'M')], got {architecture!r}.")
     blocks = []
     for block in architecture:
-        block = (block,) if isinstance(block, (int, str)) else tuple(block)
+        if isinstance(block, (numbers.Integral, str)):
+            block = (block,)
+        elif not isinstance(block, Iterable):
+            raise ValueError("architecture must be a list of blocks, each a sequence of "
+                             f"channel counts and 'M', got the block {block!r}.")
+        block = tuple(block)
         n_conv = 0
         for code in block:
-            if isinstance(code, bool) or not (
-                code == "M" or (isinstance(code, int) and code > 0)
+            if isinstance(code, (bool, np.bool_)) or not (
+                (isinstance(code, str) and code == "M")
+                or (isinstance(code, numbers.Integral) and code > 0)
             ):
                 raise ValueError("architecture entries must be positive ints (conv channels) "
                                  f"or 'M' (max-pool), got {code!r} in block {block!r}.")
-            n_conv += code != "M"
+            n_conv += not isinstance(code, str)
         if n_conv == 0:
             raise ValueError(f"every block needs at least one convolution, got {block!r}.")
-        blocks.append(block)
+        # plain ints (numpy integers, e.g. from np.arange, are accepted): the block list
+        # is stored in saved files and compared
+        blocks.append(tuple(code if isinstance(code, str) else int(code) for code in block))
     return blocks
 
 
