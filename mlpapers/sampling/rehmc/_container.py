@@ -15,7 +15,7 @@ import torch
 
 from mlpapers._utils import on_inputs_device, to_numpy, wrap_public_methods
 
-__all__ = ["ConvexContainer"]
+__all__ = ["ConvexContainer", "check_oracles"]
 
 Tensor = torch.Tensor
 
@@ -42,7 +42,9 @@ class ConvexContainer:
     """Base class of the convex containers ``K`` that trajectories reflect off.
 
     Subclasses implement :meth:`contains`, :meth:`hit` and
-    :meth:`interior_point`; :attr:`dim` is the dimension ``d``.
+    :meth:`interior_point`; :attr:`dim` is the dimension ``d``. The sampler checks
+    the types and shapes of a user subclass's answers once, before sampling
+    (``ValueError``/``TypeError`` naming the method).
     """
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -164,3 +166,84 @@ class ConvexContainer:
 
 
 wrap_public_methods(ConvexContainer, on_inputs_device)
+
+_BUILT_IN = "mlpapers.sampling.rehmc."
+
+
+def check_membership(container: ConvexContainer, x: Tensor, name: str) -> Tensor:
+    """``container._holds(x)``, checked to be a bool tensor of shape ``(C,)`` for a user's
+    class (a ``(C, 1)`` answer broadcast into ``(C, C)`` masks deep in a transition)."""
+    inside = container._holds(x)
+    if type(container).__module__.startswith(_BUILT_IN):
+        return inside
+    if not isinstance(inside, Tensor) or inside.shape != x.shape[:1] or (
+            inside.dtype != torch.bool):
+        got = (f"a {inside.dtype} tensor of shape {tuple(inside.shape)}"
+               if isinstance(inside, Tensor) else f"a {type(inside).__name__}")
+        raise ValueError(f"{name} ({type(container).__name__}).contains must return a bool "
+                         f"tensor of shape ({x.shape[0]},) for ({x.shape[0]}, "
+                         f"{x.shape[1]}) points (one row per point), got {got}.")
+    return inside
+
+
+def check_oracles(container: ConvexContainer, dtype: torch.dtype, device, name: str, *,
+                  reflect: bool = True) -> None:
+    """Check a user's container class once, before sampling: ``dim``, ``interior_point``,
+    and the types and shapes that ``contains`` (and, with ``reflect``, ``hit``) return
+    for two points. Built-in classes are skipped (their oracles are tested).
+
+    A ``contains`` of shape ``(C, 1)`` broadcast against ``(C,)`` masks into ``(C, C)``
+    (a torch error deep in a transition), and a normal of shape ``(C, 1)`` broadcast
+    silently: every reflection used a wrong normal and the chain left its target.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming ``name`` and the method, and what was expected.
+    """
+    if type(container).__module__.startswith(_BUILT_IN):
+        return
+    cls = f"{name} ({type(container).__name__})"
+    d = getattr(container, "dim", None)
+    if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
+        raise TypeError(f"{cls} must set dim to the dimension d, an int >= 1, got {d!r}.")
+    d = int(d)
+    try:
+        c = np.asarray(to_numpy(p) if isinstance(p := container.interior_point(), Tensor)
+                       else p, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{cls}.interior_point() must return a numeric array of shape "
+                        f"({d},): {exc}") from None
+    if c.size == d:  # (d,), or (1, d) as HEAD accepted
+        c = c.reshape(d)
+    if c.shape != (d,) or not np.all(np.isfinite(c)):
+        raise ValueError(f"{cls}.interior_point() must return a finite array of shape "
+                         f"({d},), got shape {c.shape}.")
+    x = torch.as_tensor(c, dtype=dtype, device=device).expand(2, d).clone()
+
+    def bad(method, what, got):
+        desc = (f"a {got.dtype} tensor of shape {tuple(got.shape)}"
+                if isinstance(got, Tensor) else f"a {type(got).__name__}")
+        return ValueError(f"{cls}.{method} must return {what} for (2, {d}) points (one "
+                          f"row per point), got {desc}.")
+
+    inside = container.contains(x)
+    if not isinstance(inside, Tensor) or inside.shape != (2,) or inside.dtype != torch.bool:
+        raise bad("contains", "a bool tensor of shape (2,)", inside)
+    if not reflect:
+        return
+    v = torch.zeros_like(x)
+    v[0, 0], v[1, 0] = 1.0, -1.0
+    out = container.hit(x, v, torch.full((2,), 1e3, dtype=dtype, device=device),
+                        torch.full((2,), -1, dtype=torch.long, device=device))
+    if not isinstance(out, tuple) or len(out) != 3:
+        raise ValueError(f"{cls}.hit must return a tuple (t, normal, face), got "
+                         f"{type(out).__name__}" + (f" of length {len(out)}."
+                                                    if isinstance(out, tuple) else "."))
+    t, normal, face = out
+    if not isinstance(t, Tensor) or t.shape != (2,) or not t.is_floating_point():
+        raise bad("hit", "hitting times t, a float tensor of shape (2,),", t)
+    if not isinstance(normal, Tensor) or normal.shape != (2, d) or not normal.is_floating_point():
+        raise bad("hit", f"normals, a float tensor of shape (2, {d}),", normal)
+    if isinstance(face, Tensor) and face.shape != (2,):  # (None is passed back as is)
+        raise bad("hit", "face indices, a tensor of shape (2,),", face)

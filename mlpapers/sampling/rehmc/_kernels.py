@@ -31,6 +31,7 @@ import torch
 from mlpapers.sampling.rehmc._supports import ConvexContainer
 
 __all__ = [
+    "ContractError",
     "grad_only",
     "hmc_transition",
     "kinetic_energy",
@@ -68,14 +69,19 @@ def reflect_momentum(p: Tensor, normal: Tensor, inv_mass: Tensor | None) -> Tens
     return p - 2.0 * coef[:, None] * normal
 
 
+class ContractError(ValueError):
+    """A user function returned what its contract forbids (a shape, a type); the message
+    says what was expected, so no guess of the cause is added to it."""
+
+
 def _shape_error(name: str, expected: tuple, x: Tensor, got) -> ValueError:
     shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
     hint = ""
     if len(expected) == 1:
         hint = (" It gets one row per chain and must return one value per row (a torch "
                 "tensor: .squeeze(-1) a column; wrap a one-point function in torch.vmap).")
-    return ValueError(f"{name} must return a tensor of shape {expected} for a "
-                      f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.{hint}")
+    return ContractError(f"{name} must return a tensor of shape {expected} for a "
+                         f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.{hint}")
 
 
 def grad_only(grad_log_prob: GradLogProb, x: Tensor) -> Tensor:
@@ -86,7 +92,12 @@ def grad_only(grad_log_prob: GradLogProb, x: Tensor) -> Tensor:
     ValueError
         If the result is not a tensor of the shape of ``x``.
     """
-    g = grad_log_prob(x)
+    # a copy in: a function that modifies its argument in place (x.mul_(-1), or numpy's
+    # a -= mu on x.numpy()) would otherwise move the chain's own position silently, and
+    # x.requires_grad_() would make every later state carry an autograd graph (about
+    # 1.5 us per call: 2% of the cheapest step, a d = 2 box with grad_log_prob, within
+    # the timing noise; less for any real density)
+    g = grad_log_prob(x.clone())
     if not isinstance(g, torch.Tensor) or g.shape != x.shape:
         raise _shape_error("grad_log_prob", tuple(x.shape), x, g)
     if g.requires_grad:
@@ -119,22 +130,30 @@ def log_prob_and_grad(log_prob: LogProb, x: Tensor, grad_log_prob: GradLogProb |
 
 def _log_prob_and_grad(log_prob: LogProb, x: Tensor,
                        grad_log_prob: GradLogProb | None) -> tuple[Tensor, Tensor, bool]:
+    # log_prob gets a copy of the chains (see grad_only): modifying it in place must not
+    # move the chains
     if grad_log_prob is not None:
         with torch.no_grad():
-            lp = log_prob(x)
+            lp = log_prob(x.clone())
         if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
             raise _shape_error("log_prob", (x.shape[0],), x, lp)
-        return lp.to(x.dtype), grad_only(grad_log_prob, x), True
+        # detached: a log_prob that switches autograd on inside returns a graph, which
+        # the kept log densities would chain from one transition to the next (and the
+        # run failed at its very end, converting them to numpy)
+        return lp.detach().to(x), grad_only(grad_log_prob, x), True
     with torch.enable_grad():
         xr = x.detach().requires_grad_(True)
-        lp = log_prob(xr)
+        # a non-leaf copy: autograd differentiates through in-place changes of it (a leaf
+        # would raise), and changes made outside autograd (no_grad, .data, numpy) do not
+        # reach the chains
+        lp = log_prob(xr.clone())
         if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
             raise _shape_error("log_prob", (x.shape[0],), x, lp)
         if lp.requires_grad:
             (grad,) = torch.autograd.grad(lp, xr, torch.ones_like(lp))  # no sum node
         else:  # constant density (or one autograd cannot see through)
             grad = torch.zeros_like(x)
-    return lp.detach().to(x.dtype), grad.detach(), lp.requires_grad
+    return lp.detach().to(x), grad.detach().to(x), lp.requires_grad
 
 
 def reflected_drift(

@@ -88,10 +88,18 @@ class ConvexSet(ConvexContainer):
         if not isinstance(out, torch.Tensor):  # a numpy g (allowed with grad_g)
             # torch.tensor copies: as_tensor warns on a read-only (e.g. broadcast) array
             out = torch.tensor(np.asarray(out, dtype=np.float64), device=x.device)
+        if out.shape != x.shape[:1]:
+            # (__init__ checks one point; a (C, 1) column for C chains broadcast into a
+            # (C, C, d) torch error inside the root finding)
+            raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(out.shape)} for "
+                             f"a {tuple(x.shape)} input.")
         return out.to(x.dtype)
 
     def contains(self, x, tol=0.0):
-        return self._g(x) <= tol
+        # g gets a copy of points it may be handed by the sampler (the proposals, the
+        # chains): one that changed its input in place moved them (the bisection's trial
+        # points are g's own)
+        return self._g(x.clone()) <= tol
 
     def _grad(self, x):
         if self.grad_g is not None:
@@ -99,13 +107,17 @@ class ConvexSet(ConvexContainer):
                 gr = self.grad_g(x)
             if not isinstance(gr, torch.Tensor):
                 gr = torch.tensor(np.asarray(gr, dtype=np.float64), device=x.device)
+            if gr.shape != x.shape:  # a (d,) gradient would broadcast into wrong normals
+                raise ValueError(f"grad_g must map (C, d) to (C, d), got shape "
+                                 f"{tuple(gr.shape)} for a {tuple(x.shape)} input.")
             gr = gr.to(x.dtype)
         else:
             # autograd on even in a caller's no_grad / inference_mode (the normal would be a
             # torch error there); an inference tensor x cannot require grad outside that mode
             with autograd_enabled():
                 xr = usable_outside_inference(x.detach()).requires_grad_(True)
-                gr = torch.autograd.grad(self.g(xr).sum(), xr)[0]
+                # (a non-leaf copy: g may change its input in place, as in contains)
+                gr = torch.autograd.grad(self.g(xr.clone()).sum(), xr)[0]
         return gr
 
     def hit(self, x, v, t_max=None, exclude=None):
@@ -116,7 +128,7 @@ class ConvexSet(ConvexContainer):
         out = g_hi > 0
         lo = torch.zeros_like(t_max)
         hi = t_max.clone()
-        g_lo = torch.minimum(self._g(x), torch.zeros_like(t_max))
+        g_lo = torch.minimum(self._g(x.clone()), torch.zeros_like(t_max))  # (see contains)
         g_tol = 1e-14 * g_lo.abs()  # lo is a root to ~1e-14 relative once |g(lo)| <= g_tol
         g_lo_true = g_lo
         g_hi = torch.where(out, g_hi, torch.ones_like(g_hi))
@@ -215,12 +227,20 @@ class Region:
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Membership ``(C, d) -> (C,)`` bool."""
         with torch.no_grad():
-            out = self._contains(x)
+            # a copy: the sampler hands it its chains, which a function that changes its
+            # input in place would move
+            out = self._contains(x.clone())
             # torch.tensor copies a numpy answer: as_tensor warns on a read-only one
             out = out if isinstance(out, torch.Tensor) else torch.tensor(np.asarray(out))
         if out.shape != x.shape[:1]:
             raise ValueError(
                 f"Region.contains must return shape ({x.shape[0]},), got {tuple(out.shape)}.")
+        if out.dtype != torch.bool:
+            # .bool() of a score (a norm, a density) is True almost everywhere: every
+            # draw was kept, silently; 0/1 numbers (a mask cast to float) are accepted
+            if out.is_complex() or not bool(((out == 0) | (out == 1)).all()):
+                raise ValueError("Region.contains must return booleans (or 0/1), one per "
+                                 f"row, got {out.dtype} values other than 0 and 1.")
         return out.bool()
 
 

@@ -28,11 +28,13 @@ from mlpapers._utils import (
 )
 from mlpapers.sampling.rehmc._adapt import find_reasonable_step_size
 from mlpapers.sampling.rehmc._chees import halton
+from mlpapers.sampling.rehmc._container import check_oracles
 from mlpapers.sampling.rehmc._draws import run_chains
 from mlpapers.sampling.rehmc._kernels import hmc_transition
 from mlpapers.sampling.rehmc._result import SampleResult
 from mlpapers.sampling.rehmc._resume import final_sampler_state, resume_start
 from mlpapers.sampling.rehmc._supports import ConvexContainer, Region
+from mlpapers.sampling.rehmc._user import eval_mode
 from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points, start_state
 
 __all__ = ["ReflectiveHMC", "SampleResult"]
@@ -62,7 +64,10 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     ----------
     log_prob : callable
         Unnormalised log density ``(chains, d) -> (chains,)``, differentiable
-        by autograd (unless ``grad_log_prob`` is given).
+        by autograd (unless ``grad_log_prob`` is given). It gets a copy of the
+        chains (changing it in place moves no chain) in the sampler's ``dtype``;
+        another real dtype is cast, another shape raises ``ValueError`` (the user
+        guide's "Your own log-density" has the whole contract).
     container : ConvexContainer
         :class:`Box`, :class:`Polytope`, :class:`Ball`, :class:`Ellipsoid` or
         :class:`ConvexSet`; trajectories reflect off its boundary.
@@ -161,6 +166,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     """
 
     _progress_label = "ReflectiveHMC"  # of the verbose bars (StiefelSampler sets its own)
+    _density_name = "log_prob"  # what the start's errors call it (StiefelSampler's own)
 
     def __init__(self, log_prob: Callable | None = None, container: ConvexContainer | None = None,
                  *, grad_log_prob: Callable | None = None, support=None, step_size="auto",
@@ -302,7 +308,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         # torch.no_grad() or torch.inference_mode() the gradient would silently be zero (a
         # random walk, other draws), so autograd is switched on for the call, and the draws
         # are the same whatever the caller's grad mode.
-        with autograd_enabled():
+        with autograd_enabled(), eval_mode(self.log_prob, self.grad_log_prob):
             return self._sample(n_samples, x0, n_chains=n_chains, warmup=warmup, thin=thin,
                                 return_tensor=return_tensor, resume=resume)
 
@@ -322,6 +328,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         dtype = resolve_dtype(self.dtype)
         dev = self._device
         gen = self._torch_gen
+        # a user's container class: its oracles' types and shapes, before any work
+        check_oracles(self.container, dtype, dev, "container")
         d = self.container.dim
         start = None
         if resume is not None:
@@ -354,7 +362,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         else:
             x = start.x
         glp = self.grad_log_prob
-        logp, grad = start_state(self.log_prob, x, glp)
+        logp, grad = start_state(self.log_prob, x, glp, name=self._density_name)
 
         def find_step(x, logp, grad, inv_mass, init, cap):  # doubling heuristic
             return find_reasonable_step_size(x, logp, grad, self.log_prob, self.container,

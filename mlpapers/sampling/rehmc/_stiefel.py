@@ -24,8 +24,10 @@ from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import check_positive, on_inputs_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
+from mlpapers.sampling.rehmc._kernels import ContractError
 from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Ball, Region
+from mlpapers.sampling.rehmc._user import eval_mode
 
 __all__ = [
     "StiefelResult",
@@ -336,9 +338,11 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
                 lg = g(polar_factor(X))
                 if not isinstance(lg, torch.Tensor) or lg.shape != out.shape:
                     got = tuple(lg.shape) if isinstance(lg, torch.Tensor) else type(lg).__name__
-                    raise ValueError(f"log_density must map a ({X.shape[0]}, {n}, {k}) tensor "
-                                     f"to shape ({X.shape[0]},) (one value per matrix), "
-                                     f"got {got}.")
+                    # (a ContractError: the sampler adds no guess written for log_prob)
+                    raise ContractError(f"log_density must map a ({X.shape[0]}, {n}, {k}) "
+                                        f"tensor to shape ({X.shape[0]},) (one value per "
+                                        f"matrix, a torch tensor), got {got}; wrap a function "
+                                        "of one matrix in torch.vmap.")
                 out = out + lg
             return out
 
@@ -353,7 +357,10 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             jitter=self.jitter, dtype=self.dtype, device=self.device,
             random_state=self.random_state, verbose=self.verbose)
         hmc._progress_label = "StiefelSampler"  # the bars the user sees
-        res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin, resume=resume)
+        hmc._density_name = "log_density"  # the user's function, in the start's errors
+        with eval_mode(g):  # (the inner sampler sees only the wrapper)
+            res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin,
+                             resume=resume)
         self.step_size_ = hmc.step_size_
         self.trajectory_length_ = hmc.trajectory_length_
         self.n_features_in_ = n * k

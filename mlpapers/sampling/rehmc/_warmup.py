@@ -35,7 +35,8 @@ from mlpapers.sampling.rehmc._adapt import (
     mass_windows,
 )
 from mlpapers.sampling.rehmc._chees import ChEESAdaptation, chees_gradient
-from mlpapers.sampling.rehmc._kernels import log_prob_and_grad
+from mlpapers.sampling.rehmc._container import check_membership
+from mlpapers.sampling.rehmc._kernels import ContractError, log_prob_and_grad
 from mlpapers.sampling.rehmc._supports import Box, ConvexContainer
 
 __all__ = ["MAX_LEAPFROG", "Warmup", "initial_points", "start_state"]
@@ -46,8 +47,8 @@ MAX_LEAPFROG = 1000  # cap of leapfrog steps per transition with n_leapfrog="aut
 FindStep = Callable[..., torch.Tensor]
 
 
-def start_state(log_prob: Callable, x: torch.Tensor,
-                grad_log_prob: Callable | None) -> tuple[torch.Tensor, torch.Tensor]:
+def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | None, *,
+                name: str = "log_prob") -> tuple[torch.Tensor, torch.Tensor]:
     """``log_prob`` and its gradient at the starting points, checked.
 
     Raises a ``ValueError`` if either is not finite there, and warns when
@@ -55,7 +56,8 @@ def start_state(log_prob: Callable, x: torch.Tensor,
     zero and the sampler random-walks). An exception raised by ``log_prob`` or
     ``grad_log_prob`` propagates with its own type and traceback; a hint is added
     as a note (:pep:`678`) when it is a float dtype mismatch, or when ``log_prob``
-    looks like a density of one point (it returns a scalar for ``x[0]``).
+    looks like a density of one point (it returns a scalar for ``x[0]``). ``name`` is
+    what the non-finite error calls ``log_prob`` (the user's own function's name).
     """
     failed = []  # which user function raised (the first one)
 
@@ -72,17 +74,20 @@ def start_state(log_prob: Callable, x: torch.Tensor,
     try:
         logp, grad, has_graph = log_prob_and_grad(tagged(log_prob, "log_prob"), x, glp,
                                                   report_graph=True)
+    except ContractError:  # a broken contract, said in its message (no guess added)
+        raise
     except Exception as exc:
         # our own shape checks raise outside the user's functions: no hint (they have one);
         # an autograd backward error belongs to log_prob
-        name = failed[0] if failed else ("log_prob" if isinstance(exc, RuntimeError)
-                                         else None)
-        hint = None if name is None else _start_hint(exc, name, log_prob, x)
+        culprit = failed[0] if failed else ("log_prob" if isinstance(exc, RuntimeError)
+                                            else None)
+        hint = None if culprit is None else _start_hint(exc, culprit, log_prob, x,
+                                                         with_grad=grad_log_prob is not None)
         if hint is not None:
             exc.add_note(hint)
         raise
     if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
-        raise ValueError("log_prob (or its gradient) is not finite at the starting points.")
+        raise ValueError(f"{name} (or its gradient) is not finite at the starting points.")
     if not has_graph and _varies(log_prob, x, logp):
         warnings.warn(
             "log_prob's output is not connected to its input by autograd (it leaves "
@@ -114,19 +119,28 @@ def _is_float_dtype_mismatch(exc: BaseException, dtype: torch.dtype) -> bool:
     return dtype in named and len(named) >= 2
 
 
-def _looks_one_point(log_prob: Callable, x: torch.Tensor) -> bool:
-    """Whether ``log_prob`` returns a scalar (a 0-d tensor) for one point ``x[0]``."""
+def _looks_one_point(log_prob: Callable, x: torch.Tensor, with_grad: bool) -> bool:
+    """Whether ``log_prob`` returns a scalar (a 0-d tensor) for one point ``x[0]``, called
+    as the sampler called it (``with_grad``: under ``no_grad``, else on a point that
+    requires grad: an error due to autograd, such as ``x.numpy()``, then recurs, instead
+    of passing for a sign of a one-point function)."""
     try:
-        with torch.no_grad():
-            out = log_prob(x[0])
+        if with_grad:
+            with torch.no_grad():
+                out = log_prob(x[0].clone())
+        else:
+            with torch.enable_grad():
+                out = log_prob(x[0].detach().clone().requires_grad_(True))
     except Exception:
         return False
     return isinstance(out, torch.Tensor) and out.ndim == 0
 
 
-def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor) -> str | None:
+def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor, *,
+                with_grad: bool = False) -> str | None:
     """The note added to an exception of ``name`` (``log_prob`` or ``grad_log_prob``)
-    at the starting points, or ``None`` when no hint applies."""
+    at the starting points, or ``None`` when no hint applies (``with_grad``: a
+    ``grad_log_prob`` was given, so ``log_prob`` ran under ``torch.no_grad()``)."""
     shape = tuple(x.shape)
     if _is_float_dtype_mismatch(exc, x.dtype):
         if x.dtype == torch.float64:
@@ -148,7 +162,28 @@ def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor) 
                 "differentiates log_prob with autograd (whatever the caller's grad mode), "
                 "which such tensors cannot enter. Create it outside inference_mode or "
                 ".clone() it there, or pass grad_log_prob.")
-    if _looks_one_point(log_prob, x):
+    msg = str(exc).lower()
+    if with_grad and isinstance(exc, RuntimeError) and "does not require grad" in msg:
+        # with grad_log_prob, log_prob only gives the Metropolis test its values and runs
+        # without autograd (a model's graph would be built for nothing)
+        return ("With grad_log_prob, log_prob runs under torch.no_grad(). A log_prob that "
+                "differentiates inside (torch.autograd.grad) must switch autograd on for "
+                "that part itself (with torch.enable_grad(): ...), or use torch.func.grad, "
+                "which works under no_grad.")
+    if isinstance(exc, RuntimeError) and "inplace operation" in msg:
+        # (before the one-point test: a batched function modifying its input in place
+        # also returns a scalar for one point)
+        return ("log_prob changed a tensor in place after using it in a differentiated "
+                "computation (autograd needs its old value): write x = x * 2, not "
+                "x.mul_(2). log_prob gets a copy of the chains, so it may change its input "
+                "in place before using it.")
+    if not with_grad and isinstance(exc, RuntimeError) and "numpy()" in msg and (
+            "requires grad" in msg):
+        return ("log_prob leaves torch (numpy, scipy), so autograd cannot differentiate "
+                "it: write it with torch operations, or pass grad_log_prob (log_prob then "
+                "runs under torch.no_grad() and may call x.numpy(), and must still return a "
+                "torch tensor).")
+    if _looks_one_point(log_prob, x, with_grad):
         return (f"log_prob failed on the starting points, a tensor of shape {shape} (one "
                 "row per chain), but returns a scalar for one point x[0]: it looks written "
                 f"for one point ({shape[1]},). log_prob must map a (chains, d) batch to "
@@ -186,7 +221,10 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
     def in_support(x):
         if support is None:
             return torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-        return support._holds(x) if isinstance(support, ConvexContainer) else support.contains(x)
+        # a support only answers membership: its contains is checked where it is used
+        # (neither dim nor interior_point is needed of it)
+        return (check_membership(support, x, "support") if isinstance(support, ConvexContainer)
+                else support.contains(x))
 
     if x0 is None:
         x = container.random_interior(n_chains, gen).to(dtype=dtype, device=device)

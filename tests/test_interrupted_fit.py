@@ -1,0 +1,79 @@
+"""A fit interrupted part-way (Ctrl-C, a user's callable raising) never leaves a model
+that mixes two fits: the estimators the conventions page names are left exactly as they
+were, RAD and PatchCore unfitted (docs/user_guide/conventions.rst, "Objects you hand us").
+
+The interruption is a ``KeyboardInterrupt`` raised by the shared progress loop at its
+second step, which every iterative fit goes through.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from sklearn.exceptions import NotFittedError
+
+import mlpapers._utils._progress as progress
+from mlpapers.anomaly import PatchCoreDetector, RADDetector
+from mlpapers.datasets import make_federated_linear
+from mlpapers.decentralized import DecentralizedSGD
+from mlpapers.federated import CLoVE, FedAvg
+from mlpapers.retrieval import AmortizedMIPS
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(120, 6)).astype(np.float32)
+Y = RNG.integers(0, 3, 120)
+CLIENTS_A = make_federated_linear(n_clusters=2, n_clients_per_cluster=3, n_samples=40,
+                                  n_features=4, random_state=0)[0]
+CLIENTS_B = make_federated_linear(n_clusters=2, n_clients_per_cluster=3, n_samples=40,
+                                  n_features=4, random_state=1)[0]
+IMAGES = torch.rand(8, 3, 24, 24, generator=torch.Generator().manual_seed(0))
+
+
+def _fitted_state(est) -> dict:
+    return {k: pickle.dumps(v) for k, v in vars(est).items()
+            if k.endswith("_") and not k.startswith("_")}
+
+
+@pytest.fixture
+def interrupt_second_step(monkeypatch):
+    original = progress.ProgressLogger.__iter__
+
+    def iterate(self):
+        for i, item in enumerate(original(self)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield item
+
+    def arm():
+        monkeypatch.setattr(progress.ProgressLogger, "__iter__", iterate)
+    return arm
+
+
+@pytest.mark.parametrize("make, first, second", [
+    (lambda: AmortizedMIPS(n_steps=4, random_state=0), (X,), (2 * X + 1,)),
+    (lambda: DecentralizedSGD(n_nodes=4, n_rounds=4, random_state=0), (X, Y), (2 * X, Y)),
+    (lambda: CLoVE(n_clusters=2, n_rounds=3, random_state=0), (CLIENTS_A,), (CLIENTS_B,)),
+    (lambda: FedAvg(n_rounds=3, random_state=0), (CLIENTS_A,), (CLIENTS_B,)),
+], ids=["amips", "dsgd", "clove", "fedavg"])
+def test_an_interrupted_refit_leaves_the_previous_fit(make, first, second,
+                                                      interrupt_second_step):
+    est = make().fit(*first)
+    before = _fitted_state(est)
+    interrupt_second_step()
+    with pytest.raises(KeyboardInterrupt):
+        est.fit(*second)
+    assert _fitted_state(est) == before
+
+
+@pytest.mark.parametrize("cls", [RADDetector, PatchCoreDetector])
+def test_an_interrupted_detector_refit_leaves_it_unfitted(cls, interrupt_second_step):
+    kw = {"k_images": 2} if cls is RADDetector else {"random_state": 0}
+    det = cls(extractor="random", image_size=None, batch_size=4, **kw).fit(IMAGES)
+    interrupt_second_step()
+    with pytest.raises(KeyboardInterrupt):
+        det.fit(IMAGES * 0.5)
+    with pytest.raises(NotFittedError):
+        det.decision_function(IMAGES)
