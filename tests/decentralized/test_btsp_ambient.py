@@ -228,5 +228,5 @@ def test_dsgd_user_module_is_cast_only_when_its_parameters_need_it(iris):
 
     X, y = iris
     clf = DecentralizedSGD(model=Shifted(), n_nodes=2, n_rounds=2, random_state=0).fit(X, y)
-    assert clf._module.shift.dtype == torch.float64
-    assert clf._module.linear.weight.dtype == torch.float32
+    assert clf.buffers_["shift"].dtype == torch.float64  # the state predict runs with
+    assert clf.params_["linear.weight"].dtype == torch.float32

@@ -8,6 +8,8 @@ doubly stochastic mixing matrix of the round.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from fractions import Fraction
 
 import numpy as np
@@ -16,7 +18,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
 from torch import nn
-from torch.func import functional_call, stack_module_state
+from torch.func import functional_call
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive
@@ -27,6 +29,9 @@ from mlpapers.decentralized.btsp._node_models import (
     _check_module_output,
     _init_params,
     _local_grads_fn,
+    average_buffers,
+    split_state,
+    user_grads,
 )
 from mlpapers.decentralized.btsp._topology import (
     check_assignment,
@@ -119,6 +124,11 @@ class _SimClock:
             return float("inf")
 
 
+# each fitted estimator's per-thread predict modules (see DecentralizedSGD._thread_module)
+_PREDICT_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PREDICT_MODULES_LOCK = threading.Lock()
+
+
 class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     r"""Decentralized SGD classifier simulated on a circulant topology.
 
@@ -139,7 +149,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         used as the common initialisation of every node (save/load then needs
         pickle, since a module is not a safe parameter); ``fit`` trains a copy of
         it (cast to float32 if its parameters are another floating dtype) and leaves
-        the module itself untouched.
+        the module itself untouched. The copy trains in train mode, vectorised over
+        the nodes with :func:`torch.func.vmap` (dropout masks differ per node and
+        are seeded by ``random_state``; BatchNorm statistics are kept per node), and
+        predicts in eval mode with the nodes' pooled statistics (``buffers_``).
+        Parameters with ``requires_grad=False`` are not trained. See the user guide,
+        "Your own model".
     topology : str or sequence, default="exponential"
         Circulant schedule, see :func:`~mlpapers.decentralized.btsp.circulant_schedule`.
     assignment : array-like of shape (n,) or None, default=None
@@ -184,9 +199,19 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     n_features_in_ : int
     n_nodes_ : int
     node_params_ : dict of str to Tensor
-        Stacked final node parameters, each ``(n_nodes, *shape)``.
+        Stacked final node parameters, each ``(n_nodes, *shape)`` (the trainable
+        ones: frozen parameters are the same on every node).
     params_ : dict of str to Tensor
-        The average model used by :meth:`predict`.
+        The average model used by :meth:`predict` (all its parameters).
+    node_buffers_ : dict of str to Tensor
+        Stacked final buffers of a user module's nodes (e.g. BatchNorm running
+        statistics of each node's batches), each ``(n_nodes, *shape)``; empty for
+        the built-in models.
+    buffers_ : dict of str to Tensor
+        The buffers :meth:`predict` uses, pooled over the nodes with data: running
+        means averaged, running variances by the law of total variance (mean of
+        the node variances plus the variance of the node means), other floating
+        buffers averaged, integer buffers (counters) their maximum.
     round_delays_ : ndarray of shape (tau,)
         Bottleneck delay of each round of the schedule.
     sim_time_ : float
@@ -378,18 +403,31 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                                                   directed=bool(self.directed))
 
         # stacked node models, all starting from the same initialisation
+        user = isinstance(self.model, nn.Module)
         base = _build_module(self.model, X.shape[1], len(self.classes_), int(self.hidden))
-        if not isinstance(self.model, nn.Module):
+        if not user:
             _init_params(base, self._torch_gen)
         base = base.to(dev)
-        if isinstance(self.model, nn.Module):
-            _check_module_output(base, X[:1], len(self.classes_))
-        self._module = base
-        params, buffers = stack_module_state([base] * n)
-        params = {k: v.detach().clone() for k, v in params.items()}
+        if user:  # (a copy: a module may modify its input in place)
+            _check_module_output(base, X[:1].clone(), len(self.classes_))
+        # trainable parameters and buffers per node; frozen ones (requires_grad=False)
+        # once, never trained
+        params, frozen, buffers = split_state(base, n)
+        if not params:
+            raise ValueError("model has no trainable parameters (every parameter has "
+                             "requires_grad=False, or it has none): there is nothing "
+                             "to train.")
         velocity = {k: torch.zeros_like(v) for k, v in params.items()}
-
-        local_grads = _local_grads_fn(self.model, base, buffers)
+        # the private copy trains in train mode (dropout on, BatchNorm on batch
+        # statistics, as torch training loops do); evaluation and predict use eval mode
+        base.train()
+        local_grads = _local_grads_fn(self.model, base, frozen, buffers)
+        # a user module's random layers (dropout) draw from torch's global generator:
+        # seeded per round from this stream (drawn from the numpy generator, which fit
+        # uses no more after the split), in a fork that leaves the caller's RNG as it was
+        drop_seeds = (np.random.default_rng(int(rng.integers(0, 2**63 - 1)))
+                      if user else None)
+        no_data = bool((counts == 0).any()) and bool(buffers)
 
         logger = ProgressLogger(int(self.n_rounds), self.verbose, desc="DSGD")
         clock = _SimClock(float(self.compute_time), self.round_delays_)
@@ -399,7 +437,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             r = torch.rand(n, B, generator=self._torch_gen, dtype=torch.float32).to(dev)
             local = (r * counts_t[:, None]).long().clamp_max(width - 1)
             idx = pad_t[rows, local]  # (n, B)
-            grads = local_grads(params, X[idx], yt[idx])
+            if user:
+                grads = user_grads(local_grads, params, buffers, X[idx], yt[idx],
+                                   int(drop_seeds.integers(0, 2**63 - 1)), dev,
+                                   has_data if no_data else None)
+            else:
+                grads = local_grads(params, X[idx], yt[idx])
             with torch.no_grad():
                 for k in params:
                     g = grads[k] * has_data.view(-1, *[1] * (grads[k].ndim - 1))
@@ -413,36 +456,68 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                     raise FloatingPointError(
                         f"DecentralizedSGD diverged by round {t + 1}: non-finite node "
                         f"parameters; lower lr (now {self.lr}) or standardise X.")
-                loss, acc = self._evaluate(params, Xe, ye)
+                avg_buffers = average_buffers(base, buffers, has_data)
+                loss, acc = self._evaluate(base, params, frozen, avg_buffers,
+                                           Xe.clone() if user else Xe, ye)
                 logger.log(round=t + 1, sim_time=clock(t + 1), loss=loss, accuracy=acc,
                            consensus=consensus_distance(params))
         self.n_nodes_ = n
         self.node_params_ = {k: v.detach().cpu() for k, v in params.items()}
-        self.params_ = {k: v.mean(0) for k, v in self.node_params_.items()}
+        # in the module's order; frozen parameters exactly as given (a mean of equal
+        # float32 rows can round)
+        self.params_ = {k: (self.node_params_[k].mean(0) if k in self.node_params_
+                            else frozen[k].cpu()) for k, _ in base.named_parameters()}
+        self.node_buffers_ = {k: v.detach().cpu() for k, v in buffers.items()}
+        self.buffers_ = {k: v.cpu() for k, v in
+                         average_buffers(base, buffers, has_data).items()}
         self.sim_time_ = clock(int(self.n_rounds))
         self.history_ = logger.history
         self.node_of_ = node_of
         return self
 
-    def _evaluate(self, params, X, y) -> tuple[float, float]:
+    @staticmethod
+    def _evaluate(module, params, frozen, buffers, X, y) -> tuple[float, float]:
+        """Loss and accuracy of the average model, in eval mode."""
         avg = {k: v.mean(0) for k, v in params.items()}
-        with torch.no_grad():
-            logits = functional_call(self._module, avg, (X,))
-            loss = float(nn.functional.cross_entropy(logits, y))
-            acc = float((logits.argmax(1) == y).float().mean())
+        module.eval()
+        try:
+            with torch.no_grad():
+                logits = functional_call(module, (avg, frozen, buffers), (X,))
+                loss = float(nn.functional.cross_entropy(logits, y))
+                acc = float((logits.argmax(1) == y).float().mean())
+        finally:
+            module.train()
         return loss, acc
 
     # ------------------------------------------------------------ predict -----
+    def _thread_module(self, device: torch.device) -> nn.Module:
+        """This thread's eval-mode module of the model's architecture, built once per
+        thread and kept outside the estimator (predict leaves ``__dict__`` as it is):
+        ``functional_call`` swaps a module's tensors in and out during a call, so one
+        module shared by simultaneous predictions mixed their weights."""
+        with _PREDICT_MODULES_LOCK:
+            local = _PREDICT_MODULES.setdefault(self, threading.local())
+        spec = (id(self.model), self.n_features_in_, len(self.classes_), int(self.hidden),
+                device)
+        if getattr(local, "spec", None) != spec:  # (a refit may change the model)
+            local.module = _build_module(self.model, self.n_features_in_, len(self.classes_),
+                                         int(self.hidden)).to(device).eval()
+            local.spec = spec
+        return local.module
+
     def _logits(self, X) -> torch.Tensor:
         X = self._validate_data(X, reset=False, dtype=torch.float32)
-        module = getattr(self, "_module", None)
-        if module is None:
-            module = _build_module(self.model, self.n_features_in_, len(self.classes_),
-                                   int(self.hidden)).to(X.device)
-            self._module = module
-        params = {k: v.to(X.device) for k, v in self.params_.items()}
-        with torch.no_grad():
-            return functional_call(module, params, (X,))
+        module = self._thread_module(X.device)
+        # params_ and buffers_ as they are now (a user may replace or edit them after
+        # fit), in eval mode with the buffers learnt in fit (BatchNorm statistics), so
+        # one row's output never depends on the other rows (older pickles hold no
+        # buffers: the module's own are used)
+        state = {k: v.to(X.device) for k, v in
+                 (*self.params_.items(), *getattr(self, "buffers_", {}).items())}
+        if isinstance(self.model, nn.Module):  # it may modify its input in place
+            X = X.clone()
+        with torch.no_grad():  # float32 as documented, also for a float64 output
+            return functional_call(module, state, (X,), strict=False).float()
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities of the average model, shape ``(n_samples, n_classes)``,
@@ -453,11 +528,6 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         """Predicted labels of the average model, shape ``(n_samples,)``."""
         labels = self._to_numpy(self._logits(X).argmax(1))
         return self.classes_[labels]
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state.pop("_module", None)
-        return state
 
     @classmethod
     def _estimator_check_instances(cls) -> list:

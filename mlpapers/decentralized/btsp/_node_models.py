@@ -1,10 +1,13 @@
 """Node models of :class:`DecentralizedSGD`: building, seeded init and stacked gradients.
 
-All node models share one architecture; their parameters are stacked along a
-leading ``n`` axis (:func:`torch.func.stack_module_state`). The built-in models
+All node models share one architecture; their trainable parameters (and a user
+module's buffers) are stacked along a leading ``n`` axis. The built-in models
 ("logistic", "mlp") get explicit batched matmuls and one backward pass for all
 nodes; a user :class:`torch.nn.Module` is vectorised over nodes with
-:func:`torch.func.vmap`.
+:func:`torch.func.vmap`, in train mode, with its own random draws per node
+(``randomness="different"``) from a seeded fork of torch's global generator.
+Its frozen parameters (``requires_grad=False``) are held once, unbatched, and
+never updated.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from mlpapers._utils import probe_module
+from mlpapers._utils import probe_module, seeded_global_rng
 
 __all__: list[str] = []
 
 Grads = Callable[[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
-
+Params = dict[str, torch.Tensor]
 
 def _build_module(model: Any, n_features: int, n_classes: int, hidden: int) -> nn.Module:
     """A float32 copy of a user module, or a built-in model with uninitialised weights.
@@ -81,23 +84,96 @@ def _check_module_output(module: nn.Module, x: torch.Tensor, n_classes: int) -> 
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model must map (batch, n_features) to (batch, n_classes) "
                          f"logits, i.e. {want} here, got {got}.")
+    # integer/bool outputs failed in the loss with a torch kernel error
+    if not out.is_floating_point():
+        raise TypeError(f"model must return floating-point logits, got {out.dtype}.")
+    if out.device != x.device:
+        raise ValueError(f"model must return its logits on the device of its input "
+                         f"({x.device}), got {out.device}.")
+    if not bool(torch.isfinite(out).all()):  # else reported later as a divergence
+        raise ValueError("model returned non-finite logits (NaN or inf) for the first "
+                         "training sample, before any training.")
 
 
-def _local_grads_fn(model: Any, base: nn.Module, buffers: dict[str, torch.Tensor]) -> Grads:
+def split_state(module: nn.Module, n: int) -> tuple[Params, Params, Params]:
+    """The node state of ``module`` copied to ``n`` nodes.
+
+    Returns
+    -------
+    trainable : dict of str to Tensor
+        Parameters with ``requires_grad=True``, stacked ``(n, *shape)``.
+    frozen : dict of str to Tensor
+        Parameters with ``requires_grad=False``, once (the same on every node, never
+        trained, gossiped or decayed).
+    buffers : dict of str to Tensor
+        Buffers (e.g. BatchNorm statistics), stacked ``(n, *shape)``: each node keeps
+        its own, as a real node would.
+    """
+    def stack(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().unsqueeze(0).expand(n, *t.shape).clone()
+
+    trainable, frozen = {}, {}
+    for k, p in module.named_parameters():
+        if p.requires_grad:
+            trainable[k] = stack(p)
+        else:
+            frozen[k] = p.detach().clone()
+    buffers = {k: stack(b) for k, b in module.named_buffers()}
+    return trainable, frozen, buffers
+
+
+def average_buffers(module: nn.Module, buffers: Params, has_data: torch.Tensor) -> Params:
+    """Buffers of the average model from the nodes' stacked ``buffers``.
+
+    Only nodes with data count (the others never ran a batch). Normalisation statistics
+    (a module's ``running_mean`` / ``running_var`` pair, as in BatchNorm) are pooled
+    over the nodes by the law of total variance, ``mean_i var_i + var_i mean_i`` with
+    equal node weights (every node runs ``batch_size`` samples a round, and the DSGD
+    objective weights nodes equally): the statistics of an equal mixture of the nodes'
+    data (of all samples only when the nodes hold equal amounts), where a plain mean of
+    the variances would miss the spread of the node means under a label-skewed split.
+    Other floating buffers are averaged as the parameters are; integer buffers
+    (counters such as ``num_batches_tracked``) take their maximum.
+    """
+    if not buffers:
+        return {}
+    keep = has_data.bool()
+    out = {}
+    for k, v in buffers.items():
+        v = v[keep]
+        out[k] = v.mean(0) if v.is_floating_point() else v.max(0).values
+    for name, _ in module.named_modules():
+        mean_k = f"{name}.running_mean" if name else "running_mean"
+        var_k = f"{name}.running_var" if name else "running_var"
+        if mean_k in buffers and var_k in buffers and \
+                buffers[mean_k].shape == buffers[var_k].shape:
+            means = buffers[mean_k][keep]
+            spread = (means - out[mean_k]).pow(2).mean(0)
+            out[var_k] = out[var_k] + spread
+    return out
+
+
+def _local_grads_fn(model: Any, base: nn.Module, frozen: Params, buffers: Params) -> Grads:
     """``local_grads(params, X, y)``: per-node mean cross-entropy gradients.
 
-    ``params`` are stacked ``(n, *shape)``, ``X`` is ``(n, B, n_features)`` and
-    ``y`` is ``(n, B)``; the returned gradients have the shapes of ``params``.
+    ``params`` are the stacked ``(n, *shape)`` trainable parameters, ``X`` is
+    ``(n, B, n_features)`` and ``y`` is ``(n, B)``; the returned gradients have the
+    shapes of ``params``. A user module runs as ``base`` is (train mode), with the
+    unbatched ``frozen`` parameters, and updates the stacked ``buffers`` in place
+    (BatchNorm statistics of each node's batches).
     """
     if isinstance(model, nn.Module):  # generic module: vmap over nodes
-        def node_loss(p, b, xb, yb):
-            logits = functional_call(base, (p, b), (xb,))
+        def node_loss(p, f, b, xb, yb):
+            logits = functional_call(base, (p, f, b), (xb,))
             return nn.functional.cross_entropy(logits, yb)
 
-        vgrad = torch.func.vmap(torch.func.grad(node_loss))
+        # "different": each node draws its own dropout masks (the default "error" mode
+        # refused any random op)
+        vgrad = torch.func.vmap(torch.func.grad(node_loss), in_dims=(0, None, 0, 0, 0),
+                                randomness="different")
 
         def local_grads(p, xb, yb):
-            return vgrad(p, buffers, xb, yb)
+            return vgrad(p, frozen, buffers, xb, yb)
     else:  # built-in models: explicit batched matmuls, one backward for all nodes
         def local_grads(p, xb, yb):
             leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
@@ -107,3 +183,32 @@ def _local_grads_fn(model: Any, base: nn.Module, buffers: dict[str, torch.Tensor
             return dict(zip(leaves, torch.autograd.grad(loss / yb.shape[1],
                                                         list(leaves.values()))))
     return local_grads
+
+
+def user_grads(local_grads: Grads, params: Params, buffers: Params, xb: torch.Tensor,
+               yb: torch.Tensor, seed: int, device: torch.device,
+               has_data: torch.Tensor | None) -> Params:
+    """The local gradients of a user module (``local_grads`` of :func:`_local_grads_fn`).
+
+    Its random layers are seeded with ``seed`` (:func:`seeded_global_rng`); with
+    ``has_data`` given, a node without data keeps its buffers (its padded batch is
+    another node's samples); a failure of the module in train mode under vmap is
+    named.
+    """
+    old = {k: v.clone() for k, v in buffers.items()} if has_data is not None else None
+    try:
+        with seeded_global_rng(seed, device):
+            grads = local_grads(params, xb, yb)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, ValueError) as exc:  # (BatchNorm on one sample: ValueError)
+        raise ValueError(
+            f"model failed in training: fit runs a copy of it in train mode on "
+            f"batches of {xb.shape[1]} samples per node (batch_size), vectorised over "
+            f"the nodes with torch.func.vmap: {exc}") from exc
+    if old is not None:
+        with torch.no_grad():
+            for k, v in buffers.items():
+                keep = has_data.view(-1, *[1] * (v.ndim - 1)).bool()
+                v.copy_(torch.where(keep, v, old[k]))
+    return grads

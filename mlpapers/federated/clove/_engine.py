@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mlpapers._utils import seed_from_generator, seeded_global_rng
 from mlpapers.federated.clove._kernels import (
     batched_adam_step,
     batched_loss_matrix,
@@ -27,8 +28,10 @@ from mlpapers.federated.clove._kernels import (
 )
 from mlpapers.federated.clove._models import (
     activation_elements,
+    frozen_names,
     make_loss_fn,
     per_sample_loss,
+    tied_aliases,
 )
 
 Params = dict[str, torch.Tensor]
@@ -98,11 +101,19 @@ class Engine:
     optimizer : {"adam", "sgd"}
     lr, batch_size, local_epochs :
         Local training hyper-parameters; ``batch_size=None`` means full batch.
+    user_model : bool
+        A user model: local training runs in a fork of torch's global generator seeded
+        from the round's generator (:func:`seeded_global_rng`), as its random layers
+        (dropout) draw from it (reproducible, the caller's RNG untouched), and it is
+        given copies of its inputs (it may modify them in place).
+
+    Losses are computed in eval mode, local training runs in train mode. Parameters
+    with ``requires_grad=False`` are never updated; tied parameters are trained once.
     """
 
     def __init__(self, template: nn.Module, kind: str, *, vectorize: bool, optimizer: str,
                  lr: float, batch_size: int | None, local_epochs: int,
-                 max_elements: int = 2**25):
+                 max_elements: int = 2**25, user_model: bool = False):
         self.template = template
         self.kind = kind
         self.vectorize = vectorize
@@ -111,7 +122,20 @@ class Engine:
         self.batch_size = batch_size
         self.local_epochs = int(local_epochs)
         self.max_elements = max_elements
-        self.loss_fn = make_loss_fn(template, kind)
+        self.user_model = bool(user_model)
+        self.aliases = tied_aliases(template)
+        self.frozen = frozen_names(template)
+        # the trainable names, once each (named_parameters drops the tied aliases)
+        self.trainable = [k for k, p in template.named_parameters() if p.requires_grad]
+        if vectorize:
+            # the vmapped losses follow the modules' modes: eval for the loss matrix, train
+            # for local training (dropout; a user template may come in either mode)
+            evaluated = copy.deepcopy(template).eval()
+            trained = copy.deepcopy(template).train()
+            self.loss_fn = make_loss_fn(evaluated, kind, self.aliases, self.user_model)
+            self._train_loss_fn = make_loss_fn(trained, kind, self.aliases, self.user_model)
+        else:
+            self.loss_fn = make_loss_fn(template, kind, self.aliases, self.user_model)
         self._activations: dict[tuple[int, ...], int] = {}
 
     # -- losses ------------------------------------------------------------
@@ -130,8 +154,14 @@ class Engine:
                 for i in range(data.sizes.shape[0]):
                     n_i = int(data.sizes[i])
                     x, y = data.X[i, :n_i], data.Y[i, :n_i]
-                    out[i, j] = per_sample_loss(module(x), x, y, self.kind).mean()
+                    out[i, j] = per_sample_loss(module(self._input(x)), x, y,
+                                                self.kind).mean()
         return out
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the model is given: a user model a copy (``x`` views the clients' data,
+        and is the reconstruction target)."""
+        return x.clone() if self.user_model else x
 
     def _sample_elements(self, X: torch.Tensor) -> int:
         """Activations of one sample under the template (cached per input shape): the
@@ -157,26 +187,30 @@ class Engine:
         perms = [epoch_permutations(data.sizes, m, generator, data.X.device)
                  for _ in range(self.local_epochs)]
         init = {k: v[assignment].clone() for k, v in states.items()}
-        if self.vectorize:
-            return self._train_vmap(init, data, perms, b, steps)
-        return self._train_loop(init, data, perms, b, steps)
+        train = self._train_vmap if self.vectorize else self._train_loop
+        if not self.user_model:
+            return train(init, data, perms, b, steps)
+        with seeded_global_rng(seed_from_generator(generator), data.X.device):
+            return train(init, data, perms, b, steps)
 
     def _train_vmap(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
         n = data.sizes.shape[0]
         rows = torch.arange(n, device=data.X.device)[:, None]
         # Client losses depend only on their own parameter slice, so the gradient
         # of their sum w.r.t. the stacked parameters is every client's gradient.
-        loss_fn = torch.func.vmap(self.loss_fn)
+        # "different": each client draws its own dropout masks ("error" refused them)
+        loss_fn = torch.func.vmap(self._train_loss_fn, randomness="different")
+        keys = [k for k in P if k in self.trainable]  # not frozen, aliases or buffers
 
         def grad_fn(P, xb, yb, valid):
-            leaves = {k: v.detach().requires_grad_(True) for k, v in P.items()}
+            leaves = {k: P[k].detach().requires_grad_(True) for k in keys}
             with torch.enable_grad():
-                total = loss_fn(leaves, xb, yb, valid).sum()
+                total = loss_fn({**P, **leaves}, xb, yb, valid).sum()
                 grads = torch.autograd.grad(total, list(leaves.values()))
             return dict(zip(leaves, grads))
 
-        m1 = {k: torch.zeros_like(v) for k, v in P.items()}
-        m2 = {k: torch.zeros_like(v) for k, v in P.items()}
+        m1 = {k: torch.zeros_like(P[k]) for k in keys}
+        m2 = {k: torch.zeros_like(P[k]) for k in keys}
         count = torch.zeros(n, dtype=torch.long, device=data.X.device)
         for perm in perms:
             for s in range(steps):
@@ -187,12 +221,17 @@ class Engine:
                 xb, yb = data.X[rows, idx], data.Y[rows, idx]
                 g = grad_fn(P, xb, yb, valid)
                 if self.optimizer == "sgd":
-                    for k, p in P.items():
+                    for k in keys:
+                        p = P[k]
                         act = active.view((-1,) + (1,) * (p.ndim - 1))
                         p.copy_(torch.where(act, p - self.lr * g[k], p))
                 else:
                     count += active.long()
-                    batched_adam_step(P, g, m1, m2, count, active, lr=self.lr)
+                    batched_adam_step({k: P[k] for k in keys}, g, m1, m2, count, active,
+                                      lr=self.lr)
+        for alias, name in self.aliases.items():  # a tied parameter's other names
+            if alias in P and name in P:
+                P[alias] = P[name].clone()
         return P
 
     def _train_loop(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
@@ -213,7 +252,7 @@ class Engine:
                         continue
                     x, y = data.X[i, idx], data.Y[i, idx]
                     opt.zero_grad(set_to_none=True)
-                    per_sample_loss(module(x), x, y, self.kind).mean().backward()
+                    per_sample_loss(module(self._input(x)), x, y, self.kind).mean().backward()
                     opt.step()
             for k, v in module.state_dict().items():
                 out[k].append(v.detach().clone())

@@ -24,6 +24,9 @@ default="linear"
         ``f(n_features, n_outputs) -> torch.nn.Module`` builds any model; it is
         called in a seeded fork of torch's global RNG (left as it was) under a
         float32 default dtype, and the models are float32 copies of its modules.
+        Losses and predictions use eval mode, local training train mode (dropout
+        seeded by ``random_state``); ``requires_grad=False`` parameters are not
+        trained. See the user guide, "Your own model".
     hidden_layer_sizes : tuple of int, default=(64,)
         Hidden widths of ``"mlp"`` and ``"autoencoder"``.
     loss : {"auto", "mse", "cross_entropy", "reconstruction"}, default="auto"

@@ -158,10 +158,17 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             self._device)
         if not isinstance(self.model, str):
             check_model_output(template, fed.Xs[0][:1], kind, n_out)
+            if not any(p.requires_grad for p in template.parameters()):
+                raise ValueError("model builds a module without trainable parameters "
+                                 "(every parameter has requires_grad=False, or it has "
+                                 "none): there is nothing to train.")
         states = self._init_states(template, M)
         vectorize = self._resolve_vectorize(template)
+        # a user model: its random layers (dropout) train in a seeded fork of the global
+        # RNG, and it is given copies of its inputs (it may modify them in place)
         engine = Engine(template, kind, vectorize=vectorize, optimizer=self.optimizer,
-                        lr=self.lr, batch_size=self.batch_size, local_epochs=self.local_epochs)
+                        lr=self.lr, batch_size=self.batch_size, local_epochs=self.local_epochs,
+                        user_model=not isinstance(self.model, str))
         weights = data.sizes.to(torch.float64)
 
         assignment = np.full(n, -1, dtype=np.int64)
@@ -200,7 +207,11 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             a_t = torch.as_tensor(a_part, device=self._device)
             client_states = engine.local_train(states, a_t, pdata, self._torch_gen)
             self._check_updates(client_states, part, t)
-            states = weighted_model_average(client_states, a_t, weights[part], states)
+            previous = states
+            states = weighted_model_average(client_states, a_t, weights[part], previous)
+            # frozen parameters (requires_grad=False) stay exactly as they were: the mean
+            # of the clients' equal copies can round
+            states.update({k: previous[k] for k in engine.frozen if k in previous})
             entry: dict[str, Any] = {"round": t, "n_participants": len(part),
                                      "n_models_used": len(np.unique(a_part)), "frozen": frozen}
             if L is not None:

@@ -255,7 +255,10 @@ def make_client_app(
         ``model_fn() -> torch.nn.Module``: the architecture (same on every node); it
         is built under a float32 default dtype in a fork of the global torch RNG (the
         node's RNG state is left as it was) and cast to float32 like the data, as in
-        :class:`~mlpapers.federated.CLoVE`.
+        :class:`~mlpapers.federated.CLoVE`. Losses are computed in eval mode, local
+        training runs in train mode with dropout drawn from a fork of the global RNG
+        seeded by the message (``config["seed"]`` and the round); parameters with
+        ``requires_grad=False`` are not trained.
     data_fn : callable
         ``data_fn(context) -> (X, y)`` (or ``(X, None)`` for the reconstruction loss):
         the node's training data, e.g. chosen by ``context.node_config["partition-id"]``.
@@ -285,8 +288,10 @@ def make_client_app(
         # the architecture only (its weights are replaced): built without advancing the
         # node's global RNG, in float32 whatever the node's default dtype
         template = build_user_module(model_fn).float()
+        # random layers (dropout) draw from a fork of the node's global RNG seeded from the
+        # message's seed: reproducible, and the node's own RNG is left as it was
         engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
-                        batch_size=batch_size, local_epochs=local_epochs)
+                        batch_size=batch_size, local_epochs=local_epochs, user_model=True)
         return data, template, engine
 
     def stack(records: list[ArrayRecord], template: torch.nn.Module):

@@ -30,8 +30,8 @@ __all__: list[str] = []
 _PREDICT_ELEMENTS = BLOCK_ELEMENTS
 
 
-def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: int
-                       ) -> torch.Tensor:
+def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: int,
+                       copy_input: bool = False) -> torch.Tensor:
     """``model(Xt)`` without gradients as ``(n, -1)``, in row blocks whose activations
     hold about ``_PREDICT_ELEMENTS`` values (``row_elements`` per row): all rows at
     once held ``n x width`` of every layer (0.4 GB for 100,000 rows through an MLP of
@@ -39,7 +39,12 @@ def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: i
     models are in eval mode, so a row's output does not depend on the other rows of
     its block. A model whose output does not have one row per input row (a
     reconstruction may come back flat or transposed: only its size is checked) runs
-    on all rows at once, as the callers reshape its output by size."""
+    on all rows at once, as the callers reshape its output by size. ``copy_input``
+    gives the model copies of the rows (a user model may modify its input in place:
+    ``Xt`` may share the caller's memory, and score compares reconstructions to it)."""
+    if copy_input:
+        forward = model
+        model = lambda x: forward(x.clone())  # noqa: E731
     n = Xt.shape[0]
     rows = block_rows_for(row_elements, _PREDICT_ELEMENTS)
     with torch.no_grad():
@@ -141,8 +146,9 @@ class _FederatedInferenceMixin:
         """
         self._check_fitted()
         model = self._model_for(client, cluster)
-        out = _forward_in_blocks(model, self._check_X(X), self._row_elements())
-        return self._to_numpy(torch.softmax(out, dim=1))
+        out = _forward_in_blocks(model, self._check_X(X), self._row_elements(),
+                                 copy_input=not isinstance(self.model, str))
+        return self._to_numpy(torch.softmax(out.float(), dim=1))  # (a float64 model too)
 
     def _row_elements(self) -> int:
         """Values one row holds through a fitted model (its input and the outputs of the
@@ -154,7 +160,8 @@ class _FederatedInferenceMixin:
                                                             self.input_shape_)
 
     def _predict_with(self, model: torch.nn.Module, Xt: torch.Tensor) -> np.ndarray:
-        out = _forward_in_blocks(model, Xt, self._row_elements())
+        out = _forward_in_blocks(model, Xt, self._row_elements(),
+                                 copy_input=not isinstance(self.model, str))
         if self.loss_ == "cross_entropy":
             return self.classes_[self._to_numpy(out.argmax(1))]
         if self.loss_ == "mse" and getattr(self, "_y_1d", False):
@@ -169,7 +176,8 @@ class _FederatedInferenceMixin:
                                supervised=self.loss_ != "reconstruction")
         data, _ = self._encode_new(fed)
         engine = Engine(self._template, self.loss_, vectorize=False, optimizer="sgd", lr=1.0,
-                        batch_size=None, local_epochs=1)
+                        batch_size=None, local_epochs=1,
+                        user_model=not isinstance(self.model, str))
         return self._to_numpy(engine.loss_matrix(self._states, data))[0]
 
     def _encode_new(self, fed) -> tuple[ClientData, int]:

@@ -18,8 +18,9 @@ from mlpapers._utils import probe_module, seeded_linear
 from mlpapers._utils._ambient import default_dtype
 
 __all__ = ["BUILTIN_MODELS", "LOSSES", "activation_elements", "build_module",
-           "build_user_module", "check_model_output", "make_loss_fn", "per_sample_loss",
-           "row_elements"]
+           "build_user_module", "check_model_output", "frozen_names", "make_loss_fn",
+           "per_sample_loss", "row_elements",
+           "tied_aliases"]
 
 BUILTIN_MODELS = ("linear", "logistic", "mlp", "autoencoder")
 LOSSES = ("mse", "cross_entropy", "reconstruction")
@@ -122,9 +123,18 @@ def check_model_output(module: torch.nn.Module, x: torch.Tensor, kind: str,
                         n_out: int) -> None:
     """A user model must map a batch ``x`` to ``(batch, n_outputs)`` (or to ``x``'s size
     for the reconstruction loss); checked on one sample, in eval mode (no side effects)."""
-    out = probe_module(module, x)
+    out = probe_module(module, x.clone())  # (it may modify its input in place)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"model must return a tensor, got {type(out).__name__}.")
+    # integer/bool outputs failed later with "element 0 of tensors does not require grad"
+    if not out.is_floating_point():
+        raise TypeError(f"model must return a floating-point tensor, got {out.dtype}.")
+    if out.device != x.device:
+        raise ValueError(f"model must return its output on the device of its input "
+                         f"({x.device}), got {out.device}.")
+    if not bool(torch.isfinite(out).all()):  # else reported as a divergence in round 0
+        raise ValueError("model returned a non-finite output (NaN or inf) for the first "
+                         "sample of the first client, before any training.")
     ok = (out.numel() == x.numel() if kind == "reconstruction"
           else tuple(out.shape) == (x.shape[0], n_out))
     if not ok:
@@ -192,17 +202,48 @@ def per_sample_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
     return (out.reshape(x.shape) - x).pow(2).reshape(x.shape[0], -1).mean(1)
 
 
-def make_loss_fn(module: nn.Module, kind: str) -> Callable[..., torch.Tensor]:
+def make_loss_fn(module: nn.Module, kind: str, aliases: Sequence[str] = (),
+                 copy_input: bool = False) -> Callable[..., torch.Tensor]:
     """Functional masked mean loss ``f(params, x, y, mask) -> scalar`` of ``module``.
 
     ``params`` is a dict of the module's parameters (and buffers) for *one* model;
-    the function is meant to be wrapped by :func:`torch.func.vmap`/``grad``.
+    the function is meant to be wrapped by :func:`torch.func.vmap`/``grad``. The
+    ``aliases`` (second names of tied parameters, :func:`tied_aliases`) are dropped
+    from ``params``: ``functional_call`` refuses two values for one tied parameter.
+    ``copy_input`` gives the module a copy of ``x`` (a user model may modify its input
+    in place: ``x`` is a view of the clients' data, and the reconstruction target).
     """
+    drop = frozenset(aliases)
 
     def loss_fn(params, x, y, mask):
-        out = torch.func.functional_call(module, params, (x,))
+        if drop:
+            params = {k: v for k, v in params.items() if k not in drop}
+        out = torch.func.functional_call(module, params, (x.clone() if copy_input else x,))
         loss = per_sample_loss(out, x, y, kind)
         w = mask.to(loss.dtype)
         return (loss * w).sum() / w.sum().clamp_min(1.0)
 
     return loss_fn
+
+
+def tied_aliases(module: nn.Module) -> dict[str, str]:
+    """Second names of tied (shared) parameters and buffers, mapped to their first name:
+    a state dict lists a shared tensor under each of its names."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    named = [*module.named_parameters(remove_duplicate=False),
+             *module.named_buffers(remove_duplicate=False)]
+    for name, t in named:
+        if id(t) in first:
+            aliases[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return aliases
+
+
+def frozen_names(module: nn.Module) -> frozenset[str]:
+    """State-dict names of the parameters with ``requires_grad=False`` (all their names)."""
+    return frozenset(k for k, p in module.named_parameters(remove_duplicate=False)
+                     if not p.requires_grad)
+
+
