@@ -23,6 +23,7 @@ estimator (for trusted files).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from typing import Any
@@ -53,7 +54,7 @@ from mlpapers._utils._serialize import decode as _decode
 from mlpapers._utils._serialize import encode as _encode
 from mlpapers._utils._serialize import generator_from_state
 
-__all__ = ["TorchEstimatorMixin", "load", "save"]
+__all__ = ["TorchEstimatorMixin", "load", "restore_on_failure", "save"]
 
 _FORMAT_VERSION = 1
 
@@ -250,6 +251,17 @@ class TorchEstimatorMixin:
         """
         save(self, path)
 
+    def _save_storing(self, path: str | os.PathLike, name: str, stored: Any) -> None:
+        """:meth:`save` with the parameter ``name`` written as ``stored`` (a marker, or a
+        callable's settings: a safe file holds no code), then set back as it was, also
+        when writing fails."""
+        value = getattr(self, name)
+        setattr(self, name, stored)
+        try:
+            TorchEstimatorMixin.save(self, path)
+        finally:
+            setattr(self, name, value)
+
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: Any = "cpu"):
         """Load an estimator written by :meth:`save`, safely (``weights_only=True``).
@@ -287,6 +299,29 @@ class TorchEstimatorMixin:
     def _expected_failed_checks(self) -> dict[str, str]:
         """Checks that genuinely do not apply, mapped to the reason."""
         return {}
+
+
+def restore_on_failure(fit: Any) -> Any:
+    """Decorate a ``fit`` so that, if it raises part-way (bad input, a user's callable
+    failing, ``Ctrl-C``), the estimator is put back exactly as it was before the call:
+    a fitted one keeps its previous model, diagnostics and data units, an unfitted one
+    stays unfitted. (A fit interrupted after some epochs left the previous model with
+    the new run's ``loss_curve_``, or a partly trained encoder.)
+
+    A fit rebinds its fitted attributes to new objects rather than changing the previous
+    ones in place, so a shallow copy of the instance's ``__dict__`` is the whole state to
+    restore; it holds references only, so the previous model's memory is not copied.
+    """
+    @functools.wraps(fit)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        before = dict(vars(self))
+        try:
+            return fit(self, *args, **kwargs)
+        except BaseException:
+            vars(self).clear()
+            vars(self).update(before)
+            raise
+    return wrapper
 
 
 def _is_class_member(cls: type, name: str) -> bool:

@@ -459,3 +459,33 @@ def test_refit_on_1d_input_drops_the_feature_count_of_an_earlier_fit(as_tensor):
     est.fit(conv(np.arange(10.0)))
     assert not hasattr(est, "n_features_in_")
     np.testing.assert_array_equal(est.transform(conv(np.arange(3.0))), np.arange(3.0))
+
+
+def test_restore_on_failure_puts_the_estimator_back_as_it_was():
+    import inspect
+
+    from mlpapers._base import restore_on_failure
+
+    class Est:
+        @restore_on_failure
+        def fit(self, X, fail_after=None):
+            """Doc kept."""
+            self.coef_ = X
+            self.n_features_in_ = len(X)
+            self.extra_ = "new"
+            if fail_after is not None:
+                raise fail_after
+            return self
+
+    est = Est()
+    with pytest.raises(ValueError):  # unfitted stays unfitted
+        est.fit([1, 2], fail_after=ValueError("late"))
+    assert vars(est) == {}
+    fitted = est.fit([1, 2, 3])
+    assert fitted is est and est.coef_ == [1, 2, 3]
+    before = dict(vars(est))
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C too
+        est.fit([9], fail_after=KeyboardInterrupt())
+    assert vars(est) == before and est.coef_ is before["coef_"]
+    assert Est.fit.__doc__ == "Doc kept."
+    assert list(inspect.signature(Est.fit).parameters) == ["self", "X", "fail_after"]

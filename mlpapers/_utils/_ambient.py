@@ -89,9 +89,11 @@ def seeded_global_rng(seed: int, device: torch.device | str = "cpu") -> Iterator
     """
     device = torch.device(device)
     index = None
-    if device.type != "cpu":
-        module = torch.get_device_module(device.type)
-        index = device.index if device.index is not None else module.current_device()
+    module = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if hasattr(module, "manual_seed"):  # an accelerator with its own generator
+        # (torch.mps has one device and no current_device)
+        index = device.index if device.index is not None else (
+            module.current_device() if hasattr(module, "current_device") else 0)
     with _DEFAULT_DTYPE_LOCK, torch.random.fork_rng(
             devices=[] if index is None else [index],
             device_type="cuda" if index is None else device.type):

@@ -400,3 +400,23 @@ def test_module_modifying_its_input_in_place_corrupts_nothing():
             return self.lin(2.0 * x)
 
     np.testing.assert_array_equal(_fit(_seeded(Clean), X).predict_proba(X), first)
+
+
+@pytest.mark.parametrize("change", ["delete_layer", "append_layer"])
+def test_predict_after_a_refit_with_a_changed_module_uses_the_new_fit(change):
+    # the per-thread predict module was kept across fits: after the user changed their
+    # module in place and refitted, the same thread predicted with the old architecture
+    # (a deleted layer's old weights filled in silently, or an AttributeError)
+    m = _seeded(lambda: nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3),
+                                      nn.Linear(3, 3)))
+    clf = _fit(m)
+    clf.predict_proba(X)
+    if change == "delete_layer":
+        del m[3]
+    else:
+        m.append(_seeded(lambda: nn.Linear(3, 3), seed=1))
+    clf.fit(X, Y)
+    got = clf.predict_proba(X)
+    np.testing.assert_array_equal(got, pickle.loads(pickle.dumps(clf)).predict_proba(X))
+    m.append(nn.Tanh())  # changing the module after the fit changes nothing fitted
+    np.testing.assert_array_equal(clf.predict_proba(X), got)

@@ -292,3 +292,16 @@ def test_integer_nu_beside_float64_values_is_not_rounded_to_float32(update):
     assert got.dtype == torch.float64
     assert torch.equal(got, want)
     assert torch.equal(update([0, 1, -2], lme), want)
+
+
+def test_python_floats_and_float_lists_take_the_tensors_dtype():
+    # torch.as_tensor(0.1) is float32: beside float64 values it was rounded first
+    lme = torch.tensor([0.1, 1.3, -2.7], dtype=torch.float64)
+    want = sox_update(torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64), lme, 0.9)
+    got = sox_update([0.1, 0.2, 0.3], lme, 0.9)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    scalar = asgd_update(0.1, lme, 0.5)
+    assert torch.equal(scalar, asgd_update(torch.full((3,), 0.1, dtype=torch.float64), lme,
+                                           0.5))
+    # a numpy array keeps its own dtype (float32 stays float32, then promotes)
+    assert sox_update(np.zeros(3, np.float32), lme, 0.9).dtype == torch.float64

@@ -322,3 +322,12 @@ def test_save_stores_no_callable_and_load_needs_it(tmp_path):
     back.set_params(relevance_fn=None)
     with pytest.raises(TypeError, match="relevance_fn must be set"):
         back.predict(Q[50:])
+
+
+def test_a_refit_without_validation_drops_the_previous_validation_score():
+    # best_validation_hit_rate_ was set only when a neural head validated, so a refit
+    # with a linear head (or no validation) kept the previous fit's value beside it
+    est = _quiet(FACTORIES["rbe_mlp"](heavy, 256).fit, Q, ITEMS)
+    assert hasattr(est, "best_validation_hit_rate_")
+    _quiet(est.set_params(head="linear").fit, Q, ITEMS)
+    assert not hasattr(est, "best_validation_hit_rate_") and est.head_ is None

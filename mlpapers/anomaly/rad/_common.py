@@ -51,9 +51,9 @@ _CUSTOM_EXTRACTOR = "<custom extractor: pass it to load>"
 def _needs_move(module: torch.nn.Module, device: torch.device) -> bool:
     """Whether a parameter or buffer of ``module`` is off ``device`` (``"cuda"`` without
     an index is the current device, where the images go)."""
-    if device.type != "cpu" and device.index is None:
-        device = torch.device(device.type, torch.get_device_module(device.type)
-                              .current_device())
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if device.index is None and hasattr(backend, "current_device"):  # (mps has none)
+        device = torch.device(device.type, backend.current_device())
     for t in itertools.chain(module.parameters(), module.buffers()):
         if t.device.type != device.type or (
                 device.index is not None and t.device.index != device.index):
@@ -498,12 +498,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         if self.extractor is None or isinstance(self.extractor, str):
             super().save(path)
             return
-        ext = self.extractor
-        self.extractor = _CUSTOM_EXTRACTOR  # a marker in the stored parameters
-        try:
-            super().save(path)
-        finally:
-            self.extractor = ext
+        self._save_storing(path, "extractor", _CUSTOM_EXTRACTOR)  # a marker, not the code
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *, extractor=None):

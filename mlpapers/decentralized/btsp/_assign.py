@@ -13,7 +13,7 @@ import torch
 from sklearn.base import BaseEstimator
 from sklearn.utils import metadata_routing
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import check_in_options, check_positive, user_stacklevel
 from mlpapers.decentralized.btsp import _search
 from mlpapers.decentralized.btsp._bottleneck import (
@@ -215,6 +215,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
 
+    @restore_on_failure
     def fit(self, delays, y=None):
         """Find the assignment.
 

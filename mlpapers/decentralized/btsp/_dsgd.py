@@ -8,6 +8,7 @@ doubly stochastic mixing matrix of the round.
 
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
 from fractions import Fraction
@@ -20,7 +21,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from torch import nn
 from torch.func import functional_call
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive
 from mlpapers._utils._ambient import with_autograd
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
@@ -321,6 +322,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     # ---------------------------------------------------------------- fit -----
     # the local gradients need autograd, also inside the caller's no_grad/inference_mode
     @with_autograd
+    @restore_on_failure
     def fit(self, X, y, nodes=None, eval_set=None):
         """Run ``n_rounds`` rounds of decentralized SGD.
 
@@ -473,6 +475,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.sim_time_ = clock(int(self.n_rounds))
         self.history_ = logger.history
         self.node_of_ = node_of
+        # the architecture predict runs (a user's module as it was at this fit: changing
+        # it afterwards, e.g. deleting a layer, must not change the fitted model), and no
+        # predict module of an earlier fit in any thread
+        self._architecture = base if user else None
+        with _PREDICT_MODULES_LOCK:
+            _PREDICT_MODULES.pop(self, None)
         return self
 
     @staticmethod
@@ -497,12 +505,13 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         module shared by simultaneous predictions mixed their weights."""
         with _PREDICT_MODULES_LOCK:
             local = _PREDICT_MODULES.setdefault(self, threading.local())
-        spec = (id(self.model), self.n_features_in_, len(self.classes_), int(self.hidden),
-                device)
-        if getattr(local, "spec", None) != spec:  # (a refit may change the model)
-            local.module = _build_module(self.model, self.n_features_in_, len(self.classes_),
-                                         int(self.hidden)).to(device).eval()
-            local.spec = spec
+        if getattr(local, "device", None) != device:
+            template = getattr(self, "_architecture", None)
+            if template is None:  # a built-in model (or an older pickle)
+                template = _build_module(self.model, self.n_features_in_,
+                                         len(self.classes_), int(self.hidden))
+            local.module = copy.deepcopy(template).to(device).eval()
+            local.device = device
         return local.module
 
     def _logits(self, X) -> torch.Tensor:

@@ -21,7 +21,7 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive, user_stacklevel
 from mlpapers._utils._ambient import with_autograd
 from mlpapers.federated.clove._data import infer_loss, validate_clients
@@ -105,6 +105,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
     # -- fit ------------------------------------------------------------------
     # local training needs autograd, also inside the caller's no_grad/inference_mode
     @with_autograd
+    @restore_on_failure
     def fit(self, clients, cluster_labels=None):
         """Run the federated simulation.
 

@@ -7,7 +7,7 @@ import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import check_in_options, check_positive, with_autograd
 from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
 from mlpapers.optim.scent._sparse_input import SparseRows, is_sparse_input, validate_sparse
@@ -232,6 +232,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
     # -- fitting ----------------------------------------------------------------------
     # training needs autograd even inside the caller's no_grad / inference_mode block
     @with_autograd
+    @restore_on_failure
     def fit(self, X, y):
         """Fit the classifier.
 

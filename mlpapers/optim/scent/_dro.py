@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive, with_autograd
 from mlpapers.optim.scent._common import (
     TensorTargetsScore,
@@ -143,6 +143,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
 
     # the ERM warm start and the SGD need autograd even inside the caller's no_grad /
     # inference_mode block
+    @restore_on_failure
     @with_autograd
     def fit(self, X, y):
         """Fit by minimising the KL-DRO objective with SCENT (or a baseline).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -40,29 +41,35 @@ def _as_tensor(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(x), device=like.device, dtype=like.dtype)
 
 
+_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
 def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
-    """Floating tensors of broadcastable shapes (array-likes and integers converted to
-    the other argument's floating dtype and device, the default dtype if neither is a
-    floating tensor: an integer ``nu`` beside float64 values is not rounded to float32)."""
-    raw = []
-    for name, x in (("nu", nu), ("log_mean_exp", lme)):
-        t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-        if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32,
-                                                      torch.int64, torch.uint8)):
-            raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}.")
-        raw.append((t, isinstance(x, torch.Tensor)))
-    floats = [t for t, _ in raw if t.is_floating_point()]
-    dtype = floats[0].dtype if floats else torch.get_default_dtype()
-    for t in floats[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
-    device = next((t.device for t, given in raw if given), None)
+    """Floating tensors of broadcastable shapes. Integer tensors, and Python numbers and
+    lists, take the floating dtype of the tensor arguments (the default dtype if none is
+    floating) and their device: an integer ``nu`` or a ``0.1`` beside float64 values is
+    not rounded to float32. numpy arrays keep their own floating dtype."""
+    args = (("nu", nu), ("log_mean_exp", lme))
+    tensors = [x for _, x in args if isinstance(x, torch.Tensor)]
+    floats = [t.dtype for t in tensors if t.is_floating_point()]
+    dtype = floats[0] if floats else torch.get_default_dtype()
+    for f in floats[1:]:
+        dtype = torch.promote_types(dtype, f)
+    device = tensors[0].device if tensors else None
     out = []
-    for t, given in raw:
-        if not t.is_floating_point():
-            t = t.to(dtype)
-        if not given and device is not None:  # an array-like beside a tensor: its device
-            t = t.to(device)
-        out.append(t.detach())
+    for name, x in args:
+        if isinstance(x, torch.Tensor):
+            t = x
+        elif isinstance(x, np.ndarray) and x.dtype.kind == "f":
+            t = torch.as_tensor(x, device=device)
+        else:
+            t = torch.as_tensor(x, device=device)
+            if t.is_floating_point() or t.dtype in _INTEGER_DTYPES:
+                # from the Python values themselves (0.1 via float32 is not 0.1)
+                t = torch.as_tensor(x, dtype=dtype, device=device)
+        if not (t.is_floating_point() or t.dtype in _INTEGER_DTYPES):
+            raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}.")
+        out.append(t.detach() if t.is_floating_point() else t.to(dtype))
     try:
         torch.broadcast_shapes(out[0].shape, out[1].shape)
     except RuntimeError as exc:

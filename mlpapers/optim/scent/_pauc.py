@@ -11,7 +11,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.metrics import roc_auc_score
 from sklearn.utils.multiclass import check_classification_targets
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_positive, with_autograd
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers.optim.scent._common import (
@@ -170,6 +170,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return total / len(hp)
 
     # training needs autograd even inside the caller's no_grad / inference_mode block
+    @restore_on_failure
     @with_autograd
     def fit(self, X, y):
         """Fit the scorer.

@@ -9,6 +9,7 @@ import torch
 from sklearn.base import TransformerMixin
 from sklearn.utils import metadata_routing
 
+from mlpapers._base import restore_on_failure
 from mlpapers._utils import with_autograd
 from mlpapers.retrieval.amips._config import build_amips_model, check_amips_params
 from mlpapers.retrieval.amips._exact import (
@@ -260,21 +261,16 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
     # training needs autograd, also inside the caller's no_grad / inference_mode block
     @with_autograd
+    # a fit that stops part-way (the user's query sampler or callback raising, Ctrl-C)
+    # left the previous model_ with the new database_ and data units (predictions off by
+    # their ratio): the estimator is put back as it was
+    @restore_on_failure
     def _fit(self, X, queries: QuerySource, callback=None):
         """:meth:`fit`, with ``callback(step, model)`` after every step (learning curves;
         the model sees ``X / query_scale_`` and predicts keys in units of ``key_scale_``)."""
         self._check_params()
-        before = dict(vars(self))
-        try:
-            self._init_fit()
-            fit_amips(self, self._fit_database(X), queries, callback=callback)
-        except BaseException:
-            # a fit that stops part-way (the user's query sampler or callback raising,
-            # Ctrl-C) left the previous model_ with the new database_ and data units
-            # (predictions off by their ratio): the estimator is put back as it was
-            vars(self).clear()
-            vars(self).update(before)
-            raise
+        self._init_fit()
+        fit_amips(self, self._fit_database(X), queries, callback=callback)
         return self
 
     # -- inference -----------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import check_in_options, check_positive, on_inputs_device
 from mlpapers.retrieval.amips._kernels import _KeyStats, _mips_topk, match_rate
 
@@ -123,6 +123,7 @@ class ExactMIPS(_MIPSBase):
         self.batch_size = batch_size
         self.device = device
 
+    @restore_on_failure
     def fit(self, X, y=None):
         """Store the database of keys.
 

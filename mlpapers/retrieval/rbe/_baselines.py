@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ProgressLogger,
     check_positive,
@@ -224,6 +224,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
     def _check_params(self, n_items: int) -> None:
         check_adacur_params(self, n_items)
 
+    @restore_on_failure
     def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
         """Store the anchor-query relevance and choose the first-round anchors.
 

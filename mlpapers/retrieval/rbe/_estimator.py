@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     autograd_enabled,
     check_positive,
@@ -220,6 +220,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         check_retriever_params(self, n_items)
 
     # -- fitting -------------------------------------------------------------------
+    @restore_on_failure
     def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
         """Select supports and learn item embeddings from training relevances.
 
@@ -273,6 +274,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         self.n_calls_per_query_ = int(S.size + self.n_rerank)
         self.head_ = None
         self.history_ = []
+        # set by a neural head's validation only: a refit without it kept the old value
+        vars(self).pop("best_validation_hit_rate_", None)
         if self.head == "mlp":
             R_val = R[torch.as_tensor(val_rows, device=self._device)]
             self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))

@@ -13,7 +13,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils import metadata_routing
 from torch import nn
 
-from mlpapers._base import TorchEstimatorMixin
+from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ProgressLogger,
     autograd_enabled,
@@ -262,6 +262,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     # training needs autograd even inside the caller's no_grad / inference_mode block (the
     # torchrun path included: it runs inside this method)
     @with_autograd
+    @restore_on_failure
     def fit(self, X, y=None):
         """Train the encoder without labels.
 
@@ -517,12 +518,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         if aug is None or isinstance(aug, str):
             super().save(path)
             return
-        self.augment = ({_DEFAULT_AUGMENT_TAG: _augment_settings(aug)}
-                        if type(aug) is DefaultAugment else _CUSTOM_AUGMENT)
-        try:
-            super().save(path)
-        finally:
-            self.augment = aug
+        self._save_storing(path, "augment", {_DEFAULT_AUGMENT_TAG: _augment_settings(aug)}
+                           if type(aug) is DefaultAugment else _CUSTOM_AUGMENT)
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *, augment=None):
