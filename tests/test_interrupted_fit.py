@@ -101,3 +101,15 @@ def test_a_refit_on_bad_input_keeps_the_previous_fit(make, y):
         est.fit(X[:, :5], np.full(len(X), 7))
     assert _fitted_state(est) == before
     np.testing.assert_array_equal(est.predict_proba(X), proba)
+
+
+def test_a_failing_first_partial_fit_leaves_scent_unfitted():
+    # a first call with one class set classes_ and raised: predict then raised
+    # AttributeError and every later call was refused ("classes differ")
+    est = SCENTClassifier(n_negatives=1, random_state=0)
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        est.partial_fit(X, np.zeros(len(X), int), classes=[0])
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+    est.partial_fit(X, YB, classes=[0, 1])  # starts again
+    assert list(est.classes_) == [0, 1] and est.predict(X).shape == (len(X),)

@@ -279,6 +279,16 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         -------
         self : SCENTClassifier
         """
+        if hasattr(self, "classes_"):
+            return self._partial_fit(X, y, classes, sample_index)
+        # the first call starts from scratch: one that raises (one class, a bad
+        # sample_index, Ctrl-C) leaves the estimator unfitted, as it was (it kept classes_
+        # without a model: predict raised AttributeError, and every later call was
+        # refused as "classes differ from those of the first call")
+        return restore_on_failure(SCENTClassifier._partial_fit)(self, X, y, classes,
+                                                                sample_index)
+
+    def _partial_fit(self, X, y, classes, sample_index):
         first = not hasattr(self, "classes_")
         if first:
             if classes is None:
