@@ -420,3 +420,30 @@ def test_predict_after_a_refit_with_a_changed_module_uses_the_new_fit(change):
     np.testing.assert_array_equal(got, pickle.loads(pickle.dumps(clf)).predict_proba(X))
     m.append(nn.Tanh())  # changing the module after the fit changes nothing fitted
     np.testing.assert_array_equal(clf.predict_proba(X), got)
+
+
+@pytest.mark.parametrize("bn, match", [
+    (lambda: nn.BatchNorm1d(6, track_running_stats=False), "track_running_stats=False"),
+    (lambda: nn.BatchNorm1d(6, momentum=None), "momentum=None"),
+], ids=["no_running_stats", "cumulative_average"])
+def test_batchnorm_settings_that_cannot_be_fitted_are_named(bn, match):
+    # failed with torch's "Expected more than 1 value per channel when training" or a
+    # vmap .item() error blamed on batch_size
+    net = _seeded(lambda: nn.Sequential(nn.Linear(4, 6), bn(), nn.ReLU(), nn.Linear(6, 3)))
+    with pytest.raises(ValueError, match=rf"model's BatchNorm1d '1' .*{match}"):
+        _fit(net)
+    assert not net[1]._forward_pre_hooks  # no hook left behind
+
+
+def test_an_unused_batch_statistics_layer_does_not_stop_a_fit():
+    class WithHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+            self.head = nn.BatchNorm1d(3, track_running_stats=False)  # never called
+
+        def forward(self, x):
+            return self.body(x)
+
+    clf = _fit(_seeded(WithHead))
+    assert clf.predict(X[:1]).shape == (1,)

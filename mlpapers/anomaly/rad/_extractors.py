@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlpapers._utils import default_dtype, on_inputs_device
+from mlpapers._utils._modules import refusing_layers, without_running_statistics
 
 __all__ = [
     "DinoViTExtractor",
@@ -502,38 +503,17 @@ def extractor_module(ext) -> nn.Module | None:
     return owner if isinstance(owner, nn.Module) else None
 
 
-@contextmanager
-def refuse_batch_statistics(module: nn.Module) -> Iterator[None]:
-    """Inside the block, a BatchNorm of ``module`` without running statistics that runs
-    raises a ``ValueError``; one that never runs (an unused head) is fine.
-
-    A BatchNorm built with ``track_running_stats=False`` normalises with the statistics
-    of the batch even in eval mode: an image's features (and score) would change with
-    the images it is batched with and with ``batch_size``. Checked when the layer is
-    called (a forward pre-hook, removed on exit), not by its mere presence.
-    """
-    handles = []
-
-    def refuse(layer: nn.Module, name: str) -> Any:
-        def hook(_module, _inputs):
-            raise ValueError(
-                f"the extractor's {type(layer).__name__} {name!r} has no running "
-                "statistics (track_running_stats=False): it normalises with the "
-                "statistics of the batch even in eval mode, so an image's features would "
-                "depend on the other images of its batch. Use a BatchNorm with running "
-                "statistics (e.g. estimated on your training images), or a per-image "
-                "normalisation (GroupNorm, LayerNorm, InstanceNorm).")
-        return hook
-
-    try:
-        for name, m in module.named_modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None:
-                handles.append(m.register_forward_pre_hook(
-                    refuse(m, name or type(module).__name__)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+def refuse_batch_statistics(module: nn.Module):
+    """A block in which a BatchNorm of ``module`` without running statistics that runs
+    raises a ``ValueError`` (an image's features, and score, would change with the
+    images it is batched with and with ``batch_size``); one that never runs is fine."""
+    def reason(layer: nn.Module) -> str | None:
+        text = without_running_statistics(layer)
+        return None if text is None else (
+            f"{text}. Use a BatchNorm with running statistics (e.g. estimated on your "
+            "training images), or a per-image normalisation (GroupNorm, LayerNorm, "
+            "InstanceNorm).")
+    return refusing_layers(module, reason, "the extractor's")
 
 
 def check_extractor_output(out: Any, n: int, batch: int) -> tuple[list[torch.Tensor],

@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from mlpapers._utils import probe_module, seeded_global_rng
+from mlpapers._utils._modules import refusing_layers, without_running_statistics
 
 __all__: list[str] = []
 
@@ -76,10 +77,23 @@ def _init_params(module: nn.Module, gen: torch.Generator) -> None:
                 p.zero_()
 
 
+def _unfittable_layer(layer: nn.Module) -> str | None:
+    """Why DecentralizedSGD cannot fit ``layer`` (``None`` if it can)."""
+    text = without_running_statistics(layer)
+    if text is not None:  # predict runs one row at a time in eval mode
+        return f"{text}; build it with track_running_stats=True."
+    if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.momentum is None:
+        return ("has momentum=None (a cumulative average reads its batch counter with "
+                ".item(), which torch.vmap cannot run over the nodes); give it a "
+                "momentum, e.g. 0.1.")
+    return None
+
+
 def _check_module_output(module: nn.Module, x: torch.Tensor, n_classes: int) -> None:
     """A user module must map ``(batch, n_features)`` to ``(batch, n_classes)`` logits."""
     want = (1, n_classes)
-    out = probe_module(module, x)
+    with refusing_layers(module, _unfittable_layer, "model's"):
+        out = probe_module(module, x)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model must map (batch, n_features) to (batch, n_classes) "
