@@ -25,10 +25,8 @@ from mlpapers.ssl.clapp import (
     update_similarity,
 )
 from tests._ambient import check_state_untouched, run_in_threads
+from tests.ssl.test_clapp_ambient import IMAGES, SMALL  # the same small setting
 
-IMAGES = np.random.default_rng(0).random((6, 1, 8, 8)).astype(np.float32)
-ARCH = [(3,), (4, "M")]
-SMALL = dict(architecture=ARCH, n_epochs=1, batch_size=3, random_state=0)
 ENCODERS = {"clapp": CLAPPEncoder, "global": GlobalSSLEncoder}
 
 
