@@ -285,8 +285,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         # sample_index, Ctrl-C) leaves the estimator unfitted, as it was (it kept classes_
         # without a model: predict raised AttributeError, and every later call was
         # refused as "classes differ from those of the first call")
-        return restore_on_failure(SCENTClassifier._partial_fit)(self, X, y, classes,
-                                                                sample_index)
+        return restore_on_failure(type(self)._partial_fit)(self, X, y, classes, sample_index)
 
     def _partial_fit(self, X, y, classes, sample_index):
         first = not hasattr(self, "classes_")
