@@ -7,7 +7,16 @@ from contextlib import contextmanager
 
 from torch import nn
 
-__all__ = ["refusing_layers", "without_running_statistics"]
+__all__ = ["module_behind", "refusing_layers", "without_running_statistics"]
+
+
+def module_behind(function) -> nn.Module | None:
+    """The module behind a user's callable: the callable itself, or the module of a bound
+    method such as ``my_net.features`` (``None`` for any other callable)."""
+    if isinstance(function, nn.Module):
+        return function
+    owner = getattr(function, "__self__", None)
+    return owner if isinstance(owner, nn.Module) else None
 
 
 @contextmanager

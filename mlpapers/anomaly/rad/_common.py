@@ -25,11 +25,11 @@ from mlpapers._utils import (
     user_stacklevel,
 )
 from mlpapers._utils._blocks import collect_row_blocks, row_blocks
+from mlpapers._utils._modules import module_behind
 from mlpapers.anomaly.rad._extractors import (
     _as_module_input,
     check_extractor_output,
     eval_mode,
-    extractor_module,
     refuse_batch_statistics,
     resolve_extractor,
 )
@@ -197,7 +197,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                              verbose=self.verbose if verbose is None else verbose)
         # the module behind the extractor (itself, or the owner of a bound method such
         # as my_net.features) runs in eval mode and gets images in its dtype
-        module = extractor_module(ext)
+        module = module_behind(ext)
         frozen = eval_mode(module) if module is not None else contextlib.nullcontext()
         checked = (refuse_batch_statistics(module) if module is not None
                    else contextlib.nullcontext())

@@ -494,15 +494,6 @@ def resolve_extractor(spec) -> Callable:
     return spec
 
 
-def extractor_module(ext) -> nn.Module | None:
-    """The module behind an extractor: the extractor itself, or the module of a bound
-    method such as ``my_net.features`` (``None`` for any other callable)."""
-    if isinstance(ext, nn.Module):
-        return ext
-    owner = getattr(ext, "__self__", None)
-    return owner if isinstance(owner, nn.Module) else None
-
-
 def refuse_batch_statistics(module: nn.Module):
     """A block in which a BatchNorm of ``module`` without running statistics that runs
     raises a ``ValueError`` (an image's features, and score, would change with the

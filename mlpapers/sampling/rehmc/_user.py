@@ -6,20 +6,13 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-import torch
+from mlpapers._utils._modules import module_behind
 
 __all__ = ["eval_mode"]
 
 _EVAL_LOCK = threading.Lock()
 # id(submodule) -> [samplers using it now, its training flag before the first of them]
 _EVAL_USERS: dict[int, list] = {}
-
-
-def _module_of(function) -> torch.nn.Module | None:
-    """The module behind a function: itself, or the owner of a bound method."""
-    owner = function if isinstance(function, torch.nn.Module) else getattr(
-        function, "__self__", None)
-    return owner if isinstance(owner, torch.nn.Module) else None
 
 
 @contextlib.contextmanager
@@ -36,7 +29,7 @@ def eval_mode(*functions) -> Iterator[None]:
     or a submodule shared by two samplers running in threads, is restored to the flag it
     had before the first user, when the last user leaves.
     """
-    owners = [m for m in map(_module_of, functions) if m is not None]
+    owners = [m for m in map(module_behind, functions) if m is not None]
     subs = list({id(m): m for owner in owners for m in owner.modules()}.values())
     with _EVAL_LOCK:
         for m in subs:

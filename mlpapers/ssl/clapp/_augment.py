@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mlpapers._utils import on_inputs_device, seeded_global_rng, wrap_public_methods
+from mlpapers._utils._modules import module_behind
 
 __all__ = ["DefaultAugment"]
 
@@ -198,8 +199,7 @@ class UserAugment:
         # buffers are restored after each call, so that a BatchNorm in train mode
         # normalises with the batch as the user built it but does not accumulate
         # running statistics into the user's module
-        owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
-        self._module = owner if isinstance(owner, torch.nn.Module) else None
+        self._module = module_behind(fn)
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         if self._seeds is None:  # one stream per fit (a new UserAugment each fit)
