@@ -160,6 +160,10 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         Bottleneck of each round.
     base_assignment_ : ndarray of shape (n,)
         The assignment before the multiplier step (the BTSP tour for ``"btsp*"``).
+    ring_tour_ : ndarray of shape (n,) or None
+        The bottleneck-TSP tour of :func:`bottleneck_tsp` (physical nodes in ring
+        order, open) for ``method="btsp"`` and ``"btsp_msr"``; ``None`` for the other
+        methods, which compute no tour.
     multiplier_ : int
         The MSR multiplier (1 when not applied).
     theta_ : float
@@ -295,6 +299,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         self.n_nodes_ = n
         self.schedule_ = schedule
         self.base_assignment_ = np.asarray(base, dtype=np.int64)
+        # the paper note's name for the 2-approximation's tour (None: no tour computed)
+        self.ring_tour_ = None if tour is None else self.base_assignment_.copy()
         self.assignment_ = np.asarray(perm, dtype=np.int64)
         self.multiplier_ = int(c)
         self.bcd_per_round_ = rounds

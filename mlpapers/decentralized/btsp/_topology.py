@@ -71,7 +71,8 @@ def circulant_schedule(n: int, topology: str | Sequence = "exponential") -> Sche
         Number of nodes (``>= 2``).
     topology : str or sequence
         One of :data:`TOPOLOGIES` (or the aliases ``"exp"``, ``"one_peer_exp"``,
-        ``"sparse_exp"`` of the official code), or explicit skips: a sequence of
+        ``"sparse_exp"`` of the official code; case, spaces and hyphens are ignored,
+        so ``"one-peer exponential"`` works), or explicit skips: a sequence of
         rounds, each a sequence of integer skips. A flat sequence of integers is
         one round. Skips are reduced modulo ``n``; a skip ``0 mod n`` is an error.
 
@@ -91,7 +92,10 @@ def circulant_schedule(n: int, topology: str | Sequence = "exponential") -> Sche
     """
     n = _check_n(n)
     if isinstance(topology, str):
-        name = _ALIASES.get(topology, topology)
+        # the issue's and paper's prose spellings ("one-peer exponential") name the same
+        # topologies: case, spaces and hyphens are not significant
+        key = "_".join(topology.strip().lower().replace("-", " ").split())
+        name = _ALIASES.get(key, key)
         if name not in TOPOLOGIES:
             raise ValueError(
                 f"topology must be one of {list(TOPOLOGIES)} or a sequence of skip sets, "

@@ -91,7 +91,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         linear RBE, is a candidate, so the neural head never validates worse).
     validation_fraction : float, default=0.1
         Fraction of training queries held out for checkpoint selection of the neural
-        head (0 trains on all and keeps the last step).
+        head (0 trains on all and keeps the last step). None are held out when
+        ``max_iter=0``: the untrained head then equals linear RBE on all queries.
     batch_size : int, default=1024
         Queries per chunk when calling ``relevance_fn`` and scoring items; the
         scoring chunks of :meth:`predict` and :meth:`kneighbors` also hold at most
@@ -252,7 +253,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             scores = np.full(S.size, np.nan)
         fit_rows = np.arange(n_q)
         val_rows = np.arange(0)
-        if self.head == "mlp" and self.validation_fraction > 0 and n_q >= 2:
+        # Queries are held out only to select a training checkpoint: with max_iter=0
+        # (the MLP head disabled) there is none to select, and holding them out fitted
+        # the linear part on fewer queries, so the untrained head was not linear RBE.
+        if (self.head == "mlp" and self.validation_fraction > 0 and n_q >= 2
+                and self.max_iter > 0):
             perm = self._numpy_gen.permutation(n_q)
             n_val = min(n_q - 1, max(1, round(self.validation_fraction * n_q)))
             val_rows, fit_rows = np.sort(perm[:n_val]), np.sort(perm[n_val:])
@@ -334,7 +339,14 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     # -- inference -----------------------------------------------------------------
     def transform_items(self) -> np.ndarray:
-        """Linear RBE item embeddings, shape (n_items, k) (``item_embeddings_``)."""
+        """Linear RBE item embeddings, shape (n_items, k) (``item_embeddings_``).
+
+        The linear head scores ``transform_queries(Q) @ transform_items().T +
+        item_offsets_`` (:meth:`predict`); the offsets are zero with
+        ``standardize=False``, where the score is exactly ``<u_q, e_i>``.
+        For a maximum-inner-product index (``ExactMIPS``, faiss) append the offsets
+        as a last column here and a column of ones to the query embeddings.
+        """
         self._check_fitted()
         return self.item_embeddings_.copy()
 
@@ -359,6 +371,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         Returns
         -------
         ndarray of shape (n, k), float64
+            ``(f(q, S) - query_mean_) / query_scale_``: the raw heavy scores with
+            ``standardize=False`` (see :meth:`transform_items` for the score).
         """
         return to_numpy(self._standardize(self._query_support(queries)))
 
