@@ -136,16 +136,16 @@ def make_texture_anomalies(
     *,
     image_size: int = 64,
     textures=None,
-    source: str = "procedural",
+    source: str | None = None,
     defects=DEFECTS,
     anomaly_ratio: float = 0.5,
     noise: float = 0.03,
     return_texture: bool = False,
     random_state=None,
 ):
-    """Normal and defective procedural textures with pixel masks (no download).
+    """Normal and defective texture images with pixel masks (no download).
 
-    With ``source="procedural"`` (default, numpy/scipy only) each image is a
+    With ``source="procedural"`` (numpy/scipy only) each image is a
     colour texture from one of four procedural families (``"stripes"``,
     ``"checker"``, ``"grain"`` -- a smoothed random field like gravel or grass --
     and ``"bricks"``) with a random phase/offset per image. With
@@ -171,7 +171,11 @@ def make_texture_anomalies(
     textures : str, sequence of str or None, default=None
         Subset of the families of ``source`` (one name is a one-family
         subset); ``None`` uses all of them.
-    source : {"procedural", "skimage"}, default="procedural"
+    source : {"procedural", "skimage"} or None, default=None
+        ``None`` picks the source from ``textures``: ``"skimage"`` when every
+        name is one of the photos (``"brick"``, ``"grass"``, ``"gravel"``),
+        else ``"procedural"`` (so ``textures=None`` gives the procedural
+        families, which need no extra).
     defects : str or sequence of str, default=("scratch", "spot", "cutout")
     anomaly_ratio : float in [0, 1], default=0.5
         Fraction of defective test images (rounded).
@@ -212,8 +216,16 @@ def make_texture_anomalies(
         raise ValueError(f"anomaly_ratio must be in [0, 1], got {anomaly_ratio!r}.")
     if not isinstance(return_texture, bool | np.bool_):
         raise TypeError(f"return_texture must be a bool, got {return_texture!r}.")
+    if source is None:
+        # the photos' names select the photos: make_texture_anomalies(textures="brick")
+        # is scikit-image's brick (the procedural family is "bricks"); everything else,
+        # textures=None included, stays procedural (no extra needed)
+        if textures is not None:
+            textures = _names(textures, "textures")   # once: an iterator is read once
+        source = ("skimage" if textures and all(t in SKIMAGE_TEXTURES for t in textures)
+                  else "procedural")
     if source not in ("procedural", "skimage"):
-        raise ValueError(f"source must be 'procedural' or 'skimage', got {source!r}.")
+        raise ValueError(f"source must be 'procedural', 'skimage' or None, got {source!r}.")
     if source == "skimage" and image_size > 512:  # a crop cannot exceed the 512x512 photo
         raise ValueError(f"image_size must be <= 512 with source='skimage' (the photos are "
                          f"512x512), got {image_size}.")
@@ -221,8 +233,10 @@ def make_texture_anomalies(
     textures = family if textures is None else _names(textures, "textures")
     defects = _names(defects, "defects")
     if not textures or any(t not in family for t in textures):
+        hint = (f" (or of the photos {list(SKIMAGE_TEXTURES)}, with source='skimage' or "
+                "None)" if source == "procedural" else "")
         raise ValueError(f"textures must be a non-empty subset of {list(family)} for "
-                         f"source={source!r}, got {list(textures)}.")
+                         f"source={source!r}{hint}, got {list(textures)}.")
     if not defects or any(d not in DEFECTS for d in defects):
         raise ValueError(f"defects must be a non-empty subset of {list(DEFECTS)}, "
                          f"got {list(defects)}.")

@@ -160,7 +160,7 @@ def _views_of_alternating_sizes():
     (lambda x, g: x[..., :1, :1], ValueError, "augment returned views of size 1x1, too small"),
     (lambda x, g: x.numpy(), TypeError, "must return a torch.Tensor"),
     (lambda x, g: x[:1], ValueError, r"shape \(N, C, h, w\)"),
-    (lambda x: x, TypeError, "augment must be callable as augment"),
+    (lambda: None, TypeError, "augment must be callable as augment"),
 ])
 def test_wrong_augment_outputs_are_named(augment, error, match):
     """Regression for the first six: uint8/bool views trained silently on another scale,

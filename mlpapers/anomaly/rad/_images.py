@@ -198,7 +198,12 @@ def _validate_images(X: Any, name: str = "X", size=None
     then float ``(n, 3, *size)`` and ``sizes`` the original ``(H, W)`` of each.
     """
     X = _as_item_list(X, name)
-    if isinstance(X, (list, tuple)) and len(X) > 0 and not isinstance(X[0], numbers.Number):
+    if isinstance(X, (list, tuple)) and len(X) == 0:
+        # np.asarray([]) is 1-D: the generic "Expected 3D or 4D array, got 1D" would
+        # not say that the set of images is empty
+        raise ValueError(f"{name} holds no images (an empty list): pass at least one "
+                         "image.")
+    if isinstance(X, (list, tuple)) and not isinstance(X[0], numbers.Number):
         arrays = []
         for item in X:
             if isinstance(item, _PATH_TYPES):  # an image file

@@ -8,6 +8,7 @@ differently, so a caller's default dtype changed every crop.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -177,8 +178,33 @@ wrap_public_methods(DefaultAugment, on_inputs_device)
 _SEED_SALT = 0x5DEECE66D
 
 
+def takes_generator(fn: Callable) -> bool:
+    """Whether ``fn`` is called ``fn(x, generator)`` (else ``fn(x)``).
+
+    A callable whose signature accepts ``(x, generator)`` gets both; one that accepts a
+    single argument (a one-argument function, an ``nn.Module`` with ``forward(x)``, a
+    transform object) gets the batch alone and draws from the global torch RNG, which
+    :class:`UserAugment` seeds from ``random_state``. A signature that cannot be read
+    (some builtins) counts as ``(x, generator)``, the documented form.
+    """
+    # a module's own signature is ``(*args, **kwargs)``: what it takes is its forward's
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return True
+    for args, answer in (((None, None), True), ((None,), False)):
+        try:
+            sig.bind(*args)
+        except TypeError:
+            continue
+        return answer
+    return True   # neither binds: the two-argument call fails with the documented form
+
+
 class UserAugment:
-    """A user's ``augment(x, generator) -> x`` callable, called as the encoders promise.
+    """A user's ``augment(x, generator) -> x`` (or ``augment(x) -> x``) callable, called
+    as the encoders promise.
 
     Each call gets its own copy of the batch (an augment that modifies its input in
     place would otherwise make the two views of a pair one tensor, or change the next
@@ -200,6 +226,7 @@ class UserAugment:
         # normalises with the batch as the user built it but does not accumulate
         # running statistics into the user's module
         self._module = module_behind(fn)
+        self._with_generator = takes_generator(fn)
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         if self._seeds is None:  # one stream per fit (a new UserAugment each fit)
@@ -210,7 +237,9 @@ class UserAugment:
             buffers = [] if self._module is None else list(self._module.buffers())
             saved = [b.detach().clone() for b in buffers]
             try:
-                return self.fn(x.clone(), generator)
+                if self._with_generator:
+                    return self.fn(x.clone(), generator)
+                return self.fn(x.clone())
             finally:
                 with torch.no_grad():
                     for b, v in zip(buffers, saved):

@@ -184,8 +184,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         except TypeError as exc:
             if not custom:
                 raise
-            raise TypeError(f"augment must be callable as augment(x, generator) -> x: {exc}"
-                            ) from exc
+            raise TypeError(f"augment must be callable as augment(x, generator) -> x (or "
+                            f"augment(x) -> x): {exc}") from exc
         if custom:
             for v in views:
                 if not isinstance(v, torch.Tensor):

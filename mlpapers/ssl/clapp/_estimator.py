@@ -99,7 +99,9 @@ class CLAPPEncoder(_SSLImageEncoder):
         ``"default"`` is :class:`DefaultAugment` (the paper's random resized
         crop, flip, jitter, blur); ``"light"`` is :meth:`DefaultAugment.light`
         (no flip, milder crops and jitter: better for digits); a callable
-        ``augment(x, generator) -> x`` on ``(N, C, H, W)`` tensors (each call gets
+        ``augment(x, generator) -> x`` on ``(N, C, H, W)`` tensors, or
+        ``augment(x) -> x`` when its signature takes one argument (e.g. an
+        ``nn.Module``; each call gets
         its own copy of the batch, with the global torch RNG seeded from
         ``random_state``; its output is checked: see the user guide, "Your own
         augmentation"); ``None`` uses identical views.
@@ -184,6 +186,13 @@ class CLAPPEncoder(_SSLImageEncoder):
         self.verbose = verbose
 
     def _check_params(self) -> None:
+        if isinstance(self.variant, str) and self.variant in GlobalSSLEncoder._LOSS_ALIASES:
+            # the paper's end-to-end baselines are another estimator (no local losses)
+            raise ValueError(
+                f"variant={self.variant!r} is a global backprop baseline, not a layer-local "
+                f"variant: use GlobalSSLEncoder(loss={self.variant!r}) (the same as loss="
+                f"{GlobalSSLEncoder._LOSS_ALIASES[self.variant]!r}); CLAPPEncoder's variants "
+                f"are {list(VARIANTS)}.")
         check_in_options(self.variant, "variant", VARIANTS)
         check_in_options(self.loss, "loss", LOSSES)
         for name in ("patch_size", "patch_stride", "prediction_steps"):

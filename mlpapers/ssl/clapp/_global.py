@@ -21,10 +21,11 @@ class GlobalSSLEncoder(_SSLImageEncoder):
 
     Parameters
     ----------
-    loss : {"clapp", "infonce", "infonce-cross"}, default="clapp"
-        ``"clapp"`` (BP-CLAPP++): the hinge CLAPP loss :math:`f(z_L^\top B_L c_L)`
-        of the top block with a detached context from the other view;
-        ``"infonce"`` (BP-InfoNCE, SimCLR): a linear projection to
+    loss : {"clapp", "infonce", "infonce-cross", "bp-clapp", "bp-infonce"}, default="clapp"
+        ``"clapp"`` (BP-CLAPP++; ``"bp-clapp"`` is the same): the hinge CLAPP loss
+        :math:`f(z_L^\top B_L c_L)` of the top block with a detached context from
+        the other view; ``"infonce"`` (BP-InfoNCE, SimCLR; ``"bp-infonce"`` is the
+        same): a linear projection to
         ``projection_dim`` and NT-Xent with cosine similarity and ``temperature``
         (views crossed, all other rows of the batch as negatives, both
         directions); ``"infonce-cross"``: the same projection with the official
@@ -64,6 +65,8 @@ class GlobalSSLEncoder(_SSLImageEncoder):
     """
 
     _loss_names = ("loss_top",)
+    #: The baselines' names in the paper and the issue, accepted as ``loss``.
+    _LOSS_ALIASES = {"bp-clapp": "clapp", "bp-infonce": "infonce"}
 
     def __init__(self, *, loss="clapp", temperature=0.1, projection_dim=128,
                  architecture="small", spatial_pool=None, negatives="next", augment="default",
@@ -85,7 +88,8 @@ class GlobalSSLEncoder(_SSLImageEncoder):
         self.verbose = verbose
 
     def _check_params(self) -> None:
-        check_in_options(self.loss, "loss", ("clapp", "infonce", "infonce-cross"))
+        check_in_options(self.loss, "loss", ("clapp", "infonce", "infonce-cross",
+                                             *self._LOSS_ALIASES))
         check_positive(self.temperature, "temperature")
         check_positive(self.projection_dim, "projection_dim", integer=True)
         self._check_common_params()
@@ -93,18 +97,23 @@ class GlobalSSLEncoder(_SSLImageEncoder):
     def _default_grid(self) -> int:
         return 2
 
+    def _loss_kind(self) -> str:
+        """``loss`` with the ``"bp-"`` aliases resolved (the parameter is kept verbatim)."""
+        return self._LOSS_ALIASES.get(self.loss, self.loss)
+
     def _build_heads(self, dims, generator) -> nn.Module:
         d = dims[-1]
-        out = d if self.loss == "clapp" else self.projection_dim
+        out = d if self._loss_kind() == "clapp" else self.projection_dim
         return materialize(nn.ModuleList([linear(d, out)]), generator)
 
     def _batch_losses(self, views, neg_idx):
         top = self._pooled(views, detach=False)[-1]
         head = self.heads_[0]
-        if self.loss == "clapp":
+        kind = self._loss_kind()
+        if kind == "clapp":
             loss = clapp_layer_loss(swap_views(top), top.detach(), head.weight, neg_idx,
                                     "hinge")
         else:
-            pairs = "cross" if self.loss == "infonce-cross" else "all"
+            pairs = "cross" if kind == "infonce-cross" else "all"
             loss = infonce_loss(head(top), self.temperature, pairs)
         return loss[None]
