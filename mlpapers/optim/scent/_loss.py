@@ -273,6 +273,12 @@ class EntropicRiskLoss(nn.Module):
             Scalar surrogate; its gradient is the method's primal direction.
         """
         index, mask = self._check_inputs(scores, index, mask)
+        if mask is not None:
+            # masked items are ignored, whatever they hold: the official code fills them
+            # with -inf, padding may hold NaN or huge values. Without this a masked -inf
+            # or NaN raised "scores contain NaN or infinity" (and a masked NaN would reach
+            # the softplus ratio as NaN * 0); masked_fill gives them a zero gradient.
+            scores = scores.masked_fill(~mask, 0.0)
         # a loss built (or moved) inside torch.inference_mode() holds inference buffers,
         # which the in-place dual update below cannot change outside that mode
         if not torch.is_inference_mode_enabled() and (

@@ -422,13 +422,30 @@ def amips_loss(
 
     Parameters
     ----------
-    pred_score, true_score : Tensor of shape (b,)
-    pred_key, true_key : Tensor of shape (b, d)
+    pred_score : Tensor of shape (b,)
+    pred_key : Tensor of shape (b, d)
+    true_score : Tensor of shape (b,)
+    true_key : Tensor of shape (b, d)
+    score_weight, target_weight : float, default=0.01, 1.0
 
     Returns
     -------
     total, score_loss, key_loss : scalar Tensors
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ from the above (a score of shape (b, 1) against (b,)
+        would otherwise broadcast to (b, b) and give a wrong loss without an error).
     """
+    b = pred_score.shape[0] if pred_score.dim() == 1 else None
+    if b is None or true_score.shape != (b,):
+        raise ValueError("pred_score and true_score must have the same shape (b,), got "
+                         f"{tuple(pred_score.shape)} and {tuple(true_score.shape)}.")
+    if pred_key.dim() != 2 or pred_key.shape[0] != b or true_key.shape != pred_key.shape:
+        raise ValueError(f"pred_key and true_key must have the same shape (b, d) with b={b} "
+                         f"(the scores' length), got {tuple(pred_key.shape)} and "
+                         f"{tuple(true_key.shape)}.")
     score_loss = (pred_score - true_score).square().mean()
     key_loss = (pred_key - true_key).square().mean()
     return score_weight * score_loss + target_weight * key_loss, score_loss, key_loss

@@ -27,6 +27,7 @@ scalar potential, the output itself for KeyNet (with the Euler score
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,14 @@ def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
 
 def _inject_layers(depth: int, wx_inject: bool | int) -> list[bool]:
     """Whether layer ``l = 1..depth`` (``depth`` = output layer) re-injects ``x``."""
-    if isinstance(wx_inject, bool) or wx_inject <= 0:
+    # as AmortizedMIPS checks it: the modules took -1 as "every layer" (bool(-1)) and a
+    # float 3.0 as 3, where the estimator refuses both
+    if not isinstance(wx_inject, numbers.Integral):
+        raise TypeError(f"wx_inject must be a bool or an int, got {wx_inject!r}.")
+    if wx_inject < 0:
+        raise ValueError(f"wx_inject must be >= 0 (0 or False: no re-injection), "
+                         f"got {wx_inject!r}.")
+    if isinstance(wx_inject, bool) or wx_inject == 0:
         mask = [bool(wx_inject)] * (depth - 1)
     else:
         mask = [(l % wx_inject) == 0 for l in range(1, depth)]

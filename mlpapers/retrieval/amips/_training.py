@@ -9,6 +9,7 @@ parameters and inputs and calls :func:`fit_amips`.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,17 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
             return (q / q.norm(dim=1, keepdim=True).clamp_min(1e-12)).to(device)
         return draw
     if callable(queries) and not isinstance(queries, (np.ndarray, torch.Tensor)):
+        # a one-argument sampler (``lambda n: ...``) failed inside the first step with
+        # Python's "<lambda>() takes 1 positional argument but 2 were given"
+        try:
+            inspect.signature(queries).bind(1, numpy_gen)
+        except TypeError:
+            raise TypeError(f"queries: a sampler is called as sampler(n, rng) (n rows, rng "
+                            f"a numpy Generator), but {queries!r} does not accept these two "
+                            "arguments.") from None
+        except ValueError:  # no introspectable signature (some builtins): just call it
+            pass
+
         def draw(n):
             q = check_tensor(queries(n, numpy_gen), name="sampler output", dtype=torch.float32,
                              device=device, n_features=d, owner=owner)
