@@ -135,7 +135,7 @@ def test_convex_set_hit_from_a_boundary_point_crosses_the_set():
     # starting exactly on the boundary (g = 0) and moving inwards, the exit is the far side
     x = torch.tensor([[1.0, 0.0], [0.0, -1.0]], dtype=torch.float64)
     v = torch.tensor([[-1.0, 0.0], [0.6, 0.8]], dtype=torch.float64)
-    t, normal, _ = _disc_set(True).hit(x, v, torch.full((2,), 10.0, dtype=torch.float64))
+    t, normal = _disc_set(True).hit(x, v, torch.full((2,), 10.0, dtype=torch.float64))
     np.testing.assert_allclose(t.numpy(), [2.0, 1.6], rtol=1e-12)
     np.testing.assert_allclose(normal.numpy(), [[-1.0, 0.0], [0.96, 0.28]], atol=1e-10)
 

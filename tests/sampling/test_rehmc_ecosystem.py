@@ -98,7 +98,7 @@ def test_convex_set_with_a_numpy_level_function():
     K = ConvexSet(g, lambda x: 2 * np.asarray(x), interior_point=[0.0, 0.0])
     x = torch.tensor([[0.0, 0.0], [0.5, 0.0]], dtype=torch.float64)
     v = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
-    t, normal, _ = K.hit(x, v, torch.full((2,), 4.0, dtype=torch.float64))
+    t, normal = K.hit(x, v, torch.full((2,), 4.0, dtype=torch.float64))
     np.testing.assert_allclose(t.numpy(), [1.0, np.sqrt(0.75) / 2], rtol=1e-10)
     np.testing.assert_allclose(normal[1].numpy(), [0.5, np.sqrt(0.75)], rtol=1e-10)
 

@@ -289,14 +289,14 @@ def test_box_hit_is_the_first_wall_at_any_speed(scale):
     g = torch.Generator().manual_seed(1)
     x = box.random_interior(50, g)
     v = torch.randn(50, 3, generator=g, dtype=torch.float64) * scale
-    t, normal, _ = box.hit(x, v)
+    t, normal = box.hit(x, v)
     xn, vn = x.numpy(), v.numpy()
     wall = np.where(vn > 0, (hi - xn) / vn, (lo - xn) / vn)
     j = wall.argmin(1)
     np.testing.assert_allclose(t.numpy(), wall.min(1), rtol=1e-12)
     sign = np.sign(vn[np.arange(50), j])[:, None]
     np.testing.assert_array_equal(normal.numpy(), np.eye(3)[j] * sign)
-    tp, npoly, _ = poly.hit(x, v)
+    tp, npoly = poly.hit(x, v)
     np.testing.assert_allclose(t.numpy(), tp.numpy(), rtol=1e-12)
     np.testing.assert_allclose(normal.numpy(), npoly.numpy(), atol=1e-15)
 

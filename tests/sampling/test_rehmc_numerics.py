@@ -274,7 +274,7 @@ def test_convexset_with_flat_g_at_the_boundary_reflects_with_the_outer_normal():
     # zero, the reflection's (n.p)/(n.n) = 0/0 made the momentum and positions NaN
     cs = ConvexSet(lambda z: torch.relu(z.norm(dim=-1) - 1.0) ** 2 - 1e-300,
                    interior_point=[0.0, 0.0])
-    t, normal, _ = cs.hit(torch.zeros(1, 2, dtype=D), torch.tensor([[0.0, 2.0]], dtype=D),
+    t, normal = cs.hit(torch.zeros(1, 2, dtype=D), torch.tensor([[0.0, 2.0]], dtype=D),
                           torch.tensor([3.0], dtype=D))
     np.testing.assert_allclose(float(t[0]), 0.5, rtol=1e-12)
     np.testing.assert_allclose(normal.numpy(), [[0.0, 1.0]], atol=1e-12)

@@ -183,7 +183,7 @@ def test_hit_is_the_first_exit_with_an_outward_unit_normal(cont, speed):
     v = torch.randn(16, c.dim, generator=gen, dtype=D) * (10.0**speed) * size
     # t_max: the bisection oracle reports inf for an exit beyond it (documented); every
     # container here has a diameter below 10 * size
-    t, normal, _ = c.hit(x, v, 10 * size / v.norm(dim=1))
+    t, normal = c.hit(x, v, 10 * size / v.norm(dim=1))
     assert bool((t > 0).all()) and bool(torch.isfinite(t).all())  # bounded containers
     xs = x + t[:, None] * v
     assert bool(_inside(c, xs, size).all())  # the hit point is on K

@@ -47,7 +47,7 @@ def test_hit_time_matches_bisection_and_normal_is_outward(name):
     x = _inside_points(c, 64, gen)
     assert bool(c.contains(x).all())
     v = torch.randn(64, c.dim, generator=gen, dtype=D)
-    t, normal, _ = c.hit(x, v, torch.full((64,), 100.0, dtype=D))
+    t, normal = c.hit(x, v, torch.full((64,), 100.0, dtype=D))
     ref = _bisect_exit(c, x, v)
     np.testing.assert_allclose(t.numpy(), ref.numpy(), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(normal.norm(dim=1).numpy(), 1.0, atol=1e-12)
@@ -61,11 +61,12 @@ def test_hit_time_matches_bisection_and_normal_is_outward(name):
 def test_hit_known_values():
     x = torch.tensor([[0.0, 0.0]], dtype=D)
     v = torch.tensor([[2.0, 0.0]], dtype=D)
-    t, n, _ = Ball([0, 0], 3.0).hit(x, v)
+    t, n = Ball([0, 0], 3.0).hit(x, v)
     assert float(t[0]) == pytest.approx(1.5) and n[0].tolist() == pytest.approx([1, 0])
-    t, n, _ = Ellipsoid([0, 0], np.diag([1 / 16, 1.0])).hit(x, v)
+    t, n = Ellipsoid([0, 0], np.diag([1 / 16, 1.0])).hit(x, v)
     assert float(t[0]) == pytest.approx(2.0) and n[0].tolist() == pytest.approx([1, 0])
-    t, n, f = Polytope([[1.0, 1.0], [-1.0, 0.0]], [2.0, 1.0]).hit(x, v)
+    h = Polytope([[1.0, 1.0], [-1.0, 0.0]], [2.0, 1.0]).hit(x, v)
+    (t, n), f = h, h.face
     assert float(t[0]) == pytest.approx(1.0)
     np.testing.assert_allclose(n[0].numpy(), [2**-0.5, 2**-0.5])
     assert int(f[0]) == 0
@@ -74,12 +75,13 @@ def test_hit_known_values():
 def test_corner_tie_picks_lowest_face_and_grazing_is_ignored():
     box = Box([0, 0], [1, 1])
     x = torch.tensor([[0.5, 0.5]], dtype=D)
-    t, n, face = box.hit(x, torch.tensor([[1.0, 1.0]], dtype=D))  # exact corner
+    t, n = box.hit(x, torch.tensor([[1.0, 1.0]], dtype=D))  # exact corner
     assert float(t[0]) == 0.5 and n[0].tolist() == [1.0, 0.0]
-    t, n, _ = box.hit(x, torch.tensor([[1.0, 0.0]], dtype=D))  # parallel to y faces
+    t, n = box.hit(x, torch.tensor([[1.0, 0.0]], dtype=D))  # parallel to y faces
     assert float(t[0]) == 0.5 and n[0].tolist() == [1.0, 0.0]
     P = Polytope(np.vstack([np.eye(2), -np.eye(2)]), np.ones(4))
-    t, n, face = P.hit(torch.zeros(1, 2, dtype=D), torch.tensor([[1.0, 1e-18]], dtype=D))
+    h = P.hit(torch.zeros(1, 2, dtype=D), torch.tensor([[1.0, 1e-18]], dtype=D))
+    t, face = h.t, h.face
     assert int(face[0]) == 0 and float(t[0]) == 1.0
 
 
@@ -87,9 +89,11 @@ def test_exclude_face_just_hit():
     P = Polytope(np.vstack([np.eye(2), -np.eye(2)]), np.ones(4))
     x = torch.tensor([[1.0, 0.0]], dtype=D)  # on face 0, moving along it slightly outwards
     v = torch.tensor([[1e-3, 1.0]], dtype=D)
-    t0, _, f0 = P.hit(x, v)
+    h0 = P.hit(x, v)
+    t0, f0 = h0.t, h0.face
     assert float(t0[0]) == 0.0 and int(f0[0]) == 0
-    t1, _, f1 = P.hit(x, v, exclude=torch.tensor([0]))
+    h1 = P.hit(x, v, exclude=torch.tensor([0]))
+    t1, f1 = h1.t, h1.face
     assert float(t1[0]) == pytest.approx(1.0) and int(f1[0]) == 1
 
 
@@ -146,11 +150,11 @@ def test_convexset_with_gradient_matches_ball():
     g = torch.Generator().manual_seed(0)
     x = ball.random_interior(16, g)
     v = torch.randn(16, 3, generator=g, dtype=D)
-    t1, n1, _ = ball.hit(x, v)
-    t2, n2, _ = cs.hit(x, v, torch.full((16,), 50.0, dtype=D))
+    t1, n1 = ball.hit(x, v)
+    t2, n2 = cs.hit(x, v, torch.full((16,), 50.0, dtype=D))
     np.testing.assert_allclose(t1.numpy(), t2.numpy(), rtol=1e-12)
     np.testing.assert_allclose(n1.numpy(), n2.numpy(), atol=1e-10)
-    t3, _, _ = cs.hit(x, v, 0.5 * t1)  # no hit before t_max
+    t3, _ = cs.hit(x, v, 0.5 * t1)  # no hit before t_max
     assert bool(torch.isinf(t3).all())
 
 

@@ -402,9 +402,10 @@ class DelegatingBall(ConvexContainer):
             self.bad, out)
 
     def hit(self, x, v, t_max=None, exclude=None):
-        t, n, face = self._ball.hit(x, v, t_max, exclude)
-        if self.bad == "two_values":
-            return t, n
+        h = self._ball.hit(x, v, t_max, exclude)
+        (t, n), face = h, h.face
+        if self.bad == "four_values":
+            return t, n, face, face
         return ({"t_column": t[:, None], "t_numpy": t.numpy()}.get(self.bad, t),
                 n[:, :1] if self.bad == "normal_column" else n, face)
 
@@ -423,7 +424,7 @@ def test_a_valid_user_container_gives_the_draws_of_the_built_in_one():
 
 
 @pytest.mark.parametrize("bad", ["contains_column", "contains_float", "t_column", "t_numpy",
-                                 "normal_column", "two_values", "interior_point", "dim"])
+                                 "normal_column", "four_values", "interior_point", "dim"])
 def test_a_user_container_with_wrong_answers_is_rejected_before_sampling(bad):
     # was a torch broadcast error deep in a transition, or (normal_column) silently
     # wrong reflections

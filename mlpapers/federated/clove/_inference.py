@@ -66,12 +66,16 @@ class _FederatedInferenceMixin:
         if client is not None and cluster is not None:
             raise ValueError("pass either client= or cluster=, not both.")
         if client is not None:
-            if not isinstance(client, numbers.Integral) or not 0 <= client < self.n_clients_:
+            # (a bool is an Integral: labels_[True] is numpy's mask indexing, a torch-free
+            # but cryptic TypeError, and cluster=True picked model 1 silently)
+            if (not isinstance(client, numbers.Integral) or isinstance(client, bool)
+                    or not 0 <= client < self.n_clients_):
                 raise ValueError(f"client must be an integer in [0, {self.n_clients_}), "
                                  f"got {client!r}.")
             return self.models_[int(self.labels_[client])]
         if cluster is not None:
-            if not isinstance(cluster, numbers.Integral) or not 0 <= cluster < len(self.models_):
+            if (not isinstance(cluster, numbers.Integral) or isinstance(cluster, bool)
+                    or not 0 <= cluster < len(self.models_)):
                 raise ValueError(f"cluster must be an integer in [0, {len(self.models_)}), "
                                  f"got {cluster!r}.")
             return self.models_[int(cluster)]

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mlpapers.sampling.rehmc._adapt import DualAveraging
+from mlpapers.sampling.rehmc._container import Hit
 from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Box, ConvexContainer
 
@@ -38,8 +39,8 @@ class Unbounded(ConvexContainer):
 
     def hit(self, x, v, t_max=None, exclude=None):
         C = x.shape[0]
-        return (torch.full((C,), float("inf"), dtype=x.dtype, device=x.device),
-                torch.zeros_like(x), torch.zeros(C, dtype=torch.long, device=x.device))
+        return Hit(torch.full((C,), float("inf"), dtype=x.dtype, device=x.device),
+                   torch.zeros_like(x), torch.zeros(C, dtype=torch.long, device=x.device))
 
     def fold(self, x, v, tau):
         """Free drift ``x + tau v`` (the same fast path a :class:`Box` gets)."""

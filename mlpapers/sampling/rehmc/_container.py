@@ -8,6 +8,7 @@ chain. The concrete containers live in ``_supports`` (closed-form oracles) and
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -15,9 +16,101 @@ import torch
 
 from mlpapers._utils import on_inputs_device, to_numpy, wrap_public_methods
 
-__all__ = ["ConvexContainer", "check_oracles"]
+__all__ = ["ConvexContainer", "Hit", "accept_arrays", "check_oracles", "unpack_hit"]
 
 Tensor = torch.Tensor
+
+
+class Hit(tuple):
+    """What :meth:`ConvexContainer.hit` returns: the pair ``(t, normal)``, as the
+    specification writes ``hit(x, v, t_max) -> (t, normal)``, with the index of the
+    face hit as ``.face`` (the sampler excludes it from the next hitting-time search).
+
+    ``t, normal = K.hit(x, v, t_max)`` unpacks it; ``.t``, ``.normal`` and ``.face``
+    name the parts.
+    """
+
+    def __new__(cls, t: Tensor, normal: Tensor, face: Tensor | None = None):
+        obj = super().__new__(cls, (t, normal))
+        obj.face = face
+        return obj
+
+    def __getnewargs__(self):  # pickling and copying keep the face
+        return (self[0], self[1], self.face)
+
+    @property
+    def t(self) -> Tensor:
+        return self[0]
+
+    @property
+    def normal(self) -> Tensor:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"Hit(t={self[0]!r}, normal={self[1]!r}, face={self.face!r})"
+
+
+def _as_points(value, name: str) -> Tensor:
+    """An array-like of points as a float64 tensor (on the CPU)."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a torch tensor or a numeric array-like of points "
+                        f"of shape (C, d): {exc}") from None
+    return torch.from_numpy(arr.copy())
+
+
+_ARRAYS_OK = "_rehmc_accepts_arrays"
+
+
+def accept_arrays(method):
+    """Let an oracle (``contains``, ``hit``) take numpy arrays or nested lists.
+
+    The oracles compute on torch tensors; a user checking draws (``result.samples``,
+    numpy) with ``K.contains`` got ``TypeError: as_tensor(): argument 'dtype' must be
+    torch.dtype`` or ``'numpy.ndarray' object has no attribute 'clone'``. Points that are
+    not a tensor are converted to float64 tensors and the answer comes back as numpy
+    (numpy in, numpy out); tensors pass through untouched (the sampler's hot path pays
+    one ``isinstance``).
+    """
+    if getattr(method, _ARRAYS_OK, False):
+        return method
+
+    @functools.wraps(method)
+    def wrapper(self, x, *args, **kwargs):
+        if isinstance(x, Tensor):
+            return method(self, x, *args, **kwargs)
+        xt = _as_points(x, "x")
+        if args and not isinstance(args[0], Tensor):  # hit's velocities
+            args = (_as_points(args[0], "v"), *args[1:])
+        if "v" in kwargs and not isinstance(kwargs["v"], Tensor):
+            kwargs["v"] = _as_points(kwargs["v"], "v")
+        args = tuple(torch.as_tensor(np.asarray(a)) if isinstance(a, np.ndarray) else a
+                     for a in args)
+        kwargs = {k: torch.as_tensor(np.asarray(a)) if isinstance(a, np.ndarray) else a
+                  for k, a in kwargs.items()}
+        out = method(self, xt, *args, **kwargs)
+        if isinstance(out, Tensor):
+            return out.numpy()
+        if isinstance(out, tuple):
+            parts = [o.detach().numpy() if isinstance(o, Tensor) else o for o in out]
+            if isinstance(out, Hit):
+                face = out.face.numpy() if isinstance(out.face, Tensor) else out.face
+                return Hit(parts[0], parts[1], face)
+            return type(out)(parts) if type(out) is tuple else tuple(parts)
+        return out
+
+    setattr(wrapper, _ARRAYS_OK, True)
+    return wrapper
+
+
+def unpack_hit(out) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(t, normal, face)`` of a ``hit`` answer: a :class:`Hit`, a plain pair
+    ``(t, normal)`` (face unknown: ``None``) or, from a user's class written for
+    earlier versions, a triple ``(t, normal, face)``."""
+    if len(out) == 3:
+        return out[0], out[1], out[2]
+    return out[0], out[1], getattr(out, "face", None)
 
 
 def _as_float_array(value, name: str, ndim: int | None) -> np.ndarray:
@@ -51,6 +144,9 @@ class ConvexContainer:
         # the public methods compute where their inputs are (the CPU for numpy ones),
         # whatever a caller's torch.set_default_device
         super().__init_subclass__(**kwargs)
+        for name in ("contains", "hit"):  # numpy points in, numpy answers out
+            if name in cls.__dict__:
+                setattr(cls, name, accept_arrays(cls.__dict__[name]))
         wrap_public_methods(cls, on_inputs_device)
 
     dim: int
@@ -90,30 +186,38 @@ class ConvexContainer:
             x = x.double()
         return self.contains(x)
 
-    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | None = None,
-            exclude: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """First exit time of the rays ``x + t v`` (``t > 0``).
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
+            exclude: Tensor | None = None) -> Hit:
+        """First exit time of the rays ``x + t v`` (``t > 0``): ``(t, normal)``.
 
         Parameters
         ----------
         x, v : torch.Tensor of shape (C, d)
             Start points (inside ``K``) and velocities.
-        t_max : torch.Tensor of shape (C,), optional
+        t_max : torch.Tensor of shape (C,) or float, optional
             The caller only needs hits before ``t_max``; the bisection oracle
-            uses it as its bracket, closed-form oracles ignore it.
+            (:class:`ConvexSet`) uses it as its bracket and requires it,
+            closed-form oracles ignore it.
         exclude : torch.Tensor of shape (C,), optional
             Index of the face just hit (``-1`` for none), skipped to avoid a
             spurious round-off hit at ``t = 0``.
 
         Returns
         -------
-        t : torch.Tensor of shape (C,)
-            Hitting time (``inf`` when the ray never leaves ``K``, or for the
-            bisection oracle when it does not leave before ``t_max``).
-        normal : torch.Tensor of shape (C, d)
-            Unit outward normal at the hit point (arbitrary where ``t = inf``).
-        face : torch.Tensor of shape (C,), int64
-            Index of the face hit (``0`` for smooth sets).
+        Hit
+            The pair ``(t, normal)``:
+
+            t : torch.Tensor of shape (C,)
+                Hitting time (``inf`` when the ray never leaves ``K``, or for the
+                bisection oracle when it does not leave before ``t_max``).
+            normal : torch.Tensor of shape (C, d)
+                Unit outward normal at the hit point (arbitrary where ``t = inf``).
+
+            and ``.face``, a torch.Tensor of shape (C,), int64: the index of the face
+            hit (``0`` for smooth sets), which the sampler passes back as ``exclude``.
+            A user's subclass may return a plain pair ``(t, normal)`` (no face
+            exclusion), a ``Hit`` or, as earlier versions required, a triple
+            ``(t, normal, face)``.
         """
         raise NotImplementedError
 
@@ -159,7 +263,7 @@ class ConvexContainer:
         c = torch.as_tensor(self.interior_point(), dtype=torch.float64).expand(n, -1).clone()
         u = torch.randn(n, self.dim, generator=gen, dtype=torch.float64)
         u = u / u.norm(dim=1, keepdim=True)
-        t, _, _ = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))
+        t = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))[0]
         t = torch.where(torch.isfinite(t), t, torch.ones_like(t)).clamp_max(self._chord_cap)
         frac = torch.rand(n, generator=gen, dtype=torch.float64) * 0.9
         return c + (frac * t)[:, None] * u
@@ -236,11 +340,11 @@ def check_oracles(container: ConvexContainer, dtype: torch.dtype, device, name: 
     v[0, 0], v[1, 0] = 1.0, -1.0
     out = container.hit(x, v, torch.full((2,), 1e3, dtype=dtype, device=device),
                         torch.full((2,), -1, dtype=torch.long, device=device))
-    if not isinstance(out, tuple) or len(out) != 3:
-        raise ValueError(f"{cls}.hit must return a tuple (t, normal, face), got "
-                         f"{type(out).__name__}" + (f" of length {len(out)}."
-                                                    if isinstance(out, tuple) else "."))
-    t, normal, face = out
+    if not isinstance(out, tuple) or len(out) not in (2, 3):
+        raise ValueError(f"{cls}.hit must return a tuple (t, normal) (or (t, normal, face)), "
+                         f"got {type(out).__name__}" + (f" of length {len(out)}."
+                                                        if isinstance(out, tuple) else "."))
+    t, normal, face = unpack_hit(out)
     if not isinstance(t, Tensor) or t.shape != (2,) or not t.is_floating_point():
         raise bad("hit", "hitting times t, a float tensor of shape (2,),", t)
     if not isinstance(normal, Tensor) or normal.shape != (2, d) or not normal.is_floating_point():

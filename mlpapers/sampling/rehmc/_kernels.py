@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 
+from mlpapers.sampling.rehmc._container import unpack_hit
 from mlpapers.sampling.rehmc._supports import ConvexContainer
 
 __all__ = [
@@ -194,18 +195,20 @@ def reflected_drift(
     C = x.shape[0]
     n_ref = torch.zeros(C, dtype=torch.long, device=x.device)
     capped = torch.zeros(C, dtype=torch.bool, device=x.device)
-    exclude = torch.full((C,), -1, dtype=torch.long, device=x.device)
+    no_face = exclude = torch.full((C,), -1, dtype=torch.long, device=x.device)
     remaining = tau.clamp_min(0.0)  # a chain with no time left must not drift backwards
     active = remaining > 0
     # Masked loop over all chains: a finished chain has remaining time 0, so it drifts
     # for time 0, never bounces and keeps its momentum.
     while bool(active.any()):
         v = velocity(p, inv_mass)
-        t, normal, face = container.hit(x, v, remaining, exclude)
+        # (t, normal) with the face as .face; a user's class may answer a plain pair
+        # (no face to exclude) or the triple (t, normal, face) of earlier versions
+        t, normal, face = unpack_hit(container.hit(x, v, remaining, exclude))
         bounce = active & (t < remaining)
         x = torch.addcmul(x, torch.where(bounce, t, remaining)[:, None], v)
         p = torch.where(bounce[:, None], reflect_momentum(p, normal, inv_mass), p)
-        exclude = face
+        exclude = no_face if face is None else face
         n_ref += bounce
         cap = (bounce & (n_ref > max_reflections)) | (active & torch.isnan(t))
         capped |= cap

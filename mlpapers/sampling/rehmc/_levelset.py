@@ -8,6 +8,7 @@ reflections.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -21,7 +22,12 @@ from mlpapers._utils import (
     usable_outside_inference,
     wrap_public_methods,
 )
-from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
+from mlpapers.sampling.rehmc._container import (
+    ConvexContainer,
+    Hit,
+    _as_float_array,
+    accept_arrays,
+)
 
 __all__ = ["ConvexSet", "Region"]
 
@@ -48,36 +54,127 @@ class ConvexSet(ConvexContainer):
     grad_g : callable, optional
         Gradient of ``g`` (``(C, d) -> (C, d)``, a tensor); by autograd when
         omitted.
-    interior_point : array-like of shape (d,)
+    interior_point : array-like of shape (d,), optional
         A point with ``g < 0``; it fixes the dimension.
+    dim : int, optional
+        The dimension ``d``, when no ``interior_point`` is given: the interior
+        point is then searched from the origin (the origin itself if ``g(0) < 0``,
+        else a descent on ``g``, which is convex).
     n_bisect : int, default=60
         Maximum root-finding iterations.
+
+    Notes
+    -----
+    ``ConvexSet(g)`` alone, as the specification writes it, is accepted:
+    :meth:`contains` and :meth:`hit` work in any dimension, and the first
+    :meth:`ReflectiveHMC.sample` fixes ``dim`` and the interior point from its
+    ``x0`` (the mean of the starting points, inside ``K`` by convexity, or a
+    descent on ``g`` from there). Without ``x0`` such a set cannot give starting
+    points: ``sample`` raises ``ValueError`` asking for ``x0``, ``dim`` or
+    ``interior_point``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.sampling import ConvexSet
+    >>> disc = ConvexSet(lambda x: (x ** 2).sum(-1) - 1.0)
+    >>> t, n = disc.hit(torch.zeros(1, 2, dtype=torch.float64),
+    ...                 torch.tensor([[2.0, 0.0]], dtype=torch.float64), 10.0)
+    >>> round(float(t[0]), 12), n[0].tolist()
+    (0.5, [1.0, 0.0])
     """
 
     @on_cpu_default_device
     def __init__(self, g: Callable[[Tensor], Tensor], grad_g: Callable | None = None, *,
-                 interior_point, n_bisect: int = 60):
+                 interior_point=None, dim: int | None = None, n_bisect: int = 60):
         if not callable(g):
             raise TypeError("g must be callable.")
         if grad_g is not None and not callable(grad_g):
             raise TypeError("grad_g must be callable or None.")
         self.g = g
         self.grad_g = grad_g
-        self._x0 = _as_float_array(interior_point, "interior_point", 1).copy()
-        self.dim = len(self._x0)
         self.n_bisect = int(check_positive(n_bisect, "n_bisect", integer=True))
-        x0 = torch.as_tensor(self._x0)[None]
+        if dim is not None:
+            check_positive(dim, "dim", integer=True)
+            dim = int(dim)
+        self._x0 = None
+        self.dim = dim
+        if interior_point is not None:
+            x0 = _as_float_array(interior_point, "interior_point", 1).copy()
+            if dim is not None and len(x0) != dim:
+                raise ValueError(f"interior_point has {len(x0)} coordinates but dim={dim}.")
+            self._set_interior(x0, given=True)
+        elif dim is not None:
+            self._set_interior(self._find_interior(np.zeros(dim)), given=False)
+
+    def _set_interior(self, x0: np.ndarray, *, given: bool) -> None:
+        """Fix the dimension and the interior point ``x0`` (checked: ``g(x0) < 0``)."""
+        xt = torch.as_tensor(x0)[None]
         with torch.no_grad():
-            raw = g(x0)
-        if not isinstance(raw, torch.Tensor) and grad_g is None:
+            raw = self.g(xt.clone())
+        if not isinstance(raw, torch.Tensor) and self.grad_g is None:
             raise TypeError(f"g returned a {type(raw).__name__}, not a torch tensor: the "
                             "boundary normals come from autograd. Write g with torch "
                             "operations, or pass grad_g.")
-        g0 = self._g(x0)
+        g0 = self._g(xt)
         if g0.shape != (1,):
             raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(g0.shape)}.")
         if not g0[0] < 0:
-            raise ValueError("interior_point must satisfy g(interior_point) < 0.")
+            if given:
+                raise ValueError("interior_point must satisfy g(interior_point) < 0.")
+            raise ValueError("ConvexSet found no point with g < 0 (searched from the "
+                             "origin or the starting points); pass interior_point=.")
+        self._x0 = x0
+        self.dim = len(x0)
+
+    def _find_interior(self, start: np.ndarray) -> np.ndarray:
+        """A point with ``g < 0``: ``start`` itself, else gradient descent on the convex
+        ``g`` with a backtracking (Armijo) step, stopped at the first point inside."""
+        x = torch.as_tensor(np.asarray(start, dtype=np.float64))[None].clone()
+        gx = self._g(x)
+        if gx.shape != (1,):
+            raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(gx.shape)}.")
+        step = 1.0
+        for _ in range(500):
+            if not bool(torch.isfinite(gx).all()) or gx[0] < 0:
+                break
+            gr = self._grad(x)
+            sq = float((gr * gr).sum())
+            if not math.isfinite(sq) or sq == 0.0:
+                break  # a minimum of g at or above 0: K has no interior
+            while step > 1e-300:
+                trial = x - step * gr
+                gt = self._g(trial)
+                if bool(torch.isfinite(gt).all()) and gt[0] <= gx[0] - 0.5 * step * sq:
+                    x, gx, step = trial, gt, 2.0 * step
+                    break
+                step *= 0.5
+            else:
+                break
+        return x[0].numpy().copy()
+
+    def _bind(self, points) -> None:
+        """Fix ``dim`` and the interior point of a set built without either, from
+        ``(n, d)`` (or ``(d,)``) points of ``K``: their mean (inside by convexity), or a
+        descent on ``g`` from it."""
+        if points is None:
+            raise ValueError("ConvexSet(g) was built without interior_point or dim and "
+                             "sample got no x0: pass x0 (starting points inside the set) "
+                             "to sample, or dim= or interior_point= (a point with g < 0) "
+                             "to ConvexSet.")
+        try:
+            pts = points.detach().cpu().double().numpy() if isinstance(points, Tensor) \
+                else np.asarray(points, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"x0 must be a numeric array of shape (d,) or (n_chains, d): "
+                             f"{exc}") from None
+        if pts.ndim not in (1, 2) or pts.size == 0 or not np.all(np.isfinite(pts)):
+            raise ValueError(f"x0 must be a finite, non-empty array of shape (d,) or "
+                             f"(n_chains, d) (it also fixes the dimension of ConvexSet(g)), "
+                             f"got shape {pts.shape}" + ("." if np.all(np.isfinite(pts))
+                                                         else " with NaN or inf."))
+        pts = pts.reshape(-1, pts.shape[-1])
+        self._set_interior(self._find_interior(pts.mean(0)), given=False)
 
     def __repr__(self) -> str:
         return f"ConvexSet(dim={self.dim})"
@@ -123,7 +220,8 @@ class ConvexSet(ConvexContainer):
     def hit(self, x, v, t_max=None, exclude=None):
         if t_max is None:
             raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
-        t_max = t_max.to(x.dtype)
+        # a number or a (C,) tensor (the other oracles accept both)
+        t_max = torch.as_tensor(t_max, dtype=x.dtype, device=x.device).expand(x.shape[0])
         g_hi = self._g(x + t_max[:, None] * v)
         out = g_hi > 0
         lo = torch.zeros_like(t_max)
@@ -172,19 +270,24 @@ class ConvexSet(ConvexContainer):
             gr = torch.where(flat[:, None], self._grad(x + hi[:, None] * v), gr)
             size = gr.norm(dim=-1)
         normal = gr / size[:, None].clamp_min(1e-300)
-        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
+        return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
     def interior_point(self):
+        if self._x0 is None:
+            raise ValueError("ConvexSet(g) has no interior point yet (built without "
+                             "interior_point or dim): pass interior_point= or dim=, or x0 to "
+                             "ReflectiveHMC.sample, which fixes it.")
         return self._x0.copy()
 
     def width(self):
         """Shortest chord through the interior point along the coordinate axes (an
         upper bound of the minimal width; ``inf`` if some axis never leaves ``K``)."""
         if "_width" not in self.__dict__:
+            x0 = self.interior_point()
             d = self.dim
             dirs = torch.cat([torch.eye(d, dtype=torch.float64),
                               -torch.eye(d, dtype=torch.float64)])
-            x = torch.as_tensor(self._x0).expand(2 * d, -1)
+            x = torch.as_tensor(x0).expand(2 * d, -1)
             t_max = torch.ones(2 * d, dtype=torch.float64)
             t = torch.full_like(t_max, float("inf"))
             for _ in range(64):  # grow the bracket until every ray has left K
@@ -244,5 +347,7 @@ class Region:
         return out.bool()
 
 
-# membership computes where the points are, whatever a caller's default device
+# numpy points in, numpy answers out; membership computes where the points are, whatever a
+# caller's default device
+Region.contains = accept_arrays(Region.contains)
 wrap_public_methods(Region, on_inputs_device)

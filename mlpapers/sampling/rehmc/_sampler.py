@@ -33,7 +33,7 @@ from mlpapers.sampling.rehmc._draws import run_chains
 from mlpapers.sampling.rehmc._kernels import hmc_transition
 from mlpapers.sampling.rehmc._result import SampleResult
 from mlpapers.sampling.rehmc._resume import final_sampler_state, resume_start
-from mlpapers.sampling.rehmc._supports import ConvexContainer, Region
+from mlpapers.sampling.rehmc._supports import ConvexContainer, ConvexSet, Region
 from mlpapers.sampling.rehmc._user import eval_mode
 from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points, start_state
 
@@ -207,7 +207,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         if self.support is not None and not isinstance(self.support, Region | ConvexContainer):
             raise TypeError(f"support must be a Region, a ConvexContainer or None, "
                             f"got {self.support!r}.")
-        if isinstance(self.support, ConvexContainer) and self.support.dim != self.container.dim:
+        # (a ConvexSet(g) built without dimension gets it from x0 in sample)
+        if isinstance(self.support, ConvexContainer) and None not in (
+                self.support.dim, self.container.dim) and self.support.dim != self.container.dim:
             raise ValueError(f"support has dimension {self.support.dim} but container has "
                              f"dimension {self.container.dim}.")
         if not (isinstance(self.step_size, str) and self.step_size == "auto"):
@@ -328,6 +330,12 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         dtype = resolve_dtype(self.dtype)
         dev = self._device
         gen = self._torch_gen
+        if isinstance(self.container, ConvexSet) and self.container.dim is None:
+            # ConvexSet(g) as the specification writes it: the dimension and an interior
+            # point come from the starting points (or the resumed final states)
+            self.container._bind(x0 if x0 is not None or resume is None
+                                 else getattr(resume, "last_state", None))
+            self._check_params()  # the support's dimension against the one just fixed
         # a user's container class: its oracles' types and shapes, before any work
         check_oracles(self.container, dtype, dev, "container")
         d = self.container.dim

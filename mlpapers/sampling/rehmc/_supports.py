@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from mlpapers._utils import check_positive, to_numpy
-from mlpapers.sampling.rehmc._container import ConvexContainer, _as_float_array
+from mlpapers.sampling.rehmc._container import ConvexContainer, Hit, _as_float_array
 from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
 from mlpapers.sampling.rehmc._lp import (
     _chebyshev_lp,
@@ -57,8 +57,8 @@ class Box(ConvexContainer):
     >>> import torch
     >>> from mlpapers.sampling import Box
     >>> box = Box([0.0, 0.0], [1.0, 2.0])
-    >>> t, n, face = box.hit(torch.tensor([[0.5, 0.5]], dtype=torch.float64),
-    ...                      torch.tensor([[1.0, 0.0]], dtype=torch.float64))
+    >>> t, n = box.hit(torch.tensor([[0.5, 0.5]], dtype=torch.float64),
+    ...                torch.tensor([[1.0, 0.0]], dtype=torch.float64))
     >>> float(t[0]), n[0].tolist()
     (0.5, [1.0, 0.0])
     """
@@ -132,7 +132,7 @@ class Box(ConvexContainer):
         sign = torch.sign(v.gather(1, j[:, None]))
         normal = torch.zeros_like(x).scatter_(1, j[:, None], sign)
         face = j + self.dim * (sign[:, 0] > 0).long()
-        return tmin, normal, face
+        return Hit(tmin, normal, face)
 
     def fold(self, x: Tensor, v: Tensor, tau: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Exact billiard motion for time ``tau`` in closed form.
@@ -267,7 +267,7 @@ class Polytope(ConvexContainer):
         t = torch.where(ok, slack / rate, float("inf"))  # masked: no 0/0 reaches t
         j = t.argmin(dim=-1)  # ties: lowest index (min(dim=) is slow with threads)
         tmin = t.gather(1, j[:, None]).squeeze(1)
-        return tmin, A[j], j
+        return Hit(tmin, A[j], j)
 
     def interior_point(self):
         return self._center.copy()
@@ -319,7 +319,7 @@ class Ball(ConvexContainer):
                             (y * y).sum(-1) - self.radius**2)
         ys = y + torch.nan_to_num(t, posinf=0.0)[:, None] * v
         normal = ys / ys.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
+        return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
     def interior_point(self):
         return self.center.copy()
@@ -370,7 +370,7 @@ class Ellipsoid(ConvexContainer):
         ys = y + torch.nan_to_num(t, posinf=0.0)[:, None] * v
         g = ys @ E
         normal = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-        return t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device)
+        return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
     def interior_point(self):
         return self.center.copy()

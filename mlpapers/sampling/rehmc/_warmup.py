@@ -275,7 +275,7 @@ def _covering_points(container: ConvexContainer, n: int, gen: torch.Generator) -
     c = torch.as_tensor(container.interior_point(), dtype=torch.float64).expand(n, -1).clone()
     u = torch.randn(n, container.dim, generator=gen, dtype=torch.float64)
     u = u / u.norm(dim=1, keepdim=True)
-    t, _, _ = container.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))
+    t = container.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))[0]
     t = torch.where(torch.isfinite(t), t, torch.full_like(t, 1e3))
     r = torch.rand(n, generator=gen, dtype=torch.float64) ** (1.0 / container.dim)
     return c + (r * t)[:, None] * u
