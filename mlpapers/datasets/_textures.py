@@ -64,7 +64,8 @@ def _skimage_texture(name: str) -> np.ndarray:
         from skimage import data
     except ImportError as exc:  # pragma: no cover - depends on the extra
         raise ImportError("source='skimage' needs scikit-image (the 'data' extra): "
-                          "pip install scikit-image; or use source='procedural'.") from exc
+                          "pip install scikit-image; or use the procedural families "
+                          f"{list(TEXTURES)} (source='procedural').") from exc
     return getattr(data, name)().astype(np.float64) / 255.0
 
 

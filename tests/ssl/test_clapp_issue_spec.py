@@ -123,3 +123,24 @@ def test_a_one_argument_augment_callable_is_accepted(digits, one_arg):
     assert got.history_ == two_args.history_
     with pytest.raises(TypeError, match=r"augment\(x, generator\) -> x \(or augment\(x\)"):
         ssl.CLAPPEncoder(augment=lambda: None, **kw).fit(digits)
+
+
+def test_an_optional_second_parameter_is_not_given_the_generator(digits):
+    """An augment ``(x, strength=0.1)`` keeps its own default (the generator was passed as
+    ``strength`` and the fit failed); ``(x, generator=None)`` and ``(x, rng=None)`` get it."""
+    kw = dict(architecture="tiny", n_epochs=1, random_state=3)
+
+    def knob(x, strength=0.05):
+        return x + strength * torch.randn_like(x)
+
+    got = ssl.CLAPPEncoder(augment=knob, **kw).fit(digits)
+    one = ssl.CLAPPEncoder(augment=lambda x: x + 0.05 * torch.randn_like(x), **kw).fit(digits)
+    np.testing.assert_array_equal(got.transform(digits), one.transform(digits))
+    seen = []
+
+    def named(x, rng=None):
+        seen.append(rng)
+        return x
+
+    ssl.CLAPPEncoder(augment=named, **kw).fit(digits)
+    assert seen and all(isinstance(g, torch.Generator) for g in seen)

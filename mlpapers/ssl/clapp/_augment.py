@@ -178,14 +178,19 @@ wrap_public_methods(DefaultAugment, on_inputs_device)
 _SEED_SALT = 0x5DEECE66D
 
 
+_GENERATOR_NAMES = ("generator", "gen", "g", "rng")
+
+
 def takes_generator(fn: Callable) -> bool:
     """Whether ``fn`` is called ``fn(x, generator)`` (else ``fn(x)``).
 
-    A callable whose signature accepts ``(x, generator)`` gets both; one that accepts a
-    single argument (a one-argument function, an ``nn.Module`` with ``forward(x)``, a
-    transform object) gets the batch alone and draws from the global torch RNG, which
-    :class:`UserAugment` seeds from ``random_state``. A signature that cannot be read
-    (some builtins) counts as ``(x, generator)``, the documented form.
+    The generator is passed when the signature has a second positional parameter
+    without a default, or one named like a generator (``generator``, ``gen``, ``g``,
+    ``rng``). A callable taking one argument (a function, an ``nn.Module`` with
+    ``forward(x)``, a transform object) or ``(x, strength=0.1)`` gets the batch alone and
+    draws from the global torch RNG, which :class:`UserAugment` seeds from
+    ``random_state``. A signature that cannot be read (some builtins) counts as
+    ``(x, generator)``, the documented form.
     """
     # a module's own signature is ``(*args, **kwargs)``: what it takes is its forward's
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
@@ -193,13 +198,15 @@ def takes_generator(fn: Callable) -> bool:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
         return True
-    for args, answer in (((None, None), True), ((None,), False)):
-        try:
-            sig.bind(*args)
-        except TypeError:
-            continue
-        return answer
-    return True   # neither binds: the two-argument call fails with the documented form
+    positional = [p for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
+        return True   # fn(*args): the documented two-argument form
+    if len(positional) < 2:
+        return False if positional else True   # no parameter: fails with the documented form
+    second = positional[1]
+    # an optional second parameter is the user's own knob (strength=0.1), not a generator
+    return second.default is second.empty or second.name in _GENERATOR_NAMES
 
 
 class UserAugment:

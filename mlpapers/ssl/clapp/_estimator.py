@@ -100,7 +100,7 @@ class CLAPPEncoder(_SSLImageEncoder):
         crop, flip, jitter, blur); ``"light"`` is :meth:`DefaultAugment.light`
         (no flip, milder crops and jitter: better for digits); a callable
         ``augment(x, generator) -> x`` on ``(N, C, H, W)`` tensors, or
-        ``augment(x) -> x`` when its signature takes one argument (e.g. an
+        ``augment(x) -> x`` when its signature takes one required argument (e.g. an
         ``nn.Module``; each call gets
         its own copy of the batch, with the global torch RNG seeded from
         ``random_state``; its output is checked: see the user guide, "Your own
