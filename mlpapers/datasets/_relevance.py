@@ -40,7 +40,21 @@ class SyntheticRelevance:
         self.c, self.w, self.beta = c, w, beta
 
     def __call__(self, queries, items) -> np.ndarray:
-        """Score all pairs: ``(n_q, n_features), (n_i, n_features) -> (n_q, n_i)``."""
+        """Score every query against every item.
+
+        Parameters
+        ----------
+        queries : array-like or Tensor of shape (n_q, n_features)
+            Query feature vectors (numpy array, torch tensor or nested lists).
+        items : array-like or Tensor of shape (n_i, n_features)
+            Item feature vectors.
+
+        Returns
+        -------
+        ndarray of shape (n_q, n_i), float64
+            ``f(queries[a], items[b])`` at ``[a, b]`` (the formula of the class),
+            computed in query chunks of bounded memory.
+        """
         Xq = to_numpy(check_tensor(queries, name="queries", dtype="float64"))
         Xi = to_numpy(check_tensor(items, name="items", dtype="float64"))
         d = self.A.shape[1]

@@ -47,11 +47,31 @@ def multiplier_relabel(assignment: Any, c: int) -> np.ndarray:
     assignment : array-like of shape (n,)
         Permutation (virtual position -> physical node).
     c : int
-        Multiplier, coprime with ``n``.
+        Multiplier, coprime with ``n`` (any integer; only ``c mod n`` matters).
 
     Returns
     -------
-    ndarray of shape (n,)
+    ndarray of shape (n,), int64
+        The relabelled permutation ``pi'``.
+
+    Raises
+    ------
+    ValueError
+        If ``c`` is not coprime with ``n`` (the relabelling would not be a
+        permutation).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.decentralized.btsp import (
+    ...     bottleneck_delay, circulant_schedule, multiplier_relabel, scale_schedule)
+    >>> multiplier_relabel(np.arange(8), 3).tolist()
+    [0, 3, 6, 1, 4, 7, 2, 5]
+    >>> D = np.random.default_rng(0).random((8, 8))
+    >>> pi, S = np.random.default_rng(1).permutation(8), circulant_schedule(8, "ring")
+    >>> bool(bottleneck_delay(D, multiplier_relabel(pi, 3), S)
+    ...      == bottleneck_delay(D, pi, scale_schedule(S, 3, 8)))
+    True
     """
     a = np.asarray(assignment)
     if a.ndim != 1:
@@ -80,8 +100,14 @@ def best_multiplier(
     Parameters
     ----------
     delays : array-like of shape (n, n)
+        Non-negative finite delays, ``delays[u, v]`` from physical node ``u`` to
+        ``v`` (the diagonal is ignored).
     assignment : array-like of shape (n,)
+        Permutation of ``0..n-1`` to relabel: ``assignment[i]`` is the physical node
+        at virtual position ``i`` (e.g. a bottleneck-TSP tour).
     topology : str or sequence, default="exponential"
+        The schedule the BCD is measured on: a topology name or explicit skip sets,
+        see :func:`~mlpapers.decentralized.btsp.circulant_schedule`.
     directed : bool, default=False
         As in :func:`~mlpapers.decentralized.btsp.bottleneck_delay`.
 
@@ -89,10 +115,30 @@ def best_multiplier(
     -------
     c : int
         The best multiplier (the smallest among ties).
-    assignment : ndarray of shape (n,)
+    assignment : ndarray of shape (n,), int64
         ``assignment[(c * i) mod n]``.
     bcd : float
         Its per-round mean BCD.
+
+    References
+    ----------
+    .. [1] "Bottleneck Communication Delay Minimization for Communication-Efficient
+       Decentralized Learning", ICML 2026 (the MSR step of BTSP-MSR).
+
+    Examples
+    --------
+    Five nodes on a circle, visited every second node: relabelling by ``c = 2``
+    walks around the circle instead.
+
+    >>> import numpy as np
+    >>> from mlpapers.decentralized.btsp import best_multiplier, bottleneck_delay
+    >>> d = np.abs(np.subtract.outer(np.arange(5), np.arange(5)))
+    >>> D = np.minimum(d, 5 - d).astype(float)  # hops around the circle
+    >>> bottleneck_delay(D, [0, 2, 4, 1, 3], "ring")
+    2.0
+    >>> c, pi, bcd = best_multiplier(D, [0, 2, 4, 1, 3], "ring")
+    >>> c, pi.tolist(), bcd
+    (2, [0, 4, 3, 2, 1], 1.0)
     """
     D = check_delays(delays)
     n = D.shape[0]
@@ -225,14 +271,17 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
 
         Parameters
         ----------
-        delays : array-like of shape (n, n)
-            Non-negative delays between physical nodes.
+        delays : array-like or Tensor of shape (n, n)
+            Non-negative delays between physical nodes, ``delays[u, v]`` from ``u``
+            to ``v`` (numpy array, torch tensor or nested lists; ``n >= 2``); the
+            diagonal is ignored.
         y : None
             Ignored.
 
         Returns
         -------
-        self
+        self : object
+            The fitted assigner.
 
         Raises
         ------
@@ -246,9 +295,11 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         -----
         UserWarning
             With ``method="btsp"`` or ``"btsp_msr"`` and ``refine_iter=0``, when
-            ``bcd_`` exceeds ``random_bcd_`` by more than 5 % (possible with the
-            static exponential graph on delays without spatial structure); the
-            message suggests ``refine_iter`` or ``method="annealing"``.
+            ``bcd_`` exceeds ``random_bcd_`` by more than 5 % and by more than two
+            standard errors of that mean of ``n_random`` draws (never with
+            ``n_random < 3``); possible with the static exponential graph on delays
+            without spatial structure. The message suggests ``refine_iter`` or
+            ``method="annealing"``.
         """
         check_in_options(self.method, "method", METHODS)
         if self.msr is not None and not isinstance(self.msr, (bool, np.bool_)):
@@ -370,12 +421,27 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         return np.concatenate(out).astype(np.int64)
 
     def bcd(self, delays, *, reduce: str = "mean") -> float | np.ndarray:
-        """BCD of the fitted assignment under other delays (same ``n``), e.g. a new
-        measurement of the network; see :func:`~mlpapers.decentralized.btsp.bottleneck_delay`.
+        """BCD of the fitted assignment under other delays (same ``n``).
 
-        The delays are treated as in :meth:`fit`: with ``metric_closure=True`` they are
-        replaced by their shortest-path closure first, so ``bcd(D)`` on the fitted
-        ``D`` equals ``bcd_``.
+        E.g. a new measurement of the network; see
+        :func:`~mlpapers.decentralized.btsp.bottleneck_delay`. The delays are treated
+        as in :meth:`fit` (same ``directed`` and schedule): with
+        ``metric_closure=True`` they are replaced by their shortest-path closure
+        first, so ``bcd(D)`` on the fitted ``D`` equals ``bcd_``.
+
+        Parameters
+        ----------
+        delays : array-like of shape (n_nodes_, n_nodes_)
+            Non-negative delays between the same physical nodes (``inf`` marks a
+            missing link only with ``metric_closure=True``).
+        reduce : {"mean", "sum", "none"}, default="mean"
+            Per-round mean (as ``bcd_``), per-period sum (as ``bcd_total_``), or the
+            bottleneck of each round (as ``bcd_per_round_``).
+
+        Returns
+        -------
+        float or ndarray of shape (tau,)
+            The BCD of ``assignment_`` on ``schedule_`` under ``delays``.
         """
         from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
 

@@ -148,6 +148,8 @@ def bottleneck_delay(
     Returns
     -------
     float or ndarray of shape (tau,)
+        The per-round mean or per-period sum of the round bottlenecks (correctly
+        rounded), or the bottleneck of each round with ``reduce="none"``.
 
     Examples
     --------
@@ -183,11 +185,24 @@ def is_biconnected(adjacency: Any) -> bool:
     Parameters
     ----------
     adjacency : array-like of shape (n, n)
-        Symmetric boolean (or 0/1) adjacency matrix; the diagonal is ignored.
+        Boolean (or 0/1) adjacency matrix; the diagonal is ignored and an
+        asymmetric matrix is read as undirected (``A | A.T``).
 
     Returns
     -------
     bool
+        True when the graph is connected and has no articulation point (removing
+        any single node leaves it connected).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.decentralized.btsp import is_biconnected
+    >>> cycle = np.roll(np.eye(5, dtype=bool), 1, axis=1)  # edges i -> i + 1 mod 5
+    >>> is_biconnected(cycle)
+    True
+    >>> is_biconnected(cycle[:4, :4])  # a path: its inner nodes are cut vertices
+    False
     """
     A = np.asarray(adjacency).astype(bool)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
@@ -269,6 +284,17 @@ def biconnected_threshold(delays: Any, *, directed: bool = False) -> float:
     Returns
     -------
     theta : float
+        One of the (symmetrised) delays.
+
+    Examples
+    --------
+    Five nodes on a circle: links of one hop already form a biconnected cycle.
+
+    >>> import numpy as np
+    >>> from mlpapers.decentralized.btsp import biconnected_threshold
+    >>> d = np.abs(np.subtract.outer(np.arange(5), np.arange(5)))
+    >>> biconnected_threshold(np.minimum(d, 5 - d))
+    1.0
     """
     D = check_delays(delays)
     S = np.minimum(D, D.T) if directed else np.maximum(D, D.T)

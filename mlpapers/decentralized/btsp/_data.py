@@ -53,7 +53,10 @@ def make_delay_matrix(
         Nearest-neighbour links per node of ``"backbone"``.
     return_positions : bool, default=False
         Also return the node coordinates and (for ``"backbone"``) the link list.
-    random_state : int, RandomState instance or None
+    random_state : int, RandomState, Generator or None, default=None
+        Seed of the node positions (and of the cluster centres and memberships);
+        ``None`` draws from numpy's global RNG, as in scikit-learn, and a
+        ``Generator`` seeds the draws from one of its numbers.
 
     Returns
     -------

@@ -179,8 +179,10 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     batch_size : int, default=16
         Local minibatch size (sampled with replacement from the node's shard).
     partition : {"iid", "dirichlet"}, default="iid"
-        How ``fit`` splits the data when ``nodes`` is not given: uniformly at random,
-        or label-skewed with class proportions drawn from ``Dirichlet(alpha)``.
+        How ``fit`` splits the data when ``nodes`` is not given: a uniformly random
+        split into shards of equal size (within one sample), or label-skewed, each
+        class divided among the nodes in proportions drawn from ``Dirichlet(alpha)``
+        (some nodes may then hold no sample).
     alpha : float, default=0.5
         Concentration of the Dirichlet split (smaller is more skewed).
     hidden : int, default=64
@@ -190,7 +192,13 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     directed : bool, default=False
         Evaluate delays of messages ``u -> v`` exactly (asymmetric delays).
     device : str, default="cpu"
+        Torch device of the stacked node models and the data (``"cpu"``,
+        ``"cuda"``, ``"cuda:1"``, ``"mps"``, ...); the fitted ``params_`` are kept
+        on the CPU.
     random_state : int, RandomState, Generator or None, default=None
+        Seed of the built-in models' initialisation, the data split of
+        ``partition``, the minibatches and a user module's dropout masks: equal
+        seeds give equal runs.
     verbose : int, default=0
         Show a progress bar with the loss.
 
@@ -220,6 +228,9 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     history_ : list of dict
         ``round``, ``sim_time``, ``loss`` and ``accuracy`` of the average model on
         the training data (or ``eval_set``), and ``consensus`` distance.
+    node_of_ : ndarray of shape (n_samples,), int64
+        Physical node that held each training sample (``nodes`` of :meth:`fit`, or
+        the split drawn by ``partition``).
 
     References
     ----------
@@ -328,8 +339,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like or Tensor of shape (n_samples, n_features)
+            Training features (numpy array, torch tensor, pandas DataFrame or
+            nested lists; cast to float32); standardise them for the built-in
+            models.
         y : array-like of shape (n_samples,)
+            Class labels (any labels scikit-learn accepts for classification).
         nodes : array-like of shape (n_samples,) or list of n_nodes index arrays, optional
             Physical node holding each sample (default: split by ``partition``), or
             the shards themselves: ``nodes[i]`` the indices of the samples on node
@@ -341,7 +356,8 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         Returns
         -------
-        self
+        self : object
+            The fitted classifier.
 
         Raises
         ------
@@ -529,12 +545,36 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             return functional_call(module, state, (X,), strict=False).float()
 
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities of the average model, shape ``(n_samples, n_classes)``,
-        float32 (the node models run in float32)."""
+        """Class probabilities of the average model ``params_``.
+
+        Parameters
+        ----------
+        X : array-like or Tensor of shape (n_samples, n_features)
+            Samples, in the forms :meth:`fit` accepts, with ``n_features_in_``
+            features.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes), float32
+            Softmax of the average model's logits (the node models run in float32);
+            columns follow ``classes_``.
+        """
         return self._to_numpy(torch.softmax(self._logits(X), dim=1))
 
     def predict(self, X) -> np.ndarray:
-        """Predicted labels of the average model, shape ``(n_samples,)``."""
+        """Predicted labels of the average model ``params_``.
+
+        Parameters
+        ----------
+        X : array-like or Tensor of shape (n_samples, n_features)
+            Samples, in the forms :meth:`fit` accepts, with ``n_features_in_``
+            features.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            The label in ``classes_`` of the largest logit of each sample.
+        """
         labels = self._to_numpy(self._logits(X).argmax(1))
         return self.classes_[labels]
 

@@ -144,18 +144,51 @@ def _explicit_schedule(n: int, topology: Any) -> Schedule:
     return rounds
 
 
-def scale_schedule(schedule: Schedule, c: int, n: int) -> Schedule:
+def scale_schedule(schedule: str | Sequence, c: int, n: int) -> Schedule:
     """Multiply every skip by ``c`` modulo ``n`` (the schedule ``c * S`` of the MSR step).
 
     ``bottleneck_delay(D, multiplier_relabel(pi, c), S) == bottleneck_delay(D, pi, c * S)``
     for every ``c`` coprime with ``n``.
+
+    Parameters
+    ----------
+    schedule : list of list of int, or str
+        Skip sets, one per round, as returned by :func:`circulant_schedule`; anything
+        that function accepts as ``topology`` (a topology name, a flat list of
+        skips) is read the same way, and skips are reduced modulo ``n``.
+    c : int
+        Multiplier, coprime with ``n``.
+    n : int
+        Number of nodes (the modulus).
+
+    Returns
+    -------
+    list of list of int
+        The skip sets ``{c * s mod n : s in S_l}`` of each round, sorted.
+
+    Raises
+    ------
+    ValueError
+        If ``c`` is not coprime with ``n`` (a skip could become 0, and the schedule
+        would no longer be the relabelling of the original), or a skip is ``0 mod n``.
+    TypeError
+        If ``c``, ``n`` or a skip is not an integer.
+
+    Examples
+    --------
+    >>> from mlpapers.decentralized.btsp import circulant_schedule, scale_schedule
+    >>> scale_schedule(circulant_schedule(8, "one_peer_exponential"), 3, 8)
+    [[3], [6], [4]]
     """
     for name, v in (("c", c), ("n", n)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"{name} must be an integer, got {v!r}.")
     if math.gcd(int(c), int(n)) != 1:
         raise ValueError(f"c={c} is not coprime with n={n}.")
-    return [sorted({(int(c) * s) % n for s in r}) for r in schedule]
+    # validated as circulant_schedule's topology: a skip 0 mod n (a node sending to
+    # itself) or a fractional skip was scaled into an invalid schedule without an error
+    schedule = circulant_schedule(int(n), schedule)
+    return [sorted({(int(c) * s) % int(n) for s in r}) for r in schedule]
 
 
 def mixing_matrices(n: int, topology: str | Sequence = "exponential") -> np.ndarray:
@@ -178,6 +211,16 @@ def mixing_matrices(n: int, topology: str | Sequence = "exponential") -> np.ndar
     -------
     W : ndarray of shape (tau, n, n), float64
         ``W[l]`` is the mixing matrix of round ``l``; ``x <- W[l] @ x`` mixes rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.decentralized.btsp import mixing_matrices
+    >>> W = mixing_matrices(8, "one_peer_exponential")
+    >>> W.shape
+    (3, 8, 8)
+    >>> bool(np.allclose(W[2] @ W[1] @ W[0], np.full((8, 8), 1 / 8)))  # exact consensus
+    True
     """
     schedule = circulant_schedule(n, topology)
     W = np.zeros((len(schedule), n, n))
@@ -269,11 +312,33 @@ def metric_closure(delays: Any) -> np.ndarray:
     must be joined by a path. Vectorised over the ``(n, n)`` matrix, ``O(n^3)``
     time, ``O(n^2)`` memory.
 
+    Parameters
+    ----------
+    delays : array-like of shape (n, n)
+        Non-negative link delays, ``delays[u, v]`` from ``u`` to ``v``; ``inf`` (or
+        any delay larger than a path through other nodes) is replaced by the
+        shortest path. The diagonal is ignored.
+
+    Returns
+    -------
+    ndarray of shape (n, n), float64
+        Shortest-path delays: ``D[u, v] <= D[u, w] + D[w, v]`` for all nodes, zero
+        diagonal, symmetric when ``delays`` is.
+
     Raises
     ------
     ValueError
         If some node cannot reach another (the graph of finite delays is not
         strongly connected).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.decentralized.btsp import metric_closure
+    >>> metric_closure([[0, 1, np.inf], [1, 0, 2], [np.inf, 2, 0]])
+    array([[0., 1., 3.],
+           [1., 0., 2.],
+           [3., 2., 0.]])
     """
     D = check_delays(delays, allow_inf=True)
     for k in range(D.shape[0]):
@@ -341,6 +406,9 @@ def delays_from_graph(
     Returns
     -------
     delays : ndarray of shape (n, n), float64
+        ``delays[i, j]`` between ``nodelist[i]`` and ``nodelist[j]``: the
+        shortest-path delay, or the direct link delay (``inf`` without a link) with
+        ``shortest_paths=False``; zero diagonal.
 
     Raises
     ------
@@ -349,6 +417,18 @@ def delays_from_graph(
     ValueError
         If an edge lacks ``length_attr`` or the graph is not connected (with
         ``shortest_paths=True``).
+
+    Examples
+    --------
+    >>> import networkx as nx
+    >>> from mlpapers.decentralized.btsp import delays_from_graph
+    >>> G = nx.Graph()
+    >>> G.add_edge("a", "b", distance=100.0)  # miles
+    >>> G.add_edge("b", "c", distance=200.0)
+    >>> delays_from_graph(G).round(2)  # 0.0085 ms per mile + 4 ms per hop
+    array([[ 0.  ,  4.85, 10.55],
+           [ 4.85,  0.  ,  5.7 ],
+           [10.55,  5.7 ,  0.  ]])
     """
     try:
         import networkx as nx  # noqa: F401  (only to give a clear error)
@@ -360,6 +440,12 @@ def delays_from_graph(
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import shortest_path
 
+    # (anything else, e.g. a numpy matrix, failed with an AttributeError on G.nodes)
+    if not all(hasattr(G, a) for a in ("nodes", "edges", "is_directed")):
+        hint = (": a delay matrix is used as it is (or metric_closure(delays)); an "
+                "adjacency matrix converts with networkx.from_numpy_array"
+                if isinstance(G, np.ndarray) or hasattr(G, "__array__") else "")
+        raise TypeError(f"G must be a networkx graph, got {type(G).__name__}{hint}.")
     nodes = list(G.nodes) if nodelist is None else list(nodelist)
     index = {u: i for i, u in enumerate(nodes)}
     if len(index) != len(nodes) or set(index) != set(G.nodes):

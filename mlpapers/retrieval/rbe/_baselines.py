@@ -28,7 +28,7 @@ __all__ = ["AdaCURRetriever", "AnnCURRetriever"]
 
 
 class AnnCURRetriever(RelevanceBasedRetriever):
-    """AnnCUR: CUR-based retrieval with random anchor items (baseline of RBE).
+    r"""AnnCUR: CUR-based retrieval with random anchor items (baseline of RBE).
 
     Equivalent to :class:`RelevanceBasedRetriever` with ``support="random"`` and
     ``head="linear"``; by default without standardisation, i.e. the plain CUR
@@ -42,9 +42,44 @@ class AnnCURRetriever(RelevanceBasedRetriever):
     n_support : int, default=100
         Number of random anchor items.
     n_rerank : int, default=0
-        Candidates re-ranked by the heavy model in :meth:`kneighbors`.
-    ridge, rcond, standardize, batch_size, device, random_state, verbose
-        As in :class:`RelevanceBasedRetriever` (``standardize`` defaults to False).
+        Candidates re-ranked by the heavy model in :meth:`kneighbors` (``n_rerank``
+        extra heavy calls per query; 0: no re-ranking).
+    ridge : float, default=0.0
+        Ridge penalty of the linear solve (0: pseudo-inverse).
+    rcond : float or None, default=None
+        Relative cutoff of the pseudo-inverse when ``ridge == 0``.
+    standardize : bool, default=False
+        Centre/scale the anchor relevances and fit an item intercept, as in
+        :class:`RelevanceBasedRetriever` (whose default is True); ``False`` is the
+        plain CUR formula of [1]_.
+    batch_size : int, default=1024
+        Queries per chunk when calling ``relevance_fn`` and scoring items.
+    device : str, default="cpu"
+        Torch device.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the random anchor items.
+    verbose : int, default=0
+        Unused (nothing is trained); kept for API uniformity.
+
+    Attributes
+    ----------
+    support_indices_ : ndarray of shape (n_support,)
+        The random anchor items.
+    item_embeddings_ : ndarray of shape (n_items, n_support)
+        CUR item embeddings, :math:`(R_{:,S}^{+} R)^\top` with ``standardize=False``.
+    item_offsets_ : ndarray of shape (n_items,)
+        Item intercepts (zero when ``standardize=False``).
+    query_mean_, query_scale_ : ndarray of shape (n_support,)
+        Standardisation of the anchor relevances (0 and 1 when
+        ``standardize=False``).
+    items_ : sequence
+        The items (not saved by :meth:`save`).
+    n_items_ : int
+        Number of items.
+    n_heavy_calls_ : int
+        Heavy-ranker pairs scored by ``fit`` (0 with ``relevance_matrix``).
+    n_calls_per_query_ : int
+        Online heavy calls per query (``n_support + n_rerank``).
 
     References
     ----------
@@ -231,14 +266,19 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         Parameters
         ----------
         train_queries : sequence of length n_queries
-            Anchor (training) queries.
+            Anchor (training) queries, in any form ``relevance_fn`` accepts (numpy
+            array, torch tensor, list, pandas object, ...).
         items : sequence of length n_items
+            All items of the catalogue (anything ``relevance_fn`` accepts); kept as
+            ``items_`` for the online heavy calls.
         relevance_matrix : array-like of shape (n_queries, n_items), optional
-            Cached ``relevance_fn(train_queries, items)``; computed when omitted.
+            Cached ``relevance_fn(train_queries, items)``; computed when omitted
+            (``n_queries * n_items`` heavy calls, in chunks of ``batch_size`` queries).
 
         Returns
         -------
-        self
+        self : object
+            The fitted retriever.
         """
         self._init_fit()
         length(train_queries, "train_queries")
@@ -390,14 +430,19 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         Parameters
         ----------
         queries : sequence of length n
+            Queries in any form ``relevance_fn`` accepts (numpy array, torch tensor,
+            list, pandas object, ...); a single query must be wrapped in a list.
         return_anchors : bool, default=False
             Also return each query's anchor items in the order they were scored.
 
         Returns
         -------
-        scores : ndarray of shape (n, n_items)
+        scores : ndarray of shape (n, n_items), float64
+            The heavy score at each of the query's ``n_calls`` anchor items and the
+            final CUR approximation (from all of them) elsewhere.
         anchors : ndarray of shape (n, n_calls), int64
-            Only when ``return_anchors``.
+            Only when ``return_anchors``: item indices, the ``round_sizes_[0]``
+            shared first-round anchors first, then each round's picks.
         """
         S, I = self._search(queries)
         S = to_numpy(S)
@@ -411,15 +456,23 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         Parameters
         ----------
         queries : sequence of length n
+            Queries in any form ``relevance_fn`` accepts (numpy array, torch tensor,
+            list, pandas object, ...); a single query must be wrapped in a list.
         n_neighbors : int, default=10
-            Must be ``<= n_items``.
+            Items returned per query, a positive integer ``<= n_items``.
         return_distance : bool, default=True
+            Also return the scores (named after scikit-learn's ``kneighbors``; they
+            are similarities, higher is better, not distances).
 
         Returns
         -------
-        scores : ndarray of shape (n, n_neighbors)
-            Descending (only if ``return_distance``).
+        scores : ndarray of shape (n, n_neighbors), float64
+            Descending (only if ``return_distance``): heavy scores for anchor items,
+            CUR approximations for the others (the scores of :meth:`predict`); ties
+            are ordered by item index (lower first).
         indices : ndarray of shape (n, n_neighbors), int64
+            Positions in ``items`` of the retrieved items, best first (the only
+            output when ``return_distance=False``).
         """
         self._check_fitted()
         check_positive(n_neighbors, "n_neighbors", integer=True)

@@ -178,9 +178,16 @@ class HeavyRankerMixin:
     def score(self, queries: Any, relevance: Any = None, n_neighbors: int = 10) -> float:
         """HitRate@``n_neighbors`` against the true relevance of ``queries`` to all items.
 
+        The retrieved items are those of :meth:`kneighbors` (its online heavy calls
+        are made); the true top items use a stable sort of the relevance (ties go to
+        the lower item index), as in :func:`~mlpapers.retrieval.rbe.hit_rate`.
+
         Parameters
         ----------
         queries : sequence of length n
+            Evaluation queries, in any form ``relevance_fn`` accepts (numpy array,
+            torch tensor, list, pandas object, ...); a single query must be wrapped in
+            a list.
         relevance : array-like of shape (n, n_items) or None, default=None
             Heavy-ranker relevance (ground truth). ``None`` computes it with
             ``relevance_fn`` (``n * n_items`` heavy calls, in chunks of ``batch_size``
@@ -188,10 +195,15 @@ class HeavyRankerMixin:
             ``score(X_test)``, e.g.
             ``GridSearchCV(est, {"n_support": [...]}).fit(train_queries, items=items)``.
         n_neighbors : int, default=10
+            The cut-off ``k`` of HitRate@k: items retrieved per query, compared with
+            the true top ``k``. A positive integer ``<= n_items`` (and, for
+            :class:`RelevanceBasedRetriever` with re-ranking, ``<= n_rerank``).
 
         Returns
         -------
         float
+            HitRate@k in ``[0, 1]``: the fraction of each query's true top ``k``
+            items that were retrieved, averaged over the queries.
         """
         idx = self.kneighbors(queries, n_neighbors, return_distance=False)
         if relevance is not None:
@@ -226,6 +238,7 @@ class HeavyRankerMixin:
         Parameters
         ----------
         path : str or path-like
+            Destination file (written with ``torch.save``; overwritten if it exists).
         """
         # a shallow copy without the callable is saved: setting ``relevance_fn = None`` on
         # the estimator itself for the duration made a kneighbors running at the same time
@@ -242,16 +255,29 @@ class HeavyRankerMixin:
         Parameters
         ----------
         path : str or path-like
+            File written by :meth:`save`.
         relevance_fn : callable
-            The heavy ranker (not stored in the file).
-        items : sequence
-            The catalogue used in ``fit`` (not stored in the file).
+            The heavy ranker (not stored in the file); required.
+        items : sequence of length n_items
+            The catalogue used in ``fit`` (not stored in the file); required, with
+            the fitted number of items in the same order (the file stores item
+            indices, not items).
         map_location : str or torch.device, default="cpu"
+            Where the file's tensors are read to (``torch.load``'s
+            ``map_location``); the loaded retriever then computes on the device of
+            its ``device`` parameter (a neural head is moved there).
 
         Returns
         -------
         estimator
-            A fitted instance of this class.
+            A fitted instance of this class, ready for :meth:`kneighbors`.
+
+        Raises
+        ------
+        TypeError
+            If ``relevance_fn`` is not callable or ``items`` is missing.
+        ValueError
+            If ``items`` does not have the fitted number of items.
         """
         if not callable(relevance_fn):
             raise TypeError("load() needs relevance_fn=<callable>: the heavy ranker is not "

@@ -140,16 +140,16 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     history_ : list of dict
         Training log of the neural head (loss, validation hit rate).
 
+    See Also
+    --------
+    AnnCURRetriever : random supports, the plain CUR formula.
+    AdaCURRetriever : per-query adaptive anchors over several rounds.
+
     Notes
     -----
     ``relevance_fn`` is an arbitrary callable and the items arbitrary objects, so
     :meth:`save` stores only the fitted numbers (embeddings, supports, the neural
     head's weights); :meth:`load` needs ``relevance_fn`` and ``items`` again.
-
-    See Also
-    --------
-    AnnCURRetriever : random supports, the plain CUR formula.
-    AdaCURRetriever : per-query adaptive anchors over several rounds.
 
     References
     ----------
@@ -237,7 +237,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
         Returns
         -------
-        self
+        self : object
+            The fitted retriever.
         """
         self._init_fit()
         n_q = length(train_queries, "train_queries")
@@ -346,6 +347,13 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         ``standardize=False``, where the score is exactly ``<u_q, e_i>``.
         For a maximum-inner-product index (``ExactMIPS``, faiss) append the offsets
         as a last column here and a column of ones to the query embeddings.
+        Makes no heavy call. With ``head="mlp"`` these are the linear embeddings the
+        neural head starts from, not its scores.
+
+        Returns
+        -------
+        ndarray of shape (n_items, k), float64
+            A copy of ``item_embeddings_``, ``k = len(support_indices_)``.
         """
         self._check_fitted()
         return self.item_embeddings_.copy()
@@ -367,6 +375,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         Parameters
         ----------
         queries : sequence of length n
+            Queries in any form ``relevance_fn`` accepts (numpy array, torch tensor,
+            list, pandas object, ...); a single query must be wrapped in a list.
 
         Returns
         -------
@@ -391,9 +401,25 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         return lambda a, b: (U[a:b] @ E.T).add_(c)
 
     def predict(self, queries: Any) -> np.ndarray:
-        """Approximate relevance of every item, shape (n_queries, n_items).
+        """Approximate relevance of every item to each query.
 
-        Makes ``k`` heavy calls per query.
+        Makes ``k = len(support_indices_)`` heavy calls per query (no re-ranking:
+        ``n_rerank`` applies to :meth:`kneighbors` only). The scores are computed in
+        chunks of queries, but the result holds ``n_queries * n_items`` floats; use
+        :meth:`kneighbors` for the top items of a large catalogue.
+
+        Parameters
+        ----------
+        queries : sequence of length n_queries
+            Queries in any form ``relevance_fn`` accepts (numpy array, torch tensor,
+            list, pandas object, ...); a single query must be wrapped in a list.
+
+        Returns
+        -------
+        ndarray of shape (n_queries, n_items), float64
+            Approximate scores: ``transform_queries(queries) @ transform_items().T +
+            item_offsets_`` with the linear head, the neural head's scores with
+            ``head="mlp"``. Higher means more relevant.
         """
         U = self._standardize(self._query_support(queries))
         rows = block_rows_for(self.n_items_, CHUNK_SCORES, cap=self.batch_size)
@@ -412,10 +438,14 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         Parameters
         ----------
         queries : sequence of length n
+            Queries in any form ``relevance_fn`` accepts (numpy array, torch tensor,
+            list, pandas object, ...); a single query must be wrapped in a list.
         n_neighbors : int, default=10
-            Must be ``<= n_items`` and, when re-ranking, ``<= n_rerank``.
+            Items returned per query, a positive integer. Must be ``<= n_items`` and,
+            when re-ranking, ``<= n_rerank``.
         return_distance : bool, default=True
-            Also return the scores.
+            Also return the scores (named after scikit-learn's ``kneighbors``; they
+            are similarities, higher is better, not distances).
 
         Returns
         -------
@@ -423,6 +453,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             Descending; heavy-ranker scores when re-ranking, else approximate scores
             (only if ``return_distance``). Ties are ordered by item index (lower first).
         indices : ndarray of shape (n, n_neighbors), int64
+            Positions in ``items`` of the retrieved items, best first (the only
+            output when ``return_distance=False``).
         """
         self._check_fitted()
         check_positive(n_neighbors, "n_neighbors", integer=True)

@@ -9,6 +9,7 @@ from torch import nn
 
 from mlpapers._utils import (
     ProgressLogger,
+    check_positive,
     on_inputs_device,
     seeded_linear,
     usable_outside_inference,
@@ -52,17 +53,59 @@ class NeuralRBEHead(nn.Module):
     query_mean, query_scale : Tensor of shape (k,)
         Standardisation of the query input of :math:`\mathrm{MLP}_q`.
     hidden : int
-        MLP width (0 disables the MLP term).
+        MLP width, ``>= 0`` (0 disables the MLP term).
     generator : torch.Generator or None, default=None
         Source of the towers' random initialisation (drawn in float32, then cast to the
         dtype of ``embeddings``); ``None`` draws from torch's global RNG (as ``torch.nn``
         layers do), a generator leaves the global RNG untouched.
+
+    Notes
+    -----
+    :class:`RelevanceBasedRetriever` builds and trains this head with ``head="mlp"``
+    (as ``head_``); build one directly to train it with your own loop. Its
+    parameters are ``W``, ``v``, ``p``, ``b`` and the towers' weights; the inputs
+    ``embeddings``, ``popularity`` and the standardisations are buffers.
+
+    References
+    ----------
+    .. [1] Shevkunov, Ploskonosov, Prokhorenkova, "Relevance-Based Embeddings:
+       Lightweight Candidate Retrieval via Heavy-Ranker Calls", ICML 2026 (PMLR v306).
+
+    Examples
+    --------
+    The untrained head scores exactly as linear RBE, :math:`\langle u_q, e_i\rangle
+    + v_i`:
+
+    >>> import torch
+    >>> from mlpapers.retrieval.rbe import NeuralRBEHead
+    >>> g = torch.Generator().manual_seed(0)
+    >>> E, v = torch.randn(6, 3, generator=g), torch.randn(6, generator=g)
+    >>> pop, u = torch.randn(6, generator=g), torch.randn(4, 3, generator=g)
+    >>> head = NeuralRBEHead(E, v, pop, u.mean(0), u.std(0), hidden=8, generator=g)
+    >>> head(u).shape
+    torch.Size([4, 6])
+    >>> torch.allclose(head(u), u @ E.T + v)
+    True
     """
 
     def __init__(self, embeddings, offsets, popularity, query_mean, query_scale, hidden: int,
                  *, generator: torch.Generator | None = None):
         super().__init__()
+        # (a public class: offsets or popularity of length 1 broadcast over the items
+        # without an error, and a negative width silently meant 0)
+        if not isinstance(embeddings, torch.Tensor) or embeddings.ndim != 2:
+            raise ValueError("embeddings must be a 2-D tensor (n_items, k), got "
+                             f"{getattr(embeddings, 'shape', type(embeddings).__name__)}.")
         n_items, k = embeddings.shape
+        for name, t, shape in (("offsets", offsets, (n_items,)),
+                               ("popularity", popularity, (n_items,)),
+                               ("query_mean", query_mean, (k,)),
+                               ("query_scale", query_scale, (k,))):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a tensor of shape {shape} to match "
+                                 f"embeddings (n_items, k) = {(n_items, k)}, got {got}.")
+        check_positive(hidden, "hidden", strict=False, integer=True)
         self.hidden = int(hidden)
         emb_mean = embeddings.mean(dim=0)
         emb_scale = embeddings.std(dim=0, correction=0)
@@ -88,7 +131,24 @@ class NeuralRBEHead(nn.Module):
 
     @on_inputs_device
     def forward(self, u: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores ``(n, k), (m,) item indices or None (all) -> (n, m)``."""
+        """Score queries against some or all items.
+
+        Parameters
+        ----------
+        u : Tensor of shape (n, k)
+            Query inputs: each query's standardised relevance to the ``k`` support
+            items (:meth:`RelevanceBasedRetriever.transform_queries`), in the head's
+            dtype.
+        items : LongTensor of shape (m,) or None, default=None
+            Indices of the items to score (repeats allowed, as in the sampled
+            training batches); ``None`` scores all ``n_items``.
+
+        Returns
+        -------
+        Tensor of shape (n, m)
+            ``s(q, i)`` of the class formula (``m = n_items`` when ``items`` is
+            ``None``); differentiable with respect to the head's parameters.
+        """
         sl = slice(None) if items is None else items
         E = self.embeddings[sl]
         s = (u @ self.W) @ E.T + (self.p * self.popularity[sl] + self.v[sl] + self.b)[None, :]
@@ -99,9 +159,19 @@ class NeuralRBEHead(nn.Module):
         return s
 
     def all_items_scorer(self):
-        """``u -> self(u)`` (scores of all items), with the item side computed once:
-        bitwise :meth:`forward`'s scores, for callers that score the queries in many
-        chunks (the item tower over all items per chunk cost more than the chunk)."""
+        """A function ``u -> self(u)`` (scores of all items), the item side computed once.
+
+        It gives bitwise :meth:`forward`'s scores, for callers that score the queries
+        in many chunks (the item tower over all items per chunk cost more than the
+        chunk). The item side is computed now: after the head's parameters change
+        (a training step), call this method again.
+
+        Returns
+        -------
+        callable
+            ``scores(u)`` mapping a Tensor of shape (n, k) to the Tensor of shape
+            (n, n_items) of :meth:`forward` with ``items=None``.
+        """
         E_T = self.embeddings.T
         offset = (self.p * self.popularity + self.v + self.b)[None, :]
         zi_T = self.item_tower(self.items_std).T if self.hidden > 0 else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -81,8 +82,41 @@ def fit_linear_embeddings(
     dict
         ``embeddings`` (n_items, k), ``offsets`` (n_items,), ``mean`` (k,),
         ``scale`` (k,): the query embedding of support relevance ``r`` is
-        ``(r - mean) / scale``.
+        ``(r - mean) / scale`` and the approximate relevance of item ``i`` is
+        ``<(r - mean) / scale, embeddings[i]> + offsets[i]`` (``mean`` and
+        ``offsets`` zero, ``scale`` one, without standardisation). Float64 when the
+        inputs are.
+
+    References
+    ----------
+    .. [1] Shevkunov, Ploskonosov, Prokhorenkova, "Relevance-Based Embeddings:
+       Lightweight Candidate Retrieval via Heavy-Ranker Calls", ICML 2026 (PMLR v306).
+
+    Examples
+    --------
+    A relevance matrix of rank 3 is reproduced exactly from 3 of its columns:
+
+    >>> import torch
+    >>> from mlpapers.retrieval.rbe import fit_linear_embeddings
+    >>> g = torch.Generator().manual_seed(0)
+    >>> R = (torch.randn(20, 3, generator=g, dtype=torch.float64)
+    ...      @ torch.randn(3, 10, generator=g, dtype=torch.float64))
+    >>> lin = fit_linear_embeddings(R[:, :3], R)
+    >>> lin["embeddings"].shape
+    torch.Size([10, 3])
+    >>> U = (R[:, :3] - lin["mean"]) / lin["scale"]
+    >>> torch.allclose(U @ lin["embeddings"].T + lin["offsets"], R)
+    True
     """
+    # (validated here: a public function, and a mismatch failed deep in a matmul, a
+    # negative ridge silently fell back to the pseudo-inverse)
+    if R_sup.ndim != 2 or R.ndim != 2 or R_sup.shape[0] != R.shape[0]:
+        raise ValueError("R_sup and R must be 2-D tensors with one row per training query, "
+                         f"(n_queries, k) and (n_queries, n_items), got shapes "
+                         f"{tuple(R_sup.shape)} and {tuple(R.shape)}.")
+    check_positive(ridge, "ridge", strict=False)
+    if rcond is not None:
+        check_positive(rcond, "rcond", strict=False)
     n_q, k = R_sup.shape
     if standardize:
         # mean and std in units of a power of two per column (exact): the squares of
@@ -165,13 +199,39 @@ def cur_query_weights(
     gram : Tensor of shape (b, m, m), optional
         ``C @ C.mT`` if already known (e.g. updated incrementally).
     ridge : float, default=0.0
-    rcond : float or None
-        Relative singular-value cutoff of :math:`A_{:,I}`.
+        Ridge penalty :math:`\lambda \ge 0` added to the eigenvalues of :math:`G`
+        that the cutoff keeps (0: the pseudo-inverse).
+    rcond : float or None, default=None
+        Relative singular-value cutoff of :math:`A_{:,I}` (``>= 0``); ``None`` uses
+        ``sqrt(max(m, n_a) * eps)``.
 
     Returns
     -------
     Tensor of shape (b, n_a)
         ``w``; the approximate scores of all items are ``w @ A``.
+
+    References
+    ----------
+    .. [1] Yadav, Monath, Zaheer, McCallum, "Efficient k-NN Search with Cross-Encoders
+       using Adaptive Multi-Round CUR Decomposition", Findings of EMNLP 2023,
+       arXiv:2305.02996.
+
+    Examples
+    --------
+    A query whose scores lie in the row space of :math:`A` is recovered exactly from
+    its scores at 4 anchor items:
+
+    >>> import torch
+    >>> from mlpapers.retrieval.rbe import cur_query_weights
+    >>> g = torch.Generator().manual_seed(0)
+    >>> A = torch.randn(3, 8, generator=g, dtype=torch.float64)  # 3 anchor queries
+    >>> s = torch.randn(3, generator=g, dtype=torch.float64) @ A  # the query's scores
+    >>> I = torch.tensor([0, 2, 5, 7])  # its anchor items
+    >>> w = cur_query_weights(A[:, I].T[None], s[I][None])
+    >>> w.shape
+    torch.Size([1, 3])
+    >>> torch.allclose(w @ A, s)
+    True
     """
     if not isinstance(C, torch.Tensor) or C.ndim != 3:
         raise ValueError(f"C must be a 3-D tensor (b, m, n_a), got {_shape(C)}.")
@@ -354,15 +414,48 @@ def softmax_signed_loss(
     Parameters
     ----------
     logits : Tensor of shape (n_queries, n_sampled)
+        Predicted scores of the sampled items for each query (e.g. a
+        :class:`NeuralRBEHead`'s output); the loss is differentiable in them.
     targets : Tensor of shape (n_queries, n_sampled)
         Heavy-ranker relevance of the same pairs.
     top_quantile : float, default=0.99
+        Quantile of each row of ``targets`` (linear interpolation, as
+        :func:`torch.quantile`) at or above which an item is a positive; in
+        ``[0, 1]``. At least the row's largest target is always a positive.
 
     Returns
     -------
     Tensor
-        Scalar loss.
+        Scalar loss, in ``[-1 / n_sampled, 1 / n_sampled]``.
+
+    References
+    ----------
+    .. [1] Shevkunov, Ploskonosov, Prokhorenkova, "Relevance-Based Embeddings:
+       Lightweight Candidate Retrieval via Heavy-Ranker Calls", ICML 2026 (PMLR v306).
+
+    Examples
+    --------
+    Uniform logits cost :math:`(1 - 2/4) / 4`; putting the mass on the positive (the
+    best target) lowers the loss:
+
+    >>> import torch
+    >>> from mlpapers.retrieval.rbe import softmax_signed_loss
+    >>> targets = torch.tensor([[0.1, 0.9, 0.3, 0.2]])
+    >>> float(softmax_signed_loss(torch.zeros(1, 4), targets))
+    0.125
+    >>> float(softmax_signed_loss(torch.tensor([[0.0, 9.0, 0.0, 0.0]]), targets)) < 0
+    True
     """
+    # (a mismatch broadcast silently, e.g. (2, m) logits against (1, m) targets; a
+    # quantile outside [0, 1] failed with a size error deep in the indexing)
+    if (logits.ndim != 2 or tuple(logits.shape) != tuple(targets.shape)
+            or min(targets.shape) < 1):
+        raise ValueError("logits and targets must be 2-D tensors of the same shape "
+                         "(n_queries, n_sampled), both at least 1, got shapes "
+                         f"{tuple(logits.shape)} and {tuple(targets.shape)}.")
+    if (isinstance(top_quantile, bool) or not isinstance(top_quantile, numbers.Real)
+            or not 0.0 <= top_quantile <= 1.0):
+        raise ValueError(f"top_quantile must be a number in [0, 1], got {top_quantile!r}.")
     # torch.quantile (linear interpolation) computed from one sort: faster on CPU.
     v = torch.sort(targets, dim=1).values
     pos = top_quantile * (targets.shape[1] - 1)

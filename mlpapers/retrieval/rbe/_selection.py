@@ -104,9 +104,9 @@ def greedy_selection(
     X : Tensor of shape (n_items, n_queries)
         Item feature vectors (float64 recommended).
     k : int
-        Number of items to pick.
+        Number of items to pick, ``>= 0``.
     tol : float, default=1e-10
-        Relative residual tolerance.
+        Relative residual tolerance, ``>= 0`` (see above).
     method : {"lowrank", "gram"}, default="lowrank"
         ``"gram"`` keeps the explicit ``(n_items, n_items)`` Gram matrix
         (:math:`O(N^2)` memory); ``"lowrank"`` never forms it: it keeps the
@@ -121,12 +121,39 @@ def greedy_selection(
     Returns
     -------
     indices : LongTensor of shape (k',)
-        Picked items, ``k' <= k``.
+        Picked items (rows of ``X``) in the order picked, ``k' <= k``.
     gains : Tensor of shape (k',)
         The decrease of the squared Frobenius residual at each pick (no autograd
-        graph: ``X`` is read detached).
+        graph: ``X`` is read detached); they sum to
+        :math:`\|X\|_F^2` once the picks span the rows of ``X``.
+
+    References
+    ----------
+    .. [1] Shevkunov, Ploskonosov, Prokhorenkova, "Relevance-Based Embeddings:
+       Lightweight Candidate Retrieval via Heavy-Ranker Calls", ICML 2026 (PMLR v306).
+
+    Examples
+    --------
+    Six item vectors in a plane: two picks explain all of :math:`\|X\|_F^2`.
+
+    >>> import torch
+    >>> from mlpapers.retrieval.rbe import greedy_selection
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = (torch.randn(6, 2, generator=g, dtype=torch.float64)
+    ...      @ torch.randn(2, 5, generator=g, dtype=torch.float64))
+    >>> idx, gains = greedy_selection(X, 2)
+    >>> idx.shape
+    torch.Size([2])
+    >>> bool(torch.isclose(gains.sum(), (X ** 2).sum()))
+    True
     """
     check_in_options(method, "method", ("lowrank", "gram"))
+    # (a negative or fractional k failed deep in torch, a NaN tol picked nothing)
+    if X.ndim != 2:
+        raise ValueError("X must be a 2-D tensor of item vectors (n_items, n_queries), got "
+                         f"shape {tuple(X.shape)}.")
+    check_positive(k, "k", strict=False, integer=True)
+    check_positive(tol, "tol", strict=False)
     # a discrete selection, not differentiable: no graph (an X that requires grad made
     # torch warn when its scale was read as a Python float)
     X = X.detach()
@@ -317,7 +344,7 @@ def select_support(
     random_state : int, RandomState, Generator or None
         Seed of ``"random"`` and ``"kmeans"``.
     n_init : int, default=3
-        k-means restarts.
+        Restarts of ``"kmeans"`` (scikit-learn's ``KMeans(n_init=...)``).
     greedy_method : {"auto", "gram", "lowrank"}, default="auto"
         ``"auto"`` is ``"lowrank"`` (never forms the item Gram matrix); ``"gram"`` is the
         literal deflation of the explicit ``(n_items, n_items)`` Gram matrix.
@@ -332,6 +359,8 @@ def select_support(
     Returns
     -------
     indices : ndarray of shape (k,), int64
+        Distinct item indices (columns of ``R``) in the order chosen; fewer than
+        ``k`` only when ``"greedy"`` stops early (with a warning).
     scores : ndarray of shape (k,), float64
         Only when ``return_scores``.
 
