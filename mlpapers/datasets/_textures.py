@@ -178,6 +178,8 @@ def make_texture_anomalies(
         else ``"procedural"`` (so ``textures=None`` gives the procedural
         families, which need no extra).
     defects : str or sequence of str, default=("scratch", "spot", "cutout")
+        Kinds of defect drawn from (uniformly, one per defective image); a
+        non-empty subset of the three kinds above (one name is a one-kind subset).
     anomaly_ratio : float in [0, 1], default=0.5
         Fraction of defective test images (rounded).
     noise : float, default=0.03
@@ -185,12 +187,16 @@ def make_texture_anomalies(
     return_texture : bool, default=False
         Also return the texture index of every image.
     random_state : int, RandomState, Generator or None, default=None
+        Seeds the textures, the defects, the test order and the noise. ``None``
+        draws from numpy's global ``RandomState`` (as scikit-learn's generators
+        do); an int gives the same data on every call.
 
     Returns
     -------
     X_train : ndarray of shape (n_train, 3, image_size, image_size), float32
         Normal images in [0, 1].
     X_test : ndarray of shape (n_test, 3, image_size, image_size), float32
+        Test images in [0, 1], normal and defective, the families in random order.
     y_test : ndarray of shape (n_test,), int64
         1 for defective images.
     mask_test : ndarray of shape (n_test, image_size, image_size), uint8

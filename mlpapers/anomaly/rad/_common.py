@@ -280,7 +280,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Returns
         -------
-        self
+        self : object
+            The fitted detector.
         """
         # the fitted tensors must be normal tensors even when the caller fits inside
         # torch.inference_mode() (inference tensors cannot be updated in place or enter
@@ -393,11 +394,14 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like, tensor, or list of PIL images, arrays or image file paths
-            Images as in :meth:`fit`.
+            Images as in :meth:`fit`, of the fitted size unless ``image_size`` is
+            set.
 
         Returns
         -------
         ndarray of shape (n_samples,)
+            Image anomaly scores, float32, comparable to ``decision_scores_`` and
+            ``threshold_``.
         """
         return self._to_numpy(self._maps_and_scores(X, return_maps=False)[1])
 
@@ -406,24 +410,40 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Note that this follows PyOD, not scikit-learn's outlier detectors (where
         ``score_samples`` is higher for *normal* samples).
+
+        Parameters
+        ----------
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
+            Images as in :meth:`fit`.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            The image anomaly scores of :meth:`decision_function`.
         """
         return self.decision_function(X)
 
     def anomaly_map(self, X, *, return_scores: bool = False):
         """Pixel anomaly maps at the input resolution.
 
+        The maps are computed at the network input size (``input_size_``) and
+        resized bilinearly to each image's own size.
+
         Parameters
         ----------
         X : array-like, tensor, or list of PIL images, arrays or image file paths
+            Images as in :meth:`fit`.
         return_scores : bool, default=False
             Also return the image scores (one extraction for both).
 
         Returns
         -------
         maps : ndarray of shape (n_samples, H, W), or list of ndarray
-            For a list of images of different sizes (accepted when ``image_size``
-            is set), a list with one ``(H_i, W_i)`` map per image.
+            Pixel anomaly scores, float32 (higher is more anomalous). For a list
+            of images of different sizes (accepted when ``image_size`` is set), a
+            list with one ``(H_i, W_i)`` map per image.
         scores : ndarray of shape (n_samples,), only with ``return_scores``
+            The image scores of :meth:`decision_function`.
         """
         maps, scores, hw = self._maps_and_scores(X)
         if isinstance(hw, list):  # images of different sizes: one map each at its size
@@ -433,7 +453,21 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         return (maps, self._to_numpy(scores)) if return_scores else maps
 
     def predict(self, X) -> np.ndarray:
-        """Binary labels: 1 for anomalous (score above ``threshold_``), 0 for normal."""
+        """Binary labels: 1 for anomalous (score above ``threshold_``), 0 for normal.
+
+        Follows PyOD (1 = outlier), not scikit-learn's outlier detectors (which
+        return -1 for outliers and 1 for inliers).
+
+        Parameters
+        ----------
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
+            Images as in :meth:`fit`.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,), int64
+            ``decision_function(X) > threshold_``.
+        """
         return (self.decision_function(X) > self.threshold_).astype(np.int64)
 
     def predict_proba(self, X, method: str = "linear") -> np.ndarray:
@@ -453,6 +487,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         X : array-like, tensor, or list of PIL images, arrays or image file paths
             Images as in :meth:`fit`.
         method : {"linear", "unify"}, default="linear"
+            The calibration of the scores (above).
 
         Returns
         -------
@@ -474,12 +509,55 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         return np.stack([1.0 - p, p], axis=1)
 
     def fit_predict(self, X, y=None) -> np.ndarray:
-        """Fit and return ``labels_`` (leave-one-out labels of the training images)."""
+        """Fit and return ``labels_`` (leave-one-out labels of the training images).
+
+        The training images are labelled by their leave-one-out scores
+        ``decision_scores_`` (each image is scored without itself in the memory), so
+        about a ``contamination`` fraction of them is 1; ``predict(X)`` after
+        ``fit(X)`` would score each with itself in the memory (near 0) instead.
+
+        Parameters
+        ----------
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
+            Normal images as in :meth:`fit`.
+        y : ignored
+            Present for API consistency.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,), int64
+            ``labels_``: 1 where ``decision_scores_ > threshold_``, else 0.
+        """
         return self.fit(X).labels_
 
     def score(self, X, y) -> float:
-        """Image-level AUROC of :meth:`decision_function` against ``y`` (1 = anomalous)."""
-        return float(roc_auc_score(np.asarray(y), self.decision_function(X)))
+        """Image-level AUROC of :meth:`decision_function` against ``y`` (1 = anomalous).
+
+        Parameters
+        ----------
+        X : array-like, tensor, or list of PIL images, arrays or image file paths
+            Images as in :meth:`fit`.
+        y : array-like of shape (n_samples,)
+            Binary labels, 1 for anomalous and 0 for normal images (booleans
+            too); both classes must occur, else the AUROC is undefined and a
+            ``ValueError`` is raised before any image is scored.
+
+        Returns
+        -------
+        float
+            The area under the ROC curve of the image scores, in [0, 1].
+        """
+        y = np.asarray(y)
+        # checked here, before the extraction: scikit-learn's roc_auc_score returns NaN
+        # with a warning for a single class (>= 1.8) or raises (older versions); labels
+        # in {-1, 1} are refused, as scikit-learn's outlier convention (-1 = outlier)
+        # would give 1 - AUROC without a word
+        if y.ndim != 1 or not np.isin(y, (0, 1)).all() or len(np.unique(y)) != 2:
+            raise ValueError("y must be a 1D array of binary labels (1 = anomalous, 0 = "
+                             "normal) holding both classes; the AUROC is undefined "
+                             f"otherwise, got values {np.unique(y)[:5].tolist()} of shape "
+                             f"{y.shape}.")
+        return float(roc_auc_score(y, self.decision_function(X)))
 
     # -- persistence ----------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
@@ -506,9 +584,10 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        path, map_location :
-            The file written by :meth:`save`, and where its tensors are loaded
-            (``"cpu"`` by default), as for every estimator.
+        path : str or path-like
+            File written by :meth:`save`.
+        map_location : str or torch.device, default="cpu"
+            Where its tensors are loaded, as for ``torch.load``.
         extractor : callable or None, default=None
             The custom extractor the detector was fitted with (required for a
             detector saved with one, e.g. a :class:`TorchFeatureExtractor` around

@@ -77,7 +77,8 @@ class RADDetector(BaseImageDetector):
     top_ratio : float in [0, 1], default=0.01
         Fraction of map pixels averaged into the image score; ``0`` is the max.
     smoothing_sigma : float, default=1.0
-        Gaussian blur of the fused map (kernel ``2 * ceil(2 * sigma) + 1``).
+        Standard deviation (in pixels of the network input) of the Gaussian blur
+        of the fused map (kernel ``2 * ceil(2 * sigma) + 1``); ``0`` disables it.
     blur_padding : {"zeros", "reflect"}, default="zeros"
         ``"zeros"`` follows the official code.
     contamination : float in (0, 0.5], default=0.1
@@ -113,6 +114,10 @@ class RADDetector(BaseImageDetector):
         scored in groups of whole batches whose float32 features hold at most
         ``8 * chunk_size`` values, so the scoring memory is the output plus one group.
     device : str or torch.device, default="cpu"
+        Where the extractor runs and the memory is stored and matched:
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or ``"auto"`` (CUDA when
+        available). A custom extractor module whose weights are elsewhere runs on
+        a copy made on this device (with a warning).
     random_state : int, RandomState instance or None, default=None
         Unused (RAD is deterministic; ``None`` draws no seed from numpy's global
         generator); kept for API consistency.
@@ -145,6 +150,7 @@ class RADDetector(BaseImageDetector):
         ``3 * H * W`` of the training images (grayscale counts as RGB; for a
         list of images of different sizes, ``H, W`` is ``image_size``).
     n_train_ : int
+        Number of training images in the memory.
     feature_shapes_ : list of (int, int, int)
         ``(C, h, w)`` of each extractor feature map at fit time (checked when
         scoring: another extractor raises a ``ValueError``).

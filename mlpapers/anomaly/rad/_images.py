@@ -283,5 +283,33 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
     also accept lists of different sizes). Items of a list may also be image file
     paths (``str`` or ``pathlib.Path``; read with Pillow, then as PIL images); a
     1-D object array or pandas Series of images or paths is taken as the list.
+
+    This is the validation the detectors apply to their ``X`` (which also resize
+    each image to ``image_size``); call it to see what a detector will see.
+
+    Parameters
+    ----------
+    X : array-like, tensor, or list of PIL images, arrays or image file paths
+        The images, in one of the layouts above.
+    name : str, default="X"
+        Name of the argument in error and warning messages.
+
+    Returns
+    -------
+    Tensor of shape (n, 3, H, W)
+        Contiguous float32 RGB images with values in [0, 1] (floats as given;
+        a contiguous float32 ``(n, 3, H, W)`` tensor is returned itself, not a
+        copy).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.anomaly.rad import check_images
+    >>> gray = np.full((2, 8, 6), 255, dtype=np.uint8)           # (n, H, W) uint8
+    >>> images = check_images(gray)
+    >>> tuple(images.shape), images.dtype, float(images.max())
+    ((2, 3, 8, 6), torch.float32, 1.0)
+    >>> tuple(check_images(np.zeros((2, 8, 6, 3))).shape)       # channels-last
+    (2, 3, 8, 6)
     """
     return _unit_rgb(_validate_images(X, name)[0])

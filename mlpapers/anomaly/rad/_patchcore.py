@@ -34,34 +34,51 @@ class PatchCoreDetector(BaseImageDetector):
     coreset_ratio : float in (0, 1], default=0.1
         Fraction of training patches kept (``1`` keeps all).
     image_size : int, (int, int) or None, default=224
+        Network input size, as in :class:`RADDetector` (``None`` keeps the input
+        size; otherwise images are resized, and lists of images of different
+        sizes are accepted).
     smoothing_sigma : float, default=4.0
-        Blur of the anomaly map (PatchCore's sigma); does not affect image scores.
+        Blur of the anomaly map (PatchCore's sigma, in pixels of the network
+        input; ``0`` disables it); does not affect image scores.
     contamination : float in (0, 0.5], default=0.1
+        Expected fraction of anomalies, sets ``threshold_`` (PyOD convention).
     memory_dtype : {"float32", "float16", "bfloat16"}, default="float32"
+        Storage dtype of the memory bank (distances are computed in float32; a
+        ``ValueError`` if the features overflow float16).
     batch_size : int, default=16
+        Images per extractor batch.
     chunk_size : int, default=2**24
         Maximum (query, memory) pairs per distance chunk. Test images are extracted
         and scored in groups of whole batches whose float32 embeddings (counted four
         times: upsampled, concatenated and rearranged copies) hold at most
         ``8 * chunk_size`` values, so the scoring memory is the output plus one group.
     device : str or torch.device, default="cpu"
+        Where the extractor runs and the memory bank is stored and searched, as
+        in :class:`RADDetector`.
     random_state : int, RandomState instance or None, default=None
         Seeds the coreset start and projection.
     verbose : int, default=0
+        Show progress bars over the extraction batches and the coreset selection.
 
     Attributes
     ----------
     memory_ : Tensor of shape (n_memory, C)
+        The coreset of locally aggregated patch features, in ``memory_dtype``.
     memory_image_ids_ : Tensor of shape (n_memory,)
         Training image of each memory patch.
     grid_shape_ : (int, int)
+        Patch grid ``(h, w)`` of the first feature layer (the map resolution).
     input_size_ : (int, int)
+        Network input size the memory was built at.
     decision_scores_, threshold_, labels_ : as in :class:`RADDetector`
         Training scores exclude the image's own patches (leave-one-out).
     feature_shapes_ : list of (int, int, int)
         ``(C, h, w)`` of each extractor feature map at fit time (checked when
         scoring: another extractor raises a ``ValueError``).
     n_features_in_ : int
+        ``3 * H * W`` of the training images, as in :class:`RADDetector`.
+    n_train_ : int
+        Number of training images.
 
     References
     ----------

@@ -46,13 +46,21 @@ class DefaultAugment:
     scale : (float, float), default=(0.25, 1.0)
         Crop area range (the paper's CIFAR setting; STL-10 uses 0.08).
     ratio : (float, float), default=(3/4, 4/3)
+        Aspect ratio (width / height) range of the crop, drawn log-uniformly.
     flip : float, default=0.5
+        Probability of a horizontal flip.
     jitter : (float, float, float), default=(0.8, 0.8, 0.8)
-        Brightness, contrast, saturation strengths (hue is not jittered).
+        Brightness, contrast, saturation strengths (hue is not jittered): each
+        factor is drawn uniformly in ``[max(0, 1 - s), 1 + s]``.
     jitter_p : float, default=0.8
+        Probability of each jitter (drawn separately for the three factors).
     gray_p : float, default=0.2
+        Probability of converting a 3-channel image to grayscale (ITU-R 601
+        luma, kept on three channels).
     blur_p : float, default=0.5
+        Probability of the Gaussian blur.
     sigma : (float, float), default=(0.1, 2.0)
+        Range of the blur's standard deviation, in pixels, drawn uniformly.
 
     Examples
     --------
@@ -81,6 +89,12 @@ class DefaultAugment:
 
         No flip (digits are not mirror-symmetric), crops of at least half the
         area, jitter strength 0.4 and blur probability 0.2.
+
+        Returns
+        -------
+        DefaultAugment
+            ``DefaultAugment(scale=(0.5, 1.0), flip=0.0, jitter=(0.4, 0.4, 0.4),
+            blur_p=0.2)``, the other settings at their defaults.
         """
         return cls(scale=(0.5, 1.0), flip=0.0, jitter=(0.4, 0.4, 0.4), blur_p=0.2)
 
@@ -97,12 +111,14 @@ class DefaultAugment:
         Parameters
         ----------
         x : Tensor of shape (N, C, H, W)
+            Float images (any device; the draws are made on the CPU).
         generator : torch.Generator, optional
-            CPU generator for every random draw.
+            CPU generator for every random draw (``None``: the global torch RNG).
 
         Returns
         -------
         Tensor of shape (N, C, H, W)
+            :meth:`crop_flip`, then :meth:`color`, then :meth:`blur`.
         """
         x = self.crop_flip(x, generator)
         x = self.color(x, generator)
@@ -110,6 +126,22 @@ class DefaultAugment:
 
     # -- pieces ---------------------------------------------------------------
     def crop_flip(self, x: torch.Tensor, gen) -> torch.Tensor:
+        """Random resized crop and horizontal flip of each image.
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, C, H, W)
+            Float images.
+        gen : torch.Generator or None
+            CPU generator of the draws (``None``: the global torch RNG).
+
+        Returns
+        -------
+        Tensor of shape (N, C, H, W)
+            Each image's crop (area fraction in ``scale``, aspect ratio in
+            ``ratio``), resampled bilinearly to ``H x W``, flipped with
+            probability ``flip``.
+        """
         n = x.shape[0]
         area = _uniform(n, *self.scale, gen)
         log_r = _uniform(n, math.log(self.ratio[0]), math.log(self.ratio[1]), gen)
@@ -130,6 +162,20 @@ class DefaultAugment:
                              align_corners=False)
 
     def color(self, x: torch.Tensor, gen) -> torch.Tensor:
+        """Brightness, contrast and saturation jitter, then random grayscale.
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, C, H, W)
+            Float images; saturation and grayscale apply to ``C = 3`` only.
+        gen : torch.Generator or None
+            CPU generator of the draws (``None``: the global torch RNG).
+
+        Returns
+        -------
+        Tensor of shape (N, C, H, W)
+            The jittered images (not clipped: values may leave [0, 1]).
+        """
         n, c = x.shape[:2]
 
         def draw(strength):
@@ -153,6 +199,21 @@ class DefaultAugment:
         return x
 
     def blur(self, x: torch.Tensor, gen) -> torch.Tensor:
+        """Separable Gaussian blur of each image with probability ``blur_p``.
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, C, H, W)
+            Float images.
+        gen : torch.Generator or None
+            CPU generator of the draws (``None``: the global torch RNG).
+
+        Returns
+        -------
+        Tensor of shape (N, C, H, W)
+            Blurred images (sigma drawn in ``sigma``, an odd kernel of about 10%
+            of the smaller side, at least 3, replicate padding) or the input.
+        """
         n, c, height, width = x.shape
         k = max(3, int(0.1 * min(height, width)) // 2 * 2 + 1)
         sig = _uniform(n, *self.sigma, gen)

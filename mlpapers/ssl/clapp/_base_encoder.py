@@ -275,7 +275,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
 
         Returns
         -------
-        self
+        self : object
+            The fitted encoder.
 
         Notes
         -----
@@ -400,9 +401,11 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         Parameters
         ----------
         X : array-like or Tensor of shape (n_samples, C, H, W) or (n_samples, H, W)
+            Images (numpy, torch or nested lists) of the training images' shape
+            ``input_shape_`` and scale; ``(n, H, W)`` is one-channel.
         layers : "all", int or list of int, default="all"
-            Which blocks' features to concatenate (0 is the first block; negative
-            ints count from the top).
+            Which blocks' features to concatenate, in the given order (0 is the
+            first block; negative ints count from the top).
         spatial_pool : None, int or list of int, default=None
             Pooling grid of the features; ``None`` uses the training grids
             (``grids_``). The official evaluation pools every model's blocks with
@@ -470,12 +473,15 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         input_features : ignored
             Present for scikit-learn API compatibility.
         layers : "all", int or list of int, default="all"
+            The blocks, as in :meth:`transform`.
         spatial_pool : None, int or list of int, default=None
-            As in :meth:`transform`.
+            The pooling grids, as in :meth:`transform`.
 
         Returns
         -------
-        ndarray of str
+        ndarray of str of shape (n_features,)
+            One name per column of ``transform(X, layers=layers,
+            spatial_pool=spatial_pool)``, in its order (object dtype).
         """
         self._check_fitted()
         prefix = type(self).__name__.lower()
@@ -527,8 +533,10 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
 
         Parameters
         ----------
-        path, map_location :
-            The file written by :meth:`save`, and where its tensors are loaded.
+        path : str or path-like
+            File written by :meth:`save`.
+        map_location : str or torch.device, default="cpu"
+            Where its tensors are loaded, as for ``torch.load``.
         augment : callable or None, default=None
             The custom augment the encoder was saved with (only for such a file;
             needed to train it again, not to transform).

@@ -106,13 +106,19 @@ class CLAPPEncoder(_SSLImageEncoder):
         ``random_state``; its output is checked: see the user guide, "Your own
         augmentation"); ``None`` uses identical views.
     n_epochs : int, default=20
+        Passes over the training images (``0`` builds the initialised network
+        without training, e.g. for a random-features baseline).
     batch_size : int, default=32
-        The paper's batch size (>= 2).
+        Images per training batch (>= 2: the negatives are the batch's other
+        images); the paper's batch size.
     lr : float, default=1e-3
         AdamW learning rate (the paper uses 2e-4 for 300 epochs; the larger
         default suits the short CPU schedules this library targets).
     weight_decay : float, default=0.0
-    device : str, default="cpu"
+        AdamW's decoupled weight decay (>= 0).
+    device : str or torch.device, default="cpu"
+        Where the network is trained and applied: ``"cpu"``, ``"cuda"``,
+        ``"cuda:N"``, ``"mps"`` or ``"auto"`` (CUDA when available).
     random_state : int, RandomState or None, default=None
         Seeds the initialisation, shuffling, augmentations and negatives.
     verbose : int, default=0

@@ -33,8 +33,11 @@ class GlobalSSLEncoder(_SSLImageEncoder):
         in one direction (:func:`~mlpapers.ssl.clapp.infonce_loss` with
         ``pairs="cross"``).
     temperature : float, default=0.1
+        InfoNCE temperature :math:`\tau > 0` of the ``"infonce"`` losses (unused
+        by ``"clapp"``).
     projection_dim : int, default=128
-        The paper projects to 1024 on STL-10; smaller suits the small default.
+        Width of the linear projection of the ``"infonce"`` losses (unused by
+        ``"clapp"``). The paper projects to 1024 on STL-10; smaller suits the small default.
     architecture, spatial_pool, negatives, augment : see CLAPPEncoder
         As in :class:`CLAPPEncoder` (``spatial_pool=None`` means 2).
     n_epochs, batch_size, lr, weight_decay, device, random_state, verbose : see CLAPPEncoder

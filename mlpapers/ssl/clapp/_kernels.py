@@ -112,12 +112,24 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     Parameters
     ----------
     u_pos, u_neg : Tensor of shape (N,)
-        Scores of the positive and negative pairs.
-    loss : {"hinge", "softhinge", "linear"}
+        Scores of the positive and negative pairs (any common shape works,
+        elementwise).
+    loss : {"hinge", "softhinge", "linear"}, default="hinge"
+        The decreasing function ``f`` of the score (above).
 
     Returns
     -------
     Tensor of shape (N,)
+        :math:`f(u^+) + f(-u^-)` per sample.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import contrastive_loss
+    >>> contrastive_loss(torch.tensor([2.0, 0.5]), torch.tensor([-2.0, 0.0])).tolist()
+    [0.0, 1.5]
+    >>> contrastive_loss(torch.tensor([2.0]), torch.tensor([-1.0]), "linear").tolist()
+    [-3.0]
     """
     if loss == "hinge":
         return F.relu(1.0 - u_pos) + F.relu(1.0 + u_neg)
@@ -152,13 +164,30 @@ def clapp_layer_loss(
     weight : Tensor of shape (D, K)
         The prediction matrix :math:`B`.
     neg_idx : LongTensor of shape (N,)
-        Row of ``z`` used as the negative of each row.
-    loss : {"hinge", "softhinge", "linear"}
+        Row of ``z`` used as the negative of each row (see
+        ``negative_indices``: another image than row ``i``'s).
+    loss : {"hinge", "softhinge", "linear"}, default="hinge"
+        The decreasing function ``f`` (:func:`contrastive_loss`).
 
     Returns
     -------
     Tensor of shape ()
         The mean loss over the ``N`` rows.
+
+    Examples
+    --------
+    Two images, views stacked as ``[view A; view B]``; each row's negative is the
+    next row (another image):
+
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import clapp_layer_loss
+    >>> z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> c = z[[2, 3, 0, 1]]                  # the other view of each image
+    >>> neg_idx = torch.tensor([1, 2, 3, 0])
+    >>> float(clapp_layer_loss(z, c, torch.eye(2), neg_idx))  # u+ = 1, u- = 0
+    1.0
+    >>> float(clapp_layer_loss(z, c, torch.eye(2), neg_idx, loss="linear"))  # u- - u+
+    -1.0
     """
     pred = c @ weight.T                      # (N, D): the "dendritic prediction" B c
     u_pos = (z * pred).sum(-1)
@@ -183,14 +212,30 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     Parameters
     ----------
     p : Tensor of shape (2B, P)
-        Projections ``[view A; view B]``.
-    temperature : float
+        Projections ``[view A; view B]`` (any scale: rows are normalised).
+    temperature : float, default=0.1
+        :math:`\tau > 0`, dividing the cosine similarities (smaller is sharper).
     pairs : {"all", "cross"}, default="all"
+        Which rows compete (above).
 
     Returns
     -------
     Tensor of shape ()
         The mean cross-entropy.
+
+    Examples
+    --------
+    Views that agree exactly and images that are orthogonal: each row's softmax
+    puts :math:`e^{1/\tau}` on its other view and 1 on each other candidate.
+
+    >>> import math
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import infonce_loss
+    >>> p = torch.cat([torch.eye(3), torch.eye(3)])         # B = 3 images, 2 views
+    >>> round(float(infonce_loss(p, temperature=0.5, pairs="cross")), 5)
+    0.23954
+    >>> round(math.log(1 + 2 * math.exp(-2.0)), 5)         # log(1 + (B-1) e^{-1/tau})
+    0.23954
     """
     if pairs not in ("all", "cross"):
         raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
@@ -283,13 +328,26 @@ def exact_linear_feedback(
         The layer matrices :math:`W_1, \dots, W_L`.
     B_top : Tensor of shape (d_L, d_L)
         The top prediction matrix :math:`B_L`.
-    mode : {"dfb", "lateral"}
+    mode : {"dfb", "lateral"}, default="dfb"
+        Where the layer-local context comes from (above).
 
     Returns
     -------
     list of L tensors
         :math:`B_1, \dots, B_L`; of shape (d_l, d_L) for ``"dfb"`` and
-        (d_l, d_l) for ``"lateral"``.
+        (d_l, d_l) for ``"lateral"``, in the promoted floating dtype of the
+        inputs, on ``B_top``'s device. The last one equals ``B_top``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import exact_linear_feedback
+    >>> W1, W2 = 2 * torch.eye(2), 3 * torch.eye(2)
+    >>> B1, B2 = exact_linear_feedback([W1, W2], torch.eye(2))
+    >>> B1.tolist(), B2.tolist()                           # B_1 = W_2^T B_L
+    ([[3.0, 0.0], [0.0, 3.0]], [[1.0, 0.0], [0.0, 1.0]])
+    >>> exact_linear_feedback([W1, W2], torch.eye(2), mode="lateral")[0].tolist()
+    [[9.0, 0.0], [0.0, 9.0]]
     """
     if mode not in ("dfb", "lateral"):
         raise ValueError(f"mode must be 'dfb' or 'lateral', got {mode!r}.")
@@ -328,16 +386,37 @@ def three_factor_grad(
     Parameters
     ----------
     x : Tensor of shape (N, K_in)
+        Pre-synaptic activity: the layer's input, one row per sample.
     W : Tensor of shape (D, K_in)
+        The layer's weights; :math:`a = W x` and :math:`z = \mathrm{relu}(a)`.
     c : Tensor of shape (N, K)
+        The (detached) context of each row, as in :func:`clapp_layer_loss`.
     B : Tensor of shape (D, K)
+        The prediction matrix.
     neg_idx : LongTensor of shape (N,)
-    loss : {"hinge", "softhinge", "linear"}
+        Row used as the negative of each row, as in :func:`clapp_layer_loss`.
+    loss : {"hinge", "softhinge", "linear"}, default="hinge"
+        The decreasing function ``f`` (:func:`contrastive_loss`).
 
     Returns
     -------
     Tensor of shape (D, K_in)
-        :math:`\partial L / \partial W` for the mean loss over ``N`` rows.
+        :math:`\partial L / \partial W` for the mean loss over ``N`` rows, in
+        the promoted floating dtype of the inputs (a descent step subtracts it).
+
+    Examples
+    --------
+    The hand-written rule equals autograd on :func:`clapp_layer_loss`:
+
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import clapp_layer_loss, three_factor_grad
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x, c = torch.randn(6, 4, generator=g), torch.randn(6, 3, generator=g)
+    >>> W = torch.randn(5, 4, generator=g, requires_grad=True)
+    >>> B, neg_idx = torch.randn(5, 3, generator=g), torch.tensor([1, 2, 3, 4, 5, 0])
+    >>> clapp_layer_loss(torch.relu(x @ W.T), c, B, neg_idx).backward()
+    >>> torch.allclose(three_factor_grad(x, W.detach(), c, B, neg_idx), W.grad, atol=1e-6)
+    True
     """
     # one floating dtype, as clapp_layer_loss promotes (matmul refuses mixed dtypes)
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in (x, W, c, B)])

@@ -14,6 +14,9 @@ as a lower peak. On CUDA the same step can be measured with
 
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
 
 from mlpapers._utils import check_positive, on_cpu_default_device, with_autograd
@@ -115,22 +118,56 @@ def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
     encoder : CLAPPEncoder or GlobalSSLEncoder
         Fitted (``n_epochs=0`` is enough).
     X : array-like of shape (n_samples, C, H, W) or (n_samples, H, W)
-    batch_size : int or None
+        Images of the encoder's input shape; the batch is drawn from them.
+    batch_size : int or None, default=None
+        Images in the batch (clipped to ``n_samples``; at least 2 are needed);
         ``None`` uses ``encoder.batch_size``.
-    random_state : int
+    random_state : int, default=0
+        Seed in ``[0, 2**63)`` of the choice of the batch, its two views and the
+        negatives (the encoder's own generator is not used).
 
     Returns
     -------
     int
-        Bytes.
+        Peak bytes of the distinct storages saved for backward (parameters
+        excluded) during the step.
+
+    Examples
+    --------
+    The layer-local step keeps one block's graph at a time, the end-to-end step
+    all of them:
+
+    >>> from mlpapers.datasets import make_shifted_digits
+    >>> from mlpapers.ssl.clapp import (CLAPPEncoder, GlobalSSLEncoder,
+    ...                                 training_step_activation_bytes)
+    >>> X, _ = make_shifted_digits(n_samples=16, random_state=0)
+    >>> local = CLAPPEncoder(architecture="tiny", n_epochs=0, random_state=0).fit(X)
+    >>> bp = GlobalSSLEncoder(architecture="tiny", n_epochs=0, random_state=0).fit(X)
+    >>> (training_step_activation_bytes(local, X, batch_size=8)
+    ...  < training_step_activation_bytes(bp, X, batch_size=8))
+    True
     """
+    from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
     from mlpapers.ssl.clapp._kernels import negative_indices
 
+    if not isinstance(encoder, _SSLImageEncoder):
+        raise TypeError(f"encoder must be a CLAPPEncoder or GlobalSSLEncoder, got "
+                        f"{type(encoder).__name__}.")
+    # the seed of a torch.Generator: checked here, torch's own error names no parameter
+    if isinstance(random_state, bool | np.bool_) or not isinstance(random_state,
+                                                                   numbers.Integral):
+        raise TypeError(f"random_state must be an int, got {random_state!r} of type "
+                        f"{type(random_state).__name__}.")
+    if not 0 <= int(random_state) < 2 ** 63:
+        raise ValueError(f"random_state must be in [0, 2**63), got {random_state}.")
     if batch_size is not None:
         check_positive(batch_size, "batch_size", integer=True)
     X = encoder._check_images(X, reset=False)
     bs = min(encoder.batch_size if batch_size is None else batch_size, X.shape[0])
-    gen = torch.Generator().manual_seed(random_state)
+    if bs < 2:  # the negatives are the batch's other images
+        raise ValueError(f"a training step needs a batch of >= 2 images, got {bs} (batch_size="
+                         f"{batch_size!r}, {X.shape[0]} images in X).")
+    gen = torch.Generator().manual_seed(int(random_state))
     dev = encoder._resolved_device
     xb = X[torch.randperm(X.shape[0], generator=gen)[:bs]].to(dev)
     augment = encoder._augment_fn()

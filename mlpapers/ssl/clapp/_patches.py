@@ -26,6 +26,7 @@ import numbers
 import torch
 from torch import nn
 
+from mlpapers._utils import check_positive
 from mlpapers.ssl.clapp._kernels import contrastive_loss
 
 __all__ = ["PatchPredictor", "extract_patches", "patch_grid", "patch_prediction_loss",
@@ -47,6 +48,7 @@ def extract_patches(x: torch.Tensor, size: int, stride: int
     Parameters
     ----------
     x : Tensor of shape (B, C, H, W)
+        Images at least ``size`` pixels a side.
     size, stride : int
         Patch side and step in pixels.
 
@@ -55,7 +57,19 @@ def extract_patches(x: torch.Tensor, size: int, stride: int
     patches : Tensor of shape (B * n_y * n_x, C, size, size)
         Row-major per image: patch ``(b, i, j)`` is row ``(b * n_y + i) * n_x + j``.
     n_y, n_x : int
-        The patch grid.
+        The patch grid, ``(H - size) // stride + 1`` by ``(W - size) // stride + 1``
+        (pixels beyond the last whole patch are dropped).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import extract_patches
+    >>> x = torch.arange(2 * 8 * 6, dtype=torch.float32).reshape(2, 1, 8, 6)
+    >>> patches, n_y, n_x = extract_patches(x, size=4, stride=2)
+    >>> tuple(patches.shape), n_y, n_x
+    ((12, 1, 4, 4), 3, 2)
+    >>> bool((patches[(1 * n_y + 2) * n_x + 1] == x[1, :, 4:8, 2:6]).all())
+    True
     """
     for name, v in (("size", size), ("stride", stride)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
@@ -111,13 +125,33 @@ def patch_prediction_loss(
         One prediction matrix :math:`W_k` per step.
     neg_idx : LongTensor of shape (B,)
         The other image whose patches are the negatives of each image.
-    loss : {"hinge", "softhinge", "linear"}
+    loss : {"hinge", "softhinge", "linear"}, default="hinge"
+        The decreasing function ``f`` (:func:`contrastive_loss`).
     skip : int, default=1
+        Rows skipped between a context and its nearest predicted patch (the
+        official ``skip_step``), ``>= 0``; ``K + skip`` must be below ``n_y``.
 
     Returns
     -------
     Tensor of shape ()
+        The loss, averaged over images, positions and steps.
+
+    Examples
+    --------
+    With zero prediction matrices every score is 0, and the hinge loss is
+    :math:`\mathrm{relu}(1 - 0) + \mathrm{relu}(1 + 0) = 2`:
+
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import patch_prediction_loss
+    >>> z = torch.randn(2, 4, 5, 3)                   # B=2 images, D=4, 5x3 patch grid
+    >>> weight = torch.zeros(2, 4, 4)                  # K=2 steps
+    >>> float(patch_prediction_loss(z, z, weight, torch.tensor([1, 0])))
+    2.0
     """
+    # a negative skip predicts rows at or above the context (for skip < -1 the slices
+    # below have different lengths and broadcast into a wrong loss without an error)
+    if isinstance(skip, bool) or not isinstance(skip, numbers.Integral) or skip < 0:
+        raise ValueError(f"skip must be a non-negative int, got {skip!r}.")
     n_steps = weight.shape[0]
     n_y = z.shape[2]
     if n_steps + skip >= n_y:
@@ -145,10 +179,12 @@ class PatchPredictor(nn.Module):
     Parameters
     ----------
     dim : int
-        Channels ``D`` of the block (context and target have the same width).
+        Channels ``D`` of the block (context and target have the same width), >= 1.
     n_steps : int
-        ``K``, the number of prediction steps.
+        ``K``, the number of prediction steps, >= 1.
     generator : torch.Generator, optional
+        Draws the initial weights (uniform in :math:`\pm 1/\sqrt{D}`, as
+        ``nn.Linear``); ``None`` uses the global torch RNG.
     dtype : torch.dtype, optional
         Of the parameters; ``None`` follows ``torch.get_default_dtype()``, as
         ``nn.Linear`` does (:class:`CLAPPEncoder` passes float32).
@@ -156,11 +192,27 @@ class PatchPredictor(nn.Module):
     Attributes
     ----------
     weight, mirror : Parameter of shape (K, D, D)
+        The prediction matrices :math:`W_k` and :math:`W'_k`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.ssl.clapp import PatchPredictor
+    >>> pred = PatchPredictor(4, n_steps=2, generator=torch.Generator().manual_seed(0))
+    >>> tuple(pred.weight.shape), tuple(pred.mirror.shape)
+    ((2, 4, 4), (2, 4, 4))
+    >>> h = torch.randn(3, 4, 5, 5, requires_grad=True)     # (B, D, n_y, n_x)
+    >>> loss = pred.loss(h, torch.tensor([1, 2, 0]))
+    >>> loss.backward()
+    >>> loss.shape, h.grad.shape
+    (torch.Size([]), torch.Size([3, 4, 5, 5]))
     """
 
     def __init__(self, dim: int, n_steps: int, generator: torch.Generator | None = None, *,
                  dtype: torch.dtype | None = None):
         super().__init__()
+        check_positive(dim, "dim", integer=True)
+        check_positive(n_steps, "n_steps", integer=True)
         bound = 1.0 / math.sqrt(dim)          # nn.Linear's default initialisation
         self.weight = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype))
         self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype))
@@ -170,6 +222,23 @@ class PatchPredictor(nn.Module):
 
     def loss(self, h: torch.Tensor, neg_idx: torch.Tensor, loss: str = "hinge"
              ) -> torch.Tensor:
-        """Both halves of the asymmetric loss of patch representations ``h`` (B, D, ny, nx)."""
+        """Both halves of the asymmetric loss of patch representations ``h``.
+
+        Parameters
+        ----------
+        h : Tensor of shape (B, D, n_y, n_x)
+            Patch representations of one block; both the predicted (through
+            ``weight``) and the context side (through ``mirror``) are trained.
+        neg_idx : LongTensor of shape (B,)
+            The other image whose patches are the negatives of each image.
+        loss : {"hinge", "softhinge", "linear"}, default="hinge"
+            The decreasing function ``f`` (:func:`contrastive_loss`).
+
+        Returns
+        -------
+        Tensor of shape ()
+            ``patch_prediction_loss(h, sg(h), weight) + patch_prediction_loss(
+            sg(h), h, mirror)``, with ``sg`` the stop-gradient.
+        """
         return (patch_prediction_loss(h, h.detach(), self.weight, neg_idx, loss)
                 + patch_prediction_loss(h.detach(), h, self.mirror, neg_idx, loss))

@@ -57,9 +57,10 @@ def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
     reference : {"bp"}, default="bp"
         The reference update: backprop of the top block's loss.
     n_batches : int, default=10
+        Number of random batches the cosines are averaged over.
     batch_size : int or None, default=None
         ``None`` uses the encoder's ``batch_size``.
-    random_state : int, RandomState or None
+    random_state : int, RandomState, numpy Generator, torch.Generator or None, default=None
         Seeds batches, views and negatives; per batch, one torch generator draws
         in this order: the batch (a ``randperm`` of ``X``'s rows, first ``batch_size``
         kept), the two views (the encoder's augmentation), the negatives.
