@@ -53,6 +53,7 @@ def make_extreme_classification(
     Returns
     -------
     X : ndarray of shape (n_samples, n_features), float32
+        The points, :math:`\mu_y + \text{noise}\cdot\varepsilon`.
     y : ndarray of shape (n_samples,), int64
         Labels in ``0 .. n_classes - 1``; label 0 is the most likely (for
         ``zipf_exponent > 0``; a sample's counts vary around the law).

@@ -19,8 +19,9 @@ class GaussianMixtureQuerySampler:
 
     Parameters
     ----------
-    anchors : ndarray of shape (n_anchors, d)
-        Unit-norm mixture centres.
+    anchors : array-like of shape (n_anchors, d)
+        Mixture centres, finite; unit-norm ones make ``noise`` relative to their norm
+        (they are used as given, not renormalised).
     noise : float
         Relative perturbation size (>= 0).
     normalize : bool, default=True
@@ -40,6 +41,8 @@ class GaussianMixtureQuerySampler:
         self.anchors = np.asarray(anchors, dtype=np.float64)
         if self.anchors.ndim != 2 or len(self.anchors) == 0:
             raise ValueError("anchors must be a non-empty 2D array.")
+        if not np.isfinite(self.anchors).all():  # (every query drawn near it was NaN)
+            raise ValueError("anchors must be finite (no NaN or inf).")
         self.noise = check_positive(noise, "noise", strict=False)
         self.normalize = normalize
 
@@ -94,10 +97,13 @@ def make_mips_problem(
     norm_spread : float, default=0.25
         Standard deviation of the log key norms (``0``: unit keys, MIPS = cosine).
     random_state : int, RandomState, Generator or None, default=None
+        Seed of the keys, the anchors and the test queries; an int gives the same
+        problem on every call.
 
     Returns
     -------
     keys : ndarray of shape (n_keys, n_features), float32
+        The database.
     queries : ndarray of shape (n_queries, n_features), float32
         Test queries drawn from ``sampler``.
     sampler : GaussianMixtureQuerySampler

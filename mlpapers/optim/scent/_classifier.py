@@ -239,11 +239,15 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         Parameters
         ----------
         X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+            Training samples (numpy arrays, array-likes, torch tensors, or scipy / torch
+            sparse matrices, which are trained on sparse batches); cast to float32.
+        y : array-like or torch.Tensor of shape (n_samples,)
+            Class labels; at least 2 distinct classes.
 
         Returns
         -------
         self : SCENTClassifier
+            The fitted estimator.
         """
         self._init_fit()
         X, y = self._train_data(X, y, reset=True)
@@ -268,7 +272,9 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         Parameters
         ----------
         X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+            Training samples, in any form :meth:`fit` accepts.
+        y : array-like or torch.Tensor of shape (n_samples,)
+            Class labels, all among ``classes``.
         classes : array-like, optional
             All classes; required on the first call.
         sample_index : array-like of int of shape (n_samples,), optional
@@ -278,6 +284,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         Returns
         -------
         self : SCENTClassifier
+            The updated estimator.
         """
         if hasattr(self, "classes_"):
             return self._partial_fit(X, y, classes, sample_index)

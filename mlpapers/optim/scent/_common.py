@@ -128,12 +128,16 @@ class TensorTargetsScore:
         Parameters
         ----------
         X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
+            Test samples, in any form the estimator's ``predict`` accepts.
         y : array-like or torch.Tensor of shape (n_samples,)
+            True labels (classifier) or targets (regressor); a tensor may require grad.
         sample_weight : array-like or torch.Tensor of shape (n_samples,), optional
+            Per-sample weights of the average; ``None`` weighs every sample equally.
 
         Returns
         -------
         float
+            The (weighted) accuracy for a classifier, the :math:`R^2` for a regressor.
         """
         y, sample_weight = tensors_to_numpy(y, sample_weight)
         return super().score(X, y, sample_weight=sample_weight)

@@ -68,11 +68,16 @@ _DOC_PARAMS = r"""
         objective grows like :math:`e^{\ell/\lambda}`, so small :math:`\lambda` or
         heavy-tailed losses need small steps (the official code uses 5e-6 to 1e-5).
     lr_schedule : {"cosine", "constant"}, default="cosine"
+        Per-step decay of ``lr`` (and of ``dual_lr`` for the ASGD family): cosine
+        from ``lr`` to 0 over all the steps of ``fit``, or constant.
     momentum : float, default=0.9
-        Nesterov momentum (0 for plain SGD), as in the official code.
+        Nesterov momentum in [0, 1) (0 for plain SGD), as in the official code.
     epochs : int, default=100
+        Passes over the data (a positive integer).
     batch_size : int, default=64
+        Samples per SGD step (a positive integer; capped at ``n_samples``).
     fit_intercept : bool, default=True
+        Learn an intercept (not penalised by ``alpha``).
     alpha : float
         L2 penalty :math:`\frac{\alpha}{2}\|W\|^2` added to both the ERM warm
         start and the DRO objective.
@@ -82,7 +87,9 @@ _DOC_PARAMS = r"""
     gamma, dual_lr, delta, rho : float
         Parameters of the baselines (defaults 0.5, 0.1, 1.0, 1e-3).
     random_state : int, RandomState instance or None, default=None
-    device : str, default="cpu"
+        Seed of the mini-batch shuffling; an int gives reproducible fits.
+    device : str or torch.device, default="cpu"
+        Torch device of the training (``"cpu"``, ``"cuda"``, ...).
     verbose : int, default=0
         Progress bar with the exact objective after each epoch.
 """
@@ -95,7 +102,9 @@ _DOC_ATTRS = r"""
     init_objective_ : float
         Exact objective at the initial (ERM) model.
     n_iter_ : int
+        Epochs run.
     n_features_in_ : int
+        Number of features seen in ``fit``.
 """
 
 _REF = r"""
@@ -151,11 +160,15 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or torch.Tensor of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+            Training samples (numpy arrays, array-likes or torch tensors).
+        y : array-like or torch.Tensor of shape (n_samples,)
+            Targets (regressor: real numbers) or class labels (classifier: at least 2
+            classes).
 
         Returns
         -------
-        self
+        self : object
+            The fitted estimator.
         """
         self._init_fit()
         X64, y = self._validate_data(X, y, reset=True, dtype=torch.float64,
@@ -260,12 +273,16 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        y : array-like or torch.Tensor of shape (n_samples,)
+            Targets (regressor) or labels seen in ``fit`` (classifier; others raise
+            ``ValueError``).
 
         Returns
         -------
         float
+            The objective of the fitted model on ``(X, y)`` (lower is better).
         """
         X, y = self._validate_data(X, y, reset=False, dtype=torch.float64,
                                    y_numeric=self._y_numeric)
@@ -348,7 +365,18 @@ class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
                 torch.tensor(self.intercept_, dtype=torch.float64, device=device))
 
     def predict(self, X):
-        """Predicted targets :math:`Xw + b`."""
+        """Predicted targets :math:`Xw + b`.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            The predictions, in float64.
+        """
         X = self._validate_data(X, reset=False, dtype=torch.float64)
         W, b = self._params(X.device)
         return self._to_numpy(X @ W + b)
@@ -441,16 +469,50 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         return X @ W.T + b
 
     def decision_function(self, X):
-        """Class scores; for two classes the score of ``classes_[1]`` minus ``classes_[0]``."""
+        """Class scores :math:`XW^\\top + b`.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes
+            The scores (for two classes the score of ``classes_[1]`` minus that of
+            ``classes_[0]``, the log-odds of ``classes_[1]``).
+        """
         z = self._logits(X)
         return self._to_numpy(z[:, 1] - z[:, 0] if z.shape[1] == 2 else z)
 
     def predict_proba(self, X):
-        """Softmax class probabilities."""
+        """Softmax class probabilities.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Probabilities of the classes in the order of ``classes_``; rows sum to 1.
+        """
         return self._to_numpy(torch.softmax(self._logits(X), dim=1))
 
     def predict(self, X):
-        """Most probable class of each row."""
+        """Most probable class of each row.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Predicted labels, taken from ``classes_``.
+        """
         best = self._to_numpy(self._logits(X).argmax(dim=1))
         return self.classes_[best]
 

@@ -13,6 +13,7 @@ is the mini-batch log-mean-exp and ``nu_i`` the dual variable whose optimum is
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -42,6 +43,28 @@ def _as_tensor(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _check_number(value, name: str, *, low: float, high: float = math.inf,
+                  low_open: bool = True, finite: bool = True) -> None:
+    """A Python (or numpy) real step parameter in its documented range; tensors are the
+    caller's (schedules pass them, and checking them would synchronise the device).
+    Out-of-range numbers gave NaN (``gamma <= 0``, a NaN ``log_alpha``), a
+    ``math domain error`` (``rho <= 0``) or a silent ascent step (``dual_lr < 0``).
+    ``finite=False`` admits the infinite limits (``log_alpha = +-inf``), never NaN."""
+    if isinstance(value, torch.Tensor) or not isinstance(value, numbers.Real):
+        return
+    v = float(value)
+    above = v > low if low_open else v >= low
+    if not finite:
+        if isinstance(value, bool) or math.isnan(v):
+            raise ValueError(f"{name} must be a real number (+-inf allowed), got {value!r}.")
+        return
+    if isinstance(value, bool) or not (above and v <= high and math.isfinite(v)):
+        lo = "(" if low_open else "["
+        hi = "]" if math.isfinite(high) else ")"
+        raise ValueError(f"{name} must be a finite number in {lo}{low:g}, {high:g}{hi}, "
+                         f"got {value!r}.")
 
 
 def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,8 +216,35 @@ def tempered_log_mean_exp(
 def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tensor:
     r"""The effective averaging weight :math:`\gamma = \sigma(\log\alpha + \nu)` of SCENT.
 
-    Always in :math:`(0, 1)`; SCENT is SOX with this anchor-adaptive weight.
+    Always in :math:`(0, 1)`; SCENT is SOX with this anchor-adaptive weight (the
+    :math:`\gamma` that :func:`spmd_update` uses).
+
+    Parameters
+    ----------
+    nu : torch.Tensor of shape (B,)
+        Previous dual variables (logarithms) of the anchors in the batch.
+    log_alpha : float or torch.Tensor broadcastable to (B,)
+        Logarithm of the SPMD step size :math:`\alpha_t`.
+
+    Returns
+    -------
+    torch.Tensor of shape (B,)
+        The weights :math:`\gamma_i = \sigma(\log\alpha + \nu_i)`; they grow with
+        ``nu``: an anchor whose dual is large moves faster.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import spmd_gamma
+    >>> spmd_gamma(torch.tensor([-1.0, 0.0, 1.0]), log_alpha=0.0)
+    tensor([0.2689, 0.5000, 0.7311])
     """
+    if not isinstance(nu, torch.Tensor):
+        nu = torch.as_tensor(nu)
+    if not nu.is_floating_point():
+        # an integer nu made log_alpha an integer too (0.5 -> 0: a wrong weight, silently)
+        nu = nu.to(torch.get_default_dtype())
+    _check_number(log_alpha, "log_alpha", low=-math.inf, finite=False)
     return torch.sigmoid(_as_tensor(log_alpha, nu) + nu)
 
 
@@ -240,6 +290,7 @@ def spmd_update(
     tensor([2.])
     """
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
+    _check_number(log_alpha, "log_alpha", low=-math.inf, finite=False)
     with torch.no_grad():
         a = _as_tensor(log_alpha, nu) + nu
         # log(1 - gamma) = logsigmoid(-a), log(gamma) = logsigmoid(a): finite for |a| = inf
@@ -256,16 +307,32 @@ def sox_update(
 
     Parameters
     ----------
-    nu, log_mean_exp : torch.Tensor of shape (B,)
-    gamma : float or torch.Tensor in (0, 1]
+    nu : torch.Tensor of shape (B,)
+        Previous dual variables (logarithms of the running averages) of the anchors
+        in the batch.
+    log_mean_exp : torch.Tensor of shape (B,)
+        Mini-batch :math:`L_i = \log \frac{1}{k} \sum_j e^{s_{ij}}` (see
+        :func:`log_mean_exp`).
+    gamma : float or torch.Tensor broadcastable to (B,)
+        Averaging weight in (0, 1]; ``gamma >= 1`` everywhere returns ``log_mean_exp``.
 
     Returns
     -------
     torch.Tensor of shape (B,)
+        The updated ``nu`` (no gradient is tracked).
+
+    Examples
+    --------
+    >>> import math, torch
+    >>> from mlpapers.optim.scent import sox_update
+    >>> nu = torch.tensor([0.0]); L = torch.tensor([math.log(3.0)])
+    >>> sox_update(nu, L, gamma=0.5).exp()  # (1 - 0.5) * 1 + 0.5 * 3
+    tensor([2.])
     """
     # integer nu made gamma an integer too (0.5 -> 0: silently no update), and lists
     # or arrays failed with a cryptic trace; converted as spmd_update does
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
+    _check_number(gamma, "gamma", low=0.0, high=1.0)
     with torch.no_grad():
         g = _as_tensor(gamma, nu)
         if bool((g >= 1).all()):
@@ -288,15 +355,28 @@ def asgd_update(
 
     Parameters
     ----------
-    nu, log_mean_exp : torch.Tensor of shape (B,)
-    dual_lr : float or torch.Tensor
+    nu : torch.Tensor of shape (B,)
+        Previous dual variables of the anchors in the batch.
+    log_mean_exp : torch.Tensor of shape (B,)
+        Mini-batch :math:`L_i = \log \frac{1}{k} \sum_j e^{s_{ij}}`.
+    dual_lr : float or torch.Tensor broadcastable to (B,)
+        The dual learning rate :math:`\alpha'`.
 
     Returns
     -------
     torch.Tensor of shape (B,)
+        The updated ``nu`` (no gradient is tracked).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import asgd_update
+    >>> asgd_update(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.0]), dual_lr=0.1)
+    tensor([0.0000, 0.9368])
     """
     # (integer nu truncated dual_lr to 0, a silent no-op step; see sox_update)
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
+    _check_number(dual_lr, "dual_lr", low=0.0)
     with torch.no_grad():
         return nu - _as_tensor(dual_lr, nu) * (1.0 - torch.exp(log_mean_exp - nu))
 
@@ -315,16 +395,30 @@ def umax_update(
 
     Parameters
     ----------
-    nu, log_mean_exp : torch.Tensor of shape (B,)
-    dual_lr : float or torch.Tensor
+    nu : torch.Tensor of shape (B,)
+        Previous dual variables of the anchors in the batch.
+    log_mean_exp : torch.Tensor of shape (B,)
+        Mini-batch :math:`L_i = \log \frac{1}{k} \sum_j e^{s_{ij}}`.
+    dual_lr : float or torch.Tensor broadcastable to (B,)
+        The dual learning rate :math:`\alpha'` of the ASGD step.
     delta : float
         Reset threshold (>= 0).
 
     Returns
     -------
     torch.Tensor of shape (B,)
+        The updated ``nu`` (no gradient is tracked).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import umax_update
+    >>> nu = torch.tensor([-10.0, 0.0]); L = torch.tensor([0.0, 0.0])
+    >>> umax_update(nu, L, dual_lr=0.1, delta=1.0)  # the first is reset to L first
+    tensor([0., 0.])
     """
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
+    _check_number(delta, "delta", low=0.0, low_open=False)
     with torch.no_grad():
         reset = torch.where(nu < log_mean_exp - delta, log_mean_exp, nu)
         return asgd_update(reset, log_mean_exp, dual_lr)
@@ -344,14 +438,40 @@ def softplus_dual_ratio(
     Parameters
     ----------
     scores : torch.Tensor of shape (B, k)
+        Scores :math:`s_{ij}` of the ``k`` sampled items of each anchor.
     nu : torch.Tensor of shape (B,)
+        Dual variables of the anchors.
     rho : float
+        The softplus sharpness :math:`\rho > 0`; as :math:`\rho \to 0` the ratio
+        tends to :math:`\hat g e^{-\nu}`, and it never exceeds :math:`1/\rho`.
     mask : torch.Tensor of bool of shape (B, k), optional
+        Valid items; ``False`` entries are left out of both the sum and the count
+        (a row without any valid item has no mean: NaN).
 
     Returns
     -------
     torch.Tensor of shape (B,)
+        The per-anchor mean ratio (no gradient is tracked).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import softplus_dual_ratio
+    >>> s = torch.zeros(1, 4); nu = torch.zeros(1)
+    >>> softplus_dual_ratio(s, nu, rho=1.0)  # sigmoid(0) / 1
+    tensor([0.5000])
     """
+    # checked: 1D scores (B,) broadcast against nu[:, None] to (B, B) and gave a wrong
+    # ratio silently; a bad rho or mismatched shapes failed with cryptic errors
+    _check_number(rho, "rho", low=0.0)
+    if scores.ndim != 2:
+        raise ValueError(f"scores must have shape (B, k), got {tuple(scores.shape)}.")
+    if nu.shape != scores.shape[:1]:
+        raise ValueError(f"nu must have shape ({scores.shape[0]},) to match scores "
+                         f"{tuple(scores.shape)}, got {tuple(nu.shape)}.")
+    if mask is not None and tuple(mask.shape) != tuple(scores.shape):
+        raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}, got "
+                         f"{tuple(mask.shape)}.")
     with torch.no_grad():
         r = torch.sigmoid(scores - nu[:, None] + math.log(rho)) / rho
         if mask is None:

@@ -44,15 +44,31 @@ def objective(
     scores : torch.Tensor of shape (n, m)
         All scores of all anchors (every item, not a sample).
     mask : torch.Tensor of bool of shape (n, m), optional
-        Valid items per anchor.
+        Valid items per anchor; ``False`` entries are left out of both the sum and
+        the count :math:`m_i` (an anchor without any valid item makes the value
+        ``-inf``).
     temperature : float, default=1.0
-        :math:`\tau` (the KL-DRO :math:`\lambda`).
+        :math:`\tau > 0` (the KL-DRO :math:`\lambda`).
 
     Returns
     -------
     torch.Tensor
         A scalar, differentiable in ``scores``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.optim.scent import objective
+    >>> scores = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    >>> round(float(objective(scores)), 4)  # (log 1 + log e) / 2
+    0.5
+    >>> round(float(objective(scores, temperature=1e-3)), 4)  # tau -> 0: mean of the maxima
+    0.5
     """
+    # (tau <= 0 gave NaN or -inf silently; a 0-d tensor tau stays accepted)
+    if isinstance(temperature, bool) or not (float(temperature) > 0
+                                             and math.isfinite(float(temperature))):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}.")
     # not tau * log_mean_exp(scores / tau) alone: it overflows for a tiny tau and, for a
     # large one, log(mean(exp(.))) of near-zero values rounds to 0 (the value -> the mean)
     return tempered_log_mean_exp(scores, temperature, mask=mask).mean()
@@ -202,6 +218,13 @@ class EntropicRiskLoss(nn.Module):
         return self
 
     def extra_repr(self) -> str:
+        """The summary shown inside ``repr(loss_fn)`` (as :class:`torch.nn.Module` asks).
+
+        Returns
+        -------
+        str
+            ``"n_anchors=..., method=..."``.
+        """
         return f"n_anchors={self.n_anchors}, method={self.method!r}"
 
     def _check_inputs(self, scores, index, mask):

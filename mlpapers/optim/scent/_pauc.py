@@ -68,6 +68,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         FPR bound of :meth:`score` (standardised partial AUC) and of the
         decision threshold.
     method : {"scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"}, default="scent"
+        Update rule of the positives' dual variables (see :class:`EntropicRiskLoss`).
     log_alpha : float or None, default=None
         ``None`` uses 0: as the pairwise losses are non-negative,
         :math:`\nu \ge 0` and :math:`\gamma = \sigma(\log\alpha + \nu)` stays in
@@ -75,9 +76,12 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         start, where :math:`\nu = m^2/\lambda`, would freeze :math:`\nu` once the
         loss falls; the official code uses -4 for :math:`\lambda = 0.1`).
     lr : float, default=0.1
+        Learning rate of the primal (Nesterov) SGD, on the standardised features.
     lr_schedule : {"cosine", "constant"}, default="cosine"
+        Per-step decay of ``lr`` (and of ``dual_lr`` for the ASGD family): cosine
+        from ``lr`` to 0 over all the steps of ``fit``, or constant.
     momentum : float, default=0.9
-        Nesterov momentum.
+        Nesterov momentum in [0, 1) (0 for plain SGD).
     epochs : int, default=50
         Passes over the positives.
     batch_size : int, default=32
@@ -87,8 +91,11 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     gamma, dual_lr, delta, rho : float
         Baseline parameters (defaults 0.9, 0.1, 1.0, 1e-3).
     random_state : int, RandomState instance or None, default=None
-    device : str, default="cpu"
+        Seed of the shuffling of the positives and of the negative sampling.
+    device : str or torch.device, default="cpu"
+        Torch device of the training (``"cpu"``, ``"cuda"``, ...).
     verbose : int, default=0
+        Show a progress bar with the exact objective after each epoch.
 
     Attributes
     ----------
@@ -104,10 +111,15 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         ``1 - max_fpr`` (``method="higher"``: a training negative's score), so
         that ``predict`` has training FPR <= ``max_fpr``.
     nu_ : ndarray of shape (n_positives,)
+        Dual variables of the positives (in the order of the training positives),
+        estimates of :math:`\log\frac{1}{n_-}\sum_j e^{L(h_i - h_j)/\lambda}`; NaN for
+        positives never visited (and for ``method="bsgd"``).
     loss_curve_ : list of float
         Exact training objective after each epoch.
     n_iter_ : int
+        Epochs run.
     n_features_in_ : int
+        Number of features seen in ``fit``.
 
     References
     ----------
@@ -178,11 +190,14 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or torch.Tensor of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,), two classes
+            Training samples (numpy arrays, array-likes or torch tensors).
+        y : array-like or torch.Tensor of shape (n_samples,)
+            Labels of exactly two classes; the larger one (``classes_[1]``) is positive.
 
         Returns
         -------
         self : PartialAUCClassifier
+            The fitted estimator.
         """
         self._init_fit()
         X_in = X
@@ -278,23 +293,73 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         Higher means more likely positive; the shift does not change the
         ranking (hence the pAUC) and makes ``> 0`` the decision of :meth:`predict`.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            The shifted scores.
         """
         X = self._validate_data(X, reset=False, dtype=torch.float64)
         w = torch.as_tensor(self.coef_, device=X.device)
         return self._to_numpy(X @ w) - self.threshold_
 
     def predict_proba(self, X):
-        """:math:`\\sigma` of :meth:`decision_function` (a monotone score, not calibrated)."""
+        """:math:`\\sigma` of :meth:`decision_function` (a monotone score, not calibrated).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, 2)
+            Columns ``1 - p`` and ``p`` for ``classes_[0]`` and ``classes_[1]``; ``p``
+            is 1/2 exactly at ``threshold_``.
+        """
         p = expit(self.decision_function(X))  # no overflow for large scores
         return np.stack([1 - p, p], axis=1)
 
     def predict(self, X):
-        """``classes_[1]`` where the score exceeds ``threshold_``."""
+        """``classes_[1]`` where the score exceeds ``threshold_``, else ``classes_[0]``.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Predicted labels (the training FPR of these decisions is at most ``max_fpr``).
+        """
         above = self.decision_function(X) > 0
         return self.classes_[above.astype(int)]
 
     def score(self, X, y, sample_weight=None):
-        """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``)."""
+        """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        y : array-like or torch.Tensor of shape (n_samples,)
+            True labels, among ``classes_`` (``classes_[1]`` is positive); both classes
+            must be present.
+        sample_weight : array-like or torch.Tensor of shape (n_samples,), optional
+            Per-sample weights of the ROC curve; ``None`` weighs samples equally.
+
+        Returns
+        -------
+        float
+            The McClish-standardised partial AUC: 1 for a perfect ranking, 0.5 for
+            a random one.
+        """
         scores = self.decision_function(X)
         # (numpy, hence roc_auc_score, refuses tensors that require grad)
         y, sample_weight = tensors_to_numpy(y, sample_weight)
@@ -310,7 +375,23 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                                    max_fpr=self.max_fpr, sample_weight=sample_weight))
 
     def objective(self, X, y) -> float:
-        """Exact KL-DRO pAUC objective over all positive-negative pairs of ``(X, y)``."""
+        """Exact KL-DRO pAUC objective over all positive-negative pairs of ``(X, y)``.
+
+        The :math:`F(w)` of the class docstring, with the fitted ``coef_`` and
+        ``intercept_``, computed in float64 in blocks of positives.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        y : array-like or torch.Tensor of shape (n_samples,)
+            Labels among ``classes_``; both classes must be present.
+
+        Returns
+        -------
+        float
+            The objective (lower is better).
+        """
         X, y = self._validate_data(X, y, reset=False, dtype=torch.float64)
         y = np.asarray(y)
         if not np.isin(y, self.classes_).all():

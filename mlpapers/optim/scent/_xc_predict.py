@@ -60,10 +60,17 @@ class SoftmaxPredictionMixin:
     def decision_function(self, X):
         """Class scores :math:`z = XW^\\top + b`.
 
+        Parameters
+        ----------
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes, torch tensors, or scipy / torch sparse
+            matrices, which are never densified); computed in float64.
+
         Returns
         -------
         ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes
-            (the score of ``classes_[1]`` minus that of ``classes_[0]``).
+            The scores (for two classes the score of ``classes_[1]`` minus that of
+            ``classes_[0]``).
         """
         z = self._logits(X)
         if z.shape[1] == 2:
@@ -73,20 +80,52 @@ class SoftmaxPredictionMixin:
     def predict_proba(self, X):
         """Exact softmax probabilities :math:`\\text{softmax}(z/\\tau)` over all classes.
 
+        Parameters
+        ----------
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes, torch tensors, or scipy / torch sparse
+            matrices, which are never densified); computed in float64.
+
         Returns
         -------
         ndarray of shape (n_samples, n_classes)
+            Probabilities of the classes in the order of ``classes_``; each row sums to 1.
         """
         tau = float(self.temperature)
         return self._to_numpy(self._logits(X, lambda z: torch.softmax(z / tau, dim=1)))
 
     def predict_log_proba(self, X):
-        """Logarithm of :meth:`predict_proba`, computed stably."""
+        """Logarithm of :meth:`predict_proba`, computed stably (``log_softmax``).
+
+        Parameters
+        ----------
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes, torch tensors, or scipy / torch sparse
+            matrices, which are never densified); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Log-probabilities of the classes in the order of ``classes_`` (finite even
+            where :meth:`predict_proba` underflows to 0).
+        """
         tau = float(self.temperature)
         return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(z / tau, dim=1)))
 
     def predict(self, X):
-        """Most probable class of each row."""
+        """Most probable class of each row (the largest score of :meth:`decision_function`).
+
+        Parameters
+        ----------
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes, torch tensors, or scipy / torch sparse
+            matrices, which are never densified); computed in float64.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Predicted labels, taken from ``classes_``.
+        """
         best = self._map_logits(self._X64(X), lambda z: z.argmax(dim=1))
         return self.classes_[self._to_numpy(best)]
 
@@ -101,13 +140,16 @@ class SoftmaxPredictionMixin:
 
         Parameters
         ----------
-        X : array-like or scipy sparse matrix of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+        X : array-like, scipy sparse matrix or torch.Tensor of shape (n_samples, n_features)
+            Samples (numpy arrays, array-likes, torch tensors, or scipy / torch sparse
+            matrices, which are never densified); computed in float64.
+        y : array-like or torch.Tensor of shape (n_samples,)
             Labels seen in ``fit`` (others raise ``ValueError``).
 
         Returns
         -------
         float
+            The objective value (lower is better), computed in float64 over all classes.
         """
         X = self._X64(X)
         yi = self._encode(np.asarray(self._to_numpy(y) if isinstance(y, torch.Tensor) else y))

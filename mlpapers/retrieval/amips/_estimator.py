@@ -52,6 +52,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     Parameters
     ----------
     arch : {"keynet", "supportnet"}, default="keynet"
+        The model: :class:`KeyNet` (predicts the key) or :class:`SupportNet`
+        (predicts the support value; the key is its gradient).
     depth : int, default=8
         Number of hidden layers.
     hidden_dim : int or None, default=None
@@ -59,6 +61,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         ``params_fraction * n_keys * n_features`` (rounded to a multiple of 4, at
         least 16).
     params_fraction : float, default=0.2
+        Parameter budget of the network as a fraction (> 0) of the database's size
+        ``n_keys * n_features`` (the paper's 20%); used when ``hidden_dim`` is
+        ``None`` (see :func:`solve_width`).
     wx_inject : int or bool, default=4
         Re-inject the input every ``wx_inject`` layers (and at the output layer).
     negative_slope, beta : float, default=0.1, 20.0
@@ -113,8 +118,11 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         ``n_neighbors`` of the first ``max(n_candidates, n_neighbors)`` keys by
         true inner product, in descending order (so its first column is
         :meth:`predict` when ``n_neighbors <= n_candidates``).
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
+        Torch device of the training and the search (``"cpu"``, ``"cuda"``, ...).
     random_state : int, RandomState, Generator or None, default=None
+        Seed of the initialisation, the training queries and the noise augmentation;
+        an int gives reproducible fits.
     verbose : int, default=0
         Show a progress bar with the loss.
 
@@ -130,11 +138,14 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         the keys and of the training queries (1.0 for unit-norm data). MIPS answers
         do not depend on the scale of the data, and neither does training.
     hidden_dims_ : tuple of int
+        Widths of the hidden layers of ``model_``.
     n_params_ : int
+        Number of trainable parameters of ``model_``.
     history_ : list of dict
         ``step``, ``loss``, ``score_loss``, ``key_loss``, ``lr`` every
         ``max(1, n_steps // 200)`` steps (losses in the scaled units).
     n_features_in_ : int
+        Number of features (the dimension ``d`` of the keys).
 
     Notes
     -----
@@ -243,8 +254,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_keys, n_features)
-            The database of keys.
+        X : array-like or torch.Tensor of shape (n_keys, n_features)
+            The database of keys (numpy arrays, array-likes or torch tensors), stored in
+            float32.
         y : None
             Ignored.
         queries : None, array-like of shape (n_queries, n_features) or callable
@@ -255,7 +267,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
         Returns
         -------
-        self
+        self : AmortizedMIPS
+            The fitted estimator.
         """
         return self._fit(X, queries)
 
@@ -284,15 +297,53 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return Q
 
     def predict_key(self, X) -> np.ndarray:
-        """Predicted argmax key (KeyNet output or SupportNet gradient), shape (n, d)."""
+        """Predicted argmax key (KeyNet output or SupportNet gradient).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), in float32; none
+            may be zero.
+
+        Returns
+        -------
+        ndarray of shape (n_queries, n_features), float32
+            The predicted keys :math:`\\hat k(x)`, in the units of ``database_``.
+        """
         return self._to_numpy(score_and_key(self, self._queries(X))[1])
 
     def transform(self, X) -> np.ndarray:
-        """Projected queries :math:`\\hat k(x)` for an ANN index (same as :meth:`predict_key`)."""
+        """Projected queries :math:`\\hat k(x)` for an ANN index (same as :meth:`predict_key`).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), in float32; none
+            may be zero.
+
+        Returns
+        -------
+        ndarray of shape (n_queries, n_features), float32
+            The predicted keys, to search an index over ``database_`` with (see
+            :meth:`to_faiss_ivf`).
+        """
         return self.predict_key(X)
 
     def value(self, X) -> np.ndarray:
-        """Estimated support value :math:`\\hat\\sigma_K(x)`, shape (n,)."""
+        """Estimated support value :math:`\\hat\\sigma_K(x)`.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), in float32; none
+            may be zero.
+
+        Returns
+        -------
+        ndarray of shape (n_queries,), float32
+            The estimates of :math:`\\max_i \\langle x, k_i\\rangle` (KeyNet: the
+            Euler score :math:`\\langle x, \\hat k(x)\\rangle`).
+        """
         return self._to_numpy(score_and_key(self, self._queries(X))[0])
 
     def kneighbors(self, X, n_neighbors: int = 10, return_distance: bool = True):
@@ -300,9 +351,13 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_queries, n_features)
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), in float32; none
+            may be zero.
         n_neighbors : int, default=10
+            Number of keys returned per query, in ``[1, n_keys]``.
         return_distance : bool, default=True
+            Also return the true inner products of the returned keys.
 
         Returns
         -------
@@ -312,6 +367,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             the keys are re-ranked by them, in descending order (ties keep the
             predicted order).
         indices : ndarray of shape (n_queries, n_neighbors), int64
+            Row indices in ``database_``, in the order described above.
         """
         Q = self._queries(X)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
@@ -322,9 +378,20 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return (sims, idx) if return_distance else idx
 
     def predict(self, X) -> np.ndarray:
-        """Top-1 key index for the predicted key, shape (n,).
+        """Top-1 key index for the predicted key.
 
         See ``retrieval`` and ``n_candidates`` (re-ranking by the true inner product).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), in float32; none
+            may be zero.
+
+        Returns
+        -------
+        ndarray of shape (n_queries,), int64
+            Row index in ``database_`` of the retrieved key.
         """
         return predict_top1(self, self._queries(X))
 
@@ -333,13 +400,17 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_queries, n_features)
-        y : ignored
-            The exact answers are recomputed from the database.
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), in float32; none
+            may be zero.
+        y : None
+            Ignored: the exact answers are recomputed from the database.
 
         Returns
         -------
         float
+            The fraction of queries whose :meth:`predict` attains the largest inner
+            product (a tie with the exact answer counts as a hit).
         """
         Q = self._queries(X)
         # exact answers in chunks of search_batch_size (bounded memory, as in training)
@@ -357,7 +428,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         Parameters
         ----------
         n_lists : int or None, default=None
-            Number of inverted lists; ``None`` uses ``int(sqrt(n_keys))``.
+            Number of inverted lists, in ``[1, n_keys]``; ``None`` uses
+            ``int(sqrt(n_keys))``.
 
         Returns
         -------

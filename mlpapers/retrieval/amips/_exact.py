@@ -7,9 +7,10 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
+from sklearn.utils import check_array
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import check_in_options, check_positive, on_inputs_device
+from mlpapers._utils import check_in_options, check_positive, on_inputs_device, to_numpy
 from mlpapers.retrieval.amips._kernels import _KeyStats, _mips_topk, match_rate
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
@@ -75,13 +76,15 @@ class ExactMIPS(_MIPSBase):
         Most queries scored per chunk; a chunk also holds at most ``2**26`` scores
         (memory ``min(batch_size, 2**26 / n_keys) x n_keys`` floats, 256 MiB at most,
         see :func:`mips_topk`).
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
+        Torch device of the search (``"cpu"``, ``"cuda"``, ...).
 
     Attributes
     ----------
     database_ : ndarray of shape (n_keys, n_features), float32
         The keys.
     n_features_in_ : int
+        Number of features (the dimension ``d`` of the keys).
 
     Notes
     -----
@@ -129,14 +132,15 @@ class ExactMIPS(_MIPSBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_keys, n_features)
-            The keys.
+        X : array-like or torch.Tensor of shape (n_keys, n_features)
+            The keys (numpy arrays, array-likes or torch tensors), stored in float32.
         y : None
             Ignored.
 
         Returns
         -------
-        self
+        self : ExactMIPS
+            The fitted estimator.
         """
         check_positive(self.batch_size, "batch_size", integer=True)
         self._init_fit()
@@ -148,8 +152,10 @@ class ExactMIPS(_MIPSBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_queries, n_features)
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), searched in float32.
         n_neighbors : int, default=1
+            Number of keys returned per query, in ``[1, n_keys]``.
         return_distance : bool, default=True
             Also return the similarities.
 
@@ -158,6 +164,8 @@ class ExactMIPS(_MIPSBase):
         similarities : ndarray of shape (n_queries, n_neighbors), float32
             Inner products, descending (only if ``return_distance``).
         indices : ndarray of shape (n_queries, n_neighbors), int64
+            Row indices in ``database_`` of the keys, best first (exact ties: lowest
+            index first).
         """
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
@@ -181,12 +189,40 @@ class ExactMIPS(_MIPSBase):
         return s, i
 
     def predict(self, X) -> np.ndarray:
-        """Index of the key with the largest inner product, shape (n_queries,)."""
+        """Index of the key with the largest inner product.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), searched in float32.
+
+        Returns
+        -------
+        ndarray of shape (n_queries,), int64
+            Row index in ``database_`` of the maximising key (the lowest on exact ties).
+        """
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         return self._to_numpy(self._search(Q, 1)[1][:, 0])
 
     def score(self, X, y=None) -> float:
-        """Match rate against exact search (1.0 by construction, ties included)."""
+        """Match rate against exact search (1.0 by construction, ties included).
+
+        Kept for the common interface of :class:`AmortizedMIPS` (a sanity check of the
+        search).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            Queries (numpy arrays, array-likes or torch tensors), searched in float32.
+        y : None
+            Ignored: the exact answers are recomputed from the database.
+
+        Returns
+        -------
+        float
+            The fraction of queries whose answer attains the largest inner product
+            (1.0).
+        """
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         # validated once: a second validation of the tensor would warn about
         # missing feature names after a fit on a DataFrame
@@ -204,18 +240,43 @@ class ExactMIPS(_MIPSBase):
 def build_faiss_ivf(database, n_lists: int | None = None, metric: str = "ip"):
     """A faiss ``IndexIVFFlat`` over ``database`` (inner-product or L2 quantizer).
 
+    The approximate index of the paper's main evaluation: search it with the keys
+    predicted by :meth:`AmortizedMIPS.transform`. Needs the optional ``faiss-cpu``
+    package (the ``bench`` extra); an ``ImportError`` says so otherwise.
+
     Parameters
     ----------
-    database : array-like of shape (n_keys, d)
+    database : array-like or torch.Tensor of shape (n_keys, d)
+        The keys, finite; copied to a contiguous float32 array (faiss's dtype).
     n_lists : int or None, default=None
-        ``None`` uses ``int(sqrt(n_keys))`` (the official setting).
+        Number of inverted lists (k-means cells), an integer in ``[1, n_keys]``
+        (k-means needs at least one key per cell); ``None`` uses ``int(sqrt(n_keys))``
+        (the official setting).
     metric : {"ip", "l2"}, default="ip"
         Inner product (the official setting, with an IP quantizer) or L2.
 
     Returns
     -------
     faiss.IndexIVFFlat
-        Trained and filled; set ``index.nprobe`` before ``index.search(q, k)``.
+        Trained and filled; set ``index.nprobe`` before ``index.search(q, k)``
+        (``index.nprobe = n_lists`` visits every list: an exact search).
+
+    Examples
+    --------
+    >>> import importlib.util
+    >>> import numpy as np
+    >>> from mlpapers.retrieval.amips import ExactMIPS, build_faiss_ivf
+    >>> keys = np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32)
+    >>> queries = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    >>> exact = ExactMIPS().fit(keys).predict(queries)
+    >>> if importlib.util.find_spec("faiss") is not None:  # the optional faiss-cpu
+    ...     index = build_faiss_ivf(keys, n_lists=4)
+    ...     index.nprobe = 4  # every list: exact
+    ...     found = index.search(queries, 1)[1][:, 0]
+    ... else:
+    ...     found = exact
+    >>> bool((found == exact).all())
+    True
     """
     try:
         import faiss
@@ -223,9 +284,21 @@ def build_faiss_ivf(database, n_lists: int | None = None, metric: str = "ip"):
         raise ImportError("build_faiss_ivf needs faiss: pip install faiss-cpu "
                           "(the mlpapers[bench] extra).") from exc
     check_in_options(metric, "metric", ("ip", "l2"))
-    keys = np.ascontiguousarray(np.asarray(database, dtype=np.float32))
+    # validated here: faiss failed with C++ traces on NaN, empty or 1D databases, and
+    # silently built an empty index for n_lists=0 (and truncated 2.5 to 2)
+    if isinstance(database, torch.Tensor):
+        database = to_numpy(database)
+    keys = np.ascontiguousarray(check_array(database, dtype=np.float32,
+                                            input_name="database"))
     n, d = keys.shape
-    n_lists = max(1, int(np.sqrt(n))) if n_lists is None else int(n_lists)
+    if n_lists is None:
+        n_lists = max(1, int(np.sqrt(n)))
+    else:
+        check_positive(n_lists, "n_lists", integer=True)
+        if n_lists > n:
+            raise ValueError(f"n_lists must be <= the number of keys ({n}): k-means needs "
+                             f"at least one key per list, got n_lists={n_lists}.")
+        n_lists = int(n_lists)
     if metric == "ip":
         quantizer = faiss.IndexFlatIP(d)
         index = faiss.IndexIVFFlat(quantizer, d, n_lists, faiss.METRIC_INNER_PRODUCT)

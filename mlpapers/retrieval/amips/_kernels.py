@@ -46,6 +46,31 @@ def search_rows(batch_size: int, n_keys: int) -> int:
     return block_rows_for(n_keys, CHUNK_SCORES, cap=batch_size)
 
 
+def _check_search(queries: torch.Tensor, keys: torch.Tensor, k, batch_size,
+                  names: tuple[str, str] = ("queries", "keys")) -> None:
+    """Shapes, dtypes, ``k`` and ``batch_size`` of a public search, checked before any
+    work: they failed with torch traces (a zero ``k``, a ``k`` above ``N`` or a float
+    one, mismatched widths or dtypes, an empty database) and ``batch_size=0`` was
+    silently taken as 1. Only the public kernels check; the estimators validate once."""
+    qn, kn = names
+    for name, t in ((qn, queries), (kn, keys)):
+        if t.ndim != 2:
+            raise ValueError(f"{name} must have shape ({'n' if t is queries else 'N'}, d), "
+                             f"got {tuple(t.shape)}.")
+    if keys.shape[0] == 0:
+        raise ValueError(f"{kn} is empty: the search needs at least one key.")
+    if queries.shape[1] != keys.shape[1]:
+        raise ValueError(f"{qn} and {kn} must have the same number of features, got "
+                         f"{queries.shape[1]} and {keys.shape[1]}.")
+    if queries.dtype != keys.dtype:
+        raise TypeError(f"{qn} and {kn} must have the same dtype, got {queries.dtype} and "
+                        f"{keys.dtype}.")
+    check_positive(k, "k", integer=True)
+    if k > keys.shape[0]:
+        raise ValueError(f"k must be <= the number of keys ({keys.shape[0]}), got {k}.")
+    check_positive(batch_size, "batch_size", integer=True)
+
+
 @on_inputs_device
 @requires_tensors
 def mips_topk(
@@ -55,8 +80,10 @@ def mips_topk(
 
     Parameters
     ----------
-    queries : Tensor of shape (n, d)
-    keys : Tensor of shape (N, d)
+    queries : torch.Tensor of shape (n, d)
+        Query vectors.
+    keys : torch.Tensor of shape (N, d)
+        The database, in the dtype of ``queries``.
     k : int, default=1
         Number of neighbours (``1 <= k <= N``).
     batch_size : int, default=8192
@@ -94,8 +121,20 @@ def mips_topk(
     searched in their dtype and only the rows whose outputs leave its range are
     searched again, in float32; integer inputs are searched as they are, without
     rescaling.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import mips_topk
+    >>> keys = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    >>> scores, idx = mips_topk(torch.tensor([[1.0, 0.5]]), keys, k=2)
+    >>> scores, idx
+    (tensor([[1.5000, 1.0000]]), tensor([[2, 0]]))
+    >>> mips_topk(torch.tensor([[1.0, 1.0]]), keys, k=3)[1]  # 2, 2, 1: ties lowest first
+    tensor([[1, 2, 0]])
     """
-    return _mips_topk(queries, keys, k, batch_size, _KeyStats(keys))
+    _check_search(queries, keys, k, batch_size)
+    return _mips_topk(queries, keys, int(k), int(batch_size), _KeyStats(keys))
 
 
 def _abs_max(x: torch.Tensor) -> float:
@@ -349,15 +388,29 @@ def support_function(
 
     Parameters
     ----------
-    queries : Tensor of shape (n, d)
-    keys : Tensor of shape (N, d)
+    queries : torch.Tensor of shape (n, d)
+        Query vectors :math:`x`.
+    keys : torch.Tensor of shape (N, d)
+        The database :math:`K`, in the dtype of ``queries``.
+    batch_size : int, default=8192
+        Most queries per chunk of the search (see :func:`mips_topk`).
 
     Returns
     -------
-    value : Tensor of shape (n,)
-    index : Tensor of shape (n,), int64 (ties -> lowest index)
+    value : torch.Tensor of shape (n,)
+        :math:`\sigma_K(x)`, the largest inner product of each query.
+    index : torch.Tensor of shape (n,), int64
+        Index of the maximising key (the lowest on exact ties).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import support_function
+    >>> keys = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    >>> support_function(torch.tensor([[3.0, 1.0], [1.0, 1.0]]), keys)
+    (tensor([3., 2.]), tensor([0, 1]))
     """
-    s, i = mips_topk(queries, keys, 1, batch_size=batch_size)
+    s, i = mips_topk(queries, keys, 1, batch_size=batch_size)  # (which validates)
     return s[:, 0], i[:, 0]
 
 
@@ -370,9 +423,40 @@ def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: st
     ``metric="ip"`` ranks by :math:`\langle \hat k, k_j\rangle` (the paper's rule);
     ``"l2"`` by :math:`-\|\hat k - k_j\|^2`, computed as a MIPS on augmented vectors
     :math:`[\hat k, 1]` and :math:`[k_j, -\|k_j\|^2/2]`.
+
+    Parameters
+    ----------
+    key_hat : torch.Tensor of shape (n, d)
+        Predicted keys (e.g. :meth:`AmortizedMIPS.predict_key`).
+    keys : torch.Tensor of shape (N, d)
+        The database.
+    k : int
+        Number of keys returned per row, in ``[1, N]``.
+    metric : {"ip", "l2"}, default="ip"
+        Similarity to the predicted key: inner product or (negative) squared
+        Euclidean distance.
+    batch_size : int, default=8192
+        Most rows per chunk of the search (see :func:`mips_topk`).
+
+    Returns
+    -------
+    torch.Tensor of shape (n, k), int64
+        Indices of the keys, most similar first (exact ties: lowest index first).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import rank_by_key
+    >>> keys = torch.tensor([[1.0, 0.0], [3.0, 0.0]])
+    >>> key_hat = torch.tensor([[1.1, 0.0]])
+    >>> rank_by_key(key_hat, keys, 2), rank_by_key(key_hat, keys, 2, metric="l2")
+    (tensor([[1, 0]]), tensor([[0, 1]]))
     """
     check_in_options(metric, "metric", ("ip", "l2"))
-    return _rank_by_key(key_hat, keys, k, metric, batch_size, None)
+    if metric == "l2" and not (key_hat.is_floating_point() and keys.is_floating_point()):
+        key_hat, keys = key_hat.float(), keys.float()  # as _rank_by_key does: int with float
+    _check_search(key_hat, keys, k, batch_size, names=("key_hat", "keys"))
+    return _rank_by_key(key_hat, keys, int(k), metric, int(batch_size), None)
 
 
 def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
@@ -422,21 +506,42 @@ def amips_loss(
 
     Parameters
     ----------
-    pred_score : Tensor of shape (b,)
-    pred_key : Tensor of shape (b, d)
-    true_score : Tensor of shape (b,)
-    true_key : Tensor of shape (b, d)
-    score_weight, target_weight : float, default=0.01, 1.0
+    pred_score : torch.Tensor of shape (b,)
+        Predicted support values :math:`\hat s_b`.
+    pred_key : torch.Tensor of shape (b, d)
+        Predicted argmax keys :math:`\hat k_b`.
+    true_score : torch.Tensor of shape (b,)
+        Exact support values :math:`\sigma_K(x_b)` (see :func:`support_function`).
+    true_key : torch.Tensor of shape (b, d)
+        Exact argmax keys :math:`k^*_b`.
+    score_weight : float, default=0.01
+        Weight :math:`w_s` of the score term.
+    target_weight : float, default=1.0
+        Weight :math:`w_k` of the key term.
 
     Returns
     -------
-    total, score_loss, key_loss : scalar Tensors
+    total : torch.Tensor
+        The weighted loss :math:`L` (a scalar, differentiable in the predictions).
+    score_loss : torch.Tensor
+        The unweighted score term (a scalar).
+    key_loss : torch.Tensor
+        The unweighted key term (a scalar).
 
     Raises
     ------
     ValueError
         If the shapes differ from the above (a score of shape (b, 1) against (b,)
         would otherwise broadcast to (b, b) and give a wrong loss without an error).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import amips_loss
+    >>> total, s_loss, k_loss = amips_loss(torch.tensor([1.0]), torch.tensor([[1.0, 0.0]]),
+    ...                                    torch.tensor([2.0]), torch.tensor([[0.0, 0.0]]))
+    >>> float(s_loss), float(k_loss), round(float(total), 4)  # 0.01 * 1 + 1 * 0.5
+    (1.0, 0.5, 0.51)
     """
     b = pred_score.shape[0] if pred_score.dim() == 1 else None
     if b is None or true_score.shape != (b,):
@@ -490,8 +595,13 @@ def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
 def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Tensor:
     """Boolean (n, k) matrix: is the j-th prediction a correct top-1 answer?"""
     check_positive(batch_size, "batch_size", integer=True)
+    # a negative rtol counted exact answers as misses (match rate 0.0), silently
+    check_positive(rtol, "rtol", strict=False)
     pred = _as_long_2d(y_pred)
     if queries is None and database is None:
+        if y_true is None:
+            raise ValueError("y_true is required unless queries and database are given "
+                             "(the tie-aware mode recomputes the exact answers).")
         true = _as_tensor(y_true).long().reshape(-1)
         if true.shape[0] != pred.shape[0]:
             raise ValueError(f"y_true has {true.shape[0]} rows but y_pred has {pred.shape[0]}.")
@@ -547,6 +657,17 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
     Returns
     -------
     float
+        The fraction of hits, in [0, 1].
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.retrieval.amips import match_rate
+    >>> match_rate([0, 1, 1], [0, 1, 2])
+    0.6666666666666666
+    >>> keys = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> match_rate(None, [1], queries=[[1.0, 1.0]], database=keys)  # a tie is a hit
+    1.0
     """
     hits = _hits(y_true, _as_long_2d(y_pred)[:, :1], queries, database, rtol, batch_size)
     return float(hits[:, 0].double().mean())
@@ -560,17 +681,28 @@ def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
     Parameters
     ----------
     y_true : array-like of shape (n,)
+        Exact top-1 indices (ignored in the tie-aware mode).
     y_pred : array-like of shape (n, m) with ``m >= k``
         Ranked predicted indices.
     k : int
+        Number of leading predictions examined, in ``[1, m]``.
     queries, database, rtol, batch_size
         Tie-aware mode, as in :func:`match_rate`.
 
     Returns
     -------
     float
+        The fraction of queries with a hit among their first ``k`` predictions.
+
+    Examples
+    --------
+    >>> from mlpapers.retrieval.amips import recall_at_k
+    >>> y_pred = [[3, 0, 1], [2, 1, 0]]
+    >>> recall_at_k([0, 0], y_pred, k=1), recall_at_k([0, 0], y_pred, k=2)
+    (0.0, 0.5)
     """
     pred = _as_long_2d(y_pred)
+    check_positive(k, "k", integer=True)  # (a float k failed inside the slicing)
     if not 1 <= k <= pred.shape[1]:
         raise ValueError(f"k must be in [1, {pred.shape[1]}] (columns of y_pred), got {k}.")
     hits = _hits(y_true, pred[:, :k], queries, database, rtol, batch_size)
@@ -585,6 +717,7 @@ def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
     Parameters
     ----------
     y_true : array-like of shape (n,)
+        Exact top-1 indices (ignored in the tie-aware mode).
     y_pred : array-like of shape (n, m)
         Ranked predicted indices.
     queries, database, rtol, batch_size
@@ -593,6 +726,13 @@ def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
     Returns
     -------
     float
+        The mean reciprocal rank, in [0, 1].
+
+    Examples
+    --------
+    >>> from mlpapers.retrieval.amips import mean_reciprocal_rank
+    >>> mean_reciprocal_rank([0, 0, 0], [[0, 1], [1, 0], [1, 2]])  # (1 + 1/2 + 0) / 3
+    0.5
     """
     pred = _as_long_2d(y_pred)
     hits = _hits(y_true, pred, queries, database, rtol, batch_size)

@@ -56,7 +56,33 @@ def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
                     beta: float = 20.0) -> torch.Tensor:
     r""":math:`a x + (1-a)\,\mathrm{softplus}(\beta x)/\beta`, a smooth convex leaky ReLU.
 
-    Computed with :func:`torch.nn.functional.softplus` (overflow-safe).
+    Computed with :func:`torch.nn.functional.softplus` (overflow-safe). It is
+    convex and increasing for :math:`0 \le a < 1`, tends to ``leaky_relu(x, a)`` as
+    :math:`\beta \to \infty`, and is the activation of :class:`SupportNet` and
+    :class:`KeyNet`.
+
+    Parameters
+    ----------
+    x : torch.Tensor of any shape
+        Pre-activations.
+    negative_slope : float, default=0.1
+        Slope :math:`a` far on the negative side (the slope tends to 1 on the positive
+        side).
+    beta : float, default=20.0
+        Sharpness :math:`\beta > 0` of the softplus; the kink at 0 is smoothed over a
+        width of about :math:`1/\beta`.
+
+    Returns
+    -------
+    torch.Tensor
+        The activation, of the shape and dtype of ``x``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import soft_leaky_relu
+    >>> soft_leaky_relu(torch.tensor([-1.0, 0.0, 1.0]))
+    tensor([-0.1000,  0.0312,  1.0000])
     """
     return negative_slope * x + (1.0 - negative_slope) * F.softplus(x, beta=beta)
 
@@ -92,6 +118,40 @@ def solve_width(budget: float, in_features: int, out_features: int, depth: int,
     hence the models, are the official ones). ``budget`` is rounded up to an
     integer, the width rounded to a multiple of ``multiple`` and clipped below at
     ``min_width`` (the official code clips at ``multiple``).
+
+    Parameters
+    ----------
+    budget : float
+        Target number of parameters (:class:`AmortizedMIPS` passes
+        ``params_fraction * n_keys * n_features``).
+    in_features : int
+        Input dimension ``d``.
+    out_features : int
+        Output dimension (``d`` for :class:`KeyNet`, 1 for :class:`SupportNet`).
+    depth : int
+        Number of hidden layers (all of the solved width).
+    wx_inject : bool or int, default=4
+        Re-injection period of the input, as in :class:`SupportNet` (it changes the
+        count of input weights).
+    bias : bool, default=True
+        Whether the layers have biases.
+    multiple : int, default=4
+        The width is rounded to a multiple of this.
+    min_width : int, default=16
+        Smallest width returned.
+
+    Returns
+    -------
+    int
+        The hidden width ``w``.
+
+    Examples
+    --------
+    >>> from mlpapers.retrieval.amips import solve_width
+    >>> solve_width(0.2 * 1000 * 64, in_features=64, out_features=64, depth=8)
+    32
+    >>> solve_width(100, in_features=4, out_features=4, depth=2)  # clipped at min_width
+    16
     """
     n_inj = sum(_inject_layers(depth, wx_inject)[:-1])
     a = depth - 1
@@ -250,6 +310,7 @@ class SupportNet(nn.Module):
     negative_slope, beta : float, default=0.1, 20.0
         Soft-leaky-ReLU parameters.
     bias : bool, default=True
+        Give every layer (hidden and output) a bias.
     generator : torch.Generator or None, default=None
         Source of the random initialisation; ``None`` draws from torch's global RNG
         (as ``torch.nn`` layers do), a generator leaves the global RNG untouched.
@@ -260,6 +321,18 @@ class SupportNet(nn.Module):
     Notes
     -----
     Shapes: ``forward`` maps (n, d) to (n,).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import SupportNet
+    >>> net = SupportNet(3, [16, 16], generator=torch.Generator().manual_seed(0))
+    >>> a, b = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(1))
+    >>> value, grad = net.score_and_key(a)
+    >>> value.shape, grad.shape
+    (torch.Size([5]), torch.Size([5, 3]))
+    >>> bool((net((a + b) / 2) <= (net(a) + net(b)) / 2 + 1e-6).all())  # convex
+    True
     """
 
     def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
@@ -272,18 +345,55 @@ class SupportNet(nn.Module):
 
     @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The potential :math:`h(x)`.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Inputs, of the parameters' dtype.
+
+        Returns
+        -------
+        torch.Tensor of shape (n,)
+            The values, convex in ``x``.
+        """
         return self.stack(x)[..., 0]
 
     def effective_wz(self) -> list[torch.Tensor]:
-        """Non-negative z-path weight matrices."""
+        """The z-path weight matrices actually used (softplus of the raw parameters).
+
+        Returns
+        -------
+        list of torch.Tensor
+            One non-negative matrix per layer after the first, of shape
+            ``(width_out, width_in)`` (the last one of shape ``(1, hidden_dims[-1])``),
+            differentiable in the raw parameters.
+        """
         return self.stack.effective_wz()
 
     def data_init(self, x: torch.Tensor) -> None:
-        """Data-dependent initialisation, see :meth:`_Stack.data_init`."""
+        r"""Data-dependent (LSUV-style) initialisation on a batch of inputs, in place.
+
+        Each hidden unit's incoming weights are multiplied by a positive factor (which
+        keeps :math:`W_z \ge 0`) so that its pre-activation has unit standard deviation
+        on ``x``, and its bias is set so that the mean is 0; the output layer is left
+        alone. It replaces the "principled" ICNN initialisation of the official code.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            A representative batch of inputs (``n >= 2``).
+        """
         self.stack.data_init(x)
 
     def scale_output(self, c: float) -> None:
-        """Scale the output (and hence the gradient) by ``c > 0``; keeps convexity."""
+        """Scale the output (and hence the gradient) by ``c > 0``, in place; keeps convexity.
+
+        Parameters
+        ----------
+        c : float
+            Positive factor; the model then computes ``c * h(x)``.
+        """
         self.stack.scale_output(c)
 
     @on_inputs_device
@@ -292,6 +402,21 @@ class SupportNet(nn.Module):
 
         ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
         on; under ``no_grad`` or ``inference_mode`` the results carry no graph.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Queries.
+        create_graph : bool, default=False
+            Keep the graph of the value and the gradient, to train on the gradient
+            (double backprop); ``False`` returns detached tensors.
+
+        Returns
+        -------
+        value : torch.Tensor of shape (n,)
+            The estimated support value :math:`h(x)`.
+        key : torch.Tensor of shape (n, d)
+            The estimated argmax key :math:`\nabla h(x)`.
         """
         return _value_and_grad(self, x, create_graph)
 
@@ -310,6 +435,20 @@ class Homogenize(nn.Module):
     model : nn.Module
         Scalar model ``h``: (n, d) -> (n,).
     eps : float, default=1e-12
+        Lower bound on :math:`\|x\|` in the division :math:`x / \|x\|` (the value at
+        ``x = 0`` is then 0, without a NaN).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import Homogenize, SupportNet
+    >>> f = Homogenize(SupportNet(3, [16], generator=torch.Generator().manual_seed(0)))
+    >>> x = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
+    >>> torch.allclose(f(2.5 * x), 2.5 * f(x))  # positively 1-homogeneous
+    True
+    >>> value, key = f.score_and_key(x)
+    >>> torch.allclose((x * key).sum(-1), value, atol=1e-5)  # Euler's identity
+    True
     """
 
     def __init__(self, model: nn.Module, eps: float = 1e-12):
@@ -319,15 +458,42 @@ class Homogenize(nn.Module):
 
     @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r"""The homogenized value :math:`\|x\|\, h(x / \|x\|)`.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Inputs.
+
+        Returns
+        -------
+        torch.Tensor of shape (n,)
+            The values (0 where ``x = 0``).
+        """
         norm = x.norm(dim=-1, keepdim=True)
         return norm[..., 0] * self.model(x / norm.clamp_min(self.eps))
 
     def data_init(self, x: torch.Tensor) -> None:
+        """The wrapped model's ``data_init`` on the normalised inputs ``x / ||x||``.
+
+        Nothing happens if the wrapped model has no ``data_init``.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            A representative batch of inputs.
+        """
         if hasattr(self.model, "data_init"):
             self.model.data_init(x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps))
 
     def scale_output(self, c: float) -> None:
-        """Scale the output by ``c > 0``."""
+        """Scale the output by ``c > 0``, in place (the wrapped model's ``scale_output``).
+
+        Parameters
+        ----------
+        c : float
+            Positive factor; the model then computes ``c * f(x)``.
+        """
         self.model.scale_output(c)
 
     @on_inputs_device
@@ -336,6 +502,21 @@ class Homogenize(nn.Module):
 
         ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
         on; under ``no_grad`` or ``inference_mode`` the results carry no graph.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Queries.
+        create_graph : bool, default=False
+            Keep the graph of the value and the gradient (double backprop); ``False``
+            returns detached tensors.
+
+        Returns
+        -------
+        value : torch.Tensor of shape (n,)
+            The estimated support value :math:`f(x)`.
+        key : torch.Tensor of shape (n, d)
+            The estimated argmax key :math:`\nabla f(x)` (0-homogeneous in ``x``).
         """
         return _value_and_grad(self, x, create_graph)
 
@@ -349,10 +530,19 @@ class KeyNet(nn.Module):
     Parameters
     ----------
     in_features : int
+        Input (and output) dimension ``d``.
     hidden_dims : list of int
+        Widths of the ``depth`` hidden layers (at least one).
     wx_inject : bool or int, default=4
-    negative_slope, beta : float, default=0.1, 20.0
+        Re-inject the input every ``wx_inject`` layers (``True``: every layer, ``0``
+        or ``False``: never). The output layer always has an input term.
+    negative_slope : float, default=0.1
+        Slope :math:`a` of the soft-leaky-ReLU on the negative side (see
+        :func:`soft_leaky_relu`).
+    beta : float, default=20.0
+        Sharpness :math:`\beta` of the soft-leaky-ReLU.
     bias : bool, default=True
+        Give every layer (hidden and output) a bias.
     resnet : bool, default=False
         Return ``x + F(x)`` instead of ``F(x)``.
     generator : torch.Generator or None, default=None
@@ -365,6 +555,18 @@ class KeyNet(nn.Module):
     Notes
     -----
     Shapes: ``forward`` maps (n, d) to (n, d).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import KeyNet
+    >>> net = KeyNet(3, [16, 16], generator=torch.Generator().manual_seed(0))
+    >>> x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+    >>> score, key = net.score_and_key(x)
+    >>> score.shape, key.shape
+    (torch.Size([5]), torch.Size([5, 3]))
+    >>> torch.allclose(score, (x * net(x)).sum(-1))  # the Euler score
+    True
     """
 
     def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
@@ -379,19 +581,64 @@ class KeyNet(nn.Module):
 
     @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The predicted key ``F(x)`` (``x + F(x)`` with ``resnet=True``).
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Queries.
+
+        Returns
+        -------
+        torch.Tensor of shape (n, d)
+            The predicted argmax keys.
+        """
         out = self.stack(x)
         return x + out if self.resnet else out
 
     def data_init(self, x: torch.Tensor) -> None:
+        """Data-dependent (LSUV-style) initialisation on a batch of inputs, in place.
+
+        The weights into each hidden unit are rescaled so that its pre-activation has
+        unit standard deviation on ``x``, and its bias is set so that the mean is 0;
+        the output layer is left alone.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            A representative batch of queries (``n >= 2``).
+        """
         self.stack.data_init(x)
 
     def scale_output(self, c: float) -> None:
-        """Scale the residual branch ``F`` by ``c > 0``."""
+        """Scale the branch ``F`` (the residual branch with ``resnet=True``) by ``c > 0``.
+
+        Parameters
+        ----------
+        c : float
+            Positive factor, applied in place to the output layer.
+        """
         self.stack.scale_output(c)
 
     @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
-        """Euler score ``<x, key>`` of shape (n,) and key of shape (n, d)."""
+        r"""Euler score ``<x, key>`` of shape (n,) and key of shape (n, d).
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Queries.
+        create_graph : bool, default=False
+            Unused (accepted for the common interface of the models): the key is the
+            network's output, whose graph follows the caller's grad mode.
+
+        Returns
+        -------
+        score : torch.Tensor of shape (n,)
+            The Euler score :math:`\langle x, \hat k(x)\rangle`.
+        key : torch.Tensor of shape (n, d)
+            The predicted key :math:`\hat k(x)`.
+        """
         key = self(x)
         return (x * key).sum(-1), key
 
@@ -404,7 +651,17 @@ class SupportFunction(nn.Module):
 
     Parameters
     ----------
-    keys : Tensor of shape (N, d)
+    keys : torch.Tensor of shape (N, d)
+        The database of keys (registered as a buffer: it follows ``.to(device)``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.retrieval.amips import SupportFunction
+    >>> sigma = SupportFunction(torch.eye(2))
+    >>> value, key = sigma.score_and_key(torch.tensor([[1.0, 2.0]]))
+    >>> value, key
+    (tensor([2.]), tensor([[0., 1.]]))
     """
 
     def __init__(self, keys: torch.Tensor):
@@ -413,10 +670,38 @@ class SupportFunction(nn.Module):
 
     @on_inputs_device
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r"""The support value :math:`\max_i \langle x, k_i\rangle`.
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Queries, of the keys' dtype.
+
+        Returns
+        -------
+        torch.Tensor of shape (n,)
+            The largest inner product of each query.
+        """
         return (x @ self.keys.T).max(dim=-1).values
 
     @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+        r"""Exact support value and argmax key (the gradient of the value).
+
+        Parameters
+        ----------
+        x : torch.Tensor of shape (n, d)
+            Queries.
+        create_graph : bool, default=False
+            Keep the graph of both results (as for :class:`SupportNet`).
+
+        Returns
+        -------
+        value : torch.Tensor of shape (n,)
+            :math:`\sigma_K(x)`.
+        key : torch.Tensor of shape (n, d)
+            The maximising key :math:`k_{i^*}` (one of them on exact ties).
+        """
         return _value_and_grad(self, x, create_graph)
 
 

@@ -1,0 +1,79 @@
+"""The public SCENT kernels as their docstrings promise them: parameters outside their
+documented range raise a ``ValueError`` naming them (they gave NaN, a ``math domain
+error`` or a silent wrong step), and the documented values stay exact."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mlpapers.optim.scent import (
+    asgd_update,
+    objective,
+    softplus_dual_ratio,
+    sox_update,
+    spmd_gamma,
+    spmd_update,
+    umax_update,
+)
+
+NU = torch.tensor([0.0, -1.0], dtype=torch.float64)
+L = torch.tensor([1.0, 2.0], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: sox_update(NU, L, 0.0), "gamma must be"),       # gave nu unchanged / NaN
+    (lambda: sox_update(NU, L, -0.5), "gamma must be"),      # gave NaN
+    (lambda: sox_update(NU, L, 1.5), "gamma must be"),
+    (lambda: asgd_update(NU, L, -0.1), "dual_lr must be"),   # an ascent step
+    (lambda: umax_update(NU, L, 0.1, -1.0), "delta must be"),
+    (lambda: spmd_update(NU, L, float("nan")), "log_alpha must be"),  # gave NaN
+    (lambda: spmd_gamma(NU, float("nan")), "log_alpha must be"),
+    (lambda: softplus_dual_ratio(torch.zeros(2, 3), torch.zeros(2), 0.0), "rho must be"),
+    (lambda: objective(torch.zeros(2, 3), temperature=0.0), "temperature must be"),
+])
+def test_out_of_range_step_parameters_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_softplus_dual_ratio_refuses_shapes_it_would_broadcast():
+    # 1D scores (B,) broadcast against nu[:, None] to (B, B): a wrong ratio, silently
+    with pytest.raises(ValueError, match=r"scores must have shape \(B, k\)"):
+        softplus_dual_ratio(torch.zeros(3), torch.zeros(3), 1.0)
+    with pytest.raises(ValueError, match="nu must have shape"):
+        softplus_dual_ratio(torch.zeros(2, 3), torch.zeros(3), 1.0)
+    with pytest.raises(ValueError, match="mask must have the shape of scores"):
+        softplus_dual_ratio(torch.zeros(2, 3), torch.zeros(2), 1.0,
+                            mask=torch.ones(2, 2, dtype=torch.bool))
+
+
+def test_spmd_gamma_of_integer_or_array_nu_is_the_sigmoid():
+    # an integer nu made log_alpha an integer too: sigmoid(0 + 0) instead of sigmoid(0.5)
+    expected = 1.0 / (1.0 + math.exp(-0.5))
+    assert float(spmd_gamma(torch.tensor([0]), 0.5)) == pytest.approx(expected, rel=1e-6)
+    assert float(spmd_gamma([0.0], 0.5)) == pytest.approx(expected, rel=1e-6)
+    out = spmd_gamma(np.zeros(2), 0.5)  # numpy float64 keeps its dtype
+    assert out.dtype == torch.float64 and torch.allclose(out, torch.full((2,), expected,
+                                                                         dtype=torch.float64))
+
+
+def test_documented_values_and_limits_are_unchanged():
+    # the limits the docstrings name: gamma = 1 jumps to L, log_alpha = +-inf
+    torch.testing.assert_close(sox_update(NU, L, 1), L)
+    torch.testing.assert_close(spmd_update(NU, L, float("inf")), L)
+    torch.testing.assert_close(spmd_update(NU, L, float("-inf")), NU)
+    # delta = 0 (the official KL-DRO default) resets every lagging nu to L
+    torch.testing.assert_close(umax_update(NU, L, 0.1, 0.0), L)
+    # SOX from the definition e^nu' = (1 - g) e^nu + g e^L, in float64
+    g = 0.3
+    ref = torch.log((1 - g) * NU.exp() + g * L.exp())
+    torch.testing.assert_close(sox_update(NU, L, g), ref)
+    # ASGD from the definition nu - lr (1 - e^(L - nu)); a numpy scalar step is a number
+    torch.testing.assert_close(asgd_update(NU, L, np.float64(0.1)),
+                               NU - 0.1 * (1 - torch.exp(L - NU)))
+    # a 0-d tensor temperature is still accepted by objective: tau log mean exp(s / tau)
+    s = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
+    expected = 2.0 * math.log((1.0 + math.exp(0.5)) / 2)
+    assert float(objective(s, temperature=torch.tensor(2.0))) == pytest.approx(expected)

@@ -1,0 +1,106 @@
+"""The public AMIPS kernels and ``build_faiss_ivf`` as their docstrings promise them:
+bad input raises a ``ValueError``/``TypeError`` naming the parameter, before any work
+(they failed with torch or faiss C++ traces, or gave silent wrong answers), and valid
+input still gives the exact answer."""
+
+import numpy as np
+import pytest
+import torch
+
+from mlpapers.retrieval.amips import (
+    build_faiss_ivf,
+    match_rate,
+    mips_topk,
+    rank_by_key,
+    recall_at_k,
+    support_function,
+)
+
+
+def _data(n=4, N=6, d=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g), torch.randn(N, d, generator=g)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda q, K: mips_topk(q, K, k=0), ValueError, "k must be > 0"),
+    (lambda q, K: mips_topk(q, K, k=7), ValueError, "k must be <= the number of keys"),
+    (lambda q, K: mips_topk(q, K, k=1.5), TypeError, "k must be an integer"),
+    (lambda q, K: mips_topk(q, K, batch_size=0), ValueError, "batch_size must be > 0"),
+    (lambda q, K: mips_topk(q, K[:, :2]), ValueError, "same number of features"),
+    (lambda q, K: mips_topk(q, K.double()), TypeError, "same dtype"),
+    (lambda q, K: mips_topk(q[0], K), ValueError, r"queries must have shape \(n, d\)"),
+    (lambda q, K: support_function(q, K[:0]), ValueError, "keys is empty"),
+    (lambda q, K: rank_by_key(q, K, 0), ValueError, "k must be > 0"),
+    (lambda q, K: rank_by_key(q, K, 2.0, metric="l2"), TypeError, "k must be an integer"),
+    (lambda q, K: rank_by_key(q, K, 9), ValueError, "k must be <= the number of keys"),
+])
+def test_search_kernels_refuse_bad_input_by_name(call, exc, match):
+    q, K = _data()
+    with pytest.raises(exc, match=match):
+        call(q, K)
+
+
+def test_search_kernels_still_exact_on_valid_input():
+    q, K = _data(n=5, N=40, d=4, seed=1)
+    s, i = mips_topk(q, K, k=np.int64(3), batch_size=2)  # numpy integers are integers
+    ref = (q.double() @ K.double().T).argsort(dim=1, descending=True)[:, :3]
+    assert torch.equal(i, ref)
+    assert torch.allclose(s, (q @ K.T).gather(1, ref))
+    value, index = support_function(q, K)
+    assert torch.equal(index, ref[:, 0])
+    assert torch.equal(rank_by_key(q, K, 3), ref)
+
+
+def test_metrics_refuse_a_negative_rtol_a_float_k_and_a_missing_y_true():
+    keys = np.array([[1.0, 0.0], [0.0, 1.0]])
+    # a negative tolerance counted the exact answer as a miss: 0.0, silently
+    assert match_rate(None, [0], queries=[[1.0, 0.0]], database=keys) == 1.0
+    with pytest.raises(ValueError, match="rtol must be >= 0"):
+        match_rate(None, [0], queries=[[1.0, 0.0]], database=keys, rtol=-1.0)
+    with pytest.raises(ValueError, match="y_true is required"):
+        match_rate(None, [0])
+    with pytest.raises(TypeError, match="k must be an integer"):
+        recall_at_k([0], [[0, 1]], k=1.5)
+    assert recall_at_k([1], [[0, 1]], k=np.int64(2)) == 1.0
+
+
+def test_build_faiss_ivf_refuses_bad_n_lists_and_database():
+    pytest.importorskip("faiss")
+    keys = np.random.default_rng(0).standard_normal((20, 4)).astype(np.float32)
+    # n_lists=0 built an empty index silently; 2.5 was truncated to 2; more lists than
+    # keys, NaN keys and a 1D database failed with faiss C++ traces
+    with pytest.raises(ValueError, match="n_lists must be > 0"):
+        build_faiss_ivf(keys, n_lists=0)
+    with pytest.raises(TypeError, match="n_lists must be an integer"):
+        build_faiss_ivf(keys, n_lists=2.5)
+    with pytest.raises(ValueError, match="n_lists must be <= the number of keys"):
+        build_faiss_ivf(keys, n_lists=21)
+    bad = keys.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match="database contains NaN"):
+        build_faiss_ivf(bad)
+    with pytest.raises(ValueError, match="Expected 2D array"):
+        build_faiss_ivf(keys[0])
+
+
+def test_build_faiss_ivf_with_every_list_probed_is_exact():
+    pytest.importorskip("faiss")
+    rng = np.random.default_rng(1)
+    keys = rng.standard_normal((50, 6)).astype(np.float32)
+    queries = rng.standard_normal((8, 6)).astype(np.float32)
+    index = build_faiss_ivf(torch.from_numpy(keys).requires_grad_(True), n_lists=5)
+    index.nprobe = 5
+    _, found = index.search(queries, 1)
+    assert np.array_equal(found[:, 0], np.argmax(queries @ keys.T, axis=1))
+
+
+def test_query_sampler_refuses_non_finite_anchors():
+    from mlpapers.retrieval.amips import GaussianMixtureQuerySampler
+
+    anchors = np.eye(3)
+    anchors[1, 2] = np.nan  # every query drawn near it was NaN, silently
+    with pytest.raises(ValueError, match="anchors must be finite"):
+        GaussianMixtureQuerySampler(anchors, noise=0.1)
+    q = GaussianMixtureQuerySampler(np.eye(3), noise=0.1)(50, np.random.default_rng(0))
+    assert np.allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-6)
