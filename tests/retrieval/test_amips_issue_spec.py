@@ -3,6 +3,7 @@ spellings and defaults, and the loss as the issue defines it."""
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,3 +104,18 @@ def test_a_sampler_of_the_wrong_arity_is_named_in_the_error():
     with pytest.raises(TypeError, match=r"sampler\(n, rng\)"):
         est.fit(keys, queries=lambda n: torch.randn(n, 4, generator=rng))
     assert torch.equal(torch.as_tensor(est.predict_key(queries)), torch.as_tensor(before))
+
+
+def test_queries_passed_as_y_are_refused_not_ignored():
+    """"Training queries: a user array, or a sampler": ``fit(keys, Q)`` put them in the
+    ignored ``y`` and trained on sphere queries silently; a 1-D ``y`` stays ignored."""
+    rng = np.random.default_rng(5)
+    keys = rng.standard_normal((12, 3)).astype(np.float32)
+    queries = rng.standard_normal((40, 3)).astype(np.float32)
+    est = retrieval.AmortizedMIPS(depth=2, hidden_dim=8, n_steps=2, random_state=0)
+    for y in (queries, torch.from_numpy(queries), lambda n, g: queries[:n]):
+        with pytest.raises(TypeError, match="queries="):
+            est.fit(keys, y)
+    assert not hasattr(est, "model_")
+    est.fit(keys, np.zeros(12))
+    assert hasattr(est, "model_")

@@ -29,6 +29,17 @@ from mlpapers.retrieval.amips._training import QuerySource, fit_amips
 __all__ = ["AmortizedMIPS"]
 
 
+
+def _ndim(value) -> int:
+    """Number of dimensions of an array-like (0 when it is not one)."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim
+    try:
+        return np.asarray(value).ndim
+    except (TypeError, ValueError):
+        return 0
+
+
 class AmortizedMIPS(TransformerMixin, _MIPSBase):
     r"""Amortized maximum inner product search with a learned support function [1]_.
 
@@ -270,6 +281,12 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         self : AmortizedMIPS
             The fitted estimator.
         """
+        # fit(keys, Q) put the training queries in the ignored ``y``: the model then
+        # trained on sphere queries without a word. A 1-D ``y`` (a Pipeline's labels)
+        # stays ignored.
+        if y is not None and (callable(y) or _ndim(y) >= 2):
+            raise TypeError("y is ignored; pass the training queries (an array or a "
+                            "sampler) as fit(X, queries=...).")
         return self._fit(X, queries)
 
     # training needs autograd, also inside the caller's no_grad / inference_mode block
