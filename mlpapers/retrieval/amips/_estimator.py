@@ -29,7 +29,6 @@ from mlpapers.retrieval.amips._training import QuerySource, fit_amips
 __all__ = ["AmortizedMIPS"]
 
 
-
 def _ndim(value) -> int:
     """Number of dimensions of an array-like (0 when it is not one)."""
     if isinstance(value, torch.Tensor):
