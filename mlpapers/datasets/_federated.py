@@ -137,6 +137,10 @@ def make_federated_linear(
     noise : float, default=0.01
         Noise standard deviation :math:`\\sigma`.
     random_state : int, RandomState, Generator or None, default=None
+        Seed of the data: an int in ``[0, 2**32)`` or a ``RandomState`` gives
+        reproducible data, a ``Generator`` seeds a new ``RandomState`` with one of
+        its draws, and ``None`` uses numpy's global ``RandomState`` (as
+        :func:`sklearn.utils.check_random_state`).
 
     Returns
     -------
@@ -224,9 +228,12 @@ def make_federated_digits(
     Parameters
     ----------
     kind : {"rotation", "label_swap"}, default="rotation"
+        The shift between clusters: rotated (and mirrored) images, or permuted
+        labels (see above).
     n_clusters : int, default=4
         Number of clusters (at most 8 for rotations).
     n_clients_per_cluster : int, default=5
+        Clients per cluster; clients are listed cluster by cluster.
     n_samples : int, default=80
         Samples per client.
     n_swaps : int, default=2
@@ -234,12 +241,24 @@ def make_federated_digits(
         ``1 + 10! / ((10 - 2 n_swaps)! 2^n_swaps n_swaps!)`` distinct permutations
         (46 for one swap), the largest possible ``n_clusters``.
     random_state : int, RandomState, Generator or None, default=None
+        Seed of the data: an int in ``[0, 2**32)`` or a ``RandomState`` gives
+        reproducible data, a ``Generator`` seeds a new ``RandomState`` with one of
+        its draws, and ``None`` uses numpy's global ``RandomState`` (as
+        :func:`sklearn.utils.check_random_state`).
 
     Returns
     -------
     clients : list of (X, y)
         ``X`` of shape ``(n_samples, 64)`` in [0, 1], float32; ``y`` int64 labels.
     cluster_labels : ndarray of int of shape (n_clients,)
+        True cluster of each client (``n_clients = n_clusters *
+        n_clients_per_cluster``).
+
+    References
+    ----------
+    .. [1] Bhatia, Papadis, Kodialam, Lakshman, Chakrabarty, "CLoVE: Personalized
+       Federated Learning through Clustering of Loss Vector Embeddings", ICML 2026,
+       arXiv:2506.22427.
 
     Examples
     --------

@@ -70,6 +70,7 @@ def match_clusters(loss_matrix, cluster_labels, n_clusters: int) -> np.ndarray:
     Parameters
     ----------
     loss_matrix : array-like of shape (n_clients, n_models)
+        ``L[i, j]`` is the mean loss of model ``j`` on client ``i``'s data.
     cluster_labels : array-like of int of shape (n_clients,)
         Cluster ids in ``[0, n_clusters)``.
     n_clusters : int
@@ -214,15 +215,25 @@ def ifca_assign(loss_matrix) -> np.ndarray:
     Parameters
     ----------
     loss_matrix : array-like of shape (n_clients, n_models)
+        ``L[i, j]`` is the mean loss of model ``j`` on client ``i``'s data (finite,
+        else ``ValueError``; numpy, torch tensor or nested lists).
 
     Returns
     -------
     assignment : ndarray of int of shape (n_clients,)
+        ``argmin_j L[i, j]``, the model of each client.
 
     References
     ----------
     .. [1] Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for Clustered
        Federated Learning", NeurIPS 2020, arXiv:2006.04088.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.federated import ifca_assign
+    >>> ifca_assign(np.array([[0.1, 2.0], [3.0, 0.1], [1.0, 1.0]])).tolist()
+    [0, 1, 0]
     """
     return _check_loss_matrix(loss_matrix).argmin(axis=1).astype(np.int64)
 
@@ -244,6 +255,8 @@ def choose_n_clusters(
     Parameters
     ----------
     loss_matrix : array-like of shape (n_clients, n_models)
+        ``L[i, j]`` is the mean loss of model ``j`` on client ``i``'s data (finite,
+        else ``ValueError``; numpy, torch tensor or nested lists).
     max_clusters : int
         Upper bound on the number of clusters.
     min_gain : float, default=0.1
@@ -254,6 +267,21 @@ def choose_n_clusters(
     int
         The chosen number of clusters (1 when all rows are identical; the number
         of distinct rows, at most ``max_clusters``, when no ``k >= 2`` can be scored).
+
+    References
+    ----------
+    .. [1] Bhatia, Papadis, Kodialam, Lakshman, Chakrabarty, "CLoVE: Personalized
+       Federated Learning through Clustering of Loss Vector Embeddings", ICML 2026,
+       arXiv:2506.22427.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.federated import choose_n_clusters
+    >>> L = np.array([[0.1, 2.0, 2.0], [0.2, 2.1, 2.0], [3.0, 0.1, 2.0],
+    ...               [2.9, 0.2, 2.1], [2.0, 2.0, 0.1], [2.1, 2.0, 0.2]])
+    >>> choose_n_clusters(L, max_clusters=3)
+    3
     """
     L = _check_loss_matrix(loss_matrix)
     check_positive(max_clusters, "max_clusters", integer=True)
@@ -282,6 +310,7 @@ def random_assignment(n_clients: int, n_models: int, rng: np.random.Generator) -
     n_clients, n_models : int
         ``n_clients >= n_models``.
     rng : numpy.random.Generator
+        Source of the permutation and of the extra clients' models.
 
     Returns
     -------

@@ -247,6 +247,21 @@ class IFCA(_ClusteredBase):
     .. [1] Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for Clustered
        Federated Learning", NeurIPS 2020, arXiv:2006.04088.
     .. [2] Bhatia et al., "CLoVE", ICML 2026, arXiv:2506.22427 (baseline).
+
+    Examples
+    --------
+    >>> from mlpapers.datasets import make_federated_linear
+    >>> from mlpapers.federated import IFCA
+    >>> from sklearn.metrics import adjusted_rand_score
+    >>> clients, truth, coef = make_federated_linear(
+    ...     n_clusters=2, n_clients_per_cluster=3, n_samples=100, separation=1.5,
+    ...     random_state=0)
+    >>> est = IFCA(n_clusters=2, n_rounds=5, local_epochs=10, lr=0.05,
+    ...            random_state=0).fit(clients)
+    >>> adjusted_rand_score(truth, est.labels_)
+    1.0
+    >>> est.predict(clients[0][0][:3], client=0).shape  # with client 0's model
+    (3,)
     """
 
     def __init__(self, *, n_clusters=2, model="linear", hidden_layer_sizes=(64,), loss="auto",
@@ -295,6 +310,18 @@ class FedAvg(_FederatedBase):
     .. [1] McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient
        Learning of Deep Networks from Decentralized Data", AISTATS 2017,
        arXiv:1602.05629.
+
+    Examples
+    --------
+    >>> from mlpapers.datasets import make_federated_linear
+    >>> from mlpapers.federated import FedAvg
+    >>> clients, truth, coef = make_federated_linear(
+    ...     n_clusters=2, n_clients_per_cluster=2, n_samples=100, random_state=0)
+    >>> est = FedAvg(n_rounds=3, local_epochs=10, lr=0.05, random_state=0).fit(clients)
+    >>> est.labels_.tolist(), len(est.models_)
+    ([0, 0, 0, 0], 1)
+    >>> est.predict(clients[0][0][:3]).shape  # one model: no client= needed
+    (3,)
     """
 
     _assigns_by_loss = False
@@ -325,5 +352,6 @@ class FedAvg(_FederatedBase):
 
 
 for _cls in (CLoVE, IFCA, FedAvg):
-    _cls.__doc__ = (_cls.__doc__.replace("%(common)s", _COMMON_PARAMS)
-                    .replace("%(run)s", _RUN_PARAMS).replace("%(attrs)s", _ATTRIBUTES))
+    if _cls.__doc__ is not None:  # None under python -OO (docstrings stripped)
+        _cls.__doc__ = (_cls.__doc__.replace("%(common)s", _COMMON_PARAMS)
+                        .replace("%(run)s", _RUN_PARAMS).replace("%(attrs)s", _ATTRIBUTES))

@@ -121,7 +121,8 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
 
         Returns
         -------
-        self
+        self : object
+            The fitted estimator.
 
         Raises
         ------

@@ -19,6 +19,7 @@ function returning the node's data; it reuses the estimator's training engine.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,9 +54,10 @@ class CLoVEStrategy(Strategy):
     Parameters
     ----------
     n_clusters : int
-        Number of cluster models K.
+        Number of cluster models K (``>= 1``, else ``ValueError``).
     min_nodes : int, default=2
-        Wait for at least this many connected nodes (and at least K) before round 1.
+        Wait for at least this many connected nodes (and at least K: it is raised to
+        ``n_clusters``) before round 1.
     random_state : int or None, default=None
         Seed of the k-means step.
     n_init : int, default=10
@@ -75,12 +77,38 @@ class CLoVEStrategy(Strategy):
         The last loss matrix (rows in ``node_ids_`` order).
     history_ : list of dict
         Per round: mean loss of the assigned models and the round's wall time.
+    node_ids_ : list of int
+        The connected nodes' ids, sorted, fixed when :meth:`start` begins.
+
+    Notes
+    -----
+    Unlike Flower's built-in strategies, :meth:`start` runs its own rounds (a
+    loss-vector exchange, then training) and returns the strategy itself; the
+    evaluation hooks do nothing (evaluate the ``models_`` afterwards).
 
     References
     ----------
     .. [1] Bhatia, Papadis, Kodialam, Lakshman, Chakrabarty, "CLoVE: Personalized
        Federated Learning through Clustering of Loss Vector Embeddings", ICML 2026,
        arXiv:2506.22427.
+
+    Examples
+    --------
+    The ServerApp of a deployment (its ClientApp is :func:`make_client_app`'s):
+
+    >>> import torch
+    >>> from flwr.app import ArrayRecord
+    >>> from flwr.serverapp import ServerApp
+    >>> from mlpapers.federated.flower import CLoVEStrategy
+    >>> app = ServerApp()
+    >>> @app.main()
+    ... def main(grid, context):
+    ...     models = [ArrayRecord(torch.nn.Linear(5, 1).state_dict()) for _ in range(2)]
+    ...     strategy = CLoVEStrategy(n_clusters=2, min_nodes=4, random_state=0)
+    ...     strategy.start(grid, models, num_rounds=5)
+    ...     print(strategy.labels_)
+    >>> CLoVEStrategy(n_clusters=3, min_nodes=2).min_nodes  # at least one node per model
+    3
     """
 
     def __init__(self, n_clusters: int, *, min_nodes: int = 2, random_state=None,
@@ -100,7 +128,26 @@ class CLoVEStrategy(Strategy):
     # -- Strategy interface ------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid):
-        """One ``train`` message per node carrying its assigned model."""
+        """One ``train`` message per node carrying its assigned model.
+
+        Parameters
+        ----------
+        server_round : int
+            The round, sent as the messages' ``group_id``.
+        arrays : ArrayRecord or None
+            Ignored: each node gets its own assigned model, ``models_[labels_[node]]``
+            (Flower's single global model does not exist here).
+        config : ConfigRecord
+            Sent to every node with its model (e.g. a ``seed``).
+        grid : flwr.serverapp.Grid
+            Ignored: the nodes are ``node_ids_``, fixed by :meth:`start`.
+
+        Returns
+        -------
+        list of flwr.app.Message
+            One ``train`` message per node of ``node_ids_``, with records
+            ``arrays`` (its model) and ``config``.
+        """
         return [
             Message(RecordDict({"arrays": self.models_[self.labels_[nid]], "config": config}),
                     dst_node_id=nid, message_type="train", group_id=str(server_round))
@@ -111,7 +158,30 @@ class CLoVEStrategy(Strategy):
         """Data-size weighted average of the replies, per assigned model.
 
         Arrays are matched by name, so the replies may list them in another order
-        than the initial models.
+        than the initial models. A model that no node trained keeps its weights.
+        The averages (in float64, stored as float32) replace ``models_`` in place.
+
+        Parameters
+        ----------
+        server_round : int
+            The round (named in the errors).
+        replies : iterable of flwr.app.Message
+            The nodes' replies to :meth:`configure_train`: records ``arrays`` (the
+            trained model) and ``metrics`` with ``num-examples`` (the weight).
+
+        Returns
+        -------
+        arrays : None
+            No single global model (the K models are in ``models_``).
+        metrics : flwr.app.MetricRecord
+            ``models-updated``: the number of models that received replies.
+
+        Raises
+        ------
+        ValueError
+            If a node replies with other array names than the models'.
+        FloatingPointError
+            If a node's trained model is not finite (it diverged).
         """
         sums: dict[int, dict[str, np.ndarray]] = {}
         weights: dict[int, float] = {}
@@ -141,12 +211,48 @@ class CLoVEStrategy(Strategy):
         return None, MetricRecord({"models-updated": len(sums)})
 
     def configure_evaluate(self, server_round, arrays, config, grid):
+        """No federated evaluation: CLoVE's rounds do not evaluate on the nodes.
+
+        Parameters
+        ----------
+        server_round : int
+            The round (unused).
+        arrays : ArrayRecord
+            Unused.
+        config : ConfigRecord
+            Unused.
+        grid : flwr.serverapp.Grid
+            Unused.
+
+        Returns
+        -------
+        list
+            An empty list: no evaluation message is sent.
+        """
         return []
 
     def aggregate_evaluate(self, server_round, replies):
+        """No federated evaluation (see :meth:`configure_evaluate`).
+
+        Parameters
+        ----------
+        server_round : int
+            The round (unused).
+        replies : iterable of flwr.app.Message
+            Unused (there are none).
+
+        Returns
+        -------
+        None
+            No aggregated metrics.
+        """
         return None
 
     def summary(self) -> None:
+        """Flower's hook to log the strategy's configuration: logs nothing.
+
+        The state of the run is in the attributes (``labels_``, ``history_``, ...).
+        """
         return None
 
     # -- the CLoVE loop -------------------------------------------------------------
@@ -169,24 +275,67 @@ class CLoVEStrategy(Strategy):
 
     def start(self, grid: Grid, initial_arrays, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
-              **_: Any) -> CLoVEStrategy:
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable | None = None) -> CLoVEStrategy:
         """Run ``num_rounds`` CLoVE rounds.
+
+        Waits for ``min_nodes`` nodes, then every round sends all K models to
+        every node, clusters the returned loss vectors (:func:`clove_assign`),
+        sends each node its assigned model to train and averages the replies per
+        model (:meth:`aggregate_train`).
 
         Parameters
         ----------
         grid : flwr.serverapp.Grid
+            The ServerApp's grid, through which messages reach the nodes.
         initial_arrays : ArrayRecord or sequence of ArrayRecord
-            K distinct initial models, or one model copied K times.
+            K distinct initial models, or one model copied K times (another
+            number of models raises ``ValueError``).
         num_rounds : int, default=3
+            Number of CLoVE rounds.
         timeout : float, default=3600
             Seconds to wait for the nodes (connection and each exchange).
         train_config : ConfigRecord, optional
             Sent to the nodes with every message (e.g. a seed).
+        evaluate_config : ConfigRecord, optional
+            Accepted as in Flower's ``Strategy.start``, but no evaluation runs:
+            passing one warns (``UserWarning``) and it is not sent.
+        evaluate_fn : callable, optional
+            Accepted as in Flower's ``Strategy.start``, but never called (there
+            are K models, not one global model): passing one warns
+            (``UserWarning``). Evaluate ``models_`` after the run instead.
 
         Returns
         -------
-        self
+        CLoVEStrategy
+            ``self``, with ``models_``, ``labels_``, ``loss_vectors_``,
+            ``partitions_`` and ``history_`` of the last round (not Flower's
+            ``Result``).
+
+        Raises
+        ------
+        TimeoutError
+            If fewer than ``min_nodes`` nodes connect, or some node does not
+            reply, within ``timeout`` seconds.
+        RuntimeError
+            If a node replies with an error.
+        FloatingPointError
+            If a node reports a non-finite loss or trains a non-finite model.
+
+        Warns
+        -----
+        UserWarning
+            If ``evaluate_config`` or ``evaluate_fn`` is given (no evaluation runs).
         """
+        # (these were swallowed by **_ silently, with any misspelt keyword: num_round=20
+        # ran the default 3 rounds; an evaluate_fn was never called, without a word)
+        unused = [name for name, value in (("evaluate_config", evaluate_config),
+                                           ("evaluate_fn", evaluate_fn)) if value is not None]
+        if unused:
+            warnings.warn(f"CLoVEStrategy.start runs no evaluation (it trains K cluster "
+                          f"models, not one global model): {' and '.join(unused)} "
+                          "ignored; evaluate strategy.models_ after the run.", UserWarning,
+                          stacklevel=2)
         if isinstance(initial_arrays, ArrayRecord):
             initial_arrays = [initial_arrays] * self.n_clusters
         if len(initial_arrays) != self.n_clusters:
@@ -271,6 +420,30 @@ def make_client_app(
     Returns
     -------
     flwr.clientapp.ClientApp
+        The app, answering ``train.losses`` messages (the loss of every model on
+        the node's data) and ``train`` messages (local training of the node's
+        model). It is built at once; ``data_fn`` and ``model_fn`` run per message.
+
+    Raises
+    ------
+    ValueError
+        If ``loss`` is not one of the options.
+
+    Examples
+    --------
+    The ClientApp of a deployment (``partition-id`` is the node's config):
+
+    >>> import torch
+    >>> from mlpapers.datasets import make_federated_linear
+    >>> from mlpapers.federated.flower import make_client_app
+    >>> def data_fn(context):
+    ...     clients, _, _ = make_federated_linear(n_clusters=2, n_clients_per_cluster=2,
+    ...                                           n_features=5, random_state=0)
+    ...     return clients[int(context.node_config["partition-id"])]
+    >>> app = make_client_app(lambda: torch.nn.Linear(5, 1), data_fn, loss="mse",
+    ...                       local_epochs=10, lr=0.05)
+    >>> type(app).__name__
+    'ClientApp'
     """
     check_in_options(loss, "loss", ("mse", "cross_entropy", "reconstruction"))
     app = ClientApp()

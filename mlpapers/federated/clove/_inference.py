@@ -103,17 +103,30 @@ class _FederatedInferenceMixin:
 
         Parameters
         ----------
-        X : array-like or Tensor of shape (n_samples, n_features)
+        X : array-like, torch.Tensor or DataFrame of shape (n_samples, n_features)
+            The samples (``(n_samples, *input_shape_)`` for a callable model),
+            computed in float32 on the estimator's device. A DataFrame's columns
+            must match ``feature_names_in_``.
         client : int, optional
-            Index of a training client: its assigned model is used.
+            Index of a training client (in ``[0, n_clients_)``): its assigned model
+            is used.
         cluster : int, optional
-            Index of a model, as an alternative to ``client``.
+            Index of a model (in ``[0, len(models_))``), as an alternative to
+            ``client``. Neither is needed when there is one model (FedAvg).
 
         Returns
         -------
-        ndarray
-            Class labels (cross-entropy), predicted targets (MSE; 1D for a single
-            output) or reconstructions (autoencoder).
+        numpy.ndarray
+            Class labels from ``classes_`` of shape ``(n_samples,)``
+            (cross-entropy), predicted targets of shape ``(n_samples,)`` for a
+            single 1D target or ``(n_samples, n_outputs)`` (MSE), or
+            reconstructions of ``X``'s shape (autoencoder).
+
+        Raises
+        ------
+        ValueError
+            If both ``client`` and ``cluster`` are given, or neither with several
+            models, or an index is out of range, or ``X`` has the wrong shape.
         """
         model = self._model_for(client, cluster)
         return self._predict_with(model, self._check_X(X))
@@ -213,6 +226,8 @@ class _FederatedInferenceMixin:
         Returns
         -------
         int
+            Index of the model (in ``models_``) with the lowest mean loss on
+            ``(X, y)`` (ties: the lowest index), as IFCA assigns.
         """
         self._check_fitted()
         return int(np.argmin(self._client_loss_vector(X, y)))
@@ -232,6 +247,7 @@ class _FederatedInferenceMixin:
         Returns
         -------
         float
+            The mean over clients of their scores (higher is better).
         """
         self._check_fitted()
         if isinstance(clients, (list, tuple)):

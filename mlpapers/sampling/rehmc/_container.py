@@ -137,7 +137,46 @@ class ConvexContainer:
     Subclasses implement :meth:`contains`, :meth:`hit` and
     :meth:`interior_point`; :attr:`dim` is the dimension ``d``. The sampler checks
     the types and shapes of a user subclass's answers once, before sampling
-    (``ValueError``/``TypeError`` naming the method).
+    (``ValueError``/``TypeError`` naming the method). A subclass's ``contains`` and
+    ``hit`` also accept numpy arrays or nested lists of points (converted to float64
+    tensors; the answers then come back as numpy arrays), like the built-in
+    containers'.
+
+    Attributes
+    ----------
+    dim : int
+        The dimension ``d`` (set by the subclass).
+
+    See Also
+    --------
+    Box, Polytope, Ball, Ellipsoid, ConvexSet : the built-in containers.
+
+    Examples
+    --------
+    A container written by hand, the unit disc (the exit time solves a quadratic):
+
+    >>> import numpy as np
+    >>> import torch
+    >>> from mlpapers.sampling import ConvexContainer, ReflectiveHMC
+    >>> class UnitDisc(ConvexContainer):
+    ...     dim = 2
+    ...     def contains(self, x, tol=0.0):
+    ...         return x.norm(dim=-1) <= 1.0 + tol
+    ...     def hit(self, x, v, t_max=None, exclude=None):
+    ...         a, b = (v * v).sum(-1), (x * v).sum(-1)
+    ...         c = (x * x).sum(-1) - 1.0
+    ...         t = (-b + torch.sqrt(b * b - a * c)) / a
+    ...         y = x + t[:, None] * v
+    ...         return t, y / y.norm(dim=-1, keepdim=True)
+    ...     def interior_point(self):
+    ...         return np.zeros(2)
+    >>> disc = UnitDisc()
+    >>> disc.contains(np.array([[0.5, 0.5], [1.0, 1.0]]))
+    array([ True, False])
+    >>> res = ReflectiveHMC(lambda x: -(x ** 2).sum(-1), disc, n_leapfrog=5,
+    ...                     random_state=0).sample(50, n_chains=2, warmup=50)
+    >>> res.samples.shape, bool((np.linalg.norm(res.samples, axis=-1) <= 1.0).all())
+    ((2, 50, 2), True)
     """
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -167,7 +206,24 @@ class ConvexContainer:
     _exact_in_float64: bool = False
 
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
-        """Membership test ``x in K`` (to within ``tol``) of ``(C, d)`` points -> ``(C,)`` bool."""
+        """Membership test ``x in K`` (to within ``tol``) of a batch of points.
+
+        Parameters
+        ----------
+        x : torch.Tensor or array-like of shape (C, d)
+            The points, one per row. A subclass computes on tensors; numpy arrays
+            and nested lists are converted to float64 tensors first.
+        tol : float, default=0.0
+            Slack: points up to ``tol`` outside ``K`` count as inside (measured as
+            each container documents). The sampler tests points with ``tol=0``.
+
+        Returns
+        -------
+        torch.Tensor of shape (C,), bool
+            Whether each point lies in ``K``; a numpy array of bool when ``x`` is
+            not a tensor. A user's subclass must return a bool tensor of shape
+            ``(C,)`` (checked before sampling).
+        """
         raise NotImplementedError
 
     def _keeps_inside(self, dtype: torch.dtype) -> bool:
@@ -192,8 +248,10 @@ class ConvexContainer:
 
         Parameters
         ----------
-        x, v : torch.Tensor of shape (C, d)
-            Start points (inside ``K``) and velocities.
+        x, v : torch.Tensor or array-like of shape (C, d)
+            Start points (inside ``K``) and velocities. Numpy arrays and nested
+            lists are converted to float64 tensors, and the parts of the answer
+            then come back as numpy arrays.
         t_max : torch.Tensor of shape (C,) or float, optional
             The caller only needs hits before ``t_max``; the bisection oracle
             (:class:`ConvexSet`) uses it as its bracket and requires it,
@@ -222,11 +280,29 @@ class ConvexContainer:
         raise NotImplementedError
 
     def interior_point(self) -> np.ndarray:
-        """A point of the interior of ``K`` (shape ``(d,)``)."""
+        """A point of the interior of ``K``.
+
+        The sampler starts chains near it (:meth:`random_interior`) and a user's
+        class is checked on it before sampling.
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            A point strictly inside ``K`` (a copy: changing it changes nothing).
+        """
         raise NotImplementedError
 
     def width(self) -> float:
-        """Diameter of a ball inscribed in ``K`` (``inf`` if unknown); bounds the step size."""
+        """Diameter of a ball inscribed in ``K``, which caps the step size.
+
+        The base class does not know it and returns ``inf`` (no cap); a subclass
+        may override it.
+
+        Returns
+        -------
+        float
+            The diameter of some ball inside ``K`` (``inf`` if unknown).
+        """
         return float("inf")
 
     def _step_cap(self, inv_mass: Tensor) -> float:
@@ -256,9 +332,22 @@ class ConvexContainer:
     def random_interior(self, n: int, gen: torch.Generator) -> Tensor:
         """``n`` random points of ``K`` (not uniform): centre plus a random fraction of a chord.
 
+        The default starting points of the chains: from :meth:`interior_point`, a
+        uniformly random direction and a uniform fraction in ``[0, 0.9)`` of the
+        chord to the boundary along it (found by :meth:`hit` with ``t_max=1e3``; a
+        chord that never leaves ``K`` counts as length 1).
+
+        Parameters
+        ----------
+        n : int
+            Number of points.
+        gen : torch.Generator
+            CPU generator the directions and fractions are drawn from.
+
         Returns
         -------
         torch.Tensor of shape (n, d), float64
+            Points of ``K``, on the CPU.
         """
         c = torch.as_tensor(self.interior_point(), dtype=torch.float64).expand(n, -1).clone()
         u = torch.randn(n, self.dim, generator=gen, dtype=torch.float64)

@@ -32,6 +32,8 @@ from mlpapers.sampling.rehmc._container import (
 __all__ = ["ConvexSet", "Region"]
 
 Tensor = torch.Tensor
+# centring steps of ConvexSet.width (each: one batched hit of the 2 d axis rays)
+_CENTRING_STEPS = 8
 
 
 class ConvexSet(ConvexContainer):
@@ -62,6 +64,18 @@ class ConvexSet(ConvexContainer):
         else a descent on ``g``, which is convex).
     n_bisect : int, default=60
         Maximum root-finding iterations.
+
+    Attributes
+    ----------
+    g : callable
+        The function given.
+    grad_g : callable or None
+        The gradient given (``None``: autograd).
+    n_bisect : int
+        Maximum root-finding iterations.
+    dim : int or None
+        The dimension ``d`` (``None`` until the first :meth:`ReflectiveHMC.sample`
+        for a set built from ``g`` alone).
 
     Notes
     -----
@@ -193,6 +207,26 @@ class ConvexSet(ConvexContainer):
         return out.to(x.dtype)
 
     def contains(self, x, tol=0.0):
+        """Whether each point satisfies ``g(x) <= tol``.
+
+        Parameters
+        ----------
+        x : torch.Tensor or array-like of shape (C, d)
+            The points; numpy arrays and nested lists are converted to float64
+            tensors (the answer is then a numpy array). ``g`` gets a copy.
+        tol : float, default=0.0
+            Slack on the value of ``g`` (in the units of ``g``, not a distance).
+
+        Returns
+        -------
+        torch.Tensor of shape (C,), bool
+            Membership of each point (a numpy array for a non-tensor ``x``).
+
+        Raises
+        ------
+        ValueError
+            If ``g`` does not map ``(C, d)`` to shape ``(C,)``.
+        """
         # g gets a copy of points it may be handed by the sampler (the proposals, the
         # chains): one that changed its input in place moved them (the bisection's trial
         # points are g's own)
@@ -218,6 +252,38 @@ class ConvexSet(ConvexContainer):
         return gr
 
     def hit(self, x, v, t_max=None, exclude=None):
+        """First exit time of the rays ``x + t v`` from ``K``, by root finding on ``[0, t_max]``.
+
+        Bisection, then Illinois false position (see the class), until the
+        bracket is a few ulps wide; the time returned is the bracket's inner end,
+        so ``x + t v`` lies in ``K``.
+
+        Parameters
+        ----------
+        x, v : torch.Tensor or array-like of shape (C, d)
+            Start points (inside ``K``) and velocities; numpy arrays or nested
+            lists are converted to float64 tensors and the answer comes back as
+            numpy arrays.
+        t_max : torch.Tensor of shape (C,) or float
+            The bracket: only exits before ``t_max`` are found. Required
+            (``ValueError`` when ``None``).
+        exclude : torch.Tensor of shape (C,), optional
+            Ignored (a level set has one smooth face; a start on the boundary is
+            handled by the bracketing).
+
+        Returns
+        -------
+        Hit
+            The pair ``(t, normal)``: ``t`` of shape ``(C,)`` (``inf`` where the
+            ray is still inside at ``t_max``) and the unit outward normal
+            ``grad g / |grad g|`` at the exit point, shape ``(C, d)`` (by
+            ``grad_g`` or autograd); ``.face`` is all zeros.
+
+        Raises
+        ------
+        ValueError
+            If ``t_max`` is ``None``, or ``g`` or ``grad_g`` return the wrong shape.
+        """
         if t_max is None:
             raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
         # a number or a (C,) tensor (the other oracles accept both)
@@ -273,6 +339,21 @@ class ConvexSet(ConvexContainer):
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
     def interior_point(self):
+        """The point with ``g < 0`` given or found at construction (or by the first sample).
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            ``interior_point`` as passed, else the point found from the origin
+            (with ``dim``) or from the starting points of the first
+            :meth:`ReflectiveHMC.sample`.
+
+        Raises
+        ------
+        ValueError
+            For a set built without ``interior_point`` or ``dim`` that no
+            ``sample`` call has bound yet.
+        """
         if self._x0 is None:
             raise ValueError("ConvexSet(g) has no interior point yet (built without "
                              "interior_point or dim): pass interior_point= or dim=, or x0 to "
@@ -280,23 +361,71 @@ class ConvexSet(ConvexContainer):
         return self._x0.copy()
 
     def width(self):
-        """Shortest chord through the interior point along the coordinate axes (an
-        upper bound of the minimal width; ``inf`` if some axis never leaves ``K``)."""
+        """Shortest axis chord through a point centred in ``K`` along the axes.
+
+        From :meth:`interior_point`, up to eight centring steps move the point
+        towards the midpoints of its ``d`` axis chords (a step stays in ``K``: the
+        average of the ``d`` midpoints is inside by convexity, and a longer step is
+        kept only where ``g < 0``); the width is the largest shortest axis chord
+        seen. Computed once and cached. The value estimates, and caps the step size
+        by, the diameter of the largest inscribed ball; it is not a bound (a set
+        elongated along a diagonal has longer axis chords).
+
+        Returns
+        -------
+        float
+            The shortest of the ``d`` axis chords through the centred point (``inf``
+            if every axis through it never leaves ``K``).
+
+        Raises
+        ------
+        ValueError
+            For a set that has no interior point yet (see :meth:`interior_point`).
+        """
         if "_width" not in self.__dict__:
-            x0 = self.interior_point()
-            d = self.dim
-            dirs = torch.cat([torch.eye(d, dtype=torch.float64),
-                              -torch.eye(d, dtype=torch.float64)])
-            x = torch.as_tensor(x0).expand(2 * d, -1)
-            t_max = torch.ones(2 * d, dtype=torch.float64)
-            t = torch.full_like(t_max, float("inf"))
-            for _ in range(64):  # grow the bracket until every ray has left K
-                t = self.hit(x, dirs, t_max)[0]
-                if bool(torch.isfinite(t).all()):
+            # the axis chords through the interior point alone gave the width: a valid
+            # interior_point near the boundary (g(x0) < 0 is all that is asked) has a
+            # chord of length ~sqrt(distance) along the tangent, so the step size was
+            # capped a thousand times too small (the unit disc from (0, 1 - 1e-6):
+            # width 0.003 instead of 2, bulk ESS 12 instead of 1700)
+            x = torch.as_tensor(self.interior_point())
+            best = 0.0
+            for _ in range(_CENTRING_STEPS):
+                up, down = self._axis_chords(x)
+                short = float((up + down).min())
+                best = max(best, short)
+                shift = 0.5 * (up - down)  # to the midpoints of the axis chords
+                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+                if not math.isfinite(short) or bool(
+                        (shift.abs() <= 1e-3 * (up + down)).all()):
+                    break  # (an interior point already centred: one pass, as before)
+                # the full step when it stays inside, else shorter ones down to 1 / d,
+                # the average of the d chord midpoints, inside K by convexity
+                halvings = [0.5 ** k for k in range(int(math.log2(self.dim)) + 1)]
+                for alpha in sorted({*halvings, 1.0 / self.dim}, reverse=True):
+                    trial = x + alpha * shift
+                    if bool(self._g(trial[None].clone())[0] < 0):
+                        x = trial
+                        break
+                else:
                     break
-                t_max = torch.where(torch.isfinite(t), t_max, 16.0 * t_max)
-            self._width = float((t[:d] + t[d:]).min())
+            self._width = best
         return self._width
+
+    def _axis_chords(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Exit times ``(up, down)``, each ``(d,)``, of the rays from ``x`` (a point of
+        ``K``) along ``+e_j`` and ``-e_j`` (``inf`` for a ray that never leaves ``K``)."""
+        d = self.dim
+        dirs = torch.cat([torch.eye(d, dtype=torch.float64), -torch.eye(d, dtype=torch.float64)])
+        xs = x.expand(2 * d, -1)
+        t_max = torch.ones(2 * d, dtype=torch.float64)
+        t = torch.full_like(t_max, float("inf"))
+        for _ in range(64):  # grow the bracket until every ray has left K
+            t = self.hit(xs, dirs, t_max)[0]
+            if bool(torch.isfinite(t).all()):
+                break
+            t_max = torch.where(torch.isfinite(t), t_max, 16.0 * t_max)
+        return t[:d], t[d:]
 
 
 class Region:
@@ -328,7 +457,29 @@ class Region:
         return "Region(...)"
 
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
-        """Membership ``(C, d) -> (C,)`` bool."""
+        """Membership of points in ``S``, by the function given at construction.
+
+        Parameters
+        ----------
+        x : torch.Tensor or array-like of shape (C, d)
+            The points; numpy arrays and nested lists are converted to float64
+            tensors (the answer is then a numpy array). The function gets a copy.
+        tol : float, default=0.0
+            Ignored (the membership function has no tolerance); accepted for the
+            interface of :meth:`ConvexContainer.contains`.
+
+        Returns
+        -------
+        torch.Tensor of shape (C,), bool
+            The function's answer as booleans (0/1 numbers are accepted); a numpy
+            array for a non-tensor ``x``.
+
+        Raises
+        ------
+        ValueError
+            If the function returns another shape than ``(C,)``, or numbers
+            other than 0 and 1 (a score, not a membership).
+        """
         with torch.no_grad():
             # a copy: the sampler hands it its chains, which a function that changes its
             # input in place would move

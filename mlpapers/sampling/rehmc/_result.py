@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import warnings
 from dataclasses import dataclass, field
 
@@ -14,7 +15,7 @@ from mlpapers.sampling.rehmc._diagnostics import ess as _ess
 from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
 from mlpapers.sampling.rehmc._summary import SampleSummary, check_names
 
-__all__ = ["SampleResult", "end_fingerprint"]
+__all__ = ["SampleResult", "attribute_entries", "end_fingerprint"]
 
 def end_fingerprint(result) -> str | None:
     """A hash of where ``result`` ended: its generator state and its chains' final states.
@@ -31,6 +32,27 @@ def end_fingerprint(result) -> str | None:
     h.update(repr(last.shape).encode())
     h.update(last.tobytes())
     return h.hexdigest()
+
+
+def attribute_entries(doc: str) -> dict[str, str]:
+    """``{name: entry}`` of the ``Attributes`` section of a numpydoc class docstring
+    (each entry its ``name : type`` line and description, as written), so that a
+    subclass (:class:`StiefelResult`) documents the fields it inherits in the same words."""
+    lines = inspect.cleandoc(doc).split("\n")
+    if "Attributes" not in lines:  # (python -OO: dataclasses make a docstring of the fields)
+        return {}
+    start = lines.index("Attributes") + 2  # after the dashes
+    entries: dict[str, list[str]] = {}
+    name = None
+    for line in lines[start:]:
+        if line and not line.startswith(" "):
+            if line.startswith("-") or ":" not in line:
+                break  # the next section's title (its dashes follow)
+            name = line.split(":", 1)[0].strip()
+            entries[name] = []
+        if name is not None:
+            entries[name].append(line)
+    return {k: "\n".join(v).rstrip() for k, v in entries.items()}
 
 
 # per-draw statistics of ``SampleResult.sample_stats``, in arviz's names
@@ -126,6 +148,18 @@ class SampleResult:
     ``repr(result)`` is one line (shapes and sampler-level figures); the
     per-dimension table is :meth:`summary`, and ``print(result.summary())``
     prints it.
+
+    Examples
+    --------
+    >>> from mlpapers.sampling import Box, ReflectiveHMC
+    >>> hmc = ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box([-1, -1], [1, 1]),
+    ...                     n_leapfrog=5, random_state=0)
+    >>> res = hmc.sample(100, n_chains=2, warmup=100)
+    >>> res.samples.shape, res.rhat().shape, res.ess().shape
+    ((2, 100, 2), (2,), (2,))
+    >>> more = hmc.sample(50, resume=res)  # the same chains, 50 draws further
+    >>> res.concat(more).samples.shape
+    (2, 150, 2)
     """
 
     samples: np.ndarray
@@ -169,11 +203,36 @@ class SampleResult:
                           stacklevel=user_stacklevel())
 
     def ess(self, kind: str = "bulk") -> np.ndarray:
-        """Rank-normalised bulk or tail effective sample size per dimension, ``(d,)``."""
+        """Rank-normalised bulk or tail effective sample size per dimension.
+
+        :func:`~mlpapers.sampling.ess` of :attr:`samples`.
+
+        Parameters
+        ----------
+        kind : {"bulk", "tail"}, default="bulk"
+            ``"bulk"``: the ESS of the rank-normalised draws; ``"tail"``: the
+            smaller ESS of the indicators of the 5% and 95% quantiles.
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            One ESS per dimension (NaN where undefined: fewer than 8 draws per
+            chain, non-finite or constant draws).
+        """
         return np.asarray(_ess(self.samples, kind=kind))
 
     def rhat(self) -> np.ndarray:
-        """Rank-normalised split R-hat per dimension, ``(d,)``."""
+        """Rank-normalised split R-hat per dimension.
+
+        :func:`~mlpapers.sampling.rhat` of :attr:`samples` (the larger of the bulk
+        and folded R-hat; below 1.01 when the chains agree).
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            One R-hat per dimension (NaN where undefined: fewer than 4 draws per
+            chain, non-finite or constant draws).
+        """
         return np.asarray(_rhat(self.samples))
 
     def _default_names(self) -> list[str]:
@@ -361,6 +420,18 @@ class SampleResult:
         names : sequence of str, optional
             One label per dimension, used as the coordinates of ``x``'s last
             dimension (``az.summary`` then shows ``x[intercept]``, ...).
+
+        Returns
+        -------
+        arviz.InferenceData
+            With groups ``posterior`` (variable ``x``) and ``sample_stats``.
+
+        Raises
+        ------
+        ImportError
+            If arviz is not installed (``pip install arviz``).
+        TypeError, ValueError
+            If ``names`` is not one distinct label per dimension.
         """
         try:
             import arviz as az

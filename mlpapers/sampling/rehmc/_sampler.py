@@ -115,7 +115,12 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     dtype : torch.dtype or str, default=torch.float64
         ``torch.float64`` or ``torch.float32`` (half precision raises ``TypeError``).
     device : str or torch.device, default="cpu"
-    random_state : int, numpy Generator or None
+        Device of the chains' tensors (``log_prob`` receives them there).
+    random_state : int, RandomState, Generator or None, default=None
+        Seeds the sampler's own generator (starting points, momenta, Metropolis
+        tests, jitter); the global RNGs are left alone. The random numbers are drawn
+        on the CPU in float64, so a seed gives the same stream on every device and
+        dtype. ``None`` draws a seed from numpy's global ``RandomState``.
     verbose : int, default=0
         ``> 0`` shows a progress bar over the warm-up (acceptance, leapfrog steps,
         mean step size), then one over the draws (acceptance, divergences).

@@ -13,6 +13,7 @@ ball ``||X||_F <= b sqrt(k)`` and keeps the draws in ``R`` (container plus thinn
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from mlpapers._utils import check_positive, on_inputs_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._kernels import ContractError
+from mlpapers.sampling.rehmc._result import attribute_entries
 from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Ball, Region
 from mlpapers.sampling.rehmc._user import eval_mode
@@ -70,12 +72,28 @@ def polar_factor(X: Tensor) -> Tensor:
 
     Parameters
     ----------
-    X : torch.Tensor or array-like of shape (..., n, k), full column rank
+    X : torch.Tensor or array-like of shape (..., n, k)
+        Matrices of full column rank (``k <= n``), batched over the leading
+        dimensions. A tensor keeps its dtype, device and autograd graph; anything
+        else is converted to a finite float64 array (``ValueError`` otherwise, or
+        for fewer than 2 dimensions).
 
     Returns
     -------
     torch.Tensor or numpy.ndarray of shape (..., n, k)
-        A tensor for a tensor input, else a float64 numpy array.
+        ``U V^T`` from the thin SVD ``X = U S V^T``: orthonormal columns
+        (``Q^T Q = I``). A tensor for a tensor input, else a float64 numpy array.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.sampling import polar_factor
+    >>> X = np.array([[2.0, 0.0], [0.0, 3.0], [0.0, 0.0]])
+    >>> polar_factor(X).tolist()
+    [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    >>> Q = polar_factor(np.random.default_rng(0).standard_normal((5, 4, 2)))
+    >>> Q.shape, bool(np.allclose(Q.swapaxes(-1, -2) @ Q, np.eye(2)))
+    ((5, 4, 2), True)
     """
     if not isinstance(X, torch.Tensor):
         X_np = _as_float_array(X, "X", None)
@@ -102,11 +120,30 @@ def _check_input_shape(Q: Tensor, n: int, k: int, names: str) -> None:
 def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
     """``log g(Q) = tr(F^T Q)`` (matrix von Mises-Fisher), for ``(C, n, k)`` inputs.
 
+    The density concentrates around the polar factor of ``F`` (its mode), more
+    sharply as ``F`` grows.
+
     Parameters
     ----------
     F : array-like of shape (n, k)
         Finite parameter matrix (``ValueError`` otherwise, or when the sampler's
         ``Q`` does not have shape ``(..., n, k)``).
+
+    Returns
+    -------
+    callable
+        ``log_density(Q)``: maps a torch tensor ``Q`` of shape ``(..., n, k)`` to
+        ``tr(F^T Q)`` of shape ``(...)``, in ``Q``'s dtype and device (the
+        ``log_density`` of :class:`StiefelSampler`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.sampling import matrix_von_mises_fisher_log_density
+    >>> log_g = matrix_von_mises_fisher_log_density([[5.0, 0.0], [0.0, 5.0], [0.0, 0.0]])
+    >>> Q = torch.eye(3, 2, dtype=torch.float64)[None]  # the mode
+    >>> log_g(Q).tolist()
+    [10.0]
     """
     F_np = _param_matrix(F, "F")
 
@@ -124,9 +161,28 @@ def bingham_log_density(A, B) -> Callable[[Tensor], Tensor]:
     Parameters
     ----------
     A : array-like of shape (n, n)
+        Finite square matrix acting on the rows of ``Q`` (``ValueError``
+        otherwise).
     B : array-like of shape (k, k)
-        Finite square matrices (``ValueError`` otherwise, or when the sampler's
-        ``Q`` does not have shape ``(..., n, k)``).
+        Finite square matrix acting on the columns of ``Q`` (``ValueError``
+        otherwise, or when the sampler's ``Q`` does not have shape
+        ``(..., n, k)``).
+
+    Returns
+    -------
+    callable
+        ``log_density(Q)``: maps a torch tensor ``Q`` of shape ``(..., n, k)`` to
+        ``tr(Q^T A Q B)`` of shape ``(...)``, in ``Q``'s dtype and device (the
+        ``log_density`` of :class:`StiefelSampler`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from mlpapers.sampling import bingham_log_density
+    >>> log_g = bingham_log_density(torch.diag(torch.tensor([3.0, 2.0, 1.0])), [[1.0]])
+    >>> Q = torch.eye(3, 1, dtype=torch.float64)[None]  # the first axis
+    >>> log_g(Q).tolist()
+    [3.0]
     """
     A_np, B_np = _param_matrix(A, "A", square=True), _param_matrix(B, "B", square=True)
 
@@ -150,6 +206,14 @@ class StiefelResult(SampleResult):
         The Stiefel draws.
     X : numpy.ndarray of shape (chains, draws, n, k)
         The underlying Euclidean draws (``Q`` is their polar factor).
+    samples : numpy.ndarray of shape (chains, draws, n * k)
+        ``Q`` flattened row-major, for the diagnostics (:meth:`rhat`,
+        :meth:`ess`, :meth:`summary`).
+    kept_fraction : numpy.ndarray of shape (chains,)
+        Fraction of the recorded states ``X`` that were well conditioned (kept).
+    last_state : numpy.ndarray of shape (chains, n * k) or None
+        Final Euclidean state ``X`` of each chain, flattened (see Notes).
+%(inherited)s
 
     Notes
     -----
@@ -163,6 +227,17 @@ class StiefelResult(SampleResult):
     ``sample_stats`` are those of the inner :class:`ReflectiveHMC` run on ``X``: there
     ``lp`` is the Euclidean log density ``log g(Q) - ||X||_F^2 / 2`` of the draw and
     ``energy`` the Hamiltonian of the chain on ``X``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.sampling import StiefelSampler
+    >>> res = StiefelSampler(n=3, k=2, n_leapfrog=5, random_state=0).sample(
+    ...     30, n_chains=2, warmup=30)
+    >>> res.Q.shape, res.samples.shape, res.last_state.shape
+    ((2, 30, 3, 2), (2, 30, 6), (2, 6))
+    >>> bool(np.allclose(res.Q, res.samples.reshape(2, 30, 3, 2)))
+    True
     """
 
     Q: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -181,6 +256,15 @@ class StiefelResult(SampleResult):
         if Q.ndim != 4:
             return super()._default_names()
         return [f"Q[{i},{j}]" for i in range(Q.shape[2]) for j in range(Q.shape[3])]
+
+
+# the fields inherited unchanged, documented in SampleResult's words (python -OO strips
+# the docstrings: dataclasses then write their own, without the placeholder)
+if StiefelResult.__doc__ is not None:
+    StiefelResult.__doc__ = StiefelResult.__doc__.replace("%(inherited)s", "\n".join(
+        textwrap.indent(entry, "    ")
+        for name, entry in attribute_entries(SampleResult.__doc__).items()
+        if name not in ("samples", "kept_fraction", "last_state")))
 
 
 class StiefelSampler(TorchEstimatorMixin, BaseEstimator):

@@ -83,10 +83,33 @@ class SampleSummary(dict):
     ``accept_rate``, ``n_divergent``, ``reflections_per_step``, ``kept_fraction`` and
     ``mean_leapfrog`` are sampler-level numbers, printed under the table.
 
+    Parameters
+    ----------
+    data : dict
+        The entries above (the per-dimension arrays and the sampler-level
+        numbers), as :meth:`SampleResult.summary` computes them.
+    names : list of str
+        One row label per dimension.
+
     Attributes
     ----------
     names : list of str
         Row labels (``x[0]``, ``x[1]``, ... unless ``names`` was passed).
+
+    Examples
+    --------
+    >>> from mlpapers.sampling import Box, ReflectiveHMC
+    >>> res = ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box([-1, -1], [1, 1]),
+    ...                     n_leapfrog=5, random_state=0).sample(100, n_chains=2, warmup=100)
+    >>> summary = res.summary(names=["a", "b"])
+    >>> summary.names, summary["mean"].shape
+    (['a', 'b'], (2,))
+    >>> print(summary)  # doctest: +ELLIPSIS
+          mean     sd  ...  r_hat
+    a  ...
+    b  ...
+    <BLANKLINE>
+    accept rate ...
     """
 
     def __init__(self, data: dict, names: list[str]):
@@ -94,7 +117,19 @@ class SampleSummary(dict):
         self.names = list(names)
 
     def to_frame(self):
-        """The per-dimension entries as a ``pandas.DataFrame`` indexed by ``names``."""
+        """The per-dimension entries as a ``pandas.DataFrame`` indexed by ``names``.
+
+        Returns
+        -------
+        pandas.DataFrame of shape (d, 8)
+            Columns ``mean``, ``sd``, ``5%``, ``50%``, ``95%``, ``ess_bulk``,
+            ``ess_tail`` and ``r_hat`` (as printed), index ``parameter``.
+
+        Raises
+        ------
+        ImportError
+            If pandas is not installed.
+        """
         try:
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - optional

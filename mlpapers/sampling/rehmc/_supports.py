@@ -52,6 +52,13 @@ class Box(ConvexContainer):
     dim : int, optional
         Dimension, when both bounds are scalars.
 
+    Attributes
+    ----------
+    lo, hi : numpy.ndarray of shape (d,)
+        The bounds, float64.
+    dim : int
+        The dimension ``d``.
+
     Examples
     --------
     >>> import torch
@@ -105,6 +112,21 @@ class Box(ConvexContainer):
         return f"Box(dim={self.dim})"
 
     def contains(self, x, tol=0.0):
+        """Whether each point satisfies ``lo - tol <= x <= hi + tol`` in every coordinate.
+
+        Parameters
+        ----------
+        x : torch.Tensor or array-like of shape (C, d)
+            The points; numpy arrays and nested lists are converted to float64
+            tensors (the answer is then a numpy array).
+        tol : float, default=0.0
+            Slack added to every bound (a distance in the max norm).
+
+        Returns
+        -------
+        torch.Tensor of shape (C,), bool
+            Membership of each point (a numpy array for a non-tensor ``x``).
+        """
         lo, hi = self._t(self.lo, x), self._t(self.hi, x)
         if tol:  # (the sampler tests every proposal with tol=0: two operations fewer)
             lo, hi = lo - tol, hi + tol
@@ -115,6 +137,34 @@ class Box(ConvexContainer):
         return dtype == torch.float64 and getattr(self, "_fold_inside", False)  # old pickles
 
     def hit(self, x, v, t_max=None, exclude=None):
+        """First exit time of the rays ``x + t v`` through a face of the box.
+
+        In closed form per coordinate: ``(hi_j - x_j) / v_j`` for ``v_j > 0`` and
+        ``(lo_j - x_j) / v_j`` for ``v_j < 0``, the smallest over ``j``; a
+        coordinate whose speed is below ``64 eps |v|`` counts as parallel to its
+        faces (never hit).
+
+        Parameters
+        ----------
+        x, v : torch.Tensor or array-like of shape (C, d)
+            Start points (inside) and velocities; numpy arrays or nested lists are
+            converted to float64 tensors and the answer comes back as numpy arrays.
+        t_max : torch.Tensor of shape (C,) or float, optional
+            Ignored (the closed form needs no bracket); accepted for the common
+            interface :meth:`ConvexContainer.hit`.
+        exclude : torch.Tensor of shape (C,), optional
+            Face just hit (``j`` for ``lo_j``, ``d + j`` for ``hi_j``, ``-1`` for
+            none), skipped when the particle moves towards it (a round-off hit
+            at ``t = 0``).
+
+        Returns
+        -------
+        Hit
+            The pair ``(t, normal)``: ``t`` of shape ``(C,)`` (``inf`` for a zero
+            velocity) and the outward normal ``+-e_j`` of the face hit, shape
+            ``(C, d)``; ``.face`` of shape ``(C,)`` is ``j`` for ``lo_j`` and
+            ``d + j`` for ``hi_j``.
+        """
         lo, hi = self._t(self.lo, x), self._t(self.hi, x)
         inf = torch.full_like(x, float("inf"))
         speed = v.abs()
@@ -145,7 +195,9 @@ class Box(ConvexContainer):
         Parameters
         ----------
         x, v : torch.Tensor of shape (C, d)
+            Start points (inside the box) and velocities, as tensors (no numpy).
         tau : torch.Tensor of shape (C,)
+            Time to move each particle for (``>= 0``).
 
         Returns
         -------
@@ -167,15 +219,43 @@ class Box(ConvexContainer):
         return torch.addcmul(lo, w, y), flipped, n_ref.long()
 
     def interior_point(self):
+        """The centre of the box.
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            ``(lo + hi) / 2``, float64.
+        """
         return 0.5 * (self.lo + self.hi)
 
     def width(self):
+        """The shortest side, the diameter of the largest ball inside the box.
+
+        Returns
+        -------
+        float
+            ``min(hi - lo)``.
+        """
         return float(np.min(self.hi - self.lo))
 
     def _scaled_width(self, scale):
         return float(np.min(self._w / scale))
 
     def random_interior(self, n, gen):
+        """``n`` points uniform in the box shrunk by 0.9 about its centre.
+
+        Parameters
+        ----------
+        n : int
+            Number of points.
+        gen : torch.Generator
+            CPU generator the points are drawn from.
+
+        Returns
+        -------
+        torch.Tensor of shape (n, d), float64
+            ``lo + (0.05 + 0.9 u) (hi - lo)`` with ``u`` uniform on ``[0, 1)^d``.
+        """
         u = torch.rand(n, self.dim, generator=gen, dtype=torch.float64)
         lo, hi = torch.as_tensor(self.lo), torch.as_tensor(self.hi)
         return lo + (0.05 + 0.9 * u) * (hi - lo)
@@ -200,7 +280,33 @@ class Polytope(ConvexContainer):
     Parameters
     ----------
     A : array-like of shape (m, d)
+        Finite constraint matrix: row ``a_i`` is the outward normal of face ``i``
+        (any non-zero length; an all-zero row raises ``ValueError``).
     b : array-like of shape (m,)
+        Finite right-hand sides: ``a_i^T x <= b_i``.
+
+    Attributes
+    ----------
+    A : numpy.ndarray of shape (m, d)
+        The rows scaled to unit norm.
+    b : numpy.ndarray of shape (m,)
+        The right-hand sides scaled alike, so ``b_i - a_i^T x`` is the distance
+        of ``x`` to face ``i``.
+    dim : int
+        The dimension ``d``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.sampling import Polytope
+    >>> triangle = Polytope([[-1, 0], [0, -1], [1, 1]], [0, 0, 1])  # x, y >= 0, x + y <= 1
+    >>> triangle.contains(np.array([[0.2, 0.2], [0.8, 0.8]]))
+    array([ True, False])
+    >>> round(triangle.width(), 4)  # 2 (1 - 1 / sqrt(2)), the incircle's diameter
+    0.5858
+    >>> t, normal = triangle.hit([[0.2, 0.2]], [[1.0, 0.0]])
+    >>> round(float(t[0]), 6), normal.round(4).tolist()
+    (0.6, [[0.7071, 0.7071]])
     """
 
     _exact_in_float64 = True
@@ -254,10 +360,50 @@ class Polytope(ConvexContainer):
         return 2.0 * float(res.x[-1]) if res.status == 0 else None
 
     def contains(self, x, tol=0.0):
+        """Whether each point satisfies ``A x <= b + tol`` (rows of unit norm).
+
+        Parameters
+        ----------
+        x : torch.Tensor or array-like of shape (C, d)
+            The points; numpy arrays and nested lists are converted to float64
+            tensors (the answer is then a numpy array).
+        tol : float, default=0.0
+            Slack: the largest distance a point may lie beyond a face.
+
+        Returns
+        -------
+        torch.Tensor of shape (C,), bool
+            Membership of each point (a numpy array for a non-tensor ``x``).
+        """
         A, b = self._t(self.A, x), self._t(self.b, x)
         return (x @ A.T <= b + tol).all(-1)
 
     def hit(self, x, v, t_max=None, exclude=None):
+        """First exit time of the rays ``x + t v`` through a face of the polytope.
+
+        In closed form: the smallest ``(b_i - a_i^T x) / (a_i^T v)`` over the faces
+        the ray approaches (``a_i^T v > 64 eps |v|``); ties go to the lowest row.
+
+        Parameters
+        ----------
+        x, v : torch.Tensor or array-like of shape (C, d)
+            Start points (inside) and velocities; numpy arrays or nested lists are
+            converted to float64 tensors and the answer comes back as numpy arrays.
+        t_max : torch.Tensor of shape (C,) or float, optional
+            Ignored (the closed form needs no bracket); accepted for the common
+            interface :meth:`ConvexContainer.hit`.
+        exclude : torch.Tensor of shape (C,), optional
+            Row of the face just hit (``-1`` for none), skipped (a round-off hit
+            at ``t = 0``).
+
+        Returns
+        -------
+        Hit
+            The pair ``(t, normal)``: ``t`` of shape ``(C,)`` (``inf`` when the ray
+            never leaves an unbounded polytope) and the unit outward normal
+            ``A[i]`` of the face hit, shape ``(C, d)``; ``.face`` of shape ``(C,)``
+            is the row ``i``.
+        """
         A, At, b = self._t(self.A, x), self._t(self._At, x), self._t(self.b, x)
         slack = (b - x @ At).clamp_min_(0.0)  # (C, m)
         rate = v @ At  # (C, m): normal speed towards each face
@@ -270,9 +416,27 @@ class Polytope(ConvexContainer):
         return Hit(tmin, A[j], j)
 
     def interior_point(self):
+        """The Chebyshev centre (for an unbounded polytope, a point near the origin).
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            The centre of the largest inscribed ball, from the linear program
+            solved at construction; for an unbounded polytope, the point nearest
+            the origin (in the max norm) whose ball of radius
+            ``min(1, inradius)`` lies inside.
+        """
         return self._center.copy()
 
     def width(self):
+        """Diameter of the largest inscribed ball (twice the Chebyshev radius).
+
+        Returns
+        -------
+        float
+            ``2 * inradius``; the linear program caps the radius at ``1e6``, so a
+            polytope containing larger balls (a half-space) gives ``2e6``.
+        """
         return 2.0 * self._radius
 
 
@@ -282,9 +446,30 @@ class Ball(ConvexContainer):
     Parameters
     ----------
     center : array-like of shape (d,)
+        Finite centre; its length fixes the dimension ``d``.
     radius : float
         In ``[1e-150, 1e150]`` (the exit time solves a quadratic in
         ``radius**2``), else ``ValueError``: rescale the coordinates.
+
+    Attributes
+    ----------
+    center : numpy.ndarray of shape (d,)
+        The centre, float64.
+    radius : float
+        The radius.
+    dim : int
+        The dimension ``d``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.sampling import Ball
+    >>> ball = Ball([0.0, 0.0], 2.0)
+    >>> ball.contains(np.array([[1.0, 1.0], [2.0, 1.0]]))
+    array([ True, False])
+    >>> t, normal = ball.hit([[0.0, 0.0]], [[0.0, 4.0]])
+    >>> float(t[0]), normal.tolist()
+    (0.5, [[0.0, 1.0]])
     """
 
     _exact_in_float64 = True
@@ -310,10 +495,50 @@ class Ball(ConvexContainer):
         return f"Ball(dim={self.dim}, radius={self.radius:g})"
 
     def contains(self, x, tol=0.0):
+        """Whether each point satisfies ``|x - center| <= radius + tol``.
+
+        Parameters
+        ----------
+        x : torch.Tensor or array-like of shape (C, d)
+            The points; numpy arrays and nested lists are converted to float64
+            tensors (the answer is then a numpy array).
+        tol : float, default=0.0
+            Slack: the largest distance a point may lie outside the sphere.
+
+        Returns
+        -------
+        torch.Tensor of shape (C,), bool
+            Membership of each point (a numpy array for a non-tensor ``x``).
+        """
         y = x - self._t(self.center, x)
         return y.norm(dim=-1) <= self.radius + tol
 
     def hit(self, x, v, t_max=None, exclude=None):
+        """Exit time of the rays ``x + t v`` through the sphere.
+
+        The positive root of ``|x + t v - center|^2 = radius^2``, in a form free of
+        cancellation (a start on the sphere moving inwards gets the far root).
+
+        Parameters
+        ----------
+        x, v : torch.Tensor or array-like of shape (C, d)
+            Start points (inside) and velocities; numpy arrays or nested lists are
+            converted to float64 tensors and the answer comes back as numpy arrays.
+        t_max : torch.Tensor of shape (C,) or float, optional
+            Ignored (the closed form needs no bracket); accepted for the common
+            interface :meth:`ConvexContainer.hit`.
+        exclude : torch.Tensor of shape (C,), optional
+            Ignored (a sphere has one smooth face; the root is chosen so that a
+            start on it does not hit it again at ``t = 0``).
+
+        Returns
+        -------
+        Hit
+            The pair ``(t, normal)``: ``t`` of shape ``(C,)`` (``inf`` for a zero
+            velocity) and the unit outward normal ``(y - center) / radius`` at the
+            exit point ``y``, shape ``(C, d)``; ``.face`` is all zeros (one smooth
+            face).
+        """
         y = x - self._t(self.center, x)
         t = _quadratic_exit((v * v).sum(-1), (y * v).sum(-1),
                             (y * y).sum(-1) - self.radius**2)
@@ -322,9 +547,23 @@ class Ball(ConvexContainer):
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
     def interior_point(self):
+        """The centre.
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            A copy of :attr:`center`.
+        """
         return self.center.copy()
 
     def width(self):
+        """The diameter.
+
+        Returns
+        -------
+        float
+            ``2 * radius``.
+        """
         return 2.0 * self.radius
 
     def _scaled_width(self, scale):
@@ -337,7 +576,33 @@ class Ellipsoid(ConvexContainer):
     Parameters
     ----------
     center : array-like of shape (d,)
+        Finite centre; its length fixes the dimension ``d``.
     E : array-like of shape (d, d)
+        Finite, symmetric (to ``rtol=1e-10``, ``atol=1e-12``; symmetrised) and
+        positive definite shape matrix, else ``ValueError``: the semi-axes have
+        lengths ``1 / sqrt(eigenvalues of E)``.
+
+    Attributes
+    ----------
+    center : numpy.ndarray of shape (d,)
+        The centre, float64.
+    E : numpy.ndarray of shape (d, d)
+        The shape matrix, ``(E + E^T) / 2``.
+    dim : int
+        The dimension ``d``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mlpapers.sampling import Ellipsoid
+    >>> ell = Ellipsoid([0.0, 0.0], [[4.0, 0.0], [0.0, 1.0]])  # semi-axes 0.5 and 1
+    >>> ell.contains(np.array([[0.4, 0.0], [0.6, 0.0]]))
+    array([ True, False])
+    >>> ell.width()  # the shortest axis
+    1.0
+    >>> t, normal = ell.hit([[0.0, 0.0]], [[1.0, 0.0]])
+    >>> float(t[0]), normal.tolist()
+    (0.5, [[1.0, 0.0]])
     """
 
     _exact_in_float64 = True
@@ -359,10 +624,52 @@ class Ellipsoid(ConvexContainer):
         return f"Ellipsoid(dim={self.dim})"
 
     def contains(self, x, tol=0.0):
+        """Whether each point satisfies ``(x - center)^T E (x - center) <= 1 + tol``.
+
+        Parameters
+        ----------
+        x : torch.Tensor or array-like of shape (C, d)
+            The points; numpy arrays and nested lists are converted to float64
+            tensors (the answer is then a numpy array).
+        tol : float, default=0.0
+            Slack on the quadratic form (not a distance: ``tol`` admits points up
+            to a factor ``sqrt(1 + tol)`` farther from the centre).
+
+        Returns
+        -------
+        torch.Tensor of shape (C,), bool
+            Membership of each point (a numpy array for a non-tensor ``x``).
+        """
         y = x - self._t(self.center, x)
         return ((y @ self._t(self.E, x)) * y).sum(-1) <= 1.0 + tol
 
     def hit(self, x, v, t_max=None, exclude=None):
+        """Exit time of the rays ``x + t v`` through the ellipsoid's surface.
+
+        The positive root of ``(y + t v)^T E (y + t v) = 1`` with
+        ``y = x - center``, in a form free of cancellation (a start on the surface
+        moving inwards gets the far root).
+
+        Parameters
+        ----------
+        x, v : torch.Tensor or array-like of shape (C, d)
+            Start points (inside) and velocities; numpy arrays or nested lists are
+            converted to float64 tensors and the answer comes back as numpy arrays.
+        t_max : torch.Tensor of shape (C,) or float, optional
+            Ignored (the closed form needs no bracket); accepted for the common
+            interface :meth:`ConvexContainer.hit`.
+        exclude : torch.Tensor of shape (C,), optional
+            Ignored (one smooth face; the root is chosen so that a start on it
+            does not hit it again at ``t = 0``).
+
+        Returns
+        -------
+        Hit
+            The pair ``(t, normal)``: ``t`` of shape ``(C,)`` (``inf`` for a zero
+            velocity) and the unit outward normal, ``E (y - center)`` normalised,
+            at the exit point ``y``, shape ``(C, d)``; ``.face`` is all zeros (one
+            smooth face).
+        """
         E = self._t(self.E, x)
         y = x - self._t(self.center, x)
         Ev = v @ E
@@ -373,9 +680,23 @@ class Ellipsoid(ConvexContainer):
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
     def interior_point(self):
+        """The centre.
+
+        Returns
+        -------
+        numpy.ndarray of shape (d,)
+            A copy of :attr:`center`.
+        """
         return self.center.copy()
 
     def width(self):
+        """The length of the shortest axis, the diameter of the largest inscribed ball.
+
+        Returns
+        -------
+        float
+            ``2 / sqrt(largest eigenvalue of E)``.
+        """
         return float(2.0 / np.sqrt(np.linalg.eigvalsh(self.E).max()))
 
     def _scaled_width(self, scale):
@@ -390,6 +711,18 @@ class Ellipsoid(ConvexContainer):
         needle of axes 1e-3 and 1e2, ``mass="diag"`` and 500 warm-up iterations:
         R-hat up to 1.4). ``E^{-1/2}`` (by ``eigh``, robust for any positive
         definite ``E``) maps the unit ball onto the ellipsoid.
+
+        Parameters
+        ----------
+        n : int
+            Number of points.
+        gen : torch.Generator
+            CPU generator the points are drawn from.
+
+        Returns
+        -------
+        torch.Tensor of shape (n, d), float64
+            ``center + 0.9 E^{-1/2} w`` with ``w`` uniform in the unit ball.
         """
         d = self.dim
         w = torch.randn(n, d, generator=gen, dtype=torch.float64)
