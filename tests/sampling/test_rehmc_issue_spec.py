@@ -79,14 +79,15 @@ def test_convex_set_normal_is_the_gradient_direction_of_g():
 
 def test_convex_set_without_interior_point_samples_from_x0():
     """ConvexSet(g) as in the issue samples once x0 is given; the draws stay in the set,
-    and its dimension and interior point are fixed from x0 (their mean is inside)."""
+    and its dimension and interior point are fixed from x0 (their mean is inside), on a
+    copy: the user's set stays unbound."""
     K = ConvexSet(_disc_g)
     x0 = np.array([[0.0, 0.0], [1.0, 0.5], [0.2, -0.9]])
     hmc = ReflectiveHMC(lambda x: -0.5 * (x**2).sum(-1), K, n_leapfrog=3, random_state=0)
     res = hmc.sample(30, x0=x0, n_chains=3, warmup=20)
     assert res.samples.shape == (3, 30, 2)
     assert (np.linalg.norm(res.samples - 0.25, axis=-1) <= 1.5).all()
-    assert K.dim == 2 and _disc_g(torch.as_tensor(K.interior_point())) < 0
+    assert K.dim is None
     # the same draws as with the interior point given up front
     K2 = ConvexSet(_disc_g, interior_point=x0.mean(0))
     res2 = ReflectiveHMC(hmc.log_prob, K2, n_leapfrog=3, random_state=0).sample(
@@ -177,3 +178,76 @@ def test_kept_draws_pass_the_supports_own_membership_test():
                         random_state=1).sample(40, n_chains=2, warmup=20)
     flat = res.samples.reshape(-1, 2)
     assert S.contains(flat).all() and K.contains(flat).all()
+
+
+def test_convex_set_binding_is_per_call_and_leaves_the_users_set_unbound():
+    """``ConvexSet(g)`` gets its dimension from each call's x0 on a copy: a failed call
+    (here in log_prob) leaves nothing behind, the same set then samples in another
+    dimension, and a call's draws do not depend on an earlier call's x0."""
+    def lp(x):
+        if x.shape[-1] == 3:
+            raise RuntimeError("this model is 2-d")
+        return -(x**2).sum(-1)
+
+    K = ConvexSet(_disc_g)
+    hmc = ReflectiveHMC(lp, K, n_leapfrog=3, random_state=1)
+    with pytest.raises(RuntimeError, match="2-d"):
+        hmc.sample(5, x0=np.full((2, 3), 0.1), n_chains=2, warmup=2)
+    assert K.dim is None
+    x0 = np.array([[0.1, 0.2], [-0.3, 0.1]])
+    got = hmc.sample(8, x0=x0, n_chains=2, warmup=4).samples
+    assert K.dim is None
+    fresh = ReflectiveHMC(lp, ConvexSet(_disc_g), n_leapfrog=3, random_state=1)
+    hmc.sample(8, x0=np.array([[0.0, 0.9], [0.1, 0.85]]), n_chains=2, warmup=4)
+    again = hmc.sample(8, x0=x0, n_chains=2, warmup=4).samples
+    np.testing.assert_array_equal(got, fresh.sample(8, x0=x0, n_chains=2, warmup=4).samples)
+    np.testing.assert_array_equal(got, again)
+
+
+class _NaiveBox(ConvexContainer):
+    """A user's box whose pair-returning hit keeps every t >= 0, with no direction
+    filter: from a face, moving inwards, it reports that face again at t = 0."""
+
+    def __init__(self):
+        self.dim = 2
+
+    def contains(self, x, tol=0.0):
+        return (x.abs() <= 1.0 + tol).all(-1)
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        T = torch.cat([(-1.0 - x) / v, (1.0 - x) / v], 1)
+        T = torch.where(T >= 0, T, torch.full_like(T, float("inf")))
+        t, j = T.min(1)
+        normal = torch.zeros_like(x)
+        normal[torch.arange(len(x)), j % 2] = torch.where(j >= 2, 1.0, -1.0).to(x.dtype)
+        return t, normal
+
+    def interior_point(self):
+        return np.zeros(2)
+
+    def width(self):
+        return 2.0
+
+
+def test_a_pair_returning_hit_that_re_reports_its_face_is_refused():
+    """With no face index the sampler cannot exclude the face just hit; a container that
+    reports it again at t ~ 0 bounced in place to the reflection cap (divergent
+    trajectories, only an R-hat warning). It is refused before any work."""
+    with pytest.raises(ValueError, match=r"hit returns \(t, normal\) without the face"):
+        ReflectiveHMC(lambda x: -(x**2).sum(-1), _NaiveBox(), random_state=0).sample(
+            4, n_chains=2, warmup=2)
+
+
+def test_oracles_take_mixed_numpy_and_tensor_arguments():
+    """Tensor points with numpy velocities follow the points (tensor out); numpy points
+    with tensor velocities answer in numpy; both equal the all-tensor answer."""
+    K = Polytope(np.vstack([np.eye(2), -np.eye(2)]), np.ones(4))
+    x = np.array([[0.0, 0.0], [0.5, -0.2]])
+    v = np.array([[1.0, 0.5], [-0.3, -1.0]])
+    ref_t, ref_n = K.hit(torch.from_numpy(x), torch.from_numpy(v), 10.0)
+    t1, n1 = K.hit(torch.from_numpy(x), v, 10.0)
+    t2, n2 = K.hit(x, torch.from_numpy(v).float(), 10.0)
+    assert isinstance(t1, torch.Tensor) and isinstance(t2, np.ndarray)
+    np.testing.assert_allclose(t1.numpy(), ref_t.numpy())
+    np.testing.assert_allclose(t2, ref_t.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(n2, ref_n.numpy(), rtol=1e-6)

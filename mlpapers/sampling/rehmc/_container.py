@@ -76,15 +76,26 @@ def accept_arrays(method):
     if getattr(method, _ARRAYS_OK, False):
         return method
 
+    is_hit = method.__name__ == "hit"  # its second argument is the velocities v
+
     @functools.wraps(method)
     def wrapper(self, x, *args, **kwargs):
         if isinstance(x, Tensor):
+            if is_hit and args and args[0] is not None and not isinstance(args[0], Tensor):
+                # tensor points with numpy velocities: the velocities follow the points
+                v = _as_points(args[0], "v").to(dtype=x.dtype, device=x.device)
+                args = (v, *args[1:])
             return method(self, x, *args, **kwargs)
         xt = _as_points(x, "x")
-        if args and not isinstance(args[0], Tensor):  # hit's velocities
+        if is_hit and args:  # numpy points with numpy or tensor velocities: float64, CPU
+            args = (_as_points(args[0], "v") if not isinstance(args[0], Tensor)
+                    else args[0].detach().to("cpu", torch.float64), *args[1:])
+        elif args and not isinstance(args[0], Tensor):
             args = (_as_points(args[0], "v"), *args[1:])
         if "v" in kwargs and not isinstance(kwargs["v"], Tensor):
             kwargs["v"] = _as_points(kwargs["v"], "v")
+        elif isinstance(kwargs.get("v"), Tensor):
+            kwargs["v"] = kwargs["v"].detach().to("cpu", torch.float64)
         args = tuple(torch.as_tensor(np.asarray(a)) if isinstance(a, np.ndarray) else a
                      for a in args)
         kwargs = {k: torch.as_tensor(np.asarray(a)) if isinstance(a, np.ndarray) else a
@@ -440,3 +451,27 @@ def check_oracles(container: ConvexContainer, dtype: torch.dtype, device, name: 
         raise bad("hit", f"normals, a float tensor of shape (2, {d}),", normal)
     if isinstance(face, Tensor) and face.shape != (2,):  # (None is passed back as is)
         raise bad("hit", "face indices, a tensor of shape (2,),", face)
+    if face is None:
+        _check_pair_needs_no_exclusion(container, x, v, t, normal, cls)
+
+
+def _check_pair_needs_no_exclusion(container, x, v, t, normal, cls) -> None:
+    """A ``hit`` answering the pair ``(t, normal)`` gives the sampler no face to exclude
+    after a reflection, so it must itself ignore the face a ray starts on. One that
+    reports that face again at ``t ~ 0`` would bounce in place until the reflection cap:
+    every such trajectory rejected as divergent (a chain that barely moves), with only an
+    R-hat warning. Probed on the two rays above: reflect at the hit point, ask again."""
+    ok = torch.isfinite(t) & (t > 0)
+    if not bool(ok.any()):
+        return
+    x, v, t, normal = x[ok], v[ok], t[ok], normal[ok]
+    n = normal / normal.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    at = x + t[:, None] * v
+    back = v - 2.0 * (v * n).sum(1, keepdim=True) * n
+    again = unpack_hit(container.hit(at, back, 2.0 * t + 1.0))[0]
+    if bool((again <= 1e-9 * t).any()):
+        raise ValueError(
+            f"{cls}.hit returns (t, normal) without the face index, and from a point on "
+            "the boundary, moving inwards, it reports that same face at t ~ 0: the "
+            "sampler would bounce in place. Return the triple (t, normal, face) and skip "
+            "the face given as exclude, or ignore faces the ray moves away from.")

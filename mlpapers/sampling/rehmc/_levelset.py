@@ -74,18 +74,18 @@ class ConvexSet(ConvexContainer):
     n_bisect : int
         Maximum root-finding iterations.
     dim : int or None
-        The dimension ``d`` (``None`` until the first :meth:`ReflectiveHMC.sample`
-        for a set built from ``g`` alone).
+        The dimension ``d`` (``None`` for a set built from ``g`` alone: each
+        :meth:`ReflectiveHMC.sample` call then fixes it on a copy).
 
     Notes
     -----
     ``ConvexSet(g)`` alone, as the specification writes it, is accepted:
-    :meth:`contains` and :meth:`hit` work in any dimension, and the first
-    :meth:`ReflectiveHMC.sample` fixes ``dim`` and the interior point from its
+    :meth:`contains` and :meth:`hit` work in any dimension, and each
+    :meth:`ReflectiveHMC.sample` call fixes ``dim`` and the interior point from its
     ``x0`` (the mean of the starting points, inside ``K`` by convexity, or a
-    descent on ``g`` from there). Without ``x0`` such a set cannot give starting
-    points: ``sample`` raises ``ValueError`` asking for ``x0``, ``dim`` or
-    ``interior_point``.
+    descent on ``g`` from there) on a copy of the set, leaving this object unbound.
+    Without ``x0`` such a set cannot give starting points: ``sample`` raises
+    ``ValueError`` asking for ``x0``, ``dim`` or ``interior_point``.
 
     Examples
     --------
@@ -339,25 +339,24 @@ class ConvexSet(ConvexContainer):
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
     def interior_point(self):
-        """The point with ``g < 0`` given or found at construction (or by the first sample).
+        """The point with ``g < 0`` given or found at construction.
 
         Returns
         -------
         numpy.ndarray of shape (d,)
             ``interior_point`` as passed, else the point found from the origin
-            (with ``dim``) or from the starting points of the first
-            :meth:`ReflectiveHMC.sample`.
+            (with ``dim``).
 
         Raises
         ------
         ValueError
-            For a set built without ``interior_point`` or ``dim`` that no
-            ``sample`` call has bound yet.
+            For a set built without ``interior_point`` or ``dim`` (``sample``
+            binds a copy from its ``x0``).
         """
         if self._x0 is None:
             raise ValueError("ConvexSet(g) has no interior point yet (built without "
-                             "interior_point or dim): pass interior_point= or dim=, or x0 to "
-                             "ReflectiveHMC.sample, which fixes it.")
+                             "interior_point or dim): pass interior_point= or dim= (ReflectiveHMC."
+                             "sample finds one from its x0 on a copy of the set).")
         return self._x0.copy()
 
     def width(self):

@@ -8,6 +8,7 @@ The chain loop (warm-up iterations, thinning, keeping the draws in the support) 
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import warnings
@@ -335,18 +336,25 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         dtype = resolve_dtype(self.dtype)
         dev = self._device
         gen = self._torch_gen
-        if isinstance(self.container, ConvexSet) and self.container.dim is None:
+        container = self.container
+        if isinstance(container, ConvexSet) and container.dim is None:
             # ConvexSet(g) as the specification writes it: the dimension and an interior
-            # point come from the starting points (or the resumed final states)
-            self.container._bind(x0 if x0 is not None or resume is None
-                                 else getattr(resume, "last_state", None))
-            self._check_params()  # the support's dimension against the one just fixed
+            # point come from this call's starting points (or the resumed final states).
+            # A copy is bound, not the user's object: each call starts from its own x0,
+            # and a failed call leaves nothing behind.
+            container = copy.copy(container)
+            container._bind(x0 if x0 is not None or resume is None
+                            else getattr(resume, "last_state", None))
+            if isinstance(self.support, ConvexContainer) and self.support.dim not in (
+                    None, container.dim):
+                raise ValueError(f"support has dimension {self.support.dim} but x0 gives "
+                                 f"the container dimension {container.dim}.")
         # a user's container class: its oracles' types and shapes, before any work
-        check_oracles(self.container, dtype, dev, "container")
-        d = self.container.dim
+        check_oracles(container, dtype, dev, "container")
+        d = container.dim
         start = None
         if resume is not None:
-            start = resume_start(resume, self.container, x0, n_chains, dtype, dev)
+            start = resume_start(resume, container, x0, n_chains, dtype, dev)
             n_chains = start.x.shape[0]
             warmup = 0 if warmup is None else warmup
             gen.set_state(start.rng_state)
@@ -371,19 +379,19 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
 
         if start is None:
-            x = initial_points(self.container, self.support, x0, n_chains, dtype, dev, gen)
+            x = initial_points(container, self.support, x0, n_chains, dtype, dev, gen)
         else:
             x = start.x
         glp = self.grad_log_prob
         logp, grad = start_state(self.log_prob, x, glp, name=self._density_name)
 
         def find_step(x, logp, grad, inv_mass, init, cap):  # doubling heuristic
-            return find_reasonable_step_size(x, logp, grad, self.log_prob, self.container,
+            return find_reasonable_step_size(x, logp, grad, self.log_prob, container,
                                              inv_mass, max_refl, gen, init, cap,
                                              grad_log_prob=glp)
 
         ones = torch.ones(d, dtype=dtype, device=dev)
-        step_cap = self.container._step_cap
+        step_cap = container._step_cap
         adapt = isinstance(self.step_size, str) and not frozen
         if frozen and isinstance(self.step_size, str):
             eps = start.step_size
@@ -411,7 +419,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 if jit > 0:
                     u = torch.rand(n_chains, generator=gen, dtype=torch.float64).to(step)
                     step = step * (1 + jit * (2 * u - 1))
-            return hmc_transition(x, logp, grad, step, n, self.log_prob, self.container,
+            return hmc_transition(x, logp, grad, step, n, self.log_prob, container,
                                   warm.kernel_inv_mass, max_refl, gen,
                                   grad_log_prob=glp), n
 
