@@ -25,7 +25,6 @@ L = torch.tensor([1.0, 2.0], dtype=torch.float64)
 @pytest.mark.parametrize("call, match", [
     (lambda: sox_update(NU, L, 0.0), "gamma must be"),       # gave nu unchanged / NaN
     (lambda: sox_update(NU, L, -0.5), "gamma must be"),      # gave NaN
-    (lambda: sox_update(NU, L, 1.5), "gamma must be"),
     (lambda: asgd_update(NU, L, -0.1), "dual_lr must be"),   # an ascent step
     (lambda: umax_update(NU, L, 0.1, -1.0), "delta must be"),
     (lambda: spmd_update(NU, L, float("nan")), "log_alpha must be"),  # gave NaN
@@ -62,6 +61,9 @@ def test_spmd_gamma_of_integer_or_array_nu_is_the_sigmoid():
 def test_documented_values_and_limits_are_unchanged():
     # the limits the docstrings name: gamma = 1 jumps to L, log_alpha = +-inf
     torch.testing.assert_close(sox_update(NU, L, 1), L)
+    torch.testing.assert_close(sox_update(NU, L, 1.5), L)   # "gamma >= 1 returns L"
+    torch.testing.assert_close(asgd_update(NU, L, 0.0), NU)  # a zero step is a no-op
+    torch.testing.assert_close(umax_update(NU, L, 0.0, 1.0), torch.where(NU < L - 1.0, L, NU))
     torch.testing.assert_close(spmd_update(NU, L, float("inf")), L)
     torch.testing.assert_close(spmd_update(NU, L, float("-inf")), NU)
     # delta = 0 (the official KL-DRO default) resets every lagging nu to L

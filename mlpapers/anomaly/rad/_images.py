@@ -298,8 +298,8 @@ def check_images(X: Any, name: str = "X") -> torch.Tensor:
     -------
     Tensor of shape (n, 3, H, W)
         Contiguous float32 RGB images with values in [0, 1] (floats as given;
-        a contiguous float32 ``(n, 3, H, W)`` tensor is returned itself, not a
-        copy).
+        a contiguous float32 ``(n, 3, H, W)`` tensor is returned without a copy:
+        the result shares its storage, so in-place changes affect both).
 
     Examples
     --------

@@ -314,7 +314,8 @@ def sox_update(
         Mini-batch :math:`L_i = \log \frac{1}{k} \sum_j e^{s_{ij}}` (see
         :func:`log_mean_exp`).
     gamma : float or torch.Tensor broadcastable to (B,)
-        Averaging weight in (0, 1]; ``gamma >= 1`` everywhere returns ``log_mean_exp``.
+        Averaging weight, > 0 (the method's range is (0, 1]); ``gamma >= 1`` everywhere
+        returns ``log_mean_exp``.
 
     Returns
     -------
@@ -332,7 +333,8 @@ def sox_update(
     # integer nu made gamma an integer too (0.5 -> 0: silently no update), and lists
     # or arrays failed with a cryptic trace; converted as spmd_update does
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
-    _check_number(gamma, "gamma", low=0.0, high=1.0)
+    # gamma >= 1 is the plain minibatch estimate (documented), also for a Python number
+    _check_number(gamma, "gamma", low=0.0)
     with torch.no_grad():
         g = _as_tensor(gamma, nu)
         if bool((g >= 1).all()):
@@ -360,7 +362,7 @@ def asgd_update(
     log_mean_exp : torch.Tensor of shape (B,)
         Mini-batch :math:`L_i = \log \frac{1}{k} \sum_j e^{s_{ij}}`.
     dual_lr : float or torch.Tensor broadcastable to (B,)
-        The dual learning rate :math:`\alpha'`.
+        The dual learning rate :math:`\alpha'`, >= 0 (0 leaves ``nu`` unchanged).
 
     Returns
     -------
@@ -376,7 +378,7 @@ def asgd_update(
     """
     # (integer nu truncated dual_lr to 0, a silent no-op step; see sox_update)
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
-    _check_number(dual_lr, "dual_lr", low=0.0)
+    _check_number(dual_lr, "dual_lr", low=0.0, low_open=False)  # 0: no dual step
     with torch.no_grad():
         return nu - _as_tensor(dual_lr, nu) * (1.0 - torch.exp(log_mean_exp - nu))
 

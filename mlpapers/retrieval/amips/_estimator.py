@@ -267,8 +267,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         X : array-like or torch.Tensor of shape (n_keys, n_features)
             The database of keys (numpy arrays, array-likes or torch tensors), stored in
             float32.
-        y : None
-            Ignored.
+        y : None or array-like of shape (n_keys,)
+            Ignored (e.g. a Pipeline's labels). A 2-D array or a callable raises
+            ``TypeError``: training queries go in ``queries=``.
         queries : None, array-like of shape (n_queries, n_features) or callable
             Training queries: ``None`` draws them uniformly on the unit sphere; an
             array is resampled with replacement; a callable ``sampler(n, rng)``
@@ -279,6 +280,11 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         -------
         self : AmortizedMIPS
             The fitted estimator.
+
+        Raises
+        ------
+        TypeError
+            If ``y`` is 2-D or callable (training queries passed in its place).
         """
         # fit(keys, Q) put the training queries in the ignored ``y``: the model then
         # trained on sphere queries without a word. A 1-D ``y`` (a Pipeline's labels)

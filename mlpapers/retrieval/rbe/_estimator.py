@@ -416,7 +416,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
         Returns
         -------
-        ndarray of shape (n_queries, n_items), float64
+        ndarray of shape (n_queries, n_items), float64 (float32 with ``head="mlp"``)
             Approximate scores: ``transform_queries(queries) @ transform_items().T +
             item_offsets_`` with the linear head, the neural head's scores with
             ``head="mlp"``. Higher means more relevant.

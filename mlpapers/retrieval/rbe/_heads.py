@@ -59,6 +59,13 @@ class NeuralRBEHead(nn.Module):
         dtype of ``embeddings``); ``None`` draws from torch's global RNG (as ``torch.nn``
         layers do), a generator leaves the global RNG untouched.
 
+    Raises
+    ------
+    ValueError
+        If ``embeddings`` is not a 2-D tensor, if ``offsets``/``popularity`` are not
+        tensors of shape ``(n_items,)`` or ``query_mean``/``query_scale`` not of shape
+        ``(k,)``, or if ``hidden`` is not an integer >= 0.
+
     Notes
     -----
     :class:`RelevanceBasedRetriever` builds and trains this head with ``head="mlp"``
