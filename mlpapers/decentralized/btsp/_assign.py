@@ -431,7 +431,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
 
         Parameters
         ----------
-        delays : array-like of shape (n_nodes_, n_nodes_)
+        delays : array-like of shape (n, n)
             Non-negative delays between the same physical nodes (``inf`` marks a
             missing link only with ``metric_closure=True``).
         reduce : {"mean", "sum", "none"}, default="mean"

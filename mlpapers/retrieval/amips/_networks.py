@@ -398,7 +398,7 @@ class SupportNet(nn.Module):
 
     @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
-        """Value ``h(x)`` of shape (n,) and gradient of shape (n, d).
+        r"""Value ``h(x)`` of shape (n,) and gradient of shape (n, d).
 
         ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
         on; under ``no_grad`` or ``inference_mode`` the results carry no graph.
@@ -498,7 +498,7 @@ class Homogenize(nn.Module):
 
     @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
-        """Value ``f(x)`` of shape (n,) and gradient of shape (n, d).
+        r"""Value ``f(x)`` of shape (n,) and gradient of shape (n, d).
 
         ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
         on; under ``no_grad`` or ``inference_mode`` the results carry no graph.
