@@ -251,3 +251,47 @@ def test_oracles_take_mixed_numpy_and_tensor_arguments():
     np.testing.assert_allclose(t1.numpy(), ref_t.numpy())
     np.testing.assert_allclose(t2, ref_t.numpy(), rtol=1e-6)
     np.testing.assert_allclose(n2, ref_n.numpy(), rtol=1e-6)
+
+
+class _L1Ball(ConvexContainer):
+    """The 2-d L1 ball, a pair-returning hit that ignores the faces a ray moves away
+    from (as the user guide advises); a ray along e1 ends exactly on a vertex."""
+
+    def __init__(self):
+        self.dim = 2
+        self._A = torch.tensor([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]],
+                               dtype=torch.float64) / 2**0.5
+        self._b = torch.full((4,), 2**-0.5, dtype=torch.float64)
+
+    def contains(self, x, tol=0.0):
+        return (x @ self._A.T.to(x.dtype) <= self._b.to(x.dtype) + tol).all(-1)
+
+    def hit(self, x, v, t_max, exclude):
+        A, b = self._A.to(x.dtype), self._b.to(x.dtype)
+        rate = v @ A.T
+        T = torch.where(rate > 0, (b - x @ A.T).clamp_min(0.0) / rate, float("inf"))
+        t, j = T.min(1)
+        return t, A[j]
+
+    def interior_point(self):
+        return np.zeros(2)
+
+    def width(self):
+        return 2**0.5
+
+
+def test_a_valid_pair_returning_container_is_not_refused_at_a_vertex():
+    """The probe of pair-returning hits refuses only a re-hit of the same face: at a
+    vertex the next face is met at t = 0 with another normal, which is valid (and a hit
+    that requires ``exclude`` gets it)."""
+    res = ReflectiveHMC(lambda x: torch.zeros(len(x), dtype=x.dtype), _L1Ball(),
+                        random_state=0).sample(40, n_chains=2, warmup=20)
+    assert (np.abs(res.samples).sum(-1) <= 1.0 + 1e-9).all()
+
+
+def test_polar_factor_needs_k_at_most_n():
+    from mlpapers.sampling.rehmc import polar_factor
+    with pytest.raises(ValueError, match="k <= n"):
+        polar_factor(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="k <= n"):
+        polar_factor(torch.ones(4, 2, 3, dtype=torch.float64))

@@ -81,10 +81,17 @@ def accept_arrays(method):
     @functools.wraps(method)
     def wrapper(self, x, *args, **kwargs):
         if isinstance(x, Tensor):
-            if is_hit and args and args[0] is not None and not isinstance(args[0], Tensor):
-                # tensor points with numpy velocities: the velocities follow the points
-                v = _as_points(args[0], "v").to(dtype=x.dtype, device=x.device)
-                args = (v, *args[1:])
+            if is_hit:  # numpy velocities / t_max with tensor points follow the points
+                def follow(a, name):
+                    if a is None or isinstance(a, Tensor):
+                        return a
+                    if name == "v":
+                        return _as_points(a, "v").to(dtype=x.dtype, device=x.device)
+                    return torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=x.dtype,
+                                           device=x.device) if name == "t_max" else a
+                names = ("v", "t_max", "exclude")
+                args = tuple(follow(a, nm) for a, nm in zip(args, names)) + args[3:]
+                kwargs = {k: follow(a, k) for k, a in kwargs.items()}
             return method(self, x, *args, **kwargs)
         xt = _as_points(x, "x")
         if is_hit and args:  # numpy points with numpy or tensor velocities: float64, CPU
@@ -363,7 +370,8 @@ class ConvexContainer:
         c = torch.as_tensor(self.interior_point(), dtype=torch.float64).expand(n, -1).clone()
         u = torch.randn(n, self.dim, generator=gen, dtype=torch.float64)
         u = u / u.norm(dim=1, keepdim=True)
-        t = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64))[0]
+        t = self.hit(c, u, torch.full((n,), 1e3, dtype=torch.float64),
+                     torch.full((n,), -1, dtype=torch.long))[0]
         t = torch.where(torch.isfinite(t), t, torch.ones_like(t)).clamp_max(self._chord_cap)
         frac = torch.rand(n, generator=gen, dtype=torch.float64) * 0.9
         return c + (frac * t)[:, None] * u
@@ -468,8 +476,13 @@ def _check_pair_needs_no_exclusion(container, x, v, t, normal, cls) -> None:
     n = normal / normal.norm(dim=1, keepdim=True).clamp_min(1e-300)
     at = x + t[:, None] * v
     back = v - 2.0 * (v * n).sum(1, keepdim=True) * n
-    again = unpack_hit(container.hit(at, back, 2.0 * t + 1.0))[0]
-    if bool((again <= 1e-9 * t).any()):
+    none = torch.full((len(x),), -1, dtype=torch.long, device=x.device)
+    again, n_again, _ = unpack_hit(container.hit(at, back, 2.0 * t + 1.0, none))
+    n_again = n_again / n_again.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    # the same face again at t ~ 0 (a ray ending on a vertex may meet the next face at
+    # t = 0: a valid answer, with another normal)
+    same = (n_again * n).sum(1) > 1.0 - 1e-6
+    if bool(((again <= 1e-9 * t) & same).any()):
         raise ValueError(
             f"{cls}.hit returns (t, normal) without the face index, and from a point on "
             "the boundary, moving inwards, it reports that same face at t ~ 0: the "

@@ -99,8 +99,17 @@ def polar_factor(X: Tensor) -> Tensor:
         X_np = _as_float_array(X, "X", None)
         if X_np.ndim < 2:
             raise ValueError(f"X must have shape (..., n, k), got {X_np.shape}.")
+        _check_tall(X_np.shape)
         return _Polar.apply(torch.from_numpy(X_np)).numpy()
+    _check_tall(X.shape)
     return _Polar.apply(X)
+
+
+def _check_tall(shape) -> None:
+    """``k <= n``: with more columns than rows no factor has orthonormal columns (the
+    result of the SVD form would have orthonormal rows instead)."""
+    if len(shape) < 2 or shape[-1] > shape[-2]:
+        raise ValueError(f"X must have shape (..., n, k) with k <= n, got {tuple(shape)}.")
 
 
 def _param_matrix(value, name: str, square: bool = False) -> np.ndarray:

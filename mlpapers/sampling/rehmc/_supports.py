@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mlpapers._utils import check_positive, to_numpy
+from mlpapers._utils._docs import fill_doc
 from mlpapers.sampling.rehmc._container import ConvexContainer, Hit, _as_float_array
 from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
 from mlpapers.sampling.rehmc._lp import (
@@ -33,6 +34,25 @@ _GRAZE = 64 * float(np.finfo(np.float64).eps)
 # radii whose square (and a margin for |x - center|^2) is a normal float64
 _RADIUS_RANGE = (1e-150, 1e150)
 
+
+
+# the parameter entries every closed-form oracle shares (fill_doc puts them in place)
+_POINTS = """\
+x : torch.Tensor or array-like of shape (C, d)
+    The points; numpy arrays and nested lists are converted to float64
+    tensors (the answer is then a numpy array)."""
+_MEMBERSHIP = """\
+Returns
+-------
+torch.Tensor of shape (C,), bool
+    Membership of each point (a numpy array for a non-tensor ``x``)."""
+_RAYS = """\
+x, v : torch.Tensor or array-like of shape (C, d)
+    Start points (inside) and velocities; numpy arrays or nested lists are
+    converted to float64 tensors and the answer comes back as numpy arrays.
+t_max : torch.Tensor of shape (C,) or float, optional
+    Ignored (the closed form needs no bracket); accepted for the common
+    interface :meth:`ConvexContainer.hit`."""
 
 class Box(ConvexContainer):
     """Axis-aligned box ``{x : lo <= x <= hi}``.
@@ -111,21 +131,17 @@ class Box(ConvexContainer):
     def __repr__(self) -> str:
         return f"Box(dim={self.dim})"
 
+    @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x, tol=0.0):
         """Whether each point satisfies ``lo - tol <= x <= hi + tol`` in every coordinate.
 
         Parameters
         ----------
-        x : torch.Tensor or array-like of shape (C, d)
-            The points; numpy arrays and nested lists are converted to float64
-            tensors (the answer is then a numpy array).
+        %(points)s
         tol : float, default=0.0
             Slack added to every bound (a distance in the max norm).
 
-        Returns
-        -------
-        torch.Tensor of shape (C,), bool
-            Membership of each point (a numpy array for a non-tensor ``x``).
+        %(membership)s
         """
         lo, hi = self._t(self.lo, x), self._t(self.hi, x)
         if tol:  # (the sampler tests every proposal with tol=0: two operations fewer)
@@ -136,6 +152,7 @@ class Box(ConvexContainer):
         # (float32 bounds are rounded to nearest, possibly outside the float64 box)
         return dtype == torch.float64 and getattr(self, "_fold_inside", False)  # old pickles
 
+    @fill_doc(rays=_RAYS)
     def hit(self, x, v, t_max=None, exclude=None):
         """First exit time of the rays ``x + t v`` through a face of the box.
 
@@ -146,12 +163,7 @@ class Box(ConvexContainer):
 
         Parameters
         ----------
-        x, v : torch.Tensor or array-like of shape (C, d)
-            Start points (inside) and velocities; numpy arrays or nested lists are
-            converted to float64 tensors and the answer comes back as numpy arrays.
-        t_max : torch.Tensor of shape (C,) or float, optional
-            Ignored (the closed form needs no bracket); accepted for the common
-            interface :meth:`ConvexContainer.hit`.
+        %(rays)s
         exclude : torch.Tensor of shape (C,), optional
             Face just hit (``j`` for ``lo_j``, ``d + j`` for ``hi_j``, ``-1`` for
             none), skipped when the particle moves towards it (a round-off hit
@@ -359,25 +371,22 @@ class Polytope(ConvexContainer):
         res = _chebyshev_lp(A / norms[:, None], self.b / norms)
         return 2.0 * float(res.x[-1]) if res.status == 0 else None
 
+    @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x, tol=0.0):
         """Whether each point satisfies ``A x <= b + tol`` (rows of unit norm).
 
         Parameters
         ----------
-        x : torch.Tensor or array-like of shape (C, d)
-            The points; numpy arrays and nested lists are converted to float64
-            tensors (the answer is then a numpy array).
+        %(points)s
         tol : float, default=0.0
             Slack: the largest distance a point may lie beyond a face.
 
-        Returns
-        -------
-        torch.Tensor of shape (C,), bool
-            Membership of each point (a numpy array for a non-tensor ``x``).
+        %(membership)s
         """
         A, b = self._t(self.A, x), self._t(self.b, x)
         return (x @ A.T <= b + tol).all(-1)
 
+    @fill_doc(rays=_RAYS)
     def hit(self, x, v, t_max=None, exclude=None):
         """First exit time of the rays ``x + t v`` through a face of the polytope.
 
@@ -386,12 +395,7 @@ class Polytope(ConvexContainer):
 
         Parameters
         ----------
-        x, v : torch.Tensor or array-like of shape (C, d)
-            Start points (inside) and velocities; numpy arrays or nested lists are
-            converted to float64 tensors and the answer comes back as numpy arrays.
-        t_max : torch.Tensor of shape (C,) or float, optional
-            Ignored (the closed form needs no bracket); accepted for the common
-            interface :meth:`ConvexContainer.hit`.
+        %(rays)s
         exclude : torch.Tensor of shape (C,), optional
             Row of the face just hit (``-1`` for none), skipped (a round-off hit
             at ``t = 0``).
@@ -494,25 +498,22 @@ class Ball(ConvexContainer):
     def __repr__(self) -> str:
         return f"Ball(dim={self.dim}, radius={self.radius:g})"
 
+    @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x, tol=0.0):
         """Whether each point satisfies ``|x - center| <= radius + tol``.
 
         Parameters
         ----------
-        x : torch.Tensor or array-like of shape (C, d)
-            The points; numpy arrays and nested lists are converted to float64
-            tensors (the answer is then a numpy array).
+        %(points)s
         tol : float, default=0.0
             Slack: the largest distance a point may lie outside the sphere.
 
-        Returns
-        -------
-        torch.Tensor of shape (C,), bool
-            Membership of each point (a numpy array for a non-tensor ``x``).
+        %(membership)s
         """
         y = x - self._t(self.center, x)
         return y.norm(dim=-1) <= self.radius + tol
 
+    @fill_doc(rays=_RAYS)
     def hit(self, x, v, t_max=None, exclude=None):
         """Exit time of the rays ``x + t v`` through the sphere.
 
@@ -521,12 +522,7 @@ class Ball(ConvexContainer):
 
         Parameters
         ----------
-        x, v : torch.Tensor or array-like of shape (C, d)
-            Start points (inside) and velocities; numpy arrays or nested lists are
-            converted to float64 tensors and the answer comes back as numpy arrays.
-        t_max : torch.Tensor of shape (C,) or float, optional
-            Ignored (the closed form needs no bracket); accepted for the common
-            interface :meth:`ConvexContainer.hit`.
+        %(rays)s
         exclude : torch.Tensor of shape (C,), optional
             Ignored (a sphere has one smooth face; the root is chosen so that a
             start on it does not hit it again at ``t = 0``).
@@ -623,26 +619,23 @@ class Ellipsoid(ConvexContainer):
     def __repr__(self) -> str:
         return f"Ellipsoid(dim={self.dim})"
 
+    @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x, tol=0.0):
         """Whether each point satisfies ``(x - center)^T E (x - center) <= 1 + tol``.
 
         Parameters
         ----------
-        x : torch.Tensor or array-like of shape (C, d)
-            The points; numpy arrays and nested lists are converted to float64
-            tensors (the answer is then a numpy array).
+        %(points)s
         tol : float, default=0.0
             Slack on the quadratic form (not a distance: ``tol`` admits points up
             to a factor ``sqrt(1 + tol)`` farther from the centre).
 
-        Returns
-        -------
-        torch.Tensor of shape (C,), bool
-            Membership of each point (a numpy array for a non-tensor ``x``).
+        %(membership)s
         """
         y = x - self._t(self.center, x)
         return ((y @ self._t(self.E, x)) * y).sum(-1) <= 1.0 + tol
 
+    @fill_doc(rays=_RAYS)
     def hit(self, x, v, t_max=None, exclude=None):
         """Exit time of the rays ``x + t v`` through the ellipsoid's surface.
 
@@ -652,12 +645,7 @@ class Ellipsoid(ConvexContainer):
 
         Parameters
         ----------
-        x, v : torch.Tensor or array-like of shape (C, d)
-            Start points (inside) and velocities; numpy arrays or nested lists are
-            converted to float64 tensors and the answer comes back as numpy arrays.
-        t_max : torch.Tensor of shape (C,) or float, optional
-            Ignored (the closed form needs no bracket); accepted for the common
-            interface :meth:`ConvexContainer.hit`.
+        %(rays)s
         exclude : torch.Tensor of shape (C,), optional
             Ignored (one smooth face; the root is chosen so that a start on it
             does not hit it again at ``t = 0``).
