@@ -141,3 +141,9 @@ class TensorTargetsScore:
         """
         y, sample_weight = tensors_to_numpy(y, sample_weight)
         return super().score(X, y, sample_weight=sample_weight)
+
+
+#: The ``X`` entry of the linear KL-DRO/pAUC models' inference methods (``fill_doc``).
+SAMPLES_X = """\
+X : array-like or torch.Tensor of shape (n_samples, n_features)
+    Samples (numpy arrays, array-likes or torch tensors); computed in float64."""

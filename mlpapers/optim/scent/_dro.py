@@ -16,7 +16,9 @@ from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive, with_autograd
+from mlpapers._utils._docs import fill_doc
 from mlpapers.optim.scent._common import (
+    SAMPLES_X,
     TensorTargetsScore,
     check_common_params,
     lr_factor,
@@ -267,14 +269,14 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                 f"overflows float32 at the initial model (losses up to "
                 f"{float(ell.max()) * self.lam / lam_t:.3g}); lam is in units of the loss.")
 
+    @fill_doc(X=SAMPLES_X)
     def objective(self, X, y) -> float:
         r"""Exact KL-DRO objective :math:`\lambda\log\frac1n\sum_i e^{\ell_i/\lambda}
         + \frac{\alpha}{2}\|W\|^2` on ``(X, y)``.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
         y : array-like or torch.Tensor of shape (n_samples,)
             Targets (regressor) or labels seen in ``fit`` (classifier; others raise
             ``ValueError``).
@@ -364,13 +366,13 @@ class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
         return (torch.as_tensor(self.coef_, dtype=torch.float64, device=device),
                 torch.tensor(self.intercept_, dtype=torch.float64, device=device))
 
+    @fill_doc(X=SAMPLES_X)
     def predict(self, X):
         """Predicted targets :math:`Xw + b`.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
 
         Returns
         -------
@@ -468,13 +470,13 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         W, b = self._params(X.device)
         return X @ W.T + b
 
+    @fill_doc(X=SAMPLES_X)
     def decision_function(self, X):
         """Class scores :math:`XW^\\top + b`.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
 
         Returns
         -------
@@ -485,13 +487,13 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         z = self._logits(X)
         return self._to_numpy(z[:, 1] - z[:, 0] if z.shape[1] == 2 else z)
 
+    @fill_doc(X=SAMPLES_X)
     def predict_proba(self, X):
         """Softmax class probabilities.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
 
         Returns
         -------
@@ -500,13 +502,13 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         """
         return self._to_numpy(torch.softmax(self._logits(X), dim=1))
 
+    @fill_doc(X=SAMPLES_X)
     def predict(self, X):
         """Most probable class of each row.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
 
         Returns
         -------

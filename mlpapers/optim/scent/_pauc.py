@@ -14,7 +14,9 @@ from sklearn.utils.multiclass import check_classification_targets
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_positive, with_autograd
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
+from mlpapers._utils._docs import fill_doc
 from mlpapers.optim.scent._common import (
+    SAMPLES_X,
     check_common_params,
     lr_factor,
     make_loss,
@@ -288,6 +290,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.threshold_ = float(np.quantile(neg_scores, 1 - self.max_fpr, method="higher"))
         return self
 
+    @fill_doc(X=SAMPLES_X)
     def decision_function(self, X):
         """Shifted linear scores :math:`w^\\top x - \\text{threshold\\_}`.
 
@@ -296,8 +299,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
 
         Returns
         -------
@@ -308,13 +310,13 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         w = torch.as_tensor(self.coef_, device=X.device)
         return self._to_numpy(X @ w) - self.threshold_
 
+    @fill_doc(X=SAMPLES_X)
     def predict_proba(self, X):
         """:math:`\\sigma` of :meth:`decision_function` (a monotone score, not calibrated).
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
 
         Returns
         -------
@@ -325,13 +327,13 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         p = expit(self.decision_function(X))  # no overflow for large scores
         return np.stack([1 - p, p], axis=1)
 
+    @fill_doc(X=SAMPLES_X)
     def predict(self, X):
         """``classes_[1]`` where the score exceeds ``threshold_``, else ``classes_[0]``.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
 
         Returns
         -------
@@ -341,13 +343,13 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         above = self.decision_function(X) > 0
         return self.classes_[above.astype(int)]
 
+    @fill_doc(X=SAMPLES_X)
     def score(self, X, y, sample_weight=None):
         """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``).
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
         y : array-like or torch.Tensor of shape (n_samples,)
             True labels, among ``classes_`` (``classes_[1]`` is positive); both classes
             must be present.
@@ -374,6 +376,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return float(roc_auc_score(y == self.classes_[1], scores,
                                    max_fpr=self.max_fpr, sample_weight=sample_weight))
 
+    @fill_doc(X=SAMPLES_X)
     def objective(self, X, y) -> float:
         """Exact KL-DRO pAUC objective over all positive-negative pairs of ``(X, y)``.
 
@@ -382,8 +385,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Samples (numpy arrays, array-likes or torch tensors); computed in float64.
+        %(X)s
         y : array-like or torch.Tensor of shape (n_samples,)
             Labels among ``classes_``; both classes must be present.
 

@@ -11,6 +11,7 @@ from sklearn.utils import metadata_routing
 
 from mlpapers._base import restore_on_failure
 from mlpapers._utils import with_autograd
+from mlpapers._utils._docs import fill_doc
 from mlpapers.retrieval.amips._config import build_amips_model, check_amips_params
 from mlpapers.retrieval.amips._exact import (
     _check_n_neighbors,
@@ -28,6 +29,12 @@ from mlpapers.retrieval.amips._training import QuerySource, fit_amips
 
 __all__ = ["AmortizedMIPS"]
 
+
+# the ``X`` entry of every query-taking method (fill_doc puts it in place)
+_QUERIES_X = """\
+X : array-like or torch.Tensor of shape (n_queries, n_features)
+    Queries (numpy arrays, array-likes or torch tensors), in float32; none
+    may be zero."""
 
 def _ndim(value) -> int:
     """Number of dimensions of an array-like (0 when it is not one)."""
@@ -318,14 +325,13 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
                              "maximiser and the search is undefined.")
         return Q
 
+    @fill_doc(X=_QUERIES_X)
     def predict_key(self, X) -> np.ndarray:
         """Predicted argmax key (KeyNet output or SupportNet gradient).
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_queries, n_features)
-            Queries (numpy arrays, array-likes or torch tensors), in float32; none
-            may be zero.
+        %(X)s
 
         Returns
         -------
@@ -334,14 +340,13 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         return self._to_numpy(score_and_key(self, self._queries(X))[1])
 
+    @fill_doc(X=_QUERIES_X)
     def transform(self, X) -> np.ndarray:
         """Projected queries :math:`\\hat k(x)` for an ANN index (same as :meth:`predict_key`).
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_queries, n_features)
-            Queries (numpy arrays, array-likes or torch tensors), in float32; none
-            may be zero.
+        %(X)s
 
         Returns
         -------
@@ -351,14 +356,13 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         return self.predict_key(X)
 
+    @fill_doc(X=_QUERIES_X)
     def value(self, X) -> np.ndarray:
         """Estimated support value :math:`\\hat\\sigma_K(x)`.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_queries, n_features)
-            Queries (numpy arrays, array-likes or torch tensors), in float32; none
-            may be zero.
+        %(X)s
 
         Returns
         -------
@@ -368,14 +372,13 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         return self._to_numpy(score_and_key(self, self._queries(X))[0])
 
+    @fill_doc(X=_QUERIES_X)
     def kneighbors(self, X, n_neighbors: int = 10, return_distance: bool = True):
         """Keys ranked by similarity to the predicted key (see ``retrieval``).
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_queries, n_features)
-            Queries (numpy arrays, array-likes or torch tensors), in float32; none
-            may be zero.
+        %(X)s
         n_neighbors : int, default=10
             Number of keys returned per query, in ``[1, n_keys]``.
         return_distance : bool, default=True
@@ -399,6 +402,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         sims, idx = rerank(*rank_by_predicted_key(self, Q, n_cand, return_distance=True), k)
         return (sims, idx) if return_distance else idx
 
+    @fill_doc(X=_QUERIES_X)
     def predict(self, X) -> np.ndarray:
         """Top-1 key index for the predicted key.
 
@@ -406,9 +410,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_queries, n_features)
-            Queries (numpy arrays, array-likes or torch tensors), in float32; none
-            may be zero.
+        %(X)s
 
         Returns
         -------
@@ -417,14 +419,13 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         return predict_top1(self, self._queries(X))
 
+    @fill_doc(X=_QUERIES_X)
     def score(self, X, y=None) -> float:
         """Match rate (recall@1) against exact search, counting exact ties as hits.
 
         Parameters
         ----------
-        X : array-like or torch.Tensor of shape (n_queries, n_features)
-            Queries (numpy arrays, array-likes or torch tensors), in float32; none
-            may be zero.
+        %(X)s
         y : None
             Ignored: the exact answers are recomputed from the database.
 
