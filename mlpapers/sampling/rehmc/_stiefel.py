@@ -226,6 +226,7 @@ class StiefelResult(SampleResult):
 
     Notes
     -----
+    In the entries inherited from :class:`SampleResult`, ``d`` is ``n * k``.
     The inherited ``last_state``, of shape ``(chains, n * k)``, holds each chain's
     final Euclidean state ``X`` flattened row-major (reshape it to ``(chains, n, k)``),
     not ``Q``: the chain runs on ``X``, and ``Q`` alone loses ``(X^T X)^{1/2}``, so

@@ -104,8 +104,8 @@ class SampleSummary(dict):
     >>> summary = res.summary(names=["a", "b"])
     >>> summary.names, summary["mean"].shape
     (['a', 'b'], (2,))
-    >>> print(summary)  # doctest: +ELLIPSIS
-          mean     sd  ...  r_hat
+    >>> print(summary)  # doctest: +ELLIPSIS, +NORMALIZE_WHITESPACE
+         mean     sd  ...  r_hat
     a  ...
     b  ...
     <BLANKLINE>
