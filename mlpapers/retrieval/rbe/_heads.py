@@ -30,12 +30,18 @@ class NeuralRBEHead(nn.Module):
 
     .. math::
 
-        s(q, i) = u_q^\top W e_i + \mathrm{MLP}_q(\tilde u_q)^\top \mathrm{MLP}_i(\tilde e_i)
+        s(q, i) = u_q^\top W e_i + \mathrm{MLP}_q(\tilde u_q)^\top \mathrm{MLP}_i(\tilde e_i)/h
         + p\,\mathrm{pop}_i + v_i + b,
 
     where :math:`u_q` is the query's (standardised) relevance to the support items,
     :math:`e_i` the linear-RBE item embedding, tildes denote per-dimension
-    standardisation, :math:`\mathrm{pop}_i` the item's mean training relevance and
+    standardisation (:math:`\tilde u_q` by ``query_mean`` and ``query_scale``,
+    :math:`\tilde e_i` by the mean and population standard deviation of
+    ``embeddings`` over the items), :math:`\mathrm{pop}_i` the item's mean training
+    relevance standardised over the items (``popularity`` minus its mean, over its
+    population standard deviation: the same model as the raw value, since :math:`p`
+    and :math:`b` are learned, with a step size of :math:`p` independent of the
+    relevance's scale) and
     each MLP is ``Linear(k, h) -> ELU -> Linear(h, h)``. :math:`W` starts at the
     identity, :math:`v` at the linear offsets and the item tower's output layer
     at zero, so the untrained head *is* linear RBE; with ``hidden=0`` the MLP term
