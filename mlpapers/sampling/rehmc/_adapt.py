@@ -85,8 +85,10 @@ class WelfordVariance:
 def initial_buffer(warmup: int) -> int:
     """Length of the initial fast phase of a warm-up of ``warmup`` iterations.
 
-    Stan's 15% buffer in which the chains travel from their starting points to
-    the typical set and only the step size adapts (0 when ``warmup < 20``).
+    A 15% buffer in which the chains travel from their starting points to the
+    typical set and only the step size adapts (0 when ``warmup < 20``). Stan uses
+    15% (and a 10% terminal buffer) only for warm-ups shorter than 150 iterations,
+    and 75 (and 50) iterations otherwise; the fractions are used at every length here.
     """
     return int(0.15 * warmup) if warmup >= 20 else 0
 

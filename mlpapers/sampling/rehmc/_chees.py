@@ -33,7 +33,7 @@ Two choices guard against the start of the warm-up (see the user guide):
 * :meth:`ChEESAdaptation.restart` forgets the squared-gradient average and
   the iterate average and sets ``T`` back to one step once the chains have
   left their starting points (the sampler calls it at the end of the initial
-  step-size phase, Stan's 15% buffer). Gradients of chains spread across the
+  step-size phase, the first 15% of warm-up). Gradients of chains spread across the
   container are orders of magnitude larger than at stationarity: left in the
   average (``beta2 = 0.95``) they would shrink every later step for hundreds
   of iterations, and they push ``T`` past the first peak within a few

@@ -101,7 +101,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         chains; use 4 or more, 16+ when you can (chains are cheap in a batch).
     mass : {"identity", "diag"}, default="identity"
         ``"diag"`` adapts a diagonal mass matrix (inverse = regularised
-        variance of warm-up draws, Stan's windows).
+        variance of warm-up draws, in doubling windows as Stan's after a 15%
+        initial buffer).
     target_accept : float, default=0.8
         Target mean acceptance probability of dual averaging.
     max_reflections : int, optional
