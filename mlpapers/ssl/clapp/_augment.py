@@ -146,8 +146,12 @@ class DefaultAugment:
         area = _uniform(n, *self.scale, gen)
         log_r = _uniform(n, math.log(self.ratio[0]), math.log(self.ratio[1]), gen)
         r = torch.exp(log_r)
-        w = torch.sqrt(area * r).clamp(max=1.0)       # crop side as a fraction of the image
-        h = torch.sqrt(area / r).clamp(max=1.0)
+        # crop sides as fractions of the image's width and height: in pixels the crop is
+        # sqrt(area*H*W*r) wide and sqrt(area*H*W/r) high (torchvision's definition), so
+        # its aspect ratio is r also when H != W (area*r alone would scale it by W/H)
+        height, width = x.shape[-2:]
+        w = torch.sqrt(area * r * (height / width)).clamp(max=1.0)
+        h = torch.sqrt(area / r * (width / height)).clamp(max=1.0)
         cx = (1 - w) * (2 * _rand(n, gen) - 1)   # centre in [-1, 1] coords
         cy = (1 - h) * (2 * _rand(n, gen) - 1)
         sign = torch.where(_rand(n, gen) < self.flip, -1.0, 1.0).to(torch.float32)

@@ -378,8 +378,12 @@ def three_factor_grad(
     post-synaptic derivative :math:`\mathrm{relu}'(a)`, and the pre-synaptic
     activity :math:`x` (Hebbian):
 
-    .. math:: \Delta W \propto \sum_i \big[f'(u_i^+)\,(Bc_i \odot \phi'(a_i))\,x_i^\top
-              - f'(-u_i^-)\,(Bc_i \odot \phi'(a_{n(i)}))\,x_{n(i)}^\top\big].
+    .. math:: \frac{\partial L}{\partial W} = \frac{1}{N}\sum_i \big[f'(u_i^+)\,
+              (Bc_i \odot \phi'(a_i))\,x_i^\top
+              - f'(-u_i^-)\,(Bc_i \odot \phi'(a_{n(i)}))\,x_{n(i)}^\top\big],
+
+    with :math:`n(i)` = ``neg_idx[i]``; the local update is the descent step
+    :math:`\Delta W \propto -\partial L / \partial W`.
 
     Used to check that autograd on the local loss is the local rule.
 
