@@ -318,3 +318,20 @@ def test_update_similarity_is_the_cosine_of_local_and_backprop_gradients(variant
         tol = 1e-3 if variant == "clapp2021" else 1e-5
         assert got[l] == pytest.approx(want, abs=tol), (l, got[l], want)
     assert got[len(params) - 1] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_colour_jitter_is_switched_on_as_a_whole_with_probability_jitter_p():
+    """Section "Choices", Augmentations: colour jitter applied with p = 0.8, as the
+    paper's ``RandomApply([ColorJitter], p=0.8)``: one switch per image for all
+    factors. Regression: each factor had its own switch, so only 0.2**2 = 4% of
+    one-channel images were left unjittered instead of 20%."""
+    n = 4000
+    aug = DefaultAugment(jitter=(0.5, 0.5, 0.5), jitter_p=0.8, gray_p=0.0)
+    x = torch.tensor([0.2, 0.6]).view(1, 1, 1, 2).repeat(n, 1, 1, 1)
+    y = aug.color(x, torch.Generator().manual_seed(3)).double()
+    # brightness b then contrast k about the mean: mean(y) = 0.4 b, y2 - y1 = 0.4 b k
+    b = y.mean(dim=(1, 2, 3)) / 0.4
+    k = (y[:, 0, 0, 1] - y[:, 0, 0, 0]) / (0.4 * b)
+    b_on, k_on = (b - 1).abs() > 1e-6, (k - 1).abs() > 1e-6
+    assert torch.equal(b_on, k_on)
+    assert abs((~b_on).double().mean().item() - 0.2) < 0.03

@@ -53,7 +53,8 @@ class DefaultAugment:
         Brightness, contrast, saturation strengths (hue is not jittered): each
         factor is drawn uniformly in ``[max(0, 1 - s), 1 + s]``.
     jitter_p : float, default=0.8
-        Probability of each jitter (drawn separately for the three factors).
+        Probability that an image is jittered (one draw switches all three factors
+        together, as ``RandomApply`` of a colour jitter in the paper's recipe).
     gray_p : float, default=0.2
         Probability of converting a 3-channel image to grayscale (ITU-R 601
         luma, kept on three channels).
@@ -182,9 +183,12 @@ class DefaultAugment:
         """
         n, c = x.shape[:2]
 
+        # one switch per image for the whole jitter, as torchvision's
+        # RandomApply([ColorJitter], p) in the paper's recipe (not one per factor)
+        on = _rand(n, gen) < self.jitter_p
+
         def draw(strength):
             f = _uniform(n, max(0.0, 1 - strength), 1 + strength, gen)
-            on = _rand(n, gen) < self.jitter_p
             return torch.where(on, f, torch.ones(n, dtype=torch.float32)).to(
                 x.device, x.dtype).view(n, 1, 1, 1)
 
