@@ -105,7 +105,8 @@ class EntropicRiskLoss(nn.Module):
         with fixed ``gamma``; ``"bsgd"``: the biased plug-in
         :math:`\text{mean}_i L_i` (no state); ``"asgd"``: SGD on the dual with
         step ``dual_lr`` (primal weights use the *old* ``nu``); ``"umax"``: ASGD
-        plus the reset :math:`\nu := L` when :math:`\nu < L - \delta`;
+        plus the reset :math:`\nu := L` when :math:`\nu < L - \delta` (primal weights
+        use the new ``nu``, after the reset and the step);
         ``"asgd_softplus"``: ASGD on the "safe KL" surrogate with
         :math:`e^x \to \rho^{-1}\log(1+\rho e^x)`.
     log_alpha : float or torch.Tensor, default=0.0

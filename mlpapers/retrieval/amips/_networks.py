@@ -421,22 +421,54 @@ class SupportNet(nn.Module):
         return _value_and_grad(self, x, create_graph)
 
 
+def _row_pow2(x: torch.Tensor) -> torch.Tensor:
+    """Per row (..., 1), the power of two ``s`` with ``s <= max|x_i| < 2s`` (1 for zero
+    or non-finite rows); a constant to autograd."""
+    with torch.no_grad():
+        amax = x.detach().abs().amax(dim=-1, keepdim=True)
+        _, e = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1) (e = 0 for amax = 0)
+        s = torch.ldexp(torch.ones_like(amax), e - 1)
+        return torch.where(torch.isfinite(amax) & (amax > 0), s, torch.ones_like(amax))
+
+
+def _norm_and_direction(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row norms (..., 1) and unit directions of ``x`` (..., d), free of under/overflow.
+
+    Each row is divided by ``s``, the power of two with ``s <= max|x_i| < 2s``: an
+    exact rescaling (no rounding), after which the squares of the norm neither
+    underflow nor overflow, so ``||x|| = s ||x/s||`` and ``x/||x|| = (x/s)/||x/s||``
+    are the plain formulas' floating-point results wherever those do not under- or
+    overflow (bitwise), and correct where they do. ``s`` is a constant to autograd
+    (the value does not depend on it), so the gradient is that of ``||x|| h(x/||x||)``.
+    A clamp at ``eps``, as before, made rows of norm below ``eps`` (1e-12) lose
+    homogeneity: ``Homogenize(h)(c x) != c Homogenize(h)(x)`` and wrong keys.
+    """
+    s = _row_pow2(x)
+    y = x / s
+    ny = y.norm(dim=-1, keepdim=True)
+    return s * ny, y / ny.clamp_min(eps)
+
+
 class Homogenize(nn.Module):
     r"""Positively 1-homogeneous wrapper :math:`f(x) = \|x\|\, h(x / \|x\|)`.
 
     Then :math:`f(cx) = c f(x)` for :math:`c > 0`, the gradient is 0-homogeneous
     and Euler's identity :math:`\langle x, \nabla f(x)\rangle = f(x)` holds, like
     for the true support function. (Homogenization does not preserve convexity
-    in general.) At :math:`x = 0` the value is 0 (the norm is clamped at
-    ``eps`` inside the division).
+    in general.) This holds for rows of any norm representable in the dtype: the
+    norm and the direction are computed on the row divided by a power of two near
+    its largest entry (an exact rescaling), so tiny rows (:math:`\|x\|` below
+    ``eps``, or whose squares underflow) and huge ones (whose squares overflow)
+    get the direction of :math:`x`. At :math:`x = 0` the value is 0.
 
     Parameters
     ----------
     model : nn.Module
         Scalar model ``h``: (n, d) -> (n,).
     eps : float, default=1e-12
-        Lower bound on :math:`\|x\|` in the division :math:`x / \|x\|` (the value at
-        ``x = 0`` is then 0, without a NaN).
+        Lower bound on the rescaled norm in the division :math:`x / \|x\|`; it only
+        acts at ``x = 0`` (the rescaled norm of any other row is at least 1), whose
+        value is then 0, without a NaN.
 
     Examples
     --------
@@ -470,8 +502,8 @@ class Homogenize(nn.Module):
         torch.Tensor of shape (n,)
             The values (0 where ``x = 0``).
         """
-        norm = x.norm(dim=-1, keepdim=True)
-        return norm[..., 0] * self.model(x / norm.clamp_min(self.eps))
+        norm, unit = _norm_and_direction(x, self.eps)
+        return norm[..., 0] * self.model(unit)
 
     def data_init(self, x: torch.Tensor) -> None:
         """The wrapped model's ``data_init`` on the normalised inputs ``x / ||x||``.
@@ -484,7 +516,7 @@ class Homogenize(nn.Module):
             A representative batch of inputs.
         """
         if hasattr(self.model, "data_init"):
-            self.model.data_init(x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps))
+            self.model.data_init(_norm_and_direction(x, self.eps)[1])
 
     def scale_output(self, c: float) -> None:
         """Scale the output by ``c > 0``, in place (the wrapped model's ``scale_output``).
