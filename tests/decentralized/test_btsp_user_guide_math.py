@@ -4,6 +4,7 @@ Each reference is written from the page's text alone on small random inputs of o
 sizes. Only formulas that no other test compares with an independent reference are
 here: the BCD, the MSR identity, theta* and the schedules are covered in test_btsp.py.
 """
+import itertools
 import math
 
 import numpy as np
@@ -94,10 +95,10 @@ def test_dsgd_rounds_are_adapt_then_combine_in_physical_indices(topology):
 @pytest.mark.parametrize("n, topology", [(12, "one_peer_exponential"), (12, [[2, 4], [3], [1]]),
                                          (15, [[3, 6], [5, 10], [7]])])
 def test_lower_bound_definition(n, topology, directed):
-    """Section "Choices ...", Lower bound: the mean over rounds of theta* (on max(D, D^T),
-    or min(D, D^T) when directed) for rounds with a skip coprime with n, else the
-    largest nearest-neighbour delay (directed: the larger of the largest cheapest
-    outgoing and incoming delays)."""
+    """Section "Choices ...", Lower bound: the mean over rounds of the largest
+    nearest-neighbour delay (directed: the larger of the largest cheapest outgoing and
+    incoming delays), raised to theta* (on max(D, D^T), or min(D, D^T) when directed)
+    for rounds with a skip coprime with n."""
     D = np.random.default_rng(n).uniform(1, 10, (n, n))
     np.fill_diagonal(D, 0.0)
     est = BottleneckNodeAssigner(topology=topology, method="btsp", directed=directed,
@@ -106,7 +107,7 @@ def test_lower_bound_definition(n, topology, directed):
     assert est.theta_ == theta
     off = (D if directed else np.maximum(D, D.T)) + np.diag(np.full(n, np.inf))
     nearest = max(off.min(axis=1).max(), off.min(axis=0).max())
-    per_round = [theta if any(math.gcd(s, n) == 1 for s in r) else nearest
+    per_round = [max(theta, nearest) if any(math.gcd(s, n) == 1 for s in r) else nearest
                  for r in circulant_schedule(n, topology)]
     assert est.lower_bound_ == pytest.approx(math.fsum(per_round) / len(per_round),
                                              rel=1e-15)
@@ -138,3 +139,23 @@ def test_msr_scores_every_coprime_multiplier(n, topology):
     assert new.tolist() == [pi[(c * i) % n] for i in range(n)]
     est = BottleneckNodeAssigner(topology=topology, random_state=0).fit(D)
     assert np.array_equal(est.assignment_, multiplier_relabel(est.ring_tour_, est.multiplier_))
+
+
+def test_directed_lower_bound_takes_the_nearest_bound_when_it_exceeds_theta():
+    """Section "Choices ...", Lower bound, directed: nodes cheap to reach but costly to
+    leave make the nearest-outgoing bound exceed theta* on min(D, D^T); the bound is
+    the larger of the two, and still below the exact optimum (brute force). Regression:
+    coprime rounds used theta* alone."""
+    n = 7
+    g = np.random.default_rng(5)
+    D = g.uniform(1, 2, (n, n))
+    D[:3] += 20.0               # nodes 0-2 are costly to leave, cheap to reach
+    np.fill_diagonal(D, 0.0)
+    est = BottleneckNodeAssigner(topology="ring", method="exact", directed=True).fit(D)
+    off = D + np.diag(np.full(n, np.inf))
+    nearest = max(off.min(axis=1).max(), off.min(axis=0).max())
+    assert nearest > est.theta_
+    assert est.lower_bound_ == nearest
+    rings = [max(D[p[i], p[(i + 1) % n]] for i in range(n))
+             for p in ((0, *q) for q in itertools.permutations(range(1, n)))]
+    assert est.lower_bound_ <= min(rings) == est.bcd_

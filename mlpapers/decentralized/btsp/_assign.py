@@ -215,11 +215,11 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     theta_ : float
         :math:`\theta^*`, a lower bound on any ring's bottleneck.
     lower_bound_ : float
-        A lower bound on the per-round mean BCD of any assignment: ``theta_`` for
-        rounds with a skip coprime with ``n``, the largest nearest-neighbour delay
-        otherwise (every node sends and receives in every round; with
-        ``directed=True`` the larger of the largest cheapest-outgoing and the
-        largest cheapest-incoming delay).
+        A lower bound on the per-round mean BCD of any assignment: per round, the
+        largest nearest-neighbour delay (every node sends and receives in every
+        round; with ``directed=True`` the larger of the largest cheapest-outgoing
+        and the largest cheapest-incoming delay), raised to ``theta_`` for rounds
+        with a skip coprime with ``n``.
     random_bcd_ : float
         Mean ``bcd_`` of ``n_random`` uniformly random assignments.
     schedule_ : list of list of int
@@ -407,7 +407,10 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         # every node sends one message and receives one in each round: the round's
         # bottleneck is at least every node's cheapest outgoing and incoming delay
         nearest = float(max(off.min(axis=1).max(), off.min(axis=0).max()))
-        lbs = [theta if any(math.gcd(s, n) == 1 for s in r) else nearest for r in schedule]
+        # theta (on min(D, D^T) when directed) can be below the directed nearest
+        # bound, and both bound every round, so a coprime round takes the larger
+        lbs = [max(theta, nearest) if any(math.gcd(s, n) == 1 for s in r) else nearest
+               for r in schedule]
         # rounded as bcd_ is (correctly), so that lower_bound_ <= bcd_ holds to the bit
         return _exact_mean(np.asarray(lbs))
 
