@@ -98,6 +98,9 @@ class _PeakMemory:
         self.peak = self.base
         self._stop = threading.Event()
         self._cuda = _cuda_reset()
+        # max_memory_allocated counts what was allocated before entry too (data and models
+        # moved to the GPU by the script): subtract it, as base is subtracted from the RSS
+        self._cuda_base = self._cuda.cuda.memory_allocated() if self._cuda is not None else 0
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -113,7 +116,8 @@ class _PeakMemory:
         self.peak = max(self.peak, _rss_bytes())
         self.extra_mb = (self.peak - self.base) / 2**20
         if self._cuda is not None:
-            self.extra_mb = max(self.extra_mb, self._cuda.cuda.max_memory_allocated() / 2**20)
+            self.extra_mb = max(self.extra_mb, (self._cuda.cuda.max_memory_allocated()
+                                                - self._cuda_base) / 2**20)
         return False
 
 
@@ -169,7 +173,11 @@ def _fmt(x: float) -> str:
 
 
 def format_table(results: Sequence[Result], baseline: str | None = None) -> str:
-    """Markdown table: metrics, median time, peak memory, and ratios to ``baseline``."""
+    """Markdown table: metrics, median time, peak memory, and ratios to ``baseline``.
+
+    A metric ratio is shown only where the baseline's value is positive and the row's is
+    not negative ("–" otherwise): ratios of signed values do not order the rows.
+    """
     metric_names: list[str] = []
     for r in results:
         metric_names += [m for m in r.metrics if m not in metric_names]
@@ -186,7 +194,10 @@ def format_table(results: Sequence[Result], baseline: str | None = None) -> str:
             row.append(_fmt(r.time_s / base.time_s) if base.time_s > 0 else "–")
             for m in metric_names:
                 a, b = r.metrics.get(m, float("nan")), base.metrics.get(m, float("nan"))
-                row.append(_fmt(a / b) if b not in (0.0,) and b == b else "–")
+                # a ratio reads "x times the baseline" only for a positive baseline and a
+                # value of the same sign: with signed metrics (a log-risk of -2) it would
+                # invert the order (-1.9 / -2.0 = 0.95 for a worse value) or change sign
+                row.append(_fmt(a / b) if b > 0 and a >= 0 else "–")
         row.append(r.error or r.note)
         rows.append(row)
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

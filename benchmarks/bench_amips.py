@@ -18,6 +18,7 @@ nlist = sqrt(N)) searched with the natural queries and with the KeyNet-projected
 queries over an nprobe sweep, and AmortizedMIPS KeyNet / SupportNet alone. Columns:
 match@1, recall@10, MRR (all against exact MIPS), ms per 1k queries, training wall
 time and training CPU (process) time, the honest cost on a shared machine.
+``--threads N`` (default 2) sets both torch's and faiss's thread counts.
 
     python benchmarks/bench_amips.py --quick
     python benchmarks/bench_amips.py --out amips.json [--large | --sizes 100000]
@@ -176,6 +177,10 @@ def dataset_cases(name, keys, Q_test, train_queries, *, steps, width, depth, lr,
 def make_cases(quick: bool):
     opts = _OPTIONS
     torch.set_num_threads(opts.threads)
+    if faiss is not None:
+        # faiss has its own OpenMP pool; torch's setting reaches it only where both share
+        # one OpenMP runtime (Linux wheels with libgomp), not e.g. with a separate libomp
+        faiss.omp_set_num_threads(opts.threads)
     cases = []
     if quick:
         keys, Q, sampler = make_mips_problem(2000, 32, n_queries=1000, n_anchors=64,

@@ -4,7 +4,8 @@ Rows ``<network> n=<n> <topology> <method>`` report the per-round BCD (ms), its 
 to the mean of 5 random assignments and to the lower bound (``theta*`` for rounds with
 a skip coprime with n), and the solve time. ``dsgd ...`` rows train logistic regression
 on scikit-learn's digits split non-IID (Dirichlet 0.5) over 64 nodes of a backbone
-network for the same simulated wall-clock budget.
+network for the same simulated wall-clock budget; the test accuracy is evaluated after
+every round, so ``sim_s_to_90pct`` is the first round that reaches 90 %.
 
     python benchmarks/bench_btsp.py --quick
     python benchmarks/bench_btsp.py --out btsp.json
@@ -57,9 +58,12 @@ def dsgd_cases(quick):
             rounds = rounds_within(budget, compute, delays)
             clf = DecentralizedSGD(delays=D, assignment=perm, topology=topology,
                                    compute_time=compute, n_rounds=rounds, lr=0.5,
-                                   partition="dirichlet", alpha=0.5, eval_every=10,
+                                   partition="dirichlet", alpha=0.5, eval_every=1,
                                    random_state=0)
             clf.fit(Xtr, ytr, eval_set=(Xte, yte))
+            # evaluated every round: with a coarser grid the first crossing is rounded up
+            # to the grid, by more simulated time for the slower assignment (eval_every=10
+            # reported 4.58 s instead of 3.89 s for random, 2.62 s for BTSP-MSR either way)
             hit = [h["sim_time"] for h in clf.history_ if h["accuracy"] >= 0.9]
             return {"rounds": rounds, "test_acc": clf.score(Xte, yte),
                     "sim_s_to_90pct": (hit[0] / 1000) if hit else float("nan"),

@@ -22,7 +22,8 @@ learning rate, epochs and seeds. Metrics:
   harness' "peak mem" column is the resident-set growth of the whole arm (fits,
   transforms and probes of all seeds) and is dominated by the probe, not by training.
 
-Run ``python benchmarks/bench_clapp.py`` (or ``--quick`` for a smoke run): every arm
+Run ``python benchmarks/bench_clapp.py`` (or ``--quick`` for a smoke run; one torch
+thread, ``BENCH_THREADS=N`` for more): every arm
 gets the same settings (``SETTINGS``) and ``EPOCHS_DEFAULT`` = 40 epochs, and the
 script ends with the verdicts on the goals of the issue. On a slow machine the arms
 can be split over runs with ``--arms "CLAPP,CLAPP++" --out part1.json`` (the random-init
@@ -213,6 +214,11 @@ TITLE = "CLAPP: local vs global self-supervised learning (shifted digits)"
 
 
 if __name__ == "__main__":
+    import torch
+
+    # one torch thread, as the docs' table was measured (like the other benchmarks; the
+    # default of two on this machine would also change the float sums, hence the digits)
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     if "--merge" in sys.argv:
         _results = _merge(sys.argv[sys.argv.index("--merge") + 1:])
         print(f"## {TITLE} (merged)\n")

@@ -15,7 +15,8 @@ fusion, upsampling, blur and pooling. Two settings: the small one of the quality
 (``k_images=20``, memory of 80 images, 16 test images) and the estimator defaults
 (224 px EfficientNet-Lite0 input, ``k_images=150``, memory of 160 images, 16 test
 images). End-to-end times (with feature extraction) are the ``ms_per_image`` of the
-quality rows.
+quality rows. PatchCore keeps its default 10% coreset; one multi-class row keeps its
+whole memory bank (``coreset_ratio=1``) to show that the coreset is not a handicap.
 
 anomalib's ``Rad``/``Patchcore`` are not benchmarked: anomalib 2.7 imports
 torchvision (through timm/torchmetrics), whose only PyPI wheels for torch 2.13 are
@@ -234,7 +235,7 @@ def make_cases(quick: bool) -> list[Case]:
         return RADDetector(**{"k_images": k, **ext, **kw})
 
     def patchcore(**kw):
-        return PatchCoreDetector(coreset_ratio=0.1, random_state=0, **{**ext, **kw})
+        return PatchCoreDetector(**{"coreset_ratio": 0.1, "random_state": 0, **ext, **kw})
 
     if _OPTIONS.speed_only:
         return (_speed_cases("RAD", rad().fit(X_train), X_test[: (4 if quick else 16)],
@@ -247,6 +248,12 @@ def make_cases(quick: bool) -> list[Case]:
         Case("RAD no positional window (r=None)", lambda: _evaluate(rad(pos_radius=None), *data)),
         Case("RAD k_images=1", lambda: _evaluate(rad(k_images=1), *data)),
         Case("PatchCore (multi-class)", lambda: _evaluate(patchcore(), *data)),
+        # the 10% coreset is PatchCore's (and anomalib's) default; the full memory bank
+        # shows that the coreset does not handicap it here (0.956 / 0.974 image / pixel
+        # AUROC against 0.963 / 0.975), at 10x its memory and 6x its scoring time
+        Case("PatchCore full memory (multi-class)",
+             lambda: _evaluate(patchcore(coreset_ratio=1.0), *data),
+             note="coreset_ratio=1"),
         Case("RAD (per texture)", lambda: _per_texture(rad, data, tex_tr, tex_te)),
         Case("PatchCore (per texture)", lambda: _per_texture(patchcore, data, tex_tr, tex_te)),
     ]

@@ -29,6 +29,12 @@ Step sizes are picked per method from a grid of three values, the same grid for
 every method of a task (best exact objective on seed 0 after the equal epochs);
 dual parameters are the paper's; results are means over 3 seeds.
 
+The harness' ``time (s)`` column (and ``time / <reference>``) is each row's whole wall
+time: the step-size grid, every seed and the per-epoch exact evaluations. Training time
+is ``train s`` (thread CPU time of the equal-epoch budget) and the speed-up to the target
+is ``speed-up vs full`` (> 1: faster than the reference); the ratio columns of ``lr`` and
+of the target columns are not comparisons.
+
     python benchmarks/bench_scent.py --quick
     python benchmarks/bench_scent.py --out scent.json     # --only xc|xcp|xcpc|dro|pauc
 """

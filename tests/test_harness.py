@@ -49,3 +49,47 @@ def test_benchmark_main_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["quick"] and data["results"][0]["metrics"] == {"m": 1.0}
     assert "| a |" in capsys.readouterr().out
+
+
+def _row(table, name):
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells and cells[0] == name:
+            return cells
+    raise AssertionError(name)
+
+
+def test_ratios_of_signed_metrics_are_not_shown():
+    """A negative baseline (a log-risk) or a negative value has no meaningful ratio: the
+    old table showed -1.9 / -2.0 = 0.95 for a worse objective and -inf for a diverged one."""
+    from _harness import Result
+
+    res = [Result("ref", 1.0, [1.0], 0.0, {"objective": -2.0, "gap": 0.5}),
+           Result("worse", 2.0, [2.0], 0.0, {"objective": -1.9, "gap": 1.0}),
+           Result("diverged", 2.0, [2.0], 0.0, {"objective": float("inf"), "gap": -0.5})]
+    table = format_table(res, baseline="ref")
+    header = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    col = {h: i for i, h in enumerate(header)}
+    worse, diverged = _row(table, "worse"), _row(table, "diverged")
+    assert worse[col["objective / ref"]] == "–" and diverged[col["objective / ref"]] == "–"
+    assert worse[col["gap / ref"]] == "2" and diverged[col["gap / ref"]] == "–"
+    assert worse[col["time / ref"]] == "2"
+
+
+def test_cuda_peak_memory_is_the_extra_above_entry(monkeypatch):
+    """On CUDA the peak must not count memory allocated before the case (the old code
+    reported ``max_memory_allocated`` itself: 1 GiB held by the script + 10 MiB of work
+    read as 1034 MB of peak extra memory)."""
+    import types
+
+    from _harness import _PeakMemory
+
+    state = {"allocated": 2**30, "peak": 2**30}
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, synchronize=lambda: None,
+        reset_peak_memory_stats=lambda: state.update(peak=state["allocated"]),
+        memory_allocated=lambda: state["allocated"], max_memory_allocated=lambda: state["peak"])
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    with _PeakMemory() as mem:
+        state["peak"] = state["allocated"] + 10 * 2**20  # a case that used 10 MiB more
+    assert 10 <= mem.extra_mb < 20
