@@ -43,9 +43,12 @@ _LOSSES_ACTION = "losses"
 
 
 def _to_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """The record's arrays by name (float64, for exact weighted sums)."""
-    return {k: np.asarray(a, dtype=np.float64)
-            for k, a in zip(record.keys(), record.to_numpy_ndarrays())}
+    """The record's arrays by name, in their own dtypes."""
+    return dict(zip(record.keys(), record.to_numpy_ndarrays()))
+
+
+def _is_integer(a: np.ndarray) -> bool:
+    return np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_
 
 
 class CLoVEStrategy(Strategy):
@@ -76,7 +79,9 @@ class CLoVEStrategy(Strategy):
     loss_vectors_ : ndarray of shape (n_nodes, K)
         The last loss matrix (rows in ``node_ids_`` order).
     history_ : list of dict
-        Per round: mean loss of the assigned models and the round's wall time.
+        Per round: the data-weighted mean loss of the assigned models (before local
+        training, weighted by the nodes' ``num-examples``; as ``CLoVE.history_``)
+        and the round's wall time.
     node_ids_ : list of int
         The connected nodes' ids, sorted, fixed when :meth:`start` begins.
 
@@ -159,7 +164,9 @@ class CLoVEStrategy(Strategy):
 
         Arrays are matched by name, so the replies may list them in another order
         than the initial models. A model that no node trained keeps its weights.
-        The averages (in float64, stored as float32) replace ``models_`` in place.
+        Floating arrays are averaged in float64 and stored in their own dtype;
+        integer arrays (counters such as BatchNorm's ``num_batches_tracked``) take
+        their maximum, as in :class:`CLoVE`. The results replace ``models_`` in place.
 
         Parameters
         ----------
@@ -186,6 +193,7 @@ class CLoVEStrategy(Strategy):
         sums: dict[int, dict[str, np.ndarray]] = {}
         weights: dict[int, float] = {}
         keys = list(self.models_[0].keys())
+        dtypes: dict[str, np.dtype] = {}
         for reply in replies:
             nid = reply.metadata.src_node_id
             j = self.labels_[nid]
@@ -199,15 +207,22 @@ class CLoVEStrategy(Strategy):
                 raise FloatingPointError(f"CLoVEStrategy: node {nid} diverged in round "
                                          f"{server_round}: its trained model is not finite; "
                                          "lower the clients' lr.")
+            dtypes.update((k, a.dtype) for k, a in arrays.items())
+            # float64 sums for exact weighting; integer counters are not averaged
+            part = {k: a if _is_integer(a) else n * a.astype(np.float64)
+                    for k, a in arrays.items()}
             if j not in sums:
-                sums[j] = {k: n * a for k, a in arrays.items()}
-                weights[j] = n
+                sums[j], weights[j] = part, n
             else:
-                sums[j] = {k: sums[j][k] + n * a for k, a in arrays.items()}
+                sums[j] = {k: np.maximum(sums[j][k], a) if _is_integer(a) else sums[j][k] + a
+                           for k, a in part.items()}
                 weights[j] += n
         for j, s in sums.items():  # models without nodes keep their weights
-            self.models_[j] = ArrayRecord(
-                {k: torch.from_numpy((s[k] / weights[j]).astype(np.float32)) for k in keys})
+            # np.array: a 0-d array divided by a float is a numpy scalar, which
+            # torch.from_numpy refuses (np.ascontiguousarray would make it 1-d)
+            self.models_[j] = ArrayRecord({k: torch.from_numpy(np.array(
+                s[k] if _is_integer(s[k]) else s[k] / weights[j], dtype=dtypes[k],
+                order="C")) for k in keys})
         return None, MetricRecord({"models-updated": len(sums)})
 
     def configure_evaluate(self, server_round, arrays, config, grid):
@@ -380,8 +395,16 @@ class CLoVEStrategy(Strategy):
             replies = self._exchange(grid, list(self.configure_train(rnd, None, config, grid)),
                                      timeout)
             self.aggregate_train(rnd, replies)
-            self.history_.append({"round": rnd,
-                                  "loss": float(L[np.arange(len(L)), assignment].mean()),
+            # weighted by the nodes' sizes, as the estimator's history_ and Flower's own
+            # metric aggregation (num-examples); unweighted if a node does not send it
+            sizes = [by_node[nid].content["metrics"].get("num-examples")
+                     for nid in self.node_ids_]
+            assigned = L[np.arange(len(L)), assignment]
+            if all(isinstance(v, (int, float)) and v > 0 for v in sizes):
+                loss = float(np.average(assigned, weights=np.asarray(sizes, dtype=np.float64)))
+            else:
+                loss = float(assigned.mean())
+            self.history_.append({"round": rnd, "loss": loss,
                                   "time_s": time.perf_counter() - start})
         return self
 
