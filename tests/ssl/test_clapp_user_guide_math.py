@@ -335,3 +335,43 @@ def test_colour_jitter_is_switched_on_as_a_whole_with_probability_jitter_p():
     b_on, k_on = (b - 1).abs() > 1e-6, (k - 1).abs() > 1e-6
     assert torch.equal(b_on, k_on)
     assert abs((~b_on).double().mean().item() - 0.2) < 0.03
+
+
+def _crop_sides(aug, H, W, n=64, seed=0):
+    """Pixel width and height of each image's crop, read off the slope of bilinear ramps
+    between output pixels a quarter and three quarters across (away from the image's
+    border, where the border padding flattens the ramps)."""
+    cols = torch.arange(W, dtype=torch.float32).expand(n, 1, H, W)
+    rows = torch.arange(H, dtype=torch.float32)[:, None].expand(n, 1, H, W)
+    out = aug.crop_flip(torch.cat([cols, rows], 1), torch.Generator().manual_seed(seed))
+    a, b = W // 4, 3 * W // 4
+    crop_w = (out[:, 0, 0, b] - out[:, 0, 0, a]).abs() / (b - a) * W
+    a, b = H // 4, 3 * H // 4
+    crop_h = (out[:, 1, b, 0] - out[:, 1, a, 0]) / (b - a) * H
+    return crop_w, crop_h, out
+
+
+@pytest.mark.parametrize("H, W", [(24, 40), (32, 32), (40, 18)])
+def test_random_resized_crop_keeps_ratio_in_range_by_retrying(H, W):
+    """Section "Choices", Augmentations: as torchvision's RandomResizedCrop, up to 10
+    (area, ratio) draws per image, the first crop that fits is kept, so every crop's
+    pixel aspect ratio stays in ``ratio``. Regression: a crop that did not fit was
+    clamped side by side, its ratio leaving the range (up to 1.48 on 24 x 40 images)."""
+    aug = DefaultAugment()
+    crop_w, crop_h, _ = _crop_sides(aug, H, W, n=256)
+    ratio = (crop_w / crop_h).numpy()
+    assert ratio.min() >= 3 / 4 * (1 - 1e-4) and ratio.max() <= 4 / 3 * (1 + 1e-4)
+    area = (crop_w * crop_h / (H * W)).numpy()
+    assert area.min() >= 0.25 * (1 - 1e-4) and area.max() <= 1 + 1e-4
+
+
+def test_random_resized_crop_falls_back_to_the_centre_crop_at_the_clipped_ratio():
+    """When no draw fits (here every draw asks for the whole area at ratio 1/2 of a
+    square image), torchvision's fallback: the centre crop of the largest size at the
+    image's aspect ratio clipped to ``ratio``: full height, half the width."""
+    aug = DefaultAugment(scale=(1.0, 1.0), ratio=(0.5, 0.5), flip=0.0)
+    crop_w, crop_h, out = _crop_sides(aug, 20, 20, n=4)
+    np.testing.assert_allclose(crop_w.numpy(), 10.0, rtol=1e-4)
+    np.testing.assert_allclose(crop_h.numpy(), 20.0, rtol=1e-4)
+    # centred: the column ramp spans [5, 15) around the image's centre 9.5
+    np.testing.assert_allclose(out[:, 0, 0].mean(dim=1).numpy(), 9.5, atol=1e-4)

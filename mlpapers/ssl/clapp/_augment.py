@@ -21,12 +21,18 @@ from mlpapers._utils._modules import module_behind
 __all__ = ["DefaultAugment"]
 
 
-def _rand(n: int, gen: torch.Generator | None) -> torch.Tensor:
+def _rand(n: int | tuple[int, ...], gen: torch.Generator | None) -> torch.Tensor:
     return torch.rand(n, generator=gen, dtype=torch.float32)
 
 
-def _uniform(n: int, low: float, high: float, gen: torch.Generator | None) -> torch.Tensor:
+def _uniform(n: int | tuple[int, ...], low: float, high: float,
+             gen: torch.Generator | None) -> torch.Tensor:
     return low + (high - low) * _rand(n, gen)
+
+
+# torchvision's RandomResizedCrop draws up to 10 (area, ratio) pairs per image and keeps
+# the first crop that fits in the image
+_CROP_TRIES = 10
 
 
 class DefaultAugment:
@@ -141,20 +147,33 @@ class DefaultAugment:
         Tensor of shape (N, C, H, W)
             Each image's crop (area fraction in ``scale``, aspect ratio in
             ``ratio``), resampled bilinearly to ``H x W``, flipped with
-            probability ``flip``.
+            probability ``flip``. As torchvision's ``RandomResizedCrop``, up to 10
+            draws are tried and the first crop that fits in the image is kept; if
+            none fits, the centre crop of the largest size whose aspect ratio is the
+            image's clipped to ``ratio``.
         """
         n = x.shape[0]
-        area = _uniform(n, *self.scale, gen)
-        log_r = _uniform(n, math.log(self.ratio[0]), math.log(self.ratio[1]), gen)
+        area = _uniform((n, _CROP_TRIES), *self.scale, gen)
+        log_r = _uniform((n, _CROP_TRIES), math.log(self.ratio[0]),
+                         math.log(self.ratio[1]), gen)
         r = torch.exp(log_r)
         # crop sides as fractions of the image's width and height: in pixels the crop is
         # sqrt(area*H*W*r) wide and sqrt(area*H*W/r) high (torchvision's definition), so
         # its aspect ratio is r also when H != W (area*r alone would scale it by W/H)
         height, width = x.shape[-2:]
-        w = torch.sqrt(area * r * (height / width)).clamp(max=1.0)
-        h = torch.sqrt(area / r * (width / height)).clamp(max=1.0)
-        cx = (1 - w) * (2 * _rand(n, gen) - 1)   # centre in [-1, 1] coords
-        cy = (1 - h) * (2 * _rand(n, gen) - 1)
+        w_try = torch.sqrt(area * r * (height / width))
+        h_try = torch.sqrt(area / r * (width / height))
+        fits = (w_try <= 1) & (h_try <= 1)
+        first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)   # first fitting try
+        found = fits.any(dim=1)
+        # no fit: centre crop at the image's aspect ratio clipped to the ratio range
+        in_ratio = width / height
+        fw = min(1.0, max(self.ratio[0], min(in_ratio, self.ratio[1])) / in_ratio)
+        fh = min(1.0, in_ratio / max(self.ratio[0], min(in_ratio, self.ratio[1])))
+        w = torch.where(found, w_try.gather(1, first)[:, 0], torch.tensor(fw))
+        h = torch.where(found, h_try.gather(1, first)[:, 0], torch.tensor(fh))
+        cx = (1 - w) * (2 * _rand(n, gen) - 1) * found   # centre in [-1, 1] coords
+        cy = (1 - h) * (2 * _rand(n, gen) - 1) * found
         sign = torch.where(_rand(n, gen) < self.flip, -1.0, 1.0).to(torch.float32)
         theta = torch.zeros(n, 2, 3, dtype=torch.float32)
         theta[:, 0, 0] = w * sign
