@@ -302,6 +302,28 @@ def test_power_of_two_unit_is_one_inside_the_window_and_an_exact_power_outside()
         assert math.frexp(unit)[0] == 0.5  # a power of two: dividing by it is exact
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_row_power_of_two_is_an_exact_normal_power_near_each_rows_maximum(dtype):
+    from mlpapers._utils import row_power_of_two
+
+    info = torch.finfo(dtype)
+    x = torch.tensor([[0.0, 0.0], [3.0, -5.0], [info.tiny / 8, 0.0], [info.max, 1.0],
+                      [float("inf"), 1.0], [float("nan"), 2.0], [2.0, 1.0], [-1e-3, 0.0]],
+                     dtype=dtype)
+    s = row_power_of_two(x)
+    assert s.shape == (8, 1) and s.dtype == dtype
+    m, e = np.frexp(s.double().numpy())
+    assert (m == 0.5).all() and (s >= info.tiny).all() and torch.isfinite(s).all()
+    assert s[0, 0] == 1 and s[4, 0] == 1 and s[5, 0] == 1       # zero, inf, NaN rows
+    amax = x.abs().amax(1, keepdim=True)
+    ok = [1, 3, 6, 7]                                           # normal rows
+    ratio = (amax[ok] / s[ok]).double()
+    assert ((ratio >= 0.5) & (ratio < 2)).all()
+    assert torch.equal((x[ok] / s[ok]) * s[ok], x[ok])          # exact round trip
+    # a subnormal row gets the smallest normal power: its entries scale up exactly
+    assert s[2, 0] == info.tiny and x[2, 0] / s[2, 0] == 0.125
+
+
 def _public_tensor_calls():
     from mlpapers.optim import log_mean_exp, objective, softplus_dual_ratio
     from mlpapers.retrieval import (

@@ -14,7 +14,7 @@ from mlpapers._utils._ambient import (
 from mlpapers._utils._init import default_init_, seeded_linear
 from mlpapers._utils._progress import ProgressLogger
 from mlpapers._utils._random import check_generator, check_random_state, make_generators
-from mlpapers._utils._units import power_of_two_unit
+from mlpapers._utils._units import power_of_two_unit, row_power_of_two
 from mlpapers._utils._validation import (
     check_in_options,
     check_positive,
@@ -49,6 +49,7 @@ __all__ = [
     "check_tensor",
     "make_generators",
     "power_of_two_unit",
+    "row_power_of_two",
     "probe_module",
     "reject_flat_image_table",
     "reject_single_hwc_image",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 
 def power_of_two_unit(amax: float, max_exponent: int) -> float:
     """The power of two at or below ``amax`` when ``amax`` lies outside
@@ -17,3 +19,23 @@ def power_of_two_unit(amax: float, max_exponent: int) -> float:
     if amax > 0.0 and not 2.0 ** -max_exponent <= amax <= 2.0 ** max_exponent:
         return 2.0 ** math.floor(math.log2(amax))
     return 1.0
+
+
+def row_power_of_two(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Per row of ``x`` (reduced over ``dim``, kept as a size-1 axis), a power of two
+    within a factor 2 of the row's largest magnitude; 1 for zero or non-finite rows.
+
+    Dividing a row by it is exact in floating point (ordinary rows give bit-identical
+    results after scaling back) and brings the row's largest entry near 1, so its
+    squares and sums neither underflow nor overflow. The scale is a constant to
+    autograd. Computed as ``exp2(floor(log2(.)))``, not with ``torch.frexp``, which
+    has no MPS kernel; ``log2`` may round a value just below ``2**e`` up to ``e``,
+    which only moves the largest entry to just below 1. The exponent is clamped to the
+    dtype's normal range, so the scale itself is never subnormal or infinite.
+    """
+    with torch.no_grad():
+        amax = x.detach().abs().amax(dim=dim, keepdim=True)
+        ok = torch.isfinite(amax) & (amax > 0)
+        top = math.frexp(torch.finfo(x.dtype).max)[1] - 1   # 2**top is representable
+        e = torch.where(ok, amax, torch.ones_like(amax)).log2().floor()
+        return torch.exp2(e.clamp(-top + 1, top))

@@ -110,3 +110,39 @@ def test_supportnet_predictions_do_not_depend_on_a_query_scale():
     for c in (1e-13, 1e-25, 1e20):
         np.testing.assert_array_equal(est.predict(q * c), idx)
         np.testing.assert_allclose(est.predict_key(q * c), key, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [SupportNet, KeyNet])
+def test_data_init_gives_unit_std_pre_activations_without_biases(cls):
+    """data_init (LSUV-style): every hidden unit's pre-activation has unit standard
+    deviation on the batch, also with ``bias=False``. Regression: the next layer was
+    scaled on the centred activations although a network without biases never
+    centres them, so from the third hidden layer on the std was off (by up to 0.93)."""
+    torch.manual_seed(0)
+    x = torch.randn(300, 6, dtype=torch.float64) * 3 + 1
+    net = cls(6, [12, 10, 9, 8], bias=False, wx_inject=2).double()
+    net.data_init(x)
+    stack = net.stack
+    z = stack._act(stack.wx0(x))
+    pres = [x @ stack.wx0.weight.T]
+    for l, wz in enumerate(stack.effective_wz()[:-1]):
+        pre = stack._layer(l, z, x, wz)
+        pres.append(pre)
+        z = stack._act(pre)
+    for pre in pres:
+        np.testing.assert_allclose(pre.std(0).detach().numpy(), 1.0, rtol=1e-9)
+
+
+def test_homogenize_needs_no_frexp(monkeypatch):
+    """torch.frexp has no MPS kernel: the power-of-two rescaling of Homogenize must not
+    use it (it did, so SupportNet failed on Apple GPUs), and gives the same values."""
+    torch.manual_seed(1)
+    f = Homogenize(SupportNet(3, [8, 8]))
+    x = torch.randn(5, 3) * torch.tensor([[1e-20], [1e-3], [1.0], [7.0], [1e18]])
+    want = f(x)
+
+    def no_frexp(*args, **kwargs):
+        raise NotImplementedError("aten::frexp is not implemented for the MPS device")
+
+    monkeypatch.setattr(torch, "frexp", no_frexp)
+    assert torch.equal(f(x), want)

@@ -36,6 +36,7 @@ from torch import nn
 from mlpapers._utils import (
     on_inputs_device,
     requires_tensors,
+    row_power_of_two,
     seeded_linear,
     usable_outside_inference,
 )
@@ -247,8 +248,8 @@ class _Stack(nn.Module):
 
         Weights into a unit are multiplied by a positive factor (which keeps
         ``W_z >= 0``) so the unit's pre-activation has unit standard deviation on
-        ``x``, and the bias is set so that its mean is 0. The output layer is left
-        alone. This replaces the "principled" ICNN initialisation of the official
+        ``x``, and the bias (if any) is set so that its mean is 0. The output layer is
+        left alone. This replaces the "principled" ICNN initialisation of the official
         code (Hoedt & Klambauer, 2023) with a data-dependent equivalent.
         """
         pre = x @ self.wx0.weight.T
@@ -267,10 +268,12 @@ class _Stack(nn.Module):
                 self.wz[l].div_(s[:, None])
             if self.inject[l]:
                 self.wx[l].weight.div_(s[:, None])
-            mean = (pre / s).mean(0)
             if len(self.bias):
+                mean = (pre / s).mean(0)
                 self.bias[l].copy_(-mean)
-            z = self._act(pre / s - mean)
+                z = self._act(pre / s - mean)
+            else:  # without biases nothing centres the unit: pass on what forward computes
+                z = self._act(pre / s)
 
     @torch.no_grad()
     def scale_output(self, c: float) -> None:
@@ -421,29 +424,20 @@ class SupportNet(nn.Module):
         return _value_and_grad(self, x, create_graph)
 
 
-def _row_pow2(x: torch.Tensor) -> torch.Tensor:
-    """Per row (..., 1), the power of two ``s`` with ``s <= max|x_i| < 2s`` (1 for zero
-    or non-finite rows); a constant to autograd."""
-    with torch.no_grad():
-        amax = x.detach().abs().amax(dim=-1, keepdim=True)
-        _, e = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1) (e = 0 for amax = 0)
-        s = torch.ldexp(torch.ones_like(amax), e - 1)
-        return torch.where(torch.isfinite(amax) & (amax > 0), s, torch.ones_like(amax))
-
-
 def _norm_and_direction(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Row norms (..., 1) and unit directions of ``x`` (..., d), free of under/overflow.
 
-    Each row is divided by ``s``, the power of two with ``s <= max|x_i| < 2s``: an
-    exact rescaling (no rounding), after which the squares of the norm neither
-    underflow nor overflow, so ``||x|| = s ||x/s||`` and ``x/||x|| = (x/s)/||x/s||``
-    are the plain formulas' floating-point results wherever those do not under- or
-    overflow (bitwise), and correct where they do. ``s`` is a constant to autograd
-    (the value does not depend on it), so the gradient is that of ``||x|| h(x/||x||)``.
+    Each row is divided by ``s``, a power of two within a factor 2 of ``max|x_i|``
+    (``row_power_of_two``): an exact rescaling (no rounding), after which the squares
+    of the norm neither underflow nor overflow, so ``||x|| = s ||x/s||`` and
+    ``x/||x|| = (x/s)/||x/s||`` are the plain formulas' floating-point results
+    wherever those do not under- or overflow (bitwise), and correct where they do.
+    ``s`` is a constant to autograd (the value does not depend on it), so the gradient
+    is that of ``||x|| h(x/||x||)``.
     A clamp at ``eps``, as before, made rows of norm below ``eps`` (1e-12) lose
     homogeneity: ``Homogenize(h)(c x) != c Homogenize(h)(x)`` and wrong keys.
     """
-    s = _row_pow2(x)
+    s = row_power_of_two(x)
     y = x / s
     ny = y.norm(dim=-1, keepdim=True)
     return s * ny, y / ny.clamp_min(eps)
@@ -455,7 +449,7 @@ class Homogenize(nn.Module):
     Then :math:`f(cx) = c f(x)` for :math:`c > 0`, the gradient is 0-homogeneous
     and Euler's identity :math:`\langle x, \nabla f(x)\rangle = f(x)` holds, like
     for the true support function. (Homogenization does not preserve convexity
-    in general.) This holds for rows of any norm representable in the dtype: the
+    in general.) This holds for rows of any norm in the dtype's normal range: the
     norm and the direction are computed on the row divided by a power of two near
     its largest entry (an exact rescaling), so tiny rows (:math:`\|x\|` below
     ``eps``, or whose squares underflow) and huge ones (whose squares overflow)

@@ -17,14 +17,13 @@ References
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import on_inputs_device
+from mlpapers._utils import on_inputs_device, row_power_of_two
 
 __all__ = [
     "LOSSES",
@@ -266,14 +265,7 @@ def _unit_rows(p: torch.Tensor) -> torch.Tensor:
     what ``F.normalize`` gives them: a zero row stays zero in float32, float64 and
     bfloat16, but is NaN in float16, where its ``eps=1e-12`` rounds to 0 (0 / 0).
     """
-    amax = p.detach().abs().amax(dim=1, keepdim=True)
-    # exp2(-floor(log2)), not torch.frexp: frexp has no MPS kernel; any power of two
-    # (log2 may round a value just below 2**e up to e) keeps the result exact
-    ok = torch.isfinite(amax) & (amax > 0)
-    top = math.frexp(torch.finfo(p.dtype).max)[1] - 1      # 2**top is representable
-    e = torch.where(ok, amax, torch.ones_like(amax)).log2().floor()
-    shift = torch.exp2((-e).clamp(-top, top))
-    return F.normalize(p * shift, dim=1)
+    return F.normalize(p / row_power_of_two(p, dim=1), dim=1)
 
 
 def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]:
