@@ -209,8 +209,9 @@ def test_directed_lower_bound_is_valid_and_uses_both_directions(seed):
     assert est.lower_bound_ <= opt + 1e-12  # a valid bound (brute force)
     off = D + np.diag(np.full(n, np.inf))
     nearest = max(off.min(axis=1).max(), off.min(axis=0).max())
-    per_round = [est.theta_ if any(math.gcd(s, n) == 1 for s in r) else nearest
-                 for r in est.schedule_]
+    # a coprime round takes the larger of theta* and the nearest bound (both valid)
+    per_round = [max(est.theta_, nearest) if any(math.gcd(s, n) == 1 for s in r)
+                 else nearest for r in est.schedule_]
     assert est.lower_bound_ == pytest.approx(np.mean(per_round))
 
 

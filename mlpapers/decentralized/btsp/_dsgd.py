@@ -154,8 +154,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         the nodes with :func:`torch.func.vmap` (dropout masks differ per node and
         are seeded by ``random_state``; BatchNorm statistics are kept per node), and
         predicts in eval mode with the nodes' pooled statistics (``buffers_``).
-        Parameters with ``requires_grad=False`` are not trained. See the user guide,
-        "Your own model".
+        Parameters with ``requires_grad=False`` are not trained. A module holding a
+        built-in model's initial weights (``nn.Linear``; ``Linear``, ``ReLU``,
+        ``Linear`` for "mlp") computes the same rounds bit for bit on the same
+        minibatches, but with the same ``random_state`` its minibatches differ:
+        the built-in initialisation draws from the estimator's generator first.
+        See the user guide, "Your own model".
     topology : str or sequence, default="exponential"
         Circulant schedule, see :func:`~mlpapers.decentralized.btsp.circulant_schedule`.
     assignment : array-like of shape (n,) or None, default=None

@@ -481,14 +481,16 @@ def delays_from_graph(
     if not shortest_paths:
         return link
     finite = np.isfinite(link) & ~np.eye(n, dtype=bool)
-    # csgraph drops explicit zeros: shift zero-delay links by a tiny epsilon, undo after.
-    eps = 1e-300
+    # A zero-delay link is an explicitly stored zero of the sparse graph, which
+    # scipy.sparse.csgraph reads as an edge of weight 0 (only absent entries are
+    # non-edges). The former shift of such links to 1e-300 and the zeroing of every
+    # path below 1e-200 afterwards set all delays of a network in a tiny unit (links
+    # of 1e-250) to 0, where metric_closure of the same links kept them.
     rows, cols = np.nonzero(finite)
-    graph = csr_matrix((np.maximum(link[rows, cols], eps), (rows, cols)), shape=(n, n))
+    graph = csr_matrix((link[rows, cols], (rows, cols)), shape=(n, n))
     D = shortest_path(graph, method="D", directed=True)
     if not np.all(np.isfinite(D)):
         raise ValueError("G is not (strongly) connected: some node pairs have no path.")
-    D[D < 1e-200] = 0.0
     if not directed:
         # Dijkstra from u and from v add the same links in opposite orders: the two sums
         # can differ in the last bit; the matrix of an undirected graph is symmetric
