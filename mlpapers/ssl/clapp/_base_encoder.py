@@ -283,7 +283,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         When :mod:`torch.distributed` is initialised (e.g. under ``torchrun``), every
         rank must pass the same ``X``; each trains on its shard, gradients are averaged
         across ranks and all ranks end with identical parameters (``batch_size`` is per
-        rank). See the user guide, "Scale-out".
+        rank; ``X`` needs more images than ranks, since every rank's batches need 2 for
+        the negatives). See the user guide, "Scale-out".
         """
         self._check_params()
         augment = self._augment_fn()          # before any work: a saved custom augment
@@ -300,6 +301,16 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         ddp = _dist.dist_world()              # (rank, world_size) under torchrun, else None
         shuffle_gen = gen
         verbose = self.verbose
+        if ddp is not None and self.n_epochs > 0 and -(-n // ddp[1]) < 2:
+            # every rank's shard would hold one image: no batch has a negative, so every
+            # step would be skipped and fit would return the initial network with a zero
+            # loss history (one process trains on the same images). Raised on every rank
+            # (all pass the same X) before any collective.
+            raise ValueError(
+                f"X has {n} images for {ddp[1]} processes: each process trains on "
+                f"ceil(n_samples / world_size) = {-(-n // ddp[1])} image(s), but a batch "
+                f"needs at least 2 (the negatives are its other images); pass more than "
+                f"world_size = {ddp[1]} images or start fewer processes.")
         if ddp is not None:
             # Same initialisation and same permutations on every rank; independent
             # augmentations/negatives per rank. See _distributed.py.
