@@ -192,7 +192,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Training samples (numpy arrays, array-likes or torch tensors).
+            Training samples (numpy arrays, array-likes or torch tensors), centred and
+            scaled in float64 before the float32 SGD (as the KL-DRO estimators do), so
+            features with large offsets or units lose no precision.
         y : array-like or torch.Tensor of shape (n_samples,)
             Labels of exactly two classes; the larger one (``classes_[1]``) is positive.
 
@@ -202,8 +204,11 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             The fitted estimator.
         """
         self._init_fit()
-        X_in = X
-        X, y = self._validate_data(X, y, reset=True)
+        # validated in float64: the features are centred before the float32 cast (as in
+        # the KL-DRO estimators); rounding raw X to float32 first lost the spread of
+        # features with a large offset (at 1e7 the SGD saw steps of 1 for a spread of 1),
+        # so the fit depended on the offset and loss_curve_ disagreed with objective
+        X, y = self._validate_data(X, y, reset=True, dtype=torch.float64)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         if len(self.classes_) != 2:
@@ -235,13 +240,17 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # SGD on Z = (X - mean) / s (s: feature std) with v = w s: the sigmoid sees
         # centred scores, and the diagonal preconditioner makes the fit independent of
         # the features' units and offsets
-        mu, scale, const = feature_scaling(X.double(), fit_intercept=True)
-        Z = standardise(X.double(), mu, scale, const).float()
-        Xp, Xn = Z[pos], Z[~pos]
+        mu, scale, const = feature_scaling(X, fit_intercept=True)
+        Z64 = standardise(X, mu, scale, const)
+        # the exact objective of loss_curve_ on the float64 features, as objective() sees
+        # them (the float32 copies of the SGD differ from them by their rounding)
+        Xp64, Xn64 = Z64[pos], Z64[~pos]
+        del Z64
+        Xp, Xn = Xp64.float(), Xn64.float()
         n_neg = len(Xn)
         k = min(int(self.n_negatives), n_neg)
         dev = self._device
-        w = torch.zeros(X.shape[1], dtype=Z.dtype, device=dev, requires_grad=True)
+        w = torch.zeros(X.shape[1], dtype=torch.float32, device=dev, requires_grad=True)
         log_alpha = 0.0 if self.log_alpha is None else float(self.log_alpha)
         loss_fn = make_loss(self, n_pos, log_alpha, temperature=float(self.lam)).to(dev)
         opt = torch.optim.SGD([w], lr=self.lr, momentum=self.momentum,
@@ -271,8 +280,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                         f"{epoch + 1}; lower lr.")
                 step += 1
             with torch.no_grad():
-                self.loss_curve_.append(float(self._objective_t(w.double(), Xp.double(),
-                                                                Xn.double())))
+                self.loss_curve_.append(float(self._objective_t(w.double(), Xp64, Xn64)))
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.coef_ = (w.detach().double() / scale).cpu().numpy()
@@ -282,8 +290,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.nu_ = nu.numpy()
         # scored exactly as decision_function does (float64 input, all rows), so that the
         # negative at the threshold is not let through by a float32 rounding of X
-        X64 = self._validate_data(X_in, reset=False, dtype=torch.float64)
-        scores = self._to_numpy(X64 @ torch.as_tensor(self.coef_, device=X64.device))
+        scores = self._to_numpy(X @ torch.as_tensor(self.coef_, device=X.device))
         neg_scores = scores[~self._to_numpy(pos)]
         # "higher": a training negative's score, with at most max_fpr * n_neg above it
         # (linear interpolation let ceil((n_neg - 1) max_fpr) negatives through)
