@@ -33,6 +33,8 @@ from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_in_options, check_positive, on_cpu_default_device
 from mlpapers._utils._ambient import autograd_enabled
+from mlpapers._utils._validation import probe_module
+from mlpapers.federated.clove._data import validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
 from mlpapers.federated.clove._kernels import clove_assign
 from mlpapers.federated.clove._models import build_user_module
@@ -409,6 +411,54 @@ class CLoVEStrategy(Strategy):
         return self
 
 
+def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
+    """The node's ``(X, y)`` checked and encoded as :class:`~mlpapers.federated.CLoVE`
+    checks and encodes a client's (same errors, same float32 tensors).
+
+    A supervised loss without ``y`` used to train against ``X`` itself (``Y = X``
+    broadcast: silent nonsense), float labels were truncated to class indices and
+    labels of shape ``(n, 1)`` or out of range failed deep in torch.
+    """
+    if loss != "reconstruction" and y is None:
+        raise ValueError(f"make_client_app: loss={loss!r} needs targets, but data_fn "
+                         "returned (X, None); return (X, y), or use loss='reconstruction'.")
+    try:
+        fed = validate_clients([(X, None if loss == "reconstruction" else y)], ndim=None,
+                               device=torch.device("cpu"), owner="make_client_app")
+    except ValueError as exc:  # (its messages name "clients[0]": the node's data here)
+        raise ValueError(f"make_client_app: the node's data from data_fn: {exc}") from exc
+    if loss == "reconstruction":
+        return ClientData.from_lists(fed.Xs, None, torch.device("cpu"))
+    y_np = fed.ys[0]
+    if loss == "mse":
+        try:
+            Y = torch.from_numpy(y_np.reshape(len(y_np), -1).astype(np.float32))
+        except ValueError as exc:
+            raise ValueError(f"make_client_app: loss='mse' needs numeric targets y: "
+                             f"{exc}") from exc
+        return ClientData.from_lists(fed.Xs, [Y], torch.device("cpu"))
+    # cross-entropy: class indices 0 .. C-1 (no label encoding: every node must agree
+    # on it, and a node sees only its own labels)
+    if y_np.ndim != 1:
+        raise ValueError(f"make_client_app: loss='cross_entropy' needs 1D class labels y, "
+                         f"got shape {y_np.shape}.")
+    if y_np.dtype.kind not in "biuf" or (
+            y_np.dtype.kind == "f" and not np.array_equal(y_np, np.round(y_np))):
+        raise ValueError("make_client_app: loss='cross_entropy' needs integer class indices "
+                         f"0 .. C-1 as y, got {y_np.dtype} values such as {y_np[:3]!r}; "
+                         "encode the labels the same way on every node (e.g. a fixed "
+                         "class list and np.searchsorted).")
+    labels = y_np.astype(np.int64)
+    with torch.random.fork_rng(devices=[]):  # the probe leaves the node's RNG as it was
+        out = probe_module(template, fed.Xs[0][:1].clone(), "model_fn()")
+    n_classes = out.shape[-1] if isinstance(out, torch.Tensor) and out.ndim == 2 else None
+    if labels.min() < 0 or (n_classes is not None and labels.max() >= n_classes):
+        raise ValueError(f"make_client_app: loss='cross_entropy' needs class indices in "
+                         f"[0, {n_classes if n_classes is not None else 'C'}) (the model's "
+                         f"outputs), got labels from {labels.min()} to {labels.max()}.")
+    return ClientData.from_lists(fed.Xs, [torch.from_numpy(labels)], torch.device("cpu"))
+
+
 def make_client_app(
     model_fn: Callable[[], torch.nn.Module],
     data_fn: Callable[[Context], Sequence[Any]],
@@ -434,8 +484,13 @@ def make_client_app(
     data_fn : callable
         ``data_fn(context) -> (X, y)`` (or ``(X, None)`` for the reconstruction loss):
         the node's training data, e.g. chosen by ``context.node_config["partition-id"]``.
+        Checked and cast to float32 as :class:`~mlpapers.federated.CLoVE` checks a
+        client's data (finite values, matching lengths), so a node computes the loss
+        vector the estimator computes for the same data and models.
     loss : {"mse", "cross_entropy", "reconstruction"}, default="mse"
-        Cross-entropy needs class indices ``0 .. C-1``.
+        Cross-entropy needs 1D integer class indices ``0 .. C-1`` (integral floats
+        are accepted), encoded the same way on every node: unlike the estimator, a
+        node cannot encode arbitrary labels, as it sees only its own.
     local_epochs, lr, batch_size, optimizer :
         Local training, as in :class:`~mlpapers.federated.CLoVE`; the optimizer
         state is fresh every round.
@@ -450,7 +505,11 @@ def make_client_app(
     Raises
     ------
     ValueError
-        If ``loss`` is not one of the options.
+        If ``loss`` is not one of the options. When a message is handled (the node
+        replies with the error, which :meth:`CLoVEStrategy.start` raises as a
+        ``RuntimeError`` naming the node): if ``data_fn`` returns no ``y`` for a
+        supervised loss, non-finite or mismatched data, or labels that are not
+        class indices in ``[0, C)`` for the cross-entropy.
 
     Examples
     --------
@@ -473,17 +532,10 @@ def make_client_app(
 
     def setup(context: Context):
         X, y = data_fn(context)
-        Xt = torch.as_tensor(np.asarray(X), dtype=torch.float32)
-        if loss == "reconstruction" or y is None:
-            Ys = None
-        elif loss == "cross_entropy":
-            Ys = [torch.as_tensor(np.asarray(y), dtype=torch.long)]
-        else:
-            Ys = [torch.as_tensor(np.asarray(y, dtype=np.float32).reshape(len(Xt), -1))]
-        data = ClientData.from_lists([Xt], Ys, torch.device("cpu"))
         # the architecture only (its weights are replaced): built without advancing the
         # node's global RNG, in float32 whatever the node's default dtype
         template = build_user_module(model_fn).float()
+        data = _node_data(X, y, loss, template)
         # random layers (dropout) draw from a fork of the node's global RNG seeded from the
         # message's seed: reproducible, and the node's own RNG is left as it was
         engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
