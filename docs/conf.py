@@ -32,6 +32,17 @@ if os.environ.get("MLPAPERS_DOCS_INTERSPHINX"):
         "sklearn": ("https://scikit-learn.org/stable", None),
     }
 
+# Fail the build on cross-references that resolve to nothing (with ``-W``), so a
+# mistyped or moved target is an error rather than plain text.
+nitpicky = True
+# Except references into other projects: the docs build offline, without intersphinx,
+# so their inventories are never fetched and these targets can never resolve. Only
+# these packages' own names are ignored; every ``mlpapers`` target must resolve.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(torch|numpy|scipy|sklearn|networkx)(\..*)?"),
+    (r"py:.*", r"importlib(\..*)?"),  # Python standard library
+]
+
 templates_path = ["_templates"]
 exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py",
                     "auto_examples/*.zip", "**.md5"]

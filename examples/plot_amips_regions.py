@@ -2,7 +2,8 @@
 Amortized MIPS in 2-D: learned argmax regions
 =============================================
 
-:class:`mlpapers.retrieval.AmortizedMIPS` learns to map a query :math:`x` to the key
+:class:`mlpapers.retrieval.AmortizedMIPS <mlpapers.retrieval.amips.AmortizedMIPS>` learns to map
+a query :math:`x` to the key
 :math:`k^*(x) = \\arg\\max_i \\langle x, k_i\\rangle`, which is the gradient of the
 support function :math:`\\sigma_K(x) = \\max_i \\langle x, k_i \\rangle`. The exact
 answer partitions the plane into cones, one for each key on the convex hull of the

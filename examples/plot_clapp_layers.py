@@ -2,7 +2,8 @@
 CLAPP++: layer-local self-supervised learning, probed layer by layer
 ====================================================================
 
-:class:`mlpapers.ssl.CLAPPEncoder` trains every block of a small convolutional
+:class:`mlpapers.ssl.CLAPPEncoder <mlpapers.ssl.clapp.CLAPPEncoder>` trains every
+block of a small convolutional
 network with its own contrastive-predictive loss: block inputs are detached, so no
 gradient crosses blocks. With direct feedback (``"clapp++dfb"``) each block
 predicts the *top* block's representation of another view of the same image.
@@ -10,9 +11,10 @@ predicts the *top* block's representation of another view of the same image.
 We train it without labels on shifted digits, then fit a logistic-regression probe
 on each block's pooled features, and compare with the untrained (random-init)
 encoder and with the end-to-end backprop baseline
-(:class:`mlpapers.ssl.GlobalSSLEncoder`, the same hinge loss at the top only).
+(:class:`mlpapers.ssl.GlobalSSLEncoder <mlpapers.ssl.clapp.GlobalSSLEncoder>`, the same
+hinge loss at the top only).
 The right panel shows how well each block's local update aligns with the backprop
-update (:func:`mlpapers.ssl.update_similarity`).
+update (:func:`mlpapers.ssl.update_similarity <mlpapers.ssl.clapp.update_similarity>`).
 
 This runs in seconds on a CPU, far from the paper's 300 epochs: at this budget
 the local rules mostly reshape the first blocks (which learn *where* the ink is

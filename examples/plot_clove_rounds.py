@@ -4,7 +4,8 @@ CLoVE vs IFCA vs FedAvg: cluster recovery round by round
 
 Clustered federated learning assumes that the clients fall into groups with
 different data distributions and trains one model per group.
-:class:`mlpapers.federated.CLoVE` finds the groups by clustering the clients'
+:class:`mlpapers.federated.CLoVE <mlpapers.federated.clove.CLoVE>` finds the groups by
+clustering the clients'
 *loss vectors* (each client's loss under every current model) with k-means,
 matching clusters to models with the Hungarian algorithm. IFCA instead lets
 every client take its lowest-loss model, and FedAvg trains one global model.

@@ -13,7 +13,7 @@ which crawls from above and explodes from below.
 
 Left: :math:`\\nu` for scores :math:`s \\sim \\mathcal N(5, 1)` (so
 :math:`\\nu^* = 5.5`), batches of 8, started at 20. Right: the same estimator
-inside :class:`~mlpapers.optim.KLDRORegressor` on scikit-learn's diabetes data
+inside :class:`~mlpapers.optim.scent.KLDRORegressor` on scikit-learn's diabetes data
 at a small :math:`\\lambda = 0.2`: exact objective per epoch.
 """
 

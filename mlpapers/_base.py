@@ -68,7 +68,7 @@ class TorchEstimatorMixin:
 
     Notes
     -----
-    Call :meth:`_init_fit` at the start of ``fit``: it resolves the device and
+    Call ``_init_fit()`` at the start of ``fit``: it resolves the device and
     creates ``self._torch_gen`` / ``self._numpy_gen`` from ``random_state`` (unless the
     class sets ``_uses_random_state = False``), so
     fits are reproducible and never touch the global RNG state (``None`` draws

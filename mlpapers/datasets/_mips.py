@@ -78,7 +78,8 @@ def make_mips_problem(
 
     Keys are isotropic Gaussian directions scaled by log-normal norms
     ``exp(norm_spread * N(0, 1))``, so that the inner-product winner is not
-    the cosine winner. Queries come from a :class:`GaussianMixtureQuerySampler`
+    the cosine winner. Queries come from a
+    :class:`~mlpapers.retrieval.amips.GaussianMixtureQuerySampler`
     with ``n_anchors`` unit anchors and relative noise ``query_noise``,
     renormalised to the unit sphere (as sentence embeddings are).
 

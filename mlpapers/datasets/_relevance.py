@@ -96,7 +96,7 @@ def make_relevance_problem(
     A stand-in for an expensive cross-encoder, for relevance-based embeddings
     (:class:`mlpapers.retrieval.rbe.RelevanceBasedRetriever`). Queries and items
     are feature vectors; the returned ``relevance_fn`` (a
-    :class:`SyntheticRelevance`) scores every query against every item with a
+    ``SyntheticRelevance``) scores every query against every item with a
     low-rank bilinear part plus a non-separable ``tanh`` interaction, so the
     relevance matrix is *not* exactly low rank when ``nonlinearity > 0``.
     Items come from a Gaussian mixture with Zipf-distributed cluster sizes, so

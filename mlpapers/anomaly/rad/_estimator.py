@@ -93,15 +93,15 @@ class RADDetector(BaseImageDetector):
         of their retrieved images, one batched matmul per window row on a padded,
         position-major layout of the memory, with the exact multiply-add count
         and no gathered windows
-        (:func:`~mlpapers.anomaly.rad._matching.shared_patch_similarity`);
+        (``shared_patch_similarity()``);
         ``"tiled"`` scores 4x4 tiles of positions against the ``(4+2r)^2``
         candidate block of every retrieved image with dense matmuls
-        (:func:`~mlpapers.anomaly.rad._kernels.tiled_patch_similarity`);
+        (``tiled_patch_similarity()``);
         ``"gather"`` gathers each position's ``k * (2r+1)^2`` window candidates
         with padded neighbour indices and a mask
-        (:func:`~mlpapers.anomaly.rad._kernels.positional_patch_similarity`).
+        (``positional_patch_similarity()``).
         ``"auto"`` picks ``"shared"`` or ``"tiled"`` per scoring batch by a cost
-        rule (:func:`~mlpapers.anomaly.rad._matching.choose_matching`: shared
+        rule (``choose_matching()``: shared
         unless the batch's retrieved sets are nearly disjoint). Test images are
         grouped by their nearest retrieved images before being cut into
         batches, so that a batch's union stays small; scores are returned in

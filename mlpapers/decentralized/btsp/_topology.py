@@ -70,7 +70,7 @@ def circulant_schedule(n: int, topology: str | Sequence = "exponential") -> Sche
     n : int
         Number of nodes (``>= 2``).
     topology : str or sequence
-        One of :data:`TOPOLOGIES` (or the aliases ``"exp"``, ``"one_peer_exp"``,
+        One of ``TOPOLOGIES`` (or the aliases ``"exp"``, ``"one_peer_exp"``,
         ``"sparse_exp"`` of the official code; case, spaces and hyphens are ignored,
         so ``"one-peer exponential"`` works), or explicit skips: a sequence of
         rounds, each a sequence of integer skips. A flat sequence of integers is

@@ -113,7 +113,7 @@ def clove_assign(
 
     Each row of ``loss_matrix`` is a client's loss vector (its loss under every
     model). The rows are clustered by k-means into ``n_clusters`` groups, and
-    the groups are matched to models by :func:`match_clusters` (minimum total
+    the groups are matched to models by ``match_clusters()`` (minimum total
     loss), which removes the label switching of k-means between rounds.
 
     The rows are sorted lexicographically before k-means and the labels mapped

@@ -153,7 +153,7 @@ class ConvexContainer:
     """Base class of the convex containers ``K`` that trajectories reflect off.
 
     Subclasses implement :meth:`contains`, :meth:`hit` and
-    :meth:`interior_point`; :attr:`dim` is the dimension ``d``. The sampler checks
+    :meth:`interior_point`; ``dim`` is the dimension ``d``. The sampler checks
     the types and shapes of a user subclass's answers once, before sampling
     (``ValueError``/``TypeError`` naming the method). A subclass's ``contains`` and
     ``hit`` also accept numpy arrays or nested lists of points (converted to float64

@@ -168,7 +168,7 @@ def rhat(draws: np.ndarray) -> np.ndarray | float:
     Parameters
     ----------
     draws : array-like of shape (chains, draws) or (chains, draws, d)
-        MCMC draws, e.g. :attr:`SampleResult.samples`; another number of
+        MCMC draws, e.g. ``SampleResult.samples``; another number of
         dimensions raises ``ValueError``.
 
     Returns
@@ -214,7 +214,7 @@ def ess(draws: np.ndarray, kind: str = "bulk") -> np.ndarray | float:
     Parameters
     ----------
     draws : array-like of shape (chains, draws) or (chains, draws, d)
-        MCMC draws, e.g. :attr:`SampleResult.samples`; another number of
+        MCMC draws, e.g. ``SampleResult.samples``; another number of
         dimensions raises ``ValueError``.
     kind : {"bulk", "tail"}, default="bulk"
         ``"bulk"``: the ESS of the rank-normalised draws (the centre of the

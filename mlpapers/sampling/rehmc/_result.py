@@ -205,7 +205,7 @@ class SampleResult:
     def ess(self, kind: str = "bulk") -> np.ndarray:
         """Rank-normalised bulk or tail effective sample size per dimension.
 
-        :func:`~mlpapers.sampling.ess` of :attr:`samples`.
+        :func:`~mlpapers.sampling.ess` of ``samples``.
 
         Parameters
         ----------
@@ -224,7 +224,7 @@ class SampleResult:
     def rhat(self) -> np.ndarray:
         """Rank-normalised split R-hat per dimension.
 
-        :func:`~mlpapers.sampling.rhat` of :attr:`samples` (the larger of the bulk
+        :func:`~mlpapers.sampling.rhat` of ``samples`` (the larger of the bulk
         and folded R-hat; below 1.01 when the chains agree).
 
         Returns
@@ -408,7 +408,7 @@ class SampleResult:
 
         The posterior holds one variable ``x`` of shape ``(chain, draw, d)``, and
         ``sample_stats`` the step size of every draw (``step_size``, the frozen
-        one of the chain) and, when the result has them (:attr:`sample_stats`),
+        one of the chain) and, when the result has them (``sample_stats``),
         ``diverging``, ``energy``, ``acceptance_rate``, ``lp``, ``n_steps`` and
         ``reflections``, each of shape ``(chain, draw)``: ``az.bfmi``,
         ``az.plot_energy`` and ``az.plot_pair(..., divergences=True)`` work on it.

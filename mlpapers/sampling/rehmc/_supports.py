@@ -548,7 +548,7 @@ class Ball(ConvexContainer):
         Returns
         -------
         numpy.ndarray of shape (d,)
-            A copy of :attr:`center`.
+            A copy of ``center``.
         """
         return self.center.copy()
 
@@ -673,7 +673,7 @@ class Ellipsoid(ConvexContainer):
         Returns
         -------
         numpy.ndarray of shape (d,)
-            A copy of :attr:`center`.
+            A copy of ``center``.
         """
         return self.center.copy()
 

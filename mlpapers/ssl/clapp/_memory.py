@@ -108,8 +108,8 @@ def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
     """Peak bytes of saved activations in one training step of a fitted encoder.
 
     Runs the encoder's own training step (the same code as ``fit``: for
-    :class:`~mlpapers.ssl.CLAPPEncoder` block-by-block backward passes, for
-    :class:`~mlpapers.ssl.GlobalSSLEncoder` one end-to-end backward pass) on one
+    :class:`~mlpapers.ssl.clapp.CLAPPEncoder` block-by-block backward passes, for
+    :class:`~mlpapers.ssl.clapp.GlobalSSLEncoder` one end-to-end backward pass) on one
     batch of two augmented views; the gradients are discarded and the weights are
     not changed.
 
