@@ -255,3 +255,24 @@ def test_dual_rules_at_their_plug_in_limit_equal_bsgd(est):
     scent = Est(method="scent", log_alpha=60.0, **kw).fit(X, y)
     np.testing.assert_allclose(sox.coef_, bsgd.coef_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(scent.coef_, bsgd.coef_, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1e160, 1e-160])
+def test_dro_and_pauc_fits_at_extreme_feature_scales_equal_the_unit_scale_fit(scale):
+    """fit(X) vs fit(X * s) for s far beyond float64's squared range: the same model in
+    the new units (coef_ / s). Regression: the per-column spread was squared in
+    float64, overflowed above ~1e154, and PartialAUCClassifier silently returned an
+    all-zero model (the KL-DRO estimators a misleading "lam too small" error). The
+    KL-DRO fits use alpha=0: an L2 penalty in the original units is not scale-free."""
+    from mlpapers.optim import KLDROClassifier, KLDRORegressor, PartialAUCClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((80, 3))
+    y_cls = (X[:, 0] + 0.3 * rng.standard_normal(80) > 0).astype(int)
+    y_reg = X[:, 0] + 0.1 * rng.standard_normal(80)
+    for est, y in ((PartialAUCClassifier(epochs=3, random_state=0), y_cls),
+                   (KLDROClassifier(alpha=0.0, random_state=0), y_cls),
+                   (KLDRORegressor(alpha=0.0, random_state=0), y_reg)):
+        ref = np.ravel(est.fit(X, y).coef_)
+        got = np.ravel(est.fit(X * scale, y).coef_) * scale
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-9 * np.abs(ref).max())

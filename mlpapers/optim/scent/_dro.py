@@ -176,13 +176,12 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         X64, y = self._validate_data(X, y, reset=True, dtype=torch.float64,
                                      y_numeric=self._y_numeric)
         y = self._prepare_targets(y)
-        X = X64.float()
         check_common_params(self)
         check_positive(self.lam, "lam")
         check_positive(self.alpha, "alpha", strict=False)
         check_in_options(self.init, "init", ("erm", "zeros"))
         dev = self._device
-        W0, b0 = self._erm_init(X64, y) if self.init == "erm" else self._zeros(X.shape[1])
+        W0, b0 = self._erm_init(X64, y) if self.init == "erm" else self._zeros(X64.shape[1])
         with torch.no_grad():
             self.init_objective_ = float(self._dro_value(W0, b0, X64, y))
         # SGD runs on standardised features Z = (X - mu) / s with V = W s, c = b + W mu

@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mlpapers._utils import row_power_of_two
 from mlpapers.optim.scent._common import minimize_lbfgs
 
 __all__ = ["erm_least_squares", "erm_logistic", "feature_scaling", "standardise", "unscale"]
@@ -117,14 +118,26 @@ def feature_scaling(X: torch.Tensor, fit_intercept: bool
 
     Returns ``mu`` and ``scale``, each of shape ``(d,)``, and the bool mask ``const``
     of the columns taken as constant (they get scale 1; :func:`standardise` sets them
-    to exactly 0).
+    to exactly 0). A column is constant when its spread is at most ``1e-12`` of its
+    mean's magnitude (rounding noise), so a feature offset by more than about 1e12
+    times its standard deviation is taken as constant.
     """
+    # moments of each column divided by a power of two near its largest magnitude (an
+    # exact change of units): squares of a spread above ~1e154 overflowed float64, the
+    # scale became inf and the model silently all-zero
+    unit = row_power_of_two(X, dim=0)[0]
+    Xu = X / unit
     if fit_intercept:
-        mu = X.mean(0)
-        scale = (X - mu).pow(2).mean(0).sqrt()
+        mu_u = Xu.mean(0)
+        mu = mu_u * unit
+        scale = (Xu - mu_u).pow(2).mean(0).sqrt() * unit
     else:
         mu = torch.zeros(X.shape[1], dtype=X.dtype, device=X.device)
-        scale = X.pow(2).mean(0).sqrt()
+        scale = Xu.pow(2).mean(0).sqrt() * unit
+    del Xu
+    if not (torch.isfinite(mu).all() and torch.isfinite(scale).all()):
+        raise ValueError("X has features whose mean or spread overflows float64 "
+                         "(values near 1.8e308); rescale them.")
     # constant columns (spread at the rounding level of their mean, or all zero) get 1;
     # the threshold is relative only: a feature in tiny units (std 1e-30) is not constant
     const = ~((scale > 1e-12 * mu.abs()) & (scale > 0))
