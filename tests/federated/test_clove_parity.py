@@ -223,3 +223,82 @@ def test_flower_client_checks_its_data_as_the_estimator_does(kind):
     ints = make_client_app(lambda: Net(D_IN, 2), lambda ctx: (X, np.arange(8) % 2),
                            loss="cross_entropy")
     np.testing.assert_array_equal(_client_losses(good, [model]), _client_losses(ints, [model]))
+
+
+class _Scalar(torch.nn.Module):
+    """One feature per sample, given as a 1-D X (the module adds the feature axis)."""
+
+    def __init__(self, *shape):  # the estimator passes (input shape, n_outputs)
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+
+    def forward(self, x):
+        return self.lin(x[:, None])
+
+
+def test_a_tuple_of_two_1d_arrays_is_an_x_y_pair():
+    """CLoVE client as ``(X, y)`` with a 1-D X vs the same data with X as a column: the
+    same fit. Regression: a tuple of two 1-D arrays of one length read as a 2-row X
+    without targets ("needs targets y"); only a 2-element list may be an X's rows."""
+    g = np.random.default_rng(3)
+    clients = [(x, 2 * x + 0.1 * g.normal(size=10)) for x in g.normal(size=(4, 10))]
+    flat = CLoVE(model=_Scalar, n_clusters=1, n_rounds=2, random_state=0).fit(clients)
+    assert flat.loss_vectors_.shape == (4, 1)
+    from mlpapers.federated.clove._data import _split_client
+
+    X, y = clients[0]
+    assert _split_client((X, y), 0)[1] is y
+    assert _split_client([[1.0, 2.0], [3.0, 4.0]], 0)[1] is None    # a 2-row X
+
+
+@needs_flower
+@pytest.mark.parametrize("kind", ["train.losses", "train"])
+def test_flower_client_accepts_1d_x(kind):
+    """The node's data vs the estimator's: a 1-D X (one feature per sample) with its y
+    trains and scores at the node. Regression: the node's new data check read the pair
+    as a 2-row X without targets and failed with a TypeError."""
+    g = np.random.default_rng(4)
+    X = g.normal(size=10)
+    app = make_client_app(_Scalar, lambda ctx: (X, 2 * X), loss="mse", lr=0.05)
+    model = _Scalar()
+    records = ({"m0": ArrayRecord(model.state_dict())} if kind == "train.losses"
+               else {"arrays": ArrayRecord(model.state_dict())})
+    reply = app(_message(kind, records), _context())
+    assert reply.content["metrics"]["num-examples"] == 10
+    if kind == "train.losses":
+        with torch.no_grad():
+            want = float(((model(torch.as_tensor(X, dtype=torch.float32))[:, 0]
+                           - torch.as_tensor(2 * X, dtype=torch.float32)) ** 2).mean())
+        assert reply.content["metrics"]["losses"][0] == pytest.approx(want, rel=1e-6)
+
+
+@needs_flower
+def test_flower_client_class_probe_holds_the_librarys_rng_lock(monkeypatch):
+    """The node's cross-entropy class-count probe vs a seeded fit in another thread: the
+    probe forks the global RNG inside the library's lock, so the fork's restore cannot
+    rewind another thread's seeded draws (it used an unlocked fork)."""
+    import threading
+
+    from mlpapers._utils._ambient import _DEFAULT_DTYPE_LOCK
+    from mlpapers.federated.clove import _flower
+
+    held = []
+    real = _flower.probe_module
+
+    def probe(*args, **kwargs):
+        other = []
+        t = threading.Thread(target=lambda: other.append(
+            _DEFAULT_DTYPE_LOCK.acquire(blocking=False)))
+        t.start()
+        t.join()
+        if other[0]:
+            _DEFAULT_DTYPE_LOCK.release()
+        held.append(not other[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_flower, "probe_module", probe)
+    X = RNG.normal(size=(6, D_IN))
+    app = make_client_app(lambda: Net(D_IN, 2), lambda ctx: (X, np.arange(6) % 2),
+                          loss="cross_entropy")
+    _client_losses(app, [Net(D_IN, 2)])
+    assert held and all(held)

@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Strategy
 from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_in_options, check_positive, on_cpu_default_device
-from mlpapers._utils._ambient import autograd_enabled
+from mlpapers._utils._ambient import autograd_enabled, seeded_global_rng
 from mlpapers._utils._validation import probe_module
 from mlpapers.federated.clove._data import validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
@@ -449,7 +449,9 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
                          "encode the labels the same way on every node (e.g. a fixed "
                          "class list and np.searchsorted).")
     labels = y_np.astype(np.int64)
-    with torch.random.fork_rng(devices=[]):  # the probe leaves the node's RNG as it was
+    # in the library's locked fork of the global RNG: the node's RNG is left as it was,
+    # and a seeded fit in another thread is not rewound when the fork restores it
+    with seeded_global_rng(0):
         out = probe_module(template, fed.Xs[0][:1].clone(), "model_fn()")
     n_classes = out.shape[-1] if isinstance(out, torch.Tensor) and out.ndim == 2 else None
     if labels.min() < 0 or (n_classes is not None and labels.max() >= n_classes):
