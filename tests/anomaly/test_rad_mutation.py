@@ -225,19 +225,26 @@ def test_gaussian_blur_of_a_point_is_the_documented_truncated_kernel():
 
 
 def test_choose_matching_follows_the_documented_cost_rule_on_thin_grids():
-    # shared cost (2 min(r, h-1) + 1)(2 min(r, w-1) + 1) |U| <= 1.25 k (T + 2r)^2
+    # (2 ry + 1)(2 rx + 1) |U| <= 1.25 k (T + 2 ry)(T + 2 rx), ry = min(r, h-1),
+    # rx = min(r, w-1): both kernels clip the radius per axis
     from mlpapers.anomaly.rad._matching import choose_matching
 
     def rule(nb, h, w, r, T=4):
         U = len(torch.unique(nb))
         T = min(T, max(h, w))
-        shared = (2 * min(r, h - 1) + 1) * (2 * min(r, w - 1) + 1) * U
-        return "shared" if shared <= 1.25 * nb.shape[1] * (T + 2 * r) ** 2 else "tiled"
+        ry, rx = min(r, h - 1), min(r, w - 1)
+        shared = (2 * ry + 1) * (2 * rx + 1) * U
+        return "shared" if shared <= 1.25 * nb.shape[1] * (T + 2 * ry) * (T + 2 * rx) \
+            else "tiled"
 
     nb = torch.arange(30).reshape(15, 2)            # k = 2, |U| = 30
-    for h, w, r in [(1, 8, 3), (8, 1, 3), (2, 9, 2), (1, 1, 5), (3, 3, 1), (5, 4, 2)]:
+    for h, w, r in [(1, 8, 3), (8, 1, 3), (2, 9, 2), (1, 1, 5), (3, 3, 1), (5, 4, 2),
+                    (2, 40, 1000)]:
         assert choose_matching(nb, (h, w), r) == rule(nb, h, w, r), (h, w, r)
-    assert choose_matching(nb, (1, 8), 3) == "shared"   # one grid row: no vertical offsets
+    # one grid row: the tiled blocks have no vertical margin either (4 x 10 cells, not
+    # 10 x 10), so the tiled kernel is the cheaper one
+    assert choose_matching(nb, (1, 8), 3) == "tiled"
+    assert choose_matching(torch.zeros(15, 2, dtype=torch.long), (1, 8), 3) == "shared"
 
 
 def test_maps_of_memory_images_are_clamped_at_zero(textures):

@@ -141,3 +141,25 @@ def test_extractor_name_instance_and_bound_method_agree(textures, cls):
     a = cls(extractor="random", image_size=20, random_state=0).fit(X_train)
     b = cls(extractor="random", image_size=(20, 20), random_state=0).fit(X_train)
     np.testing.assert_array_equal(a.decision_function(X_test), b.decision_function(X_test))
+
+
+def test_tiled_matching_clips_the_radius_per_axis_and_takes_no_queries():
+    """tiled vs shared on an elongated grid with a radius beyond the long axis: the same
+    scores, and the tiled candidate blocks bounded per axis ((T + 2 ry) x (T + 2 rx)
+    cells, not (T + 2 max(h, w))^2: 260x slower on a 2 x 200 grid). Zero queries give
+    an empty (0, L) result, as the other kernels (torch.cat of nothing raised)."""
+    from mlpapers.anomaly.rad._kernels import _tile_window_index, tiled_patch_similarity
+    from mlpapers.anomaly.rad._matching import shared_patch_similarity
+
+    g = torch.Generator().manual_seed(0)
+    h, w, C = 2, 30, 5
+    q = l2_normalize(torch.randn(3, h * w, C, generator=g))
+    m = l2_normalize(torch.randn(4, h * w, C, generator=g))
+    nbrs = torch.tensor([[0, 1], [2, 3], [1, 2]])
+    tiled = tiled_patch_similarity(q, m, nbrs, (h, w), 1000)
+    torch.testing.assert_close(tiled, shared_patch_similarity(q, m, nbrs, (h, w), 1000))
+    torch.testing.assert_close(tiled, shared_patch_similarity(q, m, nbrs, (h, w), w))
+    cells = _tile_window_index(h, w, 1, w - 1, 4, "cpu")[0]
+    assert cells.shape[1] == (4 + 2) * (4 + 2 * (w - 1))
+    empty = tiled_patch_similarity(q[:0], m, nbrs[:0], (h, w), 1)
+    assert empty.shape == (0, h * w)

@@ -162,3 +162,22 @@ def test_torchrun_two_ranks_equal_one_process_averaging_the_shard_gradients(tmp_
         for name, value in module.state_dict().items():
             torch.testing.assert_close(got[key][name], value, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["history"], history, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw, name", [(dict(ratio=(4 / 3, 3 / 4)), "ratio"),
+                                      (dict(scale=(0.0, 1.0)), "scale"),
+                                      (dict(scale=(0.9, 0.5)), "scale"),
+                                      (dict(sigma=(0.0, 1.0)), "sigma"),
+                                      (dict(flip=1.5), "flip"),
+                                      (dict(jitter_p=-0.1), "jitter_p"),
+                                      (dict(jitter=(0.4, 0.4)), "jitter")])
+def test_default_augment_refuses_settings_torchvision_would_not_draw(kw, name):
+    """DefaultAugment vs torchvision's transforms on bad settings: a reversed ``ratio``
+    was read as (min, max) (a 3/4-high fallback crop where torchvision takes min/max),
+    a zero ``scale`` drew zero-area crops, a probability above 1 was silently 1."""
+    from mlpapers.ssl.clapp import DefaultAugment
+
+    with pytest.raises(ValueError, match=name):
+        DefaultAugment(**kw)(torch.rand(2, 3, 8, 8), torch.Generator().manual_seed(0))
+    DefaultAugment(jitter=tuple(np.float32([0.4] * 3)), flip=np.float32(0.5))(
+        torch.rand(2, 3, 8, 8))

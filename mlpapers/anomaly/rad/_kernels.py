@@ -254,30 +254,32 @@ def positional_patch_similarity(
     return out.reshape(B, L)
 
 
-def _tile_window_index(h: int, w: int, r: int, T: int, device) -> tuple[torch.Tensor, ...]:
+def _tile_window_index(h: int, w: int, ry: int, rx: int, T: int, device
+                       ) -> tuple[torch.Tensor, ...]:
     """Static indices of :func:`tiled_patch_similarity`.
 
-    Returns ``cells (n_tiles, P^2)``: the flat grid position of every cell of each
-    tile's ``P x P`` candidate block (``P = T + 2r``; cells outside the grid point
-    to position 0, they are masked later), ``win (T^2, M)``: the block index of the
-    ``M = (2r+1)^2`` window cells of each tile cell, ``cell (T^2, 1)`` and
-    ``valid (n_tiles, 1, T^2, M)``: whether a window cell lies inside the grid.
+    Returns ``cells (n_tiles, Py Px)``: the flat grid position of every cell of each
+    tile's ``Py x Px`` candidate block (``Py = T + 2 ry``, ``Px = T + 2 rx``; cells
+    outside the grid point to position 0, they are masked later), ``win (T^2, M)``:
+    the block index of the ``M = (2 ry + 1)(2 rx + 1)`` window cells of each tile
+    cell, ``cell (T^2, 1)`` and ``valid (n_tiles, 1, T^2, M)``: whether a window cell
+    lies inside the grid.
     """
     nth, ntw = -(-h // T), -(-w // T)
-    P = T + 2 * r
+    Py, Px = T + 2 * ry, T + 2 * rx
     ar = partial(torch.arange, device=device)
-    by = (ar(nth)[:, None] * T - r + ar(P)[None, :])  # (nth, P) grid rows of block rows
-    bx = (ar(ntw)[:, None] * T - r + ar(P)[None, :])  # (ntw, P)
+    by = (ar(nth)[:, None] * T - ry + ar(Py)[None, :])  # (nth, Py) grid rows of block rows
+    bx = (ar(ntw)[:, None] * T - rx + ar(Px)[None, :])  # (ntw, Px)
     inside = (((by >= 0) & (by < h))[:, None, :, None]
-              & ((bx >= 0) & (bx < w))[None, :, None, :])  # (nth, ntw, P, P)
+              & ((bx >= 0) & (bx < w))[None, :, None, :])  # (nth, ntw, Py, Px)
     cells = by[:, None, :, None] * w + bx[None, :, None, :]
     cells = torch.where(inside, cells, torch.zeros((), dtype=cells.dtype, device=device))
     ty, tx = torch.meshgrid(ar(T), ar(T), indexing="ij")
-    dy, dx = torch.meshgrid(ar(-r, r + 1), ar(-r, r + 1), indexing="ij")
-    win = ((ty.reshape(-1, 1) + r + dy.reshape(1, -1)) * P
-           + (tx.reshape(-1, 1) + r + dx.reshape(1, -1)))  # (T*T, M)
-    valid = inside.reshape(nth * ntw, 1, P * P)[:, :, win]
-    return cells.reshape(nth * ntw, P * P), win, ar(T * T)[:, None], valid
+    dy, dx = torch.meshgrid(ar(-ry, ry + 1), ar(-rx, rx + 1), indexing="ij")
+    win = ((ty.reshape(-1, 1) + ry + dy.reshape(1, -1)) * Px
+           + (tx.reshape(-1, 1) + rx + dx.reshape(1, -1)))  # (T*T, M)
+    valid = inside.reshape(nth * ntw, 1, Py * Px)[:, :, win]
+    return cells.reshape(nth * ntw, Py * Px), win, ar(T * T)[:, None], valid
 
 
 def tiled_patch_similarity(
@@ -317,8 +319,9 @@ def tiled_patch_similarity(
     grid : (int, int)
         ``(h, w)``.
     radius : int
-        Window half-size ``r >= 0``; a radius beyond the grid is clipped to
-        ``max(h, w) - 1`` (the same windows, bounded candidate blocks).
+        Window half-size ``r >= 0``; it is clipped per axis to ``h - 1`` rows and
+        ``w - 1`` columns (offsets beyond the grid hold no cell: the same windows,
+        candidate blocks bounded by the grid).
     tile : int, default=4
     chunk_size : int, default=2**20
         Maximum number of values in one chunk's candidate block
@@ -332,23 +335,26 @@ def tiled_patch_similarity(
     Tensor of shape (B, L), float32
     """
     B, L, C = query.shape
+    if B == 0:
+        return torch.zeros(0, L, dtype=torch.float32, device=query.device)
     h, w = grid
     k = neighbours.shape[1]
-    # offsets of max(h, w) or more are outside the grid in both axes (same windows): the
-    # clip keeps the (tile + 2r)^2 candidate blocks bounded for a radius beyond the grid
-    r = min(int(radius), max(h, w) - 1)
+    # row offsets of h or more and column offsets of w or more are outside the grid
+    # (same windows): the per-axis clip keeps the (tile + 2 ry) x (tile + 2 rx)
+    # candidate blocks bounded by the grid for a radius beyond it
+    ry, rx = min(int(radius), h - 1), min(int(radius), w - 1)
     T = max(1, min(int(tile), max(h, w)))
     nth, ntw = -(-h // T), -(-w // T)
     nt, Hp, Wp = nth * ntw, nth * T, ntw * T
-    P = T + 2 * r
-    cells, win, cell, valid = _tile_window_index(h, w, r, T, query.device)
+    PP = (T + 2 * ry) * (T + 2 * rx)   # candidate cells per tile
+    cells, win, cell, valid = _tile_window_index(h, w, ry, rx, T, query.device)
     q = F.pad(query.float().reshape(B, h, w, C), (0, 0, 0, Wp - w, 0, Hp - h))
     q = q.reshape(B, nth, T, ntw, T, C).permute(1, 3, 0, 2, 4, 5)  # (nth, ntw, B, T, T, C)
     q = q.reshape(nt, B, T * T, C)
     flat_memory = memory.reshape(-1, C)
     # chunks of b images x t tiles x kc retrieved images, each at most ``chunk_size``
     # values (at least one of each): images first, then tiles, then retrieved images
-    unit = P * P * max(C, T * T)
+    unit = PP * max(C, T * T)
     kc = min(k, max(1, int(chunk_size) // unit))
     t_chunk = min(nt, max(1, int(chunk_size) // (k * unit))) if kc == k else 1
     b_chunk = max(1, int(chunk_size) // (nt * k * unit)) if t_chunk == nt else 1
@@ -365,12 +371,12 @@ def tiled_patch_similarity(
                 nk = min(kc, k - k0)
                 # one gather of the tiles' candidate blocks, channels innermost
                 rows = (nb[:, k0:k0 + nk].reshape(1, b, nk, 1) * L
-                        + cells[t0:t0 + t].reshape(t, 1, 1, P * P))
+                        + cells[t0:t0 + t].reshape(t, 1, 1, PP))
                 mem = flat_memory.index_select(0, rows.reshape(-1)).float().reshape(
-                    t, b, nk * P * P, C)
+                    t, b, nk * PP, C)
                 # (T^2, C) @ (C, nk P^2) per tile and image; the transposed operand is a view
                 sim = torch.matmul(qt, mem.transpose(-1, -2))
-                sim = sim.reshape(t, b, T * T, nk, P * P).amax(dim=3)  # best retrieved image
+                sim = sim.reshape(t, b, T * T, nk, PP).amax(dim=3)  # best retrieved image
                 best = sim if best is None else torch.maximum(best, sim, out=best)
             tiles.append(best[:, :, cell, win].masked_fill_(~valid[t0:t0 + t], -torch.inf)
                          .amax(dim=-1))  # (t, b, T^2)

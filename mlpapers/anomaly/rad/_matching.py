@@ -202,10 +202,10 @@ def choose_matching(neighbours: torch.Tensor, grid: tuple[int, int], radius: int
     :math:`(2r_y+1)(2r_x+1)\,|U|` multiply-adds of ``C`` channels (``r_y =
     min(r, h-1)``, ``r_x = min(r, w-1)``, ``U`` the union of the chunk's retrieved
     sets) and :func:`~mlpapers.anomaly.rad._kernels.tiled_patch_similarity`
-    :math:`k (T + 2r)^2` (``T = min(tile, max(h, w))``) plus the gather of its
-    candidate blocks. The rule picks ``"shared"`` when
+    :math:`k (T + 2r_y)(T + 2r_x)` (``T = min(tile, max(h, w))``) plus the gather of
+    its candidate blocks. The rule picks ``"shared"`` when
 
-    .. math:: (2r_y+1)(2r_x+1)\,|U| \le 1.25\, k\, (T + 2r)^2,
+    .. math:: (2r_y+1)(2r_x+1)\,|U| \le 1.25\, k\, (T + 2r_y)(T + 2r_x),
 
     i.e. for ``r = 1`` when :math:`|U| \le 5k`: the chunk's retrieved sets overlap
     enough. The factor 1.25 is the measured break-even on one CPU core (torch
@@ -229,8 +229,9 @@ def choose_matching(neighbours: torch.Tensor, grid: tuple[int, int], radius: int
     k = neighbours.shape[1]
     n_union = int(torch.unique(neighbours).numel())
     T = max(1, min(int(tile), max(h, w)))
-    shared = (2 * min(r, h - 1) + 1) * (2 * min(r, w - 1) + 1) * n_union
-    return "shared" if 4 * shared <= 5 * k * (T + 2 * r) ** 2 else "tiled"
+    ry, rx = min(r, h - 1), min(r, w - 1)   # both kernels clip the radius per axis
+    shared = (2 * ry + 1) * (2 * rx + 1) * n_union
+    return "shared" if 4 * shared <= 5 * k * (T + 2 * ry) * (T + 2 * rx) else "tiled"
 
 
 def positional_similarity(
