@@ -179,3 +179,12 @@ def test_builtin_model_equals_the_same_module_through_vmap(model, topology):
         assert torch.equal(v, user.node_params_[k]), k
     assert [h["loss"] for h in builtin.history_] == [h["loss"] for h in user.history_]
     np.testing.assert_array_equal(builtin.predict_proba(X), user.predict_proba(X))
+
+
+def test_backbone_delays_with_zero_cost_links_are_zero():
+    """make_delay_matrix("backbone") vs delays_from_graph on zero-cost links: both keep a
+    zero-delay link as an edge of weight 0 (the generator shifted it to 1e-300)."""
+    from mlpapers.decentralized.btsp import make_delay_matrix
+
+    D = make_delay_matrix(12, "backbone", per_unit=0.0, overhead=0.0, random_state=0)
+    assert (D == 0).all()

@@ -108,8 +108,9 @@ def make_delay_matrix(
         np.fill_diagonal(adj, False)
         rows, cols = np.nonzero(adj)
         w = per_unit * dist[rows, cols] + overhead
-        D = shortest_path(csr_matrix((np.maximum(w, 1e-300), (rows, cols)), shape=(n, n)),
-                          method="D", directed=False)
+        # a zero-delay link is a stored zero, which csgraph reads as an edge of weight 0
+        D = shortest_path(csr_matrix((w, (rows, cols)), shape=(n, n)), method="D",
+                          directed=False)
         links = np.stack(np.nonzero(np.triu(adj, 1)), 1)
     D = 0.5 * (D + D.T)
     if return_positions:

@@ -55,21 +55,6 @@ def quiet_early_stop():
         _QUIET.early_stop = previous
 
 
-#: Gains within this relative distance of the best one are ties, won by the lowest
-#: item index (``np.argmax`` on exact gains, as the official greedy): on relevance
-#: with exact ties (integer ratings, duplicate items, a rank-1 residual where every
-#: gain is equal) a plain argmax let the rounding of each formulation pick, so
-#: ``"gram"`` and ``"lowrank"`` chose different items (rounding gaps up to ~1e-13
-#: relative). A pick within 2**-30 of the best costs at most that much gain.
-_TIE_RTOL = 2.0**-30
-
-
-def _argmax_lowest(score: torch.Tensor) -> int:
-    """The lowest index whose score is within ``_TIE_RTOL`` (relative) of the maximum."""
-    top = score.max()
-    return int(torch.argmax((score >= top - top.abs() * _TIE_RTOL).to(torch.uint8)))
-
-
 def _item_features(R: torch.Tensor, center: bool) -> torch.Tensor:
     """``(n_queries, n_items) -> (n_items, n_queries)`` item relevance vectors.
 
@@ -131,9 +116,10 @@ def greedy_selection(
         :math:`a_j` cancels at the scale of :math:`|X|^4`, so on ill-conditioned data
         (singular values spread over more than about :math:`10^4`) late
         ``"lowrank"`` picks can differ from ``"gram"`` ones. The recorded gains are
-        computed from the picked column in both (:math:`\|g\|^2 / g_j`). Gains
-        within a relative ``2**-30`` of the best are ties, won by the lowest index
-        in both methods (exact ties: integer relevance, duplicated items).
+        computed from the picked column in both (:math:`\|g\|^2 / g_j`). On exact
+        ties (integer relevance, duplicated items, a rank-1 residual where every
+        gain is equal) each method's rounding decides, as ``np.argmax`` in the
+        official greedy does, so the two can pick different items of equal gain.
 
     Returns
     -------
@@ -197,7 +183,7 @@ def greedy_selection(
                 break
             a = (G * G).sum(dim=0)
             score = torch.where(ok, a / torch.where(ok, d, 1.0), -math.inf)
-            j = _argmax_lowest(score)
+            j = int(torch.argmax(score))
             picks.append(j)
             gains.append(score[j])
             # never again, whatever the deflation leaves: for an item of norm 1e-114 next
@@ -227,7 +213,7 @@ def greedy_selection(
             if not bool(ok.any()):
                 break
             score = torch.where(ok, a / torch.where(ok, d, 1.0), -math.inf)
-            j = _argmax_lowest(score)
+            j = int(torch.argmax(score))
             picks.append(j)
             alive[j] = False
             g = X @ X[j] - L @ L[j]  # G[:, j]
