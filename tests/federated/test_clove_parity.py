@@ -302,3 +302,15 @@ def test_flower_client_class_probe_holds_the_librarys_rng_lock(monkeypatch):
                           loss="cross_entropy")
     _client_losses(app, [Net(D_IN, 2)])
     assert held and all(held)
+
+
+def test_a_tuple_of_rows_is_still_an_x_for_assign_fit_and_score():
+    """assign/fit with X given as a tuple of two rows of numbers vs the same X as an
+    array: the same result (the pair rule applies to tuples holding arrays only)."""
+    g = np.random.default_rng(5)
+    est = CLoVE(n_clusters=1, model="linear", n_rounds=1, random_state=0).fit(
+        [g.normal(size=(8, 3)) for _ in range(4)])
+    rows = ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+    assert est.assign(rows) == est.assign(np.array(rows))
+    assert CLoVE(n_clusters=1, model="linear", n_rounds=1, random_state=0).fit(
+        [rows] * 3).n_clients_ == 3

@@ -181,3 +181,20 @@ def test_default_augment_refuses_settings_torchvision_would_not_draw(kw, name):
         DefaultAugment(**kw)(torch.rand(2, 3, 8, 8), torch.Generator().manual_seed(0))
     DefaultAugment(jitter=tuple(np.float32([0.4] * 3)), flip=np.float32(0.5))(
         torch.rand(2, 3, 8, 8))
+
+
+def test_default_augment_takes_numpy_and_torch_numbers_as_python_ones():
+    """DefaultAugment settings given as numpy or 0-d torch numbers vs Python floats: the
+    same views (the setting check must not refuse what the draws accept), and sigma is
+    not checked when the blur is off."""
+    from mlpapers.ssl.clapp import DefaultAugment
+
+    x = torch.rand(3, 3, 12, 12)
+    ref = DefaultAugment(flip=0.5, jitter=(0.4, 0.4, 0.4), blur_p=1.0)(
+        x, torch.Generator().manual_seed(1))
+    for kw in (dict(flip=torch.tensor(0.5), jitter=np.array([0.4, 0.4, 0.4]),
+                    blur_p=np.bool_(True)),
+               dict(flip=np.float32(0.5), jitter=(torch.tensor(0.4),) * 3, blur_p=1)):
+        out = DefaultAugment(**kw)(x, torch.Generator().manual_seed(1))
+        torch.testing.assert_close(out, ref)
+    DefaultAugment(sigma=(0.0, 0.0), blur_p=0.0)(x)

@@ -26,13 +26,16 @@ class Federation:
 
 
 def _split_client(item, i: int):
-    # a tuple is always an (X, y) pair: (X, y) of two 1-D arrays of one length (one
-    # feature per sample) read as a 2-row X, so the client lost its targets; only a
-    # 2-element *list* may be the rows of an X
-    if isinstance(item, tuple) and len(item) == 2:
-        return item[0], item[1]
-    if isinstance(item, list) and len(item) == 2 and not _is_matrix_like(item):
-        return item[0], item[1]
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        # a tuple holding an array, tensor or DataFrame/Series is an (X, y) pair: (X, y)
+        # of two 1-D arrays of one length (one feature per sample) was read as a 2-row
+        # X, so the client lost its targets; plain rows of numbers may still be an X
+        if isinstance(item, tuple) and any(
+                isinstance(part, (np.ndarray, torch.Tensor)) or hasattr(part, "iloc")
+                for part in item):
+            return item[0], item[1]
+        if not _is_matrix_like(item):
+            return item[0], item[1]
     return item, None
 
 

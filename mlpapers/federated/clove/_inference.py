@@ -187,7 +187,8 @@ class _FederatedInferenceMixin:
 
     def _client_loss_vector(self, X, y) -> np.ndarray:
         _check_feature_names(self, X, reset=False)
-        fed = validate_clients([(X, y) if y is not None else X], ndim=None,
+        # always an explicit pair: a bare X that is a 2-row tuple is not a client pair
+        fed = validate_clients([(X, y)], ndim=None,
                                device=self._resolved_device, owner=type(self).__name__,
                                input_shape=tuple(self.input_shape_),
                                supervised=self.loss_ != "reconstruction")

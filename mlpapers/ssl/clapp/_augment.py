@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 from collections.abc import Callable
 
 import torch
@@ -136,31 +135,43 @@ class DefaultAugment:
     def _check_params(self) -> None:
         """Refuse settings that would draw silently wrong views (e.g. a reversed
         ``ratio`` read as (min, max), a zero-area crop, a probability above 1)."""
+        def number(value):  # Python, numpy and 0-d torch numbers alike
+            out = float(value)
+            if not math.isfinite(out):
+                raise ValueError
+            return out
+
         def pair(name, low_open):
             value = getattr(self, name)
             try:
-                lo, hi = (float(v) for v in value)
+                lo, hi = (number(v) for v in value)
             except (TypeError, ValueError):
                 raise ValueError(f"DefaultAugment: {name} must be a (min, max) pair of "
-                                 f"numbers, got {value!r}.") from None
-            if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi
-                    and (lo > 0 if low_open else lo >= 0)):
+                                 f"finite numbers, got {value!r}.") from None
+            if not (lo <= hi and (lo > 0 if low_open else lo >= 0)):
                 raise ValueError(f"DefaultAugment: {name} must be (min, max) with "
                                  f"{'0 <' if low_open else '0 <='} min <= max, got {value!r}.")
 
         pair("scale", True)
         pair("ratio", True)
-        pair("sigma", True)
         for name in ("flip", "jitter_p", "gray_p", "blur_p"):
-            p = getattr(self, name)
-            if not (isinstance(p, numbers.Real) and 0 <= p <= 1):
+            value = getattr(self, name)
+            try:
+                ok = 0 <= number(value) <= 1
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
                 raise ValueError(f"DefaultAugment: {name} must be a probability in [0, 1], "
-                                 f"got {p!r}.")
-        jitter = self.jitter
-        if (not isinstance(jitter, (tuple, list)) or len(jitter) != 3
-                or not all(isinstance(v, numbers.Real) and 0 <= v < math.inf for v in jitter)):
+                                 f"got {value!r}.")
+        if number(self.blur_p) > 0:  # the blur's sigma only matters when it can blur
+            pair("sigma", True)
+        try:
+            strengths = [number(v) for v in self.jitter]
+        except (TypeError, ValueError):
+            strengths = []
+        if len(strengths) != 3 or min(strengths) < 0:
             raise ValueError("DefaultAugment: jitter must be three strengths >= 0 "
-                             f"(brightness, contrast, saturation), got {jitter!r}.")
+                             f"(brightness, contrast, saturation), got {self.jitter!r}.")
 
     # -- pieces ---------------------------------------------------------------
     def crop_flip(self, x: torch.Tensor, gen) -> torch.Tensor:
