@@ -23,7 +23,8 @@ def power_of_two_unit(amax: float, max_exponent: int) -> float:
 
 def row_power_of_two(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Per row of ``x`` (reduced over ``dim``, kept as a size-1 axis), a power of two
-    within a factor 2 of the row's largest magnitude; 1 for zero or non-finite rows.
+    within a factor 2 of the row's largest magnitude (the smallest normal one for a
+    subnormal row); 1 for zero or non-finite rows.
 
     Dividing a row by it is exact in floating point (ordinary rows give bit-identical
     results after scaling back) and brings the row's largest entry near 1, so its
