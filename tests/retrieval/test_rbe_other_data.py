@@ -1,0 +1,194 @@
+"""Relevance-based embeddings on relevance matrices not made by ``mlpapers.datasets``.
+
+Heavy rankers built from scikit-learn's bundled data (an RBF kernel of digits, a
+negative Euclidean distance of raw wine features, an integer-valued sigmoid grade of
+breast-cancer features) and from numpy draws far from our generator (exp of a low-rank
+matrix: heavy-tailed scores). References: the exact top-k by brute force over the whole
+matrix, re-ranking 100 random items with the heavy ranker (the same 100 calls per query
+as the default ``n_support=100``), and the most popular items. The measured values
+quoted in the docstrings are at the sizes used here (one torch thread).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer, load_digits, load_wine
+
+from mlpapers.retrieval.rbe import AnnCURRetriever, RelevanceBasedRetriever, hit_rate
+
+
+def _lookup(R):
+    """A heavy ranker that reads a fixed relevance matrix (queries and items are indices)."""
+    def relevance_fn(queries, items):
+        return R[np.asarray(queries)][:, np.asarray(items)]
+    return relevance_fn
+
+
+def _random_rerank(R, n_calls, k, seed=0):
+    """Trivial baseline: score ``n_calls`` random items per query, return their top-k."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for row in R:
+        c = rng.choice(R.shape[1], n_calls, replace=False)
+        out.append(c[np.argsort(-row[c], kind="stable")[:k]])
+    return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def digits_rbf():
+    """RBF kernel (bandwidth: the median squared distance) between 600 digits as queries
+    and the other 1197 as items: full rank, nothing like a low-rank-plus-noise matrix."""
+    X = load_digits().data / 16.0
+    p = np.random.default_rng(0).permutation(len(X))
+    Q, items = X[p[:600]], X[p[600:]]
+    D = (Q**2).sum(1)[:, None] + (items**2).sum(1)[None] - 2 * Q @ items.T
+    return np.exp(-D / np.median(D))
+
+
+def _fit(est, R, n_train):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # greedy may stop early on exact low rank
+        return est.fit(np.arange(n_train), np.arange(R.shape[1]))
+
+
+def test_digits_kernel_relevance_far_above_random_rerank(digits_rbf):
+    """Default RBE (greedy, 100 supports, linear) and AnnCUR on a digits RBF kernel.
+
+    Measured HitRate@10 on the 200 held-out queries: greedy 0.87, AnnCUR 0.87,
+    re-ranking 100 random items (same budget) 0.09, the ten most popular items 0.01.
+    """
+    R, ntr = digits_rbf, 400
+    qte = np.arange(ntr, R.shape[0])
+    trivial = hit_rate(R[qte], _random_rerank(R[qte], 100, 10), 10)
+    for est in (RelevanceBasedRetriever(_lookup(R), random_state=0),
+                AnnCURRetriever(_lookup(R), random_state=0)):
+        _fit(est, R, ntr)
+        hr = est.score(qte, R[qte], n_neighbors=10)
+        assert hr >= 0.75, (type(est).__name__, hr)
+        assert hr >= trivial + 0.5, (type(est).__name__, hr, trivial)
+
+
+def test_common_offset_and_power_of_two_scale_change_nothing(digits_rbf):
+    """A ranker whose scores carry a constant offset of 1e4 (a logit bias) or a scale of
+    2**-14 gives the same supports and the same top-10 as the raw scores: the affine
+    per-item fit and the centred greedy criterion remove the offset (measured: identical
+    supports and neighbours; HitRate@10 0.79 in all three, 50 supports)."""
+    R, ntr = digits_rbf, 400
+    qte = np.arange(ntr, R.shape[0])
+    base = _fit(RelevanceBasedRetriever(_lookup(R), n_support=50, random_state=0), R, ntr)
+    idx = base.kneighbors(qte, 10, return_distance=False)
+    for Rt in (R + 1e4, R * 2.0**-14):
+        est = _fit(RelevanceBasedRetriever(_lookup(Rt), n_support=50, random_state=0), Rt, ntr)
+        np.testing.assert_array_equal(est.support_indices_, base.support_indices_)
+        idx_t = est.kneighbors(qte, 10, return_distance=False)
+        # rounding of the offset (1e4 * 2**-52) may swap exact near-ties only
+        assert np.mean(idx_t == idx) >= 0.99
+        assert abs(hit_rate(Rt[qte], idx_t, 10) - hit_rate(R[qte], idx, 10)) <= 0.01
+
+
+def test_raw_wine_distance_ranker_near_exact():
+    """Negative Euclidean distance on raw (unstandardised, proline ~1e3) wine features,
+    queries = the 178 wines with 5% multiplicative noise. Measured HitRate@10 of the
+    default retriever: 0.99, re-ranking 100 random items: 0.55."""
+    rng = np.random.default_rng(0)
+    X = load_wine().data
+    Q = np.vstack([X * (1 + 0.05 * rng.standard_normal(X.shape)) for _ in range(4)])
+    R = -np.sqrt(((Q[:, None] - X[None]) ** 2).sum(-1))
+    ntr = 500
+    qte = np.arange(ntr, len(Q))
+    est = _fit(RelevanceBasedRetriever(_lookup(R), random_state=0), R, ntr)
+    hr = est.score(qte, R[qte], n_neighbors=10)
+    trivial = hit_rate(R[qte], _random_rerank(R[qte], 100, 10), 10)
+    assert hr >= 0.95, hr
+    assert hr >= trivial + 0.3, (hr, trivial)
+
+
+def test_heavy_tailed_scores_greedy_beats_random_supports():
+    """exp of a rank-10 matrix (log-normal-like scores, a few huge ones per query):
+    the paper's greedy supports beat AnnCUR's random ones. Measured HitRate@10:
+    greedy 0.58, random (AnnCUR) 0.44, random re-rank 0.13."""
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((1000, 10)), rng.standard_normal((800, 10))
+    R = np.exp(A @ B.T / 2)
+    ntr = 700
+    qte = np.arange(ntr, 1000)
+    greedy = _fit(RelevanceBasedRetriever(_lookup(R), random_state=0), R, ntr)
+    random = _fit(AnnCURRetriever(_lookup(R), random_state=0), R, ntr)
+    hg = greedy.score(qte, R[qte], n_neighbors=10)
+    hr = random.score(qte, R[qte], n_neighbors=10)
+    assert hg >= hr + 0.08, (hg, hr)
+    assert hg >= hit_rate(R[qte], _random_rerank(R[qte], 100, 10), 10) + 0.3
+
+
+@pytest.fixture(scope="module")
+def graded():
+    """Integer grades 0..4 (a rounded sigmoid of a random bilinear form of breast-cancer
+    features): about 160 items share the 10th grade per query, so the true top-10 is a
+    tie-break among them."""
+    rng = np.random.default_rng(0)
+    X = load_breast_cancer().data
+    X = (X - X.mean(0)) / X.std(0)
+    W = rng.standard_normal((30, 30)) / np.sqrt(30)
+    Q = np.vstack([X + 0.3 * rng.standard_normal(X.shape) for _ in range(2)])[:800]
+    return np.round(4 / (1 + np.exp(-Q @ W @ X.T)))
+
+
+def test_integer_grades_returned_items_have_the_top_grade(graded):
+    """On tied integer relevance HitRate@10 only measures the tie-break (measured 0.05,
+    documented on the page); the items returned carry the top-10 grade for 99.7% of
+    (query, rank) pairs, against 44% for the ten most popular items (and 98.6% for the
+    top-10 of 100 random items re-ranked: the top grade is common)."""
+    R, ntr = graded, 600
+    qte = np.arange(ntr, R.shape[0])
+    est = _fit(RelevanceBasedRetriever(_lookup(R), random_state=0), R, ntr)
+    idx = est.kneighbors(qte, 10, return_distance=False)
+    kth = -np.sort(-R[qte], axis=1)[:, 9:10]
+    top_grade = np.mean(R[qte][np.arange(len(qte))[:, None], idx] >= kth)
+    pop = np.argsort(-R[:ntr].mean(0), kind="stable")[:10]
+    pop_grade = np.mean(R[qte][:, pop] >= kth)
+    assert top_grade >= 0.95, top_grade
+    assert top_grade >= pop_grade + 0.3, (top_grade, pop_grade)
+
+
+def test_integer_grades_full_rerank_is_exact_search(graded):
+    """Re-ranking every item breaks ties by the lower index, as the exact top-k of
+    ``hit_rate``: HitRate@10 is exactly 1 even with ~160 items tied per query."""
+    R, ntr = graded, 600
+    qte = np.arange(ntr, R.shape[0])
+    est = _fit(RelevanceBasedRetriever(_lookup(R), n_support=10, n_rerank=R.shape[1],
+                                       random_state=0), R, ntr)
+    assert est.score(qte, R[qte], n_neighbors=10) == 1.0
+
+
+def test_greedy_exhausting_few_training_queries_warns_of_interpolation(digits_rbf):
+    """80 training queries, default ``n_support=100``: greedy stops after 79 supports
+    because the (centred) training queries ran out, not because the kernel is low rank.
+    The affine fit then interpolates the training queries and the held-out ranking
+    collapsed (measured HitRate@10 0.005, random re-rank 0.09) under a warning that only
+    said "reproduced exactly". The warning now names the cause and the remedies, which
+    work: 40 supports 0.70, ``ridge=1`` 0.76."""
+    R, ntr = digits_rbf, 80
+    qte = np.arange(400, R.shape[0])
+    est = RelevanceBasedRetriever(_lookup(R), random_state=0)
+    with pytest.warns(UserWarning, match="ran out of training queries: the linear fit"):
+        est.fit(np.arange(ntr), np.arange(R.shape[1]))
+    assert len(est.support_indices_) == ntr - 1
+    for kw in ({"n_support": ntr // 2}, {"ridge": 1.0}):
+        fixed = _fit(RelevanceBasedRetriever(_lookup(R), random_state=0, **kw), R, ntr)
+        assert fixed.score(qte, R[qte], n_neighbors=10) >= 0.6, kw
+
+
+def test_greedy_on_truly_low_rank_relevance_keeps_the_plain_message():
+    """A rank-5 ranker with 60 training queries stops after 5 supports: the relevance is
+    low rank (recovered exactly), so no interpolation advice is added."""
+    rng = np.random.default_rng(0)
+    R = rng.standard_normal((100, 5)) @ rng.standard_normal((5, 300))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est = RelevanceBasedRetriever(_lookup(R), n_support=20, random_state=0).fit(
+            np.arange(60), np.arange(300))
+    msgs = [str(w.message) for w in caught if "stopped after" in str(w.message)]
+    assert len(msgs) == 1 and "interpolates" not in msgs[0]
+    assert len(est.support_indices_) == 5
+    assert est.score(np.arange(60, 100), R[60:], n_neighbors=10) == 1.0
