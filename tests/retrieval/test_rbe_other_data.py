@@ -166,17 +166,42 @@ def test_greedy_exhausting_few_training_queries_warns_of_interpolation(digits_rb
     because the (centred) training queries ran out, not because the kernel is low rank.
     The affine fit then interpolates the training queries and the held-out ranking
     collapsed (measured HitRate@10 0.005, random re-rank 0.09) under a warning that only
-    said "reproduced exactly". The warning now names the cause and the remedies, which
-    work: 40 supports 0.70, ``ridge=1`` 0.76."""
+    said "reproduced exactly". The fit now warns of the interpolation and names the
+    remedies, which work: 40 supports 0.70, ``ridge=1`` 0.76."""
     R, ntr = digits_rbf, 80
     qte = np.arange(400, R.shape[0])
     est = RelevanceBasedRetriever(_lookup(R), random_state=0)
-    with pytest.warns(UserWarning, match="ran out of training queries: the linear fit"):
+    with pytest.warns(UserWarning, match="it interpolates the training queries") as rec:
         est.fit(np.arange(ntr), np.arange(R.shape[1]))
+    assert any(w.filename == __file__ for w in rec
+               if "interpolates" in str(w.message))  # points at the caller
     assert len(est.support_indices_) == ntr - 1
     for kw in ({"n_support": ntr // 2}, {"ridge": 1.0}):
-        fixed = _fit(RelevanceBasedRetriever(_lookup(R), random_state=0, **kw), R, ntr)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fixed = RelevanceBasedRetriever(_lookup(R), random_state=0, **kw).fit(
+                np.arange(ntr), np.arange(R.shape[1]))
+        assert not [w for w in caught if "interpolates" in str(w.message)], kw
         assert fixed.score(qte, R[qte], n_neighbors=10) >= 0.6, kw
+
+
+def test_any_support_choice_at_the_interpolation_threshold_warns(digits_rbf):
+    """The peak belongs to the linear fit, not to greedy: AnnCUR's 100 random supports
+    (no intercept) on 100 training queries scored 0.342 against 0.759 with 90 queries and
+    0.782 with 110, with no warning; user-given supports likewise (79 + intercept on 80
+    queries: 0.426). Well past the peak (150 random supports on 80 queries) it recovers
+    (measured 0.81) and no warning is given."""
+    R = digits_rbf
+    items = np.arange(R.shape[1])
+    with pytest.warns(UserWarning, match="100 unknowns per item"):
+        AnnCURRetriever(_lookup(R), random_state=0).fit(np.arange(100), items)
+    with pytest.warns(UserWarning, match=r"80 unknowns per item \(79 supports and an"):
+        RelevanceBasedRetriever(_lookup(R), support=np.arange(79)).fit(np.arange(80), items)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        far = RelevanceBasedRetriever(_lookup(R), n_support=150, support="random",
+                                      random_state=0).fit(np.arange(80), items)
+    assert far.score(np.arange(400, R.shape[0]), R[400:], n_neighbors=10) >= 0.7
 
 
 def test_greedy_on_truly_low_rank_relevance_keeps_the_plain_message():

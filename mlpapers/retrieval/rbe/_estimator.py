@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from mlpapers._utils import (
     power_of_two_unit,
     to_numpy,
     usable_outside_inference,
+    user_stacklevel,
 )
 from mlpapers._utils._blocks import block_rows_for, collect_row_blocks
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
@@ -50,7 +52,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         itself is passed as given), and its result is cast to float64 and copied
         where it is kept; see the user guide for the exact call budget.
     n_support : int, default=100
-        Number of support items ``k`` (online heavy calls per query).
+        Number of support items ``k`` (online heavy calls per query). With
+        ``ridge=0``, keep ``k`` (plus the intercept) away from the number of training
+        queries: there the linear fit interpolates them and held-out rankings can
+        collapse, and ``fit`` warns.
     support : str or array-like of int, default="greedy"
         Support selection method, one of ``"greedy"``, ``"random"``, ``"popular"``,
         ``"kmeans"``, ``"farthest"`` (see :func:`select_support`), or explicit item
@@ -262,6 +267,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             perm = self._numpy_gen.permutation(n_q)
             n_val = min(n_q - 1, max(1, round(self.validation_fraction * n_q)))
             val_rows, fit_rows = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+        self._warn_near_interpolation(S.size, len(fit_rows))
         Sg = torch.as_tensor(S, device=self._device)
         # no copy of the (n_queries, n_items) matrix when every query is used
         R_fit = R if len(fit_rows) == n_q else R[torch.as_tensor(fit_rows, device=self._device)]
@@ -286,6 +292,28 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             R_val = R[torch.as_tensor(val_rows, device=self._device)]
             self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))
         return self
+
+    def _warn_near_interpolation(self, n_support: int, n_fit: int) -> None:
+        """Warn when the linear fit sits at its interpolation threshold.
+
+        Each item's least squares has ``n_support`` coefficients (plus its intercept when
+        standardised) estimated from ``n_fit`` training queries; with as many unknowns as
+        queries and no ridge it interpolates them and the held-out error peaks, whatever
+        chose the supports (digits RBF kernel, 80 training queries, HitRate@10: greedy's 79
+        supports 0.005, 80 random ones 0.39, against 0.71 with 60 and 0.81 with 150).
+        Greedy selection cannot get past the peak on its own: it stops at the rank of the
+        training relevance, at most ``n_fit - 1`` once centred.
+        """
+        n_unknowns = n_support + int(bool(self.standardize))
+        if float(self.ridge) > 0 or not 0.9 * n_fit <= n_unknowns <= 1.1 * n_fit:
+            return
+        warnings.warn(
+            f"the linear fit has {n_unknowns} unknowns per item ({n_support} supports"
+            + (" and an intercept" if self.standardize else "")
+            + f") for {n_fit} training queries and ridge=0: it interpolates the training "
+            "queries and held-out rankings can collapse. Use n_support well below the "
+            "number of training queries (about half) or well above it, ridge > 0, or "
+            "more training queries.", UserWarning, stacklevel=user_stacklevel())
 
     def _standardize(self, R_sup: torch.Tensor) -> torch.Tensor:
         mean = torch.as_tensor(self.query_mean_, device=R_sup.device, dtype=R_sup.dtype)

@@ -97,9 +97,7 @@ def greedy_selection(
     with :math:`g = G_{:, j^\star}`. Items whose residual norm
     :math:`G_{jj}` is below ``tol`` times their initial squared norm are never picked
     (this excludes duplicates and already chosen items); selection stops early,
-    with a warning, when no item is left (the warning adds that a linear fit on these
-    supports interpolates the training queries when the stop comes after at least
-    ``n_queries - 1`` picks: the queries, not the items, ran out).
+    with a warning, when no item is left.
 
     Parameters
     ----------
@@ -233,20 +231,12 @@ def greedy_selection(
             L = L_all[:, :t + 1]
             a = a.clamp_min(0.0)
     if len(picks) < k and not getattr(_QUIET, "early_stop", False):
-        msg = (f"greedy support selection stopped after {len(picks)} of {k} items: the "
-               "remaining items lie (up to tol) in the span of the chosen ones, so the "
-               "training relevance is already reproduced exactly.")
-        # Stopping because the *training queries* ran out (rank n_q, or n_q - 1 once
-        # centred), not because the relevance is low rank: the least-squares fit then
-        # interpolates the training queries, the peak of its held-out error (digits RBF
-        # kernel, 80 training queries: HitRate@10 0.005 with the 79 supports found, 0.71
-        # with 60). Say so, instead of only "reproduced exactly", which reads as success.
-        if len(picks) >= X.shape[1] - 1:
-            msg += (f" With {X.shape[1]} training queries the supports ran out of "
-                    "training queries: the linear fit interpolates them and held-out rankings can "
-                    "collapse; use fewer supports (e.g. n_support <= n_queries / 2), "
-                    "ridge > 0, or more training queries.")
-        warnings.warn(msg, UserWarning, stacklevel=3)
+        warnings.warn(
+            f"greedy support selection stopped after {len(picks)} of {k} items: the "
+            "remaining items lie (up to tol) in the span of the chosen ones, so the "
+            "training relevance is already reproduced exactly.",
+            UserWarning, stacklevel=3,
+        )
     idx = torch.tensor(picks, dtype=torch.long, device=X.device)
     gain = torch.stack(gains) if gains else X.new_zeros(0)
     return idx, gain * unit * unit if unit != 1.0 else gain
