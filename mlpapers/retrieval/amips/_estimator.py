@@ -18,14 +18,15 @@ from mlpapers.retrieval.amips._exact import (
     _MIPSBase,
     build_faiss_ivf,
 )
-from mlpapers.retrieval.amips._kernels import match_rate
+from mlpapers.retrieval.amips._kernels import _KeyStats, match_rate
 from mlpapers.retrieval.amips._retrieve import (
     predict_top1,
     rank_by_predicted_key,
     rerank,
     score_and_key,
+    uncentre,
 )
-from mlpapers.retrieval.amips._training import QuerySource, fit_amips
+from mlpapers.retrieval.amips._training import QuerySource, centre, fit_amips
 
 __all__ = ["AmortizedMIPS"]
 
@@ -135,6 +136,21 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         ``n_neighbors`` of the first ``max(n_candidates, n_neighbors)`` keys by
         true inner product, in descending order (so its first column is
         :meth:`predict` when ``n_neighbors <= n_candidates``).
+    center_keys : bool, default=False
+        Train on the centred keys :math:`k_i - m`, :math:`m` their mean (stored as
+        ``key_mean_``). The answers are the same in exact arithmetic,
+        :math:`\arg\max_i\langle x, k_i - m\rangle = \arg\max_i\langle x, k_i\rangle`,
+        and :math:`\sigma_{K-m}(x) = \sigma_K(x) - \langle x, m\rangle` is still
+        convex and 1-homogeneous; but keys sharing a large common offset (raw
+        features far from zero) otherwise differ by a tiny fraction of the units the
+        network trains in (``key_scale_``) and it learns to answer every query with
+        the same key. The methods answer in the original space: indices into
+        ``database_``, similarities and :meth:`value` the original inner products,
+        :meth:`predict_key` with ``key_mean_`` added back; the ranking by the
+        predicted key (``retrieval``) compares it with the centred keys (for
+        ``"ip"`` the same ranking as with the original keys). Costs a centred copy
+        of the database. ``False`` (the paper's setting, for normalised embeddings)
+        trains on the keys as given.
     device : str or torch.device, default="cpu"
         Torch device of the training and the search (``"cpu"``, ``"cuda"``, ...).
     random_state : int, RandomState, Generator or None, default=None
@@ -148,12 +164,16 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     database_ : ndarray of shape (n_keys, n_features), float32
     model_ : torch.nn.Module
         The (EMA) trained network, in eval mode. It works in scaled units: it takes
-        ``x / query_scale_`` and predicts keys ``k / key_scale_`` (the estimator's
-        methods convert).
+        ``x / query_scale_`` and predicts keys ``k / key_scale_`` (``(k - key_mean_) /
+        key_scale_`` with ``center_keys``; the estimator's methods convert).
     key_scale_, query_scale_ : float
         Units of the training: the powers of two nearest the root-mean-square norm of
-        the keys and of the training queries (1.0 for unit-norm data). MIPS answers
-        do not depend on the scale of the data, and neither does training.
+        the keys (centred with ``center_keys``) and of the training queries (1.0 for
+        unit-norm data). MIPS answers do not depend on the scale of the data, and
+        neither does training.
+    key_mean_ : ndarray of shape (n_features,), float32, or None
+        The mean of the keys, subtracted from them in training and in the ranking
+        when ``center_keys=True``; ``None`` otherwise.
     hidden_dims_ : tuple of int
         Widths of the hidden layers of ``model_``.
     n_params_ : int
@@ -226,6 +246,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         search_batch_size: int = 8192,
         retrieval: str = "ip",
         n_candidates: int = 1,
+        center_keys: bool = False,
         device: str = "cpu",
         random_state=None,
         verbose: int = 0,
@@ -253,6 +274,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         self.search_batch_size = search_batch_size
         self.retrieval = retrieval
         self.n_candidates = n_candidates
+        self.center_keys = center_keys
         self.device = device
         self.random_state = random_state
         self.verbose = verbose
@@ -313,9 +335,31 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         self._check_params()
         self._init_fit()
         fit_amips(self, self._fit_database(X), queries, callback=callback)
+        self._search_keys()  # cached here: predict keeps __dict__ (as _fit_database)
         return self
 
     # -- inference -----------------------------------------------------------
+    def _key_mean(self) -> torch.Tensor | None:
+        """``key_mean_`` as a tensor on the device (``None`` without centring; also for
+        estimators saved or pickled before ``center_keys`` existed)."""
+        m = getattr(self, "key_mean_", None)
+        return None if m is None else torch.as_tensor(m, device=self._resolved_device)
+
+    def _search_keys(self) -> tuple[torch.Tensor, _KeyStats]:
+        """The keys ranked by the predicted key and their scale statistics: the stored
+        keys, or with ``key_mean_`` the centred copy the network was trained on,
+        cached (centring per call would cost a pass over the database)."""
+        m = getattr(self, "key_mean_", None)
+        if m is None:
+            return self._keys(), self._key_stats()
+        keys = self._keys()
+        cached = getattr(self, "_centred_cache", None)
+        if cached is None or cached[0] is not keys or cached[1] is not m:
+            centred = centre(keys, self._key_mean())
+            cached = (keys, m, centred, _KeyStats(centred))
+            self._centred_cache = cached
+        return cached[2], cached[3]
+
     def _queries(self, X) -> torch.Tensor:
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         self._check_params()  # inference reads parameters (set_params after fit)
@@ -336,13 +380,18 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         Returns
         -------
         ndarray of shape (n_queries, n_features), float32
-            The predicted keys :math:`\\hat k(x)`, in the units of ``database_``.
+            The predicted keys :math:`\\hat k(x)`, in the units and coordinates of
+            ``database_`` (``key_mean_`` added back with ``center_keys``).
         """
-        return self._to_numpy(score_and_key(self, self._queries(X))[1])
+        Q = self._queries(X)
+        return self._to_numpy(uncentre(self, Q, None, score_and_key(self, Q)[1])[1])
 
     @fill_doc(X=_QUERIES_X)
     def transform(self, X) -> np.ndarray:
-        """Projected queries :math:`\\hat k(x)` for an ANN index (same as :meth:`predict_key`).
+        """Projected queries :math:`\\hat k(x)` for an ANN index (:meth:`predict_key`).
+
+        With ``center_keys=True`` they are in the centred coordinates of the search,
+        ``predict_key(X) - key_mean_``, as is the index of :meth:`to_faiss_ivf`.
 
         Parameters
         ----------
@@ -351,10 +400,11 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         Returns
         -------
         ndarray of shape (n_queries, n_features), float32
-            The predicted keys, to search an index over ``database_`` with (see
-            :meth:`to_faiss_ivf`).
+            The predicted keys, to search the index of :meth:`to_faiss_ivf` with (over
+            ``database_``, or ``database_ - key_mean_`` with ``center_keys``).
         """
-        return self.predict_key(X)
+        # (the model's own coordinates: no round trip through + key_mean_ - key_mean_)
+        return self._to_numpy(score_and_key(self, self._queries(X))[1])
 
     @fill_doc(X=_QUERIES_X)
     def value(self, X) -> np.ndarray:
@@ -368,9 +418,11 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         -------
         ndarray of shape (n_queries,), float32
             The estimates of :math:`\\max_i \\langle x, k_i\\rangle` (KeyNet: the
-            Euler score :math:`\\langle x, \\hat k(x)\\rangle`).
+            Euler score :math:`\\langle x, \\hat k(x)\\rangle`); with
+            ``center_keys``, :math:`\\hat\\sigma_{K-m}(x) + \\langle x, m\\rangle`.
         """
-        return self._to_numpy(score_and_key(self, self._queries(X))[0])
+        Q = self._queries(X)
+        return self._to_numpy(uncentre(self, Q, score_and_key(self, Q)[0], None)[0])
 
     @fill_doc(X=_QUERIES_X)
     def kneighbors(self, X, n_neighbors: int = 10, return_distance: bool = True):
@@ -446,7 +498,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """Build a faiss ``IndexIVFFlat`` over the database, with the metric of ``retrieval``.
 
         Search it with :meth:`transform` (projected queries), the paper's main
-        evaluation. Needs the optional ``faiss-cpu`` package.
+        evaluation. With ``center_keys=True`` the index holds the centred keys
+        ``database_ - key_mean_`` (same row ids), the coordinates of :meth:`transform`.
+        Needs the optional ``faiss-cpu`` package.
 
         Parameters
         ----------
@@ -459,7 +513,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         faiss.IndexIVFFlat
         """
         self._check_fitted()
-        return build_faiss_ivf(self.database_, n_lists, metric=self.retrieval)
+        m = getattr(self, "key_mean_", None)
+        # the same float32 rows as the ranking of kneighbors (_search_keys)
+        keys = self.database_ if m is None else self._search_keys()[0]
+        return build_faiss_ivf(keys, n_lists, metric=self.retrieval)
 
     # -- persistence ---------------------------------------------------------
     def _get_state(self) -> dict[str, Any]:
@@ -472,8 +529,16 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     def _set_state(self, state: dict[str, Any]) -> None:
         state = dict(state)
         weights = state.pop("model_state_dict")
+        # files saved before center_keys existed hold no key_mean_: no centring
+        state.setdefault("key_mean_", None)
         super()._set_state(state)
         n_keys, d = self.database_.shape
+        if self.key_mean_ is not None:
+            m = np.asarray(self.key_mean_)
+            if m.shape != (d,) or m.dtype != np.float32:
+                raise ValueError(f"key_mean_ must be a float32 array of shape ({d},), got "
+                                 f"{m.dtype} of shape {m.shape}.")
+            self.key_mean_ = m
         # normal tensors even when loaded inside inference_mode (the parameters of a model
         # built there are inference tensors, which cannot be fine-tuned later)
         with torch.inference_mode(False):
@@ -482,11 +547,19 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         model = model.to(self._resolved_device).eval()
         model.requires_grad_(False)
         self.model_ = model
+        if self.key_mean_ is not None:
+            self._search_keys()
+
+    def __setstate__(self, state):
+        # pickles made before center_keys existed: the parameter's default, no centring
+        state = dict(state)
+        state.setdefault("center_keys", False)
+        super().__setstate__(state)
 
     @classmethod
     def _estimator_check_instances(cls) -> list:
         kw = dict(depth=2, hidden_dim=8, n_steps=3, batch_size=16, random_state=0)
-        return [cls(**kw), cls(arch="supportnet", **kw)]
+        return [cls(**kw), cls(arch="supportnet", **kw), cls(center_keys=True, **kw)]
 
     def _expected_failed_checks(self) -> dict[str, str]:
         float32 = ("the network runs in float32 and BLAS blocking depends on the batch, so "

@@ -59,6 +59,7 @@ class _MIPSBase(TorchEstimatorMixin, BaseEstimator):
         state = self.__dict__.copy()
         state.pop("_keys_cache", None)
         state.pop("_key_stats_cache", None)
+        state.pop("_centred_cache", None)
         return state
 
     def __sklearn_tags__(self):

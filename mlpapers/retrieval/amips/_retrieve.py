@@ -15,11 +15,13 @@ from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.retrieval.amips._exact import _check_n_neighbors
 from mlpapers.retrieval.amips._kernels import _KeyStats, _rank_by_key, gather_dot
 
-__all__ = ["predict_top1", "rank_by_predicted_key", "rerank", "score_and_key"]
+__all__ = ["predict_top1", "rank_by_predicted_key", "rerank", "score_and_key", "uncentre"]
 
 
 def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Value (n,) and key (n, d) of the fitted ``est`` in the data's units.
+    """Value (n,) and key (n, d) of the fitted ``est`` in the data's units, in the
+    coordinates of the training: centred (``sigma_{K-m}`` and ``k - m``) when the
+    estimator was fitted with ``center_keys`` (see :func:`uncentre`).
 
     The network works in scaled units: it takes ``x / query_scale_`` and predicts keys
     ``k / key_scale_``; queries are fed in chunks of ``est.batch_size``.
@@ -36,6 +38,21 @@ def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return collect_row_blocks(block, Q.shape[0], est.batch_size)
 
 
+def uncentre(est, Q: torch.Tensor, value: torch.Tensor | None,
+             key: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Value and key of :func:`score_and_key` in the original coordinates: with
+    ``key_mean_`` m, ``sigma_K(x) = sigma_{K-m}(x) + <x, m>`` and ``k = (k - m) + m``
+    (unchanged without centring)."""
+    m = est._key_mean()
+    if m is None:
+        return value, key
+    if value is not None:
+        value = value + Q @ m
+    if key is not None:
+        key = key + m
+    return value, key
+
+
 def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distance: bool):
     """The ``n_neighbors`` keys ranked by similarity to the predicted key (``retrieval``).
 
@@ -45,6 +62,12 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     k = _check_n_neighbors(n_neighbors, est.database_.shape[0])
     keys = est._keys()
     _, key_hat = score_and_key(est, Q)
+    # the ranking is in the coordinates of the training: with center_keys the centred
+    # keys (the same ranking for "ip", <k_hat, k_j - m> = <k_hat, k_j> - <k_hat, m>,
+    # but without the float32 cancellation of a large offset; "l2" compares the
+    # predicted key with the centred keys it learned). The returned similarities are
+    # the original <x, k_j> (the centred ones plus <x, m>)
+    ranked, stats = est._search_keys()
     # rank in the training units: <k_hat, k_j> ~ ||k||^2 overflows float32 for keys
     # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact). For
     # inner products scaling the predicted keys by 1/s^2 is the same ranking without
@@ -52,18 +75,17 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     # The cached scale statistics of the keys are passed down: recomputing them (a
     # pass over the database) per call tripled the cost of a single-query predict
     ks = getattr(est, "key_scale_", 1.0)
-    stats = est._key_stats()
     if ks == 1.0:
-        k_hat, ranked_keys = key_hat, keys
+        k_hat, ranked_keys = key_hat, ranked
     elif est.retrieval == "ip":
         # (far from 1, key_hat / ks**2 ~ 1 / ks leaves float32: 2**128 for subnormal keys;
         # divided once, the products ~ ||k|| are rescaled by the search itself)
         # (in place: key_hat is not used again, and a scaled copy held the (n, d)
         # predicted keys twice)
         k_hat = key_hat.div_(ks).div_(ks) if 2.0**-60 <= ks <= 2.0**60 else key_hat.div_(ks)
-        ranked_keys = keys
+        ranked_keys = ranked
     else:
-        k_hat, ranked_keys = key_hat.div_(ks), keys / ks
+        k_hat, ranked_keys = key_hat.div_(ks), ranked / ks
         stats = _KeyStats(ranked_keys, amax=stats.amax / ks)  # exact: ks is a power of 2
     idx = _rank_by_key(k_hat, ranked_keys, k, est.retrieval, est.search_batch_size, stats)
     if not return_distance:

@@ -22,8 +22,8 @@ from mlpapers._utils import ProgressLogger, check_tensor
 from mlpapers._utils._blocks import block_rows_for, row_blocks
 from mlpapers.retrieval.amips._kernels import amips_loss, support_function, warmup_cosine_lr
 
-__all__ = ["QuerySource", "augment_queries", "fit_amips", "make_query_source",
-           "match_output_scale", "power_of_two_scale", "train_amips"]
+__all__ = ["QuerySource", "augment_queries", "centre", "column_mean", "fit_amips",
+           "make_query_source", "match_output_scale", "power_of_two_scale", "train_amips"]
 
 
 QuerySource = None | np.ndarray | torch.Tensor | Callable[[int, np.random.Generator], Any]
@@ -223,17 +223,37 @@ def power_of_two_scale(x: torch.Tensor) -> float:
     return float(2.0 ** round(math.log2(rms)))
 
 
+def column_mean(keys: torch.Tensor) -> torch.Tensor:
+    """Mean (d,) of the rows of ``keys`` (N, d), summed in float64 by row chunks (no
+    float64 copy of the database), returned in the keys' dtype."""
+    rows = block_rows_for(keys.shape[1], 2**20)
+    total = sum(keys[r].double().sum(0) for r in row_blocks(keys.shape[0], rows))
+    return (total / keys.shape[0]).to(keys.dtype)
+
+
+def centre(keys: torch.Tensor, key_mean: torch.Tensor) -> torch.Tensor:
+    """``keys - key_mean``: the same float32 rows in training and in the search (a
+    centred copy of the database). Raises ``ValueError`` if it overflows."""
+    out = keys - key_mean
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError("center_keys=True: the centred keys overflow float32 (keys "
+                         "near +-3.4e38 on both sides of their mean); rescale the keys.")
+    return out
+
+
 def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
               callback: Callable[[int, nn.Module], None] | None = None) -> None:
     """Train the network of :class:`AmortizedMIPS` ``est`` on the database ``keys`` (N, d).
 
-    Sets ``model_``, ``hidden_dims_``, ``history_``, ``n_params_``, ``key_scale_`` and
-    ``query_scale_`` on ``est`` (whose ``_init_fit`` has run). The network is trained
-    on ``keys / key_scale_`` and ``queries / query_scale_`` (both powers of two from
-    :func:`power_of_two_scale`: the training queries' scale is measured on the
-    initialisation batch), so that its learning dynamics (Adam's epsilon, the
-    soft-leaky-ReLU's fixed ``beta``, the data-dependent initialisation) do not depend
-    on the units of the data; the estimator maps predictions back to the data's units.
+    Sets ``model_``, ``hidden_dims_``, ``history_``, ``n_params_``, ``key_scale_``,
+    ``query_scale_`` and ``key_mean_`` on ``est`` (whose ``_init_fit`` has run). The
+    network is trained on ``keys / key_scale_`` (``(keys - key_mean_) / key_scale_``
+    with ``center_keys``; ``key_mean_`` is ``None`` without) and ``queries /
+    query_scale_`` (both powers of two from :func:`power_of_two_scale`: the training
+    queries' scale is measured on the initialisation batch), so that its learning
+    dynamics (Adam's epsilon, the soft-leaky-ReLU's fixed ``beta``, the data-dependent
+    initialisation) do not depend on the units of the data; the estimator maps
+    predictions back to the data's units (and coordinates).
     """
     n_keys, d = keys.shape
     draw = make_query_source(queries, d, device=est._device, torch_gen=est._torch_gen,
@@ -253,6 +273,14 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
     # augmentation runs in them: its float32 norms overflowed for queries of norm 1e19
     # (a NaN batch: training in the data's units) and underflowed for 1e-19
     init_batch = draw(min(est.batch_size, 1024))
+    # center_keys: train on K - mean (the argmax and the network's convexity and
+    # homogeneity are unchanged, sigma_{K-m}(x) = sigma_K(x) - <x, m>); with a large
+    # common offset the spread of the keys was ~1e-4 of the training units below
+    # and every query learned the same key
+    key_mean = None
+    if est.center_keys:
+        key_mean = column_mean(keys)
+        keys = centre(keys, key_mean)
     key_scale, query_scale = power_of_two_scale(keys), power_of_two_scale(init_batch)
     # (no copy of the database when it is already in its units: a division by 1.0
     # duplicated 256 MB of keys at 10**6 x 64 for the whole fit)
@@ -273,6 +301,7 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
         match_output_scale(model, init_batch, keys, search_batch_size=est.search_batch_size)
     # set before training: a callback reads the units of the fit in progress
     est.key_scale_, est.query_scale_ = key_scale, query_scale
+    est.key_mean_ = None if key_mean is None else est._to_numpy(key_mean)
     est.model_, est.history_ = train_amips(
         model, keys, draw_scaled, augment=augment, n_steps=est.n_steps,
         batch_size=est.batch_size, lr=est.lr, warmup=est.warmup,

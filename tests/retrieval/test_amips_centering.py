@@ -1,0 +1,234 @@
+"""``AmortizedMIPS(center_keys=True)``: training on the centred keys ``K - m``.
+
+The identity behind it: argmax_i <x, k_i - m> = argmax_i <x, k_i>, and
+sigma_{K-m}(x) = sigma_K(x) - <x, m> (linear in x, so convexity and 1-homogeneity
+survive). References: float64 brute force (numpy) on the original keys, the fit without
+the offset, and the fit with the parameter omitted.
+"""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_wine
+
+from mlpapers._utils._serialize import decode, encode
+from mlpapers.retrieval import AmortizedMIPS
+
+
+def _brute(K, Q):
+    return np.asarray(Q, dtype=np.float64) @ np.asarray(K, dtype=np.float64).T
+
+
+@pytest.fixture(scope="module")
+def wine():
+    """120 standardised wines as keys; noisy copies of the other 58 as queries (800
+    training, 360 test), as in test_amips_other_data.py."""
+    X = load_wine().data
+    X = (X - X.mean(0)) / X.std(0)
+    rng = np.random.default_rng(0)
+    p = rng.permutation(len(X))
+    K, rest = X[p[:120]], X[p[120:]]
+    Q = np.vstack([rest + 0.1 * rng.standard_normal(rest.shape) for _ in range(20)])
+    return K, Q[:800], Q[800:]
+
+
+def _small(**kw):
+    kw = {"depth": 3, "hidden_dim": 64, "n_steps": 60, "batch_size": 256,
+          "random_state": 0, **kw}
+    return AmortizedMIPS(**kw)
+
+
+def _offset_keys(seed=0, n=200, d=8, offset=50.0):
+    rng = np.random.default_rng(seed)
+    K = rng.standard_normal((n, d)) + offset
+    return K, rng.standard_normal((64, d))
+
+
+def test_centred_answers_are_exact_in_the_original_space():
+    """Re-ranking every key (n_candidates = n_keys) returns the brute-force top-k of the
+    ORIGINAL keys, the similarities are the original inner products <x, k_j> (float32
+    rounding of products ~1e3), and KeyNet's value is the Euler score of the returned
+    key, <x, predict_key(x)> = sigma_{K-m}-estimate + <x, m>."""
+    K, Q = _offset_keys()
+    m = _small(n_steps=5, center_keys=True).fit(K)
+    S = _brute(K, Q)
+    tol = 1e-6 * np.abs(S).max()
+    sims, idx = m.kneighbors(Q, n_neighbors=7)
+    np.testing.assert_allclose(sims, np.take_along_axis(S, idx, axis=1), rtol=0, atol=tol)
+    m.set_params(n_candidates=len(K))
+    sims, idx = m.kneighbors(Q, n_neighbors=7)
+    ref = -np.sort(-S, axis=1)[:, :7]
+    np.testing.assert_allclose(sims, ref, rtol=0, atol=tol)
+    np.testing.assert_allclose(np.take_along_axis(S, idx, axis=1), ref, rtol=0, atol=tol)
+    assert m.score(Q) == 1.0
+    np.testing.assert_allclose(m.value(Q), np.einsum("nd,nd->n", Q, m.predict_key(Q)),
+                               rtol=1e-5, atol=1e-5 * np.abs(S).max())
+
+
+def test_key_mean_and_the_coordinates_of_each_output():
+    """key_mean_ is the float32 column mean; predict_key is transform (centred
+    coordinates) plus key_mean_; value is the centred model's value plus <x, m>."""
+    K, Q = _offset_keys(1)
+    m = _small(n_steps=5, center_keys=True).fit(K)
+    assert m.key_mean_.dtype == np.float32 and m.key_mean_.shape == (K.shape[1],)
+    np.testing.assert_allclose(m.key_mean_, K.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(m.predict_key(Q), m.transform(Q) + m.key_mean_, rtol=1e-6)
+    with torch.no_grad():
+        v = m.model_.score_and_key(torch.as_tensor(Q, dtype=torch.float32)
+                                   / m.query_scale_)[0].numpy()
+    v = v * m.key_scale_ * m.query_scale_ + Q @ m.key_mean_.astype(np.float64)
+    np.testing.assert_allclose(m.value(Q), v, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("retrieval", ["ip", "l2"])
+def test_ranking_is_in_centred_coordinates(retrieval):
+    """The predicted key (transform: centred) is compared with the centred keys: "ip"
+    by <k_hat_c, k_j - m> (the same order as <k_hat_c, k_j>), "l2" by
+    ||k_hat_c - (k_j - m)|| = ||predict_key - k_j||; float64 references, tie-aware."""
+    K, Q = _offset_keys(2)
+    m = _small(n_steps=5, center_keys=True, retrieval=retrieval).fit(K)
+    kc = m.transform(Q).astype(np.float64)
+    Kc = K.astype(np.float32).astype(np.float64) - m.key_mean_
+    if retrieval == "ip":
+        score = kc @ Kc.T
+    else:
+        score = -((kc[:, None, :] - Kc[None]) ** 2).sum(-1)
+        alt = m.predict_key(Q).astype(np.float64)
+        np.testing.assert_array_equal(
+            score.argmax(1), (-((alt[:, None, :] - K[None]) ** 2).sum(-1)).argmax(1))
+    pred = m.predict(Q)
+    got = score[np.arange(len(Q)), pred]
+    np.testing.assert_allclose(got, score.max(1), rtol=1e-5, atol=1e-5 * np.abs(score).max())
+
+
+@pytest.mark.parametrize("retrieval", ["ip", "l2"])
+def test_centring_recovers_keys_with_a_large_common_offset(wine, retrieval):
+    """Wine keys + 1e4 (short KeyNet fit): trained on them as given the model answers
+    every query alike (measured ip 0.075, l2 0.028; the most frequent answer 0.12);
+    center_keys=True gives 0.84 / 0.54, as the keys without offset (0.80 / 0.51)."""
+    K, Qtr, Qte = wine
+    raw = _small(retrieval=retrieval).fit(K + 1e4, queries=Qtr).score(Qte)
+    cen = _small(retrieval=retrieval, center_keys=True).fit(K + 1e4, queries=Qtr).score(Qte)
+    ref = _small(retrieval=retrieval).fit(K, queries=Qtr).score(Qte)
+    assert cen >= raw + 0.4, (raw, cen)
+    assert cen >= ref - 0.05, (cen, ref)
+
+
+def test_false_is_the_default_and_trains_on_the_keys_as_given():
+    """center_keys=False is the fit with the parameter omitted, bit for bit, with
+    key_mean_ None; True trains another model on the same keys."""
+    K, Q = _offset_keys(3, offset=3.0)
+    a = _small(n_steps=10).fit(K)
+    b = _small(n_steps=10, center_keys=False).fit(K)
+    c = _small(n_steps=10, center_keys=True).fit(K)
+    assert a.key_mean_ is None and b.key_mean_ is None
+    for name, t in a.model_.state_dict().items():
+        assert torch.equal(t, b.model_.state_dict()[name]), name
+    for f in ("predict_key", "value", "transform", "predict"):
+        np.testing.assert_array_equal(getattr(a, f)(Q), getattr(b, f)(Q))
+    np.testing.assert_array_equal(a.kneighbors(Q, 5)[0], b.kneighbors(Q, 5)[0])
+    assert not np.array_equal(a.predict_key(Q), c.predict_key(Q))
+
+
+def test_refit_answers_as_a_fresh_fit():
+    """A centred refit on other keys, then one with center_keys=False, answer as fresh
+    fits (no stale key_mean_ or cached centred keys)."""
+    K, Q = _offset_keys(4)
+    K2 = _offset_keys(11, offset=-20.0)[0]
+    m = _small(n_steps=5, center_keys=True).fit(K)
+    m.predict(Q)
+    for center in (True, False):
+        m.set_params(center_keys=center).fit(K2)
+        fresh = _small(n_steps=5, center_keys=center).fit(K2)
+        assert (m.key_mean_ is None) == (not center)
+        np.testing.assert_array_equal(m.predict_key(Q), fresh.predict_key(Q))
+        np.testing.assert_array_equal(m.kneighbors(Q, 3)[1], fresh.kneighbors(Q, 3)[1])
+
+
+def test_supportnet_centred_value_is_positively_homogeneous():
+    """sigma_{K-m}(x) + <x, m> is 1-homogeneous: the homogenized SupportNet's value
+    with centring keeps value(c x) = c value(x) for c > 0."""
+    K, Q = _offset_keys(5)
+    m = _small(arch="supportnet", n_steps=5, center_keys=True).fit(K)
+    v = m.value(Q)
+    for c in (0.5, 3.0):
+        np.testing.assert_allclose(m.value(c * Q), c * v, rtol=1e-4,
+                                   atol=1e-4 * np.abs(v).max())
+
+
+def test_save_load_and_pickle_round_trip_key_mean(tmp_path):
+    K, Q = _offset_keys(6)
+    m = _small(n_steps=5, center_keys=True, retrieval="l2").fit(K)
+    m.save(tmp_path / "m.pt")
+    for back in (AmortizedMIPS.load(tmp_path / "m.pt"), pickle.loads(pickle.dumps(m))):
+        assert back.center_keys is True
+        np.testing.assert_array_equal(back.key_mean_, m.key_mean_)
+        assert back.key_mean_.dtype == np.float32
+        for f in ("predict", "predict_key", "value", "transform"):
+            np.testing.assert_array_equal(getattr(back, f)(Q), getattr(m, f)(Q))
+
+
+def test_files_and_pickles_from_before_the_parameter_load_uncentred(tmp_path):
+    """A file (or pickle) written before center_keys existed holds neither the
+    parameter nor key_mean_: it loads with center_keys=False, key_mean_ None, and
+    answers as saved. A key_mean_ of the wrong shape is refused."""
+    K, Q = _offset_keys(7)
+    m = _small(n_steps=5).fit(K)
+    m.save(tmp_path / "new.pt")
+    payload = torch.load(tmp_path / "new.pt", weights_only=True)
+    params, state = decode(payload["params"]), decode(payload["state"])
+    del params["center_keys"], state["key_mean_"]
+    payload["params"], payload["state"] = encode(params, "p"), encode(state, "s")
+    torch.save(payload, tmp_path / "old.pt")
+    old = AmortizedMIPS.load(tmp_path / "old.pt")
+    assert old.center_keys is False and old.key_mean_ is None
+    np.testing.assert_array_equal(old.predict(Q), m.predict(Q))
+
+    pick = m.__getstate__()
+    del pick["center_keys"], pick["key_mean_"]
+    old = AmortizedMIPS.__new__(AmortizedMIPS)
+    old.__setstate__(pick)
+    assert old.get_params()["center_keys"] is False
+    np.testing.assert_array_equal(old.value(Q), m.value(Q))
+
+    state["key_mean_"] = np.zeros(K.shape[1] + 1, dtype=np.float32)
+    payload["state"] = encode(state, "s")
+    torch.save(payload, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="key_mean_"):
+        AmortizedMIPS.load(tmp_path / "bad.pt")
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0, None, 1.0])
+def test_center_keys_must_be_a_bool(bad):
+    K, Q = _offset_keys(8, n=20)
+    with pytest.raises(TypeError, match="center_keys"):
+        _small(n_steps=10**9, center_keys=bad).fit(K)  # raised before any training
+    m = _small(n_steps=2).fit(K)
+    m.set_params(center_keys=bad)
+    with pytest.raises(TypeError, match="center_keys"):
+        m.predict(Q)
+
+
+def test_numpy_bool_is_accepted():
+    K, Q = _offset_keys(9, n=20)
+    m = _small(n_steps=2, center_keys=np.True_).fit(K)
+    assert m.key_mean_ is not None
+
+
+def test_faiss_index_holds_the_centred_keys():
+    """to_faiss_ivf indexes database_ - key_mean_, searched with transform (centred):
+    visiting every list, its top-1 is the amortized top-1 of kneighbors."""
+    pytest.importorskip("faiss")
+    K, Q = _offset_keys(10)
+    for retrieval in ("ip", "l2"):
+        m = _small(n_steps=5, center_keys=True, retrieval=retrieval).fit(K)
+        index = m.to_faiss_ivf(n_lists=4)
+        index.nprobe = 4
+        found = index.search(np.ascontiguousarray(m.transform(Q)), 1)[1][:, 0]
+        Kc = K.astype(np.float32) - m.key_mean_
+        kc = m.transform(Q).astype(np.float64)
+        score = kc @ Kc.T if retrieval == "ip" else -((kc[:, None] - Kc[None]) ** 2).sum(-1)
+        np.testing.assert_allclose(score[np.arange(len(Q)), found], score.max(1),
+                                   rtol=1e-5, atol=1e-5 * np.abs(score).max())
