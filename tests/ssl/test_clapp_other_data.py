@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits, load_sample_images
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mlpapers.ssl import CLAPPEncoder
 from mlpapers.ssl.clapp import DefaultAugment
@@ -34,22 +35,38 @@ def photo_crops():
     return np.stack(out)
 
 
-def test_digits_probe_far_above_majority():
-    """load_digits scaled to [0, 1], the tiny encoder, light augmentation, 2 epochs on
-    300 images: a logistic-regression probe on all blocks scored 0.9225 on 400
-    held-out digits (0.895 and 0.93 on seeds 1 and 2; majority class 0.10, raw pixels
-    0.88). On 8x8 digits the untrained features are already about as good (the user
-    guide says so), so this checks a working pipeline on foreign data, not a gain."""
+def test_digits_training_lowers_the_loss_without_collapse():
+    """load_digits scaled to [0, 1], the tiny encoder, light augmentation, 4 epochs on
+    300 images (seed 0). On 8x8 digits the untrained features are already good (the
+    user guide says so), so a probe far above chance cannot tell a trained encoder from
+    a broken one (the untrained encoder scores 0.9475 on 400 held-out digits, raw
+    pixels 0.88). Two checks that can fail instead:
+
+    * training works: the epoch loss fell from 5.989 to 5.264 (x0.88; seeds 1 and 2:
+      x0.87 and x0.76), while with ``lr=1e-12`` it stays at 6.000 +- 0.002 on seeds
+      0-2; the test asks for x0.95 or less;
+    * no collapse: the trained probe scored 0.9075 against the untrained 0.9475 at the
+      same seed (seeds 1 and 2: 0.8875 vs 0.915, 0.905 vs 0.9575; after 2 epochs 1.5-3
+      points below); the test allows 8 points, where a collapsed encoder would fall
+      towards the majority class (0.10).
+    """
     d = load_digits()
     X = (d.images / 16.0).astype(np.float32)
     y = d.target
-    enc = CLAPPEncoder(architecture="tiny", augment="light", n_epochs=2, random_state=0)
-    enc.fit(X[:300])
-    assert np.isfinite(enc.history_[-1]["loss"])
-    assert enc.history_[-1]["loss"] < enc.history_[0]["loss"] + 1e-6
-    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000, C=0.1))
-    probe.fit(enc.transform(X[:300]), y[:300])
-    assert probe.score(enc.transform(X[1000:1400]), y[1000:1400]) >= 0.85
+    kw = dict(architecture="tiny", augment="light", random_state=0)
+    enc = CLAPPEncoder(n_epochs=4, **kw).fit(X[:300])
+    untrained = CLAPPEncoder(n_epochs=0, **kw).fit(X[:300])
+    losses = [h["loss"] for h in enc.history_]
+    assert len(losses) == 4 and np.isfinite(losses).all()
+    assert losses[-1] <= 0.95 * losses[0], losses
+
+    def probe(e):
+        p = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000, C=0.1))
+        p.fit(e.transform(X[:300]), y[:300])
+        return p.score(e.transform(X[1000:1400]), y[1000:1400])
+
+    acc, acc0 = probe(enc), probe(untrained)
+    assert acc >= acc0 - 0.08, (acc, acc0)
 
 
 def test_default_augment_is_scale_equivariant_on_photos(photo_crops):
@@ -83,10 +100,20 @@ def test_uint8_photos_are_used_as_given(photo_crops):
 
 def test_odd_non_square_photos_odd_batch(photo_crops):
     """33 crops of 21x37 with batch_size=16: the last batch of one image is skipped
-    (no negative) and the epoch still trains; per-image features do not depend on
-    batching; the feature count is the documented sum of channels * grid**2."""
+    (it has no negative), so one epoch makes 2 optimiser steps, not 3 (counted with
+    torch's global optimiser step hook), and still trains; per-image features do not
+    depend on batching; the feature count is the documented sum of
+    channels * grid**2."""
     X = photo_crops.astype(np.float32) / 255
-    enc = CLAPPEncoder(architecture="tiny", n_epochs=1, batch_size=16, random_state=0).fit(X)
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: steps.append(1))
+    try:
+        enc = CLAPPEncoder(architecture="tiny", n_epochs=1, batch_size=16,
+                           random_state=0).fit(X)
+    finally:
+        handle.remove()
+    assert len(steps) == 2
+    assert len(enc.history_) == 1 and np.isfinite(enc.history_[0]["loss"])
     F = enc.transform(X)
     assert F.shape == (33, int(sum(enc.layer_dims_)))
     assert np.isfinite(F).all()
