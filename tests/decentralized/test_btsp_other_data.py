@@ -1,13 +1,14 @@
 """BTSP-MSR on delay matrices not made by ``mlpapers.datasets`` / ``make_delay_matrix``.
 
 Euclidean distances between scikit-learn's bundled data points and blobs, integer
-milliseconds, heavy-tailed (Pareto, non-metric) and asymmetric delays, offsets and
-rescalings: quality against the trivial random baseline, the exact optimum (brute force
+milliseconds, heavy-tailed (Pareto, non-metric) and asymmetric delays, two datacentres,
+offsets and rescalings: quality against the trivial random baseline, the exact optimum (brute force
 over all assignments) and the bounds of the method; invariance of the answer under the
 transformations that cannot change an ordering of delays.
 """
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -121,3 +122,71 @@ def test_heavy_tailed_non_metric_delays():
                                      random_state=0).fit(D)
     assert plain.bcd_ < plain.random_bcd_
     assert refined.bcd_ < 0.5 * plain.bcd_
+
+
+def _two_datacentres(sizes=(32, 32)):
+    """64 nodes in two datacentres (1 ms inside one, 80 ms between them), shuffled."""
+    g = np.repeat([0, 1], sizes)
+    np.random.default_rng(0).shuffle(g)
+    D = np.where(g[:, None] == g[None], 1.0, 80.0)
+    np.fill_diagonal(D, 0)
+    return g, D
+
+
+@pytest.mark.parametrize("method", ["btsp_msr", "greedy", "annealing"])
+def test_two_datacentres_documented_limit(method):
+    """Documented limit (docs/user_guide/btsp.rst, "Two datacentres"): with the one-peer
+    graph, no method finds the interleaving of the datacentres. A round of skip s has only
+    1 ms links iff the datacentre pattern along the positions repeats every s positions;
+    alternating them (32/32) makes every even skip internal, so the BCD is
+    (80 + 5 * 1) / 6 = lower_bound_ (optimal), but every Hamiltonian cycle ties at
+    theta* = 80, the cycle kept has no such period, a multiplier cannot create one, and
+    annealing sees a plateau: each method returns 80 ms, the random mean (so no warning).
+    If a future version finds the interleaving this test fails: update the page."""
+    g, D = _two_datacentres()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est = BottleneckNodeAssigner(topology="one_peer_exponential", method=method,
+                                     random_state=0).fit(D)
+    assert not [w for w in caught if "random" in str(w.message)]
+    assert est.bcd_ == est.random_bcd_ == 80.0
+    pi = np.empty(64, dtype=np.int64)
+    pi[0::2] = np.flatnonzero(g == 0)
+    pi[1::2] = np.flatnonzero(g == 1)
+    interleaved = bottleneck_delay(D, pi, "one_peer_exponential")
+    assert interleaved == pytest.approx((80 + 5 * 1) / 6, rel=1e-12)
+    assert interleaved == pytest.approx(est.lower_bound_, rel=1e-12)
+
+
+def test_two_unequal_datacentres_hand_built_period():
+    """36/28 nodes: the pattern can repeat every 16 positions (36 and 28 are multiples of
+    64 / 16) but not every 8, so the best hand-built assignment makes the skip-16 and
+    skip-32 rounds internal: (4 * 80 + 2 * 1) / 6 = 53.7 ms, against 80 for BTSP-MSR (the
+    documented limit) and a lower_bound_ of 14.2 that no assignment reaches."""
+    g, D = _two_datacentres((36, 28))
+    est = BottleneckNodeAssigner(topology="one_peer_exponential", random_state=0).fit(D)
+    assert est.bcd_ == est.random_bcd_ == 80.0
+    a, b = list(np.flatnonzero(g == 0)), list(np.flatnonzero(g == 1))
+    pattern = [0] * 9 + [1] * 7  # 9 + 7 nodes per 16 positions
+    pi = np.array([a.pop() if pattern[i % 16] == 0 else b.pop() for i in range(64)])
+    assert sorted(pi.tolist()) == list(range(64))
+    per_round = bottleneck_delay(D, pi, "one_peer_exponential", reduce="none")
+    np.testing.assert_array_equal(per_round, [80, 80, 80, 80, 1, 1])
+    assert est.lower_bound_ == pytest.approx((80 + 5 * 1) / 6, rel=1e-12)
+
+
+def test_tied_delays_refine_is_the_safer_remedy():
+    """Tied delays in {1, 2, 3} (n = 64, one-peer graph), the page's reason to advise
+    ``refine_iter`` before ``method="annealing"``: a fresh annealing stays at 3 ms (every
+    round keeps a 3 ms link, the random mean) while BTSP-MSR is below it (measured 2.83),
+    and ``refine_iter`` starts from BTSP-MSR and keeps the best seen, so it is never worse."""
+    rng = np.random.default_rng(0)
+    D = rng.integers(1, 4, (64, 64)).astype(float)
+    D = np.maximum(D, D.T)
+    np.fill_diagonal(D, 0)
+    kw = dict(topology="one_peer_exponential", random_state=0)
+    ann = BottleneckNodeAssigner(method="annealing", **kw).fit(D)
+    plain = BottleneckNodeAssigner(**kw).fit(D)
+    refined = BottleneckNodeAssigner(refine_iter=20 * 64, **kw).fit(D)
+    assert ann.bcd_ == ann.random_bcd_ == 3.0
+    assert refined.bcd_ <= plain.bcd_ < ann.bcd_
