@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 
-from mlpapers.retrieval.rbe import AnnCURRetriever, RelevanceBasedRetriever, hit_rate
+from mlpapers.retrieval.rbe import (
+    AdaCURRetriever,
+    AnnCURRetriever,
+    RelevanceBasedRetriever,
+    hit_rate,
+)
 
 
 def _lookup(R):
@@ -193,9 +198,9 @@ def test_any_support_choice_at_the_interpolation_threshold_warns(digits_rbf):
     (measured 0.81) and no warning is given."""
     R = digits_rbf
     items = np.arange(R.shape[1])
-    with pytest.warns(UserWarning, match="100 unknowns per item"):
+    with pytest.warns(UserWarning, match=r"100 unknowns \(100 supports per item\)"):
         AnnCURRetriever(_lookup(R), random_state=0).fit(np.arange(100), items)
-    with pytest.warns(UserWarning, match=r"80 unknowns per item \(79 supports and an"):
+    with pytest.warns(UserWarning, match=r"80 unknowns \(79 supports and an intercept"):
         RelevanceBasedRetriever(_lookup(R), support=np.arange(79)).fit(np.arange(80), items)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
@@ -217,3 +222,46 @@ def test_greedy_on_truly_low_rank_relevance_keeps_the_plain_message():
     assert len(msgs) == 1 and "interpolates" not in msgs[0]
     assert len(est.support_indices_) == 5
     assert est.score(np.arange(60, 100), R[60:], n_neighbors=10) == 1.0
+
+
+def test_adacur_at_the_interpolation_threshold_warns(digits_rbf):
+    """ADACUR's last-round solve has ``n_calls`` unknowns per query on the anchor
+    queries: with 100 calls on 100 anchor queries HitRate@10 collapsed to 0.097 (0.883 on
+    90, 0.856 on 110, 0.994 with ``ridge=1``) without a warning."""
+    R = digits_rbf
+    items = np.arange(R.shape[1])
+    with pytest.warns(UserWarning, match=r"100 unknowns \(the n_calls anchor items"):
+        AdaCURRetriever(_lookup(R), random_state=0).fit(np.arange(100), items)
+    for kw, n in (({}, 200), ({"ridge": 1.0}, 100)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            AdaCURRetriever(_lookup(R), random_state=0, **kw).fit(np.arange(n), items)
+
+
+def test_duplicate_or_low_rank_supports_are_not_at_the_threshold(digits_rbf):
+    """The unknowns are the directions the solve keeps: 100 given supports whose columns
+    are 50 items twice (rank 50) on 100 queries, or 60 supports of a rank-5 ranker on 60
+    queries, are far from interpolating (measured HitRate@10 0.741 and 1.0) and must not
+    warn; the interpolation warning counts the rank, not the supports."""
+    R = digits_rbf.copy()
+    R[:, 50:100] = R[:, :50]  # items 50-99 duplicate items 0-49 for the heavy ranker
+    rng = np.random.default_rng(0)
+    L = rng.standard_normal((100, 5)) @ rng.standard_normal((5, 300))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        RelevanceBasedRetriever(_lookup(R), support=np.arange(100)).fit(np.arange(100),
+                                                             np.arange(R.shape[1]))
+        low = RelevanceBasedRetriever(_lookup(L), n_support=60, support="random",
+                                      random_state=0).fit(np.arange(60), np.arange(300))
+    assert not [w for w in caught if "interpolates" in str(w.message)]
+    assert low.score(np.arange(60, 100), L[60:], n_neighbors=10) == 1.0
+
+
+def test_greedy_early_stop_warning_points_at_the_caller():
+    """The early-stop warning pointed at ``mlpapers/_utils/_ambient.py`` (a fixed
+    ``stacklevel``), not at the user's line."""
+    rng = np.random.default_rng(1)
+    R = rng.standard_normal((60, 3)) @ rng.standard_normal((3, 50))
+    with pytest.warns(UserWarning, match="stopped after 3 of 10") as rec:
+        RelevanceBasedRetriever(_lookup(R), n_support=10).fit(np.arange(60), np.arange(50))
+    assert [w.filename for w in rec if "stopped after" in str(w.message)] == [__file__]

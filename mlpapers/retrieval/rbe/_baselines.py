@@ -18,7 +18,7 @@ from mlpapers._utils import (
     to_numpy,
 )
 from mlpapers._utils._blocks import collect_row_blocks
-from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
+from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take, warn_near_interpolation
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
 from mlpapers.retrieval.rbe._kernels import cur_query_weights, stable_topk
 from mlpapers.retrieval.rbe._selection import quiet_early_stop, select_support
@@ -160,6 +160,8 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         The heavy ranker ``relevance_fn(queries, items) -> (n_queries, n_items)``.
     n_calls : int, default=100
         Online heavy calls per query (the budget :math:`B`, all spent on anchors).
+        With ``ridge=0``, keep it away from the number of anchor (training) queries:
+        there the last round's solve interpolates them, and ``fit`` warns.
     n_rounds : int, default=5
         Rounds; round :math:`r` scores ``n_calls // n_rounds`` items (the first
         ``n_calls % n_rounds`` rounds one more).
@@ -285,6 +287,9 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         N = length(items, "items")
         self._check_params(N)
         R, n_calls = self._offline_relevance(train_queries, items, relevance_matrix)
+        # the last round's solve has n_calls unknowns per query on the anchor queries
+        warn_near_interpolation(int(self.n_calls), R.shape[0], float(self.ridge),
+                                "the n_calls anchor items of each query")
         sizes = round_sizes(int(self.n_calls), int(self.n_rounds))
         # greedy may stop early: filled below (a per-thread switch, not catch_warnings,
         # whose process-wide filter swap simultaneous fits could leave at "ignore all")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +19,30 @@ import numpy as np
 import torch
 
 from mlpapers._base import save as _save
-from mlpapers._utils import to_numpy, torch_compatible_array
+from mlpapers._utils import to_numpy, torch_compatible_array, user_stacklevel
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts, hit_rate
 
-__all__ = ["HeavyRankerMixin", "fresh", "length", "take"]
+__all__ = ["HeavyRankerMixin", "fresh", "length", "take", "warn_near_interpolation"]
+
+
+def warn_near_interpolation(n_unknowns: int, n_fit: int, ridge: float, unknowns: str) -> None:
+    """Warn when a least-squares fit on the training queries sits at its interpolation
+    threshold.
+
+    With ``ridge=0`` and as many unknowns as training queries (within 10%), the fit
+    interpolates the training queries and its held-out error peaks (double descent),
+    whatever chose the unknowns: on an RBF kernel of digits with 80 training queries,
+    HitRate@10 was 0.005 with greedy's 79 supports and an intercept, 0.39 with 80 random
+    ones, against 0.71 with 60 and 0.81 with 150; ADACUR with 100 calls per query on
+    100 anchor queries 0.10, against 0.88 on 90.
+    """
+    if float(ridge) > 0 or not 0.9 * n_fit <= n_unknowns <= 1.1 * n_fit:
+        return
+    warnings.warn(
+        f"the least squares has {n_unknowns} unknowns ({unknowns}) for {n_fit} training "
+        "queries and ridge=0: it interpolates the training queries and held-out rankings "
+        "can collapse. Use well fewer unknowns than training queries (about half) or well "
+        "more, ridge > 0, or more training queries.", UserWarning, stacklevel=user_stacklevel())
 
 
 def length(seq: Any, name: str) -> int:

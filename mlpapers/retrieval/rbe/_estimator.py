@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +16,14 @@ from mlpapers._utils import (
     power_of_two_unit,
     to_numpy,
     usable_outside_inference,
-    user_stacklevel,
 )
 from mlpapers._utils._blocks import block_rows_for, collect_row_blocks
-from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take
+from mlpapers.retrieval.rbe._common import (
+    HeavyRankerMixin,
+    length,
+    take,
+    warn_near_interpolation,
+)
 from mlpapers.retrieval.rbe._heads import build_head, head_from_state, head_state, train_head
 from mlpapers.retrieval.rbe._kernels import CHUNK_SCORES, fit_linear_embeddings, topk_scores
 from mlpapers.retrieval.rbe._selection import check_support_indices, select_support
@@ -267,12 +270,12 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             perm = self._numpy_gen.permutation(n_q)
             n_val = min(n_q - 1, max(1, round(self.validation_fraction * n_q)))
             val_rows, fit_rows = np.sort(perm[:n_val]), np.sort(perm[n_val:])
-        self._warn_near_interpolation(S.size, len(fit_rows))
         Sg = torch.as_tensor(S, device=self._device)
         # no copy of the (n_queries, n_items) matrix when every query is used
         R_fit = R if len(fit_rows) == n_q else R[torch.as_tensor(fit_rows, device=self._device)]
         lin = fit_linear_embeddings(R_fit[:, Sg], R_fit, ridge=float(self.ridge),
                                     rcond=self.rcond, standardize=bool(self.standardize))
+        self._warn_near_interpolation(S.size, int(lin["rank"]), len(fit_rows))
         self.support_indices_ = S
         self.selection_scores_ = scores
         self.item_embeddings_ = to_numpy(lin["embeddings"])
@@ -293,27 +296,20 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))
         return self
 
-    def _warn_near_interpolation(self, n_support: int, n_fit: int) -> None:
-        """Warn when the linear fit sits at its interpolation threshold.
-
-        Each item's least squares has ``n_support`` coefficients (plus its intercept when
-        standardised) estimated from ``n_fit`` training queries; with as many unknowns as
-        queries and no ridge it interpolates them and the held-out error peaks, whatever
-        chose the supports (digits RBF kernel, 80 training queries, HitRate@10: greedy's 79
-        supports 0.005, 80 random ones 0.39, against 0.71 with 60 and 0.81 with 150).
-        Greedy selection cannot get past the peak on its own: it stops at the rank of the
-        training relevance, at most ``n_fit - 1`` once centred.
-        """
-        n_unknowns = n_support + int(bool(self.standardize))
-        if float(self.ridge) > 0 or not 0.9 * n_fit <= n_unknowns <= 1.1 * n_fit:
+    def _warn_near_interpolation(self, n_support: int, rank: int, n_fit: int) -> None:
+        """Warn when the linear fit sits at its interpolation threshold (see
+        :func:`warn_near_interpolation`): both the supports and the directions the solve
+        keeps (plus the intercept when standardised) are within 10% of the fitting
+        queries. Far more supports than queries is past the peak (the minimum-norm
+        solution), and duplicate or low-rank supports keep fewer directions. Greedy
+        selection cannot get past the peak on its own: it stops at the rank of the
+        training relevance, at most ``n_fit - 1`` once centred."""
+        icpt = int(bool(self.standardize))
+        if not 0.9 * n_fit <= n_support + icpt <= 1.1 * n_fit:
             return
-        warnings.warn(
-            f"the linear fit has {n_unknowns} unknowns per item ({n_support} supports"
-            + (" and an intercept" if self.standardize else "")
-            + f") for {n_fit} training queries and ridge=0: it interpolates the training "
-            "queries and held-out rankings can collapse. Use n_support well below the "
-            "number of training queries (about half) or well above it, ridge > 0, or "
-            "more training queries.", UserWarning, stacklevel=user_stacklevel())
+        what = f"{n_support} supports" + (", rank " + str(rank) if rank < n_support else "")
+        warn_near_interpolation(rank + icpt, n_fit, float(self.ridge),
+                                what + (" and an intercept per item" if icpt else " per item"))
 
     def _standardize(self, R_sup: torch.Tensor) -> torch.Tensor:
         mean = torch.as_tensor(self.query_mean_, device=R_sup.device, dtype=R_sup.dtype)

@@ -85,7 +85,8 @@ def fit_linear_embeddings(
         ``(r - mean) / scale`` and the approximate relevance of item ``i`` is
         ``<(r - mean) / scale, embeddings[i]> + offsets[i]`` (``mean`` and
         ``offsets`` zero, ``scale`` one, without standardisation). Float64 when the
-        inputs are.
+        inputs are. ``rank`` (0-d integer tensor): the number of directions of the
+        (standardised) support relevance the solve keeps, ``k`` with ``ridge > 0``.
 
     References
     ----------
@@ -145,6 +146,7 @@ def fit_linear_embeddings(
     if ridge > 0:
         A = U.T @ U + ridge * torch.eye(k, dtype=U.dtype, device=U.device)
         P = torch.linalg.solve(A, U.T)
+        rank = torch.tensor(k)
     elif rcond is None and standardize and k:
         # centring a column of offset |R| and spread sigma leaves errors up to
         # 2 eps |R| / sigma in U. The pseudo-inverse is taken of W = U / spread, whose
@@ -156,13 +158,18 @@ def fit_linear_embeddings(
         # (constant columns are exact zeros in U: no rounding, whatever their value)
         spread = (R_sup.abs().amax(dim=0) / scale).masked_fill(const, 1.0)
         noise = 2.0 * eps * (n_q * int((~const).sum())) ** 0.5
-        P = torch.linalg.pinv(U / spread, atol=noise, rtol=max(n_q, k) * eps) / spread[:, None]
+        W, rtol = U / spread, max(n_q, k) * eps
+        P = torch.linalg.pinv(W, atol=noise, rtol=rtol) / spread[:, None]
+        # (the same cutoff as the pseudo-inverse: the directions it keeps)
+        rank = torch.linalg.matrix_rank(W, atol=noise, rtol=rtol)
     else:
         P = torch.linalg.pinv(U, rtol=rcond)
+        rank = torch.linalg.matrix_rank(U, rtol=rcond)
     Et = P @ R
     if standardize:
         Et -= torch.outer(P.sum(dim=1), offsets)
-    return {"embeddings": Et.T.contiguous(), "offsets": offsets, "mean": mean, "scale": scale}
+    return {"embeddings": Et.T.contiguous(), "offsets": offsets, "mean": mean, "scale": scale,
+            "rank": rank}
 
 
 def _shape(x: Any) -> str:

@@ -26,6 +26,7 @@ from mlpapers._utils import (
     on_inputs_device,
     requires_tensors,
     to_numpy,
+    user_stacklevel,
 )
 from mlpapers._utils._blocks import block_rows_for
 from mlpapers._utils._random import _check_seed_type
@@ -235,7 +236,7 @@ def greedy_selection(
             f"greedy support selection stopped after {len(picks)} of {k} items: the "
             "remaining items lie (up to tol) in the span of the chosen ones, so the "
             "training relevance is already reproduced exactly.",
-            UserWarning, stacklevel=3,
+            UserWarning, stacklevel=user_stacklevel(),
         )
     idx = torch.tensor(picks, dtype=torch.long, device=X.device)
     gain = torch.stack(gains) if gains else X.new_zeros(0)
