@@ -190,7 +190,11 @@ def test_files_and_pickles_from_before_the_parameter_load_uncentred(tmp_path):
     del pick["center_keys"], pick["key_mean_"]
     old = AmortizedMIPS.__new__(AmortizedMIPS)
     old.__setstate__(pick)
-    assert old.get_params()["center_keys"] is False
+    assert old.get_params()["center_keys"] is False and old.key_mean_ is None
+    unfitted = AmortizedMIPS.__new__(AmortizedMIPS)
+    unfitted.__setstate__({k: v for k, v in _small().__getstate__().items()
+                           if k != "center_keys"})
+    assert "key_mean_" not in vars(unfitted)  # an unfitted pickle stays unfitted
     np.testing.assert_array_equal(old.value(Q), m.value(Q))
 
     state["key_mean_"] = np.zeros(K.shape[1] + 1, dtype=np.float32)
@@ -232,3 +236,44 @@ def test_faiss_index_holds_the_centred_keys():
         score = kc @ Kc.T if retrieval == "ip" else -((kc[:, None] - Kc[None]) ** 2).sum(-1)
         np.testing.assert_allclose(score[np.arange(len(Q)), found], score.max(1),
                                    rtol=1e-5, atol=1e-5 * np.abs(score).max())
+
+
+def test_refit_drops_the_previous_centred_copy():
+    """A refit (centred or not) kept the previous database and its centred copy alive
+    (twice its size, on the device) in a private cache."""
+    K, _ = _offset_keys(3)
+    m = _small(n_steps=2, center_keys=True).fit(K)
+    old_keys = m._search_keys()[0]
+    K2, _ = _offset_keys(4, n=150)
+    m.set_params(center_keys=False).fit(K2)
+    assert all(old_keys is not t for t in (vars(m).get("_centred_cache") or ()))
+    m.set_params(center_keys=True).fit(K2)
+    centred = vars(m)["_centred_cache"][2]
+    np.testing.assert_allclose(centred.numpy(), K2.astype(np.float32) - m.key_mean_,
+                               rtol=0, atol=1e-5)
+
+
+def test_reranking_keeps_the_differences_a_large_offset_rounds_away():
+    """Keys N(0, 1) + 1e6: float32 products <x, k_j> (~1e6) round the differences
+    between keys (ulp 0.06-0.125), so re-ranking the candidates by them picked the
+    float64-best of its own candidates in only 92% of queries, and kneighbors'
+    similarities were off by up to 0.76. The centred products plus <x, m> in float64 keep
+    them: the returned key is the float64-best of the candidates (exact products of the
+    stored float32 keys), the similarities are
+    within float32 rounding of the truth, in descending order."""
+    rng = np.random.default_rng(0)
+    K = (rng.standard_normal((400, 6)) + 1e6).astype(np.float32)  # the stored keys
+    Q = rng.standard_normal((300, 6)).astype(np.float32)
+    m = _small(n_steps=5, center_keys=True, n_candidates=20).fit(K)
+    S = _brute(K, Q)
+    cand = m.set_params(n_candidates=1).kneighbors(Q, n_neighbors=20, return_distance=False)
+    m.set_params(n_candidates=20)
+    best = cand[np.arange(len(Q)), np.take_along_axis(S, cand, axis=1).argmax(1)]
+    np.testing.assert_array_equal(m.predict(Q), best)
+    sims, idx = m.kneighbors(Q, n_neighbors=5)
+    assert sims.dtype == np.float32
+    truth = np.take_along_axis(S, idx, axis=1)
+    np.testing.assert_allclose(sims, truth, rtol=1e-7, atol=0)
+    np.testing.assert_array_equal(idx, np.take_along_axis(
+        cand, np.argsort(-np.take_along_axis(S, cand, axis=1), axis=1, kind="stable")[:, :5],
+        axis=1))

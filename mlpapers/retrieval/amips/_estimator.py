@@ -334,6 +334,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         the model sees ``X / query_scale_`` and predicts keys in units of ``key_scale_``)."""
         self._check_params()
         self._init_fit()
+        # (a refit must not keep the previous database's centred copy alive: twice its
+        # size, on the device)
+        vars(self).pop("_centred_cache", None)
         fit_amips(self, self._fit_database(X), queries, callback=callback)
         self._search_keys()  # cached here: predict keeps __dict__ (as _fit_database)
         return self
@@ -451,8 +454,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         if int(self.n_candidates) == 1:
             return rank_by_predicted_key(self, Q, k, return_distance)
         n_cand = min(max(int(self.n_candidates), k), self.database_.shape[0])
-        sims, idx = rerank(*rank_by_predicted_key(self, Q, n_cand, return_distance=True), k)
-        return (sims, idx) if return_distance else idx
+        sims, idx = rerank(*rank_by_predicted_key(self, Q, n_cand, return_distance=True,
+                                                  for_reranking=True), k)
+        return (sims.astype(np.float32, copy=False), idx) if return_distance else idx
 
     @fill_doc(X=_QUERIES_X)
     def predict(self, X) -> np.ndarray:
@@ -554,6 +558,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         # pickles made before center_keys existed: the parameter's default, no centring
         state = dict(state)
         state.setdefault("center_keys", False)
+        if "model_" in state:  # fitted: key_mean_ is None without centring, as documented
+            state.setdefault("key_mean_", None)
         super().__setstate__(state)
 
     @classmethod
