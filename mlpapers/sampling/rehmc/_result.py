@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlpapers._utils import user_stacklevel
-from mlpapers.sampling.rehmc._diagnostics import dim_blocks, split_rhat_classic
+from mlpapers.sampling.rehmc._diagnostics import (
+    dim_blocks,
+    split_ess_classic,
+    split_rhat_classic,
+)
 from mlpapers.sampling.rehmc._diagnostics import ess as _ess
 from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
 from mlpapers.sampling.rehmc._summary import SampleSummary, check_names
@@ -185,22 +189,67 @@ class SampleResult:
         steps = max(self.n_iterations * float(per_iter) * len(self.n_reflections), 1.0)
         return float(self.n_reflections.sum() / steps)
 
-    def _warn_if_unconverged(self, threshold: float = 1.1) -> None:
+    def _warn_if_unconverged(self, threshold: float = 1.1, min_ess_per_chain: float = 100.0,
+                             min_ess: float = 400.0, min_ratio: float = 0.1) -> None:
         """Warn when the chains disagree (classic split R-hat above ``threshold`` in some
-        dimension; the rank-normalised :meth:`rhat` costs seconds for hundreds of chains)."""
+        dimension; the rank-normalised :meth:`rhat` costs seconds for hundreds of chains),
+        or else when some dimension has fewer effective draws than
+        ``min(min_ess_per_chain * chains, min_ess)`` (classic split-chain ESS, one FFT
+        pass: rstan's and PyMC's 100 per chain, capped at the 400 that Vehtari et al.
+        2021 ask of a run, so that many short chains are judged on their total; runs
+        with fewer draws than that in all are not judged) while the ESS is also below
+        ``min_ratio`` of the draws (bayesplot's concern threshold for ``n_eff / N``):
+        slow mixing, not a short run."""
         x = self.samples
-        if x.ndim != 3 or x.shape[0] < 2:
+        if x.ndim != 3 or x.shape[0] < 1:
             return
         # block by block: a mask of all the draws is 1/8 of their size (they reach GBs)
         if not all(np.isfinite(x[:, :, dims]).all() for dims in dim_blocks(x.shape)):
             return
-        worst = np.nanmax(split_rhat_classic(x), initial=1.0)
-        if worst > threshold:
-            warnings.warn(f"the chains disagree (split R-hat {worst:.3g} > {threshold} in "
-                          "some dimension): the draws are not reliable. Run a longer warm-up, "
-                          "use mass='diag' for badly scaled targets or containers, or check "
-                          "result.rhat() and the trace.", RuntimeWarning,
+        if x.shape[0] >= 2:
+            worst = np.nanmax(split_rhat_classic(x), initial=1.0)
+            if worst > threshold:
+                warnings.warn(f"the chains disagree (split R-hat {worst:.3g} > {threshold} in "
+                              "some dimension): the draws are not reliable. Run a longer "
+                              "warm-up, use mass='diag' for badly scaled targets or "
+                              "containers, or check result.rhat() and the trace.",
+                              RuntimeWarning, stacklevel=user_stacklevel())
+                return  # the ESS warning would say the same again
+        need, n = min(min_ess_per_chain * x.shape[0], min_ess), x.shape[0] * x.shape[1]
+        if n < need:
+            return  # a run shorter than that asked for few draws: no news (R-hat still ran)
+        low = np.nanmin(split_ess_classic(x), initial=np.inf)
+        # and only a slowly mixing chain (ESS / draws below bayesplot's 0.1): a short run
+        # of a healthy sampler (ESS / draws 0.3 to 1) is the user's choice of length
+        if low < need and low < min_ratio * n:
+            warnings.warn(f"few effective draws (bulk ESS {low:.3g} < {need:.3g} in some "
+                          f"dimension, {100 * low / n:.2g}% of the {n} draws): the chains "
+                          "mix slowly and means and quantiles are imprecise. Use "
+                          "mass='diag' for badly scaled targets or containers, rescale or "
+                          "reparametrise, or draw more (sample(n, resume=result)); check "
+                          "result.ess() and the trace.", RuntimeWarning,
                           stacklevel=user_stacklevel())
+
+    def _warn_if_capped(self, max_leapfrog: int) -> None:
+        """Warn when the ChEES-adapted trajectory length sits at the cap of
+        ``max_leapfrog`` steps (``n_leapfrog="auto"`` only; a fixed count is the user's)."""
+        if self.n_leapfrog != "auto" or self.trajectory_length is None:
+            return
+        step = float(np.mean(self.step_size)) if np.size(self.step_size) else float("nan")
+        # ChEES clamps T at max_leapfrog running step sizes and freezes an iterate average
+        # (clamped at the frozen step): pinned at the cap, the average lands just under it
+        # (999.87 steps in the thin box [0, 1e-3] x [-10, 10]); 5% leaves room for the early
+        # iterates in the average and dual averaging's moves of the step size
+        if not self.trajectory_length >= 0.95 * max_leapfrog * step:
+            return
+        warnings.warn(
+            f"n_leapfrog='auto': the adapted trajectory length is at the cap of {max_leapfrog} "
+            f"leapfrog steps per transition (step size {step:.3g}, mean "
+            f"{self.mean_leapfrog:.4g} steps per transition): ChEES asked for longer "
+            "trajectories, so the target is far wider in some direction than the step size "
+            "(set by the narrowest one) travels, and the chains may mix poorly. Use "
+            "mass='diag', rescale or reparametrise the coordinates, or run a longer warm-up; "
+            "check result.ess().", RuntimeWarning, stacklevel=user_stacklevel())
 
     def ess(self, kind: str = "bulk") -> np.ndarray:
         """Rank-normalised bulk or tail effective sample size per dimension.

@@ -303,7 +303,19 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             If ``log_prob`` varies but autograd cannot differentiate it (it
             leaves torch): the gradient is then taken as zero.
         RuntimeWarning
-            If less than 1% of the recorded states fall in the support.
+            If less than 1% of the recorded states fall in the support. If the
+            chains disagree (classic split R-hat above 1.1 in some dimension), or
+            else if some dimension has few effective draws (classic split-chain
+            bulk ESS below ``min(100 * n_chains, 400)``: rstan's and PyMC's 100 per
+            chain, capped at the 400 of Vehtari et al. so that many short chains
+            are judged on their total; not checked below 8 draws per chain or
+            below that many draws in all) and below 10% of the draws (slow mixing,
+            not a short run). If,
+            with ``n_leapfrog="auto"``, the adapted trajectory length is at (within
+            5% of) the cap of 1000 leapfrog steps (ChEES asked for longer trajectories; the analogue
+            of Stan's maximum-treedepth warning; a fixed ``n_leapfrog`` never warns):
+            both usually mean coordinates of very different scales under the
+            identity mass, so use ``mass="diag"`` or rescale them.
 
         Notes
         -----
@@ -450,6 +462,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             sampler_state=final_sampler_state(gen, n_calls, shift, draws.n_recorded, start),
             sample_stats=draws.stats,
         )
+        res._warn_if_capped(MAX_LEAPFROG)
         res._warn_if_unconverged()
         if return_tensor:
             res.samples_tensor = draws.samples
