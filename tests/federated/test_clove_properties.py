@@ -483,6 +483,9 @@ def test_full_batch_fit_is_equivariant_to_the_order_of_the_clients(clients, rnd,
             torch.testing.assert_close(pb, pa, rtol=1e-4, atol=1e-5)
 
 
+# an invariance on arbitrary data, some of which (raw, uncentred) SGD cannot fit in
+# a few steps: the ConvergenceWarning saying so is expected there
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 @given(federations(), st.sampled_from(["adam", "sgd"]))
 @prop
 def test_fedavg_full_batch_is_invariant_to_duplicating_every_client(clients, optimizer):

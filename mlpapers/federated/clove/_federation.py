@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
@@ -235,7 +236,45 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         self.n_clusters_ = int(len(np.unique(assignment)))
         self.history_ = log.history
         self._set_models(template, states)
+        self._warn_if_worse_than_constant(fed.ys, kind, self._to_numpy(weights))
         return self
+
+    def _warn_if_worse_than_constant(self, ys, kind: str, sizes: np.ndarray) -> None:
+        """Warn when the final training loss is far above that of a constant predictor.
+
+        The final training loss is the data-weighted mean, over the clients, of the loss
+        of each client's model after the last round (``loss_vectors_`` at ``labels_``),
+        i.e. the mean per-sample loss over the pooled training data (``history_``'s
+        ``loss`` is the same mean before each round's local training). A constant
+        prediction reaches log C with cross-entropy (uniform probabilities; the class
+        frequencies do at least as well) and the pooled variance of ``y`` (averaged
+        over the outputs) with the squared error (the pooled mean). Ending at more than
+        twice that means the steps could not reach the data's units (raw features,
+        targets offset far from 0: 1e6 against 4.2 with ``y`` offset by 1000). Short fits
+        from the random initial models end up to 1.8 times above it (1 to 3 rounds, in
+        the test suite), hence the factor 2. Constant targets (variance 0) give no scale
+        to judge by, and the reconstruction loss no constant reference: not checked.
+        An infinite loss (float32 overflow) has been reported by ``_check_losses``.
+        """
+        if kind == "cross_entropy":
+            reference, name = math.log(len(self.classes_)), "log C"
+        elif kind == "mse":
+            Y = np.concatenate([np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+                                for y in ys])
+            reference, name = float(Y.var(axis=0).mean()), "the pooled variance of y"
+        else:
+            return
+        chosen = self.loss_vectors_[np.arange(len(self.labels_)), self.labels_]
+        final = float((chosen * sizes).sum() / sizes.sum())
+        # an infinite loss is float32 overflow, already warned about (or raised) above
+        if reference > 0 and math.isfinite(final) and final > 2.0 * reference:
+            warnings.warn(
+                f"{type(self).__name__}: the final training loss ({final:.4g}) is more "
+                f"than twice that of a constant predictor ({reference:.4g}, {name}): the "
+                f"models did not learn. Standardise X (and y for a regression: a model "
+                f"starts near 0 and takes many steps to reach an offset), and lower lr "
+                f"(now {self.lr!r}) if the loss grew.",
+                ConvergenceWarning, stacklevel=user_stacklevel())
 
     # -- helpers ----------------------------------------------------------------
     def _check_updates(self, client_states: dict[str, torch.Tensor], clients: np.ndarray,

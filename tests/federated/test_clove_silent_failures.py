@@ -1,0 +1,74 @@
+"""Fits that end far above a constant predictor warn (session 17, data made elsewhere).
+
+With the default ``model="linear"``, targets offset by 1000 or raw features with flipped
+labels ended at a training loss many times that of predicting a constant, finite and
+without a word. Each test also checks that the same federation, standardised, is quiet.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.preprocessing import StandardScaler
+
+from mlpapers.federated import IFCA, CLoVE, FedAvg
+
+
+def _quiet(fit):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        return fit()
+
+
+def _final_loss(est, clients):
+    """The data-weighted mean loss of each client's own model after the last round."""
+    sizes = np.array([len(c[1]) for c in clients], dtype=float)
+    chosen = est.loss_vectors_[np.arange(len(est.labels_)), est.labels_]
+    return float((chosen * sizes).sum() / sizes.sum())
+
+
+def _offset_regression(offset, seed=0):
+    # 3 groups x 4 clients, y = X w_g + offset (+ small noise), 40 rows a client
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(3, 5))
+    clients = []
+    for g in range(3):
+        for _ in range(4):
+            X = rng.normal(size=(40, 5))
+            clients.append((X, X @ W[g] + offset + 0.1 * rng.normal(size=40)))
+    return clients
+
+
+@pytest.mark.parametrize("Est", [CLoVE, IFCA, FedAvg])
+def test_regression_with_offset_targets_warns(Est):
+    kw = {} if Est is FedAvg else {"n_clusters": 3}
+    clients = _offset_regression(1000.0)
+    with pytest.warns(ConvergenceWarning, match="constant predictor.*Standardise X") as rec:
+        est = Est(n_rounds=5, random_state=0, **kw).fit(clients)
+    assert rec[0].filename == __file__  # points at the user's call
+    y = np.concatenate([c[1] for c in clients])
+    assert _final_loss(est, clients) > 1e3 * y.var()   # ~1e6 against ~4: far from a near miss
+    # the same targets centred and scaled (a fit of 40 rounds learns them)
+    mu, sd = y.mean(), y.std()
+    scaled = [(X, (t - mu) / sd) for X, t in clients]
+    good = _quiet(lambda: Est(n_rounds=40, lr=0.05, random_state=0, **kw).fit(scaled))
+    assert _final_loss(good, scaled) < 1.0   # the constant's loss is 1 on standardised y
+
+
+def test_raw_features_with_flipped_labels_warn():
+    # raw breast cancer (features up to ~4000), half of the clients with flipped labels:
+    # the training loss ended near 5 to 10 against log 2 for a constant
+    X, y = load_breast_cancer(return_X_y=True)
+    idx = np.array_split(np.random.default_rng(0).permutation(len(y)), 6)
+    raw = [(X[i], 1 - y[i] if k % 2 else y[i]) for k, i in enumerate(idx)]
+    with pytest.warns(ConvergenceWarning, match=r"log C"):
+        est = CLoVE(n_clusters=2, model="logistic", n_rounds=5, random_state=0).fit(raw)
+    assert _final_loss(est, raw) > 2 * math.log(2)
+    Xs = StandardScaler().fit_transform(X)
+    scaled = [(Xs[i], t) for i, (_, t) in zip(idx, raw)]
+    good = _quiet(lambda: CLoVE(n_clusters=2, model="logistic", n_rounds=5,
+                                random_state=0).fit(scaled))
+    assert _final_loss(good, scaled) < math.log(2)

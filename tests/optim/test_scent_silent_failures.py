@@ -1,0 +1,104 @@
+"""Fits that end far worse than where they started warn (session 17, data made elsewhere).
+
+A too large ``lr`` (or raw features in large units) made the KL-DRO models end above
+their starting objective and ``SCENTClassifier`` far above the all-zero model, with
+finite losses and no word. Each test also checks that the healthy fit on the same
+data stays quiet.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.preprocessing import StandardScaler
+
+from mlpapers.optim import KLDROClassifier, KLDRORegressor, SCENTClassifier
+
+
+@pytest.fixture(scope="module")
+def diabetes():
+    X, y = load_diabetes(return_X_y=True)
+    return X, (y - y.mean()) / y.std()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    return X[:600], y[:600]
+
+
+def _quiet(fit):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        return fit()
+
+
+# -- KL-DRO ------------------------------------------------------------------------------
+def test_kldro_regressor_warns_when_it_ends_above_its_start(diabetes):
+    # lr=0.03 on diabetes: 0.840 at the least-squares start, 1.30 after 10 epochs (and
+    # 6e8 to 3e9 after the default 100), every loss finite
+    X, y = diabetes
+    with pytest.warns(ConvergenceWarning, match="above its starting objective.*lower lr") as rec:
+        reg = KLDRORegressor(lam=1.0, lr=0.03, epochs=10, random_state=0).fit(X, y)
+    assert reg.loss_curve_[-1] > reg.init_objective_
+    assert rec[0].filename == __file__   # points at the user's call
+    # the objective it reports is the exact one: the warning compares like with like
+    assert reg.objective(X, y) == pytest.approx(reg.loss_curve_[-1], rel=1e-9)
+    healthy = _quiet(lambda: KLDRORegressor(lam=1.0, epochs=5, random_state=0).fit(X, y))
+    assert healthy.loss_curve_[-1] < healthy.init_objective_
+
+
+def test_kldro_classifier_warns_when_it_ends_above_its_start():
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    with pytest.warns(ConvergenceWarning, match="above its starting objective"):
+        clf = KLDROClassifier(lam=1.0, lr=0.3, epochs=5, random_state=0).fit(X, y)
+    assert clf.loss_curve_[-1] > clf.init_objective_
+    _quiet(lambda: KLDROClassifier(lam=1.0, epochs=3, random_state=0).fit(X, y))
+
+
+# -- SCENTClassifier ---------------------------------------------------------------------
+@pytest.mark.parametrize("loss", ["softmax", "negatives"])
+def test_scent_zero_model_value_is_the_reference_of_the_warning(digits, loss):
+    """At lr ~ 0 the model stays at zero: the epoch's mean surrogate is then exactly the
+    value the warning compares with (tau log C for "softmax", 0 for "negatives")."""
+    X, y = digits
+    X = StandardScaler().fit_transform(X)
+    tau = 2.0
+    clf = SCENTClassifier(loss=loss, n_negatives=9, temperature=tau, lr=1e-30, epochs=1,
+                          random_state=0).fit(X, y)
+    expected = tau * math.log(10) if loss == "softmax" else 0.0
+    assert clf.loss_curve_[0] == pytest.approx(expected, abs=1e-5)
+
+
+def test_scent_classifier_warns_far_above_the_zero_model(digits):
+    # digits + 1e4: the default lr=1 sent the last epoch's loss to ~1e9 (chance accuracy)
+    X, y = digits
+    with pytest.warns(ConvergenceWarning, match="far above.*Standardise X") as rec:
+        clf = SCENTClassifier(n_negatives=9, epochs=3, random_state=0).fit(X + 1e4, y)
+    assert clf.loss_curve_[-1] > 1e3 * math.log(10)
+    assert rec[0].filename == __file__
+    # partial_fit's epochs are checked too
+    with pytest.warns(ConvergenceWarning, match="far above"):
+        SCENTClassifier(n_negatives=9, random_state=0).partial_fit(
+            X + 1e4, y, classes=np.arange(10))
+    healthy = _quiet(lambda: SCENTClassifier(n_negatives=9, epochs=3, random_state=0).fit(
+        StandardScaler().fit_transform(X), y))
+    assert healthy.loss_curve_[-1] < math.log(10)
+
+
+def test_scent_classifier_negatives_loss_warns_when_it_diverges(digits):
+    # loss="negatives" at the default lr=1 on standardised digits (batches of 64): the
+    # gamma of well-classified samples collapses and the risk, 0 at the zero model,
+    # climbed to 1e19 (0.16 training accuracy); batches of 256 reach 0.98, quietly
+    X, y = digits
+    X = StandardScaler().fit_transform(X)
+    kw = dict(loss="negatives", n_negatives=9, epochs=8, random_state=0)
+    with pytest.warns(ConvergenceWarning, match="far above the 0 of"):
+        clf = SCENTClassifier(batch_size=64, **kw).fit(X, y)
+    assert clf.loss_curve_[-1] > 1e6
+    healthy = _quiet(lambda: SCENTClassifier(**kw).fit(X, y))
+    assert healthy.loss_curve_[-1] < 0
