@@ -72,3 +72,23 @@ def test_raw_features_with_flipped_labels_warn():
     good = _quiet(lambda: CLoVE(n_clusters=2, model="logistic", n_rounds=5,
                                 random_state=0).fit(scaled))
     assert _final_loss(good, scaled) < math.log(2)
+
+
+@pytest.mark.parametrize("Est", [CLoVE, IFCA])
+def test_offsets_per_cluster_are_judged_within_each_models_clients(Est):
+    """Targets offset by +1000, -1000 and 0 per cluster: the clusters were recovered
+    but each model ended near its clients' offset-free loss of ~6.7e5, and the pooled
+    variance of y (which counts the spread between the offsets, ~6.7e5) let it pass. Each
+    model's bias can reach its own clients' mean, so the reference is the variance
+    within the clients of each model (~3.8 here)."""
+    rng = np.random.default_rng(0)
+    W = rng.normal(size=(3, 5))
+    clients = []
+    for g, off in enumerate([1000.0, -1000.0, 0.0]):
+        for _ in range(4):
+            X = rng.normal(size=(40, 5))
+            clients.append((X, X @ W[g] + off + 0.1 * rng.normal(size=40)))
+    y = np.concatenate([c[1] for c in clients])
+    with pytest.warns(ConvergenceWarning, match="within each model's clients"):
+        est = Est(n_clusters=3, n_rounds=5, random_state=0).fit(clients)
+    assert _final_loss(est, clients) < 2 * y.var()  # what the pooled reference missed

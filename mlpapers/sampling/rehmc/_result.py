@@ -198,8 +198,9 @@ class SampleResult:
         pass: rstan's and PyMC's 100 per chain, capped at the 400 that Vehtari et al.
         2021 ask of a run, so that many short chains are judged on their total; runs
         with fewer draws than that in all are not judged) while the ESS is also below
-        ``min_ratio`` of the draws (bayesplot's concern threshold for ``n_eff / N``):
-        slow mixing, not a short run."""
+        ``min_ratio`` of the transitions (bayesplot's concern threshold for
+        ``n_eff / N``; with ``thin > 1`` also below half the kept draws): slow mixing,
+        not a short run."""
         x = self.samples
         if x.ndim != 3 or x.shape[0] < 1:
             return
@@ -219,16 +220,21 @@ class SampleResult:
         if n < need:
             return  # a run shorter than that asked for few draws: no news (R-hat still ran)
         low = np.nanmin(split_ess_classic(x), initial=np.inf)
-        # and only a slowly mixing chain (ESS / draws below bayesplot's 0.1): a short run
-        # of a healthy sampler (ESS / draws 0.3 to 1) is the user's choice of length
-        if low < need and low < min_ratio * n:
-            warnings.warn(f"few effective draws (bulk ESS {low:.3g} < {need:.3g} in some "
-                          f"dimension, {100 * low / n:.2g}% of the {n} draws): the chains "
-                          "mix slowly and means and quantiles are imprecise. Use "
-                          "mass='diag' for badly scaled targets or containers, rescale or "
-                          "reparametrise, or draw more (sample(n, resume=result)); check "
-                          "result.ess() and the trace.", RuntimeWarning,
-                          stacklevel=user_stacklevel())
+        # and only a slowly mixing chain (ESS below bayesplot's 0.1 of the transitions):
+        # a short run of a healthy sampler (0.3 to 1) is the user's choice of length.
+        # Per transition, not per kept draw: thin=5 kept the same ESS of the same
+        # transitions at 5 times the ratio and hid the pathology; but a thinned healthy
+        # chain's ESS is capped by its kept draws, hence also below half of those
+        transitions = x.shape[0] * max(int(self.n_iterations), x.shape[1])
+        if low < need and low < min_ratio * transitions and low < 0.5 * n:
+            warnings.warn(f"few effective draws (classic split-chain ESS {low:.3g} < "
+                          f"{need:.3g} in some dimension, {100 * low / transitions:.2g}% of "
+                          f"the {transitions} transitions): the chains mix slowly and means "
+                          "and quantiles are imprecise. Use mass='diag' for badly scaled "
+                          "targets or containers, rescale or reparametrise, or draw more "
+                          "(in one call, or resume and join: result.concat(more), then "
+                          "check .ess()); check result.ess() and the trace.",
+                          RuntimeWarning, stacklevel=user_stacklevel())
 
     def _warn_if_capped(self, max_leapfrog: int) -> None:
         """Warn when the ChEES-adapted trajectory length sits at the cap of

@@ -306,14 +306,15 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             If less than 1% of the recorded states fall in the support. If the
             chains disagree (classic split R-hat above 1.1 in some dimension), or
             else if some dimension has few effective draws (classic split-chain
-            bulk ESS below ``min(100 * n_chains, 400)``: rstan's and PyMC's 100 per
+            ESS below ``min(100 * n_chains, 400)``: rstan's and PyMC's 100 per
             chain, capped at the 400 of Vehtari et al. so that many short chains
             are judged on their total; not checked below 8 draws per chain or
-            below that many draws in all) and below 10% of the draws (slow mixing,
-            not a short run). If,
-            with ``n_leapfrog="auto"``, the adapted trajectory length is at (within
-            5% of) the cap of 1000 leapfrog steps (ChEES asked for longer trajectories; the analogue
-            of Stan's maximum-treedepth warning; a fixed ``n_leapfrog`` never warns):
+            below that many draws in all) and below 10% of the transitions (and,
+            with ``thin > 1``, half the kept draws: slow mixing, not a short run).
+            If, with ``n_leapfrog="auto"``, the adapted trajectory length is at
+            (within 5% of) the cap of 1000 leapfrog steps (ChEES asked for longer
+            trajectories; the analogue of Stan's maximum-treedepth warning; a fixed
+            ``n_leapfrog`` never warns):
             both usually mean coordinates of very different scales under the
             identity mass, so use ``mass="diag"`` or rescale them.
 
