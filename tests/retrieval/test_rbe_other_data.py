@@ -265,3 +265,13 @@ def test_greedy_early_stop_warning_points_at_the_caller():
     with pytest.warns(UserWarning, match="stopped after 3 of 10") as rec:
         RelevanceBasedRetriever(_lookup(R), n_support=10).fit(np.arange(60), np.arange(50))
     assert [w.filename for w in rec if "stopped after" in str(w.message)] == [__file__]
+
+
+def test_interpolation_warning_counts_the_rows_left_after_validation(digits_rbf):
+    """The neural head's validation split leaves fewer fitting rows than the user
+    passed (100 -> 80): the warning said "80 training queries" without saying why."""
+    R = digits_rbf
+    est = RelevanceBasedRetriever(_lookup(R), n_support=79, support="random", head="mlp",
+                                  max_iter=1, validation_fraction=0.2, random_state=0)
+    with pytest.warns(UserWarning, match=r"for 80 training queries \(after holding out 20"):
+        est.fit(np.arange(100), np.arange(R.shape[1]))

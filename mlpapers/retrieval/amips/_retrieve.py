@@ -100,8 +100,10 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
         # between keys that float32 products of keys with a large common offset round
         # away (keys + 1e6: the best of 20 candidates missed in 8% of queries); the sum
         # is float64 so that a re-ranking by it keeps them too
-        sims = (gather_dot(ranked, idx, Q).double()
-                + (Q.double() @ m.double())[:, None])
+        # (on the CPU where the device has no float64 (MPS), as gather_dot does)
+        dev = torch.device("cpu") if Q.device.type == "mps" else Q.device
+        sims = (gather_dot(ranked, idx, Q).to(dev).double()
+                + (Q.to(dev).double() @ m.to(dev).double())[:, None])
         if not for_reranking:
             sims = sims.to(Q.dtype)
     return est._to_numpy(sims), est._to_numpy(idx)

@@ -25,7 +25,8 @@ from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts, hit_rate
 __all__ = ["HeavyRankerMixin", "fresh", "length", "take", "warn_near_interpolation"]
 
 
-def warn_near_interpolation(n_unknowns: int, n_fit: int, ridge: float, unknowns: str) -> None:
+def warn_near_interpolation(n_unknowns: int, n_fit: int, ridge: float, unknowns: str,
+                            held_out: int = 0) -> None:
     """Warn when a least-squares fit on the training queries sits at its interpolation
     threshold.
 
@@ -40,7 +41,8 @@ def warn_near_interpolation(n_unknowns: int, n_fit: int, ridge: float, unknowns:
         return
     warnings.warn(
         f"the least squares has {n_unknowns} unknowns ({unknowns}) for {n_fit} training "
-        "queries and ridge=0: it interpolates the training queries and held-out rankings "
+        "queries" + (f" (after holding out {held_out} for validation)" if held_out else "")
+        + " and ridge=0: it interpolates the training queries and held-out rankings "
         "can collapse. Use well fewer unknowns than training queries (about half) or well "
         "more, ridge > 0, or more training queries.", UserWarning, stacklevel=user_stacklevel())
 

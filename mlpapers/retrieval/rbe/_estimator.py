@@ -275,7 +275,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         R_fit = R if len(fit_rows) == n_q else R[torch.as_tensor(fit_rows, device=self._device)]
         lin = fit_linear_embeddings(R_fit[:, Sg], R_fit, ridge=float(self.ridge),
                                     rcond=self.rcond, standardize=bool(self.standardize))
-        self._warn_near_interpolation(S.size, int(lin["rank"]), len(fit_rows))
+        self._warn_near_interpolation(S.size, int(lin["rank"]), len(fit_rows), len(val_rows))
         self.support_indices_ = S
         self.selection_scores_ = scores
         self.item_embeddings_ = to_numpy(lin["embeddings"])
@@ -296,7 +296,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))
         return self
 
-    def _warn_near_interpolation(self, n_support: int, rank: int, n_fit: int) -> None:
+    def _warn_near_interpolation(self, n_support: int, rank: int, n_fit: int,
+                                 held_out: int) -> None:
         """Warn when the linear fit sits at its interpolation threshold (see
         :func:`warn_near_interpolation`): both the supports and the directions the solve
         keeps (plus the intercept when standardised) are within 10% of the fitting
@@ -308,8 +309,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         if not 0.9 * n_fit <= n_support + icpt <= 1.1 * n_fit:
             return
         what = f"{n_support} supports" + (", rank " + str(rank) if rank < n_support else "")
-        warn_near_interpolation(rank + icpt, n_fit, float(self.ridge),
-                                what + (" and an intercept per item" if icpt else " per item"))
+        what += " and an intercept per item" if icpt else " per item"
+        warn_near_interpolation(rank + icpt, n_fit, float(self.ridge), what, held_out)
 
     def _standardize(self, R_sup: torch.Tensor) -> torch.Tensor:
         mean = torch.as_tensor(self.query_mean_, device=R_sup.device, dtype=R_sup.dtype)
