@@ -11,10 +11,11 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_wine
 
 from mlpapers._utils._serialize import decode, encode
 from mlpapers.retrieval import AmortizedMIPS
+
+from ._wine import wine_keys_and_queries
 
 
 def _brute(K, Q):
@@ -23,15 +24,7 @@ def _brute(K, Q):
 
 @pytest.fixture(scope="module")
 def wine():
-    """120 standardised wines as keys; noisy copies of the other 58 as queries (800
-    training, 360 test), as in test_amips_other_data.py."""
-    X = load_wine().data
-    X = (X - X.mean(0)) / X.std(0)
-    rng = np.random.default_rng(0)
-    p = rng.permutation(len(X))
-    K, rest = X[p[:120]], X[p[120:]]
-    Q = np.vstack([rest + 0.1 * rng.standard_normal(rest.shape) for _ in range(20)])
-    return K, Q[:800], Q[800:]
+    return wine_keys_and_queries()
 
 
 def _small(**kw):

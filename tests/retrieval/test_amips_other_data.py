@@ -9,9 +9,11 @@ measured values quoted in the docstrings are at the sizes used here (one torch t
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_breast_cancer, load_digits, load_wine
+from sklearn.datasets import load_breast_cancer, load_digits
 
 from mlpapers.retrieval import AmortizedMIPS, ExactMIPS
+
+from ._wine import wine_keys_and_queries
 
 
 def _brute(K, Q):
@@ -97,16 +99,7 @@ def test_exact_answer_unchanged_by_a_common_key_offset():
 
 @pytest.fixture(scope="module")
 def wine():
-    """120 standardised wines as keys; 20 noisy copies of the other 58 as queries,
-    split 800 (training) / 360 (test). 30 keys ever win; the most frequent answers
-    11.7% of the test queries."""
-    X = load_wine().data
-    X = (X - X.mean(0)) / X.std(0)
-    rng = np.random.default_rng(0)
-    p = rng.permutation(len(X))
-    K, rest = X[p[:120]], X[p[120:]]
-    Q = np.vstack([rest + 0.1 * rng.standard_normal(rest.shape) for _ in range(20)])
-    return K, Q[:800], Q[800:]
+    return wine_keys_and_queries()
 
 
 def _small(**kw):
