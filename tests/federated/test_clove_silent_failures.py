@@ -92,3 +92,18 @@ def test_offsets_per_cluster_are_judged_within_each_models_clients(Est):
     with pytest.warns(ConvergenceWarning, match="within each model's clients"):
         est = Est(n_clusters=3, n_rounds=5, random_state=0).fit(clients)
     assert _final_loss(est, clients) < 2 * y.var()  # what the pooled reference missed
+
+
+def test_targets_constant_within_each_model_fall_back_to_the_pooled_variance():
+    """Targets +1 / -1 per cluster (plus a 1e-9 ramp): the variance within each model's
+    clients is ~1e-19, so any rounding-level loss was "more than twice" it and a good fit
+    warned; below 1e-12 of the mean square the pooled variance is the reference."""
+    rng = np.random.default_rng(0)
+    clients = []
+    for g in range(2):
+        for _ in range(3):
+            X = rng.normal(size=(30, 4))
+            clients.append((X, (1.0 if g else -1.0) + 1e-9 * np.arange(30)))
+    est = _quiet(lambda: CLoVE(n_clusters=2, n_rounds=20, random_state=0).fit(clients))
+    y = np.concatenate([c[1] for c in clients])
+    assert 1e-6 < _final_loss(est, clients) < y.var()

@@ -119,3 +119,26 @@ def test_scent_classifier_stale_duals_do_not_raise_a_false_alarm():
     zero = float(clf.temperature) * np.log(3)
     assert clf.loss_curve_[-1] > zero + float(clf.temperature) * np.log(3)  # surrogate high
     assert clf.objective(X, y) < 0.5 * zero and clf.score(X, y) > 0.95
+
+
+def test_divergence_warning_on_sparse_and_dataframe_input():
+    """The exact objective that decides the warning was computed through ``objective()``,
+    which re-validated the training rows: sparse input (the loop's sparse row batches)
+    raised ``ValueError: setting an array element with a sequence`` instead of warning,
+    and a DataFrame warned about missing feature names."""
+    sp = pytest.importorskip("scipy.sparse")
+    X, y = load_digits(return_X_y=True)
+    X, y = X[:600] + 1e4, y[:600]
+    with pytest.warns(ConvergenceWarning, match="far above"):
+        SCENTClassifier(n_negatives=9, epochs=1, random_state=0).fit(sp.csr_matrix(X), y)
+    with pytest.warns(ConvergenceWarning, match="far above"):
+        SCENTClassifier(n_negatives=9, epochs=1, random_state=0).partial_fit(
+            sp.csr_matrix(X), y, classes=np.arange(10))
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        SCENTClassifier(n_negatives=9, epochs=1, random_state=0).fit(frame, y)
+    msgs = [str(w.message) for w in rec]
+    assert any("far above" in m for m in msgs)
+    assert not [m for m in msgs if "feature names" in m], msgs

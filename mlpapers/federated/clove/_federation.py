@@ -272,6 +272,12 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                 total += float(Y.var(axis=0).mean()) * len(Y)
                 count += len(Y)
             reference, name = total / count, "the variance of y within each model's clients"
+            Y = np.concatenate([np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+                                for y in ys])
+            if reference <= 1e-12 * float((Y * Y).mean()):
+                # constant targets within each model: no scale to judge a near miss by
+                # (any rounding-level loss would be "twice" 0): the pooled variance
+                reference, name = float(Y.var(axis=0).mean()), "the pooled variance of y"
         else:
             return
         chosen = self.loss_vectors_[np.arange(len(self.labels_)), self.labels_]
@@ -282,8 +288,9 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                 f"{type(self).__name__}: the final training loss ({final:.4g}) is more "
                 f"than twice that of a constant predictor ({reference:.4g}, {name}): the "
                 f"models did not learn. Standardise X (and y for a regression: a model "
-                f"starts near 0 and takes many steps to reach an offset), and lower lr "
-                f"(now {self.lr!r}) if the loss grew.",
+                f"starts near 0 and takes many steps to reach an offset, also one that "
+                f"differs per cluster), run more rounds or raise lr if the loss fell "
+                f"slowly, and lower lr (now {self.lr!r}) if it grew.",
                 ConvergenceWarning, stacklevel=user_stacklevel())
 
     # -- helpers ----------------------------------------------------------------

@@ -18,7 +18,7 @@ from mlpapers.optim.scent._common import (
     surrogate_overflow,
 )
 from mlpapers.optim.scent._sampled import sparse_rows_grad, sparse_sgd_step
-from mlpapers.optim.scent._sparse_input import sparse_row_dot
+from mlpapers.optim.scent._sparse_input import SparseRows, sparse_row_dot
 from mlpapers.optim.scent._xc import batch_scores, draw_negatives
 
 
@@ -197,7 +197,10 @@ class SampledTrainingMixin:
         limit = zero_value + tau * max(1.0, math.log(len(self.classes_)))
         if not last > limit:
             return
-        exact = self.objective(X, self.classes_[y.cpu().numpy()])
+        # (the training rows as they are: a validated tensor, or the CSR matrix behind
+        # the sparse batches; through objective() they were validated again, which
+        # sparse rows failed and a DataFrame's feature names warned about)
+        exact = self._objective_of(X.X if isinstance(X, SparseRows) else X, y)
         if exact > limit:
             warnings.warn(
                 f"{type(self).__name__}(method={self.method!r}) ended with a training loss "

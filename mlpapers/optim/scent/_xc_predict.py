@@ -38,7 +38,8 @@ class SoftmaxPredictionMixin:
             return sparse_logit_block(X, self.coef_, self.intercept_, self._resolved_device)
         W = torch.as_tensor(self.coef_, dtype=torch.float64, device=X.device)
         b = torch.as_tensor(self.intercept_, dtype=torch.float64, device=X.device)
-        return lambda rows: X[rows] @ W.T + b
+        # (float32 training rows too: the exact objective of the fit's own data)
+        return lambda rows: X[rows].to(torch.float64) @ W.T + b
 
     def _map_logits(self, X, transform):
         """``transform(logits)`` of every row of a validated ``X``, block by block, into
@@ -156,6 +157,11 @@ class SoftmaxPredictionMixin:
         if len(yi) != X.shape[0]:
             raise ValueError(f"X and y have inconsistent numbers of samples: "
                              f"{X.shape[0]} != {len(yi)}.")
+        return self._objective_of(X, yi)
+
+    def _objective_of(self, X, yi: torch.Tensor) -> float:
+        """:meth:`objective` of a validated ``X`` (a tensor or a CSR matrix) and encoded
+        labels ``yi``."""
         yi, tau = yi.to(self._resolved_device), float(self.temperature)
         logits = self._logit_block(X)
         value = sum(float(exact_objective(logits(rows), yi[rows], self.loss, tau))

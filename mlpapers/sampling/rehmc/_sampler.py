@@ -310,7 +310,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             chain, capped at the 400 of Vehtari et al. so that many short chains
             are judged on their total; not checked below 8 draws per chain or
             below that many draws in all) and below 10% of the transitions (and,
-            with ``thin > 1``, half the kept draws: slow mixing, not a short run).
+            with ``thin > 1``, 3/4 of the kept draws: slow mixing, not a short run).
             If, with ``n_leapfrog="auto"``, the adapted trajectory length is at
             (within 5% of) the cap of 1000 leapfrog steps (ChEES asked for longer
             trajectories; the analogue of Stan's maximum-treedepth warning; a fixed
