@@ -324,6 +324,16 @@ def test_row_power_of_two_is_an_exact_normal_power_near_each_rows_maximum(dtype)
     assert s[2, 0] == info.tiny and x[2, 0] / s[2, 0] == 0.125
 
 
+@pytest.mark.parametrize("shape, dim, expected", [((3, 0), -1, (3, 1)), ((0, 4), 0, (1, 4)),
+                                                  ((0, 4), 1, (0, 1))])
+def test_row_power_of_two_on_an_empty_axis_is_ones_of_the_kept_shape(shape, dim, expected):
+    # an empty reduction used to raise IndexError from torch.amax
+    from mlpapers._utils import row_power_of_two
+
+    s = row_power_of_two(torch.zeros(shape, dtype=torch.float32), dim=dim)
+    assert s.shape == expected and s.dtype == torch.float32 and bool((s == 1).all())
+
+
 def _public_tensor_calls():
     from mlpapers.optim import log_mean_exp, objective, softplus_dual_ratio
     from mlpapers.retrieval import (

@@ -32,8 +32,14 @@ def row_power_of_two(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     autograd. Computed as ``exp2(floor(log2(.)))``, not with ``torch.frexp``, which
     has no MPS kernel; ``log2`` may round a value just below ``2**e`` up to ``e``,
     which only moves the largest entry to just below 1. The exponent is clamped to the
-    dtype's normal range, so the scale itself is never subnormal or infinite.
+    dtype's normal range, so the scale itself is never subnormal or infinite. An empty
+    ``dim`` (no entries to scale) gives ones.
     """
+    if x.shape[dim] == 0:
+        # amax has no identity element: an empty reduction raises in torch
+        shape = list(x.shape)
+        shape[dim] = 1
+        return torch.ones(shape, dtype=x.dtype, device=x.device)
     with torch.no_grad():
         amax = x.detach().abs().amax(dim=dim, keepdim=True)
         ok = torch.isfinite(amax) & (amax > 0)
