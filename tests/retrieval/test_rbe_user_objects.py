@@ -330,4 +330,4 @@ def test_a_refit_without_validation_drops_the_previous_validation_score():
     est = _quiet(FACTORIES["rbe_mlp"](heavy, 256).fit, Q, ITEMS)
     assert hasattr(est, "best_validation_hit_rate_")
     _quiet(est.set_params(head="linear").fit, Q, ITEMS)
-    assert not hasattr(est, "best_validation_hit_rate_") and est.head_ is None
+    assert est.best_validation_hit_rate_ is None and est.head_ is None

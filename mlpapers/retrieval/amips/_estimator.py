@@ -130,8 +130,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     n_candidates : int, default=1
         :meth:`predict` (and :meth:`score`) re-rank the first ``n_candidates`` keys
         retrieved with the predicted key by their true inner product with the
-        query (``n_candidates`` extra dot products per query). ``1`` is the
-        paper's rule; the match rate then equals the recall at ``n_candidates``.
+        query (``n_candidates`` extra dot products per query, in float64 so that keys
+        of a large norm are told apart; ``n_candidates = n_keys`` is exact search).
+        ``1`` is the paper's rule; the match rate then equals the recall at
+        ``n_candidates``.
         :meth:`kneighbors` with ``n_candidates > 1`` likewise returns the best
         ``n_neighbors`` of the first ``max(n_candidates, n_neighbors)`` keys by
         true inner product, in descending order (so its first column is
@@ -489,7 +491,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         -------
         float
             The fraction of queries whose :meth:`predict` attains the largest inner
-            product (a tie with the exact answer counts as a hit).
+            product, counted in float64 (a tie with the exact answer counts as a hit:
+            within ``1e-6 * ||x|| * ||k_max - k_pred||`` plus the float64 rounding, see
+            :func:`match_rate`; a common offset of the keys changes nothing).
         """
         Q = self._queries(X)
         # exact answers in chunks of search_batch_size (bounded memory, as in training)

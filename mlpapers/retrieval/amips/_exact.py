@@ -11,7 +11,7 @@ from sklearn.utils import check_array
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import check_in_options, check_positive, on_inputs_device, to_numpy
-from mlpapers.retrieval.amips._kernels import _KeyStats, _mips_topk, match_rate
+from mlpapers.retrieval.amips._kernels import _hits, _KeyStats, _mips_topk
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
 
@@ -222,15 +222,20 @@ class ExactMIPS(_MIPSBase):
         -------
         float
             The fraction of queries whose answer attains the largest inner product
-            (1.0).
+            (1.0): keys whose product is within the float32 rounding of the search
+            (``(d + 2) * 1.2e-7 * ||q|| * ||k||``) of the maximum count as ties of it,
+            see Notes.
         """
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         # validated once: a second validation of the tensor would warn about
         # missing feature names after a fit on a DataFrame
         pred = self._search(Q, 1)[1][:, 0]
         # the tie-aware check searches again: in chunks of batch_size, like kneighbors
-        return match_rate(None, pred, queries=Q, database=self._keys(),
-                          batch_size=self.batch_size)
+        # the search ran in float32: keys within its rounding of the maximum are ties
+        # of this search (see Notes), as the former tolerance allowed at any scale
+        hits = _hits(None, pred[:, None], Q, self._keys(), 1e-6, self.batch_size,
+                     round_eps=torch.finfo(torch.float32).eps)
+        return float(hits[:, 0].double().mean())
 
     @classmethod
     def _estimator_check_instances(cls) -> list:

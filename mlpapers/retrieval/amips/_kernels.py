@@ -348,12 +348,25 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 GATHER_ELEMENTS = BLOCK_ELEMENTS
 
 
-def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor,
+               exact: bool = False) -> torch.Tensor:
     """``<queries[i], keys[index[i, j]]>`` of shape (n, k), in chunks of queries so the
-    gathered keys (``chunk x k x d``) stay within :data:`GATHER_ELEMENTS` elements."""
+    gathered keys (``chunk x k x d``) stay within :data:`GATHER_ELEMENTS` elements.
+
+    ``exact=True`` computes them in float64 (on the CPU where the device has none), from
+    the gathered rows only (no float64 copy of ``keys``): products of float32 numbers are
+    then exact up to the rounding of the sum, which is what a re-ranking needs."""
     n, k = index.shape
     # (never more than CHUNK_SCORES, the bound of every chunk of this module)
     rows = block_rows_for(k * keys.shape[1], min(GATHER_ELEMENTS, CHUNK_SCORES))
+    if exact:
+        dev = torch.device("cpu") if queries.device.type == "mps" else queries.device
+        out = torch.empty(n, k, dtype=torch.float64, device=dev)
+        for s in range(0, n, rows):
+            kk = keys[index[s:s + rows]].to(dev).double()  # move first: MPS has no float64
+            out[s:s + rows] = torch.einsum("nkd,nd->nk", kk,
+                                           queries[s:s + rows].to(dev).double())
+        return out
     out = torch.empty(n, k, dtype=torch.promote_types(keys.dtype, queries.dtype),
                       device=queries.device)
     for s in range(0, n, rows):
@@ -592,7 +605,20 @@ def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
     return t.long()
 
 
-def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Tensor:
+def _gathered_diff_norms(K: torch.Tensor, arg: torch.Tensor, pred: torch.Tensor
+                         ) -> torch.Tensor:
+    """``||K[arg[i]] - K[pred[i, j]]||`` (n, k), by chunks of queries so the gathered
+    keys stay within :data:`GATHER_ELEMENTS` elements (as :func:`gather_dot`)."""
+    n, k = pred.shape
+    rows = block_rows_for(k * K.shape[1], min(GATHER_ELEMENTS, CHUNK_SCORES))
+    out = K.new_empty(n, k)
+    for s in range(0, n, rows):
+        out[s:s + rows] = (K[pred[s:s + rows]] - K[arg[s:s + rows]][:, None]).norm(dim=2)
+    return out
+
+
+def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192,
+          round_eps: float | None = None) -> torch.Tensor:
     """Boolean (n, k) matrix: is the j-th prediction a correct top-1 answer?"""
     check_positive(batch_size, "batch_size", integer=True)
     # a negative rtol counted exact answers as misses (match rate 0.0), silently
@@ -621,13 +647,22 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192) -> torch.Ten
     best, arg = support_function(q, K, batch_size=int(batch_size))
     pred = pred.to(K.device)
     got = gather_dot(K, pred, q)  # (n, k)
-    # scale-free tolerance from the two keys compared: ``||q|| (||k_best|| + ||k_pred||)``
-    # bounds both products and their rounding errors (an absolute ``+ 1`` called every
-    # key a tie on small-norm data; the largest key of the database would widen it for
-    # every query)
+    # tolerance from the difference of the two keys compared: a hit when
+    # <q, k_best - k_pred> <= rtol ||q|| ||k_best - k_pred|| (+ rounding), invariant to
+    # the scale of the data, to the other keys (the largest key of the database widened
+    # it for every query) and to a common offset of the keys, which changes no answer:
+    # the former ``rtol (|max| + ||q|| (||k_best|| + ||k_pred||))`` grew with the
+    # offset (wine keys + 1e4 read a constant prediction's match rate as 0.139
+    # against the exact 0.117; an absolute ``+ 1`` before it called every key a tie
+    # on small-norm data). Plus the rounding of the two products themselves,
+    # ``(d + 2) u ||q|| ||k||`` each (u: float64's, or the search's own precision when
+    # the caller says so), so that ties exact in real arithmetic still count
+    diff = _gathered_diff_norms(K, arg, pred)
+    qn = q.norm(dim=1)[:, None]
     norms = K.norm(dim=1)
-    tol = rtol * (best.abs()[:, None]
-                  + q.norm(dim=1)[:, None] * (norms[arg][:, None] + norms[pred]))
+    u = torch.finfo(K.dtype).eps if round_eps is None else max(round_eps,
+                                                                torch.finfo(K.dtype).eps)
+    tol = qn * (rtol * diff + (K.shape[1] + 2) * u * (norms[arg][:, None] + norms[pred]))
     return got >= best[:, None] - tol
 
 
@@ -644,9 +679,11 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
         Predicted indices; only the first column is used.
     queries, database : array-like of shape (n, d) and (N, d), optional
         If given, a prediction counts as a hit when its inner product equals the
-        maximum up to ``rtol * (|max| + ||q|| (||k_max|| + ||k_pred||))``
-        (invariant to the scale of the data), so keys tied with the argmax are not
-        counted as misses.
+        maximum up to ``rtol * ||q|| * ||k_max - k_pred||`` plus the float64 rounding
+        of the two products (``(d + 2) eps ||q|| ||k||`` each; computed in float64):
+        invariant to the scale of the data, to the other keys and to a common offset
+        of the keys (which changes no answer), so keys tied with the argmax count as
+        hits and near-misses do not.
     rtol : float, default=1e-6
         Relative tolerance of the tie-aware mode.
     batch_size : int, default=8192

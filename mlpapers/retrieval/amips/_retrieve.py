@@ -59,7 +59,7 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
 
     Returns numpy ``(sims, idx)`` of shape (n, n_neighbors), ``sims`` the true inner
     products ``<x, k_j>`` in the predicted order, or ``idx`` alone. With
-    ``for_reranking`` and ``key_mean_``, ``sims`` are float64 (see below).
+    ``for_reranking``, ``sims`` are float64 (see below).
     """
     k = _check_n_neighbors(n_neighbors, est.database_.shape[0])
     keys = est._keys()
@@ -93,8 +93,12 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     if not return_distance:
         return est._to_numpy(idx)
     m = est._key_mean()
+    # A re-ranking compares the candidates by float64 products (exact for the float32
+    # keys and queries up to the sum's rounding): float32 ones rounded away differences
+    # between keys of a large norm, so with n_candidates = n_keys (exact search, as
+    # documented) keys + 1e6 returned a key short of the maximum for 10% of the queries
     if m is None:
-        sims = gather_dot(keys, idx, Q)
+        sims = gather_dot(keys, idx, Q, exact=for_reranking)
     else:
         # <x, k_j> = <x, k_j - m> + <x, m>: the centred products keep the differences
         # between keys that float32 products of keys with a large common offset round
@@ -102,10 +106,10 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
         # is float64 so that a re-ranking by it keeps them too
         # (on the CPU where the device has no float64 (MPS), as gather_dot does)
         dev = torch.device("cpu") if Q.device.type == "mps" else Q.device
-        sims = (gather_dot(ranked, idx, Q).to(dev).double()
+        sims = (gather_dot(ranked, idx, Q, exact=for_reranking).to(dev).double()
                 + (Q.to(dev).double() @ m.to(dev).double())[:, None])
-        if not for_reranking:
-            sims = sims.to(Q.dtype)
+    if not for_reranking:
+        sims = sims.to(Q.dtype)
     return est._to_numpy(sims), est._to_numpy(idx)
 
 

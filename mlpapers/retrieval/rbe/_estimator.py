@@ -58,7 +58,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         Number of support items ``k`` (online heavy calls per query). With
         ``ridge=0``, keep ``k`` (plus the intercept) away from the number of training
         queries: there the linear fit interpolates them and held-out rankings can
-        collapse, and ``fit`` warns.
+        collapse, and ``fit`` warns. Not used when ``support`` is an array of
+        indices (``k`` is then its length).
     support : str or array-like of int, default="greedy"
         Support selection method, one of ``"greedy"``, ``"random"``, ``"popular"``,
         ``"kmeans"``, ``"farthest"`` (see :func:`select_support`), or explicit item
@@ -147,6 +148,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         :math:`[2^{-40}, 2^{40}]` (float32 range), else 1.
     history_ : list of dict
         Training log of the neural head (loss, validation hit rate).
+    best_validation_hit_rate_ : float or None
+        Validation HitRate of the neural head's kept checkpoint; ``None`` when no
+        validation ran (``head="linear"``, ``max_iter=0``, ``validation_fraction=0``
+        or a single training query).
 
     See Also
     --------
@@ -289,8 +294,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         self.n_calls_per_query_ = int(S.size + self.n_rerank)
         self.head_ = None
         self.history_ = []
-        # set by a neural head's validation only: a refit without it kept the old value
-        vars(self).pop("best_validation_hit_rate_", None)
+        # None unless a neural head's validation runs (it was absent after a fit with a
+        # linear head, max_iter=0 or validation_fraction=0 and present after others, and
+        # a refit without validation kept the previous fit's value)
+        self.best_validation_hit_rate_ = None
         if self.head == "mlp":
             R_val = R[torch.as_tensor(val_rows, device=self._device)]
             self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))
@@ -524,6 +531,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     def _set_state(self, state: dict[str, Any]) -> None:
         head = state.pop("head_", None)
+        state.setdefault("best_validation_hit_rate_", None)  # files saved before it was set
         super()._set_state(state)
         self.head_ = head_from_state(head, self._resolved_device)
 
