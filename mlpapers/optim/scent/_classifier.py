@@ -108,6 +108,9 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
     gamma, dual_lr, delta, rho : float
         Parameters of the baselines ``"sox"``, ``"asgd"``/``"umax"``/``"asgd_softplus"``,
         ``"umax"`` and ``"asgd_softplus"`` (defaults 0.9, 0.1, 1.0, 1e-3).
+        Each method reads only its own parameters (``log_alpha`` SCENT's,
+        ``gamma`` SOX's, ...) and ignores the others', so one set of keyword
+        arguments serves a comparison of methods.
     random_state : int, RandomState instance or None, default=None
         Seed of the shuffling and the negative sampling.
     device : str, default="cpu"

@@ -96,6 +96,9 @@ _DOC_PARAMS = r"""
         the same ``alpha``), as in the paper, or from zero.
     gamma, dual_lr, delta, rho : float
         Parameters of the baselines (defaults 0.5, 0.1, 1.0, 1e-3).
+        Each method reads only its own parameters (``log_alpha`` SCENT's,
+        ``gamma`` SOX's, ...) and ignores the others', so one set of keyword
+        arguments serves a comparison of methods.
     random_state : int, RandomState instance or None, default=None
         Seed of the mini-batch shuffling; an int gives reproducible fits.
     device : str or torch.device, default="cpu"
@@ -106,7 +109,8 @@ _DOC_PARAMS = r"""
 
 _DOC_ATTRS = r"""
     nu_ : float
-        Final dual variable (estimate of :math:`\log\text{mean}\,e^{\ell/\lambda}`).
+        Final dual variable (estimate of :math:`\log\text{mean}\,e^{\ell/\lambda}`);
+        NaN for ``method="bsgd"``, which has none.
     loss_curve_ : list of float
         Exact full-data objective after each epoch.
     init_objective_ : float

@@ -92,6 +92,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Negatives per step (at most the number of negatives).
     gamma, dual_lr, delta, rho : float
         Baseline parameters (defaults 0.9, 0.1, 1.0, 1e-3).
+        Each method reads only its own parameters (``log_alpha`` SCENT's,
+        ``gamma`` SOX's, ...) and ignores the others', so one set of keyword
+        arguments serves a comparison of methods.
     random_state : int, RandomState instance or None, default=None
         Seed of the shuffling of the positives and of the negative sampling.
     device : str or torch.device, default="cpu"

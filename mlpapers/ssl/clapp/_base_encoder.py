@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import numbers
 import os
@@ -53,6 +54,14 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     """
 
     _loss_names: tuple[str, ...] = ()
+    # Constructor parameters that define the fitted modules (``load`` rebuilds them from
+    # the saved parameters), those of them the losses read with the fitted heads
+    # (``update_similarity``, ``training_step_activation_bytes``), and, per subclass,
+    # a check of those ``transform`` reads. Changed by ``set_params`` after ``fit``
+    # without a refit, they gave features from another variant's code path (silently),
+    # cryptic shape errors, or a file that loaded as another network.
+    _STRUCTURE_PARAMS: tuple[str, ...] = ("architecture", "spatial_pool")
+    _HEAD_PARAMS: tuple[str, ...] = ()
     # ``transform`` is not wrapped by scikit-learn's ``set_output`` machinery (which would
     # name the columns with ``get_feature_names_out()``, i.e. ``layers="all"``, whatever
     # ``layers`` / ``spatial_pool`` the call used): it wraps its output itself
@@ -227,7 +236,55 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                     f"{self.input_shape_[1]}x{self.input_shape_[2]}.")
 
     # -- building -----------------------------------------------------------------
+    def _structure_value(self, name: str) -> Any:
+        """The value of a structural parameter as the fitted modules depend on it."""
+        if name == "spatial_pool" and hasattr(self, "_blocks"):
+            try:                    # the grids it gives: None and their explicit value agree
+                return self._grids()
+            except (TypeError, ValueError):
+                pass
+        return getattr(self, name)
+
+    def _changed_structure(self, names) -> list[str]:
+        """Which of ``names`` differ from their values when the network was built."""
+        fitted = getattr(self, "_fitted_structure", None)
+        if fitted is None:          # built by an older version: nothing recorded
+            return []
+        changed = []
+        for name in names:
+            now, then = self._structure_value(name), fitted.get(name)
+            try:
+                same = bool(now == then)
+            except Exception:       # e.g. arrays: compared by identity only
+                same = now is then
+            if not same:
+                changed.append(name)
+        return changed
+
+    def _check_structure(self, names, consequence: str) -> None:
+        changed = self._changed_structure(names)
+        if changed:
+            fitted = self._fitted_structure
+            desc = ", ".join(f"{k}={fitted[k]!r} -> {self._structure_value(k)!r}"
+                             for k in changed)
+            raise ValueError(
+                f"{type(self).__name__} was fitted with other parameters than it holds now "
+                f"({desc}, set after fit): {consequence}. Fit it again, or set the fitted "
+                "values back.")
+
+    def _check_fitted(self) -> None:
+        super()._check_fitted()
+        self._check_transform_structure()
+
+    def _check_transform_structure(self) -> None:
+        """Subclasses: raise if a parameter ``transform`` reads changed since ``fit``."""
+
+    def _check_fit_params(self) -> None:
+        """Subclasses: checks of ``fit`` only (not of ``load``, whose file may predate them)."""
+
     def _build(self, shape: tuple[int, int, int], generator: torch.Generator | None) -> None:
+        self._fitted_structure = {k: copy.deepcopy(self._structure_value(k))
+                                  for k in self._STRUCTURE_PARAMS}
         self.grids_ = self._grids()
         self.input_shape_ = tuple(shape)
         self.encoder_ = VGGEncoder(shape[0], self._blocks, generator=generator)
@@ -287,6 +344,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         the negatives). See the user guide, "Scale-out".
         """
         self._check_params()
+        self._check_fit_params()
         augment = self._augment_fn()          # before any work: a saved custom augment
         self._init_fit()
         X = self._check_images(X, reset=True)
@@ -530,7 +588,17 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         ----------
         path : str or path-like
             Destination file.
+
+        Raises
+        ------
+        ValueError
+            If a parameter that defines the network (the architecture, pooling grids,
+            variant or head) was changed by ``set_params`` after ``fit``: ``load``
+            rebuilds the network from the saved parameters.
         """
+        if hasattr(self, "encoder_"):
+            self._check_structure(self._STRUCTURE_PARAMS,
+                                  "the file would rebuild another network on load")
         aug = self.augment
         if aug is None or isinstance(aug, str):
             super().save(path)

@@ -91,7 +91,9 @@ class CLAPPEncoder(_SSLImageEncoder):
     prediction_steps : int or None, default=None
         ``"clapp2021"`` only: number ``K`` of predicted rows (``k + 1`` rows below
         the context for ``k = 1..K``). ``None``: the official 5, or fewer when the
-        patch grid has fewer than 7 rows.
+        patch grid has fewer than 7 rows. Setting ``patch_size``, ``patch_stride``
+        or ``prediction_steps`` with another variant raises a ``ValueError`` (the
+        two-view variants have no patches).
     negatives : {"next", "random"}, default="next"
         Negative of each row: the next row of the shuffled two-view batch (the
         official default) or a random other image.
@@ -191,6 +193,20 @@ class CLAPPEncoder(_SSLImageEncoder):
         self.random_state = random_state
         self.verbose = verbose
 
+    _STRUCTURE_PARAMS = ("variant", "architecture", "spatial_pool", "patch_size",
+                         "patch_stride", "prediction_steps")
+    _HEAD_PARAMS = ("variant",)
+
+    def _check_transform_structure(self) -> None:
+        # transform encodes patches for "clapp2021" and whole images otherwise: across
+        # that boundary the fitted network would be applied to the other input (the
+        # other variants share one transform)
+        fitted = getattr(self, "_fitted_structure", None)
+        if fitted is not None and (fitted["variant"] == "clapp2021") != (
+                self.variant == "clapp2021"):
+            self._check_structure(("variant",), "transform would apply the fitted network "
+                                  "to another variant's inputs (patches or whole images)")
+
     def _check_params(self) -> None:
         if isinstance(self.variant, str) and self.variant in GlobalSSLEncoder._LOSS_ALIASES:
             # the paper's end-to-end baselines are another estimator (no local losses)
@@ -207,6 +223,20 @@ class CLAPPEncoder(_SSLImageEncoder):
                 check_positive(value, name, integer=True)
         self._check_common_params()
         self._loss_names = tuple(f"loss_l{i}" for i in range(len(self._blocks)))
+
+    def _check_fit_params(self) -> None:
+        # the patch geometry belongs to the 2021 patch prediction only: the two-view
+        # variants ignored it, training silently without the patches the user asked for
+        # (checked by fit, not by load: files saved with it still load)
+        if self.variant == "clapp2021":
+            return
+        for name in ("patch_size", "patch_stride", "prediction_steps"):
+            value = getattr(self, name)
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r} applies to variant='clapp2021' only (the patch "
+                    f"prediction); variant={self.variant!r} encodes whole views. Leave "
+                    f"{name}=None, or use variant='clapp2021'.")
 
     def _default_grid(self) -> int:
         return 1 if self.variant in ("clapp", "clapp2021") else 2

@@ -39,7 +39,9 @@ class GlobalSSLEncoder(_SSLImageEncoder):
         Width of the linear projection of the ``"infonce"`` losses (unused by
         ``"clapp"``). The paper projects to 1024 on STL-10; smaller suits the small default.
     architecture, spatial_pool, negatives, augment : see CLAPPEncoder
-        As in :class:`CLAPPEncoder` (``spatial_pool=None`` means 2).
+        As in :class:`CLAPPEncoder` (``spatial_pool=None`` means 2). ``negatives``
+        applies to ``"clapp"`` only: the ``"infonce"`` losses contrast every other
+        row of the batch, so their fits do not depend on it.
     n_epochs, batch_size, lr, weight_decay, device, random_state, verbose : see CLAPPEncoder
         As in :class:`CLAPPEncoder`.
 
@@ -90,6 +92,13 @@ class GlobalSSLEncoder(_SSLImageEncoder):
         self.random_state = random_state
         self.verbose = verbose
 
+    _STRUCTURE_PARAMS = ("loss", "projection_dim", "architecture", "spatial_pool")
+    _HEAD_PARAMS = ("loss", "projection_dim")
+
+    def _structure_value(self, name: str):
+        # "bp-clapp" is "clapp": the same head
+        return self._loss_kind() if name == "loss" else getattr(self, name)
+
     def _check_params(self) -> None:
         check_in_options(self.loss, "loss", ("clapp", "infonce", "infonce-cross",
                                              *self._LOSS_ALIASES))
@@ -108,6 +117,16 @@ class GlobalSSLEncoder(_SSLImageEncoder):
         d = dims[-1]
         out = d if self._loss_kind() == "clapp" else self.projection_dim
         return materialize(nn.ModuleList([linear(d, out)]), generator)
+
+    def _negatives(self, n_images: int, gen, device):
+        if self._loss_kind() != "clapp":
+            # InfoNCE contrasts every other row and never reads the indices: drawing
+            # random ones would still consume the generator and shift the augmentations,
+            # so negatives="random" changed an InfoNCE fit it has no part in
+            from mlpapers.ssl.clapp._kernels import negative_indices
+
+            return negative_indices(n_images, mode="next", device=device)
+        return super()._negatives(n_images, gen, device)
 
     def _batch_losses(self, views, neg_idx):
         top = self._pooled(views, detach=False)[-1]

@@ -163,6 +163,8 @@ def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
     if batch_size is not None:
         check_positive(batch_size, "batch_size", integer=True)
     X = encoder._check_images(X, reset=False)
+    encoder._check_structure(encoder._HEAD_PARAMS, "its losses would not match the fitted "
+                             "prediction heads")
     bs = min(encoder.batch_size if batch_size is None else batch_size, X.shape[0])
     if bs < 2:  # the negatives are the batch's other images
         raise ValueError(f"a training step needs a batch of >= 2 images, got {bs} (batch_size="

@@ -91,6 +91,8 @@ def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
         raise TypeError("update_similarity expects a CLAPPEncoder, got "
                         f"{type(encoder).__name__}.")
     X = encoder._check_images(X, reset=False)
+    encoder._check_structure(encoder._HEAD_PARAMS, "its losses would not match the fitted "
+                             "prediction heads")
     bs = encoder.batch_size if batch_size is None else batch_size
     check_positive(bs, "batch_size", integer=True)
     bs = min(bs, X.shape[0])
