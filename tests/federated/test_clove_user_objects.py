@@ -302,3 +302,39 @@ def test_model_modifying_its_input_in_place_corrupts_nothing(vectorize):
     np.testing.assert_array_equal(X0, CLIENTS[0][0])
     np.testing.assert_array_equal(est.predict(X0, client=0), pred)
     assert est.assign(X0, CLIENTS[0][1]) == est.assign(X0, CLIENTS[0][1])
+
+
+def test_flower_client_batchnorm_never_trains_on_one_sample():
+    # (session 18) a node of 21 samples with batch_size=10 ended each epoch on a batch of
+    # one, and BatchNorm replied "Expected more than 1 value per channel when training";
+    # the lone sample now joins the batch before it, and a node of one sample is refused
+    pytest.importorskip("flwr")
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+
+    from mlpapers.federated.clove._flower import make_client_app
+
+    X, y = CLIENTS[0]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        arrays = ArrayRecord(bn_net(5, 1).state_dict())
+
+    def train(n_rows):
+        app = make_client_app(lambda: bn_net(5, 1), lambda ctx: (X[:n_rows], y[:n_rows]),
+                              batch_size=10)
+        meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5,
+                        reply_to_message_id="", group_id="1", created_at=time.time(),
+                        ttl=3600.0, message_type="train")
+        msg = Message(content=RecordDict({"arrays": arrays,
+                                          "config": ConfigRecord({"seed": 0})}),
+                      metadata=meta)
+        ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+        return app(msg, ctx)
+
+    reply = train(21)
+    assert not reply.has_error(), reply.error.reason
+    trained = reply.content["arrays"].to_torch_state_dict()
+    assert all(bool(torch.isfinite(v).all()) for v in trained.values()
+               if v.is_floating_point())
+    # (a deployed node replies with the error; called directly, the app raises it)
+    with pytest.raises(ValueError, match=r"node\(s\) \[0\] hold\(s\) a single sample"):
+        train(1)

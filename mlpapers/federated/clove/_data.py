@@ -150,6 +150,12 @@ def infer_loss(loss: str, model, ys: list[np.ndarray] | None) -> str:
     if loss != "auto":
         if loss in ("mse", "cross_entropy") and ys is None:
             raise ValueError(f"loss={loss!r} needs targets y, but the clients give none.")
+        if loss in ("mse", "cross_entropy") and model == "autoencoder":
+            # its decoder outputs n_features values: the MSE broadcast them against y
+            # silently, the cross-entropy read them as class scores (or failed in torch)
+            raise ValueError(f"model='autoencoder' reconstructs X (n_features outputs) "
+                             f"and needs loss='reconstruction' (or 'auto'), got "
+                             f"loss={loss!r}; use model='mlp' for a supervised loss.")
         return loss
     if ys is None or model == "autoencoder":
         return "reconstruction"

@@ -12,6 +12,7 @@ same generator, so they agree up to floating-point rounding.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 
@@ -127,6 +128,10 @@ class Engine:
         self.frozen = frozen_names(template)
         # the trainable names, once each (named_parameters drops the tied aliases)
         self.trainable = [k for k, p in template.named_parameters() if p.requires_grad]
+        # BatchNorm in train mode normalises by the batch: one sample (one value per
+        # channel) is refused by torch, so such a model never gets a batch of one
+        self.batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                              for m in template.modules())
         if vectorize:
             # the vmapped losses follow the modules' modes: eval for the loss matrix, train
             # for local training (dropout; a user template may come in either mode)
@@ -142,9 +147,10 @@ class Engine:
     def loss_matrix(self, states: Params, data: ClientData) -> torch.Tensor:
         """Mean training loss of every model on every client: ``n x K``."""
         if self.vectorize:
-            return batched_loss_matrix(self.loss_fn, states, data.X, data.Y, data.mask,
-                                       max_elements=self.max_elements,
-                                       sample_elements=self._sample_elements(data.X))
+            with self._vmapped_user_model():
+                return batched_loss_matrix(self.loss_fn, states, data.X, data.Y, data.mask,
+                                           max_elements=self.max_elements,
+                                           sample_elements=self._sample_elements(data.X))
         K = next(iter(states.values())).shape[0]
         module = copy.deepcopy(self.template).eval()
         out = torch.empty(data.sizes.shape[0], K, dtype=torch.float32, device=data.X.device)
@@ -175,6 +181,25 @@ class Engine:
         return cache[shape]
 
     # -- local training --------------------------------------------------------
+    def check_batches(self, sizes: torch.Tensor, name: str = "client") -> None:
+        """Refuse what no batch split can train with BatchNorm: ``batch_size=1`` or a
+        client of one sample (a batch of one sample fails in train mode). Other sizes
+        train: a trailing batch of one sample joins the previous batch."""
+        if not self.batch_norm:
+            return
+        if self.batch_size is not None and int(self.batch_size) < 2:
+            raise ValueError(
+                f"batch_size={self.batch_size} with a model holding BatchNorm layers: "
+                "they normalise each training batch by its own statistics and need at "
+                "least 2 samples per batch; use batch_size >= 2 (or None).")
+        small = torch.nonzero(sizes < 2).flatten().tolist()
+        if small:
+            raise ValueError(
+                f"{name}(s) {small[:10]} hold(s) a single sample, but the model holds "
+                "BatchNorm layers, which need at least 2 samples per training batch "
+                f"(batch_size={self.batch_size}): give every {name} at least 2 samples "
+                "or use a model without BatchNorm.")
+
     def local_train(self, states: Params, assignment: torch.Tensor, data: ClientData,
                     generator: torch.Generator) -> Params:
         """Train each client's assigned model on its data; return ``n x ...`` states.
@@ -190,8 +215,27 @@ class Engine:
         train = self._train_vmap if self.vectorize else self._train_loop
         if not self.user_model:
             return train(init, data, perms, b, steps)
-        with seeded_global_rng(seed_from_generator(generator), data.X.device):
+        with seeded_global_rng(seed_from_generator(generator), data.X.device), \
+                self._vmapped_user_model():
             return train(init, data, perms, b, steps)
+
+    @contextlib.contextmanager
+    def _vmapped_user_model(self):
+        """Name ``vectorize=True`` when a user model fails under ``torch.func.vmap``
+        (``.item()``, data-dependent shapes or control flow, in-place ops on its input):
+        torch's message names neither the option nor the way out."""
+        if not (self.vectorize and self.user_model):
+            yield
+            return
+        try:
+            yield
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(
+                "model failed with vectorize=True, which runs it over all clients at "
+                f"once with torch.func.vmap: {exc} Use vectorize=False (a per-client "
+                "loop, which runs any module).") from exc
 
     def _train_vmap(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
         n = data.sizes.shape[0]
@@ -247,7 +291,16 @@ class Engine:
             n_i = int(data.sizes[i])
             for perm in perms:
                 for s in range(steps):
-                    idx = perm[i, s * b:min((s + 1) * b, n_i)]
+                    start, stop = s * b, min((s + 1) * b, n_i)
+                    if self.batch_norm:
+                        # no batch of one sample (BatchNorm refuses it in train mode): a
+                        # lone trailing sample joins the batch before it, so every sample
+                        # is still used once an epoch (unlike PyTorch's drop_last)
+                        if n_i - start == 1:
+                            continue
+                        if n_i - stop == 1:
+                            stop = n_i
+                    idx = perm[i, start:stop]
                     if idx.numel() == 0:
                         continue
                     x, y = data.X[i, idx], data.Y[i, idx]

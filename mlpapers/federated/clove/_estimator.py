@@ -26,13 +26,18 @@ default="linear"
         float32 default dtype, and the models are float32 copies of its modules.
         Losses and predictions use eval mode, local training train mode (dropout
         seeded by ``random_state``); ``requires_grad=False`` parameters are not
-        trained. See the user guide, "Your own model".
+        trained. BatchNorm layers need running statistics
+        (``track_running_stats=True``) and at least 2 samples per training batch:
+        ``batch_size=1`` and clients of one sample are refused, and a lone sample
+        left at the end of an epoch joins the batch before it. See the user guide,
+        "Your own model".
     hidden_layer_sizes : tuple of int, default=(64,)
         Hidden widths of ``"mlp"`` and ``"autoencoder"``.
     loss : {"auto", "mse", "cross_entropy", "reconstruction"}, default="auto"
         ``"auto"`` picks the reconstruction loss without targets or with the
         autoencoder, MSE for ``"linear"`` and continuous targets, cross-entropy
-        otherwise.
+        otherwise. ``model="autoencoder"`` takes the reconstruction loss only
+        (``"mse"`` or ``"cross_entropy"`` with it raise a ``ValueError``).
     n_rounds : int, default=20
         Communication rounds.
     local_epochs : int, default=1
@@ -49,7 +54,9 @@ _RUN_PARAMS = """participation : float, default=1.0
     vectorize : {"auto", True, False}, default="auto"
         Simulate all clients as batched tensor operations (``torch.func.vmap``)
         or in a per-client loop. ``"auto"`` vectorises the built-in models and
-        loops over clients for a callable model (which may use BatchNorm etc.).
+        loops over clients for a callable model (which may use BatchNorm etc.);
+        a callable model that ``vmap`` cannot run (``.item()``, data-dependent
+        shapes) raises a ``ValueError`` with ``vectorize=True``.
     device : str, default="cpu"
         Torch device.
     random_state : int, RandomState instance or None, default=None
@@ -67,8 +74,9 @@ _ATTRIBUTES = """labels_ : ndarray of int of shape (n_clients,)
         Number of models that hold at least one client.
     history_ : list of dict
         Per round: ``loss`` (data-weighted mean training loss of the assigned
-        models, before local training), ``ari`` (when ``cluster_labels`` were
-        given), ``n_participants``, ``n_models_used``, ``frozen``, ``time_s``.
+        models, before local training; absent from rounds with ``frozen`` True,
+        which compute no losses), ``ari`` (when ``cluster_labels`` were given),
+        ``n_participants``, ``n_models_used``, ``frozen``, ``time_s``.
     classes_ : ndarray
         Class labels (cross-entropy loss only).
     n_features_in_ : int
@@ -123,6 +131,8 @@ class CLoVE(_ClusteredBase):
         last ``freeze_after`` recorded assignments (the official code's rule;
         the paper uses 3). No loss vectors are computed after that; clients
         seen for the first time afterwards take their lowest-loss model.
+        ``freeze_after=1`` freezes after the first round, on its assignment (a
+        random one with ``first_assignment="random"``).
     n_init : int, default=10
         k-means restarts.
     %(run)s
@@ -201,6 +211,10 @@ class CLoVE(_ClusteredBase):
         elif self.loss_transform == "log":
             L = np.log(np.maximum(L, 0.0) + 1e-12)
         M = L.shape[1]
+        if M == 1:
+            # one model is FedAvg: no k-means seed is drawn, which would shift the
+            # participants sampled later from the same generator (participation < 1)
+            return np.zeros(L.shape[0], dtype=np.int64)
         if self.n_clusters == "auto":
             k = choose_n_clusters(L, M)
         else:

@@ -25,6 +25,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive, user_stacklevel
 from mlpapers._utils._ambient import with_autograd
+from mlpapers._utils._modules import refusing_layers, without_running_statistics
 from mlpapers.federated.clove._data import infer_loss, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine, stack_states, unstack_state
 from mlpapers.federated.clove._inference import _FederatedInferenceMixin
@@ -40,6 +41,12 @@ from mlpapers.federated.clove._models import (
     check_model_output,
     row_elements,
 )
+
+
+def _unfittable_layer(layer: torch.nn.Module) -> str | None:
+    """Why a layer of a user model cannot be fitted (``None`` if it can)."""
+    text = without_running_statistics(layer)
+    return None if text is None else f"{text}; build it with track_running_stats=True."
 
 
 class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimator):
@@ -160,7 +167,11 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         template = build_module(self.model, self.n_features_in_, n_out, self._hidden).to(
             self._device)
         if not isinstance(self.model, str):
-            check_model_output(template, fed.Xs[0][:1], kind, n_out)
+            # a BatchNorm without running statistics normalises by the batch also in eval
+            # mode: loss vectors and predictions of a row would depend on the other rows
+            # (and the one-sample probe failed with torch's "more than 1 value" error)
+            with refusing_layers(template, _unfittable_layer, "model's"):
+                check_model_output(template, fed.Xs[0][:1], kind, n_out)
             if not any(p.requires_grad for p in template.parameters()):
                 raise ValueError("model builds a module without trainable parameters "
                                  "(every parameter has requires_grad=False, or it has "
@@ -172,6 +183,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         engine = Engine(template, kind, vectorize=vectorize, optimizer=self.optimizer,
                         lr=self.lr, batch_size=self.batch_size, local_epochs=self.local_epochs,
                         user_model=not isinstance(self.model, str))
+        engine.check_batches(data.sizes)  # BatchNorm: no client or batch of one sample
         weights = data.sizes.to(torch.float64)
 
         assignment = np.full(n, -1, dtype=np.int64)
@@ -200,7 +212,8 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             else:
                 L = self._to_numpy(engine.loss_matrix(states, pdata)).astype(np.float64)
                 self._check_losses(L, part, t)
-                if t == 0 and getattr(self, "first_assignment", "loss") == "random":
+                if t == 0 and getattr(self, "first_assignment", "loss") == "random" \
+                        and M > 1:  # (one model: nothing to draw, as FedAvg draws nothing)
                     a_part = random_assignment(len(part), M, self._numpy_gen)
                 else:
                     a_part = self._assign(L, t)
@@ -264,16 +277,18 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             # pooled variance counted the spread between clusters' offsets, so targets
             # offset by +-1000 per cluster (loss 6.7e5 against 3.8 within the clients)
             # passed; with one model (FedAvg) it is the pooled variance
-            labels = np.asarray(self.labels_)
-            total, count = 0.0, 0
-            for g in np.unique(labels):
-                Y = np.concatenate([np.asarray(y, dtype=np.float64).reshape(len(y), -1)
-                                    for y, lab in zip(ys, labels) if lab == g])
-                total += float(Y.var(axis=0).mean()) * len(Y)
-                count += len(Y)
-            reference, name = total / count, "the variance of y within each model's clients"
+            # y is joined once (float64, one row per sample, the clients in order): each
+            # model's rows are picked by a mask of the same order, so every group's
+            # variance is that of its clients' concatenated targets
             Y = np.concatenate([np.asarray(y, dtype=np.float64).reshape(len(y), -1)
                                 for y in ys])
+            row_label = np.repeat(np.asarray(self.labels_), [len(y) for y in ys])
+            total = 0.0
+            for g in np.unique(row_label):
+                Yg = Y[row_label == g]
+                total += float(Yg.var(axis=0).mean()) * len(Yg)
+            reference = total / len(Y)
+            name = "the variance of y within each model's clients"
             if reference <= 1e-12 * float((Y * Y).mean()):
                 # constant targets within each model: no scale to judge a near miss by
                 # (any rounding-level loss would be "twice" 0): the pooled variance
