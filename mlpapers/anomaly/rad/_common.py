@@ -129,6 +129,12 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
     def _get_extractor(self):
         ext = getattr(self, "_extractor", None)
+        if ext is not None and getattr(self, "_extractor_param", None) is not self.extractor:
+            # set_params(extractor=...) after fit: score with the extractor the parameter
+            # names, as a pickled or saved-and-loaded copy does (which rebuild it from the
+            # parameter), not with the cached one; another feature shape then raises
+            # (feature_shapes_), as documented
+            ext = None
         if ext is None:
             ext = resolve_extractor(self.extractor)
             user_object = not (self.extractor is None or isinstance(self.extractor, str))
@@ -148,6 +154,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                               UserWarning, stacklevel=user_stacklevel())
                 ext = _copy_to_device(ext, self._resolved_device)
             self._extractor = ext
+            self._extractor_param = self.extractor  # what the cache was built from
         return ext
 
     # -- feature extraction -------------------------------------------------
@@ -314,7 +321,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
     def _forget_fit(self) -> None:
         """Drop the fitted attributes and the cached extractor (unfitted state)."""
         for attr in [k for k in vars(self) if (k.endswith("_") and not k.startswith("__"))
-                     or k in ("_extractor", "_extracted_shapes")]:
+                     or k in ("_extractor", "_extractor_param", "_extracted_shapes")]:
             delattr(self, attr)
 
     def _maps_and_scores(self, X, return_maps: bool = True):
@@ -325,9 +332,17 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         images, sizes = self._images(X)
         size = self._network_size(images)
         if tuple(size) != tuple(self.input_size_):
-            raise ValueError(f"X images are {tuple(images.shape[-2:])} but the memory was built "
-                             f"from {tuple(self.input_size_)} images (image_size=None); resize "
-                             "them or set image_size.")
+            fitted = tuple(int(v) for v in self.input_size_)
+            if self.image_size is None:
+                raise ValueError(f"X images are {tuple(images.shape[-2:])} but the memory was "
+                                 f"built from {fitted} images (image_size=None); resize "
+                                 f"them or set image_size={fitted}.")
+            # set_params(image_size=...) after fit: the memory's grids are of the fit's size
+            # (the images were fine; the message used to blame them, with image_size=None)
+            raise ValueError(f"image_size={self.image_size!r} but the memory was built at the "
+                             f"network input size {fitted}: image_size cannot change after "
+                             f"fit; set image_size={fitted} (or None for images of that size) "
+                             "again, or refit.")
         expect = getattr(self, "feature_shapes_", None)  # absent from older files
         expect = None if expect is None else [tuple(int(v) for v in sh) for sh in expect]
         fitted_keys = getattr(self, "keys_", None)
@@ -620,6 +635,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
             # rebuilt on demand: a built-in one, or the device copy of the user's module
             # (which would be pickled twice)
             state.pop("_extractor", None)
+            state.pop("_extractor_param", None)
         return state
 
     def _memory_dtype(self) -> torch.dtype:

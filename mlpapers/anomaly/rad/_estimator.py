@@ -60,7 +60,9 @@ class RADDetector(BaseImageDetector):
         paper's DINOv3 ViT-B/16 path). The module behind it (the extractor, or
         the owner of a bound method) runs in eval mode under inference mode on a
         copy of each batch and is left as given; see the user guide, "Your own
-        backbone".
+        backbone". Read again when scoring, as a pickled or loaded copy does: an
+        extractor set after ``fit`` must give the fitted feature shapes
+        (``feature_shapes_``, else ``ValueError``).
     k_images : int, default=150
         Number of retrieved training images, clamped to the memory size.
     pos_radius : int or None, default=1

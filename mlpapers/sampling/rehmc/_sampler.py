@@ -254,7 +254,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             Kept draws per chain.
         x0 : array-like of shape (d,) or (n_chains, d), optional
             Starting points inside the support (random points of the container
-            by default).
+            by default). Shape ``(d,)`` starts every chain at that point; a 2-D
+            ``x0`` must have ``n_chains`` rows (4 by default: pass ``n_chains``
+            with an ``x0`` of another number of rows, ``(1, d)`` included).
         n_chains : int, optional
             Number of chains: 4 by default, the result's with ``resume``.
         warmup : int, optional
@@ -283,8 +285,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         TypeError
             If ``resume`` is not a :class:`SampleResult`.
         ValueError
-            If ``x0`` has the wrong shape or lies outside the container or the
-            support, if no starting point in the support is found, or if
+            If ``x0`` has the wrong shape (a 2-D ``x0`` whose rows are not
+            ``n_chains``, the default 4 included) or lies outside the container or
+            the support, if no starting point in the support is found, or if
             ``log_prob`` returns the wrong shape or is not finite at the start.
             With ``resume``: if ``x0`` is also given, the dimension or
             ``n_chains`` differs from the result's, the result has no final
@@ -372,6 +375,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             n_chains = start.x.shape[0]
             warmup = 0 if warmup is None else warmup
             gen.set_state(start.rng_state)
+        default_chains = n_chains is None  # (named in the error on x0's rows)
         n_chains = 4 if n_chains is None else int(n_chains)
         warmup = 1000 if warmup is None else int(warmup)
         frozen = start is not None and warmup == 0  # continue with the result's tuning
@@ -393,7 +397,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
 
         if start is None:
-            x = initial_points(container, self.support, x0, n_chains, dtype, dev, gen)
+            x = initial_points(container, self.support, x0, n_chains, dtype, dev, gen,
+                               default_chains=default_chains)
         else:
             x = start.x
         glp = self.grad_log_prob

@@ -143,7 +143,8 @@ def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
     callable
         ``log_density(Q)``: maps a torch tensor ``Q`` of shape ``(..., n, k)`` to
         ``tr(F^T Q)`` of shape ``(...)``, in ``Q``'s dtype and device (the
-        ``log_density`` of :class:`StiefelSampler`).
+        ``log_density`` of :class:`StiefelSampler`). It pickles, and so does a
+        sampler holding it.
 
     Examples
     --------
@@ -154,13 +155,7 @@ def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
     >>> log_g(Q).tolist()
     [10.0]
     """
-    F_np = _param_matrix(F, "F")
-
-    def log_density(Q):
-        _check_input_shape(Q, *F_np.shape, f"F of shape {F_np.shape}")
-        return (torch.as_tensor(F_np, dtype=Q.dtype, device=Q.device) * Q).sum((-2, -1))
-
-    return log_density
+    return _MatrixVMFLogDensity(_param_matrix(F, "F"))
 
 
 @on_inputs_device
@@ -182,7 +177,8 @@ def bingham_log_density(A, B) -> Callable[[Tensor], Tensor]:
     callable
         ``log_density(Q)``: maps a torch tensor ``Q`` of shape ``(..., n, k)`` to
         ``tr(Q^T A Q B)`` of shape ``(...)``, in ``Q``'s dtype and device (the
-        ``log_density`` of :class:`StiefelSampler`).
+        ``log_density`` of :class:`StiefelSampler`). It pickles, and so does a
+        sampler holding it.
 
     Examples
     --------
@@ -193,16 +189,44 @@ def bingham_log_density(A, B) -> Callable[[Tensor], Tensor]:
     >>> log_g(Q).tolist()
     [3.0]
     """
-    A_np, B_np = _param_matrix(A, "A", square=True), _param_matrix(B, "B", square=True)
+    return _BinghamLogDensity(_param_matrix(A, "A", square=True),
+                              _param_matrix(B, "B", square=True))
 
-    def log_density(Q):
+
+# The densities are instances of module-level classes, not closures: a StiefelSampler
+# holding one must pickle (and save with joblib) like any estimator, and a closure
+# does not pickle.
+class _MatrixVMFLogDensity:
+    """``Q -> tr(F^T Q)`` of :func:`matrix_von_mises_fisher_log_density` (picklable)."""
+
+    def __init__(self, F: np.ndarray):
+        self.F = F
+
+    def __call__(self, Q: Tensor) -> Tensor:
+        _check_input_shape(Q, *self.F.shape, f"F of shape {self.F.shape}")
+        return (torch.as_tensor(self.F, dtype=Q.dtype, device=Q.device) * Q).sum((-2, -1))
+
+    def __repr__(self) -> str:
+        return f"matrix_von_mises_fisher_log_density(F of shape {self.F.shape})"
+
+
+class _BinghamLogDensity:
+    """``Q -> tr(Q^T A Q B)`` of :func:`bingham_log_density` (picklable)."""
+
+    def __init__(self, A: np.ndarray, B: np.ndarray):
+        self.A, self.B = A, B
+
+    def __call__(self, Q: Tensor) -> Tensor:
+        A_np, B_np = self.A, self.B
         _check_input_shape(Q, A_np.shape[0], B_np.shape[0],
                            f"A of shape {A_np.shape} with B of shape {B_np.shape}")
         A_t = torch.as_tensor(A_np, dtype=Q.dtype, device=Q.device)
         B_t = torch.as_tensor(B_np, dtype=Q.dtype, device=Q.device)
         return ((A_t @ Q @ B_t) * Q).sum((-2, -1))
 
-    return log_density
+    def __repr__(self) -> str:
+        return (f"bingham_log_density(A of shape {self.A.shape}, "
+                f"B of shape {self.B.shape})")
 
 
 @dataclass(repr=False)

@@ -202,13 +202,14 @@ def _varies(log_prob: Callable, x: torch.Tensor, logp: torch.Tensor) -> bool:
 
 
 def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype, device,
-                   gen: torch.Generator) -> torch.Tensor:
+                   gen: torch.Generator, *, default_chains: bool = False) -> torch.Tensor:
     """Starting points ``(n_chains, d)`` in the container and the support.
 
     ``x0`` of shape ``(d,)`` (shared) or ``(n_chains, d)`` is validated; without
     it, random points of the container are drawn (and re-drawn for chains that
     fall outside ``support``, up to 400 times: 200 well inside the container, then
-    200 covering all of it).
+    200 covering all of it). ``default_chains`` says that ``n_chains`` is the default
+    (the user passed none), for the error on an ``x0`` with another number of rows.
 
     Raises
     ------
@@ -251,7 +252,14 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
         raise ValueError(f"x0 must have shape ({d},) or ({n_chains}, {d}) to match the "
                          f"container dimension, got {tuple(x.shape)}.")
     if x.shape[0] != n_chains:
-        raise ValueError(f"x0 has {x.shape[0]} rows but n_chains={n_chains}.")
+        # (n_chains may be the default 4: say so, and how to get either meaning of x0)
+        rows = x.shape[0]
+        raise ValueError(
+            f"x0 of shape {tuple(x.shape)} has {rows} row{'s' if rows != 1 else ''} (one "
+            f"starting point per chain) but n_chains={n_chains}"
+            + (" (the default)" if default_chains else "")
+            + f"; pass n_chains={rows} to run {rows} chain{'s' if rows != 1 else ''} from "
+            f"x0, or x0 of shape ({d},) to start all {n_chains} chains at one point.")
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x0 must be finite (no NaN or inf).")
     if not bool(container._holds(x).all()):
