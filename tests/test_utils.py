@@ -372,3 +372,16 @@ def test_public_tensor_functions_name_the_parameter_given_a_numpy_array():
                                             rf"\(torch\.from_numpy\({param}\)\), got ndarray"):
             call(array)
         call(torch.from_numpy(array))  # the same call with a tensor runs
+
+
+def test_pairwise_covering_array_covers_every_pair_and_is_deterministic():
+    from tests._pairwise import covering_array, uncovered_pairs
+
+    options = {"a": [0, 1, 2], "b": ["x", "y"], "c": [None, (1, 2), [3]], "d": [True, False]}
+    rows = covering_array(options)
+    assert uncovered_pairs(options, rows) == []
+    assert rows == covering_array(options)
+    assert len(rows) < 3 * 2 * 3 * 2                    # far fewer than the full product
+    assert len(rows) >= 9                               # the two 3-valued options need 9
+    assert uncovered_pairs(options, rows[1:]) != []     # the check can fail
+    assert covering_array({"a": [1, 2]}) == [{"a": 1}, {"a": 2}]
