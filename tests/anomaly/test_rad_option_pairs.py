@@ -11,9 +11,7 @@ covering the grid equal to ``pos_radius=None``, ``k_images >= n_train`` equal to
 by this audit.
 """
 
-import itertools
 import pickle
-import random
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from mlpapers.anomaly.rad import (
     RandomConvExtractor,
     TorchFeatureExtractor,
 )
+from tests._pairwise import covering_array, uncovered_pairs
 
 N_TRAIN = 5
 _rng = np.random.default_rng(0)
@@ -33,27 +32,6 @@ X_TRAIN = _rng.random((N_TRAIN, 16, 16, 3)).astype(np.float32)
 X_TEST = _rng.random((2, 16, 16, 3)).astype(np.float32)
 X_TEST[0, 5:9, 5:9] = 1.0  # a bright square
 
-
-def covering_array(options: dict, seed: int = 0, n_candidates: int = 25) -> list[dict]:
-    """Greedy pairwise covering array: each row covers an uncovered pair and, among
-    ``n_candidates`` random completions, the most further uncovered pairs."""
-    names, values = list(options), list(options.values())
-    pairs = list(itertools.combinations(range(len(names)), 2))
-    todo = {(i, a, j, b) for i, j in pairs
-            for a in range(len(values[i])) for b in range(len(values[j]))}
-    rng, rows = random.Random(seed), []
-    while todo:
-        i, a, j, b = min(todo)
-        best, gain = None, -1
-        for _ in range(n_candidates):
-            row = [rng.randrange(len(v)) for v in values]
-            row[i], row[j] = a, b
-            g = sum((p, row[p], q, row[q]) in todo for p, q in pairs)
-            if g > gain:
-                best, gain = row, g
-        todo -= {(p, best[p], q, best[q]) for p, q in pairs}
-        rows.append({n: values[k][best[k]] for k, n in enumerate(names)})
-    return rows
 
 
 def _net() -> torch.nn.Module:
@@ -91,7 +69,7 @@ OPTIONS = {
     "chunk_size": [2048, 2**24],
     "input": ["nhwc", "list", "uint8"],
 }
-CONFIGS = covering_array(OPTIONS, seed=3)
+CONFIGS = covering_array(OPTIONS, seed=3, n_candidates=25)
 TRAIN_TOL = {"float32": 1e-5, "float16": 3e-3, "bfloat16": 2e-2}  # the documented rounding
 
 
@@ -110,9 +88,7 @@ def build(c, **over):
 
 
 def test_covering_array_covers_every_pair():
-    for p, q in itertools.combinations(OPTIONS, 2):
-        seen = {(repr(r[p]), repr(r[q])) for r in CONFIGS}
-        assert len(seen) == len(OPTIONS[p]) * len(OPTIONS[q]), (p, q)
+    assert uncovered_pairs(OPTIONS, CONFIGS) == []
 
 
 @pytest.mark.parametrize("c", CONFIGS, ids=lambda c: "-".join(f"{v}" for v in c.values()))
@@ -169,7 +145,7 @@ PATCHCORE_OPTIONS = {
     "chunk_size": [50, 2**24],
     "input": ["nhwc", "list", "uint8"],
 }
-PATCHCORE_CONFIGS = covering_array(PATCHCORE_OPTIONS, seed=4)
+PATCHCORE_CONFIGS = covering_array(PATCHCORE_OPTIONS, seed=4, n_candidates=25)
 
 
 @pytest.mark.parametrize("c", PATCHCORE_CONFIGS,
@@ -247,3 +223,7 @@ def test_leave_one_out_scores_are_fits_without_the_image(c):
            for i in range(N_TRAIN)]
     np.testing.assert_allclose(loo, det.decision_scores_, rtol=0,
                                atol=LOO_TOL[c["memory_dtype"]])
+
+
+def test_patchcore_covering_array_covers_every_pair():
+    assert uncovered_pairs(PATCHCORE_OPTIONS, PATCHCORE_CONFIGS) == []

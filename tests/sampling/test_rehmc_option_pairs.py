@@ -9,9 +9,7 @@ the container and the support, a seed's determinism, a pickled sampler's equalit
 Plus the regressions found by this audit.
 """
 
-import itertools
 import pickle
-import random
 import warnings
 
 import numpy as np
@@ -31,6 +29,7 @@ from mlpapers.sampling import (
     bingham_log_density,
     matrix_von_mises_fisher_log_density,
 )
+from tests._pairwise import covering_array, uncovered_pairs
 
 # short runs: the convergence warnings are expected
 pytestmark = [pytest.mark.filterwarnings("ignore:the chains disagree:RuntimeWarning"),
@@ -38,27 +37,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:the chains disagree:RuntimeWarn
 D = 2
 N = 6  # kept draws per chain
 
-
-def covering_array(options: dict, seed: int = 0, n_candidates: int = 25) -> list[dict]:
-    """Greedy pairwise covering array: each row covers an uncovered pair and, among
-    ``n_candidates`` random completions, the most further uncovered pairs."""
-    names, values = list(options), list(options.values())
-    pairs = list(itertools.combinations(range(len(names)), 2))
-    todo = {(i, a, j, b) for i, j in pairs
-            for a in range(len(values[i])) for b in range(len(values[j]))}
-    rng, rows = random.Random(seed), []
-    while todo:
-        i, a, j, b = min(todo)
-        best, gain = None, -1
-        for _ in range(n_candidates):
-            row = [rng.randrange(len(v)) for v in values]
-            row[i], row[j] = a, b
-            g = sum((p, row[p], q, row[q]) in todo for p, q in pairs)
-            if g > gain:
-                best, gain = row, g
-        todo -= {(p, best[p], q, best[q]) for p, q in pairs}
-        rows.append({n: values[k][best[k]] for k, n in enumerate(names)})
-    return rows
 
 
 def log_prob(x):
@@ -102,7 +80,7 @@ OPTIONS = {
     "thin": [1, 2],
     "warmup": [0, 12],
 }
-CONFIGS = covering_array(OPTIONS, seed=1)
+CONFIGS = covering_array(OPTIONS, seed=1, n_candidates=25)
 
 
 def build(c):
@@ -132,10 +110,7 @@ def draw(hmc, c, n=N, **kw):
 
 
 def test_covering_array_covers_every_pair():
-    names = list(OPTIONS)
-    for p, q in itertools.combinations(names, 2):
-        seen = {(repr(r[p]), repr(r[q])) for r in CONFIGS}
-        assert len(seen) == len(OPTIONS[p]) * len(OPTIONS[q]), (p, q)
+    assert uncovered_pairs(OPTIONS, CONFIGS) == []
 
 
 @pytest.mark.parametrize("c", CONFIGS, ids=lambda c: "-".join(f"{v}" for v in c.values()))
@@ -198,7 +173,7 @@ STIEFEL_OPTIONS = {
     "n_chains": [None, 1],
     "thin": [1, 2],
 }
-STIEFEL_CONFIGS = covering_array(STIEFEL_OPTIONS, seed=2)
+STIEFEL_CONFIGS = covering_array(STIEFEL_OPTIONS, seed=2, n_candidates=25)
 
 
 def stiefel(c):
@@ -269,3 +244,7 @@ def test_x0_rows_against_n_chains_is_a_clear_error(rows, n_chains, default):
     # each way out works: n_chains=rows, or a (d,) x0 shared by the chains
     assert hmc.sample(5, x0, n_chains=rows, warmup=0).samples.shape == (rows, 5, D)
     assert hmc.sample(5, x0[0], n_chains=n_chains, warmup=0).samples.shape == (chains, 5, D)
+
+
+def test_stiefel_covering_array_covers_every_pair():
+    assert uncovered_pairs(STIEFEL_OPTIONS, STIEFEL_CONFIGS) == []
