@@ -12,6 +12,7 @@ by this audit.
 """
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -227,3 +228,16 @@ def test_leave_one_out_scores_are_fits_without_the_image(c):
 
 def test_patchcore_covering_array_covers_every_pair():
     assert uncovered_pairs(PATCHCORE_OPTIONS, PATCHCORE_CONFIGS) == []
+
+
+@pytest.mark.parametrize("cls", [RADDetector, PatchCoreDetector])
+def test_a_single_training_image_warns_that_it_has_no_threshold(cls):
+    # one image has no other to be scored against: scores 0 and threshold 0 flag
+    # every test image with a positive score, which fit used to do silently
+    det = cls(extractor="random", image_size=None, random_state=0)
+    with pytest.warns(UserWarning, match="single image"):
+        det.fit(X_TRAIN[:1])
+    assert det.decision_scores_.tolist() == [0.0] and det.threshold_ == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cls(extractor="random", image_size=None, random_state=0).fit(X_TRAIN[:2])

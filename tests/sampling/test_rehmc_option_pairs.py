@@ -248,3 +248,11 @@ def test_x0_rows_against_n_chains_is_a_clear_error(rows, n_chains, default):
 
 def test_stiefel_covering_array_covers_every_pair():
     assert uncovered_pairs(STIEFEL_OPTIONS, STIEFEL_CONFIGS) == []
+
+
+def test_x0_without_rows_is_a_plain_error():
+    # the row-count message used to advise n_chains=0, itself refused
+    hmc = ReflectiveHMC(log_prob, Box([-1, -1], [1, 1]), n_leapfrog=3, random_state=0)
+    with pytest.raises(ValueError, match=r"x0 of shape \(0, 2\) has no rows") as info:
+        hmc.sample(3, np.zeros((0, D)), warmup=0)
+    assert "n_chains=0" not in str(info.value)

@@ -312,6 +312,13 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
             self.threshold_ = float(np.percentile(self.decision_scores_,
                                                   100.0 * (1.0 - self.contamination)))
             self.labels_ = (self.decision_scores_ > self.threshold_).astype(np.int64)
+            if self.n_train_ == 1:
+                warnings.warn(
+                    f"{type(self).__name__} was fitted on a single image: there is no other "
+                    "image to score it against, so decision_scores_ is [0.0] and threshold_ "
+                    "0.0, and predict labels every image scoring above 0 as anomalous. Fit "
+                    "on at least 2 normal images for a threshold, or threshold "
+                    "decision_function yourself.", UserWarning, stacklevel=user_stacklevel())
         except BaseException:
             # a failed refit must not leave the previous memory next to new attributes
             self._forget_fit()

@@ -251,6 +251,9 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
     if x.ndim != 2 or x.shape[1] != d:
         raise ValueError(f"x0 must have shape ({d},) or ({n_chains}, {d}) to match the "
                          f"container dimension, got {tuple(x.shape)}.")
+    if x.shape[0] == 0:
+        raise ValueError(f"x0 of shape {tuple(x.shape)} has no rows: pass one starting "
+                         f"point per chain, shape ({n_chains}, {d}), or one for all, ({d},).")
     if x.shape[0] != n_chains:
         # (n_chains may be the default 4: say so, and how to get either meaning of x0)
         rows = x.shape[0]
