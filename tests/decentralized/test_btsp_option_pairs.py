@@ -2,16 +2,15 @@
 functions (session 18, combinatorial testing).
 
 Pairwise covering arrays over the options that select a code path (every pair of
-values of every two options appears in at least one configuration; a deterministic
-greedy search below) are run on tiny inputs, each checked against the invariants that
-hold whatever the options: the reported BCDs equal :func:`bottleneck_delay` of the
-assignment on the (closed) delays, the lower bound holds, the multiplier step and the
-refinement are never worse, ``exact`` is optimal, reproducibility, pickle; for the
-simulator, the round delays, the simulated clock, the recorded rounds and the
-predictions' types.
+values of every two options appears in at least one configuration; the deterministic
+greedy search of ``tests._pairwise``) are run on tiny inputs, each checked against the
+invariants that hold whatever the options: the reported BCDs equal
+:func:`bottleneck_delay` of the assignment on the (closed) delays, the lower bound
+holds, the multiplier step and the refinement are never worse, ``exact`` is optimal,
+reproducibility, pickle; for the simulator, the round delays, the simulated clock, the
+recorded rounds and the predictions' types.
 """
 
-import itertools
 import math
 import pickle
 import warnings
@@ -32,30 +31,7 @@ from mlpapers.decentralized.btsp import (
     metric_closure,
     mixing_matrices,
 )
-
-
-def covering_array(options, seed=0, candidates=30):
-    """Rows (dicts) covering every pair of values of every two options (greedy)."""
-    names = list(options)
-    uncovered = sorted((a, va, b, vb)
-                       for a, b in itertools.combinations(range(len(names)), 2)
-                       for va in range(len(options[names[a]]))
-                       for vb in range(len(options[names[b]])))
-    rng = np.random.default_rng(seed)
-    rows = []
-    while uncovered:
-        best, best_count = None, -1
-        for c in range(candidates):
-            row = [int(rng.integers(len(options[n]))) for n in names]
-            a, va, b, vb = uncovered[0 if c == 0 else int(rng.integers(len(uncovered)))]
-            row[a], row[b] = va, vb
-            count = sum(row[x] == vx and row[y] == vy for x, vx, y, vy in uncovered)
-            if count > best_count:
-                best, best_count = row, count
-        rows.append(best)
-        uncovered = [(x, vx, y, vy) for x, vx, y, vy in uncovered
-                     if not (best[x] == vx and best[y] == vy)]
-    return [{n: options[n][v] for n, v in zip(names, r)} for r in rows]
+from tests._pairwise import covering_array, uncovered_pairs
 
 
 def _ids(cfg):
@@ -292,3 +268,9 @@ def test_dsgd_option_pairs(cfg):
     assert all(math.isfinite(h["loss"]) for h in est.history_)
     np.testing.assert_array_equal(clone(est).fit(Xin, y, **kw).predict_proba(Xin), proba)
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(est)).predict_proba(Xin), proba)
+
+
+@pytest.mark.parametrize("options", [ASSIGNER_OPTIONS, FUNCTION_OPTIONS, DSGD_OPTIONS],
+                         ids=["assigner", "functions", "dsgd"])
+def test_covering_arrays_cover_every_pair(options):
+    assert uncovered_pairs(options, covering_array(options)) == []

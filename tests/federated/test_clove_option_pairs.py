@@ -1,15 +1,14 @@
 """Option interactions of CLoVE, IFCA and FedAvg (session 18, combinatorial testing).
 
 A pairwise covering array over the options that select a code path (every pair of
-values of every two options appears in at least one configuration; built by a
-deterministic greedy search below) is fitted on tiny federations, and every fit is
-checked against the invariants that hold whatever the options: documented shapes and
+values of every two options appears in at least one configuration; built by the
+deterministic greedy search of ``tests._pairwise``) is fitted on tiny federations, and
+every fit is checked against the invariants that hold whatever the options: documented shapes and
 types, finite losses, ``assign`` = the lowest-loss model, reproducibility, pickle and
 ``save``/``load``, ``set_params`` + refit, the vectorised path = the per-client loop,
 one model = FedAvg. The regression tests of the defects the array found follow.
 """
 
-import itertools
 import math
 import pickle
 import warnings
@@ -22,7 +21,8 @@ from sklearn.exceptions import ConvergenceWarning
 from torch import nn
 
 from mlpapers.federated import IFCA, CLoVE, FedAvg
-from mlpapers.federated.clove._engine import Engine
+from mlpapers.federated.clove._engine import ClientData, Engine
+from tests._pairwise import covering_array, uncovered_pairs
 
 ESTIMATORS = {"CLoVE": CLoVE, "IFCA": IFCA, "FedAvg": FedAvg}
 
@@ -56,31 +56,11 @@ OPTIONS = {
 }
 
 
-def covering_array(options, seed=0, candidates=30):
-    """Rows (dicts) covering every pair of values of every two options (greedy)."""
-    names = list(options)
-    uncovered = sorted((a, va, b, vb)
-                       for a, b in itertools.combinations(range(len(names)), 2)
-                       for va in range(len(options[names[a]]))
-                       for vb in range(len(options[names[b]])))
-    rng = np.random.default_rng(seed)
-    rows = []
-    while uncovered:
-        best, best_count = None, -1
-        for c in range(candidates):
-            row = [int(rng.integers(len(options[n]))) for n in names]
-            a, va, b, vb = uncovered[0 if c == 0 else int(rng.integers(len(uncovered)))]
-            row[a], row[b] = va, vb
-            count = sum(row[x] == vx and row[y] == vy for x, vx, y, vy in uncovered)
-            if count > best_count:
-                best, best_count = row, count
-        rows.append(best)
-        uncovered = [(x, vx, y, vy) for x, vx, y, vy in uncovered
-                     if not (best[x] == vx and best[y] == vy)]
-    return [{n: options[n][v] for n, v in zip(names, r)} for r in rows]
-
-
 CONFIGS = covering_array(OPTIONS)
+
+
+def test_covering_array_covers_every_pair():
+    assert uncovered_pairs(OPTIONS, CONFIGS) == []
 
 TASK = {"linear": "mse", "bn": "mse", "logistic": "cross_entropy", "mlp": "cross_entropy",
         "dropout": "cross_entropy", "autoencoder": "reconstruction"}
@@ -88,7 +68,7 @@ TASK = {"linear": "mse", "bn": "mse", "logistic": "cross_entropy", "mlp": "cross
 
 def _clients(cfg, seed=0):
     rng = np.random.default_rng(seed)
-    sizes = [12] * 6 if cfg["sizes"] == "equal" else [11, 20, 13, 9, 16, 10]
+    sizes = [8] * 6 if cfg["sizes"] == "equal" else [7, 13, 9, 6, 11, 8]
     W = rng.normal(size=(2, 3, 2))
     task = TASK[cfg["model"]]
     clients = []
@@ -222,7 +202,7 @@ class _RecordingBN(nn.Module):
                                    nn.Linear(4, n_outputs))
 
     def forward(self, x):
-        if self.training:
+        if self.training and torch.is_grad_enabled():  # (not the fit's no-grad probe)
             _TRAIN_BATCHES.append(x.shape[0])
         return self.b(torch.relu(self.bn(self.a(x))))
 
@@ -285,9 +265,13 @@ def test_batchnorm_refuses_batches_of_one_up_front(Est):
 def test_flower_node_check_names_the_node():
     engine = Engine(bn_net(3, 1), "mse", vectorize=False, optimizer="adam", lr=0.01,
                     batch_size=8, local_epochs=1, user_model=True)
+
+    def node(m):
+        return ClientData.from_lists([torch.ones(m, 3)], [torch.ones(m, 1)], "cpu")
+
     with pytest.raises(ValueError, match=r"node\(s\) \[0\] .*single sample"):
-        engine.check_batches(torch.tensor([1]), name="node")
-    engine.check_batches(torch.tensor([2]), name="node")  # two samples train
+        engine.check_batches(node(1), name="node")
+    engine.check_batches(node(2), name="node")  # two samples train
 
 
 @pytest.mark.parametrize("vectorize", [True, False])

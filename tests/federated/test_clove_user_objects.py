@@ -3,6 +3,7 @@ and eval modes, dropout (per-client loop and vmap), frozen and tied parameters, 
 without parameters, output contracts, the factory's calls, persistence and threads."""
 
 import pickle
+import re
 import time
 
 import numpy as np
@@ -338,3 +339,153 @@ def test_flower_client_batchnorm_never_trains_on_one_sample():
     # (a deployed node replies with the error; called directly, the app raises it)
     with pytest.raises(ValueError, match=r"node\(s\) \[0\] hold\(s\) a single sample"):
         train(1)
+
+
+# -- (session 18, review) BatchNorm rules per model, vmap errors, unused parameters ------
+class PlainBatchNorm(nn.Module):
+    """``F.batch_norm`` with BatchNorm's state and update (momentum 0.1, eps 1e-5), but
+    no ``_BatchNorm`` subclass: the reference a BatchNorm that gets several values per
+    channel must train like (no batch of the epoch merged or refused)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.ones(c)), nn.Parameter(torch.zeros(c))
+        self.register_buffer("running_mean", torch.zeros(c))
+        self.register_buffer("running_var", torch.ones(c))
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    def forward(self, x):
+        if self.training:
+            self.num_batches_tracked.add_(1)
+        return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight,
+                                        self.bias, self.training, 0.1, 1e-5)
+
+
+def conv2d_net(bn):
+    return lambda d, o: nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), bn(3), nn.ReLU(),
+                                      nn.Flatten(), nn.Linear(48, o))
+
+
+def conv1d_net(bn):
+    return lambda d, o: nn.Sequential(nn.Conv1d(2, 3, 3, padding=1), bn(3), nn.ReLU(),
+                                      nn.Flatten(), nn.Linear(15, o))
+
+
+class UnusedBatchNorm(nn.Module):
+    def __init__(self, d, o, with_bn=True):
+        super().__init__()
+        self.a = nn.Linear(d, o)
+        if with_bn:
+            self.bn = nn.BatchNorm1d(d)  # built, never called
+
+    def forward(self, x):
+        return self.a(x)
+
+
+BN_MODELS = {  # (model, its reference without a _BatchNorm, a client's input shape)
+    "BatchNorm2d": (conv2d_net(nn.BatchNorm2d), conv2d_net(PlainBatchNorm), (1, 4, 4)),
+    "Conv1d+BatchNorm1d": (conv1d_net(nn.BatchNorm1d), conv1d_net(PlainBatchNorm), (2, 5)),
+    "unused": (UnusedBatchNorm, lambda d, o: UnusedBatchNorm(d, o, with_bn=False), (4,)),
+}
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+@pytest.mark.parametrize("name", list(BN_MODELS))
+def test_batchnorm_with_several_values_per_channel_trains_any_batch(name, batch_size):
+    # the lone-sample rules (refuse batch_size=1 and clients of one sample, merge a lone
+    # last sample) turned on for any BatchNorm class, but torch refuses only one value
+    # per channel: these fits were refused (batch_size=1, a client of one sample), or
+    # trained other batches (batch_size=2: odd clients' lone last samples were merged)
+    model, reference, shape = BN_MODELS[name]
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(m, *shape)).astype(np.float32), rng.integers(0, 2, m))
+               for m in ((5, 7, 1, 6) if batch_size == 1 else (5, 7, 3, 6))]
+    kw = dict(n_rounds=2, batch_size=batch_size, random_state=0, vectorize=False)
+    est = FedAvg(model=model, **kw).fit(clients)
+    ref = FedAvg(model=reference, **kw).fit(clients)
+    X0 = clients[0][0]
+    np.testing.assert_array_equal(est.predict_proba(X0), ref.predict_proba(X0))
+    np.testing.assert_array_equal(est.loss_vectors_, ref.loss_vectors_)
+    if name != "unused":  # the same state, bit for bit
+        assert est._states.keys() == ref._states.keys()
+        for k, v in est._states.items():
+            torch.testing.assert_close(v, ref._states[k], rtol=0, atol=0)
+
+
+def test_batchnorm_on_one_value_per_channel_still_refuses_batches_of_one():
+    with pytest.raises(ValueError, match=r"batch_size=1 .*one value per channel"):
+        FedAvg(model=bn_net, batch_size=1, n_rounds=1).fit(CLIENTS)
+
+
+class TrainBug(nn.Module):
+    """A genuine model bug in train mode (a shape error), whatever vmap does."""
+
+    def __init__(self, d, o):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, o), nn.Linear(d + 1, o)
+
+    def forward(self, x):
+        return self.b(x) if self.training else self.a(x)
+
+
+class EvalBug(TrainBug):
+    """A bug in eval mode on batches of several rows (the one-row output check passes):
+    the loss matrix fails."""
+
+    def forward(self, x):
+        return self.a(x) if self.training or len(x) == 1 else self.b(x)
+
+
+@pytest.mark.parametrize("Model", [TrainBug, EvalBug])
+def test_model_bug_under_vmap_raises_its_own_error(Model):
+    # every RuntimeError under vectorize=True was rewritten as "use vectorize=False",
+    # which does not cure a model that fails outside vmap too: its own error now
+    with pytest.raises(RuntimeError) as info:
+        CLoVE(model=Model, n_clusters=2, n_rounds=1, vectorize=True, random_state=0).fit(
+            CLIENTS)
+    assert type(info.value) is RuntimeError and "vectorize" not in str(info.value)
+
+
+class ItemNet(nn.Module):
+    """Control flow on a value (``.item()``): runs in a loop, not under vmap."""
+
+    def __init__(self, d, o):
+        super().__init__()
+        self.a = nn.Linear(d, o)
+
+    def forward(self, x):
+        return self.a(x) * float(x.sum().item() > -1e30)
+
+
+def test_vmap_only_failure_names_vectorize_and_chains_the_error():
+    with pytest.raises(ValueError) as info:
+        FedAvg(model=ItemNet, n_rounds=1, vectorize=True, random_state=0).fit(CLIENTS)
+    msg = str(info.value)
+    assert msg.startswith("model failed with vectorize=True")
+    assert re.search(r"\.item\(\).*\w\. It runs outside vmap: use vectorize=False", msg,
+                     re.S)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert str(info.value.__cause__).rstrip(". ") in msg
+
+
+class Spare(nn.Module):
+    def __init__(self, d, o):
+        super().__init__()
+        self.a, self.spare = nn.Linear(d, o), nn.Linear(d, o)  # spare: never used
+
+    def forward(self, x):
+        return self.a(x)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_unused_parameter_trains_vectorized_like_the_loop(optimizer):
+    # torch.autograd.grad refused the unused parameter under vectorize=True ("appears to
+    # not have been used in the graph"); the loop path trains it as untouched
+    kw = dict(model=Spare, n_clusters=2, n_rounds=2, optimizer=optimizer, lr=0.05,
+              batch_size=16, random_state=0)
+    vec = CLoVE(vectorize=True, **kw).fit(CLIENTS)
+    loop = CLoVE(vectorize=False, **kw).fit(CLIENTS)
+    np.testing.assert_array_equal(vec.labels_, loop.labels_)
+    np.testing.assert_allclose(vec.loss_vectors_, loop.loss_vectors_, rtol=1e-4, atol=1e-6)
+    for k, v in vec._states.items():
+        torch.testing.assert_close(v, loop._states[k], rtol=1e-4, atol=1e-6)

@@ -128,10 +128,10 @@ class Engine:
         self.frozen = frozen_names(template)
         # the trainable names, once each (named_parameters drops the tied aliases)
         self.trainable = [k for k, p in template.named_parameters() if p.requires_grad]
-        # BatchNorm in train mode normalises by the batch: one sample (one value per
-        # channel) is refused by torch, so such a model never gets a batch of one
-        self.batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
-                              for m in template.modules())
+        # whether a BatchNorm of this model gets one value per channel from one sample
+        # (torch refuses that in train mode): set by check_batches, which probes the
+        # model on a sample; such a model never gets a batch of one sample
+        self.batch_norm: bool | None = None
         if vectorize:
             # the vmapped losses follow the modules' modes: eval for the loss matrix, train
             # for local training (dropout; a user template may come in either mode)
@@ -147,7 +147,7 @@ class Engine:
     def loss_matrix(self, states: Params, data: ClientData) -> torch.Tensor:
         """Mean training loss of every model on every client: ``n x K``."""
         if self.vectorize:
-            with self._vmapped_user_model():
+            with self._vmapped_user_model(states, data, train=False):
                 return batched_loss_matrix(self.loss_fn, states, data.X, data.Y, data.mask,
                                            max_elements=self.max_elements,
                                            sample_elements=self._sample_elements(data.X))
@@ -181,24 +181,61 @@ class Engine:
         return cache[shape]
 
     # -- local training --------------------------------------------------------
-    def check_batches(self, sizes: torch.Tensor, name: str = "client") -> None:
-        """Refuse what no batch split can train with BatchNorm: ``batch_size=1`` or a
-        client of one sample (a batch of one sample fails in train mode). Other sizes
-        train: a trailing batch of one sample joins the previous batch."""
+    def _probe_batch_norm(self, x: torch.Tensor) -> bool:
+        """Whether a BatchNorm that runs in train mode gets a single value per channel
+        from the one sample ``x`` (``1 x ...``): torch refuses that ("Expected more than
+        1 value per channel"). BatchNorm2d after a convolution, BatchNorm1d on
+        ``(N, C, L)`` input or a BatchNorm the forward never calls train on one sample."""
+        def batch_norms(module):
+            return [m for m in module.modules()
+                    if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+        if not batch_norms(self.template):  # (no copy, no forward pass)
+            return False
+        module = copy.deepcopy(self.template).train()
+        bns = batch_norms(module)
+        single = []
+
+        def hook(_, inputs):
+            inp = inputs[0] if inputs else None
+            if isinstance(inp, torch.Tensor) and inp.ndim >= 2:
+                single.append(inp.numel() == inp.shape[1])
+
+        handles = [m.register_forward_pre_hook(hook) for m in bns]
+        try:  # a copy, no gradient, in a seeded fork of the RNG (dropout draws)
+            with seeded_global_rng(0, x.device), torch.no_grad():
+                module(self._input(x))
+        except Exception:  # noqa: BLE001 - the BatchNorm's own refusal, or a model bug
+            pass            # that training raises again; the hooks ran up to it
+        finally:
+            for h in handles:
+                h.remove()
+        return any(single)
+
+    def check_batches(self, data: ClientData, name: str = "client") -> None:
+        """Refuse what no batch split can train when a BatchNorm of the model gets one
+        value per channel from one sample (see :meth:`_probe_batch_norm`):
+        ``batch_size=1`` or a client of one sample (a batch of one sample fails in train
+        mode). Other sizes train: a trailing batch of one sample joins the previous
+        batch. Models whose BatchNorms get several values per sample are not affected."""
+        if self.batch_norm is None:
+            self.batch_norm = self._probe_batch_norm(data.X[0, :1])
         if not self.batch_norm:
             return
         if self.batch_size is not None and int(self.batch_size) < 2:
             raise ValueError(
-                f"batch_size={self.batch_size} with a model holding BatchNorm layers: "
-                "they normalise each training batch by its own statistics and need at "
-                "least 2 samples per batch; use batch_size >= 2 (or None).")
-        small = torch.nonzero(sizes < 2).flatten().tolist()
+                f"batch_size={self.batch_size} with a model whose BatchNorm layers get "
+                "one value per channel from a sample: they normalise each training "
+                "batch by its own statistics and need at least 2 samples per batch; use "
+                "batch_size >= 2 (or None).")
+        small = torch.nonzero(data.sizes < 2).flatten().tolist()
         if small:
             raise ValueError(
-                f"{name}(s) {small[:10]} hold(s) a single sample, but the model holds "
-                "BatchNorm layers, which need at least 2 samples per training batch "
-                f"(batch_size={self.batch_size}): give every {name} at least 2 samples "
-                "or use a model without BatchNorm.")
+                f"{name}(s) {small[:10]} hold(s) a single sample, but the model's "
+                "BatchNorm layers get one value per channel from a sample and need at "
+                f"least 2 samples per training batch (batch_size={self.batch_size}): "
+                f"give every {name} at least 2 samples or use a model without BatchNorm "
+                "on such features.")
 
     def local_train(self, states: Params, assignment: torch.Tensor, data: ClientData,
                     generator: torch.Generator) -> Params:
@@ -207,6 +244,8 @@ class Engine:
         Optimizer state starts fresh every call (every round), as in the paper.
         """
         n, m = data.mask.shape
+        if self.batch_norm is None:  # (check_batches was not called: probe here)
+            self.batch_norm = self._probe_batch_norm(data.X[0, :1])
         b = m if self.batch_size is None else min(int(self.batch_size), m)
         steps = n_steps_per_epoch(data.sizes, b)
         perms = [epoch_permutations(data.sizes, m, generator, data.X.device)
@@ -216,14 +255,16 @@ class Engine:
         if not self.user_model:
             return train(init, data, perms, b, steps)
         with seeded_global_rng(seed_from_generator(generator), data.X.device), \
-                self._vmapped_user_model():
+                self._vmapped_user_model(init, data, train=True):
             return train(init, data, perms, b, steps)
 
     @contextlib.contextmanager
-    def _vmapped_user_model(self):
+    def _vmapped_user_model(self, states: Params, data: ClientData, *, train: bool):
         """Name ``vectorize=True`` when a user model fails under ``torch.func.vmap``
         (``.item()``, data-dependent shapes or control flow, in-place ops on its input):
-        torch's message names neither the option nor the way out."""
+        torch's message names neither the option nor the way out. Only when the model
+        runs outside vmap (:meth:`_runs_unbatched`): a genuine model bug raises its own
+        error unchanged, which ``vectorize=False`` would not cure."""
         if not (self.vectorize and self.user_model):
             yield
             return
@@ -232,10 +273,31 @@ class Engine:
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, ValueError) as exc:
+            if not self._runs_unbatched(states, data, train):
+                raise
             raise ValueError(
                 "model failed with vectorize=True, which runs it over all clients at "
-                f"once with torch.func.vmap: {exc} Use vectorize=False (a per-client "
-                "loop, which runs any module).") from exc
+                f"once with torch.func.vmap: {str(exc).rstrip('. ')}. It runs outside "
+                "vmap: use vectorize=False (a per-client loop, which runs any "
+                "module).") from exc
+
+    def _runs_unbatched(self, states: Params, data: ClientData, train: bool) -> bool:
+        """Replay the model once outside vmap, as the loop path runs it (a copy holding
+        the first model's state, in the same mode, on client 0's first batch, with the
+        loss and, when training, its backward pass): whether it runs."""
+        try:
+            module = copy.deepcopy(self.template).train(train)
+            module.load_state_dict(unstack_state(states, 0))
+            n0 = int(data.sizes[0])
+            b = n0 if not train or self.batch_size is None else min(int(self.batch_size), n0)
+            x, y = data.X[0, :b], data.Y[0, :b]
+            with seeded_global_rng(0, x.device), torch.enable_grad():
+                loss = per_sample_loss(module(self._input(x)), x, y, self.kind).mean()
+                if train:
+                    loss.backward()
+        except Exception:  # noqa: BLE001 - any failure: the model's own bug
+            return False
+        return True
 
     def _train_vmap(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
         n = data.sizes.shape[0]
@@ -250,7 +312,11 @@ class Engine:
             leaves = {k: P[k].detach().requires_grad_(True) for k in keys}
             with torch.enable_grad():
                 total = loss_fn({**P, **leaves}, xb, yb, valid).sum()
-                grads = torch.autograd.grad(total, list(leaves.values()))
+                # a parameter the forward never uses (a spare layer) gets a zero
+                # gradient, which leaves it unchanged under SGD and Adam, as the loop
+                # path's optimizers (its .grad stays None) do
+                grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True,
+                                            materialize_grads=True)
             return dict(zip(leaves, grads))
 
         m1 = {k: torch.zeros_like(P[k]) for k in keys}

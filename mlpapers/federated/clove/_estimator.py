@@ -27,10 +27,12 @@ default="linear"
         Losses and predictions use eval mode, local training train mode (dropout
         seeded by ``random_state``); ``requires_grad=False`` parameters are not
         trained. BatchNorm layers need running statistics
-        (``track_running_stats=True``) and at least 2 samples per training batch:
-        ``batch_size=1`` and clients of one sample are refused, and a lone sample
-        left at the end of an epoch joins the batch before it. See the user guide,
-        "Your own model".
+        (``track_running_stats=True``). A BatchNorm that gets one value per channel
+        from a sample (``BatchNorm1d`` on ``(N, C)`` features) needs at least 2
+        samples per training batch: ``batch_size=1`` and clients of one sample are
+        then refused, and a lone sample left at the end of an epoch joins the batch
+        before it (BatchNorm2d after a convolution trains on any batch, unchanged).
+        See the user guide, "Your own model".
     hidden_layer_sizes : tuple of int, default=(64,)
         Hidden widths of ``"mlp"`` and ``"autoencoder"``.
     loss : {"auto", "mse", "cross_entropy", "reconstruction"}, default="auto"
@@ -55,8 +57,10 @@ _RUN_PARAMS = """participation : float, default=1.0
         Simulate all clients as batched tensor operations (``torch.func.vmap``)
         or in a per-client loop. ``"auto"`` vectorises the built-in models and
         loops over clients for a callable model (which may use BatchNorm etc.);
-        a callable model that ``vmap`` cannot run (``.item()``, data-dependent
-        shapes) raises a ``ValueError`` with ``vectorize=True``.
+        a callable model that ``vmap`` cannot run but that runs outside it
+        (``.item()``, data-dependent shapes) raises a ``ValueError`` with
+        ``vectorize=True`` (a model that fails outside vmap too raises its own
+        error).
     device : str, default="cpu"
         Torch device.
     random_state : int, RandomState instance or None, default=None

@@ -183,7 +183,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         engine = Engine(template, kind, vectorize=vectorize, optimizer=self.optimizer,
                         lr=self.lr, batch_size=self.batch_size, local_epochs=self.local_epochs,
                         user_model=not isinstance(self.model, str))
-        engine.check_batches(data.sizes)  # BatchNorm: no client or batch of one sample
+        engine.check_batches(data)  # BatchNorm on one value per channel: no batch of 1
         weights = data.sizes.to(torch.float64)
 
         assignment = np.full(n, -1, dtype=np.int64)

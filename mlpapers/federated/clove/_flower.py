@@ -495,9 +495,10 @@ def make_client_app(
         node cannot encode arbitrary labels, as it sees only its own.
     local_epochs, lr, batch_size, optimizer :
         Local training, as in :class:`~mlpapers.federated.CLoVE`; the optimizer
-        state is fresh every round. With BatchNorm layers, a lone last sample of an
-        epoch joins the batch before it, and ``batch_size=1`` or a node of one
-        sample is refused (the node replies with the ``ValueError``).
+        state is fresh every round. With BatchNorm layers that get one value per
+        channel from a sample (``BatchNorm1d`` on ``(N, C)`` features), a lone last
+        sample of an epoch joins the batch before it, and ``batch_size=1`` or a node
+        of one sample is refused (the node replies with the ``ValueError``).
 
     Returns
     -------
@@ -544,7 +545,7 @@ def make_client_app(
         # message's seed: reproducible, and the node's own RNG is left as it was
         engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
                         batch_size=batch_size, local_epochs=local_epochs, user_model=True)
-        engine.check_batches(data.sizes, name="node")  # BatchNorm: no batch of one sample
+        engine.check_batches(data, name="node")  # BatchNorm: no batch of one sample
         return data, template, engine
 
     def stack(records: list[ArrayRecord], template: torch.nn.Module):
