@@ -251,10 +251,9 @@ def test_reranking_keeps_the_differences_a_large_offset_rounds_away():
     """Keys N(0, 1) + 1e6: float32 products <x, k_j> (~1e6) round the differences
     between keys (ulp 0.06-0.125), so re-ranking the candidates by them picked the
     float64-best of its own candidates in only 92% of queries, and kneighbors'
-    similarities were off by up to 0.76. The centred products plus <x, m> in float64 keep
-    them: the returned key is the float64-best of the candidates (exact products of the
-    stored float32 keys), the similarities are
-    within float32 rounding of the truth, in descending order."""
+    similarities were off by up to 0.76. float64 products keep them: the returned key is
+    the float64-best of the candidates (exact products of the stored float32 keys), the
+    similarities are within float32 rounding of the truth, in descending order."""
     rng = np.random.default_rng(0)
     K = (rng.standard_normal((400, 6)) + 1e6).astype(np.float32)  # the stored keys
     Q = rng.standard_normal((300, 6)).astype(np.float32)
@@ -271,3 +270,52 @@ def test_reranking_keeps_the_differences_a_large_offset_rounds_away():
     np.testing.assert_array_equal(idx, np.take_along_axis(
         cand, np.argsort(-np.take_along_axis(S, cand, axis=1), axis=1, kind="stable")[:, :5],
         axis=1))
+
+
+def _exact_products(K, Q):
+    """float64 products of the float32 keys and queries the estimator stores and
+    searches: exact up to the rounding of the sum (far below every gap here)."""
+    return _brute(np.asarray(K, np.float32), np.asarray(Q, np.float32))
+
+
+def test_reranking_uses_the_original_keys_not_their_rounded_centred_copy():
+    """Keys 0.001001 and 0.001 beside a key of 200: the mean is ~50, and the centred
+    float32 copy rounds both small keys to -49.9995 (their difference, 1e-6, is below the
+    ulp 4e-6 there), so <x, k_j - m> + <x, m> tied them and re-ranking all 4 keys (exact
+    search, as documented) returned key 1: predict [1], score 0.0, kneighbors
+    -9.9945e-4 twice. The products of the original float32 keys tell them apart."""
+    K = np.float32([[200, 0], [0.001001, 0], [0.001, 0], [0, -5]])
+    Q = np.float32([[-1, 0.01]])
+    S = _exact_products(K, Q)
+    for center_keys in (False, True):
+        m = AmortizedMIPS(depth=2, hidden_dim=8, n_steps=3, random_state=0,
+                          center_keys=center_keys, n_candidates=4).fit(K)
+        np.testing.assert_array_equal(m.predict(Q), [2])
+        assert m.score(Q) == 1.0
+        sims, idx = m.kneighbors(Q, n_neighbors=4)
+        np.testing.assert_array_equal(idx, [[2, 1, 3, 0]])
+        # the float32 rounding of the true products, exactly
+        np.testing.assert_array_equal(sims, np.take_along_axis(S, idx, 1).astype(np.float32))
+        # without re-ranking too: the similarities returned are the true products
+        sims, idx = m.set_params(n_candidates=1).kneighbors(Q, n_neighbors=4)
+        np.testing.assert_array_equal(sims, np.take_along_axis(S, idx, 1).astype(np.float32))
+
+
+def test_reranking_every_key_is_exact_for_near_duplicates_beside_outliers():
+    """500 near-duplicate keys (spread 1e-4 around one vector) and 5 outliers of norm
+    ~1e4: centring on a mean pulled far away by the outliers rounded the near-duplicates'
+    differences away, and re-ranking every key returned the float64 argmax for only 99%
+    of the queries whose answer is a near-duplicate (score 0.99). Now exact in both
+    coordinate systems."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((1, 8))
+    K = np.vstack([base + 1e-4 * rng.standard_normal((500, 8)),
+                   1e3 * rng.standard_normal((5, 8)) + 3e3]).astype(np.float32)
+    Q = rng.standard_normal((1000, 8)).astype(np.float32)
+    Q = Q[_exact_products(K, Q).argmax(1) < 500][:300]
+    S = _exact_products(K, Q)
+    for center_keys in (False, True):
+        m = AmortizedMIPS(depth=1, hidden_dim=8, n_steps=1, random_state=0,
+                          center_keys=center_keys, n_candidates=len(K)).fit(K)
+        np.testing.assert_array_equal(m.predict(Q), S.argmax(1))  # (no exact ties here)
+        assert m.score(Q) == 1.0

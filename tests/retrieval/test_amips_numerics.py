@@ -7,6 +7,7 @@ float32 values the estimators store.
 import numpy as np
 import pytest
 import torch
+from sklearn.base import clone
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mlpapers.retrieval import AmortizedMIPS, ExactMIPS, match_rate, mips_topk
@@ -75,6 +76,39 @@ def test_products_beyond_float32_raise_in_exact_search():
     s, i = mips_topk(torch.from_numpy(K), torch.from_numpy(K), 2)
     np.testing.assert_array_equal(i.numpy(), _brute(K, K, 2)[1])
     assert bool(torch.isinf(s).any())
+
+
+@pytest.mark.parametrize("n_candidates", [1, 3])
+@pytest.mark.parametrize("center_keys", [False, True])
+def test_amortized_similarities_beyond_float32_raise_as_in_exact_search(n_candidates,
+                                                                       center_keys):
+    """Keys and queries of norm ~1e20: products ~1e40 cannot be returned in float32.
+    ExactMIPS raises a ValueError; AmortizedMIPS.kneighbors returned inf (with
+    n_candidates > 1 with only numpy's "overflow encountered in cast" warning, silently
+    otherwise). It now raises the same error; the indices (return_distance=False) and
+    predict, which need no float32 similarity, still answer."""
+    rng = np.random.default_rng(0)
+    K = (rng.standard_normal((8, 3)) * 1e20).astype(np.float32)
+    m = AmortizedMIPS(depth=2, hidden_dim=8, n_steps=2, random_state=0,
+                      n_candidates=n_candidates, center_keys=center_keys).fit(K)
+    with pytest.raises(ValueError, match="overflow float32"):
+        ExactMIPS().fit(K).kneighbors(K, 2)
+    with pytest.raises(ValueError, match="overflow float32"):
+        m.kneighbors(K, 2)
+    idx = m.kneighbors(K, 2, return_distance=False)
+    assert idx.shape == (8, 2) and idx.dtype == np.int64
+    pred = m.predict(K)
+    if n_candidates == 3:  # re-ranked in float64: the best of the first 3 by true product
+        P = np.asarray(K, np.float64) @ np.asarray(K, np.float64).T  # finite in float64
+        cand = clone(m).set_params(n_candidates=1).fit(K).kneighbors(
+            K, 3, return_distance=False)
+        best = cand[np.arange(8), np.take_along_axis(P, cand, 1).argmax(1)]
+        np.testing.assert_array_equal(pred, best)
+    # the same data scaled into float32 range (2**-40 each side): similarities come back
+    small = K * np.float32(2.0**-40)
+    sims, idx = clone(m).fit(small).kneighbors(small, 2)
+    P = small.astype(np.float64) @ small.astype(np.float64).T
+    np.testing.assert_allclose(sims, np.take_along_axis(P, idx, 1), rtol=1e-6)
 
 
 def test_topk_keeps_k_columns_with_nan_scores():

@@ -2,19 +2,18 @@
 tie-aware metrics.
 
 Every pair of values of the code-path options below appears in at least one
-configuration (a greedy covering array, generated deterministically here). Each
-configuration is fitted on tiny data and must keep, whatever the other options: the
-documented output shapes and dtypes, finite values, the match rate of ``score`` equal to
-a float64 brute-force count, the similarities of ``kneighbors`` equal to the true inner
-products, ``predict`` equal to the first column of ``kneighbors`` (``n_candidates`` 1 or
-``>= n_neighbors``), ``n_candidates = n_keys`` exact, identical outputs after a refit of
-a ``clone``, after ``pickle`` and after ``save``/``load`` (every fitted attribute kept),
-and answers that do not depend on ``search_batch_size``/``batch_size``.
+configuration (a greedy covering array, generated deterministically by
+``tests._pairwise.covering_array``). Each configuration is fitted on tiny data and must
+keep, whatever the other options: the documented output shapes and dtypes, finite
+values, the match rate of ``score`` equal to a float64 brute-force count, the
+similarities of ``kneighbors`` equal to the true inner products, ``predict`` equal to
+the first column of ``kneighbors`` (``n_candidates`` 1 or ``>= n_neighbors``),
+``n_candidates = n_keys`` exact, identical outputs after a refit of a ``clone``, after
+``pickle`` and after ``save``/``load`` (every fitted attribute kept), and answers that
+do not depend on ``search_batch_size``/``batch_size``.
 """
 
-import itertools
 import pickle
-import random
 
 import numpy as np
 import pytest
@@ -23,31 +22,9 @@ from sklearn.base import clone
 
 from mlpapers.retrieval import AmortizedMIPS, ExactMIPS
 from mlpapers.retrieval.amips import match_rate, mean_reciprocal_rank, recall_at_k
+from tests._pairwise import covering_array, uncovered_pairs
 
 from ._wine import wine_keys_and_queries
-
-
-def covering_array(options: dict, seed: int = 0, n_cand: int = 30) -> list[dict]:
-    """Greedy pairwise covering array: every pair of values of two options is in a row."""
-    names = list(options)
-    pairs = list(itertools.combinations(range(len(names)), 2))
-    todo = {(a, va, b, vb) for a, b in pairs for va in range(len(options[names[a]]))
-            for vb in range(len(options[names[b]]))}
-    rng = random.Random(seed)
-    rows = []
-    while todo:
-        a, va, b, vb = min(todo)
-        best, gain = None, -1
-        for _ in range(n_cand):
-            row = [rng.randrange(len(options[n])) for n in names]
-            row[a], row[b] = va, vb
-            g = sum((i, row[i], j, row[j]) in todo for i, j in pairs)
-            if g > gain:
-                best, gain = row, g
-        todo -= {(i, best[i], j, best[j]) for i, j in pairs}
-        rows.append({n: options[n][v] for n, v in zip(names, best)})
-    return rows
-
 
 OPTIONS = {
     "arch": ["keynet", "supportnet"],
@@ -74,11 +51,7 @@ Q_TEST = _rng.standard_normal((15, 4))
 
 
 def test_the_covering_array_covers_every_pair():
-    names = list(OPTIONS)
-    for a, b in itertools.combinations(names, 2):
-        seen = {(repr(c[a]), repr(c[b])) for c in CONFIGS}
-        want = {(repr(x), repr(y)) for x in OPTIONS[a] for y in OPTIONS[b]}
-        assert want <= seen, (a, b, want - seen)
+    assert uncovered_pairs(OPTIONS, CONFIGS) == []
 
 
 def _make(cfg):

@@ -2,17 +2,16 @@
 covering arrays).
 
 Every pair of values of the code-path options appears in at least one configuration
-(greedy covering array, generated deterministically: ``covering_array`` of the AMIPS
-file). Each configuration is fitted on a tiny nonlinear heavy ranker and must keep,
-whatever the other options: the documented shapes and dtypes, finite scores,
-``kneighbors`` equal to the top of ``predict`` (no re-ranking) or to brute force
-(``n_rerank = n_items``), the linear head's answer when the neural head is off
-(``max_iter=0``), the call accounting, identical outputs for the same ``random_state``,
-after a refit of a ``clone`` and after ``save``/``load`` (every fitted attribute kept),
-and answers that do not depend on ``batch_size``.
+(greedy covering array, generated deterministically by
+``tests._pairwise.covering_array``). Each configuration is fitted on a tiny nonlinear
+heavy ranker and must keep, whatever the other options: the documented shapes and
+dtypes, finite scores, ``kneighbors`` equal to the top of ``predict`` (no re-ranking)
+or to brute force (``n_rerank = n_items``), the linear head's answer when the neural
+head is off (``max_iter=0``), the call accounting, identical outputs for the same
+``random_state``, after a refit of a ``clone`` and after ``save``/``load`` (every
+fitted attribute kept), and answers that do not depend on ``batch_size``.
 """
 
-import itertools
 import warnings
 
 import numpy as np
@@ -21,8 +20,7 @@ import torch
 from sklearn.base import clone
 
 from mlpapers.retrieval.rbe import AdaCURRetriever, RelevanceBasedRetriever
-
-from .test_amips_option_pairs import covering_array
+from tests._pairwise import covering_array, uncovered_pairs
 
 _rng = np.random.default_rng(0)
 _QA = _rng.standard_normal((70, 5))
@@ -88,10 +86,9 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def test_the_covering_array_covers_every_pair():
-    for a, b in itertools.combinations(list(OPTIONS), 2):
-        seen = {(repr(c[a]), repr(c[b])) for c in CONFIGS}
-        assert {(repr(x), repr(y)) for x in OPTIONS[a] for y in OPTIONS[b]} <= seen, (a, b)
+def test_the_covering_arrays_cover_every_pair():
+    assert uncovered_pairs(OPTIONS, CONFIGS) == []
+    assert uncovered_pairs(ADACUR_OPTIONS, ADACUR_CONFIGS) == []
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[f"c{i}" for i in range(len(CONFIGS))])
@@ -109,6 +106,7 @@ def test_every_pair_of_options_keeps_the_invariants(cfg, tmp_path):
     validated = (cfg["head"] == "mlp" and cfg["max_iter"] > 0
                  and cfg["validation_fraction"] > 0)
     assert (m.best_validation_hit_rate_ is not None) == validated
+    assert (m.head_units_ is None) == (m.head_ is None) == (cfg["head"] == "linear")
     if cfg["n_rerank"] == 30:  # every item re-ranked: brute force (ties: lower index)
         np.testing.assert_array_equal(idx, np.argsort(-R_TEST, axis=1, kind="stable")[:, :3])
     elif cfg["n_rerank"] == 0:  # the top of predict, with its scores
@@ -187,6 +185,34 @@ def test_best_validation_hit_rate_is_none_when_no_validation_runs(kw, tmp_path):
     vals = [h["val_hit_rate"] for h in est.history_ if "val_hit_rate" in h]
     assert vals and 0.0 <= est.best_validation_hit_rate_ <= 1.0
     assert est.best_validation_hit_rate_ >= max(vals)
+
+
+def test_head_units_follow_the_head_of_the_last_fit(tmp_path):
+    """head_units_ (the neural head's units) was set only by an "mlp" fit, so a linear
+    refit after one kept the units of a head that no longer exists (as
+    best_validation_hit_rate_ did): now None exactly when head_ is None, after every
+    fit, and through save/load; an "mlp" refit sets them again, for its own data
+    (relevance of 2**50 is outside [2**-40, 2**40]: a power of two of it)."""
+    def big(q, i):
+        return heavy(q, i) * 2.0**50
+
+    est = RelevanceBasedRetriever(big, n_support=5, head="mlp", max_iter=2, eval_every=2,
+                                  random_state=0)
+    _fit(est, {"input": "numpy"})
+    assert est.head_ is not None and est.head_units_[1] > 2.0**40
+    for head in ("linear", "mlp"):
+        _fit(est.set_params(head=head), {"input": "numpy"})
+        assert (est.head_units_ is None) == (est.head_ is None) == (head == "linear")
+        est.save(tmp_path / "r.pt")
+        back = RelevanceBasedRetriever.load(tmp_path / "r.pt", relevance_fn=big,
+                                            items=ITEMS)
+        if head == "linear":
+            assert back.head_units_ is None
+        else:  # the units of this fit's data: (1, a power of two within 2x of 2**50 R)
+            np.testing.assert_array_equal(back.head_units_, est.head_units_)
+            q_unit, unit = est.head_units_
+            assert q_unit == 1.0 and 2.0**40 < unit and np.log2(unit) % 1 == 0
+        np.testing.assert_array_equal(back.predict(Q_TEST), est.predict(Q_TEST))
 
 
 @pytest.mark.parametrize(("init", "ridge", "rcond"), [("random", 0.0, None),

@@ -20,6 +20,7 @@ from mlpapers.retrieval.amips._exact import (
 )
 from mlpapers.retrieval.amips._kernels import _KeyStats, match_rate
 from mlpapers.retrieval.amips._retrieve import (
+    float32_similarities,
     predict_top1,
     rank_by_predicted_key,
     rerank,
@@ -130,8 +131,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     n_candidates : int, default=1
         :meth:`predict` (and :meth:`score`) re-rank the first ``n_candidates`` keys
         retrieved with the predicted key by their true inner product with the
-        query (``n_candidates`` extra dot products per query, in float64 so that keys
-        of a large norm are told apart; ``n_candidates = n_keys`` is exact search).
+        query (``n_candidates`` extra dot products per query, in float64 from the
+        stored float32 keys, also with ``center_keys``, so that keys of a large norm
+        or a large common offset are told apart; ``n_candidates = n_keys`` is exact
+        search).
         ``1`` is the paper's rule; the match rate then equals the recall at
         ``n_candidates``.
         :meth:`kneighbors` with ``n_candidates > 1`` likewise returns the best
@@ -450,15 +453,28 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             predicted order).
         indices : ndarray of shape (n_queries, n_neighbors), int64
             Row indices in ``database_``, in the order described above.
+
+        Raises
+        ------
+        ValueError
+            If ``return_distance`` and a returned similarity does not fit float32
+            (beyond ``3.4e38``), as :meth:`ExactMIPS.kneighbors`; the indices
+            (``return_distance=False``) and :meth:`predict` are still available.
         """
         Q = self._queries(X)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
         if int(self.n_candidates) == 1:
-            return rank_by_predicted_key(self, Q, k, return_distance)
-        n_cand = min(max(int(self.n_candidates), k), self.database_.shape[0])
-        sims, idx = rerank(*rank_by_predicted_key(self, Q, n_cand, return_distance=True,
-                                                  for_reranking=True), k)
-        return (sims.astype(np.float32, copy=False), idx) if return_distance else idx
+            out = rank_by_predicted_key(self, Q, k, return_distance)
+            if not return_distance:
+                return out
+            sims, idx = out
+        else:
+            n_cand = min(max(int(self.n_candidates), k), self.database_.shape[0])
+            sims, idx = rerank(*rank_by_predicted_key(self, Q, n_cand, return_distance=True,
+                                                      for_reranking=True), k)
+            if not return_distance:
+                return idx
+        return float32_similarities(sims), idx
 
     @fill_doc(X=_QUERIES_X)
     def predict(self, X) -> np.ndarray:

@@ -222,9 +222,12 @@ class ExactMIPS(_MIPSBase):
         -------
         float
             The fraction of queries whose answer attains the largest inner product
-            (1.0): keys whose product is within the float32 rounding of the search
-            (``(d + 2) * 1.2e-7 * ||q|| * ||k||``) of the maximum count as ties of it,
-            see Notes.
+            (1.0): computed in float64, a key ``k_pred`` counts as a tie of the
+            maximiser ``k_max`` when its product is within
+            ``||q|| * (1e-6 * ||k_max - k_pred|| + (d + 2) * 1.2e-7 * (||k_max|| +
+            ||k_pred||))`` of the maximum (the ``rtol`` term of :func:`match_rate`
+            plus the float32 rounding of this search, ``1.2e-7`` being float32's
+            epsilon), see Notes.
         """
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         # validated once: a second validation of the tensor would warn about

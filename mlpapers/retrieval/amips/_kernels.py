@@ -683,7 +683,11 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
         of the two products (``(d + 2) eps ||q|| ||k||`` each; computed in float64):
         invariant to the scale of the data, to the other keys and to a common offset
         of the keys (which changes no answer), so keys tied with the argmax count as
-        hits and near-misses do not.
+        hits and near-misses do not. A float32 search (faiss,
+        :meth:`ExactMIPS.predict`) scored with it can therefore show misses when the
+        keys share a large offset (keys + 1e6: about 10% of the queries), its own
+        float32 rounding exceeding this tolerance, where :meth:`ExactMIPS.score`,
+        which allows that rounding, reads 1.0.
     rtol : float, default=1e-6
         Relative tolerance of the tie-aware mode.
     batch_size : int, default=8192

@@ -15,7 +15,8 @@ from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.retrieval.amips._exact import _check_n_neighbors
 from mlpapers.retrieval.amips._kernels import _KeyStats, _rank_by_key, gather_dot
 
-__all__ = ["predict_top1", "rank_by_predicted_key", "rerank", "score_and_key", "uncentre"]
+__all__ = ["float32_similarities", "predict_top1", "rank_by_predicted_key", "rerank",
+           "score_and_key", "uncentre"]
 
 
 def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +69,7 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     # keys (the same ranking for "ip", <k_hat, k_j - m> = <k_hat, k_j> - <k_hat, m>,
     # but without the float32 cancellation of a large offset; "l2" compares the
     # predicted key with the centred keys it learned). The returned similarities are
-    # the original <x, k_j> (the centred ones plus <x, m>)
+    # the original <x, k_j>, from the original keys (see below)
     ranked, stats = est._search_keys()
     # rank in the training units: <k_hat, k_j> ~ ||k||^2 overflows float32 for keys
     # of norm ~1e19 and underflows for ~1e-23 (the power-of-two scale is exact). For
@@ -92,22 +93,17 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     idx = _rank_by_key(k_hat, ranked_keys, k, est.retrieval, est.search_batch_size, stats)
     if not return_distance:
         return est._to_numpy(idx)
-    m = est._key_mean()
     # A re-ranking compares the candidates by float64 products (exact for the float32
     # keys and queries up to the sum's rounding): float32 ones rounded away differences
     # between keys of a large norm, so with n_candidates = n_keys (exact search, as
-    # documented) keys + 1e6 returned a key short of the maximum for 10% of the queries
-    if m is None:
-        sims = gather_dot(keys, idx, Q, exact=for_reranking)
-    else:
-        # <x, k_j> = <x, k_j - m> + <x, m>: the centred products keep the differences
-        # between keys that float32 products of keys with a large common offset round
-        # away (keys + 1e6: the best of 20 candidates missed in 8% of queries); the sum
-        # is float64 so that a re-ranking by it keeps them too
-        # (on the CPU where the device has no float64 (MPS), as gather_dot does)
-        dev = torch.device("cpu") if Q.device.type == "mps" else Q.device
-        sims = (gather_dot(ranked, idx, Q, exact=for_reranking).to(dev).double()
-                + (Q.to(dev).double() @ m.to(dev).double())[:, None])
+    # documented) keys + 1e6 returned a key short of the maximum for 10% of the queries.
+    # With center_keys too, the products are those of the ORIGINAL float32 keys: the
+    # centred copy is rounded to float32 (k_j - m loses the low bits of keys far from
+    # the mean: 0.001 and 0.001001 beside a key of 200 both became -49.9995), so
+    # <x, k_j - m> + <x, m> tied keys that differ, and a re-ranking of every key was
+    # not exact search. The float64 products of the original keys keep every
+    # difference the float32 keys hold, whatever the offset (no cancellation either)
+    sims = gather_dot(keys, idx, Q, exact=for_reranking or est._key_mean() is not None)
     if not for_reranking:
         sims = sims.to(Q.dtype)
     return est._to_numpy(sims), est._to_numpy(idx)
@@ -118,6 +114,25 @@ def rerank(sims: np.ndarray, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
     sort: ties keep the predicted order)."""
     order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(sims, order, axis=1), np.take_along_axis(idx, order, axis=1)
+
+
+def float32_similarities(sims: np.ndarray) -> np.ndarray:
+    """The similarities returned by ``kneighbors``, as float32; a ``ValueError`` where
+    one does not fit float32 (as :meth:`ExactMIPS.kneighbors`).
+
+    The queries and keys are finite, so an infinite similarity is an overflow: the
+    float64 products of a re-ranking became ``inf`` in the cast with only numpy's
+    "overflow in cast" warning (and silently in the float32 products without
+    re-ranking), while exact search raised for the same data.
+    """
+    with np.errstate(over="ignore"):
+        out = sims.astype(np.float32, copy=False)
+    if not np.isfinite(out).all():
+        raise ValueError("inner products of X with the keys overflow float32 (beyond "
+                         "3.4e38) and cannot be returned; rescale the queries or the "
+                         "keys (MIPS answers do not depend on it), or call kneighbors "
+                         "with return_distance=False (predict is unaffected).")
+    return out
 
 
 def predict_top1(est, Q: torch.Tensor) -> np.ndarray:

@@ -142,10 +142,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     head_ : NeuralRBEHead or None
         The trained neural head (``head="mlp"``), in eval mode with ``requires_grad``
         off (``head_.requires_grad_(True)`` to fine-tune it).
-    head_units_ : ndarray of shape (2,)
+    head_units_ : ndarray of shape (2,) or None
         Units of the neural head's query input and scores (``head="mlp"``): powers of
         two of the relevance when its largest magnitude is outside
-        :math:`[2^{-40}, 2^{40}]` (float32 range), else 1.
+        :math:`[2^{-40}, 2^{40}]` (float32 range), else 1. ``None`` without a
+        neural head (``head="linear"``), as ``head_``.
     history_ : list of dict
         Training log of the neural head (loss, validation hit rate).
     best_validation_hit_rate_ : float or None
@@ -293,6 +294,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         self.n_heavy_calls_ = n_calls
         self.n_calls_per_query_ = int(S.size + self.n_rerank)
         self.head_ = None
+        # None without a neural head, as head_: a linear refit after an "mlp" fit kept
+        # the previous head's units (describing a head that no longer exists)
+        self.head_units_ = None
         self.history_ = []
         # None unless a neural head's validation runs (it was absent after a fit with a
         # linear head, max_iter=0 or validation_fraction=0 and present after others, and
@@ -420,7 +424,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     def _score_fn(self, U: torch.Tensor):
         if self.head_ is not None:
-            q_unit, unit = getattr(self, "head_units_", (1.0, 1.0))  # (files before it)
+            units = getattr(self, "head_units_", None)  # (None: files before it)
+            q_unit, unit = (1.0, 1.0) if units is None else units
             score_all = self.head_.all_items_scorer()
             if unit == 1.0:
                 U32 = U.to(torch.float32)
@@ -532,6 +537,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     def _set_state(self, state: dict[str, Any]) -> None:
         head = state.pop("head_", None)
         state.setdefault("best_validation_hit_rate_", None)  # files saved before it was set
+        # files saved before head_units_ existed: a neural head in the relevance's units
+        # (1); none without a head (also for files whose linear refit kept the units of
+        # an earlier neural head)
+        state["head_units_"] = (None if head is None
+                                else state.get("head_units_", np.array([1.0, 1.0])))
         super()._set_state(state)
         self.head_ = head_from_state(head, self._resolved_device)
 
