@@ -37,6 +37,15 @@ _CUSTOM_AUGMENT = "<custom augment: pass it to load>"
 _DEFAULT_AUGMENT_TAG = "__DefaultAugment__"
 
 
+def _resolved_architecture(architecture) -> Any:
+    """The block list of ``architecture`` (a name or blocks), or the value itself when
+    it is not valid (then it equals no fitted block list)."""
+    try:
+        return check_architecture(architecture)
+    except (TypeError, ValueError):
+        return architecture
+
+
 def _augment_settings(aug: DefaultAugment) -> dict:
     """The constructor arguments of a ``DefaultAugment`` (what ``load`` rebuilds it from;
     other attributes a user set on it are not settings and are not stored)."""
@@ -236,8 +245,15 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                     f"{self.input_shape_[1]}x{self.input_shape_[2]}.")
 
     # -- building -----------------------------------------------------------------
+    # A parameter changed by ``set_params`` after ``fit`` is compared with its fitted value
+    # after both are resolved to what the fitted modules depend on: a spelling that
+    # builds the same network (``"tiny"`` and its blocks written out, ``spatial_pool=None``
+    # and its grids, a patch option that the variant ignores, ...) is no change; only a
+    # value that builds another network is refused where it matters.
     def _structure_value(self, name: str) -> Any:
-        """The value of a structural parameter as the fitted modules depend on it."""
+        """The current value of a structural parameter, resolved as the network reads it."""
+        if name == "architecture":
+            return _resolved_architecture(self.architecture)
         if name == "spatial_pool" and hasattr(self, "_blocks"):
             try:                    # the grids it gives: None and their explicit value agree
                 return self._grids()
@@ -245,14 +261,21 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                 pass
         return getattr(self, name)
 
+    def _fitted_structure_value(self, name: str) -> Any:
+        """The fitted value of a structural parameter, resolved as :meth:`_structure_value`."""
+        if name == "architecture":
+            return _resolved_architecture(self._fitted_structure["architecture"])
+        if name == "spatial_pool":
+            return list(self.grids_)
+        return self._fitted_structure.get(name)
+
     def _changed_structure(self, names) -> list[str]:
-        """Which of ``names`` differ from their values when the network was built."""
-        fitted = getattr(self, "_fitted_structure", None)
-        if fitted is None:          # built by an older version: nothing recorded
-            return []
+        """Which of ``names`` resolve to other values than when the network was built."""
+        if getattr(self, "_fitted_structure", None) is None:
+            return []               # built by an older version: nothing recorded
         changed = []
         for name in names:
-            now, then = self._structure_value(name), fitted.get(name)
+            now, then = self._structure_value(name), self._fitted_structure_value(name)
             try:
                 same = bool(now == then)
             except Exception:       # e.g. arrays: compared by identity only
@@ -263,14 +286,27 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
 
     def _check_structure(self, names, consequence: str) -> None:
         changed = self._changed_structure(names)
-        if changed:
-            fitted = self._fitted_structure
-            desc = ", ".join(f"{k}={fitted[k]!r} -> {self._structure_value(k)!r}"
-                             for k in changed)
-            raise ValueError(
-                f"{type(self).__name__} was fitted with other parameters than it holds now "
-                f"({desc}, set after fit): {consequence}. Fit it again, or set the fitted "
-                "values back.")
+        if not changed:
+            return
+        set_, implied = [], []
+        for k in changed:
+            then, now = self._fitted_structure.get(k), getattr(self, k)
+            try:
+                alike = bool(then == now)
+            except Exception:
+                alike = False
+            if alike:       # changed through another parameter, e.g. the default grid
+                implied.append(f"{k}={then!r} -> {now!r} (resolved: "
+                               f"{self._fitted_structure_value(k)!r} -> "
+                               f"{self._structure_value(k)!r})")
+            else:
+                set_.append(f"{k}={then!r} -> {now!r}")
+        # the parameters the user set; the resolved values only when no set one differs
+        desc = ", ".join(set_ or implied)
+        raise ValueError(
+            f"{type(self).__name__} was fitted with other parameters than it holds now "
+            f"({desc}, set after fit): {consequence}. Fit it again, or set the fitted "
+            "values back.")
 
     def _check_fitted(self) -> None:
         super()._check_fitted()
@@ -279,11 +315,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     def _check_transform_structure(self) -> None:
         """Subclasses: raise if a parameter ``transform`` reads changed since ``fit``."""
 
-    def _check_fit_params(self) -> None:
-        """Subclasses: checks of ``fit`` only (not of ``load``, whose file may predate them)."""
-
     def _build(self, shape: tuple[int, int, int], generator: torch.Generator | None) -> None:
-        self._fitted_structure = {k: copy.deepcopy(self._structure_value(k))
+        # the parameters as given (resolved when compared: _fitted_structure_value)
+        self._fitted_structure = {k: copy.deepcopy(getattr(self, k))
                                   for k in self._STRUCTURE_PARAMS}
         self.grids_ = self._grids()
         self.input_shape_ = tuple(shape)
@@ -344,7 +378,6 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         the negatives). See the user guide, "Scale-out".
         """
         self._check_params()
-        self._check_fit_params()
         augment = self._augment_fn()          # before any work: a saved custom augment
         self._init_fit()
         X = self._check_images(X, reset=True)
@@ -593,8 +626,11 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         ------
         ValueError
             If a parameter that defines the network (the architecture, pooling grids,
-            variant or head) was changed by ``set_params`` after ``fit``: ``load``
-            rebuilds the network from the saved parameters.
+            variant's heads, patch geometry or projection) was changed by ``set_params``
+            after ``fit`` to a value that builds another network: ``load`` rebuilds the
+            network from the saved parameters. Values that resolve to the fitted network
+            (``architecture="tiny"`` and its blocks written out, ``spatial_pool=None``
+            and the grids it gives, an option the variant or loss ignores) are saved.
         """
         if hasattr(self, "encoder_"):
             self._check_structure(self._STRUCTURE_PARAMS,

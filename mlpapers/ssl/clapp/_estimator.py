@@ -91,9 +91,10 @@ class CLAPPEncoder(_SSLImageEncoder):
     prediction_steps : int or None, default=None
         ``"clapp2021"`` only: number ``K`` of predicted rows (``k + 1`` rows below
         the context for ``k = 1..K``). ``None``: the official 5, or fewer when the
-        patch grid has fewer than 7 rows. Setting ``patch_size``, ``patch_stride``
-        or ``prediction_steps`` with another variant raises a ``ValueError`` (the
-        two-view variants have no patches).
+        patch grid has fewer than 7 rows. The two-view variants have no patches and
+        ignore ``patch_size``, ``patch_stride`` and ``prediction_steps`` (as every
+        variant ignores the options only another one reads), so one set of keyword
+        arguments serves a comparison of variants, e.g. a grid search over ``variant``.
     negatives : {"next", "random"}, default="next"
         Negative of each row: the next row of the shuffled two-view batch (the
         official default) or a random other image.
@@ -196,16 +197,56 @@ class CLAPPEncoder(_SSLImageEncoder):
     _STRUCTURE_PARAMS = ("variant", "architecture", "spatial_pool", "patch_size",
                          "patch_stride", "prediction_steps")
     _HEAD_PARAMS = ("variant",)
+    # the heads and loss code of each variant: "clapp" and "clapp++" differ only by the
+    # default grid (spatial_pool, compared on its own), so a fitted "clapp" is a "clapp++"
+    _HEAD_KIND = {"clapp": "lateral", "clapp++": "lateral", "clapp++dfb": "feedback",
+                  "clapp++both": "both", "clapp2021": "patch"}
+    # where the resolved patch parameters sit in patch_grid_
+    _PATCH_FIELD = {"patch_size": 0, "patch_stride": 1, "prediction_steps": 4}
+
+    @classmethod
+    def _head_kind(cls, variant):
+        return cls._HEAD_KIND.get(variant, variant) if isinstance(variant, str) else variant
+
+    def _structure_value(self, name: str):
+        if name == "variant":
+            return self._head_kind(self.variant)
+        if name in self._PATCH_FIELD:
+            # the geometry these values give on the training images, nothing for the
+            # two-view variants (which ignore them)
+            if self.variant != "clapp2021":
+                return None
+            try:
+                return self._patch_geometry(self.input_shape_)[self._PATCH_FIELD[name]]
+            except (TypeError, ValueError):
+                return getattr(self, name)
+        return super()._structure_value(name)
+
+    def _fitted_structure_value(self, name: str):
+        if name == "variant":
+            return self._head_kind(self._fitted_structure.get("variant"))
+        if name in self._PATCH_FIELD:
+            grid = getattr(self, "patch_grid_", None)
+            return None if grid is None else grid[self._PATCH_FIELD[name]]
+        return super()._fitted_structure_value(name)
 
     def _check_transform_structure(self) -> None:
         # transform encodes patches for "clapp2021" and whole images otherwise: across
         # that boundary the fitted network would be applied to the other input (the
-        # other variants share one transform)
-        fitted = getattr(self, "_fitted_structure", None)
-        if fitted is not None and (fitted["variant"] == "clapp2021") != (
-                self.variant == "clapp2021"):
-            self._check_structure(("variant",), "transform would apply the fitted network "
-                                  "to another variant's inputs (patches or whole images)")
+        # other variants share one transform). Read from the fitted patch_grid_, not from
+        # a record of the fit, so that encoders pickled or saved before the record existed
+        # are checked too.
+        patches = getattr(self, "patch_grid_", None) is not None
+        if patches != (self.variant == "clapp2021"):
+            fitted = getattr(self, "_fitted_structure", None) or {}
+            then = fitted.get("variant")
+            then = (repr(then) if then is not None else "'clapp2021'" if patches
+                    else "a two-view variant")
+            raise ValueError(
+                f"{type(self).__name__} was fitted with other parameters than it holds now "
+                f"(variant={then} -> {self.variant!r}, set after fit): transform would "
+                "apply the fitted network to another variant's inputs (patches or whole "
+                "images). Fit it again, or set the fitted values back.")
 
     def _check_params(self) -> None:
         if isinstance(self.variant, str) and self.variant in GlobalSSLEncoder._LOSS_ALIASES:
@@ -223,20 +264,6 @@ class CLAPPEncoder(_SSLImageEncoder):
                 check_positive(value, name, integer=True)
         self._check_common_params()
         self._loss_names = tuple(f"loss_l{i}" for i in range(len(self._blocks)))
-
-    def _check_fit_params(self) -> None:
-        # the patch geometry belongs to the 2021 patch prediction only: the two-view
-        # variants ignored it, training silently without the patches the user asked for
-        # (checked by fit, not by load: files saved with it still load)
-        if self.variant == "clapp2021":
-            return
-        for name in ("patch_size", "patch_stride", "prediction_steps"):
-            value = getattr(self, name)
-            if value is not None:
-                raise ValueError(
-                    f"{name}={value!r} applies to variant='clapp2021' only (the patch "
-                    f"prediction); variant={self.variant!r} encodes whole views. Leave "
-                    f"{name}=None, or use variant='clapp2021'.")
 
     def _default_grid(self) -> int:
         return 1 if self.variant in ("clapp", "clapp2021") else 2

@@ -95,9 +95,27 @@ class GlobalSSLEncoder(_SSLImageEncoder):
     _STRUCTURE_PARAMS = ("loss", "projection_dim", "architecture", "spatial_pool")
     _HEAD_PARAMS = ("loss", "projection_dim")
 
+    @classmethod
+    def _resolved_head(cls, name: str, loss, projection_dim):
+        """The head ``loss`` builds (the ``"clapp"`` predictor, "bp-clapp" included, or
+        the InfoNCE projection, the same for both InfoNCE losses) and ``projection_dim``
+        as the head reads it (nothing for ``"clapp"``, which has no projection)."""
+        kind = cls._LOSS_ALIASES.get(loss, loss) if isinstance(loss, str) else loss
+        if name == "loss":
+            return {"clapp": "predictor", "infonce": "projection",
+                    "infonce-cross": "projection"}.get(kind, kind)
+        return None if kind == "clapp" else projection_dim
+
     def _structure_value(self, name: str):
-        # "bp-clapp" is "clapp": the same head
-        return self._loss_kind() if name == "loss" else getattr(self, name)
+        if name in ("loss", "projection_dim"):
+            return self._resolved_head(name, self.loss, self.projection_dim)
+        return super()._structure_value(name)
+
+    def _fitted_structure_value(self, name: str):
+        if name in ("loss", "projection_dim"):
+            fitted = self._fitted_structure
+            return self._resolved_head(name, fitted.get("loss"), fitted.get("projection_dim"))
+        return super()._fitted_structure_value(name)
 
     def _check_params(self) -> None:
         check_in_options(self.loss, "loss", ("clapp", "infonce", "infonce-cross",
