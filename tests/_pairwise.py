@@ -18,7 +18,10 @@ def covering_array(options: dict, seed: int = 0, n_candidates: int = 30) -> list
     options with the best of ``n_candidates`` random completions (most pairs newly
     covered). Deterministic for a given ``seed``.
     """
-    names, values = list(options), list(options.values())
+    names, values = list(options), [list(v) for v in options.values()]
+    empty = [n for n, v in zip(names, values) if not v]
+    if empty:  # it would drop the option, or yield no configuration (a test of nothing)
+        raise ValueError(f"options {empty} have no values.")
     pairs = list(itertools.combinations(range(len(names)), 2))
     todo = {(i, a, j, b) for i, j in pairs
             for a in range(len(values[i])) for b in range(len(values[j]))}

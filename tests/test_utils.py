@@ -385,3 +385,5 @@ def test_pairwise_covering_array_covers_every_pair_and_is_deterministic():
     assert len(rows) >= 9                               # the two 3-valued options need 9
     assert uncovered_pairs(options, rows[1:]) != []     # the check can fail
     assert covering_array({"a": [1, 2]}) == [{"a": 1}, {"a": 2}]
+    with pytest.raises(ValueError, match="no values"):
+        covering_array({"a": [1, 2], "b": []})

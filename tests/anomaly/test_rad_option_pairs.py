@@ -231,13 +231,21 @@ def test_patchcore_covering_array_covers_every_pair():
 
 
 @pytest.mark.parametrize("cls", [RADDetector, PatchCoreDetector])
-def test_a_single_training_image_warns_that_it_has_no_threshold(cls):
-    # one image has no other to be scored against: scores 0 and threshold 0 flag
-    # every test image with a positive score, which fit used to do silently
+def test_a_single_training_image_warns_where_a_threshold_is_read(cls):
+    # one image has no other to be scored against: scores 0 and threshold 0 flag every
+    # test image with a positive score, which predict used to do silently; one-shot
+    # ranking with decision_function (the paper's setting) stays quiet
     det = cls(extractor="random", image_size=None, random_state=0)
-    with pytest.warns(UserWarning, match="single image"):
-        det.fit(X_TRAIN[:1])
-    assert det.decision_scores_.tolist() == [0.0] and det.threshold_ == 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cls(extractor="random", image_size=None, random_state=0).fit(X_TRAIN[:2])
+        det.fit(X_TRAIN[:1])
+        det.decision_function(X_TEST)
+    assert det.decision_scores_.tolist() == [0.0] and det.threshold_ == 0.0
+    for method in ("predict", "predict_proba"):
+        with pytest.warns(UserWarning, match=f"single image.*so {method} has no threshold"):
+            getattr(det, method)(X_TEST)
+    two = cls(extractor="random", image_size=None, random_state=0).fit(X_TRAIN[:2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        two.predict(X_TEST)
+        two.predict_proba(X_TEST)

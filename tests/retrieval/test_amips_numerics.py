@@ -428,3 +428,27 @@ def test_predict_does_not_rescan_the_database(monkeypatch):
             est.kneighbors(Q, 3)
             exact.predict(Q[:1])
         assert scans == []
+
+
+@pytest.mark.parametrize("arch", ["keynet", "supportnet"])
+def test_value_at_large_but_representable_scales_is_finite_and_matches_float64(arch):
+    """Keys and queries of ~1e19: the key and query units are 2**64 each, and their
+    product 2**128 alone overflows float32 although every estimate (~1e38) fits. value
+    returned inf; it now applies the units one at a time and equals the float64
+    rescaling of the network's estimate (an overflow proper raises, as kneighbors)."""
+    rng = np.random.default_rng(0)
+    K = rng.standard_normal((10, 3)) * 1e19
+    Qtr, Q = rng.standard_normal((50, 3)) * 1e19, rng.standard_normal((5, 3)) * 1e19
+    m = AmortizedMIPS(arch=arch, depth=2, hidden_dim=8, n_steps=3, random_state=0).fit(
+        K, queries=Qtr)
+    q = torch.as_tensor(Q, dtype=torch.float32) / m.query_scale_
+    with torch.no_grad():
+        raw = m.model_.score_and_key(q)[0].double().numpy()
+    expected = raw * float(m.key_scale_) * float(m.query_scale_)
+    if np.abs(expected).max() < np.finfo(np.float32).max:  # keynet here: about 1e38
+        np.testing.assert_allclose(m.value(Q), expected, rtol=1e-6)
+    else:  # this short supportnet fit estimates beyond float32: a clear error, not inf
+        with pytest.raises(ValueError, match="overflow float32"):
+            m.value(Q)
+    with pytest.raises(ValueError, match="overflow float32"):
+        m.value(Q * 1e3)

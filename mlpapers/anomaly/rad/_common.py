@@ -312,13 +312,6 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
             self.threshold_ = float(np.percentile(self.decision_scores_,
                                                   100.0 * (1.0 - self.contamination)))
             self.labels_ = (self.decision_scores_ > self.threshold_).astype(np.int64)
-            if self.n_train_ == 1:
-                warnings.warn(
-                    f"{type(self).__name__} was fitted on a single image: there is no other "
-                    "image to score it against, so decision_scores_ is [0.0] and threshold_ "
-                    "0.0, and predict labels every image scoring above 0 as anomalous. Fit "
-                    "on at least 2 normal images for a threshold, or threshold "
-                    "decision_function yourself.", UserWarning, stacklevel=user_stacklevel())
         except BaseException:
             # a failed refit must not leave the previous memory next to new attributes
             self._forget_fit()
@@ -490,7 +483,20 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         ndarray of shape (n_samples,), int64
             ``decision_function(X) > threshold_``.
         """
-        return (self.decision_function(X) > self.threshold_).astype(np.int64)
+        scores = self.decision_function(X)
+        self._warn_if_single_training_image("predict")
+        return (scores > self.threshold_).astype(np.int64)
+
+    def _warn_if_single_training_image(self, method: str) -> None:
+        # one-shot ranking with decision_function is the paper's setting and stays quiet;
+        # only the methods that read the training scores have nothing to read them from
+        if self.n_train_ == 1:
+            warnings.warn(
+                f"{type(self).__name__} was fitted on a single image, which has no other "
+                "image to be scored against: decision_scores_ is [0.0] and threshold_ 0.0, "
+                f"so {method} has no threshold or calibration (predict flags every image "
+                "scoring above 0). Fit on at least 2 normal images, or rank with "
+                "decision_function.", UserWarning, stacklevel=user_stacklevel())
 
     def predict_proba(self, X, method: str = "linear") -> np.ndarray:
         r"""Probability of being anomalous, as PyOD's ``predict_proba``.
@@ -519,6 +525,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         check_in_options(method, "method", ("linear", "unify"))
         self._check_fitted()
         scores = self.decision_function(X).astype(np.float64)
+        self._warn_if_single_training_image("predict_proba")
         train = np.asarray(self.decision_scores_, dtype=np.float64)
         if method == "linear":
             span = float(train.max() - train.min())

@@ -143,7 +143,7 @@ class RADDetector(BaseImageDetector):
         Network input size the memory was built at.
     decision_scores_ : ndarray of shape (n_train,)
         Leave-one-out scores of the training images (each retrieves among the
-        others; with a single training image, zeros, and ``fit`` warns).
+        others; with a single training image, zeros, and ``predict`` warns).
     threshold_ : float
         ``(1 - contamination)`` quantile of ``decision_scores_``.
     labels_ : ndarray of shape (n_train,)

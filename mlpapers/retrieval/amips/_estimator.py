@@ -428,9 +428,19 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             The estimates of :math:`\\max_i \\langle x, k_i\\rangle` (KeyNet: the
             Euler score :math:`\\langle x, \\hat k(x)\\rangle`); with
             ``center_keys``, :math:`\\hat\\sigma_{K-m}(x) + \\langle x, m\\rangle`.
+
+        Raises
+        ------
+        ValueError
+            Where an estimate does not fit float32 (beyond 3.4e38), as in
+            :meth:`kneighbors`.
         """
         Q = self._queries(X)
-        return self._to_numpy(uncentre(self, Q, score_and_key(self, Q)[0], None)[0])
+        out = self._to_numpy(uncentre(self, Q, score_and_key(self, Q)[0], None)[0])
+        if not np.isfinite(out).all():  # queries and keys are finite: an overflow
+            raise ValueError("support-value estimates overflow float32 (beyond 3.4e38) "
+                             "and cannot be returned; rescale the queries or the keys.")
+        return out
 
     @fill_doc(X=_QUERIES_X)
     def kneighbors(self, X, n_neighbors: int = 10, return_distance: bool = True):
