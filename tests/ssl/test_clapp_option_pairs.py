@@ -335,3 +335,26 @@ def test_save_accepts_values_that_build_the_fitted_network(images, tmp_path, cls
     np.testing.assert_array_equal(loaded.transform(images), want)
     for name in _FITTED:
         assert getattr(loaded, name, None) == getattr(enc, name, None), name
+
+
+@pytest.mark.parametrize("cls, fitted, changed", [
+    (CLAPPEncoder, {"variant": "clapp++"}, {"patch_size": "abc"}),
+    (CLAPPEncoder, {"variant": "clapp++"}, {"patch_size": -3}),
+    (CLAPPEncoder, {"variant": "clapp2021"}, {"patch_size": 4.0}),
+    (CLAPPEncoder, {"variant": "clapp++"}, {"n_epochs": -1}),
+    (CLAPPEncoder, {"variant": "clapp++"}, {"negatives": "bogus"}),
+    (GlobalSSLEncoder, {"loss": "clapp"}, {"projection_dim": -5}),
+])
+def test_save_refuses_values_load_would_refuse(images, tmp_path, cls, fitted, changed):
+    # values the fitted network ignores were written, and the file then failed to load
+    enc = cls(architecture="tiny", n_epochs=1, batch_size=4, random_state=0,
+              **fitted).fit(images)
+    want = enc.transform(images)
+    before = {k: enc.get_params()[k] for k in changed}
+    enc.set_params(**changed)
+    with pytest.raises((ValueError, TypeError), match=next(iter(changed))):
+        enc.save(tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+    np.testing.assert_array_equal(enc.transform(images), want)   # the encoder is intact
+    enc.set_params(**before).save(tmp_path / "m.pt")
+    np.testing.assert_array_equal(cls.load(tmp_path / "m.pt").transform(images), want)

@@ -631,7 +631,13 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             network from the saved parameters. Values that resolve to the fitted network
             (``architecture="tiny"`` and its blocks written out, ``spatial_pool=None``
             and the grids it gives, an option the variant or loss ignores) are saved.
+            Also any parameter value :meth:`load` would refuse (the file could not be
+            read back), as :meth:`fit` would.
         """
+        # load validates the parameters: a value set after fit that load would refuse
+        # (even one the variant ignores) must not be written; a copy keeps the fitted
+        # encoder's resolved blocks as they are
+        copy.copy(self)._check_params()
         if hasattr(self, "encoder_"):
             self._check_structure(self._STRUCTURE_PARAMS,
                                   "the file would rebuild another network on load")
