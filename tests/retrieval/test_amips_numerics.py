@@ -452,3 +452,33 @@ def test_value_at_large_but_representable_scales_is_finite_and_matches_float64(a
             m.value(Q)
     with pytest.raises(ValueError, match="overflow float32"):
         m.value(Q * 1e3)
+
+
+def test_value_of_tiny_keys_is_one_rounding_of_the_rescaled_estimate():
+    """Keys of 1e-42 with queries of 1e36: the units multiply to a float32 number, so
+    value rescales in one multiplication (bit for bit the float64 product rounded
+    once); applying the tiny unit first lost bits below float32's normal range."""
+    rng = np.random.default_rng(0)
+    K = np.clip(rng.standard_normal((10, 3)), -3, 3) * 1e-42
+    Qtr, Q = rng.standard_normal((50, 3)) * 1e36, rng.standard_normal((6, 3)) * 1e36
+    m = AmortizedMIPS(depth=2, hidden_dim=8, n_steps=3, random_state=0).fit(K, queries=Qtr)
+    q = torch.as_tensor(Q, dtype=torch.float32) / m.query_scale_
+    with torch.no_grad():
+        raw = m.model_.score_and_key(q)[0].double().numpy()
+    expected = (raw * (float(m.key_scale_) * float(m.query_scale_))).astype(np.float32)
+    np.testing.assert_array_equal(m.value(Q), expected)
+
+
+def test_keys_near_the_float32_maximum_get_a_finite_unit_and_exact_answers():
+    """Keys of RMS norm ~3e38 rounded their unit up to 2**128 (inf in float32): every
+    scaled key became 0 and predict answered key 0 for every query (predict_key was
+    NaN). The unit is capped at 2**127."""
+    rng = np.random.default_rng(0)
+    K = np.sign(rng.standard_normal((10, 3))) * 2e38
+    K[:, 0] *= rng.uniform(0.5, 1.0, 10)
+    Q = rng.standard_normal((6, 3))
+    m = AmortizedMIPS(depth=2, hidden_dim=8, n_steps=3, random_state=0, n_candidates=10)
+    m.fit(K.astype(np.float32))
+    assert m.key_scale_ == 2.0**127                      # finite in float32
+    best = (Q @ K.astype(np.float32).astype(np.float64).T).argmax(1)   # all keys re-ranked
+    np.testing.assert_array_equal(m.predict(Q), best)

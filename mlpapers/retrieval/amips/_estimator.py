@@ -437,7 +437,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         Q = self._queries(X)
         out = self._to_numpy(uncentre(self, Q, score_and_key(self, Q)[0], None)[0])
-        if not np.isfinite(out).all():  # queries and keys are finite: an overflow
+        if np.isinf(out).any():  # queries and keys are finite: an overflow
             raise ValueError("support-value estimates overflow float32 (beyond 3.4e38) "
                              "and cannot be returned; rescale the queries or the keys.")
         return out

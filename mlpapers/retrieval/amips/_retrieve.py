@@ -28,13 +28,17 @@ def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``k / key_scale_``; queries are fed in chunks of ``est.batch_size``.
     """
     ks, qs = getattr(est, "key_scale_", 1.0), getattr(est, "query_scale_", 1.0)
-    # the smaller power of two first: ks * qs alone can pass float32's range (2**64 *
-    # 2**64 at keys and queries of 1e19) while the value itself fits
-    first, second = sorted((float(ks), float(qs)))
+    unit = float(ks) * float(qs)
+    # one multiplication (one rounding) while the product of the units fits float32;
+    # beyond (2**64 * 2**64 at keys and queries of 1e19, where the values still fit)
+    # one unit at a time, the smaller first. Both units are powers of two >= 2**-149.
+    units = (unit,) if unit <= 2.0**127 else tuple(sorted((float(ks), float(qs))))
 
     def block(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         v, k = est.model_.score_and_key(Q[rows] / qs)
-        return v * first * second, k * ks
+        for u in units:
+            v = v * u
+        return v, k * ks
 
     # written into one preallocated output: lists of the blocks and their concatenation
     # held the (n, d) keys twice

@@ -220,7 +220,9 @@ def power_of_two_scale(x: torch.Tensor) -> float:
     rms = math.sqrt(total / x.shape[0]) if x.numel() else 0.0
     if not math.isfinite(rms) or rms <= 0.0:
         return 1.0
-    return float(2.0 ** round(math.log2(rms)))
+    # capped at 2**127, float32's largest power of two: rms near float32's maximum
+    # rounds up to 2**128, which is inf in float32 and zeroed every scaled key
+    return float(2.0 ** min(round(math.log2(rms)), 127))
 
 
 def column_mean(keys: torch.Tensor) -> torch.Tensor:
