@@ -86,7 +86,34 @@ class TorchEstimatorMixin:
     #: ``random_state=None`` draws no seed from numpy's global RNG either
     _uses_random_state = True
 
+    #: parameters :meth:`load` rebuilds the fitted model from (its architecture): set to
+    #: another value after ``fit``, a saved file would hold another model, so
+    #: :meth:`save` refuses (the live estimator keeps the model it fitted)
+    _REBUILD_PARAMS: tuple[str, ...] = ()
+
+    def _rebuild_param_names(self) -> tuple[str, ...]:
+        """The rebuild parameters the current settings read (override to drop those
+        the chosen architecture ignores)."""
+        return self._REBUILD_PARAMS
+
+    def _record_rebuild_params(self) -> None:
+        self._fitted_rebuild_params = {n: getattr(self, n)
+                                       for n in self._rebuild_param_names()}
+
+    def _check_rebuild_params(self) -> None:
+        fitted = getattr(self, "_fitted_rebuild_params", None)
+        if fitted is None:  # pickled by a version without the record: nothing to compare
+            return
+        changed = [n for n, v in fitted.items() if not _same_param(getattr(self, n), v)]
+        if changed:
+            was = ", ".join(f"{n}={fitted[n]!r} -> {getattr(self, n)!r}" for n in changed)
+            raise ValueError(
+                f"cannot save: {was} set after fit; load rebuilds the fitted model from "
+                "these parameters, so the file would hold another model. Set them back, "
+                "or fit again.")
+
     def _init_fit(self) -> None:
+        self._record_rebuild_params()
         self._device = resolve_device(getattr(self, "device", "cpu"))
         if self._uses_random_state:
             self._torch_gen, self._numpy_gen = make_generators(
@@ -324,6 +351,19 @@ def restore_on_failure(fit: Any) -> Any:
     return wrapper
 
 
+def _same_param(a: Any, b: Any) -> bool:
+    """Whether two values of a parameter are the same setting: the same object, or
+    equal with lists and tuples alike (``[64]`` and ``(64,)``)."""
+    if a is b:
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_param(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # e.g. arrays: no single truth value
+        return False
+
+
 def _is_class_member(cls: type, name: str) -> bool:
     """Whether ``name`` is a method, property or other callable of ``cls`` (which a
     file's state must not shadow); plain class-level data defaults are not."""
@@ -375,6 +415,7 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
         check_is_fitted(estimator)
     except NotFittedError as exc:
         raise NotFittedError(f"cannot save an unfitted {type(estimator).__name__}.") from exc
+    estimator._check_rebuild_params()
     cls = type(estimator)
     payload = {
         "format": _FORMAT_VERSION,
@@ -419,6 +460,7 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
             raise TypeError("params and state must be dicts")
         est = cls(**params)
         est._set_state(state)
+        est._record_rebuild_params()  # the model was just rebuilt from these values
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         raise ValueError(f"{os.fspath(path)!r} is not a valid mlpapers estimator file: "
                          f"{exc}") from exc

@@ -52,6 +52,9 @@ def _unfittable_layer(layer: torch.nn.Module) -> str | None:
 class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimator):
     """Shared simulation loop; subclasses define the number of models and the assignment."""
 
+    # load rebuilds the models from ``model`` (the hidden widths are saved)
+    _REBUILD_PARAMS = ("model",)
+
     _supports_auto = False
     # whether the assignment reads the loss matrix (FedAvg's does not)
     _assigns_by_loss = True

@@ -288,6 +288,11 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     def _check_params(self) -> None:
         check_amips_params(self)
 
+    def _rebuild_param_names(self) -> tuple[str, ...]:
+        # what build_amips_model reads besides the saved hidden widths
+        own = ("resnet",) if self.arch == "keynet" else ("homogenize",)
+        return ("arch", "wx_inject", "negative_slope", "beta") + own
+
     def _build_model(self, n_keys: int, d: int, hidden_dims: tuple[int, ...] | None = None,
                      seed: int = 0):
         return build_amips_model(self, n_keys, d, hidden_dims, seed=seed)
