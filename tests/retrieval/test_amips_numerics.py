@@ -482,3 +482,16 @@ def test_keys_near_the_float32_maximum_get_a_finite_unit_and_exact_answers():
     assert m.key_scale_ == 2.0**127                      # finite in float32
     best = (Q @ K.astype(np.float32).astype(np.float64).T).argmax(1)   # all keys re-ranked
     np.testing.assert_array_equal(m.predict(Q), best)
+
+
+def test_a_database_of_subnormal_keys_gets_a_nonzero_unit_and_finite_values():
+    """Keys of RMS norm below the smallest float32 subnormal rounded their unit to
+    2**-150, which is 0 in float32: the scaled keys were NaN and value returned NaN
+    silently. The unit is floored at 2**-149."""
+    rng = np.random.default_rng(0)
+    Z = np.zeros((40, 4), np.float32)
+    Z[0, 0] = 1e-45
+    Q = rng.standard_normal((30, 4)).astype(np.float32)
+    m = AmortizedMIPS(n_steps=5, batch_size=16, random_state=0).fit(Z, queries=Q)
+    assert np.float32(m.key_scale_) > 0
+    assert np.isfinite(m.value(Q[:3])).all()

@@ -445,6 +445,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         if np.isinf(out).any():  # queries and keys are finite: an overflow
             raise ValueError("support-value estimates overflow float32 (beyond 3.4e38) "
                              "and cannot be returned; rescale the queries or the keys.")
+        if np.isnan(out).any():
+            raise ValueError("the model's support-value estimates are not finite (NaN); "
+                             "check that the keys and training queries are finite and "
+                             "not all zero or subnormal, then fit again.")
         return out
 
     @fill_doc(X=_QUERIES_X)

@@ -220,9 +220,10 @@ def power_of_two_scale(x: torch.Tensor) -> float:
     rms = math.sqrt(total / x.shape[0]) if x.numel() else 0.0
     if not math.isfinite(rms) or rms <= 0.0:
         return 1.0
-    # capped at 2**127, float32's largest power of two: rms near float32's maximum
-    # rounds up to 2**128, which is inf in float32 and zeroed every scaled key
-    return float(2.0 ** min(round(math.log2(rms)), 127))
+    # within float32's powers of two, [2**-149, 2**127]: rms near float32's maximum
+    # rounded up to 2**128 (inf in float32: every scaled key became 0), and rms below
+    # the smallest subnormal to a unit that is 0 in float32 (NaN keys)
+    return float(2.0 ** min(max(round(math.log2(rms)), -149), 127))
 
 
 def column_mean(keys: torch.Tensor) -> torch.Tensor:
