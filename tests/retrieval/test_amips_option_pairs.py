@@ -14,6 +14,7 @@ do not depend on ``search_batch_size``/``batch_size``.
 """
 
 import pickle
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -169,11 +170,13 @@ def test_exact_ties_still_count_at_any_offset_and_near_misses_do_not():
         assert recall_at_k(None, [[2, 3]], 1, queries=q, database=keys) == 0.0
         assert mean_reciprocal_rank(None, [[2, 3]], queries=q, database=keys) == 0.5
     # rounding ties: <q, k1> = <q, k2> in decimal arithmetic (0.1 + 0.2 + 0.6 against
-    # 0.2 + 0.4 + 0.3, plus 0.6e4 each), which differ by one ulp in float64
+    # 0.2 + 0.4 + 0.3, plus 0.6e4 each); the binary values differ by about 3e-17, far
+    # below float64's spacing at 6000.9 (9e-13), so a float64 matmul ties or splits them
+    # by one ulp depending on its summation order (numpy 1.26 and 2.x differ): hits both
     keys = np.array([[1.0, 1.0, 2.0], [2.0, 2.0, 1.0]]) + 1e4
     q = np.array([[0.1, 0.2, 0.3]])
-    products = q @ keys.T
-    assert products[0, 0] != products[0, 1]  # (the premise: a rounding difference)
+    exact = [sum(Fraction(a) * Fraction(b) for a, b in zip(q[0], k)) for k in keys]
+    assert exact[0] != exact[1] and abs(exact[0] - exact[1]) < 1e-16   # (the premise)
     assert match_rate(None, [0], queries=q, database=keys) == 1.0
     assert match_rate(None, [1], queries=q, database=keys) == 1.0
 
