@@ -104,7 +104,8 @@ def test_load_of_a_file_without_streams(tmp_path):
 
 
 @pytest.mark.parametrize("rng", [[1, 2], {"torch": "x"}, {"numpy": {"bit_generator": "MT19937"}},
-                                 {"numpy": {"bit_generator": "PCG64", "state": 3}}])
+                                 {"numpy": {"bit_generator": "PCG64", "state": 3}},
+                                 {"numpy": 3}, {"numpy": {"bit_generator": "Unknown"}}])
 def test_load_rejects_malformed_streams(tmp_path, rng):
     X, y = _data()
     ToyRidge().fit(X, y).save(tmp_path / "toy.pt")
@@ -489,3 +490,61 @@ def test_restore_on_failure_puts_the_estimator_back_as_it_was():
     assert vars(est) == before and est.coef_ is before["coef_"]
     assert Est.fit.__doc__ == "Doc kept."
     assert list(inspect.signature(Est.fit).parameters) == ["self", "X", "fail_after"]
+
+
+def test_tensor_x_with_missing_or_short_y_is_refused_like_arrays():
+    """The tensor path checks ``y`` itself (arrays go through scikit-learn)."""
+    X, y = _data()
+    for bad_y, match in [(None, "requires y to be passed"),
+                         (y[:-1], "inconsistent numbers of samples")]:
+        for X_in in (X, torch.from_numpy(X)):
+            with pytest.raises(ValueError, match=match):
+                ToyRidge().fit(X_in, bad_y)
+
+
+class _Stacks(TorchEstimatorMixin, BaseEstimator):
+    """Accepts 2-D and 3-D input (rows of features, or of small matrices)."""
+
+    def fit(self, X, y=None):
+        self._validate_data(X, reset=True, ndim=(2, 3))
+        self.fitted_ = True
+        return self
+
+
+def test_input_with_more_dimensions_than_allowed_names_them():
+    """scikit-learn's ``allow_nd`` accepts any number of dimensions above 2: the base
+    refuses those outside ``ndim`` itself, for arrays as for tensors."""
+    for X in (np.ones((2, 3, 4)), torch.ones(2, 3, 4)):
+        assert _Stacks().fit(X).fitted_
+    for X in (np.ones((2, 3, 4, 5)), torch.ones(2, 3, 4, 5)):
+        with pytest.raises(ValueError, match=r"2D or 3D.*got 4D|4D.*2D or 3D"):
+            _Stacks().fit(X)
+
+
+def test_save_of_a_foreign_object_and_load_of_a_missing_class(tmp_path):
+    from sklearn.linear_model import Ridge
+
+    with pytest.raises(TypeError, match="save expects an mlpapers estimator, got Ridge"):
+        save(Ridge(), tmp_path / "r.pt")
+    X, y = _data()
+    path = tmp_path / "toy.pt"
+    save(ToyRidge().fit(X, y), path)
+    payload = torch.load(path, weights_only=True)
+    for name in ("mlpapers.no_such_module:ToyRidge", "mlpapers._base:NoSuchClass"):
+        payload["class"] = name
+        torch.save(payload, path)
+        with pytest.raises(ValueError, match="cannot load"):
+            load(path)
+
+
+def test_device_and_numpy_string_parameters_survive_save_load(tmp_path):
+    """Parameters may hold a ``torch.device`` or a numpy string scalar (read from an
+    array of settings): ``save`` stores them as plain values that mean the same."""
+    X, y = _data()
+    est = ToyRidge(device=torch.device("cpu"), alpha=1.0).fit(X, y)
+    est.note_ = np.str_("ridge")
+    est.save(tmp_path / "toy.pt")
+    back = ToyRidge.load(tmp_path / "toy.pt")
+    assert torch.device(back.device) == torch.device("cpu")
+    assert back.note_ == "ridge"
+    np.testing.assert_array_equal(back.predict(X), est.predict(X))

@@ -147,6 +147,30 @@ def test_resolve_dtype_and_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda")
+    assert resolve_dtype("double") is torch.float64  # numpy spellings
+    assert resolve_dtype("<f4") is torch.float32
+    for bad in ("not-a-dtype", object(), "int8"):
+        with pytest.raises(TypeError, match="dtype must be"):
+            resolve_dtype(bad)
+
+
+def test_ragged_nested_lists_are_refused_by_name():
+    from mlpapers._utils._validation import reject_flat_image_table
+
+    with pytest.raises(ValueError, match="Z could not be converted to an array"):
+        check_tensor([[1.0, 2.0], [3.0]], name="Z")
+    # the image-table check leaves ragged input to the general checks above
+    assert reject_flat_image_table([[1.0, 2.0], [3.0]], takes="images") is None
+
+
+def test_dtype_none_reads_half_precision_tensors_as_float32_on_the_cpu():
+    """CPU kernels of float16 are slow or missing: ``dtype=None`` keeps every other
+    floating dtype but widens float16 (exactly)."""
+    x = torch.tensor([[0.1, 65504.0]], dtype=torch.float16)
+    out = check_tensor(x, dtype=None)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, x.float())
+    assert check_tensor(x.bfloat16(), dtype=None).dtype == torch.bfloat16
 
 
 def test_to_numpy_half_precision():
@@ -207,7 +231,7 @@ def test_progress_logger_records_history_and_shows_bar(capsys):
     log = ProgressLogger(4, verbose=1, desc="fit")
     for step in log:
         log.log(epoch=step, loss=float(4 - step), note="x")
-    assert log.column("loss") == [4.0, 3.0, 2.0, 1.0]
+    assert [h["loss"] for h in log.history] == [4.0, 3.0, 2.0, 1.0]
     assert len(log.history) == 4
     err = capsys.readouterr().err
     assert "fit" in err and "loss=1" in err  # numeric metrics on the bar, strings not

@@ -109,3 +109,19 @@ def test_linear_one_feature_places_opposite_models_without_warnings():
         assert abs(make_federated_linear(n_clusters=1, n_features=1, random_state=0)[2]).item() == 1
     with pytest.raises(ValueError, match="n_features=1"):
         make_federated_linear(n_clusters=3, n_features=1, random_state=0)
+
+
+def test_linear_more_models_than_a_circle_holds_use_a_cross_polytope():
+    """Six models in 3-D at separation 1.2 fit neither on a circle (6 steps of
+    2 asin(0.6) exceed 2 pi) nor as perturbations of one centre: the layout falls back to
+    the vertices +-q_i of a rotated cross-polytope (distances sqrt(2) and 2)."""
+    for seed in range(3):
+        _, _, coef = make_federated_linear(n_clusters=6, n_features=3, separation=1.2,
+                                           random_state=seed)
+        np.testing.assert_allclose(np.linalg.norm(coef, axis=1), 1.0, rtol=1e-12)
+        dist = np.linalg.norm(coef[:, None] - coef[None], axis=-1)[~np.eye(6, dtype=bool)]
+        assert dist.min() >= 1.2 and dist.max() <= 5 * 1.2
+        np.testing.assert_allclose(np.sort(np.unique(dist.round(9))), [np.sqrt(2), 2.0])
+    # separation 1.5 (below the simplex bound 1.549) has no layout: a clear error
+    with pytest.raises(ValueError, match="could not place 6 unit-norm models in 3 dim"):
+        make_federated_linear(n_clusters=6, n_features=3, separation=1.5, random_state=0)
