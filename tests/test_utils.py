@@ -231,7 +231,7 @@ def test_progress_logger_records_history_and_shows_bar(capsys):
     log = ProgressLogger(4, verbose=1, desc="fit")
     for step in log:
         log.log(epoch=step, loss=float(4 - step), note="x")
-    assert [h["loss"] for h in log.history] == [4.0, 3.0, 2.0, 1.0]
+    assert log.column("loss") == [4.0, 3.0, 2.0, 1.0]
     assert len(log.history) == 4
     err = capsys.readouterr().err
     assert "fit" in err and "loss=1" in err  # numeric metrics on the bar, strings not

@@ -62,3 +62,7 @@ class ProgressLogger:
                 if isinstance(v, numbers.Real) and not isinstance(v, bool)
             }
             self._bar.set_postfix(shown, refresh=False)
+
+    def column(self, key: str) -> list[Any]:
+        """Return the logged values of ``key``, skipping entries without it."""
+        return [h[key] for h in self.history if key in h]
