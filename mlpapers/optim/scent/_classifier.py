@@ -9,7 +9,11 @@ from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import check_in_options, check_positive, with_autograd
-from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
+from mlpapers.optim.scent._common import (
+    TensorTargetsScore,
+    check_common_params,
+    encode_labels,
+)
 from mlpapers.optim.scent._sparse_input import SparseRows, is_sparse_input, validate_sparse
 from mlpapers.optim.scent._xc import LOSSES, NEGATIVES
 from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
@@ -225,12 +229,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             )
 
     def _encode(self, y: np.ndarray) -> torch.Tensor:
-        pos = np.searchsorted(self.classes_, y)
-        pos = np.clip(pos, 0, len(self.classes_) - 1)
-        unseen = self.classes_[pos] != y
-        if np.any(unseen):
-            raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unseen])[:5]}.")
-        return torch.as_tensor(pos, dtype=torch.long)
+        return encode_labels(self.classes_, y)
 
     # -- fitting ----------------------------------------------------------------------
     # training needs autograd even inside the caller's no_grad / inference_mode block
@@ -315,7 +314,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             if classes is not None and not np.array_equal(np.unique(classes), self.classes_):
                 raise ValueError("classes differ from those of the first call to partial_fit.")
             self._check_params(len(self.classes_))
-            if not hasattr(self, "_torch_gen"):
+            if not hasattr(self, "_torch_gen"):  # loaded from a file without generator states
                 self._init_fit()
         if sample_index is None:
             index = torch.arange(X.shape[0])

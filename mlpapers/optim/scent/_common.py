@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 
 from mlpapers._utils import check_in_options, check_positive, to_numpy
-from mlpapers.optim.scent._loss import METHODS, EntropicRiskLoss
+from mlpapers.optim.scent._loss import METHODS, EntropicRiskLoss, check_dual_params
 
 PAPER_REF = (
     'X. Wei, L. Zhou, B. Wang, C.-J. Lin, T. Yang, "A Geometry-Aware Efficient Algorithm '
@@ -16,22 +17,24 @@ PAPER_REF = (
 )
 
 
+#: the largest learning rate a float32 parameter update can take
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def check_common_params(est) -> None:
     """Validate the optimisation parameters every SCENT estimator shares."""
     check_in_options(est.method, "method", METHODS)
     check_positive(est.lr, "lr")
+    if est.lr > _FLOAT32_MAX:  # torch's SGD failed with "cannot be converted to type float"
+        raise ValueError(f"lr must be at most {_FLOAT32_MAX:.3g} (the SGD steps float32 "
+                         f"weights), got {est.lr!r}.")
     check_positive(est.epochs, "epochs", integer=True)
     check_positive(est.batch_size, "batch_size", integer=True)
     check_positive(est.momentum, "momentum", strict=False)
     if est.momentum >= 1:
         raise ValueError(f"momentum must be in [0, 1), got {est.momentum!r}.")
     check_in_options(est.lr_schedule, "lr_schedule", ("cosine", "constant"))
-    check_positive(est.gamma, "gamma")
-    if est.gamma > 1:
-        raise ValueError(f"gamma must be in (0, 1], got {est.gamma!r}.")
-    check_positive(est.dual_lr, "dual_lr")
-    check_positive(est.delta, "delta", strict=False)
-    check_positive(est.rho, "rho")
+    check_dual_params(est.gamma, est.dual_lr, est.delta, est.rho)
     la = est.log_alpha
     if isinstance(la, str) and la == "auto" and getattr(est, "_supports_auto_alpha", False):
         return
@@ -94,8 +97,8 @@ def surrogate_overflow(name: str, method: str, epoch: int, ratio: str) -> Floati
         f"float32 ({ratio} too large); lower lr, or raise {ratio.split(' / ')[-1]}.")
 
 
-def nu_to_numpy(loss_fn) -> torch.Tensor:
-    """The dual table with NaN at anchors never visited."""
+def nu_to_numpy(loss_fn) -> np.ndarray:
+    """The dual table as a float64 numpy array, NaN at anchors never visited."""
     nu = loss_fn.nu.detach().clone().cpu()
     nu[~loss_fn.initialized.cpu()] = float("nan")
     return nu.numpy()
@@ -107,6 +110,17 @@ def load_nu(loss_fn, nu) -> None:
     visited = ~torch.isnan(nu[:n])
     loss_fn.nu[:n] = torch.nan_to_num(nu[:n], nan=0.0).to(loss_fn.nu.device)
     loss_fn.initialized[:n] = visited.to(loss_fn.initialized.device)
+
+
+def encode_labels(classes: np.ndarray, y, device=None) -> torch.Tensor:
+    """Positions of the labels ``y`` in the sorted ``classes`` (a long tensor on
+    ``device``); a label not among ``classes`` raises ``ValueError``."""
+    y = np.asarray(y)
+    pos = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
+    unseen = classes[pos] != y
+    if np.any(unseen):
+        raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unseen])[:5]}.")
+    return torch.as_tensor(pos, dtype=torch.long, device=device)
 
 
 def tensors_to_numpy(*values):

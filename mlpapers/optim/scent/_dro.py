@@ -29,6 +29,7 @@ from mlpapers.optim.scent._common import (
     SAMPLES_X,
     TensorTargetsScore,
     check_common_params,
+    encode_labels,
     lr_factor,
     make_loss,
     set_lrs,
@@ -156,7 +157,8 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         self.device = device
         self.verbose = verbose
 
-    # subclasses: _prepare_targets, _n_outputs, _losses(W, b, X, y), _erm_init
+    # subclasses define _y_numeric, _prepare_targets, _encode_eval, _zeros, _losses(W, b,
+    # X, y), _erm_init, _store and _params (and may override _target_unit)
     def _penalty(self, W):
         return 0.5 * self.alpha * (W * W).sum() if self.alpha > 0 else W.new_zeros(())
 
@@ -321,9 +323,6 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         W, b = self._params(X.device)
         return float(self._dro_value(W, b, X, y))
 
-    def _expected_failed_checks(self):
-        return {}
-
 
 class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
     __doc__ = r"""Linear least squares under KL distributionally robust optimisation.
@@ -359,10 +358,9 @@ class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
     _y_numeric = True
 
     def _prepare_targets(self, y):
-        y = np.asarray(y, dtype=np.float64)
-        if y.ndim != 1:
-            raise ValueError("y must be 1D for KLDRORegressor.")
-        return torch.as_tensor(y, dtype=torch.float64, device=self._device)
+        # (1-D: fit's _validate_data ravels a column and refuses other shapes)
+        return torch.as_tensor(np.asarray(y, dtype=np.float64), dtype=torch.float64,
+                               device=self._device)
 
     def _encode_eval(self, y, device):
         return torch.as_tensor(np.asarray(y, dtype=np.float64), device=device)
@@ -468,12 +466,7 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         return torch.as_tensor(yi.reshape(-1), dtype=torch.long, device=self._device)
 
     def _encode_eval(self, y, device):
-        y = np.asarray(y)
-        pos = np.clip(np.searchsorted(self.classes_, y), 0, len(self.classes_) - 1)
-        unseen = self.classes_[pos] != y
-        if np.any(unseen):
-            raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unseen])[:5]}.")
-        return torch.as_tensor(pos, dtype=torch.long, device=device)
+        return encode_labels(self.classes_, y, device)
 
     def _zeros(self, d):
         C = len(self.classes_)

@@ -116,7 +116,7 @@ def log_mean_exp(
         The axis of the items.
     mask : torch.Tensor of bool, optional
         Same shape as ``scores``; ``False`` entries are left out of both the sum
-        and the count. A slice without any valid item gives ``-inf``.
+        and the count. A slice without any valid item (also ``k = 0``) gives ``-inf``.
 
     Returns
     -------
@@ -131,7 +131,9 @@ def log_mean_exp(
     9998.90...
     """
     if mask is None:
-        return torch.logsumexp(scores, dim=dim) - math.log(scores.shape[dim])
+        # k = 0: the empty sum's logsumexp is -inf, as an all-masked slice gives (log 0
+        # failed with "math domain error")
+        return torch.logsumexp(scores, dim=dim) - math.log(max(scores.shape[dim], 1))
     mask = mask.to(torch.bool)
     masked = scores.masked_fill(~mask, float("-inf"))
     count = mask.sum(dim=dim).to(scores.dtype)

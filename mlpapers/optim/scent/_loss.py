@@ -74,6 +74,16 @@ def objective(
     return tempered_log_mean_exp(scores, temperature, mask=mask).mean()
 
 
+def check_dual_params(gamma, dual_lr, delta, rho) -> None:
+    """The baselines' parameters in their ranges (the loss's and the estimators' check)."""
+    check_positive(gamma, "gamma")
+    if gamma > 1:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
+    check_positive(dual_lr, "dual_lr")
+    check_positive(delta, "delta", strict=False)  # 0: the official DRO/pAUC default
+    check_positive(rho, "rho")
+
+
 class EntropicRiskLoss(nn.Module):
     r"""Stochastic surrogate of the compositional entropic risk, one dual variable per anchor.
 
@@ -180,12 +190,7 @@ class EntropicRiskLoss(nn.Module):
         check_positive(n_anchors, "n_anchors", integer=True)
         check_in_options(method, "method", METHODS)
         check_positive(temperature, "temperature")
-        check_positive(gamma, "gamma")
-        if gamma > 1:
-            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
-        check_positive(dual_lr, "dual_lr")
-        check_positive(delta, "delta", strict=False)  # 0: the official DRO/pAUC default
-        check_positive(rho, "rho")
+        check_dual_params(gamma, dual_lr, delta, rho)
         if nu_init is not None and not math.isfinite(nu_init):
             raise ValueError(f"nu_init must be a finite float or None, got {nu_init!r}.")
         if getattr(log_alpha, "shape", None) == () and not isinstance(log_alpha, torch.Tensor):

@@ -20,6 +20,7 @@ from mlpapers.optim.scent._common import (
     check_common_params,
     lr_factor,
     make_loss,
+    nu_to_numpy,
     set_lrs,
     surrogate_overflow,
     tensors_to_numpy,
@@ -167,23 +168,25 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.device = device
         self.verbose = verbose
 
-    def _pair_losses(self, w, Xp, Xn, b=0.0):
-        hp, hn = torch.sigmoid(Xp @ w + b), torch.sigmoid(Xn @ w + b)
+    def _hinge(self, hp, hn):
+        """Pair losses :math:`L(h_i - h_j)` of sigmoid scores ``hp`` (B,) and ``hn`` (k,)."""
         return torch.clamp(self.margin - (hp[:, None] - hn[None, :]), min=0) ** 2
+
+    def _pair_losses(self, w, Xp, Xn):
+        """Pair losses of a training batch (features already centred: no intercept)."""
+        return self._hinge(torch.sigmoid(Xp @ w), torch.sigmoid(Xn @ w))
 
     def _objective_t(self, w, Xp, Xn, b=0.0):
         """Exact objective over all pairs, in blocks of positives: at most about
         ``_PAIR_ELEMENTS`` pair losses at once, never ``n_pos x n_neg`` (20 GB of
-        float64 for 50k positives and 50k negatives)."""
-        if len(Xp) == 0 or len(Xn) == 0:
-            ell = self._pair_losses(w, Xp, Xn, b)
-            return tempered_log_mean_exp(ell, self.lam).mean()
+        float64 for 50k positives and 50k negatives). Both sets are non-empty (``fit``
+        has two classes, ``objective`` refuses one)."""
         hp, hn = torch.sigmoid(Xp @ w + b), torch.sigmoid(Xn @ w + b)
         rows = block_rows_for(len(hn), _PAIR_ELEMENTS)
         total = hp.new_zeros(())
         for i in range(0, len(hp), rows):
-            ell = torch.clamp(self.margin - (hp[i:i + rows, None] - hn[None, :]), min=0) ** 2
-            total = total + tempered_log_mean_exp(ell, self.lam).sum()
+            total = total + tempered_log_mean_exp(self._hinge(hp[i:i + rows], hn),
+                                                  self.lam).sum()
         return total / len(hp)
 
     # training needs autograd even inside the caller's no_grad / inference_mode block
@@ -288,9 +291,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.n_iter_ = int(self.epochs)
         self.coef_ = (w.detach().double() / scale).cpu().numpy()
         self.intercept_ = -float(torch.as_tensor(self.coef_) @ mu.cpu())
-        nu = loss_fn.nu.detach().clone().cpu()
-        nu[~loss_fn.initialized.cpu()] = float("nan")
-        self.nu_ = nu.numpy()
+        self.nu_ = nu_to_numpy(loss_fn)
         # scored exactly as decision_function does (float64 input, all rows), so that the
         # negative at the threshold is not let through by a float32 rounding of X
         scores = self._to_numpy(X @ torch.as_tensor(self.coef_, device=X.device))

@@ -29,6 +29,15 @@ class SampledTrainingMixin:
     def _params(self) -> list[torch.Tensor]:
         return [self._W, self._b] if self.fit_intercept else [self._W]
 
+    def _new_optimizer(self) -> torch.optim.SGD:
+        return torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
+
+    def _resolve_log_alpha(self) -> float:
+        """The SCENT ``log_alpha`` in use (stored as ``_log_alpha``); ``None`` means log C."""
+        self._log_alpha = (math.log(len(self.classes_)) if self.log_alpha is None
+                           else float(self.log_alpha))
+        return self._log_alpha
+
     def _start_training(self, n_anchors: int, n_features: int) -> None:
         C = len(self.classes_)
         dev = self._device
@@ -36,9 +45,8 @@ class SampledTrainingMixin:
                               requires_grad=True)
         self._b = torch.zeros(C, dtype=torch.float32, device=dev,
                               requires_grad=bool(self.fit_intercept))
-        self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
-        self._loss_fn = make_loss(self, n_anchors, self._log_alpha).to(dev)
-        self._opt = torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
+        self._loss_fn = make_loss(self, n_anchors, self._resolve_log_alpha()).to(dev)
+        self._opt = self._new_optimizer()
         self.n_iter_ = 0
 
     def _resume_training(self, n_anchors: int) -> None:
@@ -49,12 +57,10 @@ class SampledTrainingMixin:
             self._W.requires_grad_(True)
             self._b = torch.as_tensor(self.intercept_, dtype=torch.float32, device=dev).clone()
             self._b.requires_grad_(bool(self.fit_intercept))
-            C = len(self.classes_)
-            self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
             self._loss_fn = make_loss(self, max(n_anchors, len(self.nu_)),
-                                      self._log_alpha).to(dev)
+                                      self._resolve_log_alpha()).to(dev)
             load_nu(self._loss_fn, self.nu_)
-            self._opt = torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
+            self._opt = self._new_optimizer()
             buffers = getattr(self, "_momentum_buffers", None)
             if buffers is not None and self.momentum > 0:  # saved heavy-ball state
                 for p, buf in zip(self._params(), buffers):
@@ -75,13 +81,11 @@ class SampledTrainingMixin:
             # the optimizer's parameter list changes: keep the weights' heavy-ball state
             state = self._opt.state.get(self._W)
             self._b.requires_grad_(bool(self.fit_intercept))
-            self._opt = torch.optim.SGD(self._params(), lr=self.lr, momentum=self.momentum)
+            self._opt = self._new_optimizer()
             if state:
                 self._opt.state[self._W] = state
-        C = len(self.classes_)
-        self._log_alpha = math.log(C) if self.log_alpha is None else float(self.log_alpha)
         lf = self._loss_fn
-        lf.method, lf.log_alpha = self.method, self._log_alpha
+        lf.method, lf.log_alpha = self.method, self._resolve_log_alpha()
         lf.delta, lf.rho = float(self.delta), float(self.rho)
         for group in self._opt.param_groups:
             group["momentum"] = self.momentum

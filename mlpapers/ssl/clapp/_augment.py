@@ -30,6 +30,12 @@ def _uniform(n: int | tuple[int, ...], low: float, high: float,
     return low + (high - low) * _rand(n, gen)
 
 
+def _luma(x: torch.Tensor) -> torch.Tensor:
+    """ITU-R 601 luma of RGB images ``(N, 3, H, W)``, shape ``(N, 1, H, W)``."""
+    weights = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype, device=x.device)
+    return (x * weights.view(1, 3, 1, 1)).sum(1, keepdim=True)
+
+
 # torchvision's RandomResizedCrop draws up to 10 (area, ratio) pairs per image and keeps
 # the first crop that fits in the image
 _CROP_TRIES = 10
@@ -258,13 +264,10 @@ class DefaultAugment:
         mean = x.mean(dim=(1, 2, 3), keepdim=True)
         x = (x - mean) * k + mean
         if c == 3:
-            gray = (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype,
-                                     device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
+            gray = _luma(x)
             x = (x - gray) * s + gray
             to_gray = (_rand(n, gen) < self.gray_p).to(x.device).view(n, 1, 1, 1)
-            gray = (x * torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype,
-                                     device=x.device).view(1, 3, 1, 1)).sum(1, keepdim=True)
-            x = torch.where(to_gray, gray.expand_as(x), x)
+            x = torch.where(to_gray, _luma(x).expand_as(x), x)   # luma of the saturated x
         return x
 
     def blur(self, x: torch.Tensor, gen) -> torch.Tensor:

@@ -28,6 +28,7 @@ from mlpapers._utils import (
 from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.ssl.clapp import _distributed as _dist
 from mlpapers.ssl.clapp._augment import DefaultAugment, UserAugment
+from mlpapers.ssl.clapp._kernels import negative_indices
 from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
 
 _TRANSFORM_CHUNK = 256
@@ -35,15 +36,6 @@ _TRANSFORM_CHUNK = 256
 # safe file cannot hold), and the key under which a DefaultAugment's settings are stored
 _CUSTOM_AUGMENT = "<custom augment: pass it to load>"
 _DEFAULT_AUGMENT_TAG = "__DefaultAugment__"
-
-
-def _resolved_architecture(architecture) -> Any:
-    """The block list of ``architecture`` (a name or blocks), or the value itself when
-    it is not valid (then it equals no fitted block list)."""
-    try:
-        return check_architecture(architecture)
-    except (TypeError, ValueError):
-        return architecture
 
 
 def _augment_settings(aug: DefaultAugment) -> dict:
@@ -57,9 +49,12 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                       auto_wrap_output_keys=None):
     """Base: fit a VGG-like encoder without labels, transform images to pooled features.
 
-    Subclasses define ``_default_grid`` (spatial pool side when ``spatial_pool`` is
-    None), ``_build_heads(dims)`` (predictors/projections, an ``nn.Module``) and
-    ``_batch_losses(views, neg_idx)`` (a 1D tensor of the losses to sum).
+    Subclasses define ``_check_params`` (their parameters, then
+    ``_check_common_params``), ``_default_grid`` (spatial pool side when
+    ``spatial_pool`` is None), ``_build_heads(dims, generator)`` (predictors/projections,
+    an ``nn.Module``) and either ``_batch_losses(views, neg_idx)`` (a 1D tensor of the
+    losses, summed by the default :meth:`_train_step`) or their own ``_train_step``
+    (:class:`CLAPPEncoder`'s block-by-block backward passes).
     """
 
     _loss_names: tuple[str, ...] = ()
@@ -104,6 +99,10 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             raise ValueError(f"batch_size must be >= 2 (negatives come from other images of "
                              f"the batch), got {self.batch_size}.")
         check_positive(self.lr, "lr")
+        if self.lr > float(torch.finfo(torch.float32).max):
+            # AdamW's float32 step failed with "value cannot be converted to type float"
+            raise ValueError(f"lr must be at most {torch.finfo(torch.float32).max:.3g} (AdamW "
+                             f"steps float32 weights), got {self.lr!r}.")
         check_positive(self.weight_decay, "weight_decay", strict=False)
         check_in_options(self.negatives, "negatives", ("next", "random"))
         if isinstance(self.augment, type):
@@ -253,7 +252,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     def _structure_value(self, name: str) -> Any:
         """The current value of a structural parameter, resolved as the network reads it."""
         if name == "architecture":
-            return _resolved_architecture(self.architecture)
+            # valid here: save checks the parameters (_check_params) before comparing
+            return check_architecture(self.architecture)
         if name == "spatial_pool" and hasattr(self, "_blocks"):
             try:                    # the grids it gives: None and their explicit value agree
                 return self._grids()
@@ -264,7 +264,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     def _fitted_structure_value(self, name: str) -> Any:
         """The fitted value of a structural parameter, resolved as :meth:`_structure_value`."""
         if name == "architecture":
-            return _resolved_architecture(self._fitted_structure["architecture"])
+            return check_architecture(self._fitted_structure["architecture"])
         if name == "spatial_pool":
             return list(self.grids_)
         return self._fitted_structure.get(name)
@@ -421,7 +421,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             seen = 0
             for start in range(0, len(perm), bs):
                 idx = perm[start:start + bs]
-                if len(idx) < 2:
+                if len(idx) < 2:      # a one-image remainder has no negative: skipped
                     continue
                 xb = X[idx].to(dev)
                 with torch.no_grad():
@@ -466,9 +466,17 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         return losses.detach()
 
     def _negatives(self, n_images: int, gen, device) -> torch.Tensor:
-        from mlpapers.ssl.clapp._kernels import negative_indices
-
         return negative_indices(n_images, mode=self.negatives, generator=gen, device=device)
+
+    def _random_batch(self, X: torch.Tensor, batch_size: int, augment, gen
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two views and negatives of ``batch_size`` images drawn from ``X``, all from
+        ``gen`` in that order (the analyses' one-batch training step)."""
+        dev = self._resolved_device
+        xb = X[torch.randperm(X.shape[0], generator=gen)[:batch_size]].to(dev)
+        with torch.no_grad():
+            views = self._two_views(augment, xb, gen)
+        return views, self._negatives(xb.shape[0], gen, dev)
 
     # -- features -------------------------------------------------------------------
     def _layer_list(self, layers) -> list[int]:

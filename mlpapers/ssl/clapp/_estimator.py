@@ -396,9 +396,6 @@ class CLAPPEncoder(_SSLImageEncoder):
         top = h[-1].detach()
         return torch.stack([self._block_loss(i, x, top, neg_idx) for i, x in enumerate(h)])
 
-    def _batch_losses(self, views, neg_idx):
-        return self._layer_losses(views, neg_idx, detach=True)
-
     def _train_step(self, views: torch.Tensor, neg_idx: torch.Tensor) -> torch.Tensor:
         """Block by block: forward, loss, backward, free the graph, next block."""
         views, neg_idx = self._split_2021(views, neg_idx)

@@ -6,7 +6,12 @@ from torch import nn
 
 from mlpapers._utils import check_in_options, check_positive
 from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
-from mlpapers.ssl.clapp._kernels import clapp_layer_loss, infonce_loss, swap_views
+from mlpapers.ssl.clapp._kernels import (
+    clapp_layer_loss,
+    infonce_loss,
+    negative_indices,
+    swap_views,
+)
 from mlpapers.ssl.clapp._networks import linear, materialize
 
 __all__ = ["GlobalSSLEncoder"]
@@ -141,8 +146,6 @@ class GlobalSSLEncoder(_SSLImageEncoder):
             # InfoNCE contrasts every other row and never reads the indices: drawing
             # random ones would still consume the generator and shift the augmentations,
             # so negatives="random" changed an InfoNCE fit it has no part in
-            from mlpapers.ssl.clapp._kernels import negative_indices
-
             return negative_indices(n_images, mode="next", device=device)
         return super()._negatives(n_images, gen, device)
 

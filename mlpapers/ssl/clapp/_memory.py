@@ -148,7 +148,6 @@ def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
     True
     """
     from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
-    from mlpapers.ssl.clapp._kernels import negative_indices
 
     if not isinstance(encoder, _SSLImageEncoder):
         raise TypeError(f"encoder must be a CLAPPEncoder or GlobalSSLEncoder, got "
@@ -170,12 +169,7 @@ def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
         raise ValueError(f"a training step needs a batch of >= 2 images, got {bs} (batch_size="
                          f"{batch_size!r}, {X.shape[0]} images in X).")
     gen = torch.Generator().manual_seed(int(random_state))
-    dev = encoder._resolved_device
-    xb = X[torch.randperm(X.shape[0], generator=gen)[:bs]].to(dev)
-    augment = encoder._augment_fn()
-    with torch.no_grad():
-        views = encoder._two_views(augment, xb, gen)
-    neg = negative_indices(bs, mode=encoder.negatives, generator=gen, device=dev)
+    views, neg = encoder._random_batch(X, bs, encoder._augment_fn(), gen)
     params = [*encoder.encoder_.parameters(), *encoder.heads_.parameters()]
     was_training = encoder.encoder_.training
     encoder.encoder_.train()

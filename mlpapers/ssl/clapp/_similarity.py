@@ -11,7 +11,6 @@ from mlpapers._utils import (
     on_inputs_device,
     with_autograd,
 )
-from mlpapers.ssl.clapp._kernels import negative_indices
 
 __all__ = ["update_similarity"]
 
@@ -100,15 +99,10 @@ def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
         raise ValueError(f"update_similarity needs batches of >= 2 images, got {bs}.")
     gen = check_generator(random_state)
     augment = encoder._augment_fn()
-    dev = encoder._resolved_device
     blocks = list(encoder.encoder_.blocks)
     sums = torch.zeros(len(blocks), dtype=torch.float64)
     for _ in range(n_batches):
-        idx = torch.randperm(X.shape[0], generator=gen)[:bs]
-        xb = X[idx].to(dev)
-        with torch.no_grad():
-            views = encoder._two_views(augment, xb, gen)
-        neg = negative_indices(bs, mode=encoder.negatives, generator=gen, device=dev)
+        views, neg = encoder._random_batch(X, bs, augment, gen)
         local = _flat_grads(encoder._layer_losses(views, neg, detach=True).sum(), blocks)
         glob = _flat_grads(encoder._layer_losses(views, neg, detach=False)[-1], blocks)
         for i, (a, b) in enumerate(zip(local, glob)):
