@@ -11,7 +11,6 @@ from hypothesis.extra.numpy import arrays
 
 from mlpapers.federated.clove import choose_n_clusters, clove_assign, ifca_assign
 from mlpapers.federated.clove._kernels import (
-    _brute_force_matching_cost,
     batched_adam_step,
     batched_loss_matrix,
     match_clusters,
@@ -21,6 +20,14 @@ from mlpapers.federated.clove._kernels import (
 from mlpapers.federated.clove._models import make_loss_fn, per_sample_loss
 
 finite = st.floats(0.0, 10.0, allow_nan=False, width=32)
+
+
+def _brute_force_matching_cost(cost: np.ndarray) -> float:
+    """Minimum of ``sum_c cost[c, pi(c)]`` over injective ``pi`` (small K)."""
+    k, m = cost.shape
+    return min(
+        float(cost[np.arange(k), list(p)].sum()) for p in itertools.permutations(range(m), k)
+    )
 
 
 def _blobs(K, per, rng, spread=0.01):

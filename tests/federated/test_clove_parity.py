@@ -247,8 +247,8 @@ def test_a_tuple_of_two_1d_arrays_is_an_x_y_pair():
     from mlpapers.federated.clove._data import _split_client
 
     X, y = clients[0]
-    assert _split_client((X, y), 0)[1] is y
-    assert _split_client([[1.0, 2.0], [3.0, 4.0]], 0)[1] is None    # a 2-row X
+    assert _split_client((X, y))[1] is y
+    assert _split_client([[1.0, 2.0], [3.0, 4.0]])[1] is None    # a 2-row X
 
 
 @needs_flower

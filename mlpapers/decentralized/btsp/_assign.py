@@ -21,7 +21,8 @@ from mlpapers.decentralized.btsp._bottleneck import (
     _exact_mean,
     _exact_total,
     _round_maxima,
-    _theta_star,
+    _theta_bound,
+    bottleneck_delay,
     bottleneck_tsp,
 )
 from mlpapers.decentralized.btsp._topology import (
@@ -357,7 +358,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         self.bcd_per_round_ = rounds
         self.bcd_total_ = _exact_total(rounds)
         self.bcd_ = _exact_mean(rounds)
-        theta = _theta_star(np.minimum(D, D.T) if directed else E)
+        theta = _theta_bound(D, directed)
         self.theta_ = theta
         self.lower_bound_ = self._lower_bound(E, theta, schedule)
         # the random baseline draws from the torch stream, so it is the same for every method
@@ -446,8 +447,6 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         float or ndarray of shape (tau,)
             The BCD of ``assignment_`` on ``schedule_`` under ``delays``.
         """
-        from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
-
         self._check_fitted()
         D = check_delays(delays, allow_inf=bool(self.metric_closure))
         if D.shape[0] != self.n_nodes_:

@@ -19,7 +19,12 @@ import numpy as np
 
 from mlpapers._utils import check_in_options, check_positive
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
-from mlpapers.decentralized.btsp._hamilton import EXACT_MAX_N, _exact_minimax, _two_approx_tour
+from mlpapers.decentralized.btsp._hamilton import (
+    EXACT_MAX_N,
+    _exact_minimax,
+    _sym_values,
+    _two_approx_tour,
+)
 from mlpapers.decentralized.btsp._topology import (
     check_assignment,
     check_delays,
@@ -81,9 +86,14 @@ def _exact_total(rounds: np.ndarray) -> float:
     return math.fsum(rounds.tolist())
 
 
+def _exact_sum(values: np.ndarray) -> Fraction:
+    """The exact sum of float64 values, as a fraction (no rounding at all)."""
+    return sum(map(Fraction, values.tolist()), Fraction(0))
+
+
 def _exact_mean(rounds: np.ndarray) -> float:
     """Correctly rounded mean of the round bottlenecks (exact rational arithmetic)."""
-    return float(sum(map(Fraction, rounds.tolist())) / len(rounds))
+    return float(_exact_sum(rounds) / len(rounds))
 
 
 def _argmin_total(rounds: np.ndarray) -> int:
@@ -107,7 +117,7 @@ def _argmin_total(rounds: np.ndarray) -> int:
     if cand.size == 1:
         return k
     keys, first = np.unique(np.sort(rounds[cand], axis=1), axis=0, return_index=True)
-    totals = [sum(map(Fraction, row.tolist())) for row in keys]
+    totals = [_exact_sum(row) for row in keys]
     best = min(totals)
     return int(cand[min(f for f, t in zip(first, totals) if t == best)])
 
@@ -259,11 +269,6 @@ def is_biconnected(adjacency: Any) -> bool:
     return not bool(np.any(low[non_root[mask]] >= disc[par[mask]]))
 
 
-def _sym_values(S: np.ndarray) -> np.ndarray:
-    iu = np.triu_indices(S.shape[0], 1)
-    return np.unique(S[iu])
-
-
 def biconnected_threshold(delays: Any, *, directed: bool = False) -> float:
     """Smallest ``theta`` for which ``{(u, v): D[u, v] <= theta}`` is biconnected.
 
@@ -296,9 +301,14 @@ def biconnected_threshold(delays: Any, *, directed: bool = False) -> float:
     >>> biconnected_threshold(np.minimum(d, 5 - d))
     1.0
     """
-    D = check_delays(delays)
-    S = np.minimum(D, D.T) if directed else np.maximum(D, D.T)
-    return _theta_star(S)
+    return _theta_bound(check_delays(delays), bool(directed))
+
+
+def _theta_bound(D: np.ndarray, directed: bool) -> float:
+    """:math:`\\theta^*` of validated delays, symmetrised as a lower bound on every cycle:
+    ``max(D, D^T)`` (links used both ways), ``min(D, D^T)`` for directed cycles (one
+    direction of each link)."""
+    return _theta_star(np.minimum(D, D.T) if directed else np.maximum(D, D.T))
 
 
 def _theta_star(S: np.ndarray) -> float:
@@ -407,7 +417,7 @@ def bottleneck_tsp(
         D = _closure(D)
     S = np.maximum(D, D.T)
     E = D if directed else S
-    theta = _theta_star(np.minimum(D, D.T) if directed else S)
+    theta = _theta_bound(D, bool(directed))
     if method == "exact":
         tour, b = _exact_minimax(E)
         return tour, b, theta

@@ -12,6 +12,12 @@ def _nz(mask: np.ndarray) -> np.ndarray:
     return mask.nonzero()[0]
 
 
+def _sym_values(S: np.ndarray) -> np.ndarray:
+    """The sorted distinct delays of a symmetric ``S`` off the diagonal: the candidate
+    thresholds of the searches over threshold graphs."""
+    return np.unique(S[np.triu_indices(S.shape[0], 1)])
+
+
 def _posa_cycle(A: np.ndarray, rng: np.random.Generator, max_steps: int) -> np.ndarray | None:
     """Posa rotation--extension search for a Hamiltonian cycle in boolean ``A``.
 
@@ -19,6 +25,7 @@ def _posa_cycle(A: np.ndarray, rng: np.random.Generator, max_steps: int) -> np.n
     a stuck endpoint rotates the path through a random neighbour on it, and a
     Hamiltonian path is closed by a rotation whose new endpoint sees the start.
     Returns the cycle as an order of the ``n`` nodes, or None after ``max_steps``.
+    Every node must have at least 2 neighbours and none itself (:func:`_find_cycle`).
     """
     n = A.shape[0]
     start = int(rng.integers(n))
@@ -61,12 +68,11 @@ def _posa_cycle(A: np.ndarray, rng: np.random.Generator, max_steps: int) -> np.n
                 path[:L] = path[:L][::-1]
                 pos[path[:L]] = np.arange(L)
                 continue
-        # rotation through a random on-path neighbour w = path[j], j < L - 2
+        # rotation through a random on-path neighbour w = path[j], j < L - 2: one exists, as
+        # all of end's (>= 2) neighbours are on the path here and path[L - 2] is only one
         nb = _nz(A[end] & ~unvisited)
         j = pos[nb]
         j = j[j < L - 2]
-        if j.size == 0:
-            return None  # endpoint of degree 1 within the path: hopeless from here
         k = int(j[rng.integers(j.size)])
         path[k + 1:L] = path[k + 1:L][::-1]
         pos[path[k + 1:L]] = np.arange(k + 1, L)
@@ -74,13 +80,14 @@ def _posa_cycle(A: np.ndarray, rng: np.random.Generator, max_steps: int) -> np.n
 
 
 def _find_cycle(A: np.ndarray, rng: np.random.Generator, restarts: int) -> np.ndarray | None:
-    n = A.shape[0]
+    """A Hamiltonian cycle of the graph ``A`` (``n >= 3`` nodes; the diagonal is
+    ignored) by ``restarts`` Posa searches, or None when none finds one."""
     A = A.copy()
     np.fill_diagonal(A, False)
-    if n <= 3:
-        return np.arange(n) if A[np.arange(n), np.roll(np.arange(n), -1)].all() else None
+    # a node with fewer than 2 neighbours lies on no cycle; the Posa search relies on it
     if (A.sum(axis=1) < 2).any():
         return None
+    n = A.shape[0]
     for _ in range(restarts):
         cyc = _posa_cycle(A, rng, max_steps=8 * n + 200)
         if cyc is not None:
@@ -88,7 +95,7 @@ def _find_cycle(A: np.ndarray, rng: np.random.Generator, restarts: int) -> np.nd
     return None
 
 
-def _exact_minimax(E: np.ndarray, allowed_n: int = EXACT_MAX_N) -> tuple[np.ndarray, float]:
+def _exact_minimax(E: np.ndarray) -> tuple[np.ndarray, float]:
     """Exact bottleneck Hamiltonian cycle by minimax Held--Karp dynamic programming.
 
     ``best[mask, v]`` is the smallest possible largest link delay of a path that
@@ -98,8 +105,9 @@ def _exact_minimax(E: np.ndarray, allowed_n: int = EXACT_MAX_N) -> tuple[np.ndar
     asymmetric (``E[u, v]`` for ``u -> v``).
     """
     n = E.shape[0]
-    if n > allowed_n:
-        raise ValueError(f"the exact solver is limited to n <= {allowed_n}, got n={n}.")
+    if n > EXACT_MAX_N:  # reached from bottleneck_tsp(method="exact"); the others check first
+        raise ValueError(f"method='exact' (minimax Held--Karp, 2**(n-1) * (n-1) states) is "
+                         f"limited to n <= {EXACT_MAX_N}, got n={n}.")
     if n == 2:
         return np.array([0, 1]), float(max(E[0, 1], E[1, 0]))
     m = n - 1
@@ -135,9 +143,15 @@ def _exact_minimax(E: np.ndarray, allowed_n: int = EXACT_MAX_N) -> tuple[np.ndar
     return order, value
 
 
-
-
 def _two_approx_tour(S: np.ndarray, theta: float, rng, restarts: int) -> np.ndarray:
+    """The 2-approximation's cycle on symmetric delays ``S`` (see :func:`bottleneck_tsp`).
+
+    Binary search, over the distinct delays in ``[theta, tau_H]`` (``tau_H`` the largest
+    delay on a link of ``G(theta)^2``), for the smallest threshold at which the Posa
+    search (:func:`_find_cycle`) finds a Hamiltonian cycle. When it finds none at
+    ``tau_H`` (Fleischner's theorem promises one only for metric delays), ``n <= 16``
+    falls back to the exact solver and larger ``n`` doubles the search interval.
+    """
     n = S.shape[0]
     if n <= 3:
         return np.arange(n)
@@ -147,10 +161,9 @@ def _two_approx_tour(S: np.ndarray, theta: float, rng, restarts: int) -> np.ndar
     H = ((Gf @ Gf) > 0) | G
     np.fill_diagonal(H, False)
     tau_h = float(S[H].max())
-    vals = np.unique(S[np.triu_indices(n, 1)])
+    vals = _sym_values(S)
     lo = int(np.searchsorted(vals, theta))
     hi = int(np.searchsorted(vals, tau_h))
-    best = None
     found = _find_cycle(S <= vals[hi], rng, restarts)
     if found is None:
         if n <= EXACT_MAX_N:

@@ -29,6 +29,7 @@ __all__: list[str] = []
 Grads = Callable[[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 Params = dict[str, torch.Tensor]
 
+
 def _build_module(model: Any, n_features: int, n_classes: int, hidden: int) -> nn.Module:
     """A float32 copy of a user module, or a built-in model with uninitialised weights.
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from fractions import Fraction
 
 import numpy as np
 
-from mlpapers.decentralized.btsp._bottleneck import _argmin_total, _round_maxima
+from mlpapers.decentralized.btsp._bottleneck import _argmin_total, _exact_sum, _round_maxima
 from mlpapers.decentralized.btsp._hamilton import EXACT_MAX_N, _exact_minimax
 
 #: Largest ``n`` of the brute-force exact solver for schedules other than a ring.
@@ -230,7 +229,7 @@ def exact(E: np.ndarray, schedule) -> np.ndarray:
         perms[:, 1:] = rows
         rounds = _round_maxima(E, perms, schedule)
         k = _argmin_total(rounds)  # exact comparisons: float sums of ties may misorder
-        cost = sum(map(Fraction, rounds[k].tolist()))
+        cost = _exact_sum(rounds[k])
         if best_cost is None or cost < best_cost:
             best, best_cost = perms[k].copy(), cost
     return best

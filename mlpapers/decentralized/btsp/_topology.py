@@ -481,11 +481,9 @@ def delays_from_graph(
     if not shortest_paths:
         return link
     finite = np.isfinite(link) & ~np.eye(n, dtype=bool)
-    # A zero-delay link is an explicitly stored zero of the sparse graph, which
-    # scipy.sparse.csgraph reads as an edge of weight 0 (only absent entries are
-    # non-edges). The former shift of such links to 1e-300 and the zeroing of every
-    # path below 1e-200 afterwards set all delays of a network in a tiny unit (links
-    # of 1e-250) to 0, where metric_closure of the same links kept them.
+    # a zero-delay link is an explicitly stored zero, which scipy.sparse.csgraph reads
+    # as an edge of weight 0 (only absent entries are non-edges): no shift to a tiny
+    # positive delay is needed (one zeroed every delay of a network in a tiny unit)
     rows, cols = np.nonzero(finite)
     graph = csr_matrix((link[rows, cols], (rows, cols)), shape=(n, n))
     D = shortest_path(graph, method="D", directed=True)

@@ -10,7 +10,6 @@ and the random initial assignment.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -320,11 +319,3 @@ def random_assignment(n_clients: int, n_models: int, rng: np.random.Generator) -
         raise ValueError(f"need n_clients >= n_models, got {n_clients} < {n_models}.")
     a = np.concatenate([np.arange(n_models), rng.integers(0, n_models, n_clients - n_models)])
     return rng.permutation(a).astype(np.int64)
-
-
-def _brute_force_matching_cost(cost: np.ndarray) -> float:
-    """Minimum of ``sum_c cost[c, pi(c)]`` over injective ``pi`` (tests only, small K)."""
-    k, m = cost.shape
-    return min(
-        float(cost[np.arange(k), list(p)].sum()) for p in itertools.permutations(range(m), k)
-    )

@@ -25,7 +25,8 @@ class Federation:
     feature_names: np.ndarray | None = None
 
 
-def _split_client(item, i: int):
+def _split_client(item):
+    """``(X, y)`` of one client entry: a pair, or a bare ``X`` (``y`` None)."""
     if isinstance(item, (tuple, list)) and len(item) == 2:
         # a tuple holding an array, tensor or DataFrame/Series is an (X, y) pair: (X, y)
         # of two 1-D arrays of one length (one feature per sample) was read as a 2-row
@@ -78,7 +79,7 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
         raise ValueError("clients must contain at least one client, got an empty list.")
     Xs, ys, names = [], [], []
     for i, item in enumerate(clients):
-        X, y = _split_client(item, i)
+        X, y = _split_client(item)
         if sp.issparse(X):
             raise TypeError(f"X of clients[{i}] is a scipy sparse matrix, but {owner} needs "
                             "dense data: pass X.toarray().")
@@ -143,6 +144,18 @@ def _common_names(names: list) -> np.ndarray | None:
 def _show(names) -> str:
     return "none" if names is None else str(list(names[:5]))[:-1] + (
         ", ...]" if len(names) > 5 else "]")
+
+
+def mse_targets(ys: list[np.ndarray], device: torch.device, prefix: str = ""
+                ) -> list[torch.Tensor]:
+    """The MSE loss's targets: one float32 tensor ``(n_i, n_outputs)`` per client (a 1-D
+    ``y`` is one output), as fit, assign/score and a Flower node encode them; targets
+    that are not numbers raise a ``ValueError`` (``prefix`` names the caller)."""
+    try:
+        return [torch.as_tensor(y.reshape(len(y), -1).astype(np.float32), device=device)
+                for y in ys]
+    except ValueError as exc:
+        raise ValueError(f"{prefix}loss='mse' needs numeric targets y: {exc}") from exc
 
 
 def infer_loss(loss: str, model, ys: list[np.ndarray] | None) -> str:

@@ -129,8 +129,8 @@ class Engine:
         # the trainable names, once each (named_parameters drops the tied aliases)
         self.trainable = [k for k, p in template.named_parameters() if p.requires_grad]
         # whether a BatchNorm of this model gets one value per channel from one sample
-        # (torch refuses that in train mode): set by check_batches, which probes the
-        # model on a sample; such a model never gets a batch of one sample
+        # (torch refuses that in train mode): probed on one sample by check_batches or,
+        # if it was not called, by local_train; such a model never gets a batch of one
         self.batch_norm: bool | None = None
         if vectorize:
             # the vmapped losses follow the modules' modes: eval for the loss matrix, train

@@ -26,7 +26,7 @@ from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ProgressLogger, check_in_options, check_positive, user_stacklevel
 from mlpapers._utils._ambient import with_autograd
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
-from mlpapers.federated.clove._data import infer_loss, validate_clients
+from mlpapers.federated.clove._data import infer_loss, mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine, stack_states, unstack_state
 from mlpapers.federated.clove._inference import _FederatedInferenceMixin
 from mlpapers.federated.clove._kernels import (
@@ -74,23 +74,22 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
 
     # -- parameter validation ---------------------------------------------------
     def _check_params(self, n_clients: int) -> None:
-        g = lambda name, default=None: getattr(self, name, default)  # noqa: E731
-        model = g("model")
+        model = self.model
         if isinstance(model, str) or not callable(model):
             check_in_options(model, "model", BUILTIN_MODELS + ("<callable>",))
-        check_in_options(g("loss"), "loss", ("auto",) + LOSSES)
-        check_positive(g("n_rounds"), "n_rounds", integer=True)
-        check_positive(g("local_epochs"), "local_epochs", integer=True)
-        check_positive(g("lr"), "lr")
-        if g("batch_size") is not None:
-            check_positive(g("batch_size"), "batch_size", integer=True)
-        check_in_options(g("optimizer"), "optimizer", ("adam", "sgd"))
-        check_in_options(g("vectorize"), "vectorize", ("auto", True, False))
-        p = g("participation", 1.0)
+        check_in_options(self.loss, "loss", ("auto",) + LOSSES)
+        check_positive(self.n_rounds, "n_rounds", integer=True)
+        check_positive(self.local_epochs, "local_epochs", integer=True)
+        check_positive(self.lr, "lr")
+        if self.batch_size is not None:
+            check_positive(self.batch_size, "batch_size", integer=True)
+        check_in_options(self.optimizer, "optimizer", ("adam", "sgd"))
+        check_in_options(self.vectorize, "vectorize", ("auto", True, False))
+        p = self.participation
         check_positive(p, "participation")
         if p > 1:
             raise ValueError(f"participation must be in (0, 1], got {p!r}.")
-        hls = g("hidden_layer_sizes")
+        hls = self.hidden_layer_sizes
         if isinstance(hls, numbers.Integral):
             hls = (hls,)
         if isinstance(hls, (str, bytes)) or not hasattr(hls, "__iter__") \
@@ -363,11 +362,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             Ys = [torch.as_tensor(np.searchsorted(classes, y), dtype=torch.long,
                                   device=self._device) for y in fed.ys]
             return ClientData.from_lists(fed.Xs, Ys, self._device), len(classes)
-        try:
-            Ys = [torch.as_tensor(y.reshape(len(y), -1).astype(np.float32), device=self._device)
-                  for y in fed.ys]
-        except ValueError as exc:
-            raise ValueError(f"loss='mse' needs numeric targets y: {exc}") from exc
+        Ys = mse_targets(fed.ys, self._device)
         widths = {y.shape[1] for y in Ys}
         if len(widths) > 1:
             raise ValueError(f"clients have targets with different numbers of outputs {widths}.")

@@ -34,7 +34,7 @@ from sklearn.utils import check_random_state
 from mlpapers._utils import check_in_options, check_positive, on_cpu_default_device
 from mlpapers._utils._ambient import autograd_enabled, seeded_global_rng
 from mlpapers._utils._validation import probe_module
-from mlpapers.federated.clove._data import validate_clients
+from mlpapers.federated.clove._data import mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
 from mlpapers.federated.clove._kernels import clove_assign
 from mlpapers.federated.clove._models import build_user_module
@@ -411,6 +411,17 @@ class CLoVEStrategy(Strategy):
         return self
 
 
+def _output_width(template: torch.nn.Module, X: torch.Tensor) -> int | None:
+    """Outputs per sample of the node's model (its logits or targets), from one sample;
+    ``None`` when its output is not ``(batch, width)`` (training then fails with torch's
+    own error)."""
+    # in the library's locked fork of the global RNG: the node's RNG is left as it was,
+    # and a seeded fit in another thread is not rewound when the fork restores it
+    with seeded_global_rng(0):
+        out = probe_module(template, X[:1].clone(), "model_fn()")
+    return out.shape[-1] if isinstance(out, torch.Tensor) and out.ndim == 2 else None
+
+
 def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
     """The node's ``(X, y)`` checked and encoded as :class:`~mlpapers.federated.CLoVE`
     checks and encodes a client's (same errors, same float32 tensors).
@@ -431,11 +442,18 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
         return ClientData.from_lists(fed.Xs, None, torch.device("cpu"))
     y_np = fed.ys[0]
     if loss == "mse":
-        try:
-            Y = torch.from_numpy(y_np.reshape(len(y_np), -1).astype(np.float32))
-        except ValueError as exc:
-            raise ValueError(f"make_client_app: loss='mse' needs numeric targets y: "
-                             f"{exc}") from exc
+        Y = mse_targets([y_np], torch.device("cpu"), prefix="make_client_app: ")[0]
+        # the squared error broadcast targets of another width against the model's
+        # outputs silently (a node cannot know the width: the model's output tells it)
+        n_out = _output_width(template, fed.Xs[0])
+        if n_out != Y.shape[1]:
+            raise ValueError(f"make_client_app: loss='mse' needs a model_fn() output of "
+                             f"shape (batch, n_outputs) and y with n_outputs values per "
+                             f"sample, got {Y.shape[1]} per sample and an output of "
+                             f"{n_out} per sample." if n_out is not None else
+                             "make_client_app: loss='mse' needs a model_fn() output of "
+                             "shape (batch, n_outputs), as CLoVE's fit does (a 1-D output "
+                             "broadcast against y's column silently).")
         return ClientData.from_lists(fed.Xs, [Y], torch.device("cpu"))
     # cross-entropy: class indices 0 .. C-1 (no label encoding: every node must agree
     # on it, and a node sees only its own labels)
@@ -449,11 +467,7 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
                          "encode the labels the same way on every node (e.g. a fixed "
                          "class list and np.searchsorted).")
     labels = y_np.astype(np.int64)
-    # in the library's locked fork of the global RNG: the node's RNG is left as it was,
-    # and a seeded fit in another thread is not rewound when the fork restores it
-    with seeded_global_rng(0):
-        out = probe_module(template, fed.Xs[0][:1].clone(), "model_fn()")
-    n_classes = out.shape[-1] if isinstance(out, torch.Tensor) and out.ndim == 2 else None
+    n_classes = _output_width(template, fed.Xs[0])
     if labels.min() < 0 or (n_classes is not None and labels.max() >= n_classes):
         raise ValueError(f"make_client_app: loss='cross_entropy' needs class indices in "
                          f"[0, {n_classes if n_classes is not None else 'C'}) (the model's "
@@ -513,8 +527,10 @@ def make_client_app(
         If ``loss`` is not one of the options. When a message is handled (the node
         replies with the error, which :meth:`CLoVEStrategy.start` raises as a
         ``RuntimeError`` naming the node): if ``data_fn`` returns no ``y`` for a
-        supervised loss, non-finite or mismatched data, or labels that are not
-        class indices in ``[0, C)`` for the cross-entropy.
+        supervised loss, non-finite or mismatched data, labels that are not
+        class indices in ``[0, C)`` for the cross-entropy, or, for the MSE, a model
+        output that is not ``(batch, n_outputs)`` with ``n_outputs`` the values per
+        sample of ``y``.
 
     Examples
     --------

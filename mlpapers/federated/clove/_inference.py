@@ -17,9 +17,9 @@ from sklearn.metrics import r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_feature_names
 
-from mlpapers._utils import on_cpu_default_device
+from mlpapers._utils import check_tensor, on_cpu_default_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
-from mlpapers.federated.clove._data import _split_client, validate_clients
+from mlpapers.federated.clove._data import _split_client, mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
 from mlpapers.federated.clove._models import row_elements
 
@@ -58,6 +58,15 @@ def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: i
             n, rows)
 
 
+def _check_index(value, name: str, stop: int) -> None:
+    """``value`` must be an integer in ``[0, stop)``: a bool is refused although it is an
+    ``Integral`` (``labels_[True]`` is numpy's mask indexing, a cryptic TypeError, and
+    ``cluster=True`` picked model 1 silently)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
+            or not 0 <= value < stop:
+        raise ValueError(f"{name} must be an integer in [0, {stop}), got {value!r}.")
+
+
 class _FederatedInferenceMixin:
     """Prediction, new-client assignment and scoring with the fitted per-cluster models."""
 
@@ -66,18 +75,10 @@ class _FederatedInferenceMixin:
         if client is not None and cluster is not None:
             raise ValueError("pass either client= or cluster=, not both.")
         if client is not None:
-            # (a bool is an Integral: labels_[True] is numpy's mask indexing, a torch-free
-            # but cryptic TypeError, and cluster=True picked model 1 silently)
-            if (not isinstance(client, numbers.Integral) or isinstance(client, bool)
-                    or not 0 <= client < self.n_clients_):
-                raise ValueError(f"client must be an integer in [0, {self.n_clients_}), "
-                                 f"got {client!r}.")
+            _check_index(client, "client", self.n_clients_)
             return self.models_[int(self.labels_[client])]
         if cluster is not None:
-            if (not isinstance(cluster, numbers.Integral) or isinstance(cluster, bool)
-                    or not 0 <= cluster < len(self.models_)):
-                raise ValueError(f"cluster must be an integer in [0, {len(self.models_)}), "
-                                 f"got {cluster!r}.")
+            _check_index(cluster, "cluster", len(self.models_))
             return self.models_[int(cluster)]
         if len(self.models_) == 1:
             return self.models_[0]
@@ -85,8 +86,6 @@ class _FederatedInferenceMixin:
                          "to choose the model; use assign() for a new client.")
 
     def _check_X(self, X) -> torch.Tensor:
-        from mlpapers._utils import check_tensor
-
         self._check_fitted()
         # columns of a DataFrame must match ``feature_names_in_`` (warns or raises as in
         # scikit-learn); tensors/arrays on a model fitted on DataFrames warn
@@ -192,13 +191,14 @@ class _FederatedInferenceMixin:
                                device=self._resolved_device, owner=type(self).__name__,
                                input_shape=tuple(self.input_shape_),
                                supervised=self.loss_ != "reconstruction")
-        data, _ = self._encode_new(fed)
+        data = self._encode_new(fed)
         engine = Engine(self._template, self.loss_, vectorize=False, optimizer="sgd", lr=1.0,
                         batch_size=None, local_epochs=1,
                         user_model=not isinstance(self.model, str))
         return self._to_numpy(engine.loss_matrix(self._states, data))[0]
 
-    def _encode_new(self, fed) -> tuple[ClientData, int]:
+    def _encode_new(self, fed) -> ClientData:
+        """A new client's data encoded as fit encoded the training clients' targets."""
         if self.loss_ == "cross_entropy":
             y = fed.ys[0]
             unknown = ~np.isin(y, self.classes_)
@@ -206,13 +206,16 @@ class _FederatedInferenceMixin:
                 raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unknown])}.")
             Ys = [torch.as_tensor(np.searchsorted(self.classes_, y), dtype=torch.long,
                                   device=self._resolved_device)]
-            return ClientData.from_lists(fed.Xs, Ys, self._resolved_device), 0
+            return ClientData.from_lists(fed.Xs, Ys, self._resolved_device)
         if self.loss_ == "mse":
-            y = fed.ys[0]
-            Ys = [torch.as_tensor(y.reshape(len(y), -1).astype(np.float32),
-                                  device=self._resolved_device)]
-            return ClientData.from_lists(fed.Xs, Ys, self._resolved_device), 0
-        return ClientData.from_lists(fed.Xs, None, self._resolved_device), 0
+            Ys = mse_targets(fed.ys, self._resolved_device)
+            # the squared error broadcast a y of another width against the models'
+            # outputs: a loss of the wrong shape, and a model picked silently
+            if Ys[0].shape[1] != self.n_outputs_:
+                raise ValueError(f"y has {Ys[0].shape[1]} output(s) per sample, but "
+                                 f"{type(self).__name__} was fitted on {self.n_outputs_}.")
+            return ClientData.from_lists(fed.Xs, Ys, self._resolved_device)
+        return ClientData.from_lists(fed.Xs, None, self._resolved_device)
 
     def assign(self, X, y=None) -> int:
         """Model index for a new client: the model with the lowest loss on its data.
@@ -221,8 +224,10 @@ class _FederatedInferenceMixin:
         ----------
         X : array-like of shape (n_samples, n_features)
             The new client's data.
-        y : array-like of shape (n_samples,), optional
-            Its targets (required unless the loss is the reconstruction loss).
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs), optional
+            Its targets (required unless the loss is the reconstruction loss); for the
+            MSE, as many outputs per sample as the training targets had (else
+            ``ValueError``).
 
         Returns
         -------
@@ -252,8 +257,8 @@ class _FederatedInferenceMixin:
         """
         self._check_fitted()
         if isinstance(clients, (list, tuple)):
-            for i, item in enumerate(clients):
-                _check_feature_names(self, _split_client(item, i)[0], reset=False)
+            for item in clients:
+                _check_feature_names(self, _split_client(item)[0], reset=False)
         fed = validate_clients(clients, ndim=None, device=self._resolved_device,
                                owner=type(self).__name__, input_shape=tuple(self.input_shape_),
                                supervised=self.loss_ != "reconstruction")

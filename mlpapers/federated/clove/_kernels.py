@@ -19,8 +19,6 @@ import torch
 
 from mlpapers._utils._blocks import block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._assign import (  # re-exported: importable from here as before
-    _brute_force_matching_cost,  # noqa: F401
-    _check_loss_matrix,  # noqa: F401
     choose_n_clusters,
     clove_assign,
     ifca_assign,

@@ -116,6 +116,7 @@ def build_module(
         if not hidden:
             raise ValueError("hidden_layer_sizes must be non-empty for model='autoencoder'.")
         return _mlp([n_features, *hidden, *hidden[-2::-1], n_features], gen)
+    # (the estimators check ``model`` first; a guard for other callers of this helper)
     raise ValueError(f"model must be one of {list(BUILTIN_MODELS)} or a callable, got {model!r}.")
 
 

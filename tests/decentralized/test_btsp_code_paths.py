@@ -1,0 +1,155 @@
+"""Paths of the btsp package that the rest of the suite did not reach (branch coverage,
+session 19): input checks of the public functions, the simulated clock's overflow and
+the cycle search's precondition. Each test asserts the documented behaviour or a
+property from the definition."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from mlpapers.decentralized.btsp import (
+    BottleneckNodeAssigner,
+    DecentralizedSGD,
+    circulant_schedule,
+    is_biconnected,
+    make_delay_matrix,
+)
+from mlpapers.decentralized.btsp._dsgd import _SimClock
+from mlpapers.decentralized.btsp._hamilton import _find_cycle
+from mlpapers.decentralized.btsp._topology import check_assignment
+
+
+def _blobs(n=40, seed=0):
+    g = np.random.default_rng(seed)
+    y = np.arange(n) % 2
+    return g.normal(size=(n, 3)) + 2.0 * y[:, None], y
+
+
+# ----------------------------------------------------------- input checks ---------
+def test_is_biconnected_refuses_a_non_square_matrix():
+    with pytest.raises(ValueError, match="adjacency must be a square matrix"):
+        is_biconnected(np.ones((3, 4), dtype=bool))
+
+
+def test_make_delay_matrix_needs_two_nodes():
+    with pytest.raises(ValueError, match="n must be >= 2, got 1"):
+        make_delay_matrix(1)
+
+
+def test_explicit_schedule_as_numpy_arrays():
+    """A schedule given as arrays (all rounds, or one round) reads as the same lists."""
+    assert circulant_schedule(8, np.array([[1, 2], [3, 5]])) == [[1, 2], [3, 5]]
+    assert circulant_schedule(8, [np.array([9, 2]), [3]]) == [[1, 2], [3]]
+    with pytest.raises(ValueError, match="non-empty sequence of skip sets"):
+        circulant_schedule(8, [])
+
+
+def test_check_assignment_dtypes():
+    """Integral floats are positions; fractional floats and non-numbers are refused."""
+    assert check_assignment(np.array([2.0, 0.0, 1.0]), 3).tolist() == [2, 0, 1]
+    with pytest.raises(TypeError, match="must contain integers"):
+        check_assignment(np.array([0.5, 1.0, 2.0]), 3)
+    with pytest.raises(TypeError, match="must contain integers, got dtype"):
+        check_assignment(np.array(["0", "1", "2"]), 3)
+
+
+def test_dsgd_parameter_errors():
+    X, y = _blobs()
+    with pytest.raises(ValueError, match="n_nodes must be >= 2, got 1"):
+        DecentralizedSGD(n_nodes=1, n_rounds=1).fit(X, y)
+    with pytest.raises(ValueError, match="eval_set must be a pair"):
+        DecentralizedSGD(n_nodes=2, n_rounds=1).fit(X, y, eval_set=(X,))
+    shards = [np.arange(20) + 0.0, np.arange(20, 40) + 0.0]  # float indices
+    with pytest.raises(ValueError, match="integer sample indices"):
+        DecentralizedSGD(n_nodes=2, n_rounds=1).fit(X, y, nodes=shards)
+
+
+def test_exact_on_a_ring_is_limited_to_16_nodes():
+    D = make_delay_matrix(17, random_state=0)
+    with pytest.raises(ValueError, match="n <= 16"):
+        BottleneckNodeAssigner(topology="ring", method="exact").fit(D)
+
+
+# ------------------------------------------------------------ graphs ---------------
+def test_delays_from_graph_checks():
+    nx = pytest.importorskip("networkx")
+    from mlpapers.decentralized.btsp import delays_from_graph
+
+    G = nx.Graph()
+    G.add_edge("a", "b", distance=100.0)
+    G.add_edge("b", "c", distance=200.0)
+    with pytest.raises(ValueError, match="every node of G exactly once"):
+        delays_from_graph(G, nodelist=["a", "b"])
+    H = nx.Graph()
+    H.add_node("a")
+    with pytest.raises(ValueError, match="at least 2 nodes, got 1"):
+        delays_from_graph(H)
+    with pytest.raises(ValueError, match="invalid delay"):
+        delays_from_graph(G, per_unit=-1.0)
+    B = nx.Graph()
+    B.add_edge("a", "b", distance=True)  # a bool is no length
+    with pytest.raises(ValueError, match="non-numeric 'distance'"):
+        delays_from_graph(B)
+    # a self-loop carries no message between nodes: the delays are those without it
+    L = G.copy()
+    L.add_edge("b", "b", distance=1.0)
+    np.testing.assert_array_equal(delays_from_graph(L), delays_from_graph(G))
+
+
+# ----------------------------------------------------------- simulated clock -------
+def test_sim_clock_is_the_exact_sum_and_overflows_to_inf():
+    delays = np.array([0.1, 0.2, 0.7])
+    clock = _SimClock(0.3, delays)
+    for t in (0, 1, 2, 3, 7, 1000):
+        exact = sum((Fraction(0.3) + Fraction(float(delays[r % 3])) for r in range(t)),
+                    Fraction(0))
+        assert clock(t) == float(exact)
+    # beyond float64 the time is inf, as a float sum would be (no OverflowError)
+    assert _SimClock(1e308, np.zeros(1))(2) == float("inf")
+
+
+def test_dsgd_sim_time_overflow_is_inf():
+    X, y = _blobs()
+    clf = DecentralizedSGD(n_nodes=2, n_rounds=2, compute_time=1e308, eval_every=1,
+                           random_state=0).fit(X, y)
+    assert clf.sim_time_ == float("inf")
+    assert clf.history_[0]["sim_time"] == 1e308
+
+
+# ----------------------------------------------------------- cycle search ----------
+def test_find_cycle_precondition_and_small_graphs():
+    """A node with one neighbour lies on no cycle (None without a search); a triangle
+    is its own cycle; any cycle found visits every node once along edges."""
+    rng = np.random.default_rng(0)
+    path = np.zeros((5, 5), dtype=bool)
+    for i in range(4):
+        path[i, i + 1] = path[i + 1, i] = True
+    assert _find_cycle(path, rng, 4) is None
+    tri = ~np.eye(3, dtype=bool)
+    assert sorted(_find_cycle(tri, rng, 1).tolist()) == [0, 1, 2]
+    ring = np.roll(np.eye(9, dtype=bool), 1, axis=1)
+    c = _find_cycle(ring | ring.T, rng, 4)
+    assert sorted(c.tolist()) == list(range(9))
+    assert (ring | ring.T)[c, np.roll(c, -1)].all()
+
+
+
+def test_demo_rounds_within_a_budget():
+    """The demo's round count for a simulated budget, from the definition: the largest
+    t whose t rounds (compute plus the round's delay, cycling over the schedule) fit."""
+    from mlpapers.decentralized.btsp._demo import rounds_within
+
+    g = np.random.default_rng(0)
+    for _ in range(20):
+        delays = g.uniform(0.0, 5.0, size=int(g.integers(1, 5)))
+        compute = float(g.uniform(0.5, 3.0))
+        budget = float(g.uniform(0.0, 60.0))
+        t, used = 0, 0.0
+        while used + (compute + delays[t % len(delays)]) <= budget:
+            used += compute + delays[t % len(delays)]
+            t += 1
+        assert rounds_within(budget, compute, delays) == t
+    assert rounds_within(10.0, 1.0, np.array([1.0, 3.0])) == 3  # 2 + 4 + 2 = 8 <= 10
