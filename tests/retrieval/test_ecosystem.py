@@ -176,6 +176,6 @@ def test_adacur_keeps_one_copy_of_the_anchor_matrix(relevance, tmp_path):
     assert len(pickle.dumps(est)) == size  # no transposed copy cached in the pickle
     est.save(tmp_path / "ada.pt")
     loaded = AdaCURRetriever.load(tmp_path / "ada.pt", relevance_fn=f, items=I)
-    A, At = loaded._anchor_matrix()
+    _, A, At, _ = loaded._anchor_cache()
     assert np.shares_memory(At.numpy(), loaded.anchor_relevance_)
     np.testing.assert_array_equal(loaded.kneighbors(Q[100:], 3, return_distance=False), idx)

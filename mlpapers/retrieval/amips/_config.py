@@ -52,10 +52,10 @@ def check_amips_params(est) -> None:
     check_positive(est.search_batch_size, "search_batch_size", integer=True)
     check_in_options(est.retrieval, "retrieval", ("ip", "l2"))
     check_positive(est.n_candidates, "n_candidates", integer=True)
-    # (getattr: an estimator pickled before the parameter existed has no attribute)
-    center_keys = getattr(est, "center_keys", False)
-    if not isinstance(center_keys, (bool, np.bool_)):
-        raise TypeError(f"center_keys must be a bool (True or False), got {center_keys!r}.")
+    # (pickles and files from before the parameter get its default: __setstate__, load)
+    if not isinstance(est.center_keys, (bool, np.bool_)):
+        raise TypeError("center_keys must be a bool (True or False), got "
+                        f"{est.center_keys!r}.")
 
 
 def build_amips_model(est, n_keys: int, d: int,

@@ -22,8 +22,7 @@ from mlpapers.retrieval.amips._kernels import _KeyStats, match_rate
 from mlpapers.retrieval.amips._retrieve import (
     float32_similarities,
     predict_top1,
-    rank_by_predicted_key,
-    rerank,
+    retrieve,
     score_and_key,
     uncentre,
 )
@@ -39,13 +38,14 @@ X : array-like or torch.Tensor of shape (n_queries, n_features)
     may be zero."""
 
 def _ndim(value) -> int:
-    """Number of dimensions of an array-like (0 when it is not one)."""
+    """Number of dimensions of an array-like; 2 for a nested sequence numpy cannot make
+    an array of (a ragged list of rows: queries, not labels)."""
     if isinstance(value, torch.Tensor):
         return value.ndim
     try:
         return np.asarray(value).ndim
     except (TypeError, ValueError):
-        return 0
+        return 2
 
 
 class AmortizedMIPS(TransformerMixin, _MIPSBase):
@@ -353,16 +353,17 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
     # -- inference -----------------------------------------------------------
     def _key_mean(self) -> torch.Tensor | None:
-        """``key_mean_`` as a tensor on the device (``None`` without centring; also for
-        estimators saved or pickled before ``center_keys`` existed)."""
-        m = getattr(self, "key_mean_", None)
+        """``key_mean_`` as a tensor on the device (``None`` without centring; files and
+        pickles from before ``center_keys`` get ``None`` in ``_set_state`` and
+        ``__setstate__``)."""
+        m = self.key_mean_
         return None if m is None else torch.as_tensor(m, device=self._resolved_device)
 
     def _search_keys(self) -> tuple[torch.Tensor, _KeyStats]:
         """The keys ranked by the predicted key and their scale statistics: the stored
         keys, or with ``key_mean_`` the centred copy the network was trained on,
         cached (centring per call would cost a pass over the database)."""
-        m = getattr(self, "key_mean_", None)
+        m = self.key_mean_
         if m is None:
             return self._keys(), self._key_stats()
         keys = self._keys()
@@ -438,7 +439,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         ------
         ValueError
             Where an estimate does not fit float32 (beyond 3.4e38), as in
-            :meth:`kneighbors`.
+            :meth:`kneighbors`, or is NaN (a model whose outputs are not finite).
         """
         Q = self._queries(X)
         out = self._to_numpy(uncentre(self, Q, score_and_key(self, Q)[0], None)[0])
@@ -482,17 +483,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         """
         Q = self._queries(X)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
-        if int(self.n_candidates) == 1:
-            out = rank_by_predicted_key(self, Q, k, return_distance)
-            if not return_distance:
-                return out
-            sims, idx = out
-        else:
-            n_cand = min(max(int(self.n_candidates), k), self.database_.shape[0])
-            sims, idx = rerank(*rank_by_predicted_key(self, Q, n_cand, return_distance=True,
-                                                      for_reranking=True), k)
-            if not return_distance:
-                return idx
+        if not return_distance:
+            return retrieve(self, Q, k, return_distance=False)
+        sims, idx = retrieve(self, Q, k, return_distance=True)
         return float32_similarities(sims), idx
 
     @fill_doc(X=_QUERIES_X)
@@ -556,9 +549,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         faiss.IndexIVFFlat
         """
         self._check_fitted()
-        m = getattr(self, "key_mean_", None)
         # the same float32 rows as the ranking of kneighbors (_search_keys)
-        keys = self.database_ if m is None else self._search_keys()[0]
+        keys = self.database_ if self.key_mean_ is None else self._search_keys()[0]
         return build_faiss_ivf(keys, n_lists, metric=self.retrieval)
 
     # -- persistence ---------------------------------------------------------

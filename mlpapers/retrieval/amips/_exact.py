@@ -38,9 +38,10 @@ class _MIPSBase(TorchEstimatorMixin, BaseEstimator):
         return cached
 
     def _key_stats(self) -> _KeyStats:
-        """Scale statistics of the keys (:func:`key_bound` and, once needed, the smallest
-        nonzero ``|k_ij|``), cached with them (a pass over the database per search
-        would double the cost of a single query)."""
+        """Scale statistics of the keys (:class:`_KeyStats`: the bound ``sqrt(d) max|k_ij|``
+        on their norms and, once needed, the smallest nonzero ``|k_ij|``), cached with
+        them (a pass over the database per search would double the cost of a single
+        query)."""
         keys = self._keys()
         cached = getattr(self, "_key_stats_cache", None)
         if cached is None or cached[0] is not keys:
@@ -233,9 +234,9 @@ class ExactMIPS(_MIPSBase):
         # validated once: a second validation of the tensor would warn about
         # missing feature names after a fit on a DataFrame
         pred = self._search(Q, 1)[1][:, 0]
-        # the tie-aware check searches again: in chunks of batch_size, like kneighbors
-        # the search ran in float32: keys within its rounding of the maximum are ties
-        # of this search (see Notes), as the former tolerance allowed at any scale
+        # the tie-aware check searches again, in chunks of batch_size like kneighbors;
+        # this search ran in float32, so keys within its rounding of the maximum are
+        # ties of it (round_eps, see Notes), at any scale of the data
         hits = _hits(None, pred[:, None], Q, self._keys(), 1e-6, self.batch_size,
                      round_eps=torch.finfo(torch.float32).eps)
         return float(hits[:, 0].double().mean())

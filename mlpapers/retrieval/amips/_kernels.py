@@ -23,7 +23,6 @@ from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 __all__ = [
     "amips_loss",
     "gather_dot",
-    "key_bound",
     "mean_reciprocal_rank",
     "match_rate",
     "mips_topk",
@@ -50,7 +49,7 @@ def _check_search(queries: torch.Tensor, keys: torch.Tensor, k, batch_size,
                   names: tuple[str, str] = ("queries", "keys")) -> None:
     """Shapes, dtypes, ``k`` and ``batch_size`` of a public search, checked before any
     work: they failed with torch traces (a zero ``k``, a ``k`` above ``N`` or a float
-    one, mismatched widths or dtypes, an empty database) and ``batch_size=0`` was
+    one, mismatched widths or dtypes, an empty database, no feature) and ``batch_size=0`` was
     silently taken as 1. Only the public kernels check; the estimators validate once."""
     qn, kn = names
     for name, t in ((qn, queries), (kn, keys)):
@@ -62,6 +61,9 @@ def _check_search(queries: torch.Tensor, keys: torch.Tensor, k, batch_size,
     if queries.shape[1] != keys.shape[1]:
         raise ValueError(f"{qn} and {kn} must have the same number of features, got "
                          f"{queries.shape[1]} and {keys.shape[1]}.")
+    if keys.shape[1] == 0:  # (the rescue's smallest |q_i| failed with a torch IndexError)
+        raise ValueError(f"{qn} and {kn} have no feature (shape (., 0)): an inner product "
+                         "needs at least one.")
     if queries.dtype != keys.dtype:
         raise TypeError(f"{qn} and {kn} must have the same dtype, got {queries.dtype} and "
                         f"{keys.dtype}.")
@@ -153,10 +155,8 @@ def _min_nonzero_abs(x: torch.Tensor) -> float:
     out = math.inf
     rows = block_rows_for(x.shape[1], CHUNK_SCORES)
     for s in range(0, x.shape[0], rows):
-        a = x[s:s + rows].detach().abs()
-        a = a.masked_fill(a == 0, math.inf)
-        if a.numel():
-            out = min(out, float(a.min()))
+        a = x[s:s + rows].detach().abs()  # (d >= 1: the searches refuse d = 0)
+        out = min(out, float(a.masked_fill(a == 0, math.inf).min()))
     return out
 
 
@@ -180,11 +180,6 @@ class _KeyStats:
         if self._min_nonzero is None:
             self._min_nonzero = _min_nonzero_abs(self._keys)
         return self._min_nonzero
-
-
-def key_bound(keys: torch.Tensor) -> float:
-    """``sqrt(d) max_ij |k_ij|``, a bound on the norms of the keys (N, d) (float64)."""
-    return _KeyStats(keys).bound
 
 
 def _mips_topk(queries: torch.Tensor, keys: torch.Tensor, k: int, batch_size: int,
@@ -348,6 +343,26 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
 GATHER_ELEMENTS = BLOCK_ELEMENTS
 
 
+def _gather_rows(k: int, d: int) -> int:
+    """Queries per chunk of a gather of ``k`` keys of ``d`` features each, so that the
+    gathered keys (``chunk x k x d``) stay within :data:`GATHER_ELEMENTS` elements
+    (never more than :data:`CHUNK_SCORES`, the bound of every chunk of this module)."""
+    return block_rows_for(k * d, min(GATHER_ELEMENTS, CHUNK_SCORES))
+
+
+def _float64_device(device: torch.device) -> torch.device:
+    """Where float64 products are computed: ``device``, or the CPU for MPS (no float64)."""
+    return torch.device("cpu") if device.type == "mps" else device
+
+
+def _dot64(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor,
+           dev: torch.device) -> torch.Tensor:
+    """``<queries[i], keys[index[i, j]]>`` (n, k) in float64 on ``dev``, from the gathered
+    rows only (moved before the cast: MPS has no float64; no float64 copy of ``keys``)."""
+    return torch.einsum("nkd,nd->nk", keys[index].to(dev).double(),
+                        queries.to(dev).double())
+
+
 def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor,
                exact: bool = False) -> torch.Tensor:
     """``<queries[i], keys[index[i, j]]>`` of shape (n, k), in chunks of queries so the
@@ -357,15 +372,12 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor,
     the gathered rows only (no float64 copy of ``keys``): products of float32 numbers are
     then exact up to the rounding of the sum, which is what a re-ranking needs."""
     n, k = index.shape
-    # (never more than CHUNK_SCORES, the bound of every chunk of this module)
-    rows = block_rows_for(k * keys.shape[1], min(GATHER_ELEMENTS, CHUNK_SCORES))
+    rows = _gather_rows(k, keys.shape[1])
     if exact:
-        dev = torch.device("cpu") if queries.device.type == "mps" else queries.device
+        dev = _float64_device(queries.device)
         out = torch.empty(n, k, dtype=torch.float64, device=dev)
         for s in range(0, n, rows):
-            kk = keys[index[s:s + rows]].to(dev).double()  # move first: MPS has no float64
-            out[s:s + rows] = torch.einsum("nkd,nd->nk", kk,
-                                           queries[s:s + rows].to(dev).double())
+            out[s:s + rows] = _dot64(keys, index[s:s + rows], queries[s:s + rows], dev)
         return out
     out = torch.empty(n, k, dtype=torch.promote_types(keys.dtype, queries.dtype),
                       device=queries.device)
@@ -374,17 +386,14 @@ def gather_dot(keys: torch.Tensor, index: torch.Tensor, queries: torch.Tensor,
                                        queries[s:s + rows])
     # a product that overflows the dtype (inf - inf = NaN for a finite inner product of
     # 1e20-scale data) is recomputed in float64: NaN never, inf only beyond the range.
-    # By chunks of the same size (every row may overflow), on the CPU where the device
-    # has no float64 (MPS)
+    # By chunks of the same size (every row may overflow)
     bad = ~torch.isfinite(out).all(dim=1)
     if bool(bad.any()) and out.dtype != torch.float64:
         r = bad.nonzero()[:, 0]
-        dev = torch.device("cpu") if out.device.type == "mps" else out.device
+        dev = _float64_device(out.device)
         for s in range(0, len(r), rows):
             rr = r[s:s + rows]
-            kk = keys[index[rr]].to(dev).double()  # move first: MPS has no float64
-            qq = queries[rr].to(dev).double()
-            out[rr] = torch.einsum("nkd,nd->nk", kk, qq).to(out.dtype).to(out.device)
+            out[rr] = _dot64(keys, index[rr], queries[rr], dev).to(out.dtype).to(out.device)
     return out
 
 
@@ -467,21 +476,19 @@ def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: st
     """
     check_in_options(metric, "metric", ("ip", "l2"))
     if metric == "l2" and not (key_hat.is_floating_point() and keys.is_floating_point()):
-        key_hat, keys = key_hat.float(), keys.float()  # as _rank_by_key does: int with float
+        # integers: -||k||^2 / 2 is not an integer, and matmul needs one dtype
+        key_hat, keys = key_hat.float(), keys.float()
     _check_search(key_hat, keys, k, batch_size, names=("key_hat", "keys"))
     return _rank_by_key(key_hat, keys, int(k), metric, int(batch_size), None)
 
 
 def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
                  batch_size: int, stats: _KeyStats | None) -> torch.Tensor:
-    """:func:`rank_by_key` with the :class:`_KeyStats` of ``keys`` given (or ``None``)."""
+    """:func:`rank_by_key` of floating-point ``key_hat`` and ``keys`` (for ``"l2"``) with
+    the :class:`_KeyStats` of ``keys`` given (or ``None``)."""
     if stats is None:
         stats = _KeyStats(keys)
     if metric == "l2":
-        if not (key_hat.is_floating_point() and keys.is_floating_point()):
-            # integers: -||k||^2 / 2 is not an integer, and matmul needs one dtype
-            key_hat, keys = key_hat.float(), keys.float()
-            stats = _KeyStats(keys)
         # in units of a power of two of the keys (exact; the ranking does not depend on
         # it): ||k_j||^2 overflowed float32 for keys of 1e20 and underflowed for 1e-25,
         # which turned the ranking into garbage or into the "ip" one
@@ -610,7 +617,7 @@ def _gathered_diff_norms(K: torch.Tensor, arg: torch.Tensor, pred: torch.Tensor
     """``||K[arg[i]] - K[pred[i, j]]||`` (n, k), by chunks of queries so the gathered
     keys stay within :data:`GATHER_ELEMENTS` elements (as :func:`gather_dot`)."""
     n, k = pred.shape
-    rows = block_rows_for(k * K.shape[1], min(GATHER_ELEMENTS, CHUNK_SCORES))
+    rows = _gather_rows(k, K.shape[1])
     out = K.new_empty(n, k)
     for s in range(0, n, rows):
         out[s:s + rows] = (K[pred[s:s + rows]] - K[arg[s:s + rows]][:, None]).norm(dim=2)

@@ -12,11 +12,10 @@ import numpy as np
 import torch
 
 from mlpapers._utils._blocks import collect_row_blocks
-from mlpapers.retrieval.amips._exact import _check_n_neighbors
 from mlpapers.retrieval.amips._kernels import _KeyStats, _rank_by_key, gather_dot
 
 __all__ = ["float32_similarities", "predict_top1", "rank_by_predicted_key", "rerank",
-           "score_and_key", "uncentre"]
+           "retrieve", "score_and_key", "uncentre"]
 
 
 def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,6 +26,7 @@ def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     The network works in scaled units: it takes ``x / query_scale_`` and predicts keys
     ``k / key_scale_``; queries are fed in chunks of ``est.batch_size``.
     """
+    # (getattr: files and pickles from before the training units hold none: unit 1)
     ks, qs = getattr(est, "key_scale_", 1.0), getattr(est, "query_scale_", 1.0)
     unit = float(ks) * float(qs)
     # one multiplication (one rounding) while the product of the units fits float32;
@@ -65,11 +65,12 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
                           for_reranking: bool = False):
     """The ``n_neighbors`` keys ranked by similarity to the predicted key (``retrieval``).
 
-    Returns numpy ``(sims, idx)`` of shape (n, n_neighbors), ``sims`` the true inner
-    products ``<x, k_j>`` in the predicted order, or ``idx`` alone. With
-    ``for_reranking``, ``sims`` are float64 (see below).
+    ``n_neighbors`` is in ``[1, n_keys]`` (checked by the callers). Returns numpy
+    ``(sims, idx)`` of shape (n, n_neighbors), ``sims`` the true inner products
+    ``<x, k_j>`` in the predicted order, or ``idx`` alone. With ``for_reranking``,
+    ``sims`` are float64 (see below).
     """
-    k = _check_n_neighbors(n_neighbors, est.database_.shape[0])
+    k = int(n_neighbors)
     keys = est._keys()
     _, key_hat = score_and_key(est, Q)
     # the ranking is in the coordinates of the training: with center_keys the centred
@@ -119,8 +120,28 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
 def rerank(sims: np.ndarray, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The best ``k`` candidates of each row by true inner product, descending (a stable
     sort: ties keep the predicted order)."""
-    order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+    if k == 1:  # the first maximum, as the stable sort's first column, without a sort
+        order = sims.argmax(axis=1)[:, None]
+    else:
+        order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(sims, order, axis=1), np.take_along_axis(idx, order, axis=1)
+
+
+def retrieve(est, Q: torch.Tensor, k: int, return_distance: bool):
+    """The ``k`` keys of :meth:`AmortizedMIPS.kneighbors` (``k`` in ``[1, n_keys]``).
+
+    With ``n_candidates == 1`` the keys ranked by the predicted key
+    (:func:`rank_by_predicted_key`); otherwise the best ``k`` of the first
+    ``max(n_candidates, k)`` of them by true inner product (:func:`rerank`), so that
+    ``k = 1`` is :meth:`AmortizedMIPS.predict`. Returns numpy ``(sims, idx)`` of shape
+    (n, k), ``sims`` float32 without re-ranking and float64 with it, or ``idx`` alone.
+    """
+    if int(est.n_candidates) == 1:
+        return rank_by_predicted_key(est, Q, k, return_distance)
+    n_cand = min(max(int(est.n_candidates), k), est.database_.shape[0])
+    sims, idx = rerank(*rank_by_predicted_key(est, Q, n_cand, return_distance=True,
+                                              for_reranking=True), k)
+    return (sims, idx) if return_distance else idx
 
 
 def float32_similarities(sims: np.ndarray) -> np.ndarray:
@@ -143,10 +164,6 @@ def float32_similarities(sims: np.ndarray) -> np.ndarray:
 
 
 def predict_top1(est, Q: torch.Tensor) -> np.ndarray:
-    """Top-1 index (n,): the first key ranked by the predicted key, or with
-    ``n_candidates > 1`` the best of the first ``n_candidates`` by true inner product."""
-    n_cand = min(int(est.n_candidates), est.database_.shape[0])
-    if n_cand == 1:
-        return rank_by_predicted_key(est, Q, 1, return_distance=False)[:, 0]
-    sims, idx = rank_by_predicted_key(est, Q, n_cand, return_distance=True, for_reranking=True)
-    return idx[np.arange(len(idx)), sims.argmax(1)]
+    """Top-1 index (n,): the first key of :func:`retrieve` (with ``n_candidates > 1``
+    the best of the first ``n_candidates`` keys by true inner product)."""
+    return retrieve(est, Q, 1, return_distance=False)[:, 0]

@@ -20,7 +20,7 @@ from mlpapers._utils import (
 from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take, warn_near_interpolation
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
-from mlpapers.retrieval.rbe._kernels import cur_query_weights, stable_topk
+from mlpapers.retrieval.rbe._kernels import abs_max, cur_query_weights, stable_topk
 from mlpapers.retrieval.rbe._selection import quiet_early_stop, select_support
 from mlpapers.retrieval.rbe._validation import check_adacur_params
 
@@ -124,7 +124,6 @@ class AnnCURRetriever(RelevanceBasedRetriever):
         self.device = device
         self.random_state = random_state
         self.verbose = verbose
-
 
 
 def round_sizes(n_calls: int, n_rounds: int) -> list[int]:
@@ -333,16 +332,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
             At = A.T if A.T.is_contiguous() else A.T.contiguous()
             cache = (self.anchor_relevance_, At.T, At)
             self._A_cache = cache
-        At = cache[2]
-        amax = 0.0
-        if At.numel():
-            lo, hi = torch.aminmax(At)  # one pass over contiguous memory, no |A| copy
-            amax = max(float(hi), -float(lo))
-        return (*cache, amax)
-
-    def _anchor_matrix(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(A, A^T)`` of :meth:`_anchor_cache`."""
-        return self._anchor_cache()[1:3]
+        return (*cache, abs_max(cache[2]))
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -366,8 +356,6 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         _, A, At, amax = self._anchor_cache()
         sizes = [int(s) for s in self.round_sizes_]
         first = torch.as_tensor(self.initial_anchors_, device=A.device)
-        u0 = self._heavy_chunked(queries, take(self.items_, self.initial_anchors_), len(first),
-                                 online=True)
         # per-chunk working set: C (b, B, n_a) and scores (b, N), about 2**24 floats
         chunk = max(1, min(int(self.batch_size),
                            2**24 // max(1, sum(sizes) * A.shape[0] + A.shape[1])))
@@ -391,6 +379,10 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
                 ", beyond the float64 range. Scale ridge with the square of the "
                 "relevance (ridge / max|relevance|**2 between about 1e-300 and 1e300), "
                 "or use ridge=0.")
+        # (after every check: an error must not come after the first round's heavy calls)
+        u0 = self._heavy_chunked(queries, take(self.items_, self.initial_anchors_), len(first),
+                                 online=True)
+
         def rounds(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
             lo, hi = rows.start, rows.stop
             sub = take(queries, np.arange(lo, hi))

@@ -217,6 +217,7 @@ class HeavyRankerMixin:
             queries), which is what scikit-learn's model selection does when it calls
             ``score(X_test)``, e.g.
             ``GridSearchCV(est, {"n_support": [...]}).fit(train_queries, items=items)``.
+            A relevance of another shape raises a ``ValueError`` before any heavy call.
         n_neighbors : int, default=10
             The cut-off ``k`` of HitRate@k: items retrieved per query, compared with
             the true top ``k``. A positive integer ``<= n_items`` (and, for
@@ -228,6 +229,16 @@ class HeavyRankerMixin:
             HitRate@k in ``[0, 1]``: the fraction of each query's true top ``k``
             items that were retrieved, averaged over the queries.
         """
+        self._check_fitted()
+        if relevance is not None:
+            # checked before kneighbors spends its online heavy calls: a relevance of
+            # another catalogue (more columns) was scored without an error, and a wrong
+            # number of rows raised about ``pred_indices`` afterwards
+            relevance = check_matrix(relevance, "relevance")
+            shape = (length(queries, "queries"), self.n_items_)
+            if tuple(relevance.shape) != shape:
+                raise ValueError(f"relevance must have shape (n_queries, n_items) = {shape}, "
+                                 f"got {tuple(relevance.shape)}.")
         idx = self.kneighbors(queries, n_neighbors, return_distance=False)
         if relevance is not None:
             return hit_rate(relevance, idx, n_neighbors)

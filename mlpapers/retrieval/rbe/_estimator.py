@@ -25,7 +25,12 @@ from mlpapers.retrieval.rbe._common import (
     warn_near_interpolation,
 )
 from mlpapers.retrieval.rbe._heads import build_head, head_from_state, head_state, train_head
-from mlpapers.retrieval.rbe._kernels import CHUNK_SCORES, fit_linear_embeddings, topk_scores
+from mlpapers.retrieval.rbe._kernels import (
+    CHUNK_SCORES,
+    abs_max,
+    fit_linear_embeddings,
+    topk_scores,
+)
 from mlpapers.retrieval.rbe._selection import check_support_indices, select_support
 from mlpapers.retrieval.rbe._validation import check_retriever_params
 
@@ -344,12 +349,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # float32 (NaN scores) and of 1e-60 flushed to 0. The scores are
         # <u, e> + offsets, with u scale-free and e in the relevance's units when
         # standardised, the other way round otherwise.
-        # (aminmax: one pass and no |R| copy of the (n_fit, n_items) matrix)
-        amax = 0.0
-        if R_fit.numel():
-            lo, hi = torch.aminmax(R_fit)
-            amax = max(float(hi), -float(lo))
-        unit = power_of_two_unit(amax, 40)
+        unit = power_of_two_unit(abs_max(R_fit), 40)
         q_unit = 1.0 if bool(self.standardize) else unit
         self.head_units_ = np.array([q_unit, unit])
         U_fit = (self._standardize(R_fit[:, S]) / q_unit).to(f32)
@@ -424,7 +424,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     def _score_fn(self, U: torch.Tensor):
         if self.head_ is not None:
-            units = getattr(self, "head_units_", None)  # (None: files before it)
+            # (None: pickles from before head_units_; load gives files (1, 1))
+            units = getattr(self, "head_units_", None)
             q_unit, unit = (1.0, 1.0) if units is None else units
             score_all = self.head_.all_items_scorer()
             if unit == 1.0:

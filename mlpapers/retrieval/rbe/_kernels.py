@@ -18,6 +18,7 @@ from mlpapers._utils import (
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 
 __all__ = [
+    "abs_max",
     "cur_query_weights",
     "fit_linear_embeddings",
     "hit_rate",
@@ -25,6 +26,15 @@ __all__ = [
     "stable_topk",
     "topk_scores",
 ]
+
+
+def abs_max(t: torch.Tensor) -> float:
+    """``max |t_ij|`` as a Python float (0.0 when empty), in one pass (``aminmax``: no
+    ``|t|`` copy of a relevance matrix); the scale statistic of the power-of-two units."""
+    if not t.numel():
+        return 0.0
+    lo, hi = torch.aminmax(t.detach())
+    return max(float(hi), -float(lo))
 
 
 def check_matrix(R: Any, name: str, device: Any = None) -> torch.Tensor:
@@ -312,7 +322,7 @@ def topk_scores(
     k: int,
     *,
     batch_size: int = 1024,
-    n_items: int | None = None,
+    n_items: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` of a score matrix computed in query chunks (bounded memory).
 
@@ -323,19 +333,17 @@ def topk_scores(
     n_queries, k : int
     batch_size : int, default=1024
         Most queries per chunk.
-    n_items : int, optional
-        Columns of the score matrix: when given, a chunk also holds at most
-        :data:`CHUNK_SCORES` (``2**22``) scores, so the working set does not grow
-        with ``n_items`` (``batch_size`` rows of 10**5 items took 2.4 GB).
+    n_items : int
+        Columns of the score matrix: a chunk also holds at most :data:`CHUNK_SCORES`
+        (``2**22``) scores, so the working set does not grow with ``n_items``
+        (``batch_size`` rows of 10**5 items took 2.4 GB).
 
     Returns
     -------
     scores, indices : Tensors of shape (n_queries, k)
         Descending scores; ties broken by the lower item index (:func:`stable_topk`).
     """
-    rows = int(batch_size)
-    if n_items is not None:
-        rows = block_rows_for(n_items, CHUNK_SCORES, cap=rows)
+    rows = block_rows_for(n_items, CHUNK_SCORES, cap=int(batch_size))
     # written into one preallocated output: a list of small results kept alive between
     # the large transient score chunks made the resident memory grow by a chunk per
     # chunk (see mlpapers._utils._blocks)

@@ -24,13 +24,14 @@ from mlpapers._utils import (
     check_positive,
     make_generators,
     on_inputs_device,
+    power_of_two_unit,
     requires_tensors,
     to_numpy,
     user_stacklevel,
 )
 from mlpapers._utils._blocks import block_rows_for
 from mlpapers._utils._random import _check_seed_type
-from mlpapers.retrieval.rbe._kernels import check_matrix
+from mlpapers.retrieval.rbe._kernels import abs_max, check_matrix
 
 __all__ = ["SUPPORT_METHODS", "check_support_indices", "greedy_selection", "quiet_early_stop",
            "select_support"]
@@ -166,10 +167,8 @@ def greedy_selection(
     # |X| < 1e-77 (every gain 0: R = [[4e-144]] scored 0) and overflows for |X| > 1e77.
     # Picks do not depend on the scale: work in units of a power of two (exact) when
     # the data are far from 1, and scale the gains back.
-    amax = max(float(X.amax()), -float(X.amin())) if X.numel() else 0.0  # no |X| copy
-    unit = 1.0
-    if amax > 0.0 and not 2.0**-60 <= amax <= 2.0**60:
-        unit = 2.0 ** round(math.log2(amax))
+    unit = power_of_two_unit(abs_max(X), 60)
+    if unit != 1.0:
         X = X / unit
     d0 = torch.einsum("ij,ij->i", X, X)  # no (N, n_q) temporary
     thresh = tol * d0.clamp_min(torch.finfo(X.dtype).tiny)
@@ -200,9 +199,12 @@ def greedy_selection(
         small = N <= X.shape[1]
         M = X @ X.T if small else X.T @ X  # (N, N) or (n_q, n_q)
         rows = block_rows_for(M.shape[1], 2**24)
-        a = torch.cat([(M[s:s + rows] ** 2).sum(dim=1) if small
-                       else ((X[s:s + rows] @ M) * X[s:s + rows]).sum(dim=1)
-                       for s in range(0, N, rows)])
+        # (filled in place: a torch.cat of the chunks failed on zero items, where
+        # "gram" returns no pick)
+        a = X.new_empty(N)
+        for s in range(0, N, rows):
+            a[s:s + rows] = ((M[s:s + rows] ** 2).sum(dim=1) if small
+                             else ((X[s:s + rows] @ M) * X[s:s + rows]).sum(dim=1))
         del M
         # deflation factors: G = X X^T - L L^T with L = L_all[:, :t] after t picks,
         # allocated once (grown by torch.cat, it was copied at every pick: quadratic in
@@ -292,12 +294,13 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
     dist_in = torch.where(member, dist, math.inf)
     picks: list[int] = []
     taken = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
+    # Non-empty clusters come first and each takes one of its own members, so a cluster's
+    # members are still free at its turn; an empty one (duplicate item vectors) takes the
+    # free item nearest its centre (k <= N leaves one). The distances are finite: the
+    # caller passes item vectors in units near 1
     for c in torch.argsort(sizes, descending=True, stable=True).tolist():
         row = dist_in[c] if sizes[c] > 0 else dist[c]
-        row = torch.where(taken, math.inf, row)
-        if not bool(torch.isfinite(row).any()):
-            row = torch.where(taken, math.inf, dist[c])
-        j = int(torch.argmin(row))
+        j = int(torch.argmin(torch.where(taken, math.inf, row)))
         picks.append(j)
         taken[j] = True
     order = np.asarray(picks)
@@ -405,12 +408,19 @@ def select_support(
         mean = Rt.mean(dim=0)
         order = torch.argsort(mean, descending=True, stable=True)[:k]
         idx, scores = to_numpy(order), to_numpy(mean[order])
-    elif method == "kmeans":
-        seed = int(rng.integers(2**31 - 1))
-        idx, scores = _kmeans(_item_features(Rt, center), k, seed, n_init)
-    elif method == "farthest":
-        i, s = _farthest(_item_features(Rt, center), k)
-        idx, scores = to_numpy(i), to_numpy(s)
+    elif method in ("kmeans", "farthest"):
+        # in units of a power of two (exact: the same picks at any scale, as greedy's):
+        # the squared distances of relevance beyond ~1e154 overflowed (k-means found one
+        # cluster, every farthest-point distance was inf) and below ~1e-154 underflowed
+        X = _item_features(Rt, center)
+        unit = power_of_two_unit(abs_max(X), 60)
+        X = X if unit == 1.0 else X / unit
+        if method == "kmeans":
+            seed = int(rng.integers(2**31 - 1))
+            idx, scores = _kmeans(X, k, seed, n_init)  # cluster sizes: no unit
+        else:
+            i, s = _farthest(X, k)
+            idx, scores = to_numpy(i), to_numpy(s) * unit
     else:
         gm = greedy_method
         if gm == "auto":

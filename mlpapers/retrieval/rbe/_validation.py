@@ -10,7 +10,7 @@ import numbers
 from typing import Any
 
 from mlpapers._utils import check_in_options, check_positive
-from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS
+from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, check_support_indices
 
 __all__ = ["check_adacur_params", "check_head_params", "check_retriever_params"]
 
@@ -52,6 +52,8 @@ def check_retriever_params(est, n_items: int) -> None:
         if est.n_support > n_items:
             raise ValueError(f"n_support={est.n_support} must be <= the number of "
                              f"items ({n_items}).")
+    else:  # explicit indices: refused before the offline heavy calls, not after them
+        check_support_indices(est.support, n_items)
     check_in_options(est.head, "head", ("linear", "mlp"))
     check_positive(est.n_rerank, "n_rerank", strict=False, integer=True)
     if est.n_rerank > n_items:
