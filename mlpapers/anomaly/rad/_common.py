@@ -27,6 +27,7 @@ from mlpapers._utils import (
 from mlpapers._utils._blocks import collect_row_blocks, row_blocks
 from mlpapers._utils._modules import module_behind
 from mlpapers.anomaly.rad._extractors import (
+    _BUILTIN,
     _as_module_input,
     check_extractor_output,
     eval_mode,
@@ -86,6 +87,16 @@ def _shares_memory(x: torch.Tensor, images) -> bool:
             and x.untyped_storage().data_ptr() == images.untyped_storage().data_ptr())
 
 
+def check_fraction(value, name: str, high: float, *, zero_allowed: bool) -> None:
+    """Refuse ``value`` unless it is a real number in ``[0, high]`` (``(0, high]`` without
+    ``zero_allowed``). A bool is refused, not read as 0 or 1 (``coreset_ratio=True`` meant
+    as "use a coreset" kept the whole memory; ``top_ratio=True`` averaged every pixel)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            (0.0 <= value if zero_allowed else 0.0 < value) and value <= high):
+        raise ValueError(f"{name} must be in {'[' if zero_allowed else '('}0, {high:g}], "
+                         f"got {value!r}.")
+
+
 def _check_image_size(image_size) -> tuple[int, int] | None:
     if image_size is None:
         return None
@@ -106,16 +117,17 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
     Subclasses implement ``_check_params()``, ``_fit_memory(feats, keys)`` (stores
     the memory, returns the leave-one-out training scores) and
     ``_score_features(feats, keys, exclude, return_maps=True)`` returning ``(maps (B,
-    H', W') or None without return_maps, scores (B,))`` at the network input resolution.
+    H', W') or None without return_maps, scores (B,))`` at the network input resolution,
+    or override :meth:`_score_extracted` (as :class:`RADDetector` does). Every call of
+    ``_extract`` and of the scoring has at least one image: :func:`check_images`
+    refuses an empty set.
     """
 
     # -- parameter checks ---------------------------------------------------
     def _check_common_params(self) -> None:
         _check_image_size(self.image_size)
         check_positive(self.smoothing_sigma, "smoothing_sigma", strict=False)
-        if not isinstance(self.contamination, numbers.Real) or not (
-                0.0 < self.contamination <= 0.5):
-            raise ValueError(f"contamination must be in (0, 0.5], got {self.contamination!r}.")
+        check_fraction(self.contamination, "contamination", 0.5, zero_allowed=False)
         check_in_options(self.memory_dtype, "memory_dtype", _MEMORY_DTYPES)
         check_positive(self.batch_size, "batch_size", integer=True)
         check_positive(self.chunk_size, "chunk_size", integer=True)
@@ -125,7 +137,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                              "which the file does not hold; load it with "
                              f"{type(self).__name__}.load(path, extractor=my_extractor).")
         if isinstance(self.extractor, str):
-            check_in_options(self.extractor, "extractor", ("random", "efficientnet-lite0"))
+            check_in_options(self.extractor, "extractor", _BUILTIN)
 
     def _get_extractor(self):
         ext = getattr(self, "_extractor", None)
@@ -138,9 +150,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         if ext is None:
             ext = resolve_extractor(self.extractor)
             user_object = not (self.extractor is None or isinstance(self.extractor, str))
-            if not user_object:  # the library's own backbone, built on the CPU for this fit
-                if isinstance(ext, torch.nn.Module):
-                    ext = ext.to(self._resolved_device)
+            if not user_object:  # the library's own backbone (a module), built on the CPU
+                ext = ext.to(self._resolved_device)
             elif isinstance(ext, torch.nn.Module) and _needs_move(ext, self._resolved_device):
                 # a copy on the device: Module.to moves in place, and the user's module
                 # stays where they put it (not .eval() for good either: it keeps its
@@ -264,8 +275,6 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                 keys[i * bs:i * bs + len(x)] = k
                 log.log(batch=i)
         self._extracted_shapes = raw_shapes
-        if keys is None:  # no image: what the concatenation of no batch would be
-            keys = torch.empty(0, 0)
         return out, keys
 
     def _fit_store(self):
@@ -338,7 +347,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                                  f"built from {fitted} images (image_size=None); resize "
                                  f"them or set image_size={fitted}.")
             # set_params(image_size=...) after fit: the memory's grids are of the fit's size
-            # (the images were fine; the message used to blame them, with image_size=None)
+            # (the images are fine: the error names image_size, not them)
             raise ValueError(f"image_size={self.image_size!r} but the memory was built at the "
                              f"network input size {fitted}: image_size cannot change after "
                              f"fit; set image_size={fitted} (or None for images of that size) "

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import torch
 from einops import rearrange
@@ -16,7 +14,7 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
 )
-from mlpapers.anomaly.rad._common import BaseImageDetector
+from mlpapers.anomaly.rad._common import BaseImageDetector, check_fraction
 from mlpapers.anomaly.rad._kernels import (
     global_patch_similarity,
     l2_normalize,
@@ -220,8 +218,7 @@ class RADDetector(BaseImageDetector):
         check_positive(self.k_images, "k_images", integer=True)
         if self.pos_radius is not None:
             check_positive(self.pos_radius, "pos_radius", integer=True, strict=False)
-        if not isinstance(self.top_ratio, numbers.Real) or not 0.0 <= self.top_ratio <= 1.0:
-            raise ValueError(f"top_ratio must be in [0, 1], got {self.top_ratio!r}.")
+        check_fraction(self.top_ratio, "top_ratio", 1.0, zero_allowed=True)
         check_in_options(self.blur_padding, "blur_padding", ("zeros", "reflect"))
         if self.layer_weights is not None:
             w = np.asarray(self.layer_weights, dtype=float)
@@ -320,14 +317,7 @@ class RADDetector(BaseImageDetector):
             if maps is not None:
                 maps[idx.to(m.device)] = m
             del m, s
-        if scores is None:  # no image
-            scores = torch.empty(0, dtype=torch.float32)
-            maps = torch.empty(0, *self.input_size_) if return_maps else None
         return maps, scores
-
-    def _score_features(self, feats, keys, exclude=None, return_maps=True):
-        return self._score_all(self._patches(feats), keys, exclude=exclude,
-                               return_maps=return_maps)
 
     def _score_store(self):
         """Normalise each batch of test features as it is extracted (float32): the

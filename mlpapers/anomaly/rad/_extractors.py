@@ -96,9 +96,9 @@ def _as_module_input(images: torch.Tensor, module: nn.Module) -> torch.Tensor:
 
 def _check_normalisation(mean, std) -> tuple:
     """``(mean, std)`` as given, checked: ``mean=None`` (no normalisation, ``std`` is
-    not used) or one or three finite numbers each, ``std`` positive (a ``std`` of
-    ``None`` or 0 used to fail inside the first call with a torch error, or to give
-    infinite features)."""
+    not used) or one or three finite numbers each, ``std`` positive (checked here: a
+    ``std`` of ``None`` or 0 would fail inside the first call with a torch error, or
+    give infinite features)."""
     if mean is None:
         return mean, std
     if std is None:

@@ -153,6 +153,8 @@ def retrieve_neighbours(
     chosen = sim > kth + band  # surely in: fewer than k per row
     maybe = (sim >= kth - band) & ~chosen & (sim > -torch.inf)  # (excluded: -inf)
     n_maybe = int(maybe.sum(dim=1).max())
+    # (the k-th image itself is always in the band, so n_maybe is 0 only when every memory
+    # image is excluded: a one-image memory scored leave-one-out, which fit never asks)
     if n_maybe:
         cand = sim.masked_fill(~maybe, -torch.inf).topk(n_maybe, dim=1).indices
         cand = torch.sort(cand, dim=1).values  # ascending index: stable sorts then

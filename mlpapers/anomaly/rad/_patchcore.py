@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from mlpapers.anomaly.rad._common import BaseImageDetector
+from mlpapers.anomaly.rad._common import BaseImageDetector, check_fraction
 from mlpapers.anomaly.rad._kernels import greedy_coreset, knn_distances
 from mlpapers.anomaly.rad._maps import fused_smoothed_maps
 
@@ -116,9 +115,7 @@ class PatchCoreDetector(BaseImageDetector):
 
     def _check_params(self) -> None:
         self._check_common_params()
-        if not isinstance(self.coreset_ratio, numbers.Real) or not (
-                0.0 < self.coreset_ratio <= 1.0):
-            raise ValueError(f"coreset_ratio must be in (0, 1], got {self.coreset_ratio!r}.")
+        check_fraction(self.coreset_ratio, "coreset_ratio", 1.0, zero_allowed=False)
 
     def _embed(self, feats: list[torch.Tensor]) -> torch.Tensor:
         """(n, L, sum C_l) locally aggregated, concatenated patch features."""

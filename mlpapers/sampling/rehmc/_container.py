@@ -398,11 +398,11 @@ def check_membership(container: ConvexContainer, x: Tensor, name: str) -> Tensor
     return inside
 
 
-def check_oracles(container: ConvexContainer, dtype: torch.dtype, device, name: str, *,
-                  reflect: bool = True) -> None:
+def check_oracles(container: ConvexContainer, dtype: torch.dtype, device, name: str) -> None:
     """Check a user's container class once, before sampling: ``dim``, ``interior_point``,
-    and the types and shapes that ``contains`` (and, with ``reflect``, ``hit``) return
-    for two points. Built-in classes are skipped (their oracles are tested).
+    and the types and shapes that ``contains`` and ``hit`` return for two points.
+    Built-in classes are skipped (their oracles are tested). A ``support`` is checked
+    where it is used, by :func:`check_membership` (it only answers membership).
 
     A ``contains`` of shape ``(C, 1)`` broadcast against ``(C,)`` masks into ``(C, C)``
     (a torch error deep in a transition), and a normal of shape ``(C, 1)`` broadcast
@@ -426,7 +426,7 @@ def check_oracles(container: ConvexContainer, dtype: torch.dtype, device, name: 
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{cls}.interior_point() must return a numeric array of shape "
                         f"({d},): {exc}") from None
-    if c.size == d:  # (d,), or (1, d) as HEAD accepted
+    if c.size == d:  # (d,), or a (1, d) row, which the sampler itself accepts
         c = c.reshape(d)
     if c.shape != (d,) or not np.all(np.isfinite(c)):
         raise ValueError(f"{cls}.interior_point() must return a finite array of shape "
@@ -442,8 +442,6 @@ def check_oracles(container: ConvexContainer, dtype: torch.dtype, device, name: 
     inside = container.contains(x)
     if not isinstance(inside, Tensor) or inside.shape != (2,) or inside.dtype != torch.bool:
         raise bad("contains", "a bool tensor of shape (2,)", inside)
-    if not reflect:
-        return
     v = torch.zeros_like(x)
     v[0, 0], v[1, 0] = 1.0, -1.0
     out = container.hit(x, v, torch.full((2,), 1e3, dtype=dtype, device=device),

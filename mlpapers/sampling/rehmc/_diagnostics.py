@@ -74,10 +74,11 @@ def _z_scale(x: np.ndarray) -> np.ndarray:
 
 
 def _rhat_basic(x: np.ndarray) -> float | np.ndarray:
-    """Classic R-hat of draws (M, N) or, vectorised, (M, N, d) (then an array (d,))."""
+    """Classic R-hat of draws (M, N) or, vectorised, (M, N, d) (then an array (d,)).
+
+    ``N >= 2`` (the callers return NaN for fewer than ``MIN_DRAWS`` draws per chain, so
+    the split halves hold 2 or more)."""
     m, n = x.shape[:2]
-    if n < 2:
-        return float("nan") if x.ndim == 2 else np.full(x.shape[2:], np.nan)
     w = x.var(axis=1, ddof=1).mean(axis=0)
     b = n * x.mean(axis=1).var(axis=0, ddof=1) if m > 1 else np.zeros_like(w)
     var_plus = (n - 1) / n * w + b / n

@@ -326,7 +326,7 @@ def hmc_transition(
     # proposal is rejected (as divergent): this is the Metropolis test of the target
     # restricted to the floating-point set {x : K.contains(x)}, which holds the current
     # state, so detailed balance is kept and no state ever lies outside K.
-    if not container._keeps_inside(x1.dtype):  # (a float64 box: provably inside)
+    if not container._keeps_inside(x1.dtype):  # (skipped for most float64 boxes: see Box)
         divergent |= ~container._holds(x1)
     accept_prob = torch.exp(dh.clamp_max(0.0)).masked_fill_(divergent, 0.0)
     u = torch.rand(C, generator=gen, dtype=torch.float64).to(x)

@@ -130,9 +130,10 @@ class ConvexSet(ConvexContainer):
             raise TypeError(f"g returned a {type(raw).__name__}, not a torch tensor: the "
                             "boundary normals come from autograd. Write g with torch "
                             "operations, or pass grad_g.")
-        g0 = self._g(xt)
-        if g0.shape != (1,):
-            raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(g0.shape)}.")
+        # g (and grad_g) get copies here too: xt shares x0's memory, and the search's
+        # points become the interior point, so a g that works in place on its argument
+        # (x -= c) would move them (the interior point then lay outside K)
+        g0 = self._g(xt.clone())
         if not g0[0] < 0:
             if given:
                 raise ValueError("interior_point must satisfy g(interior_point) < 0.")
@@ -145,20 +146,18 @@ class ConvexSet(ConvexContainer):
         """A point with ``g < 0``: ``start`` itself, else gradient descent on the convex
         ``g`` with a backtracking (Armijo) step, stopped at the first point inside."""
         x = torch.as_tensor(np.asarray(start, dtype=np.float64))[None].clone()
-        gx = self._g(x)
-        if gx.shape != (1,):
-            raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(gx.shape)}.")
+        gx = self._g(x.clone())
         step = 1.0
         for _ in range(500):
             if not bool(torch.isfinite(gx).all()) or gx[0] < 0:
                 break
-            gr = self._grad(x)
+            gr = self._grad(x.clone())
             sq = float((gr * gr).sum())
             if not math.isfinite(sq) or sq == 0.0:
                 break  # a minimum of g at or above 0: K has no interior
             while step > 1e-300:
                 trial = x - step * gr
-                gt = self._g(trial)
+                gt = self._g(trial.clone())
                 if bool(torch.isfinite(gt).all()) and gt[0] <= gx[0] - 0.5 * step * sq:
                     x, gx, step = trial, gt, 2.0 * step
                     break
@@ -200,8 +199,8 @@ class ConvexSet(ConvexContainer):
             # torch.tensor copies: as_tensor warns on a read-only (e.g. broadcast) array
             out = torch.tensor(np.asarray(out, dtype=np.float64), device=x.device)
         if out.shape != x.shape[:1]:
-            # (__init__ checks one point; a (C, 1) column for C chains broadcast into a
-            # (C, C, d) torch error inside the root finding)
+            # (every call, the one point of __init__ included: a (C, 1) column for C
+            # chains would broadcast into a (C, C, d) torch error inside the root finding)
             raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(out.shape)} for "
                              f"a {tuple(x.shape)} input.")
         return out.to(x.dtype)
