@@ -411,3 +411,23 @@ def test_pairwise_covering_array_covers_every_pair_and_is_deterministic():
     assert covering_array({"a": [1, 2]}) == [{"a": 1}, {"a": 2}]
     with pytest.raises(ValueError, match="no values"):
         covering_array({"a": [1, 2], "b": []})
+
+
+def test_check_learning_rate_bounds_the_step_by_the_float32_maximum():
+    from mlpapers._utils import check_learning_rate
+
+    top = float(torch.finfo(torch.float32).max)
+    assert check_learning_rate(top) == top
+    assert check_learning_rate(3) == 3
+    with pytest.raises(ValueError, match=r"step_size must be at most 3.403e\+38"):
+        check_learning_rate(1e39, "step_size")
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        check_learning_rate(0.0)
+    with pytest.raises(TypeError, match="lr must be a real number"):
+        check_learning_rate(True)
+    # the bound is the one torch's optimisers enforce on float32 weights
+    w = torch.nn.Parameter(torch.ones(2))
+    w.grad = torch.ones(2)
+    torch.optim.SGD([w], lr=top).step()
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.optim.SGD([w], lr=1e39).step()

@@ -17,6 +17,7 @@ from mlpapers._utils._random import check_generator, check_random_state, make_ge
 from mlpapers._utils._units import power_of_two_unit, row_power_of_two
 from mlpapers._utils._validation import (
     check_in_options,
+    check_learning_rate,
     check_positive,
     check_tensor,
     probe_module,
@@ -44,6 +45,7 @@ __all__ = [
     "ProgressLogger",
     "check_generator",
     "check_in_options",
+    "check_learning_rate",
     "check_positive",
     "check_random_state",
     "check_tensor",

@@ -356,6 +356,32 @@ def check_positive(value: Any, name: str, *, strict: bool = True, integer: bool 
     return value
 
 
+#: the largest learning rate an optimiser can apply to float32 weights
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_learning_rate(value: Any, name: str = "lr", *, adam: bool = False) -> Any:
+    """Check a learning rate: a finite number in ``(0, float32 max]``, or up to a tenth
+    of that for Adam/AdamW (``adam=True``).
+
+    Optimisers step float32 weights with it, and torch refuses a larger step only at the
+    first update, with "value cannot be converted to type float without overflow". Adam's
+    first step is ``lr / (1 - beta1)``, ten times ``lr`` at torch's default
+    ``beta1 = 0.9``. No useful rate comes near either bound.
+
+    Returns
+    -------
+    The value, unchanged.
+    """
+    check_positive(value, name)
+    bound = _FLOAT32_MAX * (1.0 - 0.9) if adam else _FLOAT32_MAX
+    if value > bound:
+        why = "Adam's first step, lr / (1 - 0.9), must fit in float32" if adam else \
+            "the largest step an optimiser can apply to float32 weights"
+        raise ValueError(f"{name} must be at most {bound:.4g} ({why}), got {value!r}.")
+    return value
+
+
 def check_in_options(value: Any, name: str, options: Iterable[Any]) -> Any:
     """Check that ``value`` is one of ``options``; raise a ``ValueError`` listing them."""
     options = tuple(options)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive
+from mlpapers._utils import ProgressLogger, check_in_options, check_learning_rate, check_positive
 from mlpapers._utils._ambient import with_autograd
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
 from mlpapers.decentralized.btsp._node_models import (
@@ -290,7 +290,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"model must be 'logistic', 'mlp' or a torch.nn.Module, "
                              f"got {self.model!r}.")
         check_positive(self.compute_time, "compute_time", strict=False)
-        check_positive(self.lr, "lr")
+        check_learning_rate(self.lr)
         check_positive(self.weight_decay, "weight_decay", strict=False)
         check_positive(self.momentum, "momentum", strict=False)
         if self.momentum >= 1:

@@ -23,7 +23,13 @@ from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ProgressLogger, check_in_options, check_positive, user_stacklevel
+from mlpapers._utils import (
+    ProgressLogger,
+    check_in_options,
+    check_learning_rate,
+    check_positive,
+    user_stacklevel,
+)
 from mlpapers._utils._ambient import with_autograd
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
 from mlpapers.federated.clove._data import infer_loss, mse_targets, validate_clients
@@ -80,10 +86,10 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         check_in_options(self.loss, "loss", ("auto",) + LOSSES)
         check_positive(self.n_rounds, "n_rounds", integer=True)
         check_positive(self.local_epochs, "local_epochs", integer=True)
-        check_positive(self.lr, "lr")
+        check_in_options(self.optimizer, "optimizer", ("adam", "sgd"))
+        check_learning_rate(self.lr, adam=self.optimizer == "adam")
         if self.batch_size is not None:
             check_positive(self.batch_size, "batch_size", integer=True)
-        check_in_options(self.optimizer, "optimizer", ("adam", "sgd"))
         check_in_options(self.vectorize, "vectorize", ("auto", True, False))
         p = self.participation
         check_positive(p, "participation")

@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import torch
 
-from mlpapers._utils import check_in_options, check_positive, to_numpy
+from mlpapers._utils import check_in_options, check_learning_rate, check_positive, to_numpy
 from mlpapers.optim.scent._loss import METHODS, EntropicRiskLoss, check_dual_params
 
 PAPER_REF = (
@@ -17,17 +17,10 @@ PAPER_REF = (
 )
 
 
-#: the largest learning rate a float32 parameter update can take
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-
 def check_common_params(est) -> None:
     """Validate the optimisation parameters every SCENT estimator shares."""
     check_in_options(est.method, "method", METHODS)
-    check_positive(est.lr, "lr")
-    if est.lr > _FLOAT32_MAX:  # torch's SGD failed with "cannot be converted to type float"
-        raise ValueError(f"lr must be at most {_FLOAT32_MAX:.3g} (the SGD steps float32 "
-                         f"weights), got {est.lr!r}.")
+    check_learning_rate(est.lr)
     check_positive(est.epochs, "epochs", integer=True)
     check_positive(est.batch_size, "batch_size", integer=True)
     check_positive(est.momentum, "momentum", strict=False)

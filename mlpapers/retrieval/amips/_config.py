@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_learning_rate, check_positive
 from mlpapers.retrieval.amips._networks import Homogenize, KeyNet, SupportNet, solve_width
 
 __all__ = ["build_amips_model", "check_amips_params"]
@@ -37,7 +37,7 @@ def check_amips_params(est) -> None:
         raise ValueError("score_weight and target_weight cannot both be 0.")
     check_positive(est.n_steps, "n_steps", integer=True)
     check_positive(est.batch_size, "batch_size", integer=True)
-    check_positive(est.lr, "lr")
+    check_learning_rate(est.lr, adam=True)  # trains with Adam
     check_positive(est.warmup, "warmup", strict=False)
     if est.warmup >= 1:
         raise ValueError(f"warmup must be a fraction in [0, 1), got {est.warmup}.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import check_in_options, check_learning_rate, check_positive
 from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, check_support_indices
 
 __all__ = ["check_adacur_params", "check_head_params", "check_retriever_params"]
@@ -37,7 +37,7 @@ def check_head_params(est) -> None:
     check_in_options(est.loss, "loss", ("softmax_signed", "mse"))
     check_positive(est.item_batch, "item_batch", integer=True)
     check_positive(est.max_iter, "max_iter", strict=False, integer=True)
-    check_positive(est.lr, "lr")
+    check_learning_rate(est.lr, adam=True)  # the neural head trains with Adam
     check_positive(est.eval_every, "eval_every", integer=True)
     _check_fraction(est.top_quantile, "top_quantile", low_open=True)
     _check_fraction(est.validation_fraction, "validation_fraction", low_open=False)

@@ -19,6 +19,7 @@ from mlpapers._utils import (
     ProgressLogger,
     autograd_enabled,
     check_in_options,
+    check_learning_rate,
     check_positive,
     check_tensor,
     reject_flat_image_table,
@@ -98,11 +99,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         if self.batch_size < 2:
             raise ValueError(f"batch_size must be >= 2 (negatives come from other images of "
                              f"the batch), got {self.batch_size}.")
-        check_positive(self.lr, "lr")
-        if self.lr > float(torch.finfo(torch.float32).max):
-            # AdamW's float32 step failed with "value cannot be converted to type float"
-            raise ValueError(f"lr must be at most {torch.finfo(torch.float32).max:.3g} (AdamW "
-                             f"steps float32 weights), got {self.lr!r}.")
+        check_learning_rate(self.lr, adam=True)  # AdamW
         check_positive(self.weight_decay, "weight_decay", strict=False)
         check_in_options(self.negatives, "negatives", ("next", "random"))
         if isinstance(self.augment, type):
