@@ -508,6 +508,36 @@ def test_extractor_wrappers_name_what_they_need():
     assert TorchFeatureExtractor(net, net._modules.keys()).layers == ["0", "1", "2", "3", "4"]
 
 
+def test_extractors_refuse_a_layer_named_twice():
+    """Regression: a repeated layer was extracted twice and fused with double weight,
+    silently (the detector's ``layer_weights`` is the way to weight a layer)."""
+    with pytest.raises(ValueError, match=r"layers must be distinct, got \['0'\]"):
+        TorchFeatureExtractor(_net(), ["0", "2", "0"])
+    with pytest.raises(ValueError, match=r"layers must be distinct, got \[3\]"):
+        DinoViTExtractor(FakeViT(), layers=(1, 3, -1))  # -1 is block 3 of 4
+    assert DinoViTExtractor(FakeViT(), layers=(1, -1)).layers == [1, 3]
+
+
+@pytest.mark.parametrize("blocks, error, match", [
+    ((2.5,), ValueError, r"block indices in \[0, 15\], got \[2.5\]"),
+    ((True, 4), ValueError, r"got \[True, 4\]"),
+    (("3",), ValueError, r"got \['3'\]"),
+    ((), ValueError, r"non-empty"),
+    ((16,), ValueError, r"\[0, 15\]"),
+    ((-1,), ValueError, r"\[0, 15\]"),
+    ((4, 4), ValueError, r"blocks must be distinct, got \[4\]"),
+    ("4", TypeError, r"blocks must be a block index or a sequence"),
+])
+def test_efficientnet_blocks_are_checked_without_the_extra(blocks, error, match):
+    """Regression: 2.5 and True were read as blocks 2 and 1, "3" as block 3, and a bad
+    value was only reported after the weights were loaded (or not at all without the
+    ``pretrained`` extra, whose ImportError came first)."""
+    from mlpapers.anomaly.rad import efficientnet_lite0_extractor
+
+    with pytest.raises(error, match=match):
+        efficientnet_lite0_extractor(blocks=blocks)
+
+
 def test_a_submodule_called_twice_gives_its_last_output():
     """Documented: a shared submodule (one ReLU used twice) gives its last output."""
     class SharedReLU(nn.Module):

