@@ -164,3 +164,23 @@ def test_solve_width_meets_the_official_budget(d, n_keys, depth, wx, out):
     # rounding to a multiple of 4 moves the count by at most one step of the width
     assert abs(counted(w) - budget) <= counted(w + 4) - counted(w)
     assert w % 4 == 0 and np.isfinite(w)
+
+
+@pytest.mark.parametrize("cls", [KeyNet, SupportNet])
+@pytest.mark.parametrize("hidden_dims, error, match", [
+    ([2.5], TypeError, "hidden_dims entries must be an integer, got 2.5"),
+    ([True], TypeError, "hidden_dims entries must be an integer, got True"),
+    (["8"], TypeError, "hidden_dims entries must be an integer"),
+    ([8, 0], ValueError, "hidden_dims entries must be > 0, got 0"),
+    ([-3], ValueError, "hidden_dims entries must be > 0"),
+    (8, TypeError, "hidden_dims must be a list of ints"),
+    ([], ValueError, "at least one width"),
+])
+def test_networks_check_their_widths_by_name(cls, hidden_dims, error, match):
+    """Regression: 2.5, True and "8" were cast to widths 2, 1 and 8; a width of 0 failed
+    with a ZeroDivisionError, -3 with a torch error about negative dimensions."""
+    with pytest.raises(error, match=match):
+        cls(4, hidden_dims)
+    with pytest.raises(ValueError, match="in_features must be > 0"):
+        cls(0, [4])
+    assert cls(4, range(2, 4)).forward(torch.ones(3, 4)).shape[0] == 3

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mlpapers._utils import (
+    check_positive,
     on_inputs_device,
     requires_tensors,
     row_power_of_two,
@@ -174,8 +176,14 @@ class _Stack(nn.Module):
                  positive: bool, generator: torch.Generator | None = None,
                  dtype: torch.dtype | None = None):
         super().__init__()
+        check_positive(in_features, "in_features", integer=True)
+        if isinstance(hidden_dims, (str, bytes)) or not isinstance(hidden_dims, Iterable):
+            raise TypeError(f"hidden_dims must be a list of ints, got {hidden_dims!r}.")
+        hidden_dims = list(hidden_dims)
         if len(hidden_dims) < 1:
             raise ValueError("hidden_dims must contain at least one width.")
+        for h in hidden_dims:  # floats, bools and strings were cast, 0 divided by zero
+            check_positive(h, "hidden_dims entries", integer=True)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.hidden_dims = [int(h) for h in hidden_dims]
