@@ -13,6 +13,8 @@ import pytest
 from mlpapers.decentralized.btsp import (
     BottleneckNodeAssigner,
     DecentralizedSGD,
+    biconnected_threshold,
+    bottleneck_tsp,
     circulant_schedule,
     is_biconnected,
     make_delay_matrix,
@@ -71,6 +73,30 @@ def test_exact_on_a_ring_is_limited_to_16_nodes():
     D = make_delay_matrix(17, random_state=0)
     with pytest.raises(ValueError, match="n <= 16"):
         BottleneckNodeAssigner(topology="ring", method="exact").fit(D)
+    # the function's own error names the option that asked for the exact solver
+    with pytest.raises(ValueError, match=r"method='exact' .*limited to n <= 16, got n=17"):
+        bottleneck_tsp(D, method="exact")
+
+
+def test_theta_is_the_biconnected_threshold_of_the_symmetrised_delays():
+    """bottleneck_tsp's and the assigner's theta (from the max(D, D^T) they hold when
+    undirected) is, by definition, the smallest delay v at which the links with
+    max(D, D^T) <= v (directed: min(D, D^T) <= v) form a biconnected graph (networkx
+    as the reference); theta <= the tour's bottleneck (it lower-bounds every cycle)."""
+    nx = pytest.importorskip("networkx")
+    g = np.random.default_rng(3)
+    for n, directed in ((9, False), (9, True), (12, False)):
+        D = g.random((n, n))
+        np.fill_diagonal(D, 0.0)
+        S = np.minimum(D, D.T) if directed else np.maximum(D, D.T)
+        ref = min(v for v in np.unique(S[np.triu_indices(n, 1)]) if nx.is_biconnected(
+            nx.from_numpy_array(((S <= v) & ~np.eye(n, dtype=bool)).astype(int))))
+        tour, b, theta = bottleneck_tsp(D, directed=directed, random_state=0)
+        assert theta == ref == biconnected_threshold(D, directed=directed)
+        assert theta <= b
+        est = BottleneckNodeAssigner(topology="ring", directed=directed,
+                                     random_state=0).fit(D)
+        assert est.theta_ == theta
 
 
 # ------------------------------------------------------------ graphs ---------------
@@ -134,7 +160,6 @@ def test_find_cycle_precondition_and_small_graphs():
     c = _find_cycle(ring | ring.T, rng, 4)
     assert sorted(c.tolist()) == list(range(9))
     assert (ring | ring.T)[c, np.roll(c, -1)].all()
-
 
 
 def test_demo_rounds_within_a_budget():

@@ -41,24 +41,25 @@ def test_assign_is_the_argmin_of_the_loss_vector_from_the_definition(fitted):
     """assign's loss of each model, from the definition (mean squared error of the
     model's outputs, float64 reference), and its argmin; a (n, 1) y is a 1-D y."""
     est = fitted["two"]
-    Xn, y = G.normal(size=(12, 3)), G.normal(size=(12, 2))
+    g = np.random.default_rng(7)  # (a module-level generator made the data order-dependent)
+    Xn, y = g.normal(size=(12, 3)), g.normal(size=(12, 2))
     with torch.no_grad():
         ref = [float(((m(torch.as_tensor(Xn, dtype=torch.float32)).double().numpy()
                        - y) ** 2).mean()) for m in est.models_]
     np.testing.assert_allclose(est._client_loss_vector(Xn, y), ref, rtol=1e-5)
     assert est.assign(Xn, y) == int(np.argmin(ref))
     one = fitted["one"]
-    y1 = G.normal(size=12)
+    y1 = g.normal(size=12)
     assert one.assign(Xn, y1[:, None]) == one.assign(Xn, y1)
 
 
-def _node_reply(model_fn, X, y, kind="train.losses"):
+def _node_reply(model_fn, X, y, kind="train.losses", loss="mse"):
     pytest.importorskip("flwr")
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 
     from mlpapers.federated.clove._flower import make_client_app
 
-    app = make_client_app(model_fn, lambda ctx: (X, y), loss="mse")
+    app = make_client_app(model_fn, lambda ctx: (X, y), loss=loss)
     meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5,
                     reply_to_message_id="", group_id="1", created_at=time.time(),
                     ttl=3600.0, message_type=kind)
@@ -80,6 +81,52 @@ class _Flat(torch.nn.Module):
         return self.lin(x)[:, 0]
 
 
+class _Pair(torch.nn.Module):
+    """A model returning a tuple (its output and a hidden value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.lin(x), x
+
+
+def _batch_stats_net():
+    return torch.nn.Sequential(torch.nn.Linear(3, 4),
+                               torch.nn.BatchNorm1d(4, track_running_stats=False),
+                               torch.nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy", "reconstruction"])
+def test_flower_node_refuses_batchnorm_without_running_statistics_as_fit_does(loss):
+    """A node's model with a BatchNorm built with track_running_stats=False: its
+    one-sample output probe failed with torch's "Expected more than 1 value per channel
+    when training" (the MSE node accepted it before the width check, with loss vectors
+    that depend on the batching); now fit's clear refusal, naming the layer, for every
+    loss (CLoVE's fit refuses it for every loss)."""
+    y = {"mse": np.c_[X[:, 0], X[:, 1]], "cross_entropy": np.arange(30) % 2,
+         "reconstruction": None}[loss]
+    model_fn = (_batch_stats_net if loss != "reconstruction" else lambda: torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4, track_running_stats=False),
+        torch.nn.Linear(4, 3)))
+    with pytest.raises(ValueError, match=r"model_fn\(\)'s BatchNorm1d '1' has no running "
+                                         r"statistics .*build it with "
+                                         r"track_running_stats=True"):
+        _node_reply(model_fn, X, y, loss=loss)
+    # the refusing hooks are removed when the probe raises; a BatchNorm with running
+    # statistics (the default) passes the probe, which reports its width
+    from mlpapers.federated.clove._flower import _output_width
+
+    Xt = torch.as_tensor(X, dtype=torch.float32)
+    net = _batch_stats_net()
+    with pytest.raises(ValueError, match="track_running_stats=True"):
+        _output_width(net, Xt)
+    assert not any(m._forward_pre_hooks for m in net.modules())
+    ok = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    assert _output_width(ok, Xt) == (2, "shape (1, 2)")
+
+
 def test_flower_node_refuses_targets_of_another_width():
     """A node's y against its model's outputs (the estimator's fit checks the same):
     (n, 1) outputs against (n, 2) targets, or (n,) outputs against (n, 1) targets,
@@ -88,8 +135,15 @@ def test_flower_node_refuses_targets_of_another_width():
     with pytest.raises(ValueError, match=r"make_client_app: loss='mse'.*got 2 per sample "
                                          r"and an output of 1"):
         _node_reply(lambda: torch.nn.Linear(3, 1), X, y2)
-    with pytest.raises(ValueError, match=r"output of shape \(batch, n_outputs\)"):
+    with pytest.raises(ValueError, match=r"output of shape \(batch, n_outputs\), as CLoVE's "
+                                         r"fit does, got shape \(1,\) for a batch of one"):
         _node_reply(_Flat, X, X[:, 0])
+    # a 3-D output or a tuple is described as what it is (not as "a 1-D output")
+    with pytest.raises(ValueError, match=r"got shape \(1, 1, 1\) for a batch of one"):
+        _node_reply(lambda: torch.nn.Sequential(torch.nn.Linear(3, 1),
+                                                torch.nn.Unflatten(1, (1, 1))), X, X[:, 0])
+    with pytest.raises(ValueError, match=r"got a tuple for a batch of one"):
+        _node_reply(_Pair, X, X[:, 0])
     with pytest.raises(ValueError, match="make_client_app: loss='mse' needs numeric"):
         _node_reply(lambda: torch.nn.Linear(3, 1), X, np.array(list("abc") * 10))
 

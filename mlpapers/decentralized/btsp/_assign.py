@@ -358,7 +358,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         self.bcd_per_round_ = rounds
         self.bcd_total_ = _exact_total(rounds)
         self.bcd_ = _exact_mean(rounds)
-        theta = _theta_bound(D, directed)
+        theta = _theta_bound(D, directed, E)  # (E is max(D, D^T) when undirected)
         self.theta_ = theta
         self.lower_bound_ = self._lower_bound(E, theta, schedule)
         # the random baseline draws from the torch stream, so it is the same for every method

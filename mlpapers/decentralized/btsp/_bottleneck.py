@@ -304,11 +304,14 @@ def biconnected_threshold(delays: Any, *, directed: bool = False) -> float:
     return _theta_bound(check_delays(delays), bool(directed))
 
 
-def _theta_bound(D: np.ndarray, directed: bool) -> float:
+def _theta_bound(D: np.ndarray, directed: bool, S: np.ndarray | None = None) -> float:
     """:math:`\\theta^*` of validated delays, symmetrised as a lower bound on every cycle:
     ``max(D, D^T)`` (links used both ways), ``min(D, D^T)`` for directed cycles (one
-    direction of each link)."""
-    return _theta_star(np.minimum(D, D.T) if directed else np.maximum(D, D.T))
+    direction of each link). ``S``: ``max(D, D^T)`` where the caller holds it already
+    (used only when undirected; saves an ``n x n`` pass)."""
+    if directed:
+        return _theta_star(np.minimum(D, D.T))
+    return _theta_star(np.maximum(D, D.T) if S is None else S)
 
 
 def _theta_star(S: np.ndarray) -> float:
@@ -417,7 +420,7 @@ def bottleneck_tsp(
         D = _closure(D)
     S = np.maximum(D, D.T)
     E = D if directed else S
-    theta = _theta_bound(D, bool(directed))
+    theta = _theta_bound(D, bool(directed), S)
     if method == "exact":
         tour, b = _exact_minimax(E)
         return tour, b, theta

@@ -148,9 +148,11 @@ def _two_approx_tour(S: np.ndarray, theta: float, rng, restarts: int) -> np.ndar
 
     Binary search, over the distinct delays in ``[theta, tau_H]`` (``tau_H`` the largest
     delay on a link of ``G(theta)^2``), for the smallest threshold at which the Posa
-    search (:func:`_find_cycle`) finds a Hamiltonian cycle. When it finds none at
-    ``tau_H`` (Fleischner's theorem promises one only for metric delays), ``n <= 16``
-    falls back to the exact solver and larger ``n`` doubles the search interval.
+    search (:func:`_find_cycle`) finds a Hamiltonian cycle. ``G(tau_H)`` contains
+    ``G(theta)^2``, the square of a biconnected graph, which is Hamiltonian for any
+    delays (Fleischner's theorem; metric delays only add ``tau_H <= 2 theta``). The
+    Posa search is a heuristic that can still miss that cycle: then ``n <= 16`` falls
+    back to the exact solver and larger ``n`` doubles the search interval.
     """
     n = S.shape[0]
     if n <= 3:

@@ -149,8 +149,9 @@ def _show(names) -> str:
 def mse_targets(ys: list[np.ndarray], device: torch.device, prefix: str = ""
                 ) -> list[torch.Tensor]:
     """The MSE loss's targets: one float32 tensor ``(n_i, n_outputs)`` per client (a 1-D
-    ``y`` is one output), as fit, assign/score and a Flower node encode them; targets
-    that are not numbers raise a ``ValueError`` (``prefix`` names the caller)."""
+    ``y`` is one output), as fit, ``assign`` and a Flower node encode them (``score``
+    compares predictions with the raw ``y`` by ``r2_score``); targets that are not
+    numbers raise a ``ValueError`` (``prefix`` names the caller)."""
     try:
         return [torch.as_tensor(y.reshape(len(y), -1).astype(np.float32), device=device)
                 for y in ys]

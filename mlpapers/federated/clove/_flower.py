@@ -33,9 +33,11 @@ from sklearn.utils import check_random_state
 
 from mlpapers._utils import check_in_options, check_positive, on_cpu_default_device
 from mlpapers._utils._ambient import autograd_enabled, seeded_global_rng
+from mlpapers._utils._modules import refusing_layers
 from mlpapers._utils._validation import probe_module
 from mlpapers.federated.clove._data import mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
+from mlpapers.federated.clove._federation import _unfittable_layer
 from mlpapers.federated.clove._kernels import clove_assign
 from mlpapers.federated.clove._models import build_user_module
 
@@ -411,15 +413,23 @@ class CLoVEStrategy(Strategy):
         return self
 
 
-def _output_width(template: torch.nn.Module, X: torch.Tensor) -> int | None:
-    """Outputs per sample of the node's model (its logits or targets), from one sample;
-    ``None`` when its output is not ``(batch, width)`` (training then fails with torch's
-    own error)."""
+def _output_width(template: torch.nn.Module, X: torch.Tensor) -> tuple[int | None, str]:
+    """Outputs per sample of the node's model (its logits or targets), from one sample,
+    and what the output was (for messages); the width is ``None`` when the output is
+    not a ``(batch, width)`` tensor (the MSE node then refuses it, the cross-entropy's
+    training fails with torch's own error).
+
+    A BatchNorm without running statistics is refused as CLoVE's fit refuses it (a
+    ``ValueError`` naming the layer): it normalises by the batch also in eval mode, so
+    a node's loss vector would depend on how its rows are batched, and on one sample
+    torch fails with "Expected more than 1 value per channel when training"."""
     # in the library's locked fork of the global RNG: the node's RNG is left as it was,
     # and a seeded fit in another thread is not rewound when the fork restores it
-    with seeded_global_rng(0):
+    with seeded_global_rng(0), refusing_layers(template, _unfittable_layer, "model_fn()'s"):
         out = probe_module(template, X[:1].clone(), "model_fn()")
-    return out.shape[-1] if isinstance(out, torch.Tensor) and out.ndim == 2 else None
+    if not isinstance(out, torch.Tensor):
+        return None, f"a {type(out).__name__}"
+    return (out.shape[-1] if out.ndim == 2 else None), f"shape {tuple(out.shape)}"
 
 
 def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
@@ -439,21 +449,26 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
     except ValueError as exc:  # (its messages name "clients[0]": the node's data here)
         raise ValueError(f"make_client_app: the node's data from data_fn: {exc}") from exc
     if loss == "reconstruction":
+        # (no width to check: probed only to refuse a BatchNorm without running
+        # statistics, whose loss vectors would depend on the batching, as fit does)
+        _output_width(template, fed.Xs[0])
         return ClientData.from_lists(fed.Xs, None, torch.device("cpu"))
     y_np = fed.ys[0]
     if loss == "mse":
         Y = mse_targets([y_np], torch.device("cpu"), prefix="make_client_app: ")[0]
         # the squared error broadcast targets of another width against the model's
         # outputs silently (a node cannot know the width: the model's output tells it)
-        n_out = _output_width(template, fed.Xs[0])
+        n_out, got = _output_width(template, fed.Xs[0])
+        if n_out is None:
+            raise ValueError("make_client_app: loss='mse' needs a model_fn() output of "
+                             "shape (batch, n_outputs), as CLoVE's fit does, got "
+                             f"{got} for a batch of one sample (the squared error "
+                             "would broadcast it against y silently, or fail in torch).")
         if n_out != Y.shape[1]:
             raise ValueError(f"make_client_app: loss='mse' needs a model_fn() output of "
                              f"shape (batch, n_outputs) and y with n_outputs values per "
                              f"sample, got {Y.shape[1]} per sample and an output of "
-                             f"{n_out} per sample." if n_out is not None else
-                             "make_client_app: loss='mse' needs a model_fn() output of "
-                             "shape (batch, n_outputs), as CLoVE's fit does (a 1-D output "
-                             "broadcast against y's column silently).")
+                             f"{n_out} per sample.")
         return ClientData.from_lists(fed.Xs, [Y], torch.device("cpu"))
     # cross-entropy: class indices 0 .. C-1 (no label encoding: every node must agree
     # on it, and a node sees only its own labels)
@@ -467,7 +482,7 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
                          "encode the labels the same way on every node (e.g. a fixed "
                          "class list and np.searchsorted).")
     labels = y_np.astype(np.int64)
-    n_classes = _output_width(template, fed.Xs[0])
+    n_classes = _output_width(template, fed.Xs[0])[0]
     if labels.min() < 0 or (n_classes is not None and labels.max() >= n_classes):
         raise ValueError(f"make_client_app: loss='cross_entropy' needs class indices in "
                          f"[0, {n_classes if n_classes is not None else 'C'}) (the model's "
@@ -528,9 +543,11 @@ def make_client_app(
         replies with the error, which :meth:`CLoVEStrategy.start` raises as a
         ``RuntimeError`` naming the node): if ``data_fn`` returns no ``y`` for a
         supervised loss, non-finite or mismatched data, labels that are not
-        class indices in ``[0, C)`` for the cross-entropy, or, for the MSE, a model
+        class indices in ``[0, C)`` for the cross-entropy, for the MSE a model
         output that is not ``(batch, n_outputs)`` with ``n_outputs`` the values per
-        sample of ``y``.
+        sample of ``y``, or (any loss) a model with a BatchNorm built with
+        ``track_running_stats=False`` that runs, as :class:`~mlpapers.federated.CLoVE`
+        refuses it.
 
     Examples
     --------

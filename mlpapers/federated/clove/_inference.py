@@ -4,7 +4,8 @@ A mixin of ``_federation._FederatedBase``: choosing the model of a training
 client or cluster, prediction, the model of a new client by its loss vector
 (``assign``) and the per-client ``score``. It reads the fitted
 state set by ``fit`` (``models_``, ``labels_``, ``_template``, ``_states``,
-``loss_``, ``input_shape_``, ``classes_``) and holds none of its own.
+``loss_``, ``input_shape_``, ``n_outputs_``, ``n_clients_``, ``classes_``, ``_y_1d``) and holds
+none of its own.
 """
 
 from __future__ import annotations
