@@ -164,7 +164,7 @@ def _speed_study(det: RADDetector, feats, keys, repeats: int) -> dict:
         for matching in KERNELS:
             det.set_params(matching=matching)
             t0 = time.perf_counter()
-            scores[matching] = det._score_features(feats, keys)[1].numpy()
+            scores[matching] = det._score_all(det._patches(feats), keys)[1].numpy()
             record(f"score_{matching}", time.perf_counter() - t0)
     det.set_params(matching="auto")
     for matching in KERNELS:
