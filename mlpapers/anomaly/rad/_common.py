@@ -119,8 +119,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
     ``_score_features(feats, keys, exclude, return_maps=True)`` returning ``(maps (B,
     H', W') or None without return_maps, scores (B,))`` at the network input resolution,
     or override :meth:`_score_extracted` (as :class:`RADDetector` does). Every call of
-    ``_extract`` and of the scoring has at least one image: :func:`check_images`
-    refuses an empty set.
+    ``_extract`` and of the scoring has at least one image: the input validation
+    (``_validate_images``, shared with :func:`check_images`) refuses an empty set.
     """
 
     # -- parameter checks ---------------------------------------------------
