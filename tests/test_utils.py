@@ -431,3 +431,17 @@ def test_check_learning_rate_bounds_the_step_by_the_float32_maximum():
     torch.optim.SGD([w], lr=top).step()
     with pytest.raises(RuntimeError, match="overflow"):
         torch.optim.SGD([w], lr=1e39).step()
+
+
+def test_encode_labels_maps_to_class_positions_and_names_unseen_labels():
+    from mlpapers._utils import encode_labels
+
+    classes = np.array([2, 5, 9])
+    codes = encode_labels([9, 2, 5, 5], classes)
+    assert codes.dtype == torch.long and codes.tolist() == [2, 0, 1, 1]
+    # searchsorted alone maps 6 to class 9 and 10 past the end: both are refused by name
+    with pytest.raises(ValueError, match=r"eval y contains labels not seen in y: \[ 6 10\]"):
+        encode_labels([2, 6, 10], classes, name="eval y", seen_in="y")
+    with pytest.raises(ValueError, match="labels not seen in fit"):
+        encode_labels(np.array(["a"]), classes)  # another kind of label altogether
+    assert encode_labels(np.array(["b", "a"]), np.array(["a", "b"])).tolist() == [1, 0]

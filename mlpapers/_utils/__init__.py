@@ -12,6 +12,7 @@ from mlpapers._utils._ambient import (
     wrap_public_methods,
 )
 from mlpapers._utils._init import default_init_, seeded_linear
+from mlpapers._utils._labels import encode_labels
 from mlpapers._utils._progress import ProgressLogger
 from mlpapers._utils._random import check_generator, check_random_state, make_generators
 from mlpapers._utils._units import power_of_two_unit, row_power_of_two
@@ -35,6 +36,7 @@ __all__ = [
     "autograd_enabled",
     "default_dtype",
     "default_init_",
+    "encode_labels",
     "on_cpu_default_device",
     "on_inputs_device",
     "seed_from_generator",

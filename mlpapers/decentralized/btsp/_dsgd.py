@@ -22,7 +22,13 @@ from torch import nn
 from torch.func import functional_call
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ProgressLogger, check_in_options, check_learning_rate, check_positive
+from mlpapers._utils import (
+    ProgressLogger,
+    check_in_options,
+    check_learning_rate,
+    check_positive,
+    encode_labels,
+)
 from mlpapers._utils._ambient import with_autograd
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
 from mlpapers.decentralized.btsp._node_models import (
@@ -391,12 +397,8 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                 raise ValueError("eval_set must be a pair (X_eval, y_eval).")
             Xe, ye_np = self._validate_data(eval_set[0], eval_set[1], reset=False,
                                             dtype=torch.float32)
-            unseen = ~np.isin(ye_np, self.classes_)
-            if unseen.any():
-                raise ValueError("eval_set's y contains labels not seen in y: "
-                                 f"{np.unique(ye_np[unseen])[:5]}.")
-            ye = torch.as_tensor(np.searchsorted(self.classes_, ye_np),
-                                 dtype=torch.long, device=dev)
+            ye = encode_labels(ye_np, self.classes_, name="eval_set's y", seen_in="y",
+                               device=dev)
         else:
             Xe, ye = X, yt
 

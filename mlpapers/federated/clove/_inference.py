@@ -18,7 +18,7 @@ from sklearn.metrics import r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_feature_names
 
-from mlpapers._utils import check_tensor, on_cpu_default_device
+from mlpapers._utils import check_tensor, encode_labels, on_cpu_default_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._data import _split_client, mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
@@ -201,12 +201,7 @@ class _FederatedInferenceMixin:
     def _encode_new(self, fed) -> ClientData:
         """A new client's data encoded as fit encoded the training clients' targets."""
         if self.loss_ == "cross_entropy":
-            y = fed.ys[0]
-            unknown = ~np.isin(y, self.classes_)
-            if unknown.any():
-                raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unknown])}.")
-            Ys = [torch.as_tensor(np.searchsorted(self.classes_, y), dtype=torch.long,
-                                  device=self._resolved_device)]
+            Ys = [encode_labels(fed.ys[0], self.classes_, device=self._resolved_device)]
             return ClientData.from_lists(fed.Xs, Ys, self._resolved_device)
         if self.loss_ == "mse":
             Ys = mse_targets(fed.ys, self._resolved_device)

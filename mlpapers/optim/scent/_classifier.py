@@ -8,12 +8,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import check_in_options, check_positive, with_autograd
-from mlpapers.optim.scent._common import (
-    TensorTargetsScore,
-    check_common_params,
-    encode_labels,
-)
+from mlpapers._utils import check_in_options, check_positive, encode_labels, with_autograd
+from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
 from mlpapers.optim.scent._sparse_input import SparseRows, is_sparse_input, validate_sparse
 from mlpapers.optim.scent._xc import LOSSES, NEGATIVES
 from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
@@ -229,7 +225,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             )
 
     def _encode(self, y: np.ndarray) -> torch.Tensor:
-        return encode_labels(self.classes_, y)
+        return encode_labels(y, self.classes_)
 
     # -- fitting ----------------------------------------------------------------------
     # training needs autograd even inside the caller's no_grad / inference_mode block

@@ -105,17 +105,6 @@ def load_nu(loss_fn, nu) -> None:
     loss_fn.initialized[:n] = visited.to(loss_fn.initialized.device)
 
 
-def encode_labels(classes: np.ndarray, y, device=None) -> torch.Tensor:
-    """Positions of the labels ``y`` in the sorted ``classes`` (a long tensor on
-    ``device``); a label not among ``classes`` raises ``ValueError``."""
-    y = np.asarray(y)
-    pos = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
-    unseen = classes[pos] != y
-    if np.any(unseen):
-        raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unseen])[:5]}.")
-    return torch.as_tensor(pos, dtype=torch.long, device=device)
-
-
 def tensors_to_numpy(*values):
     """``values`` with every torch tensor as a numpy array (detached, on the CPU)."""
     return tuple(to_numpy(v) if isinstance(v, torch.Tensor) else v for v in values)

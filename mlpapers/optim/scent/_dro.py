@@ -21,6 +21,7 @@ from mlpapers._utils import (
     ProgressLogger,
     check_in_options,
     check_positive,
+    encode_labels,
     user_stacklevel,
     with_autograd,
 )
@@ -29,7 +30,6 @@ from mlpapers.optim.scent._common import (
     SAMPLES_X,
     TensorTargetsScore,
     check_common_params,
-    encode_labels,
     lr_factor,
     make_loss,
     set_lrs,
@@ -466,7 +466,7 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         return torch.as_tensor(yi.reshape(-1), dtype=torch.long, device=self._device)
 
     def _encode_eval(self, y, device):
-        return encode_labels(self.classes_, y, device)
+        return encode_labels(y, self.classes_, device=device)
 
     def _zeros(self, d):
         C = len(self.classes_)

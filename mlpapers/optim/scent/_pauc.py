@@ -12,7 +12,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ProgressLogger, check_positive, with_autograd
+from mlpapers._utils import ProgressLogger, check_positive, encode_labels, with_autograd
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers._utils._docs import fill_doc
 from mlpapers.optim.scent._common import (
@@ -381,10 +381,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             y = y.ravel()
         if y.shape != scores.shape:
             raise ValueError(f"y must have shape ({len(scores)},) to match X, got {y.shape}.")
-        unseen = ~np.isin(y, self.classes_)
-        if unseen.any():
-            raise ValueError(f"y contains labels not seen in fit: {np.unique(y[unseen])[:5]}.")
-        return float(roc_auc_score(y == self.classes_[1], scores,
+        positive = encode_labels(y, self.classes_).numpy() == 1
+        return float(roc_auc_score(positive, scores,
                                    max_fpr=self.max_fpr, sample_weight=sample_weight))
 
     @fill_doc(X=SAMPLES_X)
@@ -407,9 +405,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         """
         X, y = self._validate_data(X, y, reset=False, dtype=torch.float64)
         y = np.asarray(y)
-        if not np.isin(y, self.classes_).all():
-            raise ValueError("y contains labels not seen in fit.")
-        pos = torch.as_tensor(y == self.classes_[1], device=X.device)
+        pos = encode_labels(y, self.classes_, device=X.device) == 1
         if bool(pos.all()) or not bool(pos.any()):  # (it failed with "math domain error")
             raise ValueError("objective needs samples of both classes: it averages over the "
                              f"positive-negative pairs, and y holds only the label {y[0]}.")
