@@ -13,7 +13,11 @@ from mlpapers.retrieval.amips import (
     SupportFunction,
     SupportNet,
     match_rate,
+    mean_reciprocal_rank,
     mips_topk,
+    rank_by_key,
+    recall_at_k,
+    support_function,
 )
 
 
@@ -154,6 +158,33 @@ def test_a_search_without_features_is_refused():
         mips_topk(torch.zeros(2, 0), torch.zeros(4, 0), 2)
 
 
+def test_tie_aware_metrics_refuse_queries_and_database_without_features():
+    """As the searches (above): they failed with torch's IndexError "amax(): Expected
+    reduction dim 1 to have non-zero size" in the rescaling of the tie-aware mode."""
+    Q, K = np.zeros((2, 0)), np.zeros((3, 0))
+    for metric in (lambda: match_rate(None, [0, 1], queries=Q, database=K),
+                   lambda: recall_at_k(None, [[0, 1], [1, 0]], 2, queries=Q, database=K),
+                   lambda: mean_reciprocal_rank(None, [[0, 1], [1, 0]], queries=Q,
+                                                database=K)):
+        with pytest.raises(ValueError, match="queries and database have no feature"):
+            metric()
+    with pytest.raises(ValueError, match="same number of features, got 3 and 2"):
+        match_rate(None, [0], queries=[[1.0, 0.0, 0.0]], database=np.eye(2))
+
+
+def test_searches_of_zero_queries_return_empty_results():
+    """Zero queries (with features) still give empty results, as before the zero-feature
+    refusal: only a search without features is refused."""
+    keys = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    Q = torch.zeros(0, 3)
+    scores, idx = mips_topk(Q, keys, 2)
+    assert scores.shape == idx.shape == (0, 2)
+    for metric in ("ip", "l2"):
+        assert rank_by_key(Q, keys, 2, metric=metric).shape == (0, 2)
+    best, arg = support_function(Q, keys)
+    assert best.shape == arg.shape == (0,)
+
+
 def test_tie_aware_metrics_refuse_incomplete_or_malformed_input():
     K = np.eye(3)
     with pytest.raises(ValueError, match="y_true is required"):
@@ -162,7 +193,7 @@ def test_tie_aware_metrics_refuse_incomplete_or_malformed_input():
         match_rate(None, [0], queries=[[1.0, 0.0, 0.0]])
     with pytest.raises(ValueError, match="1D or 2D, got 3D"):
         match_rate([0], [[[0]]])
-    with pytest.raises(ValueError, match=r"outside \[0, 0\)"):  # an empty database
+    with pytest.raises(ValueError, match="database is empty"):
         match_rate(None, [0], queries=[[1.0, 0.0, 0.0]], database=K[:0])
     with pytest.raises(ValueError, match="y_true has 2 rows but y_pred has 1"):
         match_rate([0, 1], [0])

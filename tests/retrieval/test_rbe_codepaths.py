@@ -59,6 +59,57 @@ def test_score_checks_the_relevance_shape_before_the_online_heavy_calls(data, cl
     assert est.score(Q[60:], R, n_neighbors=5) == hit_rate(R, idx, 5)
 
 
+@pytest.mark.parametrize("bad,err,match", [
+    ([[0.5] * 40] * 19 + [[0.5] * 39], ValueError, "ragged nested sequence"),
+    (np.zeros(40), ValueError, r"must be 2-D \(n_queries, n_items\), got shape \(40,\)"),
+    (np.zeros((20, 40, 1)), ValueError, "must be 2-D"),
+    (np.full((20, 40), "a"), TypeError, "must hold real numbers"),
+    (torch.zeros(20, 40, dtype=torch.complex64), TypeError, "must hold real numbers"),
+    (torch.zeros(20, 40).to_sparse(), TypeError, "sparse"),
+    ("relevance", TypeError, "2-D array-like"),
+])
+def test_score_refuses_a_relevance_without_a_2d_real_shape_before_heavy_calls(
+        data, bad, err, match):
+    """What has no 2-D shape, or is sparse or not real, is named before kneighbors'
+    online heavy calls, from its shape and dtype only."""
+    Q, I = data
+    f = CountingRelevance(_tanh)
+    est = RelevanceBasedRetriever(f, n_support=8).fit(Q[:60], I)
+    f.pairs = 0
+    with pytest.raises(err, match=match):
+        est.score(Q[60:], bad, n_neighbors=5)
+    assert f.pairs == 0
+
+
+def test_score_validates_the_relevance_values_once(data, monkeypatch):
+    """``score`` ran check_matrix (a NaN/inf pass and a float64 copy, held while
+    kneighbors ran) and hit_rate ran it again on the same matrix. Now only hit_rate
+    does; a NaN relevance is still refused by it, and a list of rows scores as the
+    array."""
+    import mlpapers.retrieval.rbe._common as common
+    import mlpapers.retrieval.rbe._kernels as kernels
+
+    Q, I = data
+    est = RelevanceBasedRetriever(_tanh, n_support=8).fit(Q[:60], I)
+    R = _tanh(Q[60:], I)
+    seen = []
+
+    def counting(check):
+        def wrapper(M, name, *args, **kwargs):
+            seen.append(name)
+            return check(M, name, *args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(kernels, "check_matrix", counting(kernels.check_matrix))
+    monkeypatch.setattr(common, "check_matrix", counting(common.check_matrix))
+    value = est.score(Q[60:], R, n_neighbors=5)
+    assert seen == ["true_scores"]
+    assert est.score(Q[60:], R.tolist(), n_neighbors=5) == value
+    R[3, 7] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        est.score(Q[60:], R, n_neighbors=5)
+
+
 def test_adacur_ridge_range_error_comes_before_the_first_round_heavy_calls(data):
     Q, I = data
     f = CountingRelevance(lambda q, i: 1e200 * _tanh(q, i))
@@ -71,20 +122,36 @@ def test_adacur_ridge_range_error_comes_before_the_first_round_heavy_calls(data)
 
 
 # -- scale -----------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["kmeans", "farthest"])
-@pytest.mark.parametrize("scale", [2.0**540, 2.0**-540])
-def test_kmeans_and_farthest_picks_do_not_depend_on_the_scale(method, scale):
-    """As greedy's: relevance of 1e162 overflowed the squared distances (k-means found
-    one cluster, every farthest-point distance was inf), 1e-163 underflowed them. A
-    power-of-two scale is exact, so the picks are identical and the farthest-point
-    distances scale by it exactly."""
+@pytest.mark.parametrize("method", ["kmeans", "farthest", "greedy", "popular"])
+@pytest.mark.parametrize("scale", [2.0**560, 2.0**-560, 2.0**600, 2.0**1000, 2.0**1022,
+                                   2.0**-1000, 2.0**-1020])
+def test_selection_picks_do_not_depend_on_the_scale(method, scale):
+    """Relevance of 1e162 overflowed the squared distances of k-means and
+    farthest-point (one cluster; every distance inf), 1e-163 underflowed them; relevance
+    near the float64 maximum (2**1022) overflowed the centring (an OverflowError of
+    kmeans, farthest and greedy; every "popular" mean inf). A power-of-two scale is
+    exact, so the picks are identical and the scores scale by it (squared for greedy's
+    MSE decreases, inf beyond the float64 range)."""
     R = np.random.default_rng(1).standard_normal((20, 30))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow warning from scikit-learn either
         i0, s0 = select_support(R, 8, method, random_state=0, return_scores=True)
         i1, s1 = select_support(R * scale, 8, method, random_state=0, return_scores=True)
     np.testing.assert_array_equal(i1, i0)
-    np.testing.assert_array_equal(s1, s0 * (scale if method == "farthest" else 1.0))
+    power = {"kmeans": 0, "farthest": 1, "popular": 1, "greedy": 2}[method]
+    with np.errstate(over="ignore", under="ignore"):
+        expected = s0 * scale**power if power < 2 else s0 * scale * scale
+    np.testing.assert_allclose(s1, expected, rtol=1e-13, atol=np.finfo(np.float64).tiny)
+
+
+@pytest.mark.parametrize("method", ["kmeans", "farthest", "greedy", "popular"])
+def test_selection_of_relevance_near_the_float64_maximum(method):
+    """The reviewer's case: R * 3.78e307 failed with "OverflowError: cannot convert float
+    infinity to integer" (the centred item vectors overflowed before their unit was
+    taken). It now picks exactly as the same relevance divided by 2**1021."""
+    R = np.random.default_rng(0).standard_normal((20, 30)) * 3.78e307
+    np.testing.assert_array_equal(select_support(R, 8, method, random_state=0),
+                                  select_support(R / 2.0**1021, 8, method, random_state=0))
 
 
 # -- paths no other test reached -------------------------------------------------

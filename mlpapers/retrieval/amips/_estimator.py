@@ -38,8 +38,9 @@ X : array-like or torch.Tensor of shape (n_queries, n_features)
     may be zero."""
 
 def _ndim(value) -> int:
-    """Number of dimensions of an array-like; 2 for a nested sequence numpy cannot make
-    an array of (a ragged list of rows: queries, not labels)."""
+    """Number of dimensions of an array-like; 2 for anything ``np.asarray`` rejects (a
+    ragged nested list, e.g. ``[[1], 2, 3]``), which :meth:`AmortizedMIPS.fit` thus
+    refuses as ``y`` with its ``TypeError`` (rows of queries, not labels)."""
     if isinstance(value, torch.Tensor):
         return value.ndim
     try:
@@ -323,7 +324,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         Raises
         ------
         TypeError
-            If ``y`` is 2-D or callable (training queries passed in its place).
+            If ``y`` is 2-D, callable, or a nested sequence numpy cannot make an array
+            of (e.g. ``[[1], 2, 3]``): training queries passed in its place.
         """
         # fit(keys, Q) put the training queries in the ignored ``y``: the model then
         # trained on sphere queries without a word. A 1-D ``y`` (a Pipeline's labels)

@@ -644,8 +644,14 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192,
     # in float64, queries and database rescaled by powers of two: inner products of
     # data near 1e-160 underflowed (all tied: any prediction a hit) and norms near 1e160
     # overflowed (an infinite tolerance: any prediction a hit)
-    q = _pow2_unit(_as_tensor(queries, torch.float64), rows=True)
-    K = _pow2_unit(_as_tensor(database, torch.float64).to(q.device), rows=False)
+    q = _as_tensor(queries, torch.float64)
+    K = _as_tensor(database, torch.float64).to(q.device)
+    # the searches' checks (2-D, same width, at least one feature and one key) before
+    # the rescaling: queries and a database of no feature failed there with a torch
+    # IndexError ("amax(): Expected reduction dim 1 to have non-zero size")
+    _check_search(q, K, 1, batch_size, names=("queries", "database"))
+    q = _pow2_unit(q, rows=True)
+    K = _pow2_unit(K, rows=False)
     if q.shape[0] != pred.shape[0]:
         raise ValueError(f"queries has {q.shape[0]} rows but y_pred has {pred.shape[0]}.")
     if bool(((pred < 0) | (pred >= K.shape[0])).any()):

@@ -93,6 +93,39 @@ def fresh(seq: Any) -> Any:
     return seq
 
 
+def _matrix_shape(a: Any, name: str) -> tuple[int, ...]:
+    """The shape of an array-like without converting it where it has one (arrays,
+    tensors, pandas objects), refusing by name what has no 2-D shape (a ragged nested
+    list, a 1-D array: ``ValueError``) and what is sparse or not real by its type or
+    dtype (``TypeError``); the values (NaN, inf) are left to :func:`check_matrix`."""
+    if a is None or isinstance(a, (str, bytes)):
+        raise TypeError(f"{name} must be a 2-D array-like (n_queries, n_items), got "
+                        f"{type(a).__name__}.")
+    # what check_matrix refuses by type, found without reading the values
+    if hasattr(a, "tocsr") or (isinstance(a, torch.Tensor) and a.layout != torch.strided):
+        raise TypeError(f"{name} is sparse ({type(a).__name__}); pass a dense array.")
+    dtype = getattr(a, "dtype", None)
+    if isinstance(dtype, np.dtype) and dtype.kind not in "biuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {dtype}.")
+    if isinstance(a, torch.Tensor) and a.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}.")
+    shape = getattr(a, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(a)  # (nested lists: converted once, then dropped)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be a 2-D array-like (n_queries, n_items); a "
+                             "ragged nested sequence has no shape.") from exc
+    try:
+        shape = tuple(int(n) for n in shape)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a 2-D array-like (n_queries, n_items), got "
+                        f"{type(a).__name__}.") from exc
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be 2-D (n_queries, n_items), got shape {shape}.")
+    return shape
+
+
 class HeavyRankerMixin:
     """Checked calls of ``relevance_fn`` and save/load without the callable and items.
 
@@ -217,7 +250,11 @@ class HeavyRankerMixin:
             queries), which is what scikit-learn's model selection does when it calls
             ``score(X_test)``, e.g.
             ``GridSearchCV(est, {"n_support": [...]}).fit(train_queries, items=items)``.
-            A relevance of another shape raises a ``ValueError`` before any heavy call.
+            A relevance of another shape (or without a 2-D shape) raises a
+            ``ValueError``, a sparse or non-real one a ``TypeError``, before any heavy
+            call; NaN or infinite values raise a ``ValueError`` once the items are
+            retrieved (the values are read once, by
+            :func:`~mlpapers.retrieval.rbe.hit_rate`).
         n_neighbors : int, default=10
             The cut-off ``k`` of HitRate@k: items retrieved per query, compared with
             the true top ``k``. A positive integer ``<= n_items`` (and, for
@@ -234,11 +271,13 @@ class HeavyRankerMixin:
             # checked before kneighbors spends its online heavy calls: a relevance of
             # another catalogue (more columns) was scored without an error, and a wrong
             # number of rows raised about ``pred_indices`` afterwards
-            relevance = check_matrix(relevance, "relevance")
+            # Only its shape here (no pass over the values, no float64 copy held while
+            # kneighbors runs): hit_rate validates the matrix fully, once
             shape = (length(queries, "queries"), self.n_items_)
-            if tuple(relevance.shape) != shape:
+            got = _matrix_shape(relevance, "relevance")
+            if got != shape:
                 raise ValueError(f"relevance must have shape (n_queries, n_items) = {shape}, "
-                                 f"got {tuple(relevance.shape)}.")
+                                 f"got {got}.")
         idx = self.kneighbors(queries, n_neighbors, return_distance=False)
         if relevance is not None:
             return hit_rate(relevance, idx, n_neighbors)

@@ -404,29 +404,42 @@ def select_support(
     if method == "random":
         idx = rng.choice(N, size=k, replace=False).astype(np.int64)
         scores = np.full(k, np.nan)
-    elif method == "popular":
+        return (idx, scores) if return_scores else idx
+    # The relevance in units of a power of two first (exact: the same picks at any
+    # scale; scores scaled back): the column means and the centring of relevance near
+    # the float64 maximum overflowed (R * 3.78e307 made k-means and farthest-point fail
+    # with an OverflowError, greedy likewise, and every mean of "popular" was inf).
+    # Ordinary relevance (max |R| in [2**-60, 2**60]) is left as is
+    unit = power_of_two_unit(abs_max(Rt), 60)
+    if unit != 1.0:
+        Rt = Rt / unit
+    if method == "popular":
         mean = Rt.mean(dim=0)
         order = torch.argsort(mean, descending=True, stable=True)[:k]
-        idx, scores = to_numpy(order), to_numpy(mean[order])
+        idx, scores = to_numpy(order), to_numpy(mean[order]) * unit
     elif method in ("kmeans", "farthest"):
-        # in units of a power of two (exact: the same picks at any scale, as greedy's):
-        # the squared distances of relevance beyond ~1e154 overflowed (k-means found one
-        # cluster, every farthest-point distance was inf) and below ~1e-154 underflowed
+        # and the item vectors in units of a power of two too: centring can leave them
+        # far below the relevance (items that vary by ~1e-200 next to a constant item
+        # of ~1), whose squared distances underflowed (k-means found one cluster, every
+        # farthest-point distance was 0)
         X = _item_features(Rt, center)
-        unit = power_of_two_unit(abs_max(X), 60)
-        X = X if unit == 1.0 else X / unit
+        x_unit = power_of_two_unit(abs_max(X), 60)
+        X = X if x_unit == 1.0 else X / x_unit
         if method == "kmeans":
             seed = int(rng.integers(2**31 - 1))
             idx, scores = _kmeans(X, k, seed, n_init)  # cluster sizes: no unit
         else:
             i, s = _farthest(X, k)
-            idx, scores = to_numpy(i), to_numpy(s) * unit
+            with np.errstate(over="ignore"):  # (distances beyond float64: inf)
+                idx, scores = to_numpy(i), to_numpy(s) * x_unit * unit
     else:
         gm = greedy_method
         if gm == "auto":
             gm = "lowrank"
         i, s = greedy_selection(_item_features(Rt, center), k, tol=tol, method=gm)
-        idx, scores = to_numpy(i), to_numpy(s) / (n_q * N)
+        # (MSE decreases: squares of the relevance, inf beyond the float64 range)
+        with np.errstate(over="ignore"):
+            idx, scores = to_numpy(i), to_numpy(s) / (n_q * N) * unit * unit
     idx = np.asarray(idx, dtype=np.int64)
     scores = np.asarray(scores, dtype=np.float64)
     return (idx, scores) if return_scores else idx
