@@ -44,3 +44,13 @@ def test_learning_rates_beyond_the_optimisers_float32_step_are_refused(name, bou
     for lr in (1e39, bound * (1 + 1e-12)):
         with pytest.raises(ValueError, match=re.escape(f"lr must be at most {bound:.4g}")):
             _fit(name, lr)
+
+
+def test_amips_bounds_the_peak_of_a_rising_schedule():
+    """``end_lr_ratio > 1`` makes the schedule rise to ``lr * end_lr_ratio``: with
+    ``n_steps=1`` the only step used it, past the check of ``lr`` alone."""
+    X = np.random.default_rng(0).normal(size=(20, 3)).astype(np.float32)
+    est = AmortizedMIPS(lr=1e37, n_steps=1, warmup=0.0, end_lr_ratio=4.0, random_state=0)
+    with pytest.raises(ValueError, match=re.escape("lr * end_lr_ratio must be at most")):
+        est.fit(X)
+    est.set_params(end_lr_ratio=1.0).fit(X)  # the bound itself is usable

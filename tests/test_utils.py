@@ -445,3 +445,12 @@ def test_encode_labels_maps_to_class_positions_and_names_unseen_labels():
     with pytest.raises(ValueError, match="labels not seen in fit"):
         encode_labels(np.array(["a"]), classes)  # another kind of label altogether
     assert encode_labels(np.array(["b", "a"]), np.array(["a", "b"])).tolist() == [1, 0]
+
+
+def test_encode_labels_of_unorderable_labels_falls_back_to_lookups():
+    from mlpapers._utils import encode_labels
+
+    classes = np.array([None, 1, "a"], dtype=object)  # not orderable: no binary search
+    assert encode_labels(np.array(["a", None, 1], dtype=object), classes).tolist() == [2, 0, 1]
+    with pytest.raises(ValueError, match=r"not seen in fit: \[2\]"):
+        encode_labels(np.array([2, "a"], dtype=object), classes)

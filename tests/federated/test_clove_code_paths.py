@@ -341,3 +341,21 @@ def test_vectorize_true_names_the_way_out_for_a_model_that_fails_only_in_trainin
     est = CLoVE(model=_ItemInTraining, n_clusters=1, vectorize=False, n_rounds=1,
                 random_state=0).fit(two)
     assert np.isfinite(est.loss_vectors_).all()
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(lr=1e38), ValueError, "lr must be at most 3.403e"),  # Adam: lr / 0.1 overflows
+    (dict(lr=1e39, optimizer="sgd"), ValueError, "lr must be at most 3.403e"),
+    (dict(optimizer="rmsprop"), ValueError, "optimizer must be one of"),
+    (dict(local_epochs=0), ValueError, "local_epochs must be > 0"),
+    (dict(batch_size=0), ValueError, "batch_size must be > 0"),
+])
+def test_flower_node_checks_its_local_training_as_fit_does(kw, error, match):
+    """Regression: the node trained with Adam for optimizer='rmsprop', returned the
+    weights unchanged for local_epochs=0, and failed inside its train handler with
+    ZeroDivisionError (batch_size=0) or torch's float overflow (huge lr)."""
+    pytest.importorskip("flwr")
+    from mlpapers.federated.clove._flower import make_client_app
+
+    with pytest.raises(error, match=match):
+        make_client_app(lambda: torch.nn.Linear(3, 1), lambda context: None, loss="mse", **kw)

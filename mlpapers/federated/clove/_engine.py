@@ -20,7 +20,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlpapers._utils import seed_from_generator, seeded_global_rng
+from mlpapers._utils import (
+    check_in_options,
+    check_learning_rate,
+    check_positive,
+    seed_from_generator,
+    seeded_global_rng,
+)
 from mlpapers.federated.clove._kernels import (
     batched_adam_step,
     batched_loss_matrix,
@@ -36,6 +42,16 @@ from mlpapers.federated.clove._models import (
 )
 
 Params = dict[str, torch.Tensor]
+
+
+def check_local_training(local_epochs, lr, batch_size, optimizer) -> None:
+    """Validate the local-training settings an :class:`Engine` runs (shared by the
+    estimators and the Flower nodes, which train the same way)."""
+    check_positive(local_epochs, "local_epochs", integer=True)
+    check_in_options(optimizer, "optimizer", ("adam", "sgd"))
+    check_learning_rate(lr, adam=optimizer == "adam")
+    if batch_size is not None:
+        check_positive(batch_size, "batch_size", integer=True)
 
 
 @dataclass

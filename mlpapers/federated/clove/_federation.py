@@ -26,14 +26,19 @@ from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ProgressLogger,
     check_in_options,
-    check_learning_rate,
     check_positive,
     user_stacklevel,
 )
 from mlpapers._utils._ambient import with_autograd
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
 from mlpapers.federated.clove._data import infer_loss, mse_targets, validate_clients
-from mlpapers.federated.clove._engine import ClientData, Engine, stack_states, unstack_state
+from mlpapers.federated.clove._engine import (
+    ClientData,
+    Engine,
+    check_local_training,
+    stack_states,
+    unstack_state,
+)
 from mlpapers.federated.clove._inference import _FederatedInferenceMixin
 from mlpapers.federated.clove._kernels import (
     ifca_assign,
@@ -85,11 +90,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             check_in_options(model, "model", BUILTIN_MODELS + ("<callable>",))
         check_in_options(self.loss, "loss", ("auto",) + LOSSES)
         check_positive(self.n_rounds, "n_rounds", integer=True)
-        check_positive(self.local_epochs, "local_epochs", integer=True)
-        check_in_options(self.optimizer, "optimizer", ("adam", "sgd"))
-        check_learning_rate(self.lr, adam=self.optimizer == "adam")
-        if self.batch_size is not None:
-            check_positive(self.batch_size, "batch_size", integer=True)
+        check_local_training(self.local_epochs, self.lr, self.batch_size, self.optimizer)
         check_in_options(self.vectorize, "vectorize", ("auto", True, False))
         p = self.participation
         check_positive(p, "participation")

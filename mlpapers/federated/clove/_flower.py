@@ -36,7 +36,7 @@ from mlpapers._utils._ambient import autograd_enabled, seeded_global_rng
 from mlpapers._utils._modules import refusing_layers
 from mlpapers._utils._validation import probe_module
 from mlpapers.federated.clove._data import mse_targets, validate_clients
-from mlpapers.federated.clove._engine import ClientData, Engine
+from mlpapers.federated.clove._engine import ClientData, Engine, check_local_training
 from mlpapers.federated.clove._federation import _unfittable_layer
 from mlpapers.federated.clove._kernels import clove_assign
 from mlpapers.federated.clove._models import build_user_module
@@ -566,6 +566,7 @@ def make_client_app(
     'ClientApp'
     """
     check_in_options(loss, "loss", ("mse", "cross_entropy", "reconstruction"))
+    check_local_training(local_epochs, lr, batch_size, optimizer)
     app = ClientApp()
 
     def setup(context: Context):

@@ -42,6 +42,8 @@ def check_amips_params(est) -> None:
     if est.warmup >= 1:
         raise ValueError(f"warmup must be a fraction in [0, 1), got {est.warmup}.")
     check_positive(est.end_lr_ratio, "end_lr_ratio", strict=False)
+    if est.end_lr_ratio > 1:  # the schedule rises to lr * end_lr_ratio: bound that step too
+        check_learning_rate(est.lr * est.end_lr_ratio, "lr * end_lr_ratio", adam=True)
     check_positive(est.ema_decay, "ema_decay", strict=False)
     if est.ema_decay >= 1:
         raise ValueError(f"ema_decay must be in [0, 1), got {est.ema_decay}.")
