@@ -2,13 +2,17 @@
 came after the heavy-ranker calls they were meant to spare."""
 
 import warnings
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
+import scipy.sparse
 import torch
 
 from mlpapers.retrieval.rbe import (
     AdaCURRetriever,
+    AnnCURRetriever,
     RelevanceBasedRetriever,
     greedy_selection,
     hit_rate,
@@ -60,18 +64,22 @@ def test_score_checks_the_relevance_shape_before_the_online_heavy_calls(data, cl
 
 
 @pytest.mark.parametrize("bad,err,match", [
-    ([[0.5] * 40] * 19 + [[0.5] * 39], ValueError, "ragged nested sequence"),
-    (np.zeros(40), ValueError, r"must be 2-D \(n_queries, n_items\), got shape \(40,\)"),
-    (np.zeros((20, 40, 1)), ValueError, "must be 2-D"),
-    (np.full((20, 40), "a"), TypeError, "must hold real numbers"),
-    (torch.zeros(20, 40, dtype=torch.complex64), TypeError, "must hold real numbers"),
-    (torch.zeros(20, 40).to_sparse(), TypeError, "sparse"),
-    ("relevance", TypeError, "2-D array-like"),
+    ([[0.5] * 40] * 19 + [[0.5] * 39], ValueError, "relevance could not be converted"),
+    (np.zeros(40), ValueError, r"relevance must be 2-D \(n_queries, n_items\), got shape \(40,\)"),
+    (np.zeros((20, 40, 1)), ValueError, "relevance must be 2-D"),
+    (np.full((20, 40), "a"), TypeError, "relevance must contain numbers"),
+    (np.zeros((20, 40), dtype=complex), ValueError, "Complex data not supported: relevance"),
+    (torch.zeros(20, 40, dtype=torch.complex64), ValueError, "Complex data not supported: rel"),
+    (torch.zeros(20, 40).to_sparse(), TypeError, r"pass relevance\.to_dense\(\)"),
+    (scipy.sparse.csr_matrix((20, 40)), TypeError, r"pass relevance\.toarray\(\)"),
+    ({0: 1}, TypeError, "relevance must be an array-like.*got dict"),
+    ("relevance", TypeError, "relevance must be an array-like.*got str"),
 ])
 def test_score_refuses_a_relevance_without_a_2d_real_shape_before_heavy_calls(
         data, bad, err, match):
     """What has no 2-D shape, or is sparse or not real, is named before kneighbors'
-    online heavy calls, from its shape and dtype only."""
+    online heavy calls, with check_matrix's messages (the sparse ones say how to
+    densify) for what is not a real numpy array or tensor."""
     Q, I = data
     f = CountingRelevance(_tanh)
     est = RelevanceBasedRetriever(f, n_support=8).fit(Q[:60], I)
@@ -83,9 +91,10 @@ def test_score_refuses_a_relevance_without_a_2d_real_shape_before_heavy_calls(
 
 def test_score_validates_the_relevance_values_once(data, monkeypatch):
     """``score`` ran check_matrix (a NaN/inf pass and a float64 copy, held while
-    kneighbors ran) and hit_rate ran it again on the same matrix. Now only hit_rate
-    does; a NaN relevance is still refused by it, and a list of rows scores as the
-    array."""
+    kneighbors ran) and hit_rate ran it again on the same matrix. Now, for a real numpy
+    array, only hit_counts does, naming ``relevance`` (it named ``true_scores``); a NaN
+    relevance is still refused by it, and a list of rows (converted up front) scores as
+    the array."""
     import mlpapers.retrieval.rbe._common as common
     import mlpapers.retrieval.rbe._kernels as kernels
 
@@ -103,11 +112,48 @@ def test_score_validates_the_relevance_values_once(data, monkeypatch):
     monkeypatch.setattr(kernels, "check_matrix", counting(kernels.check_matrix))
     monkeypatch.setattr(common, "check_matrix", counting(common.check_matrix))
     value = est.score(Q[60:], R, n_neighbors=5)
-    assert seen == ["true_scores"]
+    assert seen == ["relevance"]
     assert est.score(Q[60:], R.tolist(), n_neighbors=5) == value
+    assert set(seen) == {"relevance"}
     R[3, 7] = np.nan
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(ValueError, match="Input relevance contains NaN"):
         est.score(Q[60:], R, n_neighbors=5)
+
+
+def _decimal(R):
+    return np.vectorize(Decimal, otypes=[object])(R)
+
+
+def _fraction(R):
+    return np.vectorize(Fraction, otypes=[object])(R)
+
+
+@pytest.fixture(scope="module")
+def three_retrievers(data):
+    Q, I = data
+    return [RelevanceBasedRetriever(_tanh, n_support=8).fit(Q[:60], I),
+            AdaCURRetriever(_tanh, n_calls=8, n_rounds=2, random_state=0).fit(Q[:60], I),
+            AnnCURRetriever(_tanh, n_support=8, random_state=0).fit(Q[:60], I)]
+
+
+@pytest.mark.parametrize("convert", [
+    lambda R: R.astype(object), _decimal, _fraction, lambda R: R.astype(str),
+    "nullable_to_numpy", "nullable_df",
+], ids=["object", "decimal", "fraction", "numeric_str", "nullable_to_numpy", "nullable_df"])
+def test_score_accepts_relevance_that_check_matrix_converts(data, three_retrievers, convert):
+    """The shape-only check of the previous release refused every array whose dtype is
+    not a real number kind (object arrays of floats, Decimal or Fraction, numeric
+    strings, ``.to_numpy()`` of a nullable pandas frame) with "must hold real numbers",
+    which check_matrix had always converted. They score as the float array does."""
+    if isinstance(convert, str):  # (pandas is optional)
+        pd = pytest.importorskip("pandas")
+        convert = {"nullable_to_numpy": lambda R: pd.DataFrame(R).astype("Float64").to_numpy(),
+                   "nullable_df": lambda R: pd.DataFrame(R).astype("Float64")}[convert]
+    Q, I = data
+    R = _tanh(Q[60:], I)
+    for est in three_retrievers:
+        assert est.score(Q[60:], convert(R), n_neighbors=5) == est.score(
+            Q[60:], R, n_neighbors=5)
 
 
 def test_adacur_ridge_range_error_comes_before_the_first_round_heavy_calls(data):
@@ -131,8 +177,10 @@ def test_selection_picks_do_not_depend_on_the_scale(method, scale):
     near the float64 maximum (2**1022) overflowed the centring (an OverflowError of
     kmeans, farthest and greedy; every "popular" mean inf). A power-of-two scale is
     exact, so the picks are identical and the scores scale by it (squared for greedy's
-    MSE decreases, inf beyond the float64 range)."""
-    R = np.random.default_rng(1).standard_normal((20, 30))
+    MSE decreases, inf beyond the float64 range, 0 below it). Dyadic data (integers
+    over 2**20), so that the scaled relevance itself is exact down to 2**-1020 (random
+    normals would round into subnormals there: a different matrix)."""
+    R = np.random.default_rng(1).integers(-2**20, 2**20, (20, 30)) / 2.0**20
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow warning from scikit-learn either
         i0, s0 = select_support(R, 8, method, random_state=0, return_scores=True)
@@ -152,6 +200,35 @@ def test_selection_of_relevance_near_the_float64_maximum(method):
     R = np.random.default_rng(0).standard_normal((20, 30)) * 3.78e307
     np.testing.assert_array_equal(select_support(R, 8, method, random_state=0),
                                   select_support(R / 2.0**1021, 8, method, random_state=0))
+
+
+@pytest.mark.parametrize("method", ["greedy", "kmeans", "farthest"])
+def test_selection_keeps_items_far_below_the_largest_relevance(method):
+    """The reviewer's wide-range case: five constant items of 1e300 next to items that
+    vary by 1e-30. Dividing the whole relevance by one power of two near 1e300 before
+    centring flushed the small items to subnormals or zero: greedy picked nothing (the
+    early-stop warning), k-means and farthest-point picked the constant items. Centring
+    gives a constant item an exactly zero vector whatever its value, so the picks must
+    equal those with the constants set to 1."""
+    noise = 1e-30 * np.random.default_rng(0).standard_normal((20, 25))
+    R = np.c_[np.full((20, 5), 1e300), noise]
+    R1 = np.c_[np.ones((20, 5)), noise]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no early-stop warning
+        idx = select_support(R, 5, method, random_state=0)
+    np.testing.assert_array_equal(idx, select_support(R1, 5, method, random_state=0))
+    assert len(idx) == 5 and (idx >= 5).sum() >= 4
+
+
+def test_popular_ranks_wide_range_means_as_float64():
+    """Column means of 1e-30 items next to 1e300 items underflowed to ties (picked in
+    index order); the ranking is numpy's float64 means, stably sorted."""
+    base = np.random.default_rng(0).standard_normal((20, 30))
+    R = np.c_[base[:, :10] * 1e300, base[:, 10:] * 1e-30]
+    idx, scores = select_support(R, 30, "popular", return_scores=True)
+    mean = R.mean(axis=0)
+    np.testing.assert_array_equal(idx, np.argsort(-mean, kind="stable"))
+    np.testing.assert_allclose(scores, mean[idx], rtol=1e-12)
 
 
 # -- paths no other test reached -------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 
 from mlpapers._base import save as _save
 from mlpapers._utils import to_numpy, torch_compatible_array, user_stacklevel
-from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts, hit_rate
+from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts
 
 __all__ = ["HeavyRankerMixin", "fresh", "length", "take", "warn_near_interpolation"]
 
@@ -93,37 +93,25 @@ def fresh(seq: Any) -> Any:
     return seq
 
 
-def _matrix_shape(a: Any, name: str) -> tuple[int, ...]:
-    """The shape of an array-like without converting it where it has one (arrays,
-    tensors, pandas objects), refusing by name what has no 2-D shape (a ragged nested
-    list, a 1-D array: ``ValueError``) and what is sparse or not real by its type or
-    dtype (``TypeError``); the values (NaN, inf) are left to :func:`check_matrix`."""
-    if a is None or isinstance(a, (str, bytes)):
-        raise TypeError(f"{name} must be a 2-D array-like (n_queries, n_items), got "
-                        f"{type(a).__name__}.")
-    # what check_matrix refuses by type, found without reading the values
-    if hasattr(a, "tocsr") or (isinstance(a, torch.Tensor) and a.layout != torch.strided):
-        raise TypeError(f"{name} is sparse ({type(a).__name__}); pass a dense array.")
-    dtype = getattr(a, "dtype", None)
-    if isinstance(dtype, np.dtype) and dtype.kind not in "biuf":
-        raise TypeError(f"{name} must hold real numbers, got dtype {dtype}.")
-    if isinstance(a, torch.Tensor) and a.is_complex():
-        raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}.")
-    shape = getattr(a, "shape", None)
-    if shape is None:
-        try:
-            shape = np.shape(a)  # (nested lists: converted once, then dropped)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name} must be a 2-D array-like (n_queries, n_items); a "
-                             "ragged nested sequence has no shape.") from exc
-    try:
-        shape = tuple(int(n) for n in shape)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 2-D array-like (n_queries, n_items), got "
-                        f"{type(a).__name__}.") from exc
+def _matrix_shape(a: np.ndarray | torch.Tensor, name: str) -> tuple[int, ...]:
+    """The shape of a real-dtype numpy array or strided real torch tensor, read without
+    a pass over its values (a ``ValueError`` naming ``name`` unless it is 2-D); the
+    values (NaN, inf) are left to :func:`check_matrix`."""
+    shape = tuple(int(n) for n in a.shape)
     if len(shape) != 2:
         raise ValueError(f"{name} must be 2-D (n_queries, n_items), got shape {shape}.")
     return shape
+
+
+def _is_real_array(a: Any) -> bool:
+    """Whether ``a`` is a numpy array of a real dtype or a dense real torch tensor: the
+    inputs whose shape can be checked before the values are read (anything else,
+    object or string arrays, nullable pandas columns, nested lists, needs the full
+    conversion of :func:`check_matrix` anyway, and gets its messages)."""
+    if isinstance(a, np.ndarray):
+        return a.dtype.kind in "biuf"
+    return (isinstance(a, torch.Tensor) and a.layout == torch.strided
+            and not a.is_complex())
 
 
 class HeavyRankerMixin:
@@ -252,9 +240,11 @@ class HeavyRankerMixin:
             ``GridSearchCV(est, {"n_support": [...]}).fit(train_queries, items=items)``.
             A relevance of another shape (or without a 2-D shape) raises a
             ``ValueError``, a sparse or non-real one a ``TypeError``, before any heavy
-            call; NaN or infinite values raise a ``ValueError`` once the items are
-            retrieved (the values are read once, by
-            :func:`~mlpapers.retrieval.rbe.hit_rate`).
+            call. NaN or infinite values raise a ``ValueError``: once the items are
+            retrieved for a numpy array of a real dtype or a torch tensor (its values
+            are read once, by :func:`~mlpapers.retrieval.rbe.hit_rate`'s check), before
+            any heavy call for other array-likes (object arrays, lists, pandas
+            objects), which are converted up front.
         n_neighbors : int, default=10
             The cut-off ``k`` of HitRate@k: items retrieved per query, compared with
             the true top ``k``. A positive integer ``<= n_items`` (and, for
@@ -271,16 +261,25 @@ class HeavyRankerMixin:
             # checked before kneighbors spends its online heavy calls: a relevance of
             # another catalogue (more columns) was scored without an error, and a wrong
             # number of rows raised about ``pred_indices`` afterwards
-            # Only its shape here (no pass over the values, no float64 copy held while
-            # kneighbors runs): hit_rate validates the matrix fully, once
+            # A real numpy array or tensor: only its shape here (no pass over the
+            # values, no float64 copy held while kneighbors runs); hit_counts validates
+            # it fully, once. Anything else (object, Decimal or numeric-string arrays,
+            # nullable pandas columns, lists, sparse) is converted, and so validated,
+            # now: a conversion is needed anyway, and check_matrix knows those types
             shape = (length(queries, "queries"), self.n_items_)
-            got = _matrix_shape(relevance, "relevance")
+            if _is_real_array(relevance):
+                got = _matrix_shape(relevance, "relevance")
+            else:
+                relevance = check_matrix(relevance, "relevance")
+                got = tuple(relevance.shape)
             if got != shape:
                 raise ValueError(f"relevance must have shape (n_queries, n_items) = {shape}, "
                                  f"got {got}.")
         idx = self.kneighbors(queries, n_neighbors, return_distance=False)
         if relevance is not None:
-            return hit_rate(relevance, idx, n_neighbors)
+            # hit_rate's value, with errors naming this method's parameter
+            hits, k = hit_counts(relevance, idx, n_neighbors, name="relevance")
+            return int(hits.sum()) / (len(hits) * k)
         # the heavy ranker as ground truth, chunk by chunk (one chunk of batch_size x
         # n_items scores alive at a time); integer hits summed, so the value is exactly
         # that of hit_rate on the whole matrix

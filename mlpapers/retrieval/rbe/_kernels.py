@@ -383,9 +383,10 @@ def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float
     return int(hits.sum()) / (len(hits) * k)  # one division: chunked sums agree exactly
 
 
-def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None
-               ) -> tuple[torch.Tensor, int]:
-    """Per-query hit counts of :func:`hit_rate` and the cut-off ``k`` it used.
+def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None, *,
+               name: str = "true_scores") -> tuple[torch.Tensor, int]:
+    """Per-query hit counts of :func:`hit_rate` and the cut-off ``k`` it used; errors
+    about ``true_scores`` name it ``name`` (the caller's parameter).
 
     Returns
     -------
@@ -393,7 +394,7 @@ def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None
         ``|pred[q, :k] ∩ top_k(true[q])|``.
     k : int
     """
-    T = check_matrix(true_scores, "true_scores")
+    T = check_matrix(true_scores, name)
     P = torch.as_tensor(torch_compatible_array(to_numpy(pred_indices)))
     if P.dtype == torch.bool or P.is_complex() or (
             P.is_floating_point() and not bool((P == P.round()).all())):

@@ -405,12 +405,20 @@ def select_support(
         idx = rng.choice(N, size=k, replace=False).astype(np.int64)
         scores = np.full(k, np.nan)
         return (idx, scores) if return_scores else idx
-    # The relevance in units of a power of two first (exact: the same picks at any
-    # scale; scores scaled back): the column means and the centring of relevance near
-    # the float64 maximum overflowed (R * 3.78e307 made k-means and farthest-point fail
-    # with an OverflowError, greedy likewise, and every mean of "popular" was inf).
-    # Ordinary relevance (max |R| in [2**-60, 2**60]) is left as is
-    unit = power_of_two_unit(abs_max(Rt), 60)
+    # The relevance in units of a power of two first (scores scaled back): the column
+    # means and the centring of relevance near the float64 maximum overflowed
+    # (R * 3.78e307 made k-means and farthest-point fail with an OverflowError, greedy
+    # likewise, and every mean of "popular" was inf). Scaled down only as far as the
+    # sums of a column and the centred differences need (to at most
+    # finfo.max / (4 n_queries)): a division to unit scale would flush entries far
+    # below the largest (1e-30 next to 1e300) to subnormals or zero and change the
+    # picks. Tiny relevance (max |R| < 2**-60) is scaled up, which is exact.
+    # Ordinary relevance is left as is
+    amax = abs_max(Rt)
+    unit = power_of_two_unit(amax, 60) if amax < 1.0 else 1.0
+    bound = math.floor(math.log2(torch.finfo(Rt.dtype).max / (4 * max(n_q, 1))))
+    if amax > 2.0 ** bound:
+        unit = 2.0 ** (math.floor(math.log2(amax)) + 1 - bound)
     if unit != 1.0:
         Rt = Rt / unit
     if method == "popular":
