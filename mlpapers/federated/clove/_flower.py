@@ -539,7 +539,9 @@ def make_client_app(
     Raises
     ------
     ValueError
-        If ``loss`` is not one of the options. When a message is handled (the node
+        If ``loss`` or ``optimizer`` is not one of the options, or ``local_epochs``,
+        ``lr`` or ``batch_size`` is out of range (as CLoVE's ``fit`` checks them; a
+        value of the wrong type gives a ``TypeError``). When a message is handled (the node
         replies with the error, which :meth:`CLoVEStrategy.start` raises as a
         ``RuntimeError`` naming the node): if ``data_fn`` returns no ``y`` for a
         supervised loss, non-finite or mismatched data, labels that are not

@@ -242,7 +242,7 @@ class HeavyRankerMixin:
             ``ValueError``, a sparse or non-real one a ``TypeError``, before any heavy
             call. NaN or infinite values raise a ``ValueError``: once the items are
             retrieved for a numpy array of a real dtype or a torch tensor (its values
-            are read once, by :func:`~mlpapers.retrieval.rbe.hit_rate`'s check), before
+            are read once, by the check :func:`~mlpapers.retrieval.rbe.hit_rate` also uses), before
             any heavy call for other array-likes (object arrays, lists, pandas
             objects), which are converted up front.
         n_neighbors : int, default=10
