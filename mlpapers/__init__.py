@@ -10,7 +10,18 @@ algorithm whose optional extras are missing never breaks the others::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy imports below give, for type checkers and IDEs
+    # (``import x as x``: an explicit re-export, for linters and strict checkers)
+    from mlpapers import anomaly as anomaly
+    from mlpapers import datasets as datasets
+    from mlpapers import decentralized as decentralized
+    from mlpapers import federated as federated
+    from mlpapers import optim as optim
+    from mlpapers import retrieval as retrieval
+    from mlpapers import sampling as sampling
+    from mlpapers import ssl as ssl
 
 __version__ = "0.1.0.dev0"
 

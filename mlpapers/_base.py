@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import numpy as np
 import torch
@@ -74,6 +74,9 @@ class TorchEstimatorMixin:
     fits are reproducible and never touch the global RNG state (``None`` draws
     one seed from numpy's global ``RandomState``, as in scikit-learn).
     """
+
+    if TYPE_CHECKING:  # scikit-learn's, from the BaseEstimator this is mixed with
+        def get_params(self, deep: bool = True) -> dict[str, Any]: ...
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -241,7 +244,7 @@ class TorchEstimatorMixin:
         # scikit-learn returns the live ``__dict__`` for classes outside sklearn
         # (Python >= 3.11), so subclasses that pop private keys from
         # ``super().__getstate__()`` would strip the estimator being pickled.
-        return dict(super().__getstate__())
+        return dict(cast(dict[str, Any], super().__getstate__()))
 
     def _get_state(self) -> dict[str, Any]:
         """Fitted state to persist: every public attribute ending in ``_``."""
@@ -290,7 +293,7 @@ class TorchEstimatorMixin:
             setattr(self, name, value)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, map_location: Any = "cpu"):
+    def load(cls, path: str | os.PathLike, map_location: Any = "cpu") -> Self:
         """Load an estimator written by :meth:`save`, safely (``weights_only=True``).
 
         Parameters

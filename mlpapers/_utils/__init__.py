@@ -15,6 +15,7 @@ from mlpapers._utils._init import default_init_, seeded_linear
 from mlpapers._utils._labels import encode_labels
 from mlpapers._utils._progress import ProgressLogger
 from mlpapers._utils._random import check_generator, check_random_state, make_generators
+from mlpapers._utils._typing import ArrayLike, RandomStateLike
 from mlpapers._utils._units import power_of_two_unit, row_power_of_two
 from mlpapers._utils._validation import (
     check_in_options,
@@ -33,6 +34,8 @@ from mlpapers._utils._validation import (
 from mlpapers._utils._warnings import user_stacklevel
 
 __all__ = [
+    "ArrayLike",
+    "RandomStateLike",
     "autograd_enabled",
     "default_dtype",
     "default_init_",

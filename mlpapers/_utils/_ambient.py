@@ -88,8 +88,8 @@ def seeded_global_rng(seed: int, device: torch.device | str = "cpu") -> Iterator
     so forks in several threads do not interleave.
     """
     device = torch.device(device)
-    index = None
-    module = getattr(torch, device.type, None) if device.type != "cpu" else None
+    index: int | None = None
+    module: Any = getattr(torch, device.type, None) if device.type != "cpu" else None
     if hasattr(module, "manual_seed"):  # an accelerator with its own generator
         # (torch.mps has one device and no current_device)
         index = device.index if device.index is not None else (
@@ -98,7 +98,8 @@ def seeded_global_rng(seed: int, device: torch.device | str = "cpu") -> Iterator
             devices=[] if index is None else [index],
             device_type="cuda" if index is None else device.type):
         torch.default_generator.manual_seed(seed)
-        if device.type == "cuda":  # this device's generator only (fork_rng restores it)
+        if index is not None and device.type == "cuda":
+            # this device's generator only (fork_rng restores it)
             torch.cuda.default_generators[index].manual_seed(seed)
         elif index is not None:  # (mps and other devices with one generator)
             module.manual_seed(seed)
@@ -181,7 +182,8 @@ def on_inputs_device(func: F) -> F:
 _WRAPPED = "_mlpapers_default_device"
 
 
-def wrap_public_methods(cls: type, decorator: Callable[[F], F]) -> type:
+def wrap_public_methods(cls: type,
+                        decorator: Callable[[Callable[..., Any]], Callable[..., Any]]) -> type:
     """Wrap every public method of ``cls`` (its own and inherited ones, plain and class
     methods; scikit-learn's excepted) in ``decorator``, once; returns ``cls``.
 

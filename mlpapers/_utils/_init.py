@@ -9,14 +9,17 @@ an estimator's own ``torch.Generator`` instead.
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import torch
 from torch import nn
 
+M = TypeVar("M", bound=nn.Module)
+
 _DEFAULT_INIT_LAYERS = (nn.Linear, nn.modules.conv._ConvNd)
 
 
-def default_init_(module: nn.Module, generator: torch.Generator | None = None) -> nn.Module:
+def default_init_(module: M, generator: torch.Generator | None = None) -> M:
     """Re-draw every ``nn.Linear``/``nn.Conv*`` of ``module`` as its ``reset_parameters`` does.
 
     The layers are visited in ``module.modules()`` order; each weight is drawn by

@@ -40,18 +40,18 @@ class ProgressLogger:
         self.verbose = verbose
         self.desc = desc
         self.history: list[dict[str, Any]] = []
-        self._bar = None
+        self._bar: tqdm | None = None
 
     def __iter__(self):
         # leave=True: the bar's final metrics stay in the log when the loop ends
-        self._bar = tqdm(
+        self._bar = bar = tqdm(
             range(self.total), desc=self.desc, disable=not self.verbose, leave=True,
             dynamic_ncols=True,
         )
         try:
-            yield from self._bar
+            yield from bar
         finally:
-            self._bar.close()
+            bar.close()
 
     def log(self, **metrics: Any) -> None:
         """Record ``metrics`` and show the numeric ones on the bar."""

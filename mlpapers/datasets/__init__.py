@@ -11,9 +11,21 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlpapers.datasets._digits import make_shifted_digits
+
+if TYPE_CHECKING:  # what the lazy imports below give, for type checkers and IDEs
+    # (``import x as x``: an explicit re-export, for linters and strict checkers)
+    from mlpapers.datasets._extreme import (
+        make_extreme_classification as make_extreme_classification,
+    )
+    from mlpapers.datasets._federated import make_federated_digits as make_federated_digits
+    from mlpapers.datasets._federated import make_federated_linear as make_federated_linear
+    from mlpapers.datasets._mips import make_mips_problem as make_mips_problem
+    from mlpapers.datasets._relevance import make_relevance_problem as make_relevance_problem
+    from mlpapers.datasets._textures import make_texture_anomalies as make_texture_anomalies
+    from mlpapers.datasets._wiki import load_wiki_summaries as load_wiki_summaries
 
 # Generators owned by the algorithm families, imported on first use.
 _LAZY = {

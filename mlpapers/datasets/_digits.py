@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 from sklearn.datasets import load_digits
 
-from mlpapers._utils import check_positive, check_random_state
+from mlpapers._utils import RandomStateLike, check_positive, check_random_state
 
 
 def make_shifted_digits(
     n_samples: int | None = None,
     canvas: int = 16,
     noise: float = 0.1,
-    random_state=None,
+    random_state: RandomStateLike = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Place scikit-learn's 8x8 digits at random positions on a noisy canvas.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpapers._utils import check_positive, check_random_state
+from mlpapers._utils import RandomStateLike, check_positive, check_random_state
 
 
 def make_extreme_classification(
@@ -15,7 +15,7 @@ def make_extreme_classification(
     noise: float = 0.7,
     zipf_exponent: float = 1.0,
     min_samples_per_class: int = 0,
-    random_state=None,
+    random_state: RandomStateLike = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Gaussian clusters around random class means, with Zipf-distributed labels.
 

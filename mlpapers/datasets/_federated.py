@@ -7,7 +7,7 @@ import math
 import numpy as np
 from sklearn.datasets import load_digits
 
-from mlpapers._utils import check_in_options, check_positive, check_random_state
+from mlpapers._utils import RandomStateLike, check_in_options, check_positive, check_random_state
 
 __all__ = ["make_federated_digits", "make_federated_linear"]
 
@@ -56,9 +56,9 @@ def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
         s = min(d_max, 2.0 * separation) / d_max
         theta = np.sqrt(max(0.0, 1.0 - s**2)) * c / np.linalg.norm(c) + s * V
         return theta / np.linalg.norm(theta, axis=1, keepdims=True)
-    theta = _circle_or_cross_polytope(K, d, separation, rng)
-    if theta is not None:
-        return theta
+    polytope = _circle_or_cross_polytope(K, d, separation, rng)
+    if polytope is not None:
+        return polytope
     raise ValueError(
         f"could not place {K} unit-norm models in {d} dimensions with pairwise distances in "
         f"[{separation}, {5 * separation}]; lower separation or raise n_features."
@@ -105,7 +105,7 @@ def make_federated_linear(
     n_features: int = 20,
     separation: float = 1.0,
     noise: float = 0.01,
-    random_state=None,
+    random_state: RandomStateLike = None,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
     """Mixture of linear regressions split across clients (CLoVE's theory setting).
 
@@ -192,7 +192,7 @@ def _transform(images: np.ndarray, k: int) -> np.ndarray:
 
 def _label_permutations(K: int, n_swaps: int, rng: np.random.RandomState) -> list[np.ndarray]:
     perms: list[np.ndarray] = []
-    seen: set[tuple[int, ...]] = set()
+    seen: set[tuple[np.integer, ...]] = set()
     while len(perms) < K:
         perm = np.arange(10)
         if perms:  # cluster 0 keeps the true labels
@@ -212,7 +212,7 @@ def make_federated_digits(
     n_clients_per_cluster: int = 5,
     n_samples: int = 80,
     n_swaps: int = 2,
-    random_state=None,
+    random_state: RandomStateLike = None,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Scikit-learn's bundled digits split across clients with a hidden cluster shift.
 
@@ -294,7 +294,7 @@ def make_federated_digits(
         idx = np.concatenate([idx, rng.choice(len(images), total - len(idx))])
     idx = idx[:total].reshape(n_clients, n_samples)
     labels = np.repeat(np.arange(n_clusters), n_clients_per_cluster)
-    perms = _label_permutations(n_clusters, n_swaps, rng) if kind == "label_swap" else None
+    perms = _label_permutations(n_clusters, n_swaps, rng) if kind == "label_swap" else []
     clients = []
     for i, k in enumerate(labels):
         imgs, y = images[idx[i]], target[idx[i]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpapers._utils import check_positive, check_random_state
+from mlpapers._utils import RandomStateLike, check_positive, check_random_state
 
 __all__ = ["GaussianMixtureQuerySampler", "make_mips_problem"]
 
@@ -72,7 +72,7 @@ def make_mips_problem(
     n_anchors: int = 64,
     query_noise: float = 0.5,
     norm_spread: float = 0.25,
-    random_state=None,
+    random_state: RandomStateLike = None,
 ) -> tuple[np.ndarray, np.ndarray, GaussianMixtureQuerySampler]:
     """Make a synthetic MIPS problem: keys with varied norms and clustered queries.
 

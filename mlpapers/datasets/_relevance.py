@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpapers._utils import check_positive, check_random_state, check_tensor, to_numpy
+from mlpapers._utils import (
+    RandomStateLike,
+    check_positive,
+    check_random_state,
+    check_tensor,
+    to_numpy,
+)
 
 
 class SyntheticRelevance:
@@ -89,8 +95,8 @@ def make_relevance_problem(
     cluster_std: float = 0.3,
     popularity: float = 0.3,
     n_hidden: int = 32,
-    random_state=None,
-):
+    random_state: RandomStateLike = None,
+) -> tuple[np.ndarray, np.ndarray, SyntheticRelevance]:
     """Queries, items and a nonlinear "heavy ranker" scoring them.
 
     A stand-in for an expensive cross-encoder, for relevance-based embeddings
@@ -149,9 +155,9 @@ def make_relevance_problem(
                       ("n_features", n_features), ("rank", rank),
                       ("n_clusters", n_clusters), ("n_hidden", n_hidden)):
         check_positive(val, name, integer=True)
-    for name, val in (("nonlinearity", nonlinearity), ("cluster_std", cluster_std),
-                      ("popularity", popularity)):
-        check_positive(val, name, strict=False)
+    for name, level in (("nonlinearity", nonlinearity), ("cluster_std", cluster_std),
+                        ("popularity", popularity)):
+        check_positive(level, name, strict=False)
     rng = check_random_state(random_state)
     d = n_features
     queries = rng.standard_normal((n_queries, d))

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 from scipy.ndimage import gaussian_filter
 
-from mlpapers._utils import check_positive, check_random_state
+from mlpapers._utils import RandomStateLike, check_positive, check_random_state
 
 __all__ = ["make_texture_anomalies"]
 
@@ -142,8 +142,8 @@ def make_texture_anomalies(
     anomaly_ratio: float = 0.5,
     noise: float = 0.03,
     return_texture: bool = False,
-    random_state=None,
-):
+    random_state: RandomStateLike = None,
+) -> tuple[np.ndarray, ...]:
     """Normal and defective texture images with pixel masks (no download).
 
     With ``source="procedural"`` (numpy/scipy only) each image is a
@@ -269,7 +269,7 @@ def make_texture_anomalies(
         X_test = X_test + noise * rng.standard_normal(X_test.shape)
     X_train = np.clip(X_train, 0, 1).astype(np.float32)
     X_test = np.clip(X_test, 0, 1).astype(np.float32)
-    out = (X_train, X_test, y_test, mask)
+    out: tuple[np.ndarray, ...] = (X_train, X_test, y_test, mask)
     if return_texture:
         out = (*out, tex_train.astype(np.int64), tex_test.astype(np.int64))
     return out

@@ -1,0 +1,14 @@
+"""Type aliases of the public signatures (annotations only: nothing here runs checks)."""
+
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+#: What the estimators accept as data: anything ``numpy.asarray`` takes, or a tensor
+#: (kept on its device where the estimator computes there).
+ArrayLike: TypeAlias = npt.ArrayLike | torch.Tensor
+
+#: What the dataset generators take as ``random_state`` (see ``check_random_state``).
+RandomStateLike: TypeAlias = int | np.random.RandomState | np.random.Generator | None
