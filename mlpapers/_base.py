@@ -53,6 +53,7 @@ from mlpapers._utils import (
 from mlpapers._utils._serialize import decode as _decode
 from mlpapers._utils._serialize import encode as _encode
 from mlpapers._utils._serialize import generator_from_state
+from mlpapers._utils._typing import F
 
 __all__ = ["TorchEstimatorMixin", "load", "restore_on_failure", "save"]
 
@@ -331,7 +332,7 @@ class TorchEstimatorMixin:
         return {}
 
 
-def restore_on_failure(fit: Any) -> Any:
+def restore_on_failure(fit: F) -> F:
     """Decorate a ``fit`` so that, if it raises part-way (bad input, a user's callable
     failing, ``Ctrl-C``), the estimator is put back exactly as it was before the call:
     a fitted one keeps its previous model, diagnostics and data units, an unfitted one
@@ -351,7 +352,7 @@ def restore_on_failure(fit: Any) -> Any:
             vars(self).clear()
             vars(self).update(before)
             raise
-    return wrapper
+    return cast(F, wrapper)
 
 
 def _same_param(a: Any, b: Any) -> bool:

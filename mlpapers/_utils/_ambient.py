@@ -15,11 +15,11 @@ import hashlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, cast
 
 import torch
 
-F = TypeVar("F", bound=Callable[..., Any])
+from mlpapers._utils._typing import F
 
 # torch's default dtype is process-wide, not per thread: two fits in two threads would
 # otherwise restore each other's value and leave the caller with the wrong default
@@ -58,7 +58,7 @@ def with_autograd(method: F) -> F:
         with autograd_enabled():
             return method(*args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 @contextlib.contextmanager
@@ -147,7 +147,7 @@ def _on_default_device(func: F, device_for: Callable[..., torch.device]) -> F:
         with torch.device(device_for(*args, **kwargs)):
             return func(*args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 _CPU = torch.device("cpu")

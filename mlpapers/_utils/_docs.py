@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")  # a function or a class
 
 __all__ = ["fill_doc"]
 
 
-def fill_doc(**fragments: str) -> Callable:
+def fill_doc(**fragments: str) -> Callable[[T], T]:
     """Decorator: replace each ``%(name)s`` line of the docstring by ``fragments[name]``.
 
     Parameters
@@ -44,7 +47,7 @@ def fill_doc(**fragments: str) -> Callable:
     >>> print(f.__doc__.splitlines()[4])
         x : int
     """
-    def decorate(obj):
+    def decorate(obj: T) -> T:
         if obj.__doc__ is None:
             return obj
         lines = []

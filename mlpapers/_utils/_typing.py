@@ -1,6 +1,7 @@
 """Type aliases of the public signatures (annotations only: nothing here runs checks)."""
 
-from typing import TypeAlias
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -12,3 +13,6 @@ ArrayLike: TypeAlias = npt.ArrayLike | torch.Tensor
 
 #: What the dataset generators take as ``random_state`` (see ``check_random_state``).
 RandomStateLike: TypeAlias = int | np.random.RandomState | np.random.Generator | None
+
+#: A function type kept by the decorators (so a decorated ``fit`` still returns ``Self``).
+F = TypeVar("F", bound=Callable[..., Any])

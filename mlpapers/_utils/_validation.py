@@ -12,13 +12,14 @@ import inspect
 import math
 import numbers
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from mlpapers._utils._ambient import usable_outside_inference
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
+from mlpapers._utils._typing import F
 
 _FLOAT_DTYPES = {
     "float16": torch.float16,
@@ -432,7 +433,7 @@ def probe_module(module: torch.nn.Module, x: torch.Tensor, name: str = "model") 
 _ABSENT = object()
 
 
-def requires_tensors(func):
+def requires_tensors(func: F) -> F:
     """Raise a ``TypeError`` naming the parameter when an argument annotated
     ``torch.Tensor`` is something else (a numpy array gave an ``AttributeError`` from
     deep inside the function). For the public tensor functions."""
@@ -450,4 +451,4 @@ def requires_tensors(func):
                                 f"{type(value).__name__}.")
         return func(*args, **kwargs)
 
-    return wrapper
+    return cast(F, wrapper)

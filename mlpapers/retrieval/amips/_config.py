@@ -6,10 +6,15 @@ import numbers
 
 import numpy as np
 import torch
-from torch import nn
 
 from mlpapers._utils import check_in_options, check_learning_rate, check_positive
-from mlpapers.retrieval.amips._networks import Homogenize, KeyNet, SupportNet, solve_width
+from mlpapers.retrieval.amips._networks import (
+    AMIPSNetwork,
+    Homogenize,
+    KeyNet,
+    SupportNet,
+    solve_width,
+)
 
 __all__ = ["build_amips_model", "check_amips_params"]
 
@@ -62,7 +67,7 @@ def check_amips_params(est) -> None:
 
 def build_amips_model(est, n_keys: int, d: int,
                       hidden_dims: tuple[int, ...] | None = None, *,
-                      seed: int = 0) -> tuple[nn.Module, tuple]:
+                      seed: int = 0) -> tuple[AMIPSNetwork, tuple[int, ...]]:
     """Build the untrained float32 network of ``est`` for ``n_keys`` keys of dimension ``d``.
 
     The width is ``est.hidden_dim`` or solved from the budget
@@ -82,6 +87,7 @@ def build_amips_model(est, n_keys: int, d: int,
     # explicit dtype and generator: no global state is switched, even for a moment
     kw = dict(wx_inject=est.wx_inject, negative_slope=est.negative_slope, beta=est.beta,
               generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float32)
+    model: AMIPSNetwork
     if est.arch == "keynet":
         model = KeyNet(d, list(hidden_dims), resnet=est.resnet, **kw)
     else:

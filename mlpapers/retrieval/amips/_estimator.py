@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, Self, overload
 
 import numpy as np
 import torch
 from sklearn.base import TransformerMixin
 from sklearn.utils import metadata_routing
+from torch import nn
 
 from mlpapers._base import restore_on_failure
-from mlpapers._utils import with_autograd
+from mlpapers._utils import ArrayLike, RandomStateLike, with_autograd
 from mlpapers._utils._docs import fill_doc
 from mlpapers.retrieval.amips._config import build_amips_model, check_amips_params
 from mlpapers.retrieval.amips._exact import (
@@ -19,6 +21,7 @@ from mlpapers.retrieval.amips._exact import (
     build_faiss_ivf,
 )
 from mlpapers.retrieval.amips._kernels import _KeyStats, match_rate
+from mlpapers.retrieval.amips._networks import AMIPSNetwork
 from mlpapers.retrieval.amips._retrieve import (
     float32_similarities,
     predict_top1,
@@ -226,6 +229,10 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     # ``queries`` is a fit option, not routed metadata (no ``set_fit_request``)
     __metadata_request__fit = {"queries": metadata_routing.UNUSED}
 
+    # fitted attributes, set by fit_amips and _set_state
+    key_mean_: np.ndarray | None
+    model_: AMIPSNetwork
+
     def __init__(
         self,
         *,
@@ -254,9 +261,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         n_candidates: int = 1,
         center_keys: bool = False,
         device: str = "cpu",
-        random_state=None,
+        random_state: RandomStateLike = None,
         verbose: int = 0,
-    ):
+    ) -> None:
         self.arch = arch
         self.depth = depth
         self.hidden_dim = hidden_dim
@@ -295,11 +302,12 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return ("arch", "wx_inject", "negative_slope", "beta") + own
 
     def _build_model(self, n_keys: int, d: int, hidden_dims: tuple[int, ...] | None = None,
-                     seed: int = 0):
+                     seed: int = 0) -> tuple[AMIPSNetwork, tuple[int, ...]]:
         return build_amips_model(self, n_keys, d, hidden_dims, seed=seed)
 
     # -- fit -----------------------------------------------------------------
-    def fit(self, X, y=None, *, queries: QuerySource = None):
+    def fit(self, X: ArrayLike, y: ArrayLike | None = None, *,
+            queries: QuerySource = None) -> Self:
         """Train the amortized search model on the database ``X``.
 
         Parameters
@@ -341,14 +349,15 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     # left the previous model_ with the new database_ and data units (predictions off by
     # their ratio): the estimator is put back as it was
     @restore_on_failure
-    def _fit(self, X, queries: QuerySource, callback=None):
+    def _fit(self, X: ArrayLike, queries: QuerySource,
+             callback: Callable[[int, nn.Module], None] | None = None) -> Self:
         """:meth:`fit`, with ``callback(step, model)`` after every step (learning curves;
         the model sees ``X / query_scale_`` and predicts keys in units of ``key_scale_``)."""
         self._check_params()
         self._init_fit()
         # (a refit must not keep the previous database's centred copy alive: twice its
         # size, on the device)
-        vars(self).pop("_centred_cache", None)
+        self.__dict__.pop("_centred_cache", None)
         fit_amips(self, self._fit_database(X), queries, callback=callback)
         self._search_keys()  # cached here: predict keeps __dict__ (as _fit_database)
         return self
@@ -371,12 +380,12 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         keys = self._keys()
         cached = getattr(self, "_centred_cache", None)
         if cached is None or cached[0] is not keys or cached[1] is not m:
-            centred = centre(keys, self._key_mean())
+            centred = centre(keys, torch.as_tensor(m, device=self._resolved_device))
             cached = (keys, m, centred, _KeyStats(centred))
             self._centred_cache = cached
         return cached[2], cached[3]
 
-    def _queries(self, X) -> torch.Tensor:
+    def _queries(self, X: ArrayLike) -> torch.Tensor:
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         self._check_params()  # inference reads parameters (set_params after fit)
         # not ``Q.norm(dim=1) == 0``: in float32 the norm of a row of 1e-23 underflows
@@ -386,7 +395,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return Q
 
     @fill_doc(X=_QUERIES_X)
-    def predict_key(self, X) -> np.ndarray:
+    def predict_key(self, X: ArrayLike) -> np.ndarray:
         """Predicted argmax key (KeyNet output or SupportNet gradient).
 
         Parameters
@@ -403,7 +412,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return self._to_numpy(uncentre(self, Q, None, score_and_key(self, Q)[1])[1])
 
     @fill_doc(X=_QUERIES_X)
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X: ArrayLike) -> np.ndarray:
         """Projected queries :math:`\\hat k(x)` for an ANN index (:meth:`predict_key`).
 
         With ``center_keys=True`` they are in the centred coordinates of the search,
@@ -423,7 +432,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return self._to_numpy(score_and_key(self, self._queries(X))[1])
 
     @fill_doc(X=_QUERIES_X)
-    def value(self, X) -> np.ndarray:
+    def value(self, X: ArrayLike) -> np.ndarray:
         """Estimated support value :math:`\\hat\\sigma_K(x)`.
 
         Parameters
@@ -454,8 +463,18 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
                              "not all zero or subnormal, then fit again.")
         return out
 
+    @overload
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = ...,
+                   return_distance: Literal[True] = ...) -> tuple[np.ndarray, np.ndarray]: ...
+    @overload
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = ..., *,
+                   return_distance: Literal[False]) -> np.ndarray: ...
+    @overload
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = ..., return_distance: bool = ...
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray: ...
     @fill_doc(X=_QUERIES_X)
-    def kneighbors(self, X, n_neighbors: int = 10, return_distance: bool = True):
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = 10, return_distance: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
         """Keys ranked by similarity to the predicted key (see ``retrieval``).
 
         Parameters
@@ -491,7 +510,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return float32_similarities(sims), idx
 
     @fill_doc(X=_QUERIES_X)
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Top-1 key index for the predicted key.
 
         See ``retrieval`` and ``n_candidates`` (re-ranking by the true inner product).
@@ -508,7 +527,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return predict_top1(self, self._queries(X))
 
     @fill_doc(X=_QUERIES_X)
-    def score(self, X, y=None) -> float:
+    def score(self, X: ArrayLike, y: object = None) -> float:
         """Match rate (recall@1) against exact search, counting exact ties as hits.
 
         Parameters
@@ -532,7 +551,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return match_rate(None, predict_top1(self, Q), queries=Q, database=self._keys(),
                           batch_size=self.search_batch_size)
 
-    def to_faiss_ivf(self, n_lists: int | None = None):
+    def to_faiss_ivf(self, n_lists: int | None = None) -> Any:
         """Build a faiss ``IndexIVFFlat`` over the database, with the metric of ``retrieval``.
 
         Search it with :meth:`transform` (projected queries), the paper's main
@@ -587,7 +606,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         if self.key_mean_ is not None:
             self._search_keys()
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         # pickles made before center_keys existed: the parameter's default, no centring
         state = dict(state)
         state.setdefault("center_keys", False)
@@ -597,7 +616,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
 
     @classmethod
     def _estimator_check_instances(cls) -> list:
-        kw = dict(depth=2, hidden_dim=8, n_steps=3, batch_size=16, random_state=0)
+        kw: dict[str, Any] = dict(depth=2, hidden_dim=8, n_steps=3, batch_size=16, random_state=0)
         return [cls(**kw), cls(arch="supportnet", **kw), cls(center_keys=True, **kw)]
 
     def _expected_failed_checks(self) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, Self, overload
 
 import numpy as np
 import torch
@@ -10,7 +10,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_array
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import check_in_options, check_positive, on_inputs_device, to_numpy
+from mlpapers._utils import ArrayLike, check_in_options, check_positive, on_inputs_device, to_numpy
 from mlpapers.retrieval.amips._kernels import _hits, _KeyStats, _mips_topk
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
@@ -49,14 +49,14 @@ class _MIPSBase(TorchEstimatorMixin, BaseEstimator):
             self._key_stats_cache = cached
         return cached[1]
 
-    def _fit_database(self, X) -> torch.Tensor:
+    def _fit_database(self, X: ArrayLike) -> torch.Tensor:
         keys = self._validate_data(X, reset=True, dtype=torch.float32)
         self.database_ = self._to_numpy(keys).astype(np.float32, copy=False)
         self._keys_cache = keys
         self._key_stats_cache = (keys, _KeyStats(keys))  # set here: predict keeps __dict__
         return keys
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_keys_cache", None)
         state.pop("_key_stats_cache", None)
@@ -124,12 +124,12 @@ class ExactMIPS(_MIPSBase):
 
     _uses_random_state = False  # an exact search draws no random numbers
 
-    def __init__(self, *, batch_size: int = 8192, device: str = "cpu"):
+    def __init__(self, *, batch_size: int = 8192, device: str = "cpu") -> None:
         self.batch_size = batch_size
         self.device = device
 
     @restore_on_failure
-    def fit(self, X, y=None):
+    def fit(self, X: ArrayLike, y: object = None) -> Self:
         """Store the database of keys.
 
         Parameters
@@ -149,7 +149,17 @@ class ExactMIPS(_MIPSBase):
         self._fit_database(X)
         return self
 
-    def kneighbors(self, X, n_neighbors: int = 1, return_distance: bool = True):
+    @overload
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = ...,
+                   return_distance: Literal[True] = ...) -> tuple[np.ndarray, np.ndarray]: ...
+    @overload
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = ..., *,
+                   return_distance: Literal[False]) -> np.ndarray: ...
+    @overload
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = ..., return_distance: bool = ...
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray: ...
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = 1, return_distance: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
         """Exact top-``n_neighbors`` keys by inner product.
 
         Parameters
@@ -190,7 +200,7 @@ class ExactMIPS(_MIPSBase):
                              "not depend on it).")
         return s, i
 
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Index of the key with the largest inner product.
 
         Parameters
@@ -206,7 +216,7 @@ class ExactMIPS(_MIPSBase):
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         return self._to_numpy(self._search(Q, 1)[1][:, 0])
 
-    def score(self, X, y=None) -> float:
+    def score(self, X: ArrayLike, y: object = None) -> float:
         """Match rate against exact search (1.0 by construction, ties included).
 
         Kept for the common interface of :class:`AmortizedMIPS` (a sanity check of the
@@ -247,7 +257,7 @@ class ExactMIPS(_MIPSBase):
 
 
 @on_inputs_device
-def build_faiss_ivf(database, n_lists: int | None = None, metric: str = "ip"):
+def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None, metric: str = "ip") -> Any:
     """A faiss ``IndexIVFFlat`` over ``database`` (inner-product or L2 quantizer).
 
     The approximate index of the paper's main evaluation: search it with the keys
@@ -309,6 +319,7 @@ def build_faiss_ivf(database, n_lists: int | None = None, metric: str = "ip"):
             raise ValueError(f"n_lists must be <= the number of keys ({n}): k-means needs "
                              f"at least one key per list, got n_lists={n_lists}.")
         n_lists = int(n_lists)
+    quantizer: faiss.IndexFlat
     if metric == "ip":
         quantizer = faiss.IndexFlatIP(d)
         index = faiss.IndexIVFFlat(quantizer, d, n_lists, faiss.METRIC_INNER_PRODUCT)

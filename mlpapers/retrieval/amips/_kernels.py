@@ -11,6 +11,7 @@ import math
 import torch
 
 from mlpapers._utils import (
+    ArrayLike,
     check_in_options,
     check_positive,
     on_inputs_device,
@@ -173,7 +174,7 @@ class _KeyStats:
         self._keys = keys
         self.amax = _abs_max(keys) if amax is None else amax
         self.bound = self.amax * math.sqrt(keys.shape[1])
-        self._min_nonzero = None
+        self._min_nonzero: float | None = None
 
     @property
     def min_nonzero(self) -> float:
@@ -680,7 +681,8 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192,
 
 
 @on_inputs_device
-def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-6,
+def match_rate(y_true: ArrayLike | None, y_pred: ArrayLike, *, queries: ArrayLike | None = None,
+               database: ArrayLike | None = None, rtol: float = 1e-6,
                batch_size: int = 8192) -> float:
     """Fraction of queries whose top-1 prediction is the exact MIPS answer (recall@1).
 
@@ -728,7 +730,8 @@ def match_rate(y_true, y_pred, *, queries=None, database=None, rtol: float = 1e-
 
 
 @on_inputs_device
-def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
+def recall_at_k(y_true: ArrayLike | None, y_pred: ArrayLike, k: int, *,
+                queries: ArrayLike | None = None, database: ArrayLike | None = None,
                 rtol: float = 1e-6, batch_size: int = 8192) -> float:
     """Fraction of queries whose exact top-1 answer is among the first ``k`` predictions.
 
@@ -764,7 +767,9 @@ def recall_at_k(y_true, y_pred, k: int, *, queries=None, database=None,
 
 
 @on_inputs_device
-def mean_reciprocal_rank(y_true, y_pred, *, queries=None, database=None,
+def mean_reciprocal_rank(y_true: ArrayLike | None, y_pred: ArrayLike, *,
+                         queries: ArrayLike | None = None,
+                         database: ArrayLike | None = None,
                          rtol: float = 1e-6, batch_size: int = 8192) -> float:
     """Mean of ``1 / rank`` of the first correct prediction (0 when none is correct).
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -275,7 +276,7 @@ class _Stack(nn.Module):
             else:
                 self.wz[l].div_(s[:, None])
             if self.inject[l]:
-                self.wx[l].weight.div_(s[:, None])
+                cast(nn.Linear, self.wx[l]).weight.div_(s[:, None])
             if len(self.bias):
                 mean = (pre / s).mean(0)
                 self.bias[l].copy_(-mean)
@@ -291,7 +292,7 @@ class _Stack(nn.Module):
             self.wz[-1].copy_(_inv_softplus(wz.clamp_min(1e-12)))
         else:
             self.wz[-1].copy_(wz)
-        self.wx[-1].weight.mul_(c)
+        cast(nn.Linear, self.wx[-1]).weight.mul_(c)  # (the output layer always injects x)
         if len(self.bias):
             self.bias[-1].mul_(c)
 
@@ -408,7 +409,8 @@ class SupportNet(nn.Module):
         self.stack.scale_output(c)
 
     @on_inputs_device
-    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Value ``h(x)`` of shape (n,) and gradient of shape (n, d).
 
         ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
@@ -517,8 +519,9 @@ class Homogenize(nn.Module):
         x : torch.Tensor of shape (n, d)
             A representative batch of inputs.
         """
-        if hasattr(self.model, "data_init"):
-            self.model.data_init(_norm_and_direction(x, self.eps)[1])
+        model: Any = self.model  # (duck-typed: any scalar model, with or without it)
+        if hasattr(model, "data_init"):
+            model.data_init(_norm_and_direction(x, self.eps)[1])
 
     def scale_output(self, c: float) -> None:
         """Scale the output by ``c > 0``, in place (the wrapped model's ``scale_output``).
@@ -528,10 +531,12 @@ class Homogenize(nn.Module):
         c : float
             Positive factor; the model then computes ``c * f(x)``.
         """
-        self.model.scale_output(c)
+        model: Any = self.model  # (duck-typed: the wrapped model's own method)
+        model.scale_output(c)
 
     @on_inputs_device
-    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Value ``f(x)`` of shape (n,) and gradient of shape (n, d).
 
         ``create_graph=True`` keeps the graph of both (double backprop) when grad mode is
@@ -655,7 +660,8 @@ class KeyNet(nn.Module):
         self.stack.scale_output(c)
 
     @on_inputs_device
-    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Euler score ``<x, key>`` of shape (n,) and key of shape (n, d).
 
         Parameters
@@ -698,7 +704,9 @@ class SupportFunction(nn.Module):
     (tensor([2.]), tensor([[0., 1.]]))
     """
 
-    def __init__(self, keys: torch.Tensor):
+    keys: torch.Tensor  # a buffer, registered in __init__
+
+    def __init__(self, keys: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("keys", keys)
 
@@ -719,7 +727,8 @@ class SupportFunction(nn.Module):
         return (x @ self.keys.T).max(dim=-1).values
 
     @on_inputs_device
-    def score_and_key(self, x: torch.Tensor, create_graph: bool = False):
+    def score_and_key(self, x: torch.Tensor, create_graph: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Exact support value and argmax key (the gradient of the value).
 
         Parameters
@@ -739,7 +748,8 @@ class SupportFunction(nn.Module):
         return _value_and_grad(self, x, create_graph)
 
 
-def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool):
+def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Value and input gradient of a scalar model; double-backprop ready when asked.
 
     ``create_graph`` respects the caller's grad mode: under ``torch.no_grad()`` or
@@ -777,3 +787,7 @@ def _has_train_mode_state(model: nn.Module) -> bool:
     then updates them in place)."""
     return any(isinstance(m, nn.modules.batchnorm._NormBase) and m.training
                and m.track_running_stats for m in model.modules())
+
+
+#: The networks :class:`AmortizedMIPS` builds (``model_``).
+AMIPSNetwork = SupportNet | Homogenize | KeyNet

@@ -8,6 +8,8 @@ and the parameters and calls these functions with validated ``(n, d)`` float32 t
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
@@ -43,7 +45,8 @@ def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # written into one preallocated output: lists of the blocks and their concatenation
     # held the (n, d) keys twice
     with torch.no_grad():
-        return collect_row_blocks(block, Q.shape[0], est.batch_size)
+        return cast(tuple[torch.Tensor, torch.Tensor],  # (block returns a tuple)
+                    collect_row_blocks(block, Q.shape[0], est.batch_size))
 
 
 def uncentre(est, Q: torch.Tensor, value: torch.Tensor | None,
@@ -139,8 +142,9 @@ def retrieve(est, Q: torch.Tensor, k: int, return_distance: bool):
     if int(est.n_candidates) == 1:
         return rank_by_predicted_key(est, Q, k, return_distance)
     n_cand = min(max(int(est.n_candidates), k), est.database_.shape[0])
-    sims, idx = rerank(*rank_by_predicted_key(est, Q, n_cand, return_distance=True,
-                                              for_reranking=True), k)
+    cand_sims, cand_idx = rank_by_predicted_key(est, Q, n_cand, return_distance=True,
+                                                for_reranking=True)
+    sims, idx = rerank(cand_sims, cand_idx, k)
     return (sims, idx) if return_distance else idx
 
 

@@ -12,21 +12,23 @@ import copy
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
-from mlpapers._utils import ProgressLogger, check_tensor
+from mlpapers._utils import ArrayLike, ProgressLogger, check_tensor
 from mlpapers._utils._blocks import block_rows_for, row_blocks
 from mlpapers.retrieval.amips._kernels import amips_loss, support_function, warmup_cosine_lr
+from mlpapers.retrieval.amips._networks import AMIPSNetwork
 
 __all__ = ["QuerySource", "augment_queries", "centre", "column_mean", "fit_amips",
            "make_query_source", "match_output_scale", "power_of_two_scale", "train_amips"]
 
 
-QuerySource = None | np.ndarray | torch.Tensor | Callable[[int, np.random.Generator], Any]
+#: ``fit(queries=...)``: None (the unit sphere), rows to resample, or ``sampler(n, rng)``
+QuerySource = ArrayLike | Callable[[int, np.random.Generator], Any] | None
 
 
 def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
@@ -40,12 +42,12 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
     array and for a sampler that returns the wrong number of rows.
     """
     if queries is None:
-        def draw(n):
+        def draw_sphere(n: int) -> torch.Tensor:
             # float32 whatever the default dtype (float16 rounded the queries, float64
             # drew other numbers and failed against the float32 network)
             q = torch.randn(n, d, generator=torch_gen, dtype=torch.float32)
             return (q / q.norm(dim=1, keepdim=True).clamp_min(1e-12)).to(device)
-        return draw
+        return draw_sphere
     if callable(queries) and not isinstance(queries, (np.ndarray, torch.Tensor)):
         # a one-argument sampler (``lambda n: ...``) failed inside the first step with
         # Python's "<lambda>() takes 1 positional argument but 2 were given"
@@ -58,14 +60,14 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
         except ValueError:  # no introspectable signature (some builtins): just call it
             pass
 
-        def draw(n):
+        def draw_sampler(n: int) -> torch.Tensor:
             q = check_tensor(queries(n, numpy_gen), name="sampler output", dtype=torch.float32,
                              device=device, n_features=d, owner=owner)
             if q.shape[0] != n:
                 raise ValueError(f"the query sampler returned {q.shape[0]} rows, "
                                  f"expected {n}.")
             return q
-        return draw
+        return draw_sampler
     pool = check_tensor(queries, name="queries", dtype=torch.float32, device=device,
                         n_features=d, owner=owner)
     # not ``pool.norm(dim=1) == 0``: in float32 the norm of a row of 1e-23 underflows
@@ -101,7 +103,7 @@ def augment_queries(q: torch.Tensor, noise_std: float, n_noise: int,
 
 
 @torch.no_grad()
-def match_output_scale(model: nn.Module, x: torch.Tensor, keys: torch.Tensor, *,
+def match_output_scale(model: AMIPSNetwork, x: torch.Tensor, keys: torch.Tensor, *,
                        search_batch_size: int = 8192) -> float:
     """Scale the output layer so the mean predicted key norm on ``x`` equals the labels'.
 
@@ -120,7 +122,7 @@ def match_output_scale(model: nn.Module, x: torch.Tensor, keys: torch.Tensor, *,
 
 
 def train_amips(
-    model: nn.Module,
+    model: AMIPSNetwork,
     keys: torch.Tensor,
     draw: Callable[[int], torch.Tensor],
     *,
@@ -138,7 +140,7 @@ def train_amips(
     verbose: int = 0,
     desc: str = "AmortizedMIPS",
     callback: Callable[[int, nn.Module], None] | None = None,
-) -> tuple[nn.Module, list[dict[str, float]]]:
+) -> tuple[AMIPSNetwork, list[dict[str, float]]]:
     """Optimise ``model`` on fresh batches of queries with exact labels.
 
     Each step draws ``batch_size`` queries (``augment(draw(batch_size))``), labels
@@ -230,7 +232,9 @@ def column_mean(keys: torch.Tensor) -> torch.Tensor:
     """Mean (d,) of the rows of ``keys`` (N, d), summed in float64 by row chunks (no
     float64 copy of the database), returned in the keys' dtype."""
     rows = block_rows_for(keys.shape[1], 2**20)
-    total = sum(keys[r].double().sum(0) for r in row_blocks(keys.shape[0], rows))
+    # (a tensor: a fitted database has at least one row)
+    total = cast(torch.Tensor,
+                 sum(keys[r].double().sum(0) for r in row_blocks(keys.shape[0], rows)))
     return (total / keys.shape[0]).to(keys.dtype)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, Self, cast, overload
 
 import numpy as np
 import torch
@@ -12,7 +12,9 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
+    ArrayLike,
     ProgressLogger,
+    RandomStateLike,
     check_positive,
     power_of_two_unit,
     to_numpy,
@@ -111,9 +113,9 @@ class AnnCURRetriever(RelevanceBasedRetriever):
         standardize: bool = False,
         batch_size: int = 1024,
         device: str = "cpu",
-        random_state=None,
+        random_state: RandomStateLike = None,
         verbose: int = 0,
-    ):
+    ) -> None:
         self.relevance_fn = relevance_fn
         self.n_support = n_support
         self.n_rerank = n_rerank
@@ -243,9 +245,9 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         rcond: float | None = None,
         batch_size: int = 1024,
         device: str = "cpu",
-        random_state=None,
+        random_state: RandomStateLike = None,
         verbose: int = 0,
-    ):
+    ) -> None:
         self.relevance_fn = relevance_fn
         self.n_calls = n_calls
         self.n_rounds = n_rounds
@@ -261,7 +263,8 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         check_adacur_params(self, n_items)
 
     @restore_on_failure
-    def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
+    def fit(self, train_queries: Any, items: Any,
+            relevance_matrix: ArrayLike | None = None) -> Self:
         """Store the anchor-query relevance and choose the first-round anchors.
 
         Parameters
@@ -312,7 +315,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         self.n_items_ = N
         self.n_heavy_calls_ = n_calls
         self.n_calls_per_query_ = int(self.n_calls)
-        self._A_cache = None
+        self._A_cache: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None
         return self
 
     def _anchor_cache(self) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
@@ -334,7 +337,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
             self._A_cache = cache
         return (*cache, abs_max(cache[2]))
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_A_cache", None)  # views or a copy of anchor_relevance_
         return state
@@ -417,9 +420,20 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         # list and its concatenation held the (n, n_items) scores twice
         blocks = (slice(starts[c], min(starts[c] + chunk, n))
                   for c in ProgressLogger(len(starts), self.verbose, desc="ADACUR"))
-        return collect_row_blocks(rounds, n, chunk, blocks=blocks)
+        # (rounds returns a tuple, so a tuple of two tensors)
+        return cast(tuple[torch.Tensor, torch.Tensor],
+                    collect_row_blocks(rounds, n, chunk, blocks=blocks))
 
-    def predict(self, queries: Any, return_anchors: bool = False):
+    @overload
+    def predict(self, queries: Any, return_anchors: Literal[False] = ...) -> np.ndarray: ...
+    @overload
+    def predict(self, queries: Any, return_anchors: Literal[True]
+                ) -> tuple[np.ndarray, np.ndarray]: ...
+    @overload
+    def predict(self, queries: Any, return_anchors: bool = ...
+                ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
+    def predict(self, queries: Any, return_anchors: bool = False
+                ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Final scores of every item: exact at the query's anchors, CUR elsewhere.
 
         Makes exactly ``n_calls`` heavy calls per query.
@@ -442,10 +456,20 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
             shared first-round anchors first, then each round's picks.
         """
         S, I = self._search(queries)
-        S = to_numpy(S)
-        return (S, to_numpy(I).astype(np.int64)) if return_anchors else S
+        scores = to_numpy(S)
+        return (scores, to_numpy(I).astype(np.int64)) if return_anchors else scores
 
-    def kneighbors(self, queries: Any, n_neighbors: int = 10, return_distance: bool = True):
+    @overload
+    def kneighbors(self, queries: Any, n_neighbors: int = ...,
+                   return_distance: Literal[True] = ...) -> tuple[np.ndarray, np.ndarray]: ...
+    @overload
+    def kneighbors(self, queries: Any, n_neighbors: int = ..., *,
+                   return_distance: Literal[False]) -> np.ndarray: ...
+    @overload
+    def kneighbors(self, queries: Any, n_neighbors: int = ..., return_distance: bool = ...
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray: ...
+    def kneighbors(self, queries: Any, n_neighbors: int = 10, return_distance: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
         """Top items per query: anchors by exact score, the rest by approximation.
 
         Uses exactly ``n_calls`` heavy calls per query.
@@ -476,5 +500,5 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         if n_neighbors > self.n_items_:
             raise ValueError(f"n_neighbors={n_neighbors} must be <= n_items ({self.n_items_}).")
         s, idx = self._search(queries, top=int(n_neighbors))
-        s, idx = to_numpy(s), to_numpy(idx).astype(np.int64)
-        return (s, idx) if return_distance else idx
+        scores, indices = to_numpy(s), to_numpy(idx).astype(np.int64)
+        return (scores, indices) if return_distance else indices

@@ -13,14 +13,19 @@ import copy
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self, TypeGuard, cast
 
 import numpy as np
 import torch
 
 from mlpapers._base import save as _save
-from mlpapers._utils import to_numpy, torch_compatible_array, user_stacklevel
+from mlpapers._utils import ArrayLike, to_numpy, torch_compatible_array, user_stacklevel
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts
+
+if TYPE_CHECKING:  # the estimator base every retriever mixes this in with
+    from mlpapers._base import TorchEstimatorMixin as _EstimatorBase
+else:
+    _EstimatorBase = object
 
 __all__ = ["HeavyRankerMixin", "fresh", "length", "take", "warn_near_interpolation"]
 
@@ -103,7 +108,7 @@ def _matrix_shape(a: np.ndarray | torch.Tensor, name: str) -> tuple[int, ...]:
     return shape
 
 
-def _is_real_array(a: Any) -> bool:
+def _is_real_array(a: Any) -> TypeGuard[np.ndarray | torch.Tensor]:
     """Whether ``a`` is a numpy array of a real dtype or a dense real torch tensor: the
     inputs whose shape can be checked before the values are read (anything else,
     object or string arrays, nullable pandas columns, nested lists, needs the full
@@ -114,7 +119,7 @@ def _is_real_array(a: Any) -> bool:
             and not a.is_complex())
 
 
-class HeavyRankerMixin:
+class HeavyRankerMixin(_EstimatorBase):
     """Checked calls of ``relevance_fn`` and save/load without the callable and items.
 
     Subclasses define ``relevance_fn``, ``batch_size``, ``items_``, ``n_items_`` and
@@ -123,6 +128,16 @@ class HeavyRankerMixin:
     """
 
     _NOT_SAVED: tuple[str, ...] = ("items_",)
+
+    # set by the estimator that mixes this in
+    relevance_fn: Callable[[Any, Any], Any] | None
+    batch_size: int
+    items_: Any
+    n_items_: int
+
+    if TYPE_CHECKING:
+        def kneighbors(self, queries: Any, n_neighbors: int = 10,
+                       return_distance: bool = True) -> Any: ...
 
     # -- heavy calls -----------------------------------------------------------
     def _check_relevance_fn(self, when: str = "fit") -> None:
@@ -135,7 +150,9 @@ class HeavyRankerMixin:
 
     def _heavy(self, queries: Any, items: Any, n_q: int, n_i: int) -> torch.Tensor:
         """One call of ``relevance_fn``, checked: ``-> float64 Tensor (n_q, n_i)``."""
-        out = self.relevance_fn(queries, items)
+        # callable: fit and every search check it (_check_relevance_fn) before a heavy call
+        relevance_fn = cast(Callable[[Any, Any], Any], self.relevance_fn)
+        out = relevance_fn(queries, items)
         try:
             arr = to_numpy(out)
             if arr.dtype.kind not in "biuf":  # complex, strings, objects (None)
@@ -219,7 +236,8 @@ class HeavyRankerMixin:
         return out
 
     # -- evaluation ------------------------------------------------------------------
-    def score(self, queries: Any, relevance: Any = None, n_neighbors: int = 10) -> float:
+    def score(self, queries: Any, relevance: ArrayLike | None = None,
+              n_neighbors: int = 10) -> float:
         """HitRate@``n_neighbors`` against the true relevance of ``queries`` to all items.
 
         The retrieved items are those of :meth:`kneighbors` (its online heavy calls
@@ -278,8 +296,8 @@ class HeavyRankerMixin:
         idx = self.kneighbors(queries, n_neighbors, return_distance=False)
         if relevance is not None:
             # hit_rate's value, with errors naming this method's parameter
-            hits, k = hit_counts(relevance, idx, n_neighbors, name="relevance")
-            return int(hits.sum()) / (len(hits) * k)
+            given_hits, k = hit_counts(relevance, idx, n_neighbors, name="relevance")
+            return int(given_hits.sum()) / (len(given_hits) * k)
         # the heavy ranker as ground truth, chunk by chunk (one chunk of batch_size x
         # n_items scores alive at a time); integer hits summed, so the value is exactly
         # that of hit_rate on the whole matrix
@@ -320,8 +338,10 @@ class HeavyRankerMixin:
         _save(clone, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, relevance_fn: Callable | None = None,
-             items: Any = None, map_location: Any = "cpu"):
+    def load(  # type: ignore[override]  # also takes relevance_fn and items (required)
+        cls, path: str | os.PathLike, relevance_fn: Callable[[Any, Any], Any] | None = None,
+        items: Any = None, map_location: Any = "cpu",
+    ) -> Self:
         """Load a retriever written by :meth:`save` (``weights_only=True``).
 
         Parameters

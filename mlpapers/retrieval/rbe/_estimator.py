@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, Self, overload
 
 import numpy as np
 import torch
@@ -11,6 +11,8 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
+    ArrayLike,
+    RandomStateLike,
     autograd_enabled,
     check_positive,
     power_of_two_unit,
@@ -24,7 +26,13 @@ from mlpapers.retrieval.rbe._common import (
     take,
     warn_near_interpolation,
 )
-from mlpapers.retrieval.rbe._heads import build_head, head_from_state, head_state, train_head
+from mlpapers.retrieval.rbe._heads import (
+    NeuralRBEHead,
+    build_head,
+    head_from_state,
+    head_state,
+    train_head,
+)
 from mlpapers.retrieval.rbe._kernels import (
     CHUNK_SCORES,
     abs_max,
@@ -211,9 +219,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         validation_fraction: float = 0.1,
         batch_size: int = 1024,
         device: str = "cpu",
-        random_state=None,
+        random_state: RandomStateLike = None,
         verbose: int = 0,
-    ):
+    ) -> None:
         self.relevance_fn = relevance_fn
         self.n_support = n_support
         self.support = support
@@ -241,7 +249,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     # -- fitting -------------------------------------------------------------------
     @restore_on_failure
-    def fit(self, train_queries: Any, items: Any, relevance_matrix: Any = None):
+    def fit(self, train_queries: Any, items: Any,
+            relevance_matrix: ArrayLike | None = None) -> Self:
         """Select supports and learn item embeddings from training relevances.
 
         Parameters
@@ -298,15 +307,15 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         self.n_items_ = N
         self.n_heavy_calls_ = n_calls
         self.n_calls_per_query_ = int(S.size + self.n_rerank)
-        self.head_ = None
+        self.head_: NeuralRBEHead | None = None
         # None without a neural head, as head_: a linear refit after an "mlp" fit kept
         # the previous head's units (describing a head that no longer exists)
-        self.head_units_ = None
-        self.history_ = []
+        self.head_units_: np.ndarray | None = None
+        self.history_: list[dict[str, Any]] = []
         # None unless a neural head's validation runs (it was absent after a fit with a
         # linear head, max_iter=0 or validation_fraction=0 and present after others, and
         # a refit without validation kept the previous fit's value)
-        self.best_validation_hit_rate_ = None
+        self.best_validation_hit_rate_: float | None = None
         if self.head == "mlp":
             R_val = R[torch.as_tensor(val_rows, device=self._device)]
             self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))
@@ -422,7 +431,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         """
         return to_numpy(self._standardize(self._query_support(queries)))
 
-    def _score_fn(self, U: torch.Tensor):
+    def _score_fn(self, U: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
         if self.head_ is not None:
             # (None: pickles from before head_units_; load gives files (1, 1))
             units = getattr(self, "head_units_", None)
@@ -468,7 +477,17 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             out = collect_row_blocks(lambda r: fn(r.start, r.stop), U.shape[0], rows)
         return to_numpy(out)
 
-    def kneighbors(self, queries: Any, n_neighbors: int = 10, return_distance: bool = True):
+    @overload
+    def kneighbors(self, queries: Any, n_neighbors: int = ...,
+                   return_distance: Literal[True] = ...) -> tuple[np.ndarray, np.ndarray]: ...
+    @overload
+    def kneighbors(self, queries: Any, n_neighbors: int = ..., *,
+                   return_distance: Literal[False]) -> np.ndarray: ...
+    @overload
+    def kneighbors(self, queries: Any, n_neighbors: int = ..., return_distance: bool = ...
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray: ...
+    def kneighbors(self, queries: Any, n_neighbors: int = 10, return_distance: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
         """Top items per query by approximate score, re-ranked by the heavy model if set.
 
         Uses ``k + n_rerank`` heavy calls per query (``n_calls_per_query_``).
@@ -520,8 +539,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             idx, heavy = torch.gather(idx, 1, by_item), torch.gather(heavy, 1, by_item)
             order = torch.argsort(heavy, dim=1, descending=True, stable=True)[:, :n_neighbors]
             s, idx = torch.gather(heavy, 1, order), torch.gather(idx, 1, order)
-        s, idx = to_numpy(s), to_numpy(idx).astype(np.int64)
-        return (s, idx) if return_distance else idx
+        scores, indices = to_numpy(s), to_numpy(idx).astype(np.int64)
+        return (scores, indices) if return_distance else indices
 
     # -- persistence -----------------------------------------------------------------
     _NOT_SAVED = ("items_", "support_items_", "head_")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -101,8 +102,17 @@ class NeuralRBEHead(nn.Module):
     True
     """
 
-    def __init__(self, embeddings, offsets, popularity, query_mean, query_scale, hidden: int,
-                 *, generator: torch.Generator | None = None):
+    # buffers, registered in __init__
+    embeddings: torch.Tensor
+    items_std: torch.Tensor
+    popularity: torch.Tensor
+    query_mean: torch.Tensor
+    query_scale: torch.Tensor
+
+    def __init__(self, embeddings: torch.Tensor, offsets: torch.Tensor,
+                 popularity: torch.Tensor, query_mean: torch.Tensor,
+                 query_scale: torch.Tensor, hidden: int,
+                 *, generator: torch.Generator | None = None) -> None:
         super().__init__()
         # (a public class: offsets or popularity of length 1 broadcast over the items
         # without an error, and a negative width silently meant 0)
@@ -139,8 +149,10 @@ class NeuralRBEHead(nn.Module):
             self.item_tower = _tower(k, self.hidden, generator).to(embeddings.dtype)
             # Zero output layer of the item tower: the MLP term starts at exactly 0
             # (so the untrained head equals linear RBE) yet still gets gradients.
-            nn.init.zeros_(self.item_tower[-1].weight)
-            nn.init.zeros_(self.item_tower[-1].bias)
+            out_layer = self.item_tower[-1]
+            assert isinstance(out_layer, nn.Linear)  # (built by _tower)
+            nn.init.zeros_(out_layer.weight)
+            nn.init.zeros_(out_layer.bias)
 
     @on_inputs_device
     def forward(self, u: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,7 +183,7 @@ class NeuralRBEHead(nn.Module):
             s = s + zq @ zi.T / self.hidden
         return s
 
-    def all_items_scorer(self):
+    def all_items_scorer(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """A function ``u -> self(u)`` (scores of all items), the item side computed once.
 
         It gives bitwise :meth:`forward`'s scores, for callers that score the queries

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 
 from mlpapers._utils import (
+    ArrayLike,
     check_positive,
     check_tensor,
     on_inputs_device,
@@ -317,7 +319,7 @@ def stable_topk(S: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def topk_scores(
-    score_fn,
+    score_fn: Callable[[int, int], torch.Tensor],
     n_queries: int,
     k: int,
     *,
@@ -347,12 +349,14 @@ def topk_scores(
     # written into one preallocated output: a list of small results kept alive between
     # the large transient score chunks made the resident memory grow by a chunk per
     # chunk (see mlpapers._utils._blocks)
-    return collect_row_blocks(lambda r: stable_topk(score_fn(r.start, r.stop), k),
-                              n_queries, rows)
+    # (a tuple per block, so a tuple of two tensors)
+    return cast(tuple[torch.Tensor, torch.Tensor],
+                collect_row_blocks(lambda r: stable_topk(score_fn(r.start, r.stop), k),
+                                   n_queries, rows))
 
 
 @on_inputs_device
-def hit_rate(true_scores: Any, pred_indices: Any, k: int | None = None) -> float:
+def hit_rate(true_scores: ArrayLike, pred_indices: ArrayLike, k: int | None = None) -> float:
     """HitRate@k: overlap of the predicted and the true top-``k`` item sets.
 
     ``|pred[:, :k] ∩ top_k(true)| / k``, averaged over queries (a predicted item

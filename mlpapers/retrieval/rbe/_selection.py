@@ -14,12 +14,14 @@ import math
 import numbers
 import threading
 import warnings
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
 
 from mlpapers._utils import (
+    ArrayLike,
+    RandomStateLike,
     check_in_options,
     check_positive,
     make_generators,
@@ -308,20 +310,38 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
     return order, size_of.astype(np.float64)
 
 
+@overload
+def select_support(
+    R: ArrayLike, k: int, method: str = ..., *, center: bool = ..., tol: float = ...,
+    random_state: RandomStateLike = ..., n_init: int = ..., greedy_method: str = ...,
+    device: str | torch.device | None = ..., return_scores: Literal[False] = ...,
+) -> np.ndarray: ...
+@overload
+def select_support(
+    R: ArrayLike, k: int, method: str = ..., *, center: bool = ..., tol: float = ...,
+    random_state: RandomStateLike = ..., n_init: int = ..., greedy_method: str = ...,
+    device: str | torch.device | None = ..., return_scores: Literal[True],
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def select_support(
+    R: ArrayLike, k: int, method: str = ..., *, center: bool = ..., tol: float = ...,
+    random_state: RandomStateLike = ..., n_init: int = ..., greedy_method: str = ...,
+    device: str | torch.device | None = ..., return_scores: bool = ...,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 @on_inputs_device
 def select_support(
-    R: Any,
+    R: ArrayLike,
     k: int,
     method: str = "greedy",
     *,
     center: bool = True,
     tol: float = 1e-10,
-    random_state=None,
+    random_state: RandomStateLike = None,
     n_init: int = 3,
     greedy_method: str = "auto",
     device: str | torch.device | None = None,
     return_scores: bool = False,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     r"""Choose ``k`` support items from a training relevance matrix.
 
     Parameters
@@ -402,6 +422,7 @@ def select_support(
         rng = (random_state if isinstance(random_state, np.random.Generator)
                else make_generators(random_state)[1])
     if method == "random":
+        assert rng is not None  # (made above for the random methods)
         idx = rng.choice(N, size=k, replace=False).astype(np.int64)
         scores = np.full(k, np.nan)
         return (idx, scores) if return_scores else idx
@@ -434,6 +455,7 @@ def select_support(
         x_unit = power_of_two_unit(abs_max(X), 60)
         X = X if x_unit == 1.0 else X / x_unit
         if method == "kmeans":
+            assert rng is not None  # (made above for the random methods)
             seed = int(rng.integers(2**31 - 1))
             idx, scores = _kmeans(X, k, seed, n_init)  # cluster sizes: no unit
         else:
