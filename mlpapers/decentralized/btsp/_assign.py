@@ -6,7 +6,8 @@ import math
 import numbers
 import time
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import Literal, Self, overload
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import metadata_routing
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import check_in_options, check_positive, user_stacklevel
+from mlpapers._utils import ArrayLike, check_in_options, check_positive, user_stacklevel
 from mlpapers.decentralized.btsp import _search
 from mlpapers.decentralized.btsp._bottleneck import (
     _edge_matrix,
@@ -37,7 +38,7 @@ __all__ = ["BottleneckNodeAssigner", "best_multiplier", "multiplier_relabel"]
 METHODS = ("btsp_msr", "btsp", "identity", "random", "greedy", "annealing", "exact")
 
 
-def multiplier_relabel(assignment: Any, c: int) -> np.ndarray:
+def multiplier_relabel(assignment: ArrayLike, c: int) -> np.ndarray:
     """Relabel an assignment by a multiplier: ``pi'(i) = pi(c * i mod n)``.
 
     For ``c`` coprime with ``n`` this is a bijection of the positions and
@@ -86,9 +87,9 @@ def multiplier_relabel(assignment: Any, c: int) -> np.ndarray:
 
 
 def best_multiplier(
-    delays: Any,
-    assignment: Any,
-    topology: Any = "exponential",
+    delays: ArrayLike,
+    assignment: ArrayLike,
+    topology: str | Sequence = "exponential",
     *,
     directed: bool = False,
 ) -> tuple[int, np.ndarray, float]:
@@ -252,9 +253,10 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     # fit takes one square delay matrix, not (X, y) plus routable metadata: no set_fit_request.
     __metadata_request__fit = {"delays": metadata_routing.UNUSED}
 
-    def __init__(self, *, topology="exponential", method="btsp_msr", msr=None, directed=False,
-                 metric_closure=False, n_random=5, n_iter=None, refine_iter=0, random_state=None,
-                 verbose=0):
+    def __init__(self, *, topology: str | Sequence = "exponential", method: str = "btsp_msr",
+                 msr: bool | None = None, directed: bool = False, metric_closure: bool = False,
+                 n_random: int = 5, n_iter: int | None = None, refine_iter: int = 0,
+                 random_state=None, verbose: int = 0) -> None:
         self.topology = topology
         self.method = method
         self.msr = msr
@@ -267,7 +269,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         self.verbose = verbose
 
     @restore_on_failure
-    def fit(self, delays, y=None):
+    def fit(self, delays: ArrayLike, y: None = None) -> Self:
         """Find the assignment.
 
         Parameters
@@ -424,7 +426,13 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
                 out.append(np.stack([np.full(n, l), perm, perm[(np.arange(n) + s) % n]], 1))
         return np.concatenate(out).astype(np.int64)
 
-    def bcd(self, delays, *, reduce: str = "mean") -> float | np.ndarray:
+    @overload
+    def bcd(self, delays: ArrayLike, *, reduce: Literal["mean", "sum"] = ...) -> float: ...
+    @overload
+    def bcd(self, delays: ArrayLike, *, reduce: Literal["none"]) -> np.ndarray: ...
+    @overload
+    def bcd(self, delays: ArrayLike, *, reduce: str = ...) -> float | np.ndarray: ...
+    def bcd(self, delays: ArrayLike, *, reduce: str = "mean") -> float | np.ndarray:
         """BCD of the fitted assignment under other delays (same ``n``).
 
         E.g. a new measurement of the network; see

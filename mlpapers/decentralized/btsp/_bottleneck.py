@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
-from mlpapers._utils import check_in_options, check_positive
+from mlpapers._utils import ArrayLike, check_in_options, check_positive
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers.decentralized.btsp._hamilton import (
     EXACT_MAX_N,
@@ -122,10 +123,25 @@ def _argmin_total(rounds: np.ndarray) -> int:
     return int(cand[min(f for f, t in zip(first, totals) if t == best)])
 
 
+@overload
 def bottleneck_delay(
-    delays: Any,
-    assignment: Any,
-    topology: Any = "exponential",
+    delays: ArrayLike, assignment: ArrayLike, topology: str | Sequence = ...,
+    *, reduce: Literal["mean", "sum"] = ..., directed: bool = ...,
+) -> float: ...
+@overload
+def bottleneck_delay(
+    delays: ArrayLike, assignment: ArrayLike, topology: str | Sequence = ...,
+    *, reduce: Literal["none"], directed: bool = ...,
+) -> np.ndarray: ...
+@overload
+def bottleneck_delay(
+    delays: ArrayLike, assignment: ArrayLike, topology: str | Sequence = ...,
+    *, reduce: str = ..., directed: bool = ...,
+) -> float | np.ndarray: ...
+def bottleneck_delay(
+    delays: ArrayLike,
+    assignment: ArrayLike,
+    topology: str | Sequence = "exponential",
     *,
     reduce: str = "mean",
     directed: bool = False,
@@ -183,7 +199,7 @@ def bottleneck_delay(
 
 
 # ------------------------------------------------------- biconnectivity -------
-def is_biconnected(adjacency: Any) -> bool:
+def is_biconnected(adjacency: ArrayLike) -> bool:
     """Whether an undirected graph given by a boolean adjacency matrix is biconnected.
 
     Iterative depth-first search (Tarjan--Hopcroft articulation points): the search
@@ -269,7 +285,7 @@ def is_biconnected(adjacency: Any) -> bool:
     return not bool(np.any(low[non_root[mask]] >= disc[par[mask]]))
 
 
-def biconnected_threshold(delays: Any, *, directed: bool = False) -> float:
+def biconnected_threshold(delays: ArrayLike, *, directed: bool = False) -> float:
     """Smallest ``theta`` for which ``{(u, v): D[u, v] <= theta}`` is biconnected.
 
     Every Hamiltonian cycle is biconnected, so ``theta`` is a lower bound on the
@@ -337,7 +353,7 @@ def _cycle_bottleneck(E: np.ndarray, tour: np.ndarray) -> float:
 
 
 def bottleneck_tsp(
-    delays: Any,
+    delays: ArrayLike,
     *,
     method: str = "2approx",
     directed: bool = False,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal, overload
+
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
@@ -13,6 +15,24 @@ __all__ = ["make_delay_matrix"]
 KINDS = ("geometric", "clustered", "backbone")
 
 
+@overload
+def make_delay_matrix(
+    n: int, kind: str = ..., *, extent: float = ..., per_unit: float = ...,
+    overhead: float = ..., n_clusters: int = ..., n_neighbors: int = ...,
+    return_positions: Literal[False] = ..., random_state: Any = ...,
+) -> np.ndarray: ...
+@overload
+def make_delay_matrix(
+    n: int, kind: str = ..., *, extent: float = ..., per_unit: float = ...,
+    overhead: float = ..., n_clusters: int = ..., n_neighbors: int = ...,
+    return_positions: Literal[True], random_state: Any = ...,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def make_delay_matrix(
+    n: int, kind: str = ..., *, extent: float = ..., per_unit: float = ...,
+    overhead: float = ..., n_clusters: int = ..., n_neighbors: int = ...,
+    return_positions: bool = ..., random_state: Any = ...,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def make_delay_matrix(
     n: int,
     kind: str = "geometric",
@@ -23,8 +43,8 @@ def make_delay_matrix(
     n_clusters: int = 6,
     n_neighbors: int = 3,
     return_positions: bool = False,
-    random_state=None,
-):
+    random_state: Any = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Delays between ``n`` nodes of a synthetic physical network (a symmetric metric).
 
     Nodes are points in an ``extent x extent`` square (miles). Link delays follow

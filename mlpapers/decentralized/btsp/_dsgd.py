@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import threading
 import weakref
+from collections.abc import Sequence
 from fractions import Fraction
+from typing import Self
 
 import numpy as np
 import torch
@@ -23,6 +25,7 @@ from torch.func import functional_call
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
+    ArrayLike,
     ProgressLogger,
     check_in_options,
     check_learning_rate,
@@ -265,11 +268,14 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                                "eval_set": metadata_routing.UNUSED}
     __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
 
-    def __init__(self, *, model="logistic", topology="exponential", assignment=None,
-                 delays=None, n_nodes=None, compute_time=1.0, lr=0.1, momentum=0.0,
-                 weight_decay=0.0, n_rounds=200, batch_size=16, partition="iid", alpha=0.5,
-                 hidden=64, eval_every=10, directed=False, device="cpu", random_state=None,
-                 verbose=0):
+    def __init__(self, *, model: str | nn.Module = "logistic",
+                 topology: str | Sequence = "exponential", assignment: ArrayLike | None = None,
+                 delays: ArrayLike | None = None, n_nodes: int | None = None,
+                 compute_time: float = 1.0, lr: float = 0.1, momentum: float = 0.0,
+                 weight_decay: float = 0.0, n_rounds: int = 200, batch_size: int = 16,
+                 partition: str = "iid", alpha: float = 0.5, hidden: int = 64,
+                 eval_every: int = 10, directed: bool = False, device: str = "cpu",
+                 random_state=None, verbose: int = 0) -> None:
         self.model = model
         self.topology = topology
         self.assignment = assignment
@@ -344,7 +350,8 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     # the local gradients need autograd, also inside the caller's no_grad/inference_mode
     @with_autograd
     @restore_on_failure
-    def fit(self, X, y, nodes=None, eval_set=None):
+    def fit(self, X: ArrayLike, y: ArrayLike, nodes: ArrayLike | Sequence[ArrayLike] | None = None,
+            eval_set: tuple[ArrayLike, ArrayLike] | None = None) -> Self:
         """Run ``n_rounds`` rounds of decentralized SGD.
 
         Parameters
@@ -377,7 +384,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         """
         n, perm, D = self._check_params()
         self._init_fit()
-        X, y = self._validate_data(X, y, reset=True, dtype=torch.float32)
+        X32, y = self._validate_data(X, y, reset=True, dtype=torch.float32)
         check_classification_targets(y)
         self.classes_, y_enc = np.unique(y, return_inverse=True)
         rng = self._numpy_gen
@@ -400,7 +407,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             ye = encode_labels(ye_np, self.classes_, name="eval_set's y", seen_in="y",
                                device=dev)
         else:
-            Xe, ye = X, yt
+            Xe, ye = X32, yt
 
         # shards as a padded index matrix (n, max_count)
         counts = np.bincount(node_of, minlength=n)
@@ -428,12 +435,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         # stacked node models, all starting from the same initialisation
         user = isinstance(self.model, nn.Module)
-        base = _build_module(self.model, X.shape[1], len(self.classes_), int(self.hidden))
+        base = _build_module(self.model, X32.shape[1], len(self.classes_), int(self.hidden))
         if not user:
             _init_params(base, self._torch_gen)
         base = base.to(dev)
         if user:  # (a copy: a module may modify its input in place)
-            _check_module_output(base, X[:1].clone(), len(self.classes_))
+            _check_module_output(base, X32[:1].clone(), len(self.classes_))
         # trainable parameters and buffers per node; frozen ones (requires_grad=False)
         # once, never trained
         params, frozen, buffers = split_state(base, n)
@@ -461,12 +468,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             r = torch.rand(n, B, generator=self._torch_gen, dtype=torch.float32).to(dev)
             local = (r * counts_t[:, None]).long().clamp_max(width - 1)
             idx = pad_t[rows, local]  # (n, B)
-            if user:
-                grads = user_grads(local_grads, params, buffers, X[idx], yt[idx],
+            if drop_seeds is not None:  # a user module
+                grads = user_grads(local_grads, params, buffers, X32[idx], yt[idx],
                                    int(drop_seeds.integers(0, 2**63 - 1)), dev,
                                    has_data if no_data else None)
             else:
-                grads = local_grads(params, X[idx], yt[idx])
+                grads = local_grads(params, X32[idx], yt[idx])
             with torch.no_grad():
                 for k in params:
                     g = grads[k] * has_data.view(-1, *[1] * (grads[k].ndim - 1))
@@ -550,7 +557,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         with torch.no_grad():  # float32 as documented, also for a float64 output
             return functional_call(module, state, (X,), strict=False).float()
 
-    def predict_proba(self, X) -> np.ndarray:
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Class probabilities of the average model ``params_``.
 
         Parameters
@@ -567,7 +574,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         """
         return self._to_numpy(torch.softmax(self._logits(X), dim=1))
 
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Predicted labels of the average model ``params_``.
 
         Parameters

@@ -221,7 +221,7 @@ def user_grads(local_grads: Grads, params: Params, buffers: Params, xb: torch.Te
             f"model failed in training: fit runs a copy of it in train mode on "
             f"batches of {xb.shape[1]} samples per node (batch_size), vectorised over "
             f"the nodes with torch.func.vmap: {exc}") from exc
-    if old is not None:
+    if old is not None and has_data is not None:  # (one is None when the other is)
         with torch.no_grad():
             for k, v in buffers.items():
                 keep = has_data.view(-1, *[1] * (v.ndim - 1)).bool()

@@ -232,4 +232,5 @@ def exact(E: np.ndarray, schedule) -> np.ndarray:
         cost = _exact_sum(rounds[k])
         if best_cost is None or cost < best_cost:
             best, best_cost = perms[k].copy(), cost
+    assert best is not None  # permutations() yields at least one (maybe empty) tuple
     return best

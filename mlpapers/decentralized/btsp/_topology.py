@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mlpapers._utils import check_tensor, to_numpy
+from mlpapers._utils import ArrayLike, check_tensor, to_numpy
 
 __all__ = [
     "MAX_DELAY",
@@ -303,7 +303,7 @@ def check_assignment(assignment: Any, n: int, name: str = "assignment") -> np.nd
     return a
 
 
-def metric_closure(delays: Any) -> np.ndarray:
+def metric_closure(delays: ArrayLike) -> np.ndarray:
     """Shortest-path (Floyd--Warshall) closure of a delay matrix.
 
     The result satisfies the triangle inequality, which the ``2 theta*`` guarantee

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import check_in_options, check_positive, encode_labels, with_autograd
+from mlpapers._utils import (
+    ArrayLike,
+    check_in_options,
+    check_positive,
+    encode_labels,
+    with_autograd,
+)
 from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
-from mlpapers.optim.scent._sparse_input import SparseRows, is_sparse_input, validate_sparse
+from mlpapers.optim.scent._sparse_input import (
+    SparseArrayLike,
+    SparseRows,
+    is_sparse_input,
+    validate_sparse,
+)
 from mlpapers.optim.scent._xc import LOSSES, NEGATIVES
 from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
 from mlpapers.optim.scent._xc_predict import SoftmaxPredictionMixin
@@ -231,7 +244,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
     # training needs autograd even inside the caller's no_grad / inference_mode block
     @with_autograd
     @restore_on_failure
-    def fit(self, X, y):
+    def fit(self, X: SparseArrayLike, y: ArrayLike) -> Self:
         """Fit the classifier.
 
         Parameters
@@ -261,7 +274,8 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         return self
 
     @with_autograd
-    def partial_fit(self, X, y, classes=None, sample_index=None):
+    def partial_fit(self, X: SparseArrayLike, y: ArrayLike, classes: ArrayLike | None = None,
+                    sample_index: ArrayLike | None = None) -> Self:
         """Run one epoch on ``(X, y)`` with a constant learning rate.
 
         Parameters changed by ``set_params`` since the last call (``lr``, ``log_alpha``,
@@ -332,7 +346,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         self._run(X, self._encode(y), index, 1, "constant")
         return self
 
-    def _train_data(self, X, y, *, reset: bool):
+    def _train_data(self, X, y, *, reset: bool) -> tuple[SparseRows | torch.Tensor, np.ndarray]:
         """Validated ``(X, y)``: a float32 tensor, or row batches of a scipy sparse ``X``."""
         if is_sparse_input(X):
             X, y = validate_sparse(self, X, y, reset=reset, dtype=np.float32)

@@ -8,8 +8,15 @@ import numbers
 import numpy as np
 import torch
 
-from mlpapers._utils import check_in_options, check_learning_rate, check_positive, to_numpy
+from mlpapers._utils import (
+    ArrayLike,
+    check_in_options,
+    check_learning_rate,
+    check_positive,
+    to_numpy,
+)
 from mlpapers.optim.scent._loss import METHODS, EntropicRiskLoss, check_dual_params
+from mlpapers.optim.scent._sparse_input import SparseArrayLike
 
 PAPER_REF = (
     'X. Wei, L. Zhou, B. Wang, C.-J. Lin, T. Yang, "A Geometry-Aware Efficient Algorithm '
@@ -117,7 +124,8 @@ class TensorTargetsScore:
     reads a tensor through numpy, which refuses one that requires grad.
     """
 
-    def score(self, X, y, sample_weight=None):
+    def score(self, X: SparseArrayLike, y: ArrayLike,
+              sample_weight: ArrayLike | None = None) -> float:
         """The default score on ``(X, y)``: the accuracy of :meth:`predict` for a
         classifier, its :math:`R^2` for a regressor (as scikit-learn's mixins).
 
@@ -136,7 +144,8 @@ class TensorTargetsScore:
             The (weighted) accuracy for a classifier, the :math:`R^2` for a regressor.
         """
         y, sample_weight = tensors_to_numpy(y, sample_weight)
-        return super().score(X, y, sample_weight=sample_weight)
+        # (the score of the next base: ClassifierMixin or RegressorMixin)
+        return super().score(X, y, sample_weight=sample_weight)  # type: ignore[misc]  # mixin
 
 
 #: The ``X`` entry of the linear KL-DRO/pAUC models' inference methods (``fill_doc``).

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -18,6 +20,7 @@ from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
+    ArrayLike,
     ProgressLogger,
     check_in_options,
     check_positive,
@@ -134,10 +137,13 @@ _REF = r"""
 class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
     _supports_auto_alpha = True
 
-    def __init__(self, *, lam=1.0, method="scent", log_alpha=None, lr=1e-4,
-                 lr_schedule="cosine", momentum=0.9, epochs=100, batch_size=64,
-                 fit_intercept=True, alpha=0.0, init="erm", gamma=0.5, dual_lr=0.1,
-                 delta=1.0, rho=1e-3, random_state=None, device="cpu", verbose=0):
+    def __init__(self, *, lam: float = 1.0, method: str = "scent",
+                 log_alpha: float | str | None = None, lr: float = 1e-4,
+                 lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 100,
+                 batch_size: int = 64, fit_intercept: bool = True, alpha: float = 0.0,
+                 init: str = "erm", gamma: float = 0.5, dual_lr: float = 0.1,
+                 delta: float = 1.0, rho: float = 1e-3, random_state=None, device: str = "cpu",
+                 verbose: int = 0) -> None:
         self.lam = lam
         self.method = method
         self.log_alpha = log_alpha
@@ -159,6 +165,8 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
 
     # subclasses define _y_numeric, _prepare_targets, _encode_eval, _zeros, _losses(W, b,
     # X, y), _erm_init, _store and _params (and may override _target_unit)
+    _prepare_targets: Callable[[Any], torch.Tensor]
+    _encode_eval: Callable[[Any, torch.device], torch.Tensor]
     def _penalty(self, W):
         return 0.5 * self.alpha * (W * W).sum() if self.alpha > 0 else W.new_zeros(())
 
@@ -170,7 +178,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
     # inference_mode block
     @restore_on_failure
     @with_autograd
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit by minimising the KL-DRO objective with SCENT (or a baseline).
 
         Parameters
@@ -301,7 +309,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                 f"{float(ell.max()) * self.lam / lam_t:.3g}); lam is in units of the loss.")
 
     @fill_doc(X=SAMPLES_X)
-    def objective(self, X, y) -> float:
+    def objective(self, X: ArrayLike, y: ArrayLike) -> float:
         r"""Exact KL-DRO objective :math:`\lambda\log\frac1n\sum_i e^{\ell_i/\lambda}
         + \frac{\alpha}{2}\|W\|^2` on ``(X, y)``.
 
@@ -317,11 +325,11 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         float
             The objective of the fitted model on ``(X, y)`` (lower is better).
         """
-        X, y = self._validate_data(X, y, reset=False, dtype=torch.float64,
-                                   y_numeric=self._y_numeric)
-        y = self._encode_eval(y, X.device)
-        W, b = self._params(X.device)
-        return float(self._dro_value(W, b, X, y))
+        X64, y = self._validate_data(X, y, reset=False, dtype=torch.float64,
+                                     y_numeric=self._y_numeric)
+        y = self._encode_eval(y, X64.device)
+        W, b = self._params(X64.device)
+        return float(self._dro_value(W, b, X64, y))
 
 
 class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
@@ -394,7 +402,7 @@ class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
                 torch.tensor(self.intercept_, dtype=torch.float64, device=device))
 
     @fill_doc(X=SAMPLES_X)
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Predicted targets :math:`Xw + b`.
 
         Parameters
@@ -406,9 +414,9 @@ class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
         ndarray of shape (n_samples,)
             The predictions, in float64.
         """
-        X = self._validate_data(X, reset=False, dtype=torch.float64)
-        W, b = self._params(X.device)
-        return self._to_numpy(X @ W + b)
+        X64 = self._validate_data(X, reset=False, dtype=torch.float64)
+        W, b = self._params(X64.device)
+        return self._to_numpy(X64 @ W + b)
 
     @classmethod
     def _estimator_check_instances(cls):
@@ -447,10 +455,13 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
 
     _y_numeric = False
 
-    def __init__(self, *, lam=1.0, method="scent", log_alpha=None, lr=1e-4,
-                 lr_schedule="cosine", momentum=0.9, epochs=100, batch_size=64,
-                 fit_intercept=True, alpha=1e-4, init="erm", gamma=0.5, dual_lr=0.1,
-                 delta=1.0, rho=1e-3, random_state=None, device="cpu", verbose=0):
+    def __init__(self, *, lam: float = 1.0, method: str = "scent",
+                 log_alpha: float | str | None = None, lr: float = 1e-4,
+                 lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 100,
+                 batch_size: int = 64, fit_intercept: bool = True, alpha: float = 1e-4,
+                 init: str = "erm", gamma: float = 0.5, dual_lr: float = 0.1,
+                 delta: float = 1.0, rho: float = 1e-3, random_state=None, device: str = "cpu",
+                 verbose: int = 0) -> None:
         super().__init__(lam=lam, method=method, log_alpha=log_alpha, lr=lr,
                          lr_schedule=lr_schedule, momentum=momentum, epochs=epochs,
                          batch_size=batch_size, fit_intercept=fit_intercept, alpha=alpha,
@@ -493,7 +504,7 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         return X @ W.T + b
 
     @fill_doc(X=SAMPLES_X)
-    def decision_function(self, X):
+    def decision_function(self, X: ArrayLike) -> np.ndarray:
         """Class scores :math:`XW^\\top + b`.
 
         Parameters
@@ -510,7 +521,7 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         return self._to_numpy(z[:, 1] - z[:, 0] if z.shape[1] == 2 else z)
 
     @fill_doc(X=SAMPLES_X)
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Softmax class probabilities.
 
         Parameters
@@ -525,7 +536,7 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         return self._to_numpy(torch.softmax(self._logits(X), dim=1))
 
     @fill_doc(X=SAMPLES_X)
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Most probable class of each row.
 
         Parameters

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -174,6 +175,10 @@ class EntropicRiskLoss(nn.Module):
     [True, False, False, True]
     """
 
+    # buffers (registered in __init__)
+    nu: torch.Tensor
+    initialized: torch.Tensor
+
     def __init__(
         self,
         n_anchors: int,
@@ -194,7 +199,8 @@ class EntropicRiskLoss(nn.Module):
         if nu_init is not None and not math.isfinite(nu_init):
             raise ValueError(f"nu_init must be a finite float or None, got {nu_init!r}.")
         if getattr(log_alpha, "shape", None) == () and not isinstance(log_alpha, torch.Tensor):
-            log_alpha = log_alpha.item()  # 0-d numpy array or numpy scalar
+            scalar: Any = log_alpha  # 0-d numpy array or numpy scalar
+            log_alpha = scalar.item()
         if not isinstance(log_alpha, torch.Tensor) and (
                 isinstance(log_alpha, bool) or not isinstance(log_alpha, numbers.Real)
                 or not math.isfinite(log_alpha)):

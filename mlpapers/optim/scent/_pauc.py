@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Self
 
 import numpy as np
 import torch
@@ -12,7 +13,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ProgressLogger, check_positive, encode_labels, with_autograd
+from mlpapers._utils import ArrayLike, ProgressLogger, check_positive, encode_labels, with_autograd
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers._utils._docs import fill_doc
 from mlpapers.optim.scent._common import (
@@ -145,10 +146,12 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     True
     """
 
-    def __init__(self, *, lam=1.0, margin=1.0, max_fpr=0.3, method="scent", log_alpha=None,
-                 lr=0.1, lr_schedule="cosine", momentum=0.9, epochs=50, batch_size=32,
-                 n_negatives=32, gamma=0.9, dual_lr=0.1, delta=1.0, rho=1e-3,
-                 random_state=None, device="cpu", verbose=0):
+    def __init__(self, *, lam: float = 1.0, margin: float = 1.0, max_fpr: float = 0.3,
+                 method: str = "scent", log_alpha: float | None = None, lr: float = 0.1,
+                 lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 50,
+                 batch_size: int = 32, n_negatives: int = 32, gamma: float = 0.9,
+                 dual_lr: float = 0.1, delta: float = 1.0, rho: float = 1e-3,
+                 random_state=None, device: str = "cpu", verbose: int = 0) -> None:
         self.lam = lam
         self.margin = margin
         self.max_fpr = max_fpr
@@ -192,7 +195,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     # training needs autograd even inside the caller's no_grad / inference_mode block
     @restore_on_failure
     @with_autograd
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit the scorer.
 
         Parameters
@@ -214,7 +217,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # the KL-DRO estimators); rounding raw X to float32 first lost the spread of
         # features with a large offset (at 1e7 the SGD saw steps of 1 for a spread of 1),
         # so the fit depended on the offset and loss_curve_ disagreed with objective
-        X, y = self._validate_data(X, y, reset=True, dtype=torch.float64)
+        X64, y = self._validate_data(X, y, reset=True, dtype=torch.float64)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         if len(self.classes_) != 2:
@@ -227,7 +230,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if self.max_fpr > 1:
             raise ValueError(f"max_fpr must be in (0, 1], got {self.max_fpr!r}.")
         check_positive(self.n_negatives, "n_negatives", integer=True)
-        pos = torch.as_tensor(y == self.classes_[1], device=X.device)
+        pos = torch.as_tensor(y == self.classes_[1], device=X64.device)
         n_pos = int(pos.sum())
         bs = min(int(self.batch_size), n_pos)
         # the pair losses lie in [0, (margin + 1)^2] (sigmoid scores): the float32 SGD
@@ -246,8 +249,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # SGD on Z = (X - mean) / s (s: feature std) with v = w s: the sigmoid sees
         # centred scores, and the diagonal preconditioner makes the fit independent of
         # the features' units and offsets
-        mu, scale, const = feature_scaling(X, fit_intercept=True)
-        Z64 = standardise(X, mu, scale, const)
+        mu, scale, const = feature_scaling(X64, fit_intercept=True)
+        Z64 = standardise(X64, mu, scale, const)
         # the exact objective of loss_curve_ on the float64 features, as objective() sees
         # them (the float32 copies of the SGD differ from them by their rounding)
         Xp64, Xn64 = Z64[pos], Z64[~pos]
@@ -256,7 +259,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         n_neg = len(Xn)
         k = min(int(self.n_negatives), n_neg)
         dev = self._device
-        w = torch.zeros(X.shape[1], dtype=torch.float32, device=dev, requires_grad=True)
+        w = torch.zeros(X64.shape[1], dtype=torch.float32, device=dev, requires_grad=True)
         log_alpha = 0.0 if self.log_alpha is None else float(self.log_alpha)
         loss_fn = make_loss(self, n_pos, log_alpha, temperature=float(self.lam)).to(dev)
         opt = torch.optim.SGD([w], lr=self.lr, momentum=self.momentum,
@@ -294,7 +297,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.nu_ = nu_to_numpy(loss_fn)
         # scored exactly as decision_function does (float64 input, all rows), so that the
         # negative at the threshold is not let through by a float32 rounding of X
-        scores = self._to_numpy(X @ torch.as_tensor(self.coef_, device=X.device))
+        scores = self._to_numpy(X64 @ torch.as_tensor(self.coef_, device=X64.device))
         neg_scores = scores[~self._to_numpy(pos)]
         # "higher": a training negative's score, with at most max_fpr * n_neg above it
         # (linear interpolation let ceil((n_neg - 1) max_fpr) negatives through)
@@ -302,7 +305,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return self
 
     @fill_doc(X=SAMPLES_X)
-    def decision_function(self, X):
+    def decision_function(self, X: ArrayLike) -> np.ndarray:
         """Shifted linear scores :math:`w^\\top x - \\text{threshold\\_}`.
 
         Higher means more likely positive; the shift does not change the
@@ -317,12 +320,12 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         ndarray of shape (n_samples,)
             The shifted scores.
         """
-        X = self._validate_data(X, reset=False, dtype=torch.float64)
-        w = torch.as_tensor(self.coef_, device=X.device)
-        return self._to_numpy(X @ w) - self.threshold_
+        X64 = self._validate_data(X, reset=False, dtype=torch.float64)
+        w = torch.as_tensor(self.coef_, device=X64.device)
+        return self._to_numpy(X64 @ w) - self.threshold_
 
     @fill_doc(X=SAMPLES_X)
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """:math:`\\sigma` of :meth:`decision_function` (a monotone score, not calibrated).
 
         Parameters
@@ -339,7 +342,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return np.stack([1 - p, p], axis=1)
 
     @fill_doc(X=SAMPLES_X)
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """``classes_[1]`` where the score exceeds ``threshold_``, else ``classes_[0]``.
 
         Parameters
@@ -355,7 +358,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         return self.classes_[above.astype(int)]
 
     @fill_doc(X=SAMPLES_X)
-    def score(self, X, y, sample_weight=None):
+    def score(self, X: ArrayLike, y: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
         """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``).
 
         Parameters
@@ -386,7 +389,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                                    max_fpr=self.max_fpr, sample_weight=sample_weight))
 
     @fill_doc(X=SAMPLES_X)
-    def objective(self, X, y) -> float:
+    def objective(self, X: ArrayLike, y: ArrayLike) -> float:
         """Exact KL-DRO pAUC objective over all positive-negative pairs of ``(X, y)``.
 
         The :math:`F(w)` of the class docstring, with the fitted ``coef_`` and
@@ -403,16 +406,16 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         float
             The objective (lower is better).
         """
-        X, y = self._validate_data(X, y, reset=False, dtype=torch.float64)
+        X64, y = self._validate_data(X, y, reset=False, dtype=torch.float64)
         y = np.asarray(y)
-        pos = encode_labels(y, self.classes_, device=X.device) == 1
+        pos = encode_labels(y, self.classes_, device=X64.device) == 1
         if bool(pos.all()) or not bool(pos.any()):  # (it failed with "math domain error")
             raise ValueError("objective needs samples of both classes: it averages over the "
                              f"positive-negative pairs, and y holds only the label {y[0]}.")
-        w = torch.as_tensor(self.coef_, device=X.device)
+        w = torch.as_tensor(self.coef_, device=X64.device)
         # models saved before intercept_ existed scored uncentred features
         b = float(getattr(self, "intercept_", 0.0))
-        return float(self._objective_t(w, X[pos], X[~pos], b))
+        return float(self._objective_t(w, X64[pos], X64[~pos], b))
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -8,12 +8,20 @@ multiply blocks of CSR rows by the weights with scipy.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import scipy.sparse as sp
 import torch
 from sklearn.utils.validation import validate_data
 
+from mlpapers._utils import ArrayLike
+
 __all__: list[str] = []
+
+#: ``X`` of :class:`SCENTClassifier`: array-likes, tensors (dense or sparse) and scipy
+#: sparse matrices or arrays
+SparseArrayLike: TypeAlias = ArrayLike | sp.spmatrix | sp.sparray
 
 
 def is_sparse_input(X) -> bool:

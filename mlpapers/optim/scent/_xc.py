@@ -87,6 +87,8 @@ def batch_scores(
             z_pos, z_neg, valid, count = z_pos[keep], z_neg[keep], valid[keep], count[keep]
     tau = float(temperature)
     if objective == "softmax":
+        # both softmax draws (shared, in-batch) mask each anchor's own label
+        assert valid is not None
         weight = None
         if negatives == "in_batch":
             weight = (n_classes - 1) / (n_classes * count.to(z_neg.dtype))

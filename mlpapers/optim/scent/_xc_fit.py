@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
@@ -25,6 +28,27 @@ from mlpapers.optim.scent._xc import batch_scores, draw_negatives
 class SampledTrainingMixin:
     """State and steps of the sampled-negative training (weights ``_W``, ``_b``, the
     SGD optimizer ``_opt`` and the dual table ``_loss_fn``)."""
+
+    # set by the estimator that mixes this in
+    fit_intercept: bool
+    lr: float
+    momentum: float
+    alpha: float
+    method: str
+    log_alpha: float | None
+    delta: float
+    rho: float
+    temperature: float
+    loss: str
+    negatives: str
+    n_negatives: int
+    batch_size: int
+    verbose: int
+    classes_: np.ndarray
+    loss_curve_: list[float]
+    _torch_gen: torch.Generator
+    _resolved_device: torch.device
+    _objective_of: Callable[[Any, torch.Tensor], float]
 
     def _params(self) -> list[torch.Tensor]:
         return [self._W, self._b] if self.fit_intercept else [self._W]
@@ -131,7 +155,9 @@ class SampledTrainingMixin:
         self._opt.zero_grad()
         loss = tau * self._loss_fn(scores, index, mask)
         loss.backward()
-        rows = [(yb, Wp.grad), (draw.cand, Wc.grad)]
+        grad_p, grad_c = Wp.grad, Wc.grad
+        assert grad_p is not None and grad_c is not None  # both leaves feed the loss
+        rows = [(yb, grad_p), (draw.cand, grad_c)]
         value = float(loss.detach())
         if not math.isfinite(value):  # ASGD's exp(L - nu) overflowed (nu = inf, weights 0)
             raise surrogate_overflow("SCENTClassifier", self.method, self.n_iter_ + 1,

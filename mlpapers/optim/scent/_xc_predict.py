@@ -3,12 +3,17 @@ in row blocks whose logits stay within a fixed budget whatever the number of cla
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from mlpapers._utils import ArrayLike
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks, row_blocks
 from mlpapers.optim.scent._sparse_input import (
+    SparseArrayLike,
     is_sparse_input,
     sparse_logit_block,
     validate_sparse,
@@ -26,6 +31,18 @@ class SoftmaxPredictionMixin:
     ``objective`` of a linear softmax model with fitted ``coef_`` (n_classes, d),
     ``intercept_``, ``classes_``, the ``temperature``, ``loss`` and ``alpha``
     parameters and ``_encode(y)`` (labels to class indices)."""
+
+    # set by the estimator that mixes this in
+    coef_: np.ndarray
+    intercept_: np.ndarray
+    classes_: np.ndarray
+    temperature: float
+    loss: str
+    alpha: float
+    _resolved_device: torch.device
+    _validate_data: Callable[..., Any]
+    _to_numpy: Callable[[Any], np.ndarray]
+    _encode: Callable[[np.ndarray], torch.Tensor]
 
     def _block_rows(self) -> int:
         """Rows per block: about ``_CHUNK_ELEMENTS`` logits at once (at least one row),
@@ -58,7 +75,7 @@ class SoftmaxPredictionMixin:
         """All logits (``transform`` applied block by block: one block of temporaries)."""
         return self._map_logits(self._X64(X), (lambda z: z) if transform is None else transform)
 
-    def decision_function(self, X):
+    def decision_function(self, X: SparseArrayLike) -> np.ndarray:
         """Class scores :math:`z = XW^\\top + b`.
 
         Parameters
@@ -78,7 +95,7 @@ class SoftmaxPredictionMixin:
             z = z[:, 1] - z[:, 0]
         return self._to_numpy(z)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: SparseArrayLike) -> np.ndarray:
         """Exact softmax probabilities :math:`\\text{softmax}(z/\\tau)` over all classes.
 
         Parameters
@@ -95,7 +112,7 @@ class SoftmaxPredictionMixin:
         tau = float(self.temperature)
         return self._to_numpy(self._logits(X, lambda z: torch.softmax(z / tau, dim=1)))
 
-    def predict_log_proba(self, X):
+    def predict_log_proba(self, X: SparseArrayLike) -> np.ndarray:
         """Logarithm of :meth:`predict_proba`, computed stably (``log_softmax``).
 
         Parameters
@@ -113,7 +130,7 @@ class SoftmaxPredictionMixin:
         tau = float(self.temperature)
         return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(z / tau, dim=1)))
 
-    def predict(self, X):
+    def predict(self, X: SparseArrayLike) -> np.ndarray:
         """Most probable class of each row (the largest score of :meth:`decision_function`).
 
         Parameters
@@ -130,7 +147,7 @@ class SoftmaxPredictionMixin:
         best = self._map_logits(self._X64(X), lambda z: z.argmax(dim=1))
         return self.classes_[self._to_numpy(best)]
 
-    def objective(self, X, y) -> float:
+    def objective(self, X: SparseArrayLike, y: ArrayLike) -> float:
         r"""Exact regularised objective of ``loss`` over all classes.
 
         ``loss="softmax"``: the cross-entropy
