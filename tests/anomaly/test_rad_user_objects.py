@@ -572,3 +572,19 @@ def test_errors_inside_the_extractor_get_a_fitting_hint():
     deep = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(4), nn.Conv2d(4, 4, 3))
     with pytest.raises(ValueError, match="may be too small for this backbone; set image_size"):
         _rad(TorchFeatureExtractor(deep, ["0", "2"])).fit(X_TRAIN[:, :, :8, :8])
+
+
+_LABEL_TENSORS = ["requires_grad", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("where", _LABEL_TENSORS)
+def test_score_takes_labels_as_a_tensor_numpy_cannot_read(where):
+    # typing audit: score's y is array-like or a tensor, but np.asarray(y) refused a
+    # tensor on the GPU (TypeError) or one that requires grad (RuntimeError)
+    X = np.random.default_rng(0).random((4, 16, 16, 3))
+    y = [0, 0, 1, 1]
+    est = RADDetector(extractor="random", k_images=2, image_size=16).fit(X)
+    labels = (torch.tensor(y, dtype=torch.float32, requires_grad=True)
+              if where == "requires_grad" else torch.tensor(y, device="cuda"))
+    assert est.score(X, labels) == est.score(X, np.array(y))

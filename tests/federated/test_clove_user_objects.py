@@ -489,3 +489,21 @@ def test_unused_parameter_trains_vectorized_like_the_loop(optimizer):
     np.testing.assert_allclose(vec.loss_vectors_, loop.loss_vectors_, rtol=1e-4, atol=1e-6)
     for k, v in vec._states.items():
         torch.testing.assert_close(v, loop._states[k], rtol=1e-4, atol=1e-6)
+
+
+_LABEL_TENSORS = ["requires_grad", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("where", _LABEL_TENSORS)
+def test_cluster_labels_may_be_a_tensor_numpy_cannot_read(where):
+    # typing audit: fit's cluster_labels is array-like or a tensor, but np.asarray
+    # refused a tensor on the GPU (TypeError) or one that requires grad (RuntimeError)
+    clients, truth, _ = make_federated_linear(
+        n_clusters=2, n_clients_per_cluster=2, n_samples=20, n_features=3, random_state=0)
+    labels = (torch.tensor(truth, dtype=torch.float32, requires_grad=True)
+              if where == "requires_grad" else torch.tensor(truth, device="cuda"))
+    kw = dict(n_clusters=2, n_rounds=2, local_epochs=5, lr=0.05, random_state=0)
+    with_tensor = CLoVE(**kw).fit(clients, cluster_labels=labels)
+    with_array = CLoVE(**kw).fit(clients, cluster_labels=truth)
+    assert [h["ari"] for h in with_tensor.history_] == [h["ari"] for h in with_array.history_]

@@ -8,7 +8,8 @@ import itertools
 import numbers
 import os
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, Self, cast, overload
 
 import numpy as np
 import torch
@@ -18,10 +19,12 @@ from sklearn.metrics import roc_auc_score
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
+    ArrayLike,
     ProgressLogger,
     check_in_options,
     check_positive,
     resolve_dtype,
+    to_numpy,
     user_stacklevel,
 )
 from mlpapers._utils._blocks import collect_row_blocks, row_blocks
@@ -35,6 +38,7 @@ from mlpapers.anomaly.rad._extractors import (
     resolve_extractor,
 )
 from mlpapers.anomaly.rad._images import (  # noqa: F401 (check_images re-exported)
+    ImageInput,
     _resize,
     _unit_rgb,
     check_images,
@@ -91,8 +95,9 @@ def check_fraction(value, name: str, high: float, *, zero_allowed: bool) -> None
     """Refuse ``value`` unless it is a real number in ``[0, high]`` (``(0, high]`` without
     ``zero_allowed``). A bool is refused, not read as 0 or 1 (``coreset_ratio=True`` meant
     as "use a coreset" kept the whole memory; ``top_ratio=True`` averaged every pixel)."""
+    real = cast(float, value)  # compared only once known to be a numbers.Real
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-            (0.0 <= value if zero_allowed else 0.0 < value) and value <= high):
+            (0.0 <= real if zero_allowed else 0.0 < real) and real <= high):
         raise ValueError(f"{name} must be in {'[' if zero_allowed else '('}0, {high:g}], "
                          f"got {value!r}.")
 
@@ -150,7 +155,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         if ext is None:
             ext = resolve_extractor(self.extractor)
             user_object = not (self.extractor is None or isinstance(self.extractor, str))
-            if not user_object:  # the library's own backbone (a module), built on the CPU
+            if not user_object and isinstance(ext, torch.nn.Module):
+                # the library's own backbone (always a module), built on the CPU
                 ext = ext.to(self._resolved_device)
             elif isinstance(ext, torch.nn.Module) and _needs_move(ext, self._resolved_device):
                 # a copy on the device: Module.to moves in place, and the user's module
@@ -171,7 +177,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
     # -- feature extraction -------------------------------------------------
     def _network_size(self, images: torch.Tensor) -> tuple[int, int]:
         hw = _check_image_size(self.image_size)
-        return tuple(images.shape[-2:]) if hw is None else hw
+        return (images.shape[-2], images.shape[-1]) if hw is None else hw
 
     def _images(self, X) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
         """Validated images in their pixel dtype (image files: an :class:`ImageFiles`
@@ -274,6 +280,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                         keys = torch.empty((n, k.shape[1]), dtype=k.dtype, device=k.device)
                 keys[i * bs:i * bs + len(x)] = k
                 log.log(batch=i)
+        # (set by the first batch: there is at least one image, validated)
+        assert keys is not None and raw_shapes is not None
         self._extracted_shapes = raw_shapes
         return out, keys
 
@@ -283,7 +291,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         return None
 
     # -- public API -----------------------------------------------------------
-    def fit(self, X, y=None):
+    def fit(self, X: ImageInput, y: object = None) -> Self:
         """Build the memory from normal images.
 
         Parameters
@@ -360,12 +368,12 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         # scores written into outputs allocated once: the features of all test images
         # never exist at once (they are several times the size of the maps), so the
         # memory is the output plus one group, whatever the number of images.
-        size = self._score_group_size(expect)
-        groups = list(row_blocks(len(images), size))
+        group = self._score_group_size(expect)
+        groups = list(row_blocks(len(images), group))
         # one progress bar: per batch for one group (as without groups), else per group
         inner = None if len(groups) == 1 else 0
         log = ProgressLogger(len(groups), verbose=self.verbose if inner == 0 else 0,
-                             desc=f"{desc} ({len(images)} images in groups of {size})")
+                             desc=f"{desc} ({len(images)} images in groups of {group})")
 
         def score_group(rows: slice):
             feats, keys = self._extract(images, desc=desc, expect=expect, rows=rows,
@@ -380,7 +388,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
             return (maps, scores) if return_maps else scores
 
         # zip draws from the logger first, so that its bar closes with the last group
-        out = collect_row_blocks(score_group, len(images), size,
+        out = collect_row_blocks(score_group, len(images), group,
                                  blocks=(rows for _, rows in zip(log, groups)))
         maps, scores = out if return_maps else (None, out)
         return maps, scores, (tuple(images.shape[-2:]) if sizes is None else sizes)
@@ -412,7 +420,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         estimator's for the group's progress bars)."""
         return self._score_features(feats, keys, exclude=None, return_maps=return_maps)
 
-    def decision_function(self, X) -> np.ndarray:
+    def decision_function(self, X: ImageInput) -> np.ndarray:
         """Image anomaly scores (higher is more anomalous, as in PyOD).
 
         Parameters
@@ -429,7 +437,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         """
         return self._to_numpy(self._maps_and_scores(X, return_maps=False)[1])
 
-    def score_samples(self, X) -> np.ndarray:
+    def score_samples(self, X: ImageInput) -> np.ndarray:
         """Alias of :meth:`decision_function`: higher is more anomalous.
 
         Note that this follows PyOD, not scikit-learn's outlier detectors (where
@@ -447,7 +455,19 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         """
         return self.decision_function(X)
 
-    def anomaly_map(self, X, *, return_scores: bool = False):
+    @overload
+    def anomaly_map(self, X: ImageInput, *, return_scores: Literal[False] = False
+                    ) -> np.ndarray | list[np.ndarray]: ...
+    @overload
+    def anomaly_map(self, X: ImageInput, *, return_scores: Literal[True]
+                    ) -> tuple[np.ndarray | list[np.ndarray], np.ndarray]: ...
+    @overload
+    def anomaly_map(self, X: ImageInput, *, return_scores: bool = False
+                    ) -> (np.ndarray | list[np.ndarray]
+                          | tuple[np.ndarray | list[np.ndarray], np.ndarray]): ...
+    def anomaly_map(self, X: ImageInput, *, return_scores: bool = False
+                    ) -> (np.ndarray | list[np.ndarray]
+                          | tuple[np.ndarray | list[np.ndarray], np.ndarray]):
         """Pixel anomaly maps at the input resolution.
 
         The maps are computed at the network input size (``input_size_``) and
@@ -476,7 +496,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
             maps = self._to_numpy(resize_maps(maps, hw))
         return (maps, self._to_numpy(scores)) if return_scores else maps
 
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X: ImageInput) -> np.ndarray:
         """Binary labels: 1 for anomalous (score above ``threshold_``), 0 for normal.
 
         Follows PyOD (1 = outlier), not scikit-learn's outlier detectors (which
@@ -507,7 +527,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                 "scoring above 0). Fit on at least 2 normal images, or rank with "
                 "decision_function.", UserWarning, stacklevel=user_stacklevel())
 
-    def predict_proba(self, X, method: str = "linear") -> np.ndarray:
+    def predict_proba(self, X: ImageInput, method: str = "linear") -> np.ndarray:
         r"""Probability of being anomalous, as PyOD's ``predict_proba``.
 
         The test scores are mapped through the training scores
@@ -546,7 +566,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         p = np.clip(p, 0.0, 1.0)
         return np.stack([1.0 - p, p], axis=1)
 
-    def fit_predict(self, X, y=None) -> np.ndarray:
+    def fit_predict(self, X: ImageInput, y: object = None) -> np.ndarray:
         """Fit and return ``labels_`` (leave-one-out labels of the training images).
 
         The training images are labelled by their leave-one-out scores
@@ -568,7 +588,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         """
         return self.fit(X).labels_
 
-    def score(self, X, y) -> float:
+    def score(self, X: ImageInput, y: ArrayLike) -> float:
         """Image-level AUROC of :meth:`decision_function` against ``y`` (1 = anomalous).
 
         Parameters
@@ -585,7 +605,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         float
             The area under the ROC curve of the image scores, in [0, 1].
         """
-        y = np.asarray(y)
+        y = to_numpy(y)  # (a tensor on a GPU or requiring grad too)
         # checked here, before the extraction: scikit-learn's roc_auc_score returns NaN
         # with a warning for a single class (>= 1.8) or raises (older versions); labels
         # in {-1, 1} are refused, as scikit-learn's outlier convention (-1 = outlier)
@@ -617,7 +637,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         self._save_storing(path, "extractor", _CUSTOM_EXTRACTOR)  # a marker, not the code
 
     @classmethod
-    def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *, extractor=None):
+    def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *,
+             extractor: Callable[..., Any] | None = None) -> Self:
         """Load a detector written by :meth:`save`, safely (``weights_only=True``).
 
         Parameters

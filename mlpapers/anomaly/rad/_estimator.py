@@ -282,7 +282,8 @@ class RADDetector(BaseImageDetector):
             layer_maps.append((1.0 - sim).clamp_min(0.0).reshape(len(nbrs), h, w))
             layer_weights.append(float(wl))
         # upsampling, fusion and blur in one pass (two small matmuls per batch)
-        maps = fused_smoothed_maps(layer_maps, layer_weights, tuple(self.input_size_),
+        maps = fused_smoothed_maps(layer_maps, layer_weights,
+                                   (self.input_size_[0], self.input_size_[1]),
                                    float(self.smoothing_sigma), self.blur_padding)
         scores = top_ratio_pool(maps, float(self.top_ratio))
         return (maps if return_maps else None), scores

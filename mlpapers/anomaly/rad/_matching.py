@@ -165,6 +165,7 @@ def shared_patch_similarity(
                                       mem.storage_offset() + (p0 + dy * Wp) * uc * Cp)
                 s = torch.bmm(q[p0:p0 + n], cand.transpose(1, 2))  # (n, B, nx uc)
                 acc = s if acc is None else torch.maximum(acc, s, out=acc)
+            assert acc is not None  # the window has 2 ry + 1 >= 1 rows
             if drop is not None:
                 acc.add_(drop)
             torch.maximum(best[p0:p0 + n], acc.amax(dim=2), out=best[p0:p0 + n])

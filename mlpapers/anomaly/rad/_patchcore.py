@@ -186,7 +186,7 @@ class PatchCoreDetector(BaseImageDetector):
         scores = d.reshape(n, -1).amax(dim=1)
         if not return_maps:
             return None, scores
-        maps = fused_smoothed_maps([d], [1.0], tuple(self.input_size_),
+        maps = fused_smoothed_maps([d], [1.0], (self.input_size_[0], self.input_size_[1]),
                                    float(self.smoothing_sigma))
         return maps, scores
 

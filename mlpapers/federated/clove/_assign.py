@@ -11,6 +11,7 @@ and the random initial assignment.
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import silhouette_score
 
-from mlpapers._utils import check_positive, on_inputs_device
+from mlpapers._utils import ArrayLike, check_positive, on_inputs_device
 
 __all__ = [
     "choose_n_clusters",
@@ -98,16 +99,31 @@ def _canonical_row_order(*keys: np.ndarray) -> np.ndarray:
     return np.lexsort(np.vstack([K.T[::-1] for K in reversed(keys)]))
 
 
+@overload
+def clove_assign(loss_matrix: ArrayLike, n_clusters: int | None = None,
+                 random_state: int | np.random.RandomState | None = None, *, n_init: int = 10,
+                 return_centers: Literal[False] = False, match_losses: ArrayLike | None = None
+                 ) -> np.ndarray: ...
+@overload
+def clove_assign(loss_matrix: ArrayLike, n_clusters: int | None = None,
+                 random_state: int | np.random.RandomState | None = None, *, n_init: int = 10,
+                 return_centers: Literal[True], match_losses: ArrayLike | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def clove_assign(loss_matrix: ArrayLike, n_clusters: int | None = None,
+                 random_state: int | np.random.RandomState | None = None, *, n_init: int = 10,
+                 return_centers: bool = False, match_losses: ArrayLike | None = None
+                 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 @on_inputs_device
 def clove_assign(
-    loss_matrix,
+    loss_matrix: ArrayLike,
     n_clusters: int | None = None,
-    random_state=None,
+    random_state: int | np.random.RandomState | None = None,
     *,
     n_init: int = 10,
     return_centers: bool = False,
-    match_losses=None,
-):
+    match_losses: ArrayLike | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """CLoVE's assignment step: k-means on loss vectors, then Hungarian matching.
 
     Each row of ``loss_matrix`` is a client's loss vector (its loss under every
@@ -208,7 +224,7 @@ def clove_assign(
 
 
 @on_inputs_device
-def ifca_assign(loss_matrix) -> np.ndarray:
+def ifca_assign(loss_matrix: ArrayLike) -> np.ndarray:
     """IFCA's assignment: each client takes its lowest-loss model (ties: lowest index).
 
     Parameters
@@ -239,7 +255,7 @@ def ifca_assign(loss_matrix) -> np.ndarray:
 
 @on_inputs_device
 def choose_n_clusters(
-    loss_matrix, max_clusters: int, *, min_gain: float = 0.1
+    loss_matrix: ArrayLike, max_clusters: int, *, min_gain: float = 0.1
 ) -> int:
     """Pick the number of clusters of the loss vectors by Ward linkage + silhouette.
 

@@ -110,6 +110,7 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
         raise ValueError("either every client gives targets y or none does; got a mix of "
                          "(X, y) and unsupervised clients.")
     is_sup = n_sup > 0
+    assert input_shape is not None  # set by the first client (clients is not empty)
     if supervised is not None and is_sup != supervised:
         raise ValueError(f"{owner} was fitted {'with' if supervised else 'without'} targets y; "
                          f"got clients {'with' if is_sup else 'without'} them.")

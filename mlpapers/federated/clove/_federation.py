@@ -12,7 +12,8 @@ import math
 import numbers
 import time
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -24,9 +25,11 @@ from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
+    ArrayLike,
     ProgressLogger,
     check_in_options,
     check_positive,
+    to_numpy,
     user_stacklevel,
 )
 from mlpapers._utils._ambient import with_autograd
@@ -101,7 +104,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             hls = (hls,)
         if isinstance(hls, (str, bytes)) or not hasattr(hls, "__iter__") \
                 or not all(isinstance(h, numbers.Integral) and not isinstance(h, bool)
-                           and h > 0 for h in hls):
+                           and int(h) > 0 for h in hls):
             raise ValueError(f"hidden_layer_sizes must be positive integers, got {hls!r}.")
         self._hidden = tuple(int(h) for h in hls)
         if hasattr(self, "init"):
@@ -123,7 +126,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
     # local training needs autograd, also inside the caller's no_grad/inference_mode
     @with_autograd
     @restore_on_failure
-    def fit(self, clients, cluster_labels=None):
+    def fit(self, clients: Sequence[Any], cluster_labels: ArrayLike | None = None) -> Self:
         """Run the federated simulation.
 
         Parameters
@@ -162,7 +165,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             self.__dict__.pop("feature_names_in_", None)
         truth = None
         if cluster_labels is not None:
-            truth = np.asarray(cluster_labels).ravel()
+            truth = to_numpy(cluster_labels).ravel()  # (a tensor on a GPU or requiring grad too)
             if truth.shape[0] != n:
                 raise ValueError(f"cluster_labels has {truth.shape[0]} entries for {n} clients.")
         kind = infer_loss(self.loss, self.model, fed.ys)

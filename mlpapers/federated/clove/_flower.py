@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -120,7 +120,8 @@ class CLoVEStrategy(Strategy):
     3
     """
 
-    def __init__(self, n_clusters: int, *, min_nodes: int = 2, random_state=None,
+    def __init__(self, n_clusters: int, *, min_nodes: int = 2,
+                 random_state: int | np.random.RandomState | None = None,
                  n_init: int = 10, poll_interval: float = 0.1):
         check_positive(n_clusters, "n_clusters", integer=True)
         check_positive(min_nodes, "min_nodes", integer=True)
@@ -135,8 +136,8 @@ class CLoVEStrategy(Strategy):
         self.models_: list[ArrayRecord] = []
 
     # -- Strategy interface ------------------------------------------------------
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid):
+    def configure_train(self, server_round: int, arrays: ArrayRecord | None,
+                        config: ConfigRecord, grid: Grid) -> list[Message]:
         """One ``train`` message per node carrying its assigned model.
 
         Parameters
@@ -163,7 +164,8 @@ class CLoVEStrategy(Strategy):
             for nid in self.node_ids_
         ]
 
-    def aggregate_train(self, server_round: int, replies):
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[None, MetricRecord]:
         """Data-size weighted average of the replies, per assigned model.
 
         Arrays are matched by name, so the replies may list them in another order
@@ -201,8 +203,8 @@ class CLoVEStrategy(Strategy):
         for reply in replies:
             nid = reply.metadata.src_node_id
             j = self.labels_[nid]
-            n = float(reply.content["metrics"]["num-examples"])
-            arrays = _to_arrays(reply.content["arrays"])
+            n = float(cast(int, reply.content["metrics"]["num-examples"]))  # (the ClientApp's)
+            arrays = _to_arrays(cast(ArrayRecord, reply.content["arrays"]))
             if set(arrays) != set(keys):
                 raise ValueError(f"node {nid} replied with arrays {sorted(arrays)}, expected "
                                  f"{sorted(keys)}.")
@@ -229,7 +231,8 @@ class CLoVEStrategy(Strategy):
                 order="C")) for k in keys})
         return None, MetricRecord({"models-updated": len(sums)})
 
-    def configure_evaluate(self, server_round, arrays, config, grid):
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
+                           config: ConfigRecord, grid: Grid) -> list[Message]:
         """No federated evaluation: CLoVE's rounds do not evaluate on the nodes.
 
         Parameters
@@ -250,7 +253,7 @@ class CLoVEStrategy(Strategy):
         """
         return []
 
-    def aggregate_evaluate(self, server_round, replies):
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> None:
         """No federated evaluation (see :meth:`configure_evaluate`).
 
         Parameters
@@ -292,7 +295,8 @@ class CLoVEStrategy(Strategy):
             raise TimeoutError(f"{len(ids)} node(s) did not reply within {timeout} s.")
         return replies
 
-    def start(self, grid: Grid, initial_arrays, num_rounds: int = 3,
+    def start(self, grid: Grid,  # type: ignore[override]  # returns self (documented)
+              initial_arrays: ArrayRecord | Sequence[ArrayRecord], num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable | None = None) -> CLoVEStrategy:
@@ -379,7 +383,8 @@ class CLoVEStrategy(Strategy):
                 for nid in self.node_ids_
             ]
             by_node = {r.metadata.src_node_id: r for r in self._exchange(grid, msgs, timeout)}
-            L = np.array([list(by_node[nid].content["metrics"]["losses"])
+            # (the nodes' ClientApp sends its losses as a list of floats)
+            L = np.array([list(cast(list[float], by_node[nid].content["metrics"]["losses"]))
                           for nid in self.node_ids_], dtype=np.float64)
             for nid in self.node_ids_:
                 metrics = by_node[nid].content["metrics"]
@@ -453,6 +458,7 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
         # statistics, whose loss vectors would depend on the batching, as fit does)
         _output_width(template, fed.Xs[0])
         return ClientData.from_lists(fed.Xs, None, torch.device("cpu"))
+    assert fed.ys is not None  # y is not None (checked above)
     y_np = fed.ys[0]
     if loss == "mse":
         Y = mse_targets([y_np], torch.device("cpu"), prefix="make_client_app: ")[0]
@@ -611,8 +617,10 @@ def make_client_app(
     @on_cpu_default_device
     def train(msg: Message, context: Context) -> Message:
         data, template, engine = setup(context)
-        states = stack([msg.content["arrays"]], template)
-        seed = int(msg.content["config"].get("seed", 0)) if "config" in msg.content else 0
+        states = stack([cast(ArrayRecord, msg.content["arrays"])], template)
+        # a user's train_config value: int() refuses what is no number, as it should
+        seed_value: Any = msg.content["config"].get("seed", 0) if "config" in msg.content else 0
+        seed = int(seed_value)
         gen = torch.Generator().manual_seed(seed * 100003 + int(msg.metadata.group_id or 0))
         with autograd_enabled():  # also inside a caller's no_grad/inference_mode
             new = engine.local_train(states, torch.zeros(1, dtype=torch.long), data, gen)

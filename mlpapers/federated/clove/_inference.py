@@ -11,6 +11,8 @@ none of its own.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -18,7 +20,7 @@ from sklearn.metrics import r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_feature_names
 
-from mlpapers._utils import check_tensor, encode_labels, on_cpu_default_device
+from mlpapers._utils import ArrayLike, check_tensor, encode_labels, on_cpu_default_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._data import _split_client, mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine
@@ -43,20 +45,20 @@ def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: i
     on all rows at once, as the callers reshape its output by size. ``copy_input``
     gives the model copies of the rows (a user model may modify its input in place:
     ``Xt`` may share the caller's memory, and score compares reconstructions to it)."""
+    run: Callable[[torch.Tensor], torch.Tensor] = model
     if copy_input:
-        forward = model
-        model = lambda x: forward(x.clone())  # noqa: E731
+        run = lambda x: model(x.clone())  # noqa: E731
     n = Xt.shape[0]
     rows = block_rows_for(row_elements, _PREDICT_ELEMENTS)
     with torch.no_grad():
         if n <= rows:
-            return model(Xt).reshape(n, -1)
-        first = model(Xt[:rows])
+            return run(Xt).reshape(n, -1)
+        first = run(Xt[:rows])
         if first.ndim == 0 or first.shape[0] != rows:
-            return model(Xt).reshape(n, -1)
-        return collect_row_blocks(
-            lambda r: (first if r.start == 0 else model(Xt[r])).reshape(r.stop - r.start, -1),
-            n, rows)
+            return run(Xt).reshape(n, -1)
+        return cast(torch.Tensor, collect_row_blocks(  # (a tensor per block, so a tensor)
+            lambda r: (first if r.start == 0 else run(Xt[r])).reshape(r.stop - r.start, -1),
+            n, rows))
 
 
 def _check_index(value, name: str, stop: int) -> None:
@@ -64,12 +66,29 @@ def _check_index(value, name: str, stop: int) -> None:
     ``Integral`` (``labels_[True]`` is numpy's mask indexing, a cryptic TypeError, and
     ``cluster=True`` picked model 1 silently)."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) \
-            or not 0 <= value < stop:
+            or not 0 <= int(value) < stop:
         raise ValueError(f"{name} must be an integer in [0, {stop}), got {value!r}.")
 
 
 class _FederatedInferenceMixin:
     """Prediction, new-client assignment and scoring with the fitted per-cluster models."""
+
+    # set by the estimator that mixes this in (parameters, fitted state, and the
+    # helpers of TorchEstimatorMixin)
+    model: str | Callable[..., torch.nn.Module]
+    loss: str
+    loss_: str
+    models_: list[torch.nn.Module]
+    labels_: np.ndarray
+    classes_: np.ndarray
+    input_shape_: tuple[int, ...]
+    n_outputs_: int
+    n_clients_: int
+    _template: torch.nn.Module
+    _states: dict[str, torch.Tensor]
+    _resolved_device: torch.device
+    _check_fitted: Callable[[], None]
+    _to_numpy: Callable[[Any], np.ndarray]
 
     def _model_for(self, client, cluster) -> torch.nn.Module:
         self._check_fitted()
@@ -98,7 +117,8 @@ class _FederatedInferenceMixin:
                              f"{type(self).__name__} is expecting {tuple(self.input_shape_)}.")
         return Xt
 
-    def predict(self, X, *, client: int | None = None, cluster: int | None = None):
+    def predict(self, X: ArrayLike, *, client: int | None = None,
+                cluster: int | None = None) -> np.ndarray:
         """Predict with the model of a training client (or a given model).
 
         Parameters
@@ -143,7 +163,8 @@ class _FederatedInferenceMixin:
 
     @available_if(_has_proba)
     @on_cpu_default_device  # (available_if hides it from the estimators' own wrapping)
-    def predict_proba(self, X, *, client: int | None = None, cluster: int | None = None):
+    def predict_proba(self, X: ArrayLike, *, client: int | None = None,
+                      cluster: int | None = None) -> np.ndarray:
         """Class probabilities (softmax of the logits) of a client's model.
 
         Only for the cross-entropy loss (``model="logistic"``, ``"mlp"`` on class
@@ -213,7 +234,7 @@ class _FederatedInferenceMixin:
             return ClientData.from_lists(fed.Xs, Ys, self._resolved_device)
         return ClientData.from_lists(fed.Xs, None, self._resolved_device)
 
-    def assign(self, X, y=None) -> int:
+    def assign(self, X: ArrayLike, y: ArrayLike | None = None) -> int:
         """Model index for a new client: the model with the lowest loss on its data.
 
         Parameters
@@ -234,7 +255,7 @@ class _FederatedInferenceMixin:
         self._check_fitted()
         return int(np.argmin(self._client_loss_vector(X, y)))
 
-    def score(self, clients) -> float:
+    def score(self, clients: Sequence[Any]) -> float:
         """Mean per-client quality of each client's assigned model.
 
         ``clients`` are held-out data of the training clients, in the same order:
@@ -264,10 +285,10 @@ class _FederatedInferenceMixin:
         scores = []
         for i, X in enumerate(fed.Xs):
             pred = self._predict_with(self._model_for(i, None), X)
-            if self.loss_ == "cross_entropy":
-                scores.append(float(np.mean(pred == fed.ys[i])))
-            elif self.loss_ == "mse":
-                scores.append(float(r2_score(fed.ys[i], pred)))
-            else:
+            if fed.ys is None:  # the reconstruction loss (validate_clients' `supervised`)
                 scores.append(-float(np.mean((pred - self._to_numpy(X)) ** 2)))
+            elif self.loss_ == "cross_entropy":
+                scores.append(float(np.mean(pred == fed.ys[i])))
+            else:  # mse
+                scores.append(float(r2_score(fed.ys[i], pred)))
         return float(np.mean(scores))

@@ -8,7 +8,7 @@ means over a client's (padded) samples so that they vectorise over clients.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -203,7 +203,7 @@ def per_sample_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
     return (out.reshape(x.shape) - x).pow(2).reshape(x.shape[0], -1).mean(1)
 
 
-def make_loss_fn(module: nn.Module, kind: str, aliases: Sequence[str] = (),
+def make_loss_fn(module: nn.Module, kind: str, aliases: Iterable[str] = (),
                  copy_input: bool = False) -> Callable[..., torch.Tensor]:
     """Functional masked mean loss ``f(params, x, y, mask) -> scalar`` of ``module``.
 
