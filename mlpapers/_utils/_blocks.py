@@ -14,6 +14,7 @@ between the transient blocks, so they reuse the same memory.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar, cast
 
 import torch
 
@@ -26,6 +27,7 @@ __all__ = ["BLOCK_ELEMENTS", "block_rows_for", "collect_row_blocks", "row_blocks
 BLOCK_ELEMENTS = 2**22
 
 Result = torch.Tensor | tuple[torch.Tensor, ...]
+R = TypeVar("R", bound=Result)  # what compute returns: a tensor or a tuple of them
 
 
 def row_blocks(n_rows: int, block_rows: int) -> Iterator[slice]:
@@ -43,8 +45,8 @@ def block_rows_for(row_elements: int, budget: int = BLOCK_ELEMENTS, *,
     return rows if cap is None else max(1, min(rows, int(cap)))
 
 
-def collect_row_blocks(compute: Callable[[slice], Result], n_rows: int, block_rows: int,
-                       *, blocks: Iterable[slice] | None = None) -> Result:
+def collect_row_blocks(compute: Callable[[slice], R], n_rows: int, block_rows: int,
+                       *, blocks: Iterable[slice] | None = None) -> R:
     """Concatenation along dim 0 of ``compute(rows)`` over row blocks, written in place.
 
     Equal to ``torch.cat([compute(s) for s in row_blocks(n_rows, block_rows)])`` (or
@@ -87,7 +89,7 @@ def collect_row_blocks(compute: Callable[[slice], Result], n_rows: int, block_ro
             dest[rows].copy_(p)
         del part
     assert out is not None
-    return out if is_tuple else out[0]
+    return cast(R, out if is_tuple else out[0])
 
 
 def _as_tuple(part: Result) -> tuple[torch.Tensor, ...]:

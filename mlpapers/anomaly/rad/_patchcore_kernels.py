@@ -6,7 +6,6 @@ Re-exported from :mod:`mlpapers.anomaly.rad._kernels`.
 from __future__ import annotations
 
 import math
-from typing import cast
 
 import torch
 
@@ -54,10 +53,9 @@ def knn_distances(
     center = (memory.float().sum(0) / P) if P else query.new_zeros(query.shape[1]).float()
     # the per-block results are written into outputs allocated once (collect_row_blocks):
     # a list of small results kept between the large transient distance blocks pins the
-    # heap and the resident memory grows by blocks (mlpapers._utils._blocks); (a tensor
-    # per block, so a tensor: the casts)
-    m2 = cast(torch.Tensor, collect_row_blocks(
-        lambda ms: (memory[ms].float() - center).pow(2).sum(1), P, m_block)
+    # heap and the resident memory grows by blocks (mlpapers._utils._blocks)
+    m2 = collect_row_blocks(
+        lambda ms: (memory[ms].float() - center).pow(2).sum(1), P, m_block
     ) if P else memory.new_zeros(0).float()
 
     def nearest(qs: slice) -> torch.Tensor:
@@ -90,7 +88,7 @@ def knn_distances(
     if Q == 0:
         return torch.empty(0, min(k, P) if P else 0, dtype=torch.float32,
                            device=query.device)
-    return cast(torch.Tensor, collect_row_blocks(nearest, Q, q_block)).sqrt_()
+    return collect_row_blocks(nearest, Q, q_block).sqrt_()
 
 
 def greedy_coreset(

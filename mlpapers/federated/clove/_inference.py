@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,9 +56,9 @@ def _forward_in_blocks(model: torch.nn.Module, Xt: torch.Tensor, row_elements: i
         first = run(Xt[:rows])
         if first.ndim == 0 or first.shape[0] != rows:
             return run(Xt).reshape(n, -1)
-        return cast(torch.Tensor, collect_row_blocks(  # (a tensor per block, so a tensor)
+        return collect_row_blocks(
             lambda r: (first if r.start == 0 else run(Xt[r])).reshape(r.stop - r.start, -1),
-            n, rows))
+            n, rows)
 
 
 def _check_index(value, name: str, stop: int) -> None:

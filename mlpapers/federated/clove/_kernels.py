@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
 
 import numpy as np
 import torch
@@ -98,8 +97,8 @@ def batched_loss_matrix(
         # each chunk's (chunk, K) losses are copied into one output allocated once: a
         # list of them, each allocated after a chunk's large transients, would pin
         # new heap memory per chunk (see mlpapers._utils._blocks)
-        return cast(torch.Tensor, collect_row_blocks(  # (a tensor per block, so a tensor)
-            lambda sl: over_models(params, X[sl], Y[sl], mask[sl]).T, n, chunk))
+        return collect_row_blocks(
+            lambda sl: over_models(params, X[sl], Y[sl], mask[sl]).T, n, chunk)
 
 
 def batched_adam_step(

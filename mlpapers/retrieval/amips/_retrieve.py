@@ -8,8 +8,6 @@ and the parameters and calls these functions with validated ``(n, d)`` float32 t
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import torch
 
@@ -45,8 +43,7 @@ def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # written into one preallocated output: lists of the blocks and their concatenation
     # held the (n, d) keys twice
     with torch.no_grad():
-        return cast(tuple[torch.Tensor, torch.Tensor],  # (block returns a tuple)
-                    collect_row_blocks(block, Q.shape[0], est.batch_size))
+        return collect_row_blocks(block, Q.shape[0], est.batch_size)
 
 
 def uncentre(est, Q: torch.Tensor, value: torch.Tensor | None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal, Self, cast, overload
+from typing import Any, Literal, Self, overload
 
 import numpy as np
 import torch
@@ -420,9 +420,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         # list and its concatenation held the (n, n_items) scores twice
         blocks = (slice(starts[c], min(starts[c] + chunk, n))
                   for c in ProgressLogger(len(starts), self.verbose, desc="ADACUR"))
-        # (rounds returns a tuple, so a tuple of two tensors)
-        return cast(tuple[torch.Tensor, torch.Tensor],
-                    collect_row_blocks(rounds, n, chunk, blocks=blocks))
+        return collect_row_blocks(rounds, n, chunk, blocks=blocks)
 
     @overload
     def predict(self, queries: Any, return_anchors: Literal[False] = ...) -> np.ndarray: ...

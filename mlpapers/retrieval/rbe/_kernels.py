@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -349,10 +349,8 @@ def topk_scores(
     # written into one preallocated output: a list of small results kept alive between
     # the large transient score chunks made the resident memory grow by a chunk per
     # chunk (see mlpapers._utils._blocks)
-    # (a tuple per block, so a tuple of two tensors)
-    return cast(tuple[torch.Tensor, torch.Tensor],
-                collect_row_blocks(lambda r: stable_topk(score_fn(r.start, r.stop), k),
-                                   n_queries, rows))
+    return collect_row_blocks(lambda r: stable_topk(score_fn(r.start, r.stop), k),
+                              n_queries, rows)
 
 
 @on_inputs_device
