@@ -204,7 +204,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Record ``history_`` every ``eval_every`` rounds (and after the last).
     directed : bool, default=False
         Evaluate delays of messages ``u -> v`` exactly (asymmetric delays).
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
         Torch device of the stacked node models and the data (``"cpu"``,
         ``"cuda"``, ``"cuda:1"``, ``"mps"``, ...); the fitted ``params_`` are kept
         on the CPU.
@@ -274,7 +274,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                  compute_time: float = 1.0, lr: float = 0.1, momentum: float = 0.0,
                  weight_decay: float = 0.0, n_rounds: int = 200, batch_size: int = 16,
                  partition: str = "iid", alpha: float = 0.5, hidden: int = 64,
-                 eval_every: int = 10, directed: bool = False, device: str = "cpu",
+                 eval_every: int = 10, directed: bool = False, device: str | torch.device = "cpu",
                  random_state=None, verbose: int = 0) -> None:
         self.model = model
         self.topology = topology

@@ -126,7 +126,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         arguments serves a comparison of methods.
     random_state : int, RandomState instance or None, default=None
         Seed of the shuffling and the negative sampling.
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
         Torch device.
     verbose : int, default=0
         Show a progress bar with the current objective estimate.
@@ -187,7 +187,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         delta: float = 1.0,
         rho: float = 1e-3,
         random_state=None,
-        device: str = "cpu",
+        device: str | torch.device = "cpu",
         verbose: int = 0,
     ) -> None:
         self.n_negatives = n_negatives

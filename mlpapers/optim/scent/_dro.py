@@ -142,8 +142,8 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                  lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 100,
                  batch_size: int = 64, fit_intercept: bool = True, alpha: float = 0.0,
                  init: str = "erm", gamma: float = 0.5, dual_lr: float = 0.1,
-                 delta: float = 1.0, rho: float = 1e-3, random_state=None, device: str = "cpu",
-                 verbose: int = 0) -> None:
+                 delta: float = 1.0, rho: float = 1e-3, random_state=None,
+                 device: str | torch.device = "cpu", verbose: int = 0) -> None:
         self.lam = lam
         self.method = method
         self.log_alpha = log_alpha
@@ -460,8 +460,8 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
                  lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 100,
                  batch_size: int = 64, fit_intercept: bool = True, alpha: float = 1e-4,
                  init: str = "erm", gamma: float = 0.5, dual_lr: float = 0.1,
-                 delta: float = 1.0, rho: float = 1e-3, random_state=None, device: str = "cpu",
-                 verbose: int = 0) -> None:
+                 delta: float = 1.0, rho: float = 1e-3, random_state=None,
+                 device: str | torch.device = "cpu", verbose: int = 0) -> None:
         super().__init__(lam=lam, method=method, log_alpha=log_alpha, lr=lr,
                          lr_schedule=lr_schedule, momentum=momentum, epochs=epochs,
                          batch_size=batch_size, fit_intercept=fit_intercept, alpha=alpha,

@@ -151,7 +151,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                  lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 50,
                  batch_size: int = 32, n_negatives: int = 32, gamma: float = 0.9,
                  dual_lr: float = 0.1, delta: float = 1.0, rho: float = 1e-3,
-                 random_state=None, device: str = "cpu", verbose: int = 0) -> None:
+                 random_state=None, device: str | torch.device = "cpu", verbose: int = 0) -> None:
         self.lam = lam
         self.margin = margin
         self.max_fpr = max_fpr

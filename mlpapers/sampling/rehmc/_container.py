@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Any, Self, TypeVar, cast
 
 import numpy as np
 import torch
@@ -30,7 +32,11 @@ class Hit(tuple):
     name the parts.
     """
 
-    def __new__(cls, t: Tensor, normal: Tensor, face: Tensor | None = None):
+    # numpy arrays when the oracle was called with numpy points (see accept_arrays)
+    face: Tensor | np.ndarray | None
+
+    def __new__(cls, t: Tensor | np.ndarray, normal: Tensor | np.ndarray,
+                face: Tensor | np.ndarray | None = None) -> Self:
         obj = super().__new__(cls, (t, normal))
         obj.face = face
         return obj
@@ -39,11 +45,11 @@ class Hit(tuple):
         return (self[0], self[1], self.face)
 
     @property
-    def t(self) -> Tensor:
+    def t(self) -> Tensor | np.ndarray:
         return self[0]
 
     @property
-    def normal(self) -> Tensor:
+    def normal(self) -> Tensor | np.ndarray:
         return self[1]
 
     def __repr__(self) -> str:
@@ -61,9 +67,10 @@ def _as_points(value, name: str) -> Tensor:
 
 
 _ARRAYS_OK = "_rehmc_accepts_arrays"
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def accept_arrays(method):
+def accept_arrays(method: _Method) -> _Method:
     """Let an oracle (``contains``, ``hit``) take numpy arrays or nested lists.
 
     The oracles compute on torch tensors; a user checking draws (``result.samples``,
@@ -119,7 +126,7 @@ def accept_arrays(method):
         return out
 
     setattr(wrapper, _ARRAYS_OK, True)
-    return wrapper
+    return cast(_Method, wrapper)  # (the signature kept: numpy points also accepted)
 
 
 def unpack_hit(out) -> tuple[Tensor, Tensor, Tensor | None]:

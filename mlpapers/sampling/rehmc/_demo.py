@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -47,7 +48,7 @@ def demo(quick: bool) -> list[DemoResult]:
     d, n, warm = (20, 300, 200) if quick else (50, 1000, 500)
     log_prob, box, marginal = corner_problem(d)
     x0 = np.full(d, 0.5)
-    kw = dict(n_leapfrog=5, random_state=0)  # default target_accept=0.8
+    kw: dict[str, Any] = dict(n_leapfrog=5, random_state=0)  # default target_accept=0.8
     t = time.perf_counter()
     ours = ReflectiveHMC(log_prob, box, **kw).sample(n, x0=x0, warmup=warm)
     t_ours = time.perf_counter() - t

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
+from mlpapers._utils import ArrayLike, to_numpy
 from mlpapers._utils._blocks import BLOCK_ELEMENTS as DEFAULT_BLOCK_ELEMENTS
 from mlpapers._utils._blocks import block_rows_for
 
@@ -191,9 +192,11 @@ def _ess_basic(x: np.ndarray) -> float:
     return float(total / tau)
 
 
-def _per_dim(x: np.ndarray, fn) -> np.ndarray | float:
-    # float64 one dimension at a time: converting float32 draws of GBs at once doubled them
-    x = np.asarray(x)
+def _per_dim(x: ArrayLike, fn) -> np.ndarray | float:
+    # float64 one dimension at a time: converting float32 draws of GBs at once doubled them.
+    # A tensor (the draws of sample(return_tensor=True), on their device) is detached and
+    # brought to the CPU: np.asarray raised on a CUDA, bfloat16 or requires-grad tensor
+    x = to_numpy(x)
     if x.ndim not in (2, 3):
         raise ValueError(f"draws must have shape (chains, draws[, d]), got {x.shape}.")
     if x.shape[1] < MIN_DRAWS:  # split chains need 2+ draws per half: undefined, not an error
@@ -203,7 +206,7 @@ def _per_dim(x: np.ndarray, fn) -> np.ndarray | float:
     return np.array([fn(np.asarray(x[:, :, j], dtype=np.float64)) for j in range(x.shape[2])])
 
 
-def rhat(draws: np.ndarray) -> np.ndarray | float:
+def rhat(draws: ArrayLike) -> np.ndarray | float:
     """Rank-normalised split R-hat (max of bulk and folded), per dimension.
 
     Every chain is split in halves; the draws are rank-normalised (bulk) and, for
@@ -213,9 +216,9 @@ def rhat(draws: np.ndarray) -> np.ndarray | float:
 
     Parameters
     ----------
-    draws : array-like of shape (chains, draws) or (chains, draws, d)
-        MCMC draws, e.g. ``SampleResult.samples``; another number of
-        dimensions raises ``ValueError``.
+    draws : array-like or torch.Tensor of shape (chains, draws) or (chains, draws, d)
+        MCMC draws, e.g. ``SampleResult.samples`` (or ``samples_tensor``, on any
+        device); another number of dimensions raises ``ValueError``.
 
     Returns
     -------
@@ -251,7 +254,7 @@ def rhat(draws: np.ndarray) -> np.ndarray | float:
     return _per_dim(draws, one)
 
 
-def ess(draws: np.ndarray, kind: str = "bulk") -> np.ndarray | float:
+def ess(draws: ArrayLike, kind: str = "bulk") -> np.ndarray | float:
     """Bulk (rank-normalised) or tail (5%/95% quantile) effective sample size.
 
     The chains are split in halves; the autocorrelations (by FFT) are summed
@@ -259,9 +262,9 @@ def ess(draws: np.ndarray, kind: str = "bulk") -> np.ndarray | float:
 
     Parameters
     ----------
-    draws : array-like of shape (chains, draws) or (chains, draws, d)
-        MCMC draws, e.g. ``SampleResult.samples``; another number of
-        dimensions raises ``ValueError``.
+    draws : array-like or torch.Tensor of shape (chains, draws) or (chains, draws, d)
+        MCMC draws, e.g. ``SampleResult.samples`` (or ``samples_tensor``, on any
+        device); another number of dimensions raises ``ValueError``.
     kind : {"bulk", "tail"}, default="bulk"
         ``"bulk"``: the ESS of the rank-normalised draws (the centre of the
         distribution); ``"tail"``: the smaller ESS of the indicators of the

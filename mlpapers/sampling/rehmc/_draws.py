@@ -17,6 +17,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,7 +109,7 @@ class _DrawStats:
     _RUN = ("acceptance_rate", "diverging", "reflections", "n_steps", "transitions")
 
     def __init__(self, C: int, n_samples: int, like: torch.Tensor, every_transition: bool):
-        opts = {"dtype": torch.float64, "device": like.device}
+        opts: dict[str, Any] = {"dtype": torch.float64, "device": like.device}
         self.dtype = like.dtype
         # thin=1 without a support: each draw is one transition, nothing to accumulate
         self.every_transition = every_transition

@@ -98,6 +98,10 @@ class ConvexSet(ConvexContainer):
     (0.5, [1.0, 0.0])
     """
 
+    # both None until an interior point fixes the dimension (ConvexSet(g) alone: see Notes)
+    dim: int | None  # type: ignore[assignment]  # wider than the base's int: see Notes
+    _x0: np.ndarray | None
+
     @on_cpu_default_device
     def __init__(self, g: Callable[[Tensor], Tensor], grad_g: Callable | None = None, *,
                  interior_point=None, dim: int | None = None, n_bisect: int = 60):
@@ -205,7 +209,7 @@ class ConvexSet(ConvexContainer):
                              f"a {tuple(x.shape)} input.")
         return out.to(x.dtype)
 
-    def contains(self, x, tol=0.0):
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``g(x) <= tol``.
 
         Parameters
@@ -250,7 +254,8 @@ class ConvexSet(ConvexContainer):
                 gr = torch.autograd.grad(self.g(xr.clone()).sum(), xr)[0]
         return gr
 
-    def hit(self, x, v, t_max=None, exclude=None):
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
+            exclude: Tensor | None = None) -> Hit:
         """First exit time of the rays ``x + t v`` from ``K``, by root finding on ``[0, t_max]``.
 
         Bisection, then Illinois false position (see the class), until the
@@ -337,7 +342,7 @@ class ConvexSet(ConvexContainer):
         normal = gr / size[:, None].clamp_min(1e-300)
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
-    def interior_point(self):
+    def interior_point(self) -> np.ndarray:
         """The point with ``g < 0`` given or found at construction.
 
         Returns
@@ -358,7 +363,7 @@ class ConvexSet(ConvexContainer):
                              "sample finds one from its x0 on a copy of the set).")
         return self._x0.copy()
 
-    def width(self):
+    def width(self) -> float:
         """Shortest axis chord through a point centred in ``K`` along the axes.
 
         From :meth:`interior_point`, up to eight centring steps move the point
@@ -387,6 +392,7 @@ class ConvexSet(ConvexContainer):
             # capped a thousand times too small (the unit disc from (0, 1 - 1e-6):
             # width 0.003 instead of 2, bulk ESS 12 instead of 1700)
             x = torch.as_tensor(self.interior_point())
+            d = x.shape[0]  # (the set's dim, fixed with its interior point)
             best = 0.0
             for _ in range(_CENTRING_STEPS):
                 up, down = self._axis_chords(x)
@@ -399,8 +405,8 @@ class ConvexSet(ConvexContainer):
                     break  # (an interior point already centred: one pass, as before)
                 # the full step when it stays inside, else shorter ones down to 1 / d,
                 # the average of the d chord midpoints, inside K by convexity
-                halvings = [0.5 ** k for k in range(int(math.log2(self.dim)) + 1)]
-                for alpha in sorted({*halvings, 1.0 / self.dim}, reverse=True):
+                halvings = [0.5 ** k for k in range(int(math.log2(d)) + 1)]
+                for alpha in sorted({*halvings, 1.0 / d}, reverse=True):
                     trial = x + alpha * shift
                     if bool(self._g(trial[None].clone())[0] < 0):
                         x = trial
@@ -413,7 +419,7 @@ class ConvexSet(ConvexContainer):
     def _axis_chords(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Exit times ``(up, down)``, each ``(d,)``, of the rays from ``x`` (a point of
         ``K``) along ``+e_j`` and ``-e_j`` (``inf`` for a ray that never leaves ``K``)."""
-        d = self.dim
+        d = x.shape[0]
         dirs = torch.cat([torch.eye(d, dtype=torch.float64), -torch.eye(d, dtype=torch.float64)])
         xs = x.expand(2 * d, -1)
         t_max = torch.ones(2 * d, dtype=torch.float64)
@@ -454,6 +460,7 @@ class Region:
     def __repr__(self) -> str:
         return "Region(...)"
 
+    @accept_arrays  # numpy points in, numpy answers out
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Membership of points in ``S``, by the function given at construction.
 
@@ -496,7 +503,5 @@ class Region:
         return out.bool()
 
 
-# numpy points in, numpy answers out; membership computes where the points are, whatever a
-# caller's default device
-Region.contains = accept_arrays(Region.contains)
+# membership computes where the points are, whatever a caller's default device
 wrap_public_methods(Region, on_inputs_device)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -18,6 +20,9 @@ from mlpapers.sampling.rehmc._diagnostics import (
 from mlpapers.sampling.rehmc._diagnostics import ess as _ess
 from mlpapers.sampling.rehmc._diagnostics import rhat as _rhat
 from mlpapers.sampling.rehmc._summary import SampleSummary, check_names
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SampleResult", "attribute_entries", "end_fingerprint"]
 
@@ -181,6 +186,8 @@ class SampleResult:
     last_state: np.ndarray | None = None
     sampler_state: dict | None = field(default=None, repr=False)
     sample_stats: dict | None = field(default=None, repr=False)
+    if TYPE_CHECKING:  # not a field: set by ReflectiveHMC.sample(return_tensor=True) only
+        samples_tensor: torch.Tensor = field(init=False)
 
     @property
     def reflections_per_step(self) -> float:
@@ -294,7 +301,7 @@ class SampleResult:
     def _default_names(self) -> list[str]:
         return [f"x[{i}]" for i in range(self.samples.shape[-1])]
 
-    def summary(self, names=None) -> SampleSummary:
+    def summary(self, names: Sequence[str] | None = None) -> SampleSummary:
         """Per-dimension mean, sd, quantiles, bulk/tail ESS and R-hat, and sampler figures.
 
         Parameters
@@ -457,9 +464,13 @@ class SampleResult:
         )
         return type(self)(**fields)
 
-    _draw_fields = ("samples",)  # fields with a draw axis (axis 1), joined by ``concat``
+    # fields with a draw axis (axis 1), joined by ``concat`` (annotated for the checker
+    # only: a ClassVar annotation would enter __dataclass_fields__, which concat reads)
+    if TYPE_CHECKING:
+        _draw_fields: ClassVar[tuple[str, ...]]
+    _draw_fields = ("samples",)
 
-    def to_inference_data(self, names=None):
+    def to_inference_data(self, names: Sequence[str] | None = None) -> Any:
         """The draws as an ``arviz.InferenceData`` (needs the optional ``arviz``).
 
         The posterior holds one variable ``x`` of shape ``(chain, draw, d)``, and
@@ -501,7 +512,7 @@ class SampleResult:
             for key in STAT_NAMES:
                 if key in extra and np.shape(extra[key]) == shape:
                     stats[key] = np.asarray(extra[key])
-        kw = {}
+        kw: dict[str, Any] = {}
         if names is not None:
             labels = check_names(names, self.samples.shape[-1], [])
             kw = {"coords": {"x_dim_0": labels}, "dims": {"x": ["x_dim_0"]}}

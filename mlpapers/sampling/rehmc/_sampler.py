@@ -13,6 +13,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
+    ArrayLike,
     autograd_enabled,
     check_in_options,
     check_positive,
@@ -243,7 +245,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                             f"advised for sampling), got {self.dtype!r}.")
 
     # -- sampling ------------------------------------------------------------
-    def sample(self, n_samples: int, x0=None, *, n_chains: int | None = None,
+    def sample(self, n_samples: int, x0: ArrayLike | None = None, *,
+               n_chains: int | None = None,
                warmup: int | None = None, thin: int = 1, return_tensor: bool = False,
                resume: SampleResult | None = None) -> SampleResult:
         """Run warm-up then draw ``n_samples`` kept draws per chain.
@@ -353,7 +356,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         dtype = resolve_dtype(self.dtype)
         dev = self._device
         gen = self._torch_gen
-        container = self.container
+        # (both checked by _check_params)
+        container = cast(ConvexContainer, self.container)
+        log_prob = cast(Callable, self.log_prob)
         if isinstance(container, ConvexSet) and container.dim is None:
             # ConvexSet(g) as the specification writes it: the dimension and an interior
             # point come from this call's starting points (or the resumed final states).
@@ -378,7 +383,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         default_chains = n_chains is None  # (named in the error on x0's rows)
         n_chains = 4 if n_chains is None else int(n_chains)
         warmup = 1000 if warmup is None else int(warmup)
-        frozen = start is not None and warmup == 0  # continue with the result's tuning
+        # continue with the result's tuning
+        frozen_start = start if start is not None and warmup == 0 else None
+        frozen = frozen_start is not None
         max_refl = int(self.max_reflections) if self.max_reflections is not None else 100 * d
         n_leapfrog = self.n_leapfrog
         if isinstance(n_leapfrog, str) and n_chains < 2:
@@ -389,7 +396,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 UserWarning, stacklevel=user_stacklevel())
             n_leapfrog = FALLBACK_LEAPFROG
         auto_len = isinstance(n_leapfrog, str)
-        if frozen and auto_len and start.trajectory_length is None:
+        if frozen_start is not None and auto_len and frozen_start.trajectory_length is None:
             raise ValueError("resume: the sampler adapts the trajectory length "
                              "(n_leapfrog='auto') but the result was drawn with a fixed "
                              f"n_leapfrog={resume.n_leapfrog}; set n_leapfrog to an integer, "
@@ -402,18 +409,18 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         else:
             x = start.x
         glp = self.grad_log_prob
-        logp, grad = start_state(self.log_prob, x, glp, name=self._density_name)
+        logp, grad = start_state(log_prob, x, glp, name=self._density_name)
 
         def find_step(x, logp, grad, inv_mass, init, cap):  # doubling heuristic
-            return find_reasonable_step_size(x, logp, grad, self.log_prob, container,
+            return find_reasonable_step_size(x, logp, grad, log_prob, container,
                                              inv_mass, max_refl, gen, init, cap,
                                              grad_log_prob=glp)
 
         ones = torch.ones(d, dtype=dtype, device=dev)
         step_cap = container._step_cap
         adapt = isinstance(self.step_size, str) and not frozen
-        if frozen and isinstance(self.step_size, str):
-            eps = start.step_size
+        if frozen_start is not None and isinstance(self.step_size, str):
+            eps = frozen_start.step_size
         elif adapt:
             eps = find_step(x, logp, grad, None, torch.ones(n_chains, dtype=dtype, device=dev),
                             step_cap(ones))
@@ -422,7 +429,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         warm = Warmup(warmup, eps, ones, adapt_step=adapt, target_accept=float(self.target_accept),
                       diag_mass=self.mass == "diag", auto_length=auto_len, step_cap=step_cap,
                       find_step=find_step)
-        n_calls, shift = start.restore(warm, auto_len) if frozen else (0, None)
+        n_calls, shift = (frozen_start.restore(warm, auto_len) if frozen_start is not None
+                          else (0, None))
         if auto_len and shift is None:  # rotation of the Halton points of the jittered lengths
             shift = float(torch.rand(1, generator=gen, dtype=torch.float64))
 
@@ -431,6 +439,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             n_calls += 1
             step = warm.eps
             if auto_len:  # one jittered length, in units of the mean step
+                # (auto_len: the Warmup adapts a length and the shift was drawn above)
+                assert warm.trajectory_length is not None and shift is not None
                 length = warm.trajectory_length * (1.0 - jit + jit * halton(n_calls - 1, shift))
                 n = min(max(math.ceil(length / warm.step_mean), 1), MAX_LEAPFROG)
             else:
@@ -438,7 +448,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 if jit > 0:
                     u = torch.rand(n_chains, generator=gen, dtype=torch.float64).to(step)
                     step = step * (1 + jit * (2 * u - 1))
-            return hmc_transition(x, logp, grad, step, n, self.log_prob, container,
+            return hmc_transition(x, logp, grad, step, n, log_prob, container,
                                   warm.kernel_inv_mass, max_refl, gen,
                                   grad_log_prob=glp), n
 
@@ -449,7 +459,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         kept = draws.kept_fraction()
         self.step_size_ = to_numpy(eps).astype(np.float64)
         self.inv_mass_ = to_numpy(inv_mass).astype(np.float64)
-        self.trajectory_length_ = float(traj) if auto_len else None
+        self.trajectory_length_ = float(traj) if auto_len and traj is not None else None
         self.n_features_in_ = d
         res = SampleResult(
             samples=to_numpy(draws.samples),

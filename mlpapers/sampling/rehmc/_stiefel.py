@@ -16,13 +16,15 @@ import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import check_positive, on_inputs_device
+from mlpapers._utils import ArrayLike, check_positive, on_inputs_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._kernels import ContractError
@@ -64,8 +66,12 @@ class _Polar(torch.autograd.Function):
         return inner + outer
 
 
+@overload
+def polar_factor(X: Tensor) -> Tensor: ...
+@overload
+def polar_factor(X: npt.ArrayLike) -> np.ndarray: ...
 @on_inputs_device
-def polar_factor(X: Tensor) -> Tensor:
+def polar_factor(X: ArrayLike) -> Tensor | np.ndarray:
     """Orthonormal polar factor ``Q = X (X^T X)^{-1/2}`` of ``(..., n, k)`` matrices (via SVD).
 
     Differentiable with a backward pass stable for repeated singular values.
@@ -126,7 +132,7 @@ def _check_input_shape(Q: Tensor, n: int, k: int, names: str) -> None:
 
 
 @on_inputs_device
-def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
+def matrix_von_mises_fisher_log_density(F: ArrayLike) -> Callable[[Tensor], Tensor]:
     """``log g(Q) = tr(F^T Q)`` (matrix von Mises-Fisher), for ``(C, n, k)`` inputs.
 
     The density concentrates around the polar factor of ``F`` (its mode), more
@@ -159,7 +165,7 @@ def matrix_von_mises_fisher_log_density(F) -> Callable[[Tensor], Tensor]:
 
 
 @on_inputs_device
-def bingham_log_density(A, B) -> Callable[[Tensor], Tensor]:
+def bingham_log_density(A: ArrayLike, B: ArrayLike) -> Callable[[Tensor], Tensor]:
     """``log g(Q) = tr(Q^T A Q B)`` (matrix Bingham), for ``(C, n, k)`` inputs.
 
     Parameters
@@ -203,7 +209,8 @@ class _MatrixVMFLogDensity:
         self.F = F
 
     def __call__(self, Q: Tensor) -> Tensor:
-        _check_input_shape(Q, *self.F.shape, f"F of shape {self.F.shape}")
+        n, k = self.F.shape
+        _check_input_shape(Q, n, k, f"F of shape {self.F.shape}")
         return (torch.as_tensor(self.F, dtype=Q.dtype, device=Q.device) * Q).sum((-2, -1))
 
     def __repr__(self) -> str:
@@ -297,7 +304,7 @@ class StiefelResult(SampleResult):
 if StiefelResult.__doc__ is not None:
     StiefelResult.__doc__ = StiefelResult.__doc__.replace("%(inherited)s", "\n".join(
         textwrap.indent(entry, "    ")
-        for name, entry in attribute_entries(SampleResult.__doc__).items()
+        for name, entry in attribute_entries(SampleResult.__doc__ or "").items()
         if name not in ("samples", "kept_fraction", "last_state")))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mlpapers._utils import check_positive, to_numpy
+from mlpapers._utils import ArrayLike, check_positive, to_numpy
 from mlpapers._utils._docs import fill_doc
 from mlpapers.sampling.rehmc._container import ConvexContainer, Hit, _as_float_array
 from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
@@ -92,7 +92,7 @@ class Box(ConvexContainer):
 
     _exact_in_float64 = True
 
-    def __init__(self, lo, hi, *, dim: int | None = None):
+    def __init__(self, lo: ArrayLike, hi: ArrayLike, *, dim: int | None = None) -> None:
         lo_a = _as_float_array(lo, "lo", None)
         hi_a = _as_float_array(hi, "hi", None)
         if lo_a.ndim == 0 and hi_a.ndim == 0:
@@ -132,7 +132,7 @@ class Box(ConvexContainer):
         return f"Box(dim={self.dim})"
 
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
-    def contains(self, x, tol=0.0):
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``lo - tol <= x <= hi + tol`` in every coordinate.
 
         Parameters
@@ -153,7 +153,8 @@ class Box(ConvexContainer):
         return dtype == torch.float64 and getattr(self, "_fold_inside", False)  # old pickles
 
     @fill_doc(rays=_RAYS)
-    def hit(self, x, v, t_max=None, exclude=None):
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
+            exclude: Tensor | None = None) -> Hit:
         """First exit time of the rays ``x + t v`` through a face of the box.
 
         In closed form per coordinate: ``(hi_j - x_j) / v_j`` for ``v_j > 0`` and
@@ -230,7 +231,7 @@ class Box(ConvexContainer):
         y = torch.minimum(u, torch.rsub(u, 2.0)).clamp_(0.0, 1.0)
         return torch.addcmul(lo, w, y), flipped, n_ref.long()
 
-    def interior_point(self):
+    def interior_point(self) -> np.ndarray:
         """The centre of the box.
 
         Returns
@@ -240,7 +241,7 @@ class Box(ConvexContainer):
         """
         return 0.5 * (self.lo + self.hi)
 
-    def width(self):
+    def width(self) -> float:
         """The shortest side, the diameter of the largest ball inside the box.
 
         Returns
@@ -253,7 +254,7 @@ class Box(ConvexContainer):
     def _scaled_width(self, scale):
         return float(np.min(self._w / scale))
 
-    def random_interior(self, n, gen):
+    def random_interior(self, n: int, gen: torch.Generator) -> Tensor:
         """``n`` points uniform in the box shrunk by 0.9 about its centre.
 
         Parameters
@@ -323,7 +324,7 @@ class Polytope(ConvexContainer):
 
     _exact_in_float64 = True
 
-    def __init__(self, A, b):
+    def __init__(self, A: ArrayLike, b: ArrayLike) -> None:
         A = _as_float_array(A, "A", 2)
         b = _as_float_array(b, "b", 1)
         if A.shape[0] != b.shape[0]:
@@ -372,7 +373,7 @@ class Polytope(ConvexContainer):
         return 2.0 * float(res.x[-1]) if res.status == 0 else None
 
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
-    def contains(self, x, tol=0.0):
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``A x <= b + tol`` (rows of unit norm).
 
         Parameters
@@ -387,7 +388,8 @@ class Polytope(ConvexContainer):
         return (x @ A.T <= b + tol).all(-1)
 
     @fill_doc(rays=_RAYS)
-    def hit(self, x, v, t_max=None, exclude=None):
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
+            exclude: Tensor | None = None) -> Hit:
         """First exit time of the rays ``x + t v`` through a face of the polytope.
 
         In closed form: the smallest ``(b_i - a_i^T x) / (a_i^T v)`` over the faces
@@ -419,7 +421,7 @@ class Polytope(ConvexContainer):
         tmin = t.gather(1, j[:, None]).squeeze(1)
         return Hit(tmin, A[j], j)
 
-    def interior_point(self):
+    def interior_point(self) -> np.ndarray:
         """The Chebyshev centre (for an unbounded polytope, a point near the origin).
 
         Returns
@@ -432,7 +434,7 @@ class Polytope(ConvexContainer):
         """
         return self._center.copy()
 
-    def width(self):
+    def width(self) -> float:
         """Diameter of the largest inscribed ball (twice the Chebyshev radius).
 
         Returns
@@ -478,7 +480,7 @@ class Ball(ConvexContainer):
 
     _exact_in_float64 = True
 
-    def __init__(self, center, radius: float):
+    def __init__(self, center: ArrayLike, radius: float) -> None:
         self.center = _as_float_array(center, "center", 1).copy()
         r = to_numpy(radius) if isinstance(radius, torch.Tensor) else np.asarray(radius)
         if r.ndim != 0 or r.dtype.kind not in "iuf":
@@ -499,7 +501,7 @@ class Ball(ConvexContainer):
         return f"Ball(dim={self.dim}, radius={self.radius:g})"
 
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
-    def contains(self, x, tol=0.0):
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``|x - center| <= radius + tol``.
 
         Parameters
@@ -514,7 +516,8 @@ class Ball(ConvexContainer):
         return y.norm(dim=-1) <= self.radius + tol
 
     @fill_doc(rays=_RAYS)
-    def hit(self, x, v, t_max=None, exclude=None):
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
+            exclude: Tensor | None = None) -> Hit:
         """Exit time of the rays ``x + t v`` through the sphere.
 
         The positive root of ``|x + t v - center|^2 = radius^2``, in a form free of
@@ -542,7 +545,7 @@ class Ball(ConvexContainer):
         normal = ys / ys.norm(dim=-1, keepdim=True).clamp_min(1e-300)
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
-    def interior_point(self):
+    def interior_point(self) -> np.ndarray:
         """The centre.
 
         Returns
@@ -552,7 +555,7 @@ class Ball(ConvexContainer):
         """
         return self.center.copy()
 
-    def width(self):
+    def width(self) -> float:
         """The diameter.
 
         Returns
@@ -603,7 +606,7 @@ class Ellipsoid(ConvexContainer):
 
     _exact_in_float64 = True
 
-    def __init__(self, center, E):
+    def __init__(self, center: ArrayLike, E: ArrayLike) -> None:
         self.center = _as_float_array(center, "center", 1).copy()
         E = _as_float_array(E, "E", 2)
         d = len(self.center)
@@ -620,7 +623,7 @@ class Ellipsoid(ConvexContainer):
         return f"Ellipsoid(dim={self.dim})"
 
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
-    def contains(self, x, tol=0.0):
+    def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``(x - center)^T E (x - center) <= 1 + tol``.
 
         Parameters
@@ -636,7 +639,8 @@ class Ellipsoid(ConvexContainer):
         return ((y @ self._t(self.E, x)) * y).sum(-1) <= 1.0 + tol
 
     @fill_doc(rays=_RAYS)
-    def hit(self, x, v, t_max=None, exclude=None):
+    def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
+            exclude: Tensor | None = None) -> Hit:
         """Exit time of the rays ``x + t v`` through the ellipsoid's surface.
 
         The positive root of ``(y + t v)^T E (y + t v) = 1`` with
@@ -667,7 +671,7 @@ class Ellipsoid(ConvexContainer):
         normal = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-300)
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
-    def interior_point(self):
+    def interior_point(self) -> np.ndarray:
         """The centre.
 
         Returns
@@ -677,7 +681,7 @@ class Ellipsoid(ConvexContainer):
         """
         return self.center.copy()
 
-    def width(self):
+    def width(self) -> float:
         """The length of the shortest axis, the diameter of the largest inscribed ball.
 
         Returns
@@ -690,7 +694,7 @@ class Ellipsoid(ConvexContainer):
     def _scaled_width(self, scale):
         return float(2.0 / np.sqrt(np.linalg.eigvalsh(scale[:, None] * self.E * scale).max()))
 
-    def random_interior(self, n, gen):
+    def random_interior(self, n: int, gen: torch.Generator) -> Tensor:
         """``n`` points uniform in the ellipsoid shrunk by 0.9 about its centre.
 
         The generic centre-plus-chord points cluster at the centre of an elongated

@@ -348,7 +348,7 @@ class Warmup:
         self.n_divergent = torch.zeros(eps.shape[0], dtype=torch.long, device=eps.device)
         self.chees = ChEESAdaptation(self.step_mean) if auto_length else None
         self.chees_restart = initial_buffer(n_warmup)
-        self.trajectory_length = self.chees.trajectory_length if auto_length else None
+        self.trajectory_length = self.chees.trajectory_length if self.chees is not None else None
 
     def set_mass(self, inv_mass: torch.Tensor, identity: bool) -> None:
         """Set the inverse mass and the step-size cap it implies (one drift covers at

@@ -84,9 +84,11 @@ class DefaultAugment:
     torch.Size([4, 1, 16, 16])
     """
 
-    def __init__(self, *, scale=(0.25, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5,
-                 jitter=(0.8, 0.8, 0.8), jitter_p=0.8, gray_p=0.2, blur_p=0.5,
-                 sigma=(0.1, 2.0)):
+    def __init__(self, *, scale: tuple[float, float] = (0.25, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: float = 0.5,
+                 jitter: tuple[float, float, float] = (0.8, 0.8, 0.8), jitter_p: float = 0.8,
+                 gray_p: float = 0.2, blur_p: float = 0.5,
+                 sigma: tuple[float, float] = (0.1, 2.0)) -> None:
         self.scale = scale
         self.ratio = ratio
         self.flip = flip

@@ -6,7 +6,8 @@ import copy
 import inspect
 import numbers
 import os
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Self, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
+    ArrayLike,
     ProgressLogger,
     autograd_enabled,
     check_in_options,
@@ -36,6 +38,9 @@ _TRANSFORM_CHUNK = 256
 # the ``augment`` parameter stored by ``save`` in place of a custom callable (code, which a
 # safe file cannot hold), and the key under which a DefaultAugment's settings are stored
 _CUSTOM_AUGMENT = "<custom augment: pass it to load>"
+
+#: The ``layers`` option of ``transform``: "all", a block index or a list of them.
+Layers: TypeAlias = Literal["all"] | int | Sequence[int]
 _DEFAULT_AUGMENT_TAG = "__DefaultAugment__"
 
 
@@ -59,6 +64,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     """
 
     _loss_names: tuple[str, ...] = ()
+    # set by the estimator that mixes this in (its constructor parameter; ``load`` reads a
+    # saved DefaultAugment's settings as a dict)
+    augment: str | Callable[..., Any] | dict[str, Any] | None
     # Constructor parameters that define the fitted modules (``load`` rebuilds them from
     # the saved parameters), those of them the losses read with the fitted heads
     # (``update_similarity``, ``training_step_activation_bytes``), and, per subclass,
@@ -157,7 +165,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                              f"{type(self).__name__} was fitted on {tuple(self.input_shape_)}.")
         return X
 
-    def _check_sizes(self, shape: tuple[int, int, int]) -> None:
+    def _check_sizes(self, shape: tuple[int, ...]) -> None:
         sizes = self.encoder_.map_sizes(shape[1], shape[2])
         for i, ((h, w), g) in enumerate(zip(sizes, self.grids_)):
             if min(h, w) < g:
@@ -181,7 +189,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         if type(self.augment) is DefaultAugment:  # draws from the generator only, in place
             return self.augment                   # never: no copy, fork or lock needed
         # a copy of the batch per call, the global torch RNG forked and seeded (UserAugment)
-        return UserAugment(self.augment)
+        # (a callable here: _check_common_params let no other value through)
+        return UserAugment(cast(Callable[..., Any], self.augment))
 
     def _two_views(self, augment, xb: torch.Tensor, gen) -> torch.Tensor:
         """Two augmented views of ``xb`` stacked to ``(2N, C, h, w)``; a user callable's
@@ -227,7 +236,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                                      "must be finite images.")
         return torch.cat(views, dim=0)
 
-    def _check_view_size(self, size: tuple[int, int]) -> None:
+    def _check_view_size(self, size: tuple[int, ...]) -> None:
         """Augmented views of another size than the training images must still fit
         the architecture and the pooling grids (what the images were checked for)."""
         if size == tuple(self.input_shape_[1:]):
@@ -312,7 +321,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     def _check_transform_structure(self) -> None:
         """Subclasses: raise if a parameter ``transform`` reads changed since ``fit``."""
 
-    def _build(self, shape: tuple[int, int, int], generator: torch.Generator | None) -> None:
+    def _build(self, shape: tuple[int, ...], generator: torch.Generator | None) -> None:
         # the parameters as given (resolved when compared: _fitted_structure_value)
         self._fitted_structure = {k: copy.deepcopy(getattr(self, k))
                                   for k in self._STRUCTURE_PARAMS}
@@ -351,7 +360,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     # torchrun path included: it runs inside this method)
     @with_autograd
     @restore_on_failure
-    def fit(self, X, y=None):
+    def fit(self, X: ArrayLike, y: None = None) -> Self:
         """Train the encoder without labels.
 
         Parameters
@@ -489,7 +498,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         out = []
         for item in items:
             if isinstance(item, bool) or not isinstance(item, numbers.Integral) or not (
-                -n_blocks <= item < n_blocks
+                -n_blocks <= int(item) < n_blocks
             ):
                 raise ValueError(f"layers must be 'all', an int or a list of ints in "
                                  f"[-{n_blocks}, {n_blocks - 1}], got {layers!r}.")
@@ -498,7 +507,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             raise ValueError("layers must not be empty.")
         return out
 
-    def transform(self, X, layers="all", spatial_pool=None):
+    def transform(self, X: ArrayLike, layers: Layers = "all",
+                  spatial_pool: int | Sequence[int] | None = None) -> np.ndarray:
         """Pooled block outputs, concatenated: the linear-probe features.
 
         No gradients, no batch statistics (no BatchNorm): each image's features
@@ -569,7 +579,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                                                                spatial_pool=grids),
             inplace=False)
 
-    def get_feature_names_out(self, input_features=None, layers="all", spatial_pool=None):
+    def get_feature_names_out(self, input_features: Any = None, layers: Layers = "all",
+                              spatial_pool: int | Sequence[int] | None = None) -> np.ndarray:
         """Names of the :meth:`transform` features.
 
         ``"<class>_layer{l}_ch{c}"`` for a globally pooled block and
@@ -654,7 +665,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                            if type(aug) is DefaultAugment else _CUSTOM_AUGMENT)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *, augment=None):
+    def load(cls, path: str | os.PathLike, map_location: Any = "cpu", *,
+             augment: Callable[..., Any] | None = None) -> Self:
         """Load an encoder written by :meth:`save`, safely (``weights_only=True``).
 
         Parameters
@@ -707,7 +719,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     def _default_grid(self) -> int:  # pragma: no cover - overridden
         return 2
 
-    def _build_heads(self, dims: list[int], generator) -> nn.Module:  # pragma: no cover
+    def _build_heads(self, dims: list[int], generator) -> nn.ModuleList:  # pragma: no cover
         raise NotImplementedError
 
     def _batch_losses(self, views: torch.Tensor, neg_idx: torch.Tensor

@@ -16,6 +16,8 @@ Nothing here runs when :mod:`torch.distributed` is not initialised.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -75,7 +77,7 @@ def shard(perm: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return perm[rank:total:world_size]
 
 
-def average_gradients(params: list[torch.Tensor], world_size: int) -> None:
+def average_gradients(params: Sequence[torch.Tensor], world_size: int) -> None:
     """Replace every ``p.grad`` by its mean over ranks (one flat all-reduce).
 
     A missing gradient counts as zeros (and is materialised), so the collective is

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -269,7 +271,7 @@ class CLAPPEncoder(_SSLImageEncoder):
         return 1 if self.variant in ("clapp", "clapp2021") else 2
 
     # -- the 2021 patch geometry ----------------------------------------------------------
-    def _patch_geometry(self, shape: tuple[int, int, int]) -> tuple[int, int, int, int, int]:
+    def _patch_geometry(self, shape: tuple[int, ...]) -> tuple[int, int, int, int, int]:
         """``(size, stride, n_y, n_x, steps)`` of ``"clapp2021"`` for images ``(C, H, W)``."""
         height, width = shape[1], shape[2]
         size = self.patch_size if self.patch_size is not None else max(2, min(height,
@@ -295,7 +297,13 @@ class CLAPPEncoder(_SSLImageEncoder):
                 "patch_stride, or fewer prediction_steps.")
         return size, stride, n_y, n_x, steps
 
-    def _check_sizes(self, shape: tuple[int, int, int]) -> None:
+    def _fitted_patch_grid(self) -> tuple[int, int, int, int, int]:
+        """``patch_grid_`` where ``variant="clapp2021"`` (set by ``_check_sizes``; the
+        fitted-structure check keeps the other variants' fits from these code paths)."""
+        assert self.patch_grid_ is not None  # internal invariant, not a user input check
+        return self.patch_grid_
+
+    def _check_sizes(self, shape: tuple[int, ...]) -> None:
         if self.variant != "clapp2021":
             self.patch_grid_ = None
             super()._check_sizes(shape)
@@ -311,7 +319,7 @@ class CLAPPEncoder(_SSLImageEncoder):
                 raise ValueError(f"spatial_pool grid {g} of block {i} is larger than the "
                                  f"{n_y}x{n_x} patch grid.")
 
-    def _check_view_size(self, size: tuple[int, int]) -> None:
+    def _check_view_size(self, size: tuple[int, ...]) -> None:
         if self.variant == "clapp2021" and size != tuple(self.input_shape_[1:]):
             # the patch grid (patch_grid_) and the predictors are fixed by the image size
             raise ValueError(f"augment returned views of size {size[0]}x{size[1]}; "
@@ -321,9 +329,9 @@ class CLAPPEncoder(_SSLImageEncoder):
         super()._check_view_size(size)
 
     # -- heads and contexts ---------------------------------------------------------------
-    def _build_heads(self, dims, generator) -> nn.Module:
+    def _build_heads(self, dims, generator) -> nn.ModuleList:
         if self.variant == "clapp2021":
-            steps = self.patch_grid_[4]
+            steps = self._fitted_patch_grid()[4]
             return nn.ModuleList(PatchPredictor(c, steps, generator, dtype=torch.float32)
                                  for c in self.encoder_.channels)
         if self.variant in ("clapp", "clapp++"):
@@ -340,14 +348,15 @@ class CLAPPEncoder(_SSLImageEncoder):
         """The first block's input: the views, or (2021) view A's patches."""
         if self.variant != "clapp2021":
             return views
-        size, stride = self.patch_grid_[:2]
+        size, stride = self._fitted_patch_grid()[:2]
         return extract_patches(views, size, stride)[0]
 
     def _rep(self, block: int, out: torch.Tensor, n_images: int) -> torch.Tensor:
         """What block ``block``'s loss sees: (N, D) pooled, or (B, C, n_y, n_x) patches."""
         if self.variant != "clapp2021":
             return pool_representations([out], [self.grids_[block]])[0]
-        return patch_representations(out, n_images, *self.patch_grid_[2:4])
+        _, _, n_y, n_x, _ = self._fitted_patch_grid()
+        return patch_representations(out, n_images, n_y, n_x)
 
     def _pooled(self, views: torch.Tensor, detach: bool, grids: list[int] | None = None
                 ) -> list[torch.Tensor]:
@@ -360,16 +369,19 @@ class CLAPPEncoder(_SSLImageEncoder):
     def _feature_map_sizes(self) -> list[tuple[int, int]]:
         if self.variant != "clapp2021":
             return super()._feature_map_sizes()
-        return [tuple(self.patch_grid_[2:4])] * len(self.grids_)   # the patch grid
+        _, _, n_y, n_x, _ = self._fitted_patch_grid()
+        return [(n_y, n_x)] * len(self.grids_)   # the patch grid
 
     def _block_loss(self, block: int, h: torch.Tensor, top: torch.Tensor | None,
                     neg_idx: torch.Tensor) -> torch.Tensor:
-        head = self.heads_[block]
+        # a PatchPredictor, a Linear or a [feedback, lateral] pair of Linears, per variant
+        head: Any = self.heads_[block]
         if self.variant == "clapp2021":
             return head.loss(h, neg_idx, self.loss)
         z = swap_views(h)                        # row i: the other view of row i's image
         if self.variant in ("clapp", "clapp++"):
             return clapp_layer_loss(z, h.detach(), head.weight, neg_idx, self.loss)
+        assert top is not None  # _train_step / _layer_losses pass it for these variants
         if self.variant == "clapp++dfb":
             return clapp_layer_loss(z, top, head.weight, neg_idx, self.loss)
         return (clapp_layer_loss(z, top, head[0].weight, neg_idx, self.loss)      # "both"

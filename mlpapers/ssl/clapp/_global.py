@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import nn
 
 from mlpapers._utils import check_in_options, check_positive
@@ -136,7 +138,7 @@ class GlobalSSLEncoder(_SSLImageEncoder):
         """``loss`` with the ``"bp-"`` aliases resolved (the parameter is kept verbatim)."""
         return self._LOSS_ALIASES.get(self.loss, self.loss)
 
-    def _build_heads(self, dims, generator) -> nn.Module:
+    def _build_heads(self, dims, generator) -> nn.ModuleList:
         d = dims[-1]
         out = d if self._loss_kind() == "clapp" else self.projection_dim
         return materialize(nn.ModuleList([linear(d, out)]), generator)
@@ -151,7 +153,7 @@ class GlobalSSLEncoder(_SSLImageEncoder):
 
     def _batch_losses(self, views, neg_idx):
         top = self._pooled(views, detach=False)[-1]
-        head = self.heads_[0]
+        head = cast(nn.Linear, self.heads_[0])  # (the one head _build_heads makes)
         kind = self._loss_kind()
         if kind == "clapp":
             loss = clapp_layer_loss(swap_views(top), top.detach(), head.weight, neg_idx,

@@ -15,11 +15,16 @@ as a lower peak. On CUDA the same step can be measured with
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from mlpapers._utils import check_positive, on_cpu_default_device, with_autograd
+from mlpapers._utils import ArrayLike, check_positive, on_cpu_default_device, with_autograd
+
+if TYPE_CHECKING:
+    from mlpapers.ssl.clapp._estimator import CLAPPEncoder
+    from mlpapers.ssl.clapp._global import GlobalSSLEncoder
 
 __all__ = ["SavedActivationTracker", "training_step_activation_bytes"]
 
@@ -103,7 +108,8 @@ class SavedActivationTracker:
 # it runs a training step: autograd on even inside the caller's no_grad / inference_mode
 @with_autograd
 @on_cpu_default_device
-def training_step_activation_bytes(encoder, X, *, batch_size: int | None = None,
+def training_step_activation_bytes(encoder: CLAPPEncoder | GlobalSSLEncoder, X: ArrayLike, *,
+                                   batch_size: int | None = None,
                                    random_state: int = 0) -> int:
     """Peak bytes of saved activations in one training step of a fitted encoder.
 

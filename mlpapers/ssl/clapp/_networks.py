@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ def check_architecture(architecture) -> list[tuple]:
         for code in block:
             if isinstance(code, (bool, np.bool_)) or not (
                 (isinstance(code, str) and code == "M")
-                or (isinstance(code, numbers.Integral) and code > 0)
+                or (isinstance(code, numbers.Integral) and int(code) > 0)
             ):
                 raise ValueError("architecture entries must be positive ints (conv channels) "
                                  f"or 'M' (max-pool), got {code!r} in block {block!r}.")
@@ -86,7 +87,7 @@ class VGGEncoder(nn.Module):
     def __init__(self, in_channels: int, blocks: list[tuple],
                  generator: torch.Generator | None = None):
         super().__init__()
-        mods = []
+        mods: list[nn.Sequential] = []
         c = in_channels
         for block in blocks:
             layers: list[nn.Module] = []
@@ -99,7 +100,7 @@ class VGGEncoder(nn.Module):
             mods.append(nn.Sequential(*layers))
         self.blocks = nn.ModuleList(mods)
         self.channels = [next(m.out_channels for m in reversed(b) if isinstance(m, nn.Conv2d))
-                         for b in self.blocks]
+                         for b in mods]
         self.downsample = [sum(code == "M" for code in b) for b in blocks]
         materialize(self, generator)
 
@@ -136,7 +137,7 @@ class VGGEncoder(nn.Module):
 #: (under float64 the convolutions failed on the float32 images, under float16 they lost
 #: precision), on the ``meta`` device so that construction does not draw its throwaway
 #: initialisation from the global torch RNG (:func:`materialize` then initialises them).
-_META = {"device": "meta", "dtype": torch.float32}
+_META: dict[str, Any] = {"device": "meta", "dtype": torch.float32}
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
@@ -145,7 +146,10 @@ def linear(in_features: int, out_features: int) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=False, **_META)
 
 
-def materialize(module: nn.Module, generator: torch.Generator | None) -> nn.Module:
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def materialize(module: _M, generator: torch.Generator | None) -> _M:
     """Allocate a module built with ``_META`` on the CPU and initialise it from
     ``generator`` (PyTorch's default initialisation); returns ``module``."""
     module.to_empty(device="cpu")

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from mlpapers._utils import (
+    ArrayLike,
     check_generator,
     check_in_options,
     check_positive,
     on_inputs_device,
     with_autograd,
 )
+
+if TYPE_CHECKING:
+    from mlpapers.ssl.clapp._estimator import CLAPPEncoder
 
 __all__ = ["update_similarity"]
 
@@ -32,8 +38,9 @@ def _flat_grads(loss: torch.Tensor, blocks) -> list[torch.Tensor]:
 # inference_mode block (its result is a dict of floats, no graph escapes)
 @on_inputs_device
 @with_autograd
-def update_similarity(encoder, X, *, reference: str = "bp", n_batches: int = 10,
-                      batch_size: int | None = None, random_state=None) -> dict[int, float]:
+def update_similarity(encoder: CLAPPEncoder, X: ArrayLike, *, reference: str = "bp",
+                      n_batches: int = 10, batch_size: int | None = None,
+                      random_state: Any = None) -> dict[int, float]:
     r"""Cosine between every block's local update and its backprop update.
 
     For each of ``n_batches`` random batches of ``X``, the same two augmented
