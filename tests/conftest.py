@@ -28,7 +28,7 @@ _SKIPPED_LOG = os.environ.get("MLPAPERS_SKIPPED_LOG")
 
 
 def _log_skip(report):
-    if _SKIPPED_LOG and report.skipped:
+    if _SKIPPED_LOG and report.skipped and not hasattr(report, "wasxfail"):  # not xfails
         with open(_SKIPPED_LOG, "a", encoding="utf-8") as log:
             log.write(report.nodeid + "\n")
 

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state as _sklearn_check_random_state
 
+from mlpapers._utils._typing import RandomStateLike
+
 _SEED_HIGH = 2**63 - 1
 
 
@@ -22,7 +24,7 @@ def _check_seed_type(random_state) -> None:
                         f"Generator, got {random_state!r} of type {type(random_state).__name__}.")
 
 
-def check_random_state(random_state) -> np.random.RandomState:
+def check_random_state(random_state: RandomStateLike) -> np.random.RandomState:
     """A ``numpy.random.RandomState`` from ``random_state`` (for the dataset generators).
 
     Parameters
@@ -53,7 +55,7 @@ def check_random_state(random_state) -> np.random.RandomState:
 
 
 def make_generators(
-    random_state: None | int | np.random.RandomState | np.random.Generator,
+    random_state: RandomStateLike,
     device: str | torch.device | None = None,
 ) -> tuple[torch.Generator, np.random.Generator]:
     """Return a seeded ``torch.Generator`` and numpy ``Generator`` from ``random_state``.

@@ -12,7 +12,8 @@ import torch
 ArrayLike: TypeAlias = npt.ArrayLike | torch.Tensor
 
 #: What the dataset generators take as ``random_state`` (see ``check_random_state``).
-RandomStateLike: TypeAlias = int | np.random.RandomState | np.random.Generator | None
+RandomStateLike: TypeAlias = (int | np.integer | np.random.RandomState | np.random.Generator
+                               | None)
 
 #: A function type kept by the decorators (so a decorated ``fit`` still returns ``Self``).
 F = TypeVar("F", bound=Callable[..., Any])
