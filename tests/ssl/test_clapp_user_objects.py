@@ -353,3 +353,17 @@ def test_an_augment_reusing_its_output_buffer_gives_two_views():
     _assert_same(_outputs(CLAPPEncoder(**{**SMALL, "augment": scale_from_generator})
                           .fit(IMAGES)),
                  _outputs(CLAPPEncoder(**{**SMALL, "augment": BufferedScale()}).fit(IMAGES)))
+
+
+@pytest.mark.parametrize("analysis", [
+    lambda enc: update_similarity(enc, IMAGES, n_batches=1, random_state=0),
+    lambda enc: training_step_activation_bytes(enc, IMAGES),
+], ids=["update_similarity", "training_step_activation_bytes"])
+def test_analysis_of_a_fitted_encoder_checks_an_augment_set_after_fit(analysis):
+    # these run a fitted encoder's training step without fit's parameter checks: an
+    # augment set afterwards that is not a callable failed with "'int' object is not
+    # callable" from inside the step
+    enc = CLAPPEncoder(**SMALL).fit(IMAGES)
+    enc.set_params(augment=5)
+    with pytest.raises(ValueError, match="augment must be 'default', 'light', None"):
+        analysis(enc)

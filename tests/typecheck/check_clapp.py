@@ -46,3 +46,34 @@ def check() -> None:
     assert_type(infonce_loss(z), torch.Tensor)
     neg = torch.tensor([1, 2, 3, 0])
     assert_type(clapp_layer_loss(z, z, torch.eye(3), neg), torch.Tensor)
+    check_constructor_options()
+
+
+def flip(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    return x.flip(-1)
+
+
+def check_constructor_options() -> None:
+    # the parameters that are not a single plain type, given as a user would
+    clapp2021 = CLAPPEncoder(variant="clapp2021", architecture=[8, (16, "M")], loss="softhinge",
+                             spatial_pool=[1, 2], patch_size=4, patch_stride=2,
+                             prediction_steps=1, negatives="random", augment=flip,
+                             device=torch.device("cpu"), random_state=np.random.default_rng(0))
+    assert_type(clapp2021, CLAPPEncoder)
+    both = CLAPPEncoder(variant="clapp++both", architecture=((4,), (8, "M", 8)),
+                        spatial_pool=(1, 1), augment=torch.nn.Identity(),
+                        random_state=np.random.RandomState(0), device="cpu", lr=1e-2,
+                        weight_decay=1e-4, n_epochs=0, verbose=1)
+    assert_type(both, CLAPPEncoder)
+    named = CLAPPEncoder(variant="clapp", architecture="vgg6", spatial_pool=2,
+                         augment="light", random_state=np.int64(3))
+    assert_type(named, CLAPPEncoder)
+    for variant in ("clapp", "clapp++", "clapp++dfb"):
+        assert_type(CLAPPEncoder(variant=variant, augment=lambda x: x), CLAPPEncoder)
+    glob = GlobalSSLEncoder(loss="infonce-cross", temperature=0.5, projection_dim=8,
+                            architecture=[(4, 4, "M")], spatial_pool=[1], negatives="random",
+                            augment=DefaultAugment(flip=0.0), device=torch.device("cpu"),
+                            random_state=np.random.default_rng(1))
+    assert_type(glob, GlobalSSLEncoder)
+    bp = GlobalSSLEncoder(loss="bp-clapp", augment=None, random_state=None)
+    assert_type(bp, GlobalSSLEncoder)

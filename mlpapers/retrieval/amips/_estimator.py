@@ -260,7 +260,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         retrieval: str = "ip",
         n_candidates: int = 1,
         center_keys: bool = False,
-        device: str = "cpu",
+        device: str | torch.device = "cpu",
         random_state: RandomStateLike = None,
         verbose: int = 0,
     ) -> None:

@@ -124,7 +124,7 @@ class ExactMIPS(_MIPSBase):
 
     _uses_random_state = False  # an exact search draws no random numbers
 
-    def __init__(self, *, batch_size: int = 8192, device: str = "cpu") -> None:
+    def __init__(self, *, batch_size: int = 8192, device: str | torch.device = "cpu") -> None:
         self.batch_size = batch_size
         self.device = device
 

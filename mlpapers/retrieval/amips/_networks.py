@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import torch
@@ -172,7 +172,7 @@ def solve_width(budget: float, in_features: int, out_features: int, depth: int,
 class _Stack(nn.Module):
     """The shared layer stack; ``positive`` selects the ICNN constraint on ``W_z``."""
 
-    def __init__(self, in_features: int, hidden_dims: list[int], out_features: int, *,
+    def __init__(self, in_features: int, hidden_dims: Sequence[int], out_features: int, *,
                  wx_inject: bool | int, negative_slope: float, beta: float, bias: bool,
                  positive: bool, generator: torch.Generator | None = None,
                  dtype: torch.dtype | None = None):
@@ -314,7 +314,7 @@ class SupportNet(nn.Module):
     ----------
     in_features : int
         Input dimension ``d``.
-    hidden_dims : list of int
+    hidden_dims : list or tuple of int
         Widths of the ``depth`` hidden layers.
     wx_inject : bool or int, default=4
         Re-inject the input every ``wx_inject`` layers (``True``: every layer).
@@ -347,7 +347,8 @@ class SupportNet(nn.Module):
     True
     """
 
-    def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
+    def __init__(self, in_features: int, hidden_dims: Sequence[int], *,
+                 wx_inject: bool | int = 4,
                  negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True,
                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None):
         super().__init__()
@@ -570,7 +571,7 @@ class KeyNet(nn.Module):
     ----------
     in_features : int
         Input (and output) dimension ``d``.
-    hidden_dims : list of int
+    hidden_dims : list or tuple of int
         Widths of the ``depth`` hidden layers (at least one).
     wx_inject : bool or int, default=4
         Re-inject the input every ``wx_inject`` layers (``True``: every layer, ``0``
@@ -608,7 +609,8 @@ class KeyNet(nn.Module):
     True
     """
 
-    def __init__(self, in_features: int, hidden_dims: list[int], *, wx_inject: bool | int = 4,
+    def __init__(self, in_features: int, hidden_dims: Sequence[int], *,
+                 wx_inject: bool | int = 4,
                  negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True,
                  resnet: bool = False, generator: torch.Generator | None = None,
                  dtype: torch.dtype | None = None):

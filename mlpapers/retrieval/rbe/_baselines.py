@@ -56,9 +56,9 @@ class AnnCURRetriever(RelevanceBasedRetriever):
         plain CUR formula of [1]_.
     batch_size : int, default=1024
         Queries per chunk when calling ``relevance_fn`` and scoring items.
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
         Torch device.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed of the random anchor items.
     verbose : int, default=0
         Unused (nothing is trained); kept for API uniformity.
@@ -112,7 +112,7 @@ class AnnCURRetriever(RelevanceBasedRetriever):
         rcond: float | None = None,
         standardize: bool = False,
         batch_size: int = 1024,
-        device: str = "cpu",
+        device: str | torch.device = "cpu",
         random_state: RandomStateLike = None,
         verbose: int = 0,
     ) -> None:
@@ -182,9 +182,9 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         of working set, and :meth:`kneighbors` keeps only each chunk's top items (its
         memory does not grow as ``n_queries x n_items``; :meth:`predict` returns that
         whole matrix).
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
         Torch device.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed of the first-round anchors (``"random"``, ``"kmeans"``).
     verbose : int, default=0
         Progress bar over query chunks.
@@ -244,7 +244,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         ridge: float = 0.0,
         rcond: float | None = None,
         batch_size: int = 1024,
-        device: str = "cpu",
+        device: str | torch.device = "cpu",
         random_state: RandomStateLike = None,
         verbose: int = 0,
     ) -> None:

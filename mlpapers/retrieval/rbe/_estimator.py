@@ -121,9 +121,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         ``2**22`` scores (``2**22 // n_items`` queries when fewer), so their memory
         beyond the item side (the neural head's item tower, computed once per call)
         does not grow with the catalogue.
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
         Torch device.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed of random/k-means supports, the validation split and training.
     verbose : int, default=0
         Progress bar while training the neural head.
@@ -218,7 +218,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         eval_every: int = 100,
         validation_fraction: float = 0.1,
         batch_size: int = 1024,
-        device: str = "cpu",
+        device: str | torch.device = "cpu",
         random_state: RandomStateLike = None,
         verbose: int = 0,
     ) -> None:

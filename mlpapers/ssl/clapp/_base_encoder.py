@@ -41,6 +41,14 @@ _CUSTOM_AUGMENT = "<custom augment: pass it to load>"
 
 #: The ``layers`` option of ``transform``: "all", a block index or a list of them.
 Layers: TypeAlias = Literal["all"] | int | Sequence[int]
+#: The ``architecture`` parameter: a named architecture, or a list of blocks, each a
+#: channel count or a sequence of channel counts and ``"M"`` (max-pool).
+Architecture: TypeAlias = str | Sequence[int | Sequence[int | str]]
+#: The ``spatial_pool`` parameter: one grid side for every block, one per block, or None.
+SpatialPool: TypeAlias = int | Sequence[int] | None
+#: The ``augment`` parameter: a built-in recipe, ``augment(x, generator) -> x`` (or
+#: ``augment(x) -> x``), or None (identical views).
+Augment: TypeAlias = Literal["default", "light"] | Callable[..., torch.Tensor] | None
 _DEFAULT_AUGMENT_TAG = "__DefaultAugment__"
 
 
@@ -110,6 +118,10 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         check_learning_rate(self.lr, adam=True)  # AdamW
         check_positive(self.weight_decay, "weight_decay", strict=False)
         check_in_options(self.negatives, "negatives", ("next", "random"))
+        self._check_augment()
+        self._blocks = check_architecture(self.architecture)
+
+    def _check_augment(self) -> None:
         if isinstance(self.augment, type):
             # a class is callable too: augment(x, generator) would construct it
             raise TypeError(f"augment must be a callable object, got the class "
@@ -119,7 +131,6 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                                                             _CUSTOM_AUGMENT)):
             raise ValueError("augment must be 'default', 'light', None (identity views) or a "
                              f"callable augment(x, generator) -> x, got {self.augment!r}.")
-        self._blocks = check_architecture(self.architecture)
 
     def _grids(self, sp: Any = None) -> list[int]:
         """Grid side per block of ``sp`` (default: the ``spatial_pool`` parameter)."""
@@ -175,6 +186,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                     "Use larger images, fewer 'M' max-pools or a smaller spatial_pool.")
 
     def _augment_fn(self):
+        # also for update_similarity and training_step_activation_bytes, which a fitted
+        # encoder runs without fit's checks (after set_params(augment=...))
+        self._check_augment()
         if isinstance(self.augment, str) and self.augment == _CUSTOM_AUGMENT:
             raise ValueError(f"this {type(self).__name__} was saved with a custom augment, "
                              "which the file does not hold; pass it again to train: "
@@ -189,7 +203,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         if type(self.augment) is DefaultAugment:  # draws from the generator only, in place
             return self.augment                   # never: no copy, fork or lock needed
         # a copy of the batch per call, the global torch RNG forked and seeded (UserAugment)
-        # (a callable here: _check_common_params let no other value through)
+        # (a callable here: _check_augment let no other value through)
         return UserAugment(cast(Callable[..., Any], self.augment))
 
     def _two_views(self, augment, xb: torch.Tensor, gen) -> torch.Tensor:
@@ -360,7 +374,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
     # torchrun path included: it runs inside this method)
     @with_autograd
     @restore_on_failure
-    def fit(self, X: ArrayLike, y: None = None) -> Self:
+    def fit(self, X: ArrayLike, y: object = None) -> Self:
         """Train the encoder without labels.
 
         Parameters

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from mlpapers._registry import DemoResult, register
 
@@ -33,7 +34,8 @@ def demo(quick: bool) -> list[DemoResult]:
     X, y = make_shifted_digits(n_samples=n_train + n_test, random_state=0)
     Xtr, ytr, Xte, yte = X[:n_train], y[:n_train], X[n_train:], y[n_train:]
     # batch 16: on 800 images, 32 gives too few local updates per epoch (see the benchmark)
-    kw = dict(architecture="tiny", augment="light", batch_size=16, random_state=0)
+    kw: dict[str, Any] = dict(architecture="tiny", augment="light", batch_size=16,
+                              random_state=0)
 
     def fit(enc):
         start = time.perf_counter()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from mlpapers._utils import check_in_options, check_positive
-from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
+from mlpapers._utils import RandomStateLike, check_in_options, check_positive
+from mlpapers.ssl.clapp._base_encoder import Architecture, Augment, SpatialPool, _SSLImageEncoder
 from mlpapers.ssl.clapp._global import GlobalSSLEncoder
 from mlpapers.ssl.clapp._kernels import LOSSES, clapp_layer_loss, swap_views
 from mlpapers.ssl.clapp._networks import linear, materialize, pool_representations
@@ -124,7 +124,7 @@ class CLAPPEncoder(_SSLImageEncoder):
     device : str or torch.device, default="cpu"
         Where the network is trained and applied: ``"cpu"``, ``"cuda"``,
         ``"cuda:N"``, ``"mps"`` or ``"auto"`` (CUDA when available).
-    random_state : int, RandomState or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seeds the initialisation, shuffling, augmentations and negatives.
     verbose : int, default=0
         ``> 0`` shows a per-epoch progress bar with the per-block losses.
@@ -175,10 +175,27 @@ class CLAPPEncoder(_SSLImageEncoder):
     ['epoch', 'loss', 'loss_l0', 'loss_l1', 'loss_l2']
     """
 
-    def __init__(self, *, variant="clapp++dfb", architecture="small", loss="hinge",
-                 spatial_pool=None, patch_size=None, patch_stride=None, prediction_steps=None,
-                 negatives="next", augment="default", n_epochs=20, batch_size=32, lr=1e-3,
-                 weight_decay=0.0, device="cpu", random_state=None, verbose=0):
+    def __init__(
+        self,
+        *,
+        variant: Literal["clapp++dfb", "clapp", "clapp++", "clapp++both",
+                         "clapp2021"] = "clapp++dfb",
+        architecture: Architecture = "small",
+        loss: Literal["hinge", "softhinge", "linear"] = "hinge",
+        spatial_pool: SpatialPool = None,
+        patch_size: int | None = None,
+        patch_stride: int | None = None,
+        prediction_steps: int | None = None,
+        negatives: Literal["next", "random"] = "next",
+        augment: Augment = "default",
+        n_epochs: int = 20,
+        batch_size: int = 32,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        device: str | torch.device = "cpu",
+        random_state: RandomStateLike = None,
+        verbose: int = 0,
+    ) -> None:
         self.variant = variant
         self.architecture = architecture
         self.loss = loss

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Literal, cast
 
+import torch
 from torch import nn
 
-from mlpapers._utils import check_in_options, check_positive
-from mlpapers.ssl.clapp._base_encoder import _SSLImageEncoder
+from mlpapers._utils import RandomStateLike, check_in_options, check_positive
+from mlpapers.ssl.clapp._base_encoder import Architecture, Augment, SpatialPool, _SSLImageEncoder
 from mlpapers.ssl.clapp._kernels import (
     clapp_layer_loss,
     infonce_loss,
@@ -80,10 +81,24 @@ class GlobalSSLEncoder(_SSLImageEncoder):
     #: The baselines' names in the paper and the issue, accepted as ``loss``.
     _LOSS_ALIASES = {"bp-clapp": "clapp", "bp-infonce": "infonce"}
 
-    def __init__(self, *, loss="clapp", temperature=0.1, projection_dim=128,
-                 architecture="small", spatial_pool=None, negatives="next", augment="default",
-                 n_epochs=20, batch_size=32, lr=1e-3, weight_decay=0.0, device="cpu",
-                 random_state=None, verbose=0):
+    def __init__(
+        self,
+        *,
+        loss: Literal["clapp", "infonce", "infonce-cross", "bp-clapp", "bp-infonce"] = "clapp",
+        temperature: float = 0.1,
+        projection_dim: int = 128,
+        architecture: Architecture = "small",
+        spatial_pool: SpatialPool = None,
+        negatives: Literal["next", "random"] = "next",
+        augment: Augment = "default",
+        n_epochs: int = 20,
+        batch_size: int = 32,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        device: str | torch.device = "cpu",
+        random_state: RandomStateLike = None,
+        verbose: int = 0,
+    ) -> None:
         self.loss = loss
         self.temperature = temperature
         self.projection_dim = projection_dim
