@@ -3,6 +3,8 @@
 from typing import assert_type
 
 import numpy as np
+import torch
+from torch import nn
 
 from mlpapers.decentralized import (
     BottleneckNodeAssigner,
@@ -52,3 +54,30 @@ def check() -> None:
     assert_type(clf.fit(X, y, eval_set=(X, y)), DecentralizedSGD)
     assert_type(clf.predict(X), np.ndarray)
     assert_type(clf.predict_proba(X), np.ndarray)
+
+    # explicit skip sets as lists, tuples or arrays (the functions' ``topology`` too)
+    assert_type(circulant_schedule(8, np.array([[1], [2]])), list[list[int]])
+    assert_type(mixing_matrices(8, [np.array([1, 2]), np.array([3])]), np.ndarray)
+    assert_type(bottleneck_delay(D, perm, (1, 2)), float)
+    assert_type(best_multiplier(D, perm, [[1], [2, 4]]), tuple[int, np.ndarray, float])
+
+    # the constructors' documented non-default values (unions, sequences, modules)
+    for topology in ([[1], [2, 3]], [1, 3], (1, 2), np.array([1, 3]), "one-peer exponential"):
+        est = BottleneckNodeAssigner(topology=topology, method="annealing", msr=True,
+                                     n_iter=20, refine_iter=5,
+                                     random_state=np.random.default_rng(0))
+        assert_type(est.fit(D), BottleneckNodeAssigner)
+    assert_type(BottleneckNodeAssigner(method="exact", msr=None, directed=True,
+                                       metric_closure=True,
+                                       random_state=np.random.RandomState(0)),
+                BottleneckNodeAssigner)
+    dsgd = DecentralizedSGD(model=nn.Linear(3, 2), topology=[[1], [2]],
+                            assignment=assigner.assignment_, delays=D, partition="dirichlet",
+                            alpha=1.0, n_rounds=2, eval_every=1, device=torch.device("cpu"),
+                            random_state=np.random.RandomState(0))
+    assert_type(dsgd.fit(X, y), DecentralizedSGD)
+    assert_type(DecentralizedSGD(model="mlp", topology=np.array([1, 2]),
+                                 assignment=[1, 0, 2, 3], delays=D.tolist(), n_nodes=4,
+                                 random_state=np.random.default_rng(0)), DecentralizedSGD)
+    assert_type(DecentralizedSGD(assignment=torch.arange(8), delays=torch.as_tensor(D),
+                                 partition="iid", device="cpu"), DecentralizedSGD)

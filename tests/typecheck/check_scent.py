@@ -62,3 +62,27 @@ def check() -> None:
     assert_type(L, torch.Tensor)
     assert_type(spmd_update(loss_fn.nu[index], L, 0.0), torch.Tensor)
     assert_type(objective(scores), torch.Tensor)
+
+    # the constructors' documented non-default values (unions, literals, tensors)
+    for method in ("sox", "bsgd", "asgd", "umax", "asgd_softplus"):
+        assert_type(SCENTClassifier(method=method), SCENTClassifier)
+    xc = SCENTClassifier(n_negatives=2, loss="negatives", negatives="in_batch", method="sox",
+                         log_alpha=2.0, lr_schedule="constant", epochs=1, batch_size=16,
+                         device=torch.device("cpu"), random_state=np.random.default_rng(0))
+    assert_type(xc.fit(X, y3), SCENTClassifier)
+    auto = KLDRORegressor(method="asgd", log_alpha="auto", lr_schedule="constant",
+                          init="zeros", epochs=1, random_state=np.random.RandomState(0),
+                          device=torch.device("cpu"))
+    assert_type(auto.fit(X, X[:, 0]), KLDRORegressor)
+    assert_type(KLDROClassifier(method="umax", log_alpha=-1.0, init="zeros",
+                                lr_schedule="constant", device=torch.device("cpu"),
+                                random_state=np.random.default_rng(0)), KLDROClassifier)
+    assert_type(KLDROClassifier(log_alpha="auto", random_state=None), KLDROClassifier)
+    assert_type(PartialAUCClassifier(method="asgd_softplus", log_alpha=-4.0,
+                                     lr_schedule="constant", device=torch.device("cpu"),
+                                     random_state=np.random.default_rng(0)),
+                PartialAUCClassifier)
+    assert_type(EntropicRiskLoss(4, method="bsgd", log_alpha=torch.zeros(4), nu_init=0.0),
+                EntropicRiskLoss)
+    assert_type(EntropicRiskLoss(4, method="umax", log_alpha=-1.0, nu_init=None),
+                EntropicRiskLoss)

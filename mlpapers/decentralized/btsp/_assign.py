@@ -6,8 +6,7 @@ import math
 import numbers
 import time
 import warnings
-from collections.abc import Sequence
-from typing import Literal, Self, overload
+from typing import Literal, Self, TypeAlias, overload
 
 import numpy as np
 import torch
@@ -15,7 +14,14 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import metadata_routing
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ArrayLike, check_in_options, check_positive, user_stacklevel
+from mlpapers._utils import (
+    ArrayLike,
+    RandomStateLike,
+    check_in_options,
+    check_positive,
+    to_numpy,
+    user_stacklevel,
+)
 from mlpapers.decentralized.btsp import _search
 from mlpapers.decentralized.btsp._bottleneck import (
     _edge_matrix,
@@ -27,6 +33,7 @@ from mlpapers.decentralized.btsp._bottleneck import (
     bottleneck_tsp,
 )
 from mlpapers.decentralized.btsp._topology import (
+    TopologyLike,
     check_assignment,
     check_delays,
     circulant_schedule,
@@ -36,6 +43,9 @@ from mlpapers.decentralized.btsp._topology import (
 __all__ = ["BottleneckNodeAssigner", "best_multiplier", "multiplier_relabel"]
 
 METHODS = ("btsp_msr", "btsp", "identity", "random", "greedy", "annealing", "exact")
+#: ``BottleneckNodeAssigner(method=...)``: one of ``METHODS``.
+AssignMethod: TypeAlias = Literal["btsp_msr", "btsp", "identity", "random", "greedy",
+                                  "annealing", "exact"]
 
 
 def multiplier_relabel(assignment: ArrayLike, c: int) -> np.ndarray:
@@ -75,7 +85,7 @@ def multiplier_relabel(assignment: ArrayLike, c: int) -> np.ndarray:
     ...      == bottleneck_delay(D, pi, scale_schedule(S, 3, 8)))
     True
     """
-    a = np.asarray(assignment)
+    a = to_numpy(assignment)  # (np.asarray refuses grad, bfloat16 and CUDA tensors)
     if a.ndim != 1:
         raise ValueError(f"assignment must be a 1D array, got shape {a.shape}.")
     perm = check_assignment(a, a.shape[0])
@@ -89,7 +99,7 @@ def multiplier_relabel(assignment: ArrayLike, c: int) -> np.ndarray:
 def best_multiplier(
     delays: ArrayLike,
     assignment: ArrayLike,
-    topology: str | Sequence = "exponential",
+    topology: TopologyLike = "exponential",
     *,
     directed: bool = False,
 ) -> tuple[int, np.ndarray, float]:
@@ -107,7 +117,7 @@ def best_multiplier(
     assignment : array-like of shape (n,)
         Permutation of ``0..n-1`` to relabel: ``assignment[i]`` is the physical node
         at virtual position ``i`` (e.g. a bottleneck-TSP tour).
-    topology : str or sequence, default="exponential"
+    topology : str, sequence or ndarray, default="exponential"
         The schedule the BCD is measured on: a topology name or explicit skip sets,
         see :func:`~mlpapers.decentralized.btsp.circulant_schedule`.
     directed : bool, default=False
@@ -163,14 +173,16 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
 
     Parameters
     ----------
-    topology : str or sequence, default="exponential"
+    topology : str, sequence or ndarray, default="exponential"
         ``"ring"``, ``"exponential"``, ``"one_peer_exponential"``,
-        ``"sparse_exponential"`` or explicit skip sets (see
+        ``"sparse_exponential"`` or explicit skip sets: a sequence or array of
+        rounds, each a sequence of integer skips, or one flat round of skips (see
         :func:`~mlpapers.decentralized.btsp.circulant_schedule`).
-    method : str, default="btsp_msr"
-        ``"btsp_msr"``, ``"btsp"`` (ring tour only), ``"identity"`` (the given node
-        order, the paper's ``no_opt``), ``"random"``, ``"greedy"``, ``"annealing"``
-        or ``"exact"`` (``n <= 16`` for rings, ``n <= 10`` otherwise).
+    method : {"btsp_msr", "btsp", "identity", "random", "greedy", "annealing", "exact"}
+        The solver, default ``"btsp_msr"``; ``"btsp"`` (ring tour only),
+        ``"identity"`` (the given node order, the paper's ``no_opt``), ``"random"``,
+        ``"greedy"``, ``"annealing"`` or ``"exact"`` (``n <= 16`` for rings,
+        ``n <= 10`` otherwise).
     msr : bool or None, default=None
         Apply the multiplier step: ``None`` for ``"btsp_msr"`` only, ``True`` after
         any method, ``False`` never.
@@ -253,10 +265,11 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     # fit takes one square delay matrix, not (X, y) plus routable metadata: no set_fit_request.
     __metadata_request__fit = {"delays": metadata_routing.UNUSED}
 
-    def __init__(self, *, topology: str | Sequence = "exponential", method: str = "btsp_msr",
+    def __init__(self, *, topology: TopologyLike = "exponential",
+                 method: AssignMethod = "btsp_msr",
                  msr: bool | None = None, directed: bool = False, metric_closure: bool = False,
                  n_random: int = 5, n_iter: int | None = None, refine_iter: int = 0,
-                 random_state=None, verbose: int = 0) -> None:
+                 random_state: RandomStateLike = None, verbose: int = 0) -> None:
         self.topology = topology
         self.method = method
         self.msr = msr

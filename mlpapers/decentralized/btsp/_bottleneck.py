@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Literal, overload
 
 import numpy as np
 
-from mlpapers._utils import ArrayLike, check_in_options, check_positive
+from mlpapers._utils import ArrayLike, check_in_options, check_positive, to_numpy
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers.decentralized.btsp._hamilton import (
     EXACT_MAX_N,
@@ -27,6 +26,7 @@ from mlpapers.decentralized.btsp._hamilton import (
     _two_approx_tour,
 )
 from mlpapers.decentralized.btsp._topology import (
+    TopologyLike,
     check_assignment,
     check_delays,
     circulant_schedule,
@@ -125,23 +125,23 @@ def _argmin_total(rounds: np.ndarray) -> int:
 
 @overload
 def bottleneck_delay(
-    delays: ArrayLike, assignment: ArrayLike, topology: str | Sequence = ...,
+    delays: ArrayLike, assignment: ArrayLike, topology: TopologyLike = ...,
     *, reduce: Literal["mean", "sum"] = ..., directed: bool = ...,
 ) -> float: ...
 @overload
 def bottleneck_delay(
-    delays: ArrayLike, assignment: ArrayLike, topology: str | Sequence = ...,
+    delays: ArrayLike, assignment: ArrayLike, topology: TopologyLike = ...,
     *, reduce: Literal["none"], directed: bool = ...,
 ) -> np.ndarray: ...
 @overload
 def bottleneck_delay(
-    delays: ArrayLike, assignment: ArrayLike, topology: str | Sequence = ...,
+    delays: ArrayLike, assignment: ArrayLike, topology: TopologyLike = ...,
     *, reduce: str = ..., directed: bool = ...,
 ) -> float | np.ndarray: ...
 def bottleneck_delay(
     delays: ArrayLike,
     assignment: ArrayLike,
-    topology: str | Sequence = "exponential",
+    topology: TopologyLike = "exponential",
     *,
     reduce: str = "mean",
     directed: bool = False,
@@ -162,7 +162,7 @@ def bottleneck_delay(
         Non-negative delays, ``delays[u, v]`` from physical node ``u`` to ``v``.
     assignment : array-like of shape (n,)
         Permutation: ``assignment[i]`` is the physical node at virtual position ``i``.
-    topology : str or sequence, default="exponential"
+    topology : str, sequence or ndarray, default="exponential"
         See :func:`~mlpapers.decentralized.btsp.circulant_schedule`.
     reduce : {"mean", "sum", "none"}, default="mean"
         Per-round mean, per-period sum, or the per-round array of length ``tau``.
@@ -230,7 +230,7 @@ def is_biconnected(adjacency: ArrayLike) -> bool:
     >>> is_biconnected(cycle[:4, :4])  # a path: its inner nodes are cut vertices
     False
     """
-    A = np.asarray(adjacency).astype(bool)
+    A = to_numpy(adjacency).astype(bool)  # (np.asarray refuses grad/bfloat16/CUDA tensors)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"adjacency must be a square matrix, got shape {A.shape}.")
     A = A | A.T

@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Self
+from typing import Literal, Self
 
 import numpy as np
 import torch
@@ -27,10 +27,12 @@ from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ArrayLike,
     ProgressLogger,
+    RandomStateLike,
     check_in_options,
     check_learning_rate,
     check_positive,
     encode_labels,
+    to_numpy,
 )
 from mlpapers._utils._ambient import with_autograd
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
@@ -44,6 +46,7 @@ from mlpapers.decentralized.btsp._node_models import (
     user_grads,
 )
 from mlpapers.decentralized.btsp._topology import (
+    TopologyLike,
     check_assignment,
     check_delays,
     circulant_schedule,
@@ -94,11 +97,11 @@ def _node_labels(nodes, n_samples: int, n_nodes: int) -> np.ndarray:
     is_shards = (isinstance(nodes, (list, tuple)) and len(nodes) > 0
                  and all(np.ndim(s) == 1 for s in nodes))
     if not is_shards:
-        return np.asarray(nodes)
+        return to_numpy(nodes)  # (np.asarray refuses grad, bfloat16 and CUDA tensors)
     if len(nodes) != n_nodes:
         raise ValueError(f"nodes as shards must list one index array per node ({n_nodes}), "
                          f"got {len(nodes)}.")
-    shards = [np.asarray(s) for s in nodes]
+    shards = [to_numpy(s) for s in nodes]
     if any(s.size and s.dtype.kind not in "iu" for s in shards):
         raise ValueError("nodes as shards must hold integer sample indices.")
     idx = np.concatenate([s.astype(np.int64) for s in shards])
@@ -169,8 +172,10 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         minibatches, but with the same ``random_state`` its minibatches differ:
         the built-in initialisation draws from the estimator's generator first.
         See the user guide, "Your own model".
-    topology : str or sequence, default="exponential"
-        Circulant schedule, see :func:`~mlpapers.decentralized.btsp.circulant_schedule`.
+    topology : str, sequence or ndarray, default="exponential"
+        Circulant schedule: a topology name or explicit skip sets, as
+        ``BottleneckNodeAssigner``'s ``topology`` (see
+        :func:`~mlpapers.decentralized.btsp.circulant_schedule`).
     assignment : array-like of shape (n,) or None, default=None
         Physical node at each virtual position (e.g. ``BottleneckNodeAssigner``'s
         ``assignment_``); ``None`` is the identity.
@@ -268,14 +273,15 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                                "eval_set": metadata_routing.UNUSED}
     __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
 
-    def __init__(self, *, model: str | nn.Module = "logistic",
-                 topology: str | Sequence = "exponential", assignment: ArrayLike | None = None,
+    def __init__(self, *, model: Literal["logistic", "mlp"] | nn.Module = "logistic",
+                 topology: TopologyLike = "exponential", assignment: ArrayLike | None = None,
                  delays: ArrayLike | None = None, n_nodes: int | None = None,
                  compute_time: float = 1.0, lr: float = 0.1, momentum: float = 0.0,
                  weight_decay: float = 0.0, n_rounds: int = 200, batch_size: int = 16,
-                 partition: str = "iid", alpha: float = 0.5, hidden: int = 64,
-                 eval_every: int = 10, directed: bool = False, device: str | torch.device = "cpu",
-                 random_state=None, verbose: int = 0) -> None:
+                 partition: Literal["iid", "dirichlet"] = "iid", alpha: float = 0.5,
+                 hidden: int = 64, eval_every: int = 10, directed: bool = False,
+                 device: str | torch.device = "cpu", random_state: RandomStateLike = None,
+                 verbose: int = 0) -> None:
         self.model = model
         self.topology = topology
         self.assignment = assignment
@@ -318,7 +324,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if D is not None:
             sizes.add(D.shape[0])
         if self.assignment is not None:
-            sizes.add(len(np.asarray(self.assignment)))
+            sizes.add(len(self._to_numpy(self.assignment)))
         if self.n_nodes is not None:
             check_positive(self.n_nodes, "n_nodes", integer=True)
             sizes.add(int(self.n_nodes))

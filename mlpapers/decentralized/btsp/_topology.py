@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -43,6 +43,11 @@ _ALIASES = {
 
 Schedule = list[list[int]]
 
+#: What the estimators take as ``topology``: a name (see :func:`circulant_schedule`), or
+#: explicit skips: one flat round of integers, or rounds of them (sequences or arrays).
+TopologyLike: TypeAlias = (str | Sequence[int] | Sequence[Sequence[int] | np.ndarray]
+                           | np.ndarray)
+
 
 def _check_n(n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
@@ -52,7 +57,7 @@ def _check_n(n: Any) -> int:
     return int(n)
 
 
-def circulant_schedule(n: int, topology: str | Sequence = "exponential") -> Schedule:
+def circulant_schedule(n: int, topology: TopologyLike = "exponential") -> Schedule:
     """Skip sets of a circulant (time-varying) topology on ``n`` virtual nodes.
 
     With ``k_max = floor(log2(n - 1))`` there are ``ceil(log2 n)`` powers of two
@@ -69,12 +74,13 @@ def circulant_schedule(n: int, topology: str | Sequence = "exponential") -> Sche
     ----------
     n : int
         Number of nodes (``>= 2``).
-    topology : str or sequence
+    topology : str, sequence or ndarray
         One of ``TOPOLOGIES`` (or the aliases ``"exp"``, ``"one_peer_exp"``,
         ``"sparse_exp"`` of the official code; case, spaces and hyphens are ignored,
-        so ``"one-peer exponential"`` works), or explicit skips: a sequence of
-        rounds, each a sequence of integer skips. A flat sequence of integers is
-        one round. Skips are reduced modulo ``n``; a skip ``0 mod n`` is an error.
+        so ``"one-peer exponential"`` works), or explicit skips: a sequence (or
+        array) of rounds, each a sequence (or array) of integer skips. A flat
+        sequence of integers is one round. Skips are reduced modulo ``n``; a skip
+        ``0 mod n`` is an error.
 
     Returns
     -------
@@ -144,7 +150,7 @@ def _explicit_schedule(n: int, topology: Any) -> Schedule:
     return rounds
 
 
-def scale_schedule(schedule: str | Sequence, c: int, n: int) -> Schedule:
+def scale_schedule(schedule: TopologyLike, c: int, n: int) -> Schedule:
     """Multiply every skip by ``c`` modulo ``n`` (the schedule ``c * S`` of the MSR step).
 
     ``bottleneck_delay(D, multiplier_relabel(pi, c), S) == bottleneck_delay(D, pi, c * S)``
@@ -191,7 +197,7 @@ def scale_schedule(schedule: str | Sequence, c: int, n: int) -> Schedule:
     return [sorted({(int(c) * s) % int(n) for s in r}) for r in schedule]
 
 
-def mixing_matrices(n: int, topology: str | Sequence = "exponential") -> np.ndarray:
+def mixing_matrices(n: int, topology: TopologyLike = "exponential") -> np.ndarray:
     """Doubly stochastic gossip matrices of a circulant schedule, in virtual indices.
 
     Round ``l`` uses ``W_l = (I + sum_{s in S_l} P^s) / (|S_l| + 1)`` where
@@ -204,7 +210,7 @@ def mixing_matrices(n: int, topology: str | Sequence = "exponential") -> np.ndar
     ----------
     n : int
         Number of nodes.
-    topology : str or sequence
+    topology : str, sequence or ndarray
         As in :func:`circulant_schedule`.
 
     Returns

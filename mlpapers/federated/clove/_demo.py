@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
@@ -40,8 +41,8 @@ def demo(quick: bool) -> list[DemoResult]:
         rows.setdefault(key, []).append((value, t))
 
     K = 4 if quick else 5
-    lin = dict(n_clusters=K, n_rounds=3 if quick else 5, local_epochs=10, lr=0.02,
-               batch_size=100, init="same")
+    lin: dict[str, Any] = dict(n_clusters=K, n_rounds=3 if quick else 5, local_epochs=10,
+                               lr=0.02, batch_size=100, init="same")
     for seed in seeds:
         clients, truth, coef = make_federated_linear(n_clusters=K, n_clients_per_cluster=4,
                                                      n_samples=500, random_state=seed)
@@ -59,8 +60,8 @@ def demo(quick: bool) -> list[DemoResult]:
                                                  random_state=seed)
         train = [(X[:80], y[:80]) for X, y in dclients]
         test = [(X[80:], y[80:]) for X, y in dclients]
-        dig = dict(model="logistic", n_rounds=8 if quick else 15, local_epochs=5, lr=0.05,
-                   batch_size=40, random_state=seed)
+        dig: dict[str, Any] = dict(model="logistic", n_rounds=8 if quick else 15,
+                                   local_epochs=5, lr=0.05, batch_size=40, random_state=seed)
         for name, est in (("CLoVE", CLoVE(n_clusters=4, **dig)),
                           ("IFCA", IFCA(n_clusters=4, **dig)), ("FedAvg", FedAvg(**dig))):
             est, t = _timed(est, train, dtruth)

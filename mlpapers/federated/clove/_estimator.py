@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable, Sequence
+from typing import Literal, TypeAlias
 
-from mlpapers._utils import check_in_options
+import numpy as np
+import torch
+from torch import nn
+
+from mlpapers._utils import RandomStateLike, check_in_options
 from mlpapers.federated.clove._federation import _FederatedBase
 from mlpapers.federated.clove._kernels import (
     choose_n_clusters,
@@ -14,6 +19,12 @@ from mlpapers.federated.clove._kernels import (
 )
 
 __all__ = ["CLoVE", "FedAvg", "IFCA"]
+
+#: ``model``: a built-in client model, or a callable ``f(n_features, n_outputs)`` building one.
+ClientModel: TypeAlias = (Literal["linear", "logistic", "mlp", "autoencoder"]
+                          | Callable[[int, int], nn.Module])
+#: ``loss``: the training loss of the client models.
+ClientLoss: TypeAlias = Literal["auto", "mse", "cross_entropy", "reconstruction"]
 
 _COMMON_PARAMS = """model : {"linear", "logistic", "mlp", "autoencoder"} or callable, \
 default="linear"
@@ -33,8 +44,8 @@ default="linear"
         then refused, and a lone sample left at the end of an epoch joins the batch
         before it (BatchNorm2d after a convolution trains on any batch, unchanged).
         See the user guide, "Your own model".
-    hidden_layer_sizes : tuple of int, default=(64,)
-        Hidden widths of ``"mlp"`` and ``"autoencoder"``.
+    hidden_layer_sizes : int or sequence of int, default=(64,)
+        Hidden widths of ``"mlp"`` and ``"autoencoder"`` (an int is one hidden layer).
     loss : {"auto", "mse", "cross_entropy", "reconstruction"}, default="auto"
         ``"auto"`` picks the reconstruction loss without targets or with the
         autoencoder, MSE for ``"linear"`` and continuous targets, cross-entropy
@@ -61,9 +72,9 @@ _RUN_PARAMS = """participation : float, default=1.0
         (``.item()``, data-dependent shapes) raises a ``ValueError`` with
         ``vectorize=True`` (a model that fails outside vmap too raises its own
         error).
-    device : str, default="cpu"
+    device : str or torch.device, default="cpu"
         Torch device.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seeds model initialisation, assignments, sampling and mini-batches.
     verbose : int, default=0
         Show a progress bar per round."""
@@ -178,11 +189,30 @@ class CLoVE(_ClusteredBase):
 
     _supports_auto = True
 
-    def __init__(self, *, n_clusters=2, model="linear", hidden_layer_sizes=(64,), loss="auto",
-                 n_rounds=20, local_epochs=1, lr=1e-2, batch_size=100, optimizer="adam",
-                 init="random", first_assignment="loss", loss_transform=None,
-                 max_clusters=15, freeze_after=None, n_init=10, participation=1.0,
-                 vectorize="auto", device="cpu", random_state=None, verbose=0):
+    def __init__(
+        self,
+        *,
+        n_clusters: int | Literal["auto"] = 2,
+        model: ClientModel = "linear",
+        hidden_layer_sizes: int | Sequence[int] = (64,),
+        loss: ClientLoss = "auto",
+        n_rounds: int = 20,
+        local_epochs: int = 1,
+        lr: float = 1e-2,
+        batch_size: int | None = 100,
+        optimizer: Literal["adam", "sgd"] = "adam",
+        init: Literal["random", "same"] = "random",
+        first_assignment: Literal["loss", "random"] = "loss",
+        loss_transform: Literal["sqrt", "log"] | None = None,
+        max_clusters: int = 15,
+        freeze_after: int | None = None,
+        n_init: int = 10,
+        participation: float = 1.0,
+        vectorize: Literal["auto"] | bool = "auto",
+        device: str | torch.device = "cpu",
+        random_state: RandomStateLike = None,
+        verbose: int = 0,
+    ) -> None:
         self.n_clusters = n_clusters
         self.model = model
         self.hidden_layer_sizes = hidden_layer_sizes
@@ -282,11 +312,27 @@ class IFCA(_ClusteredBase):
     (3,)
     """
 
-    def __init__(self, *, n_clusters=2, model="linear", hidden_layer_sizes=(64,), loss="auto",
-                 n_rounds=20, local_epochs=1, lr=1e-2, batch_size=100, optimizer="adam",
-                 init="random", first_assignment="loss", freeze_after=None,
-                 participation=1.0, vectorize="auto", device="cpu", random_state=None,
-                 verbose=0):
+    def __init__(
+        self,
+        *,
+        n_clusters: int = 2,
+        model: ClientModel = "linear",
+        hidden_layer_sizes: int | Sequence[int] = (64,),
+        loss: ClientLoss = "auto",
+        n_rounds: int = 20,
+        local_epochs: int = 1,
+        lr: float = 1e-2,
+        batch_size: int | None = 100,
+        optimizer: Literal["adam", "sgd"] = "adam",
+        init: Literal["random", "same"] = "random",
+        first_assignment: Literal["loss", "random"] = "loss",
+        freeze_after: int | None = None,
+        participation: float = 1.0,
+        vectorize: Literal["auto"] | bool = "auto",
+        device: str | torch.device = "cpu",
+        random_state: RandomStateLike = None,
+        verbose: int = 0,
+    ) -> None:
         self.n_clusters = n_clusters
         self.model = model
         self.hidden_layer_sizes = hidden_layer_sizes
@@ -344,10 +390,23 @@ class FedAvg(_FederatedBase):
 
     _assigns_by_loss = False
 
-    def __init__(self, *, model="linear", hidden_layer_sizes=(64,), loss="auto", n_rounds=20,
-                 local_epochs=1, lr=1e-2, batch_size=100, optimizer="adam",
-                 participation=1.0, vectorize="auto", device="cpu", random_state=None,
-                 verbose=0):
+    def __init__(
+        self,
+        *,
+        model: ClientModel = "linear",
+        hidden_layer_sizes: int | Sequence[int] = (64,),
+        loss: ClientLoss = "auto",
+        n_rounds: int = 20,
+        local_epochs: int = 1,
+        lr: float = 1e-2,
+        batch_size: int | None = 100,
+        optimizer: Literal["adam", "sgd"] = "adam",
+        participation: float = 1.0,
+        vectorize: Literal["auto"] | bool = "auto",
+        device: str | torch.device = "cpu",
+        random_state: RandomStateLike = None,
+        verbose: int = 0,
+    ) -> None:
         self.model = model
         self.hidden_layer_sizes = hidden_layer_sizes
         self.loss = loss

@@ -12,7 +12,6 @@ import math
 import numbers
 import time
 import warnings
-from collections.abc import Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -126,7 +125,8 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
     # local training needs autograd, also inside the caller's no_grad/inference_mode
     @with_autograd
     @restore_on_failure
-    def fit(self, clients: Sequence[Any], cluster_labels: ArrayLike | None = None) -> Self:
+    def fit(self, clients: list[Any] | tuple[Any, ...],
+            cluster_labels: ArrayLike | None = None) -> Self:
         """Run the federated simulation.
 
         Parameters

@@ -65,7 +65,7 @@ class CLoVEStrategy(Strategy):
     min_nodes : int, default=2
         Wait for at least this many connected nodes (and at least K: it is raised to
         ``n_clusters``) before round 1.
-    random_state : int or None, default=None
+    random_state : int, RandomState instance or None, default=None
         Seed of the k-means step.
     n_init : int, default=10
         k-means restarts.
@@ -122,7 +122,7 @@ class CLoVEStrategy(Strategy):
 
     def __init__(self, n_clusters: int, *, min_nodes: int = 2,
                  random_state: int | np.random.RandomState | None = None,
-                 n_init: int = 10, poll_interval: float = 0.1):
+                 n_init: int = 10, poll_interval: float = 0.1) -> None:
         check_positive(n_clusters, "n_clusters", integer=True)
         check_positive(min_nodes, "min_nodes", integer=True)
         self.n_clusters = int(n_clusters)

@@ -11,7 +11,7 @@ none of its own.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -255,7 +255,7 @@ class _FederatedInferenceMixin:
         self._check_fitted()
         return int(np.argmin(self._client_loss_vector(X, y)))
 
-    def score(self, clients: Sequence[Any]) -> float:
+    def score(self, clients: list[Any] | tuple[Any, ...]) -> float:
         """Mean per-client quality of each client's assigned model.
 
         ``clients`` are held-out data of the training clients, in the same order:

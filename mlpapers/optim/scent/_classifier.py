@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 import numpy as np
 import torch
@@ -12,12 +12,14 @@ from sklearn.utils.multiclass import check_classification_targets
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ArrayLike,
+    RandomStateLike,
     check_in_options,
     check_positive,
     encode_labels,
     with_autograd,
 )
 from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
+from mlpapers.optim.scent._loss import Method
 from mlpapers.optim.scent._sparse_input import (
     SparseArrayLike,
     SparseRows,
@@ -124,7 +126,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         Each method reads only its own parameters (``log_alpha`` SCENT's,
         ``gamma`` SOX's, ...) and ignores the others', so one set of keyword
         arguments serves a comparison of methods.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed of the shuffling and the negative sampling.
     device : str or torch.device, default="cpu"
         Torch device.
@@ -170,14 +172,14 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         self,
         *,
         n_negatives: int = 64,
-        loss: str = "softmax",
-        negatives: str = "uniform",
-        method: str = "scent",
+        loss: Literal["softmax", "negatives"] = "softmax",
+        negatives: Literal["uniform", "in_batch"] = "uniform",
+        method: Method = "scent",
         log_alpha: float | None = None,
         temperature: float = 1.0,
         alpha: float = 0.0,
         lr: float = 1.0,
-        lr_schedule: str = "cosine",
+        lr_schedule: Literal["cosine", "constant"] = "cosine",
         momentum: float = 0.0,
         epochs: int = 20,
         batch_size: int = 256,
@@ -186,7 +188,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         dual_lr: float = 0.1,
         delta: float = 1.0,
         rho: float = 1e-3,
-        random_state=None,
+        random_state: RandomStateLike = None,
         device: str | torch.device = "cpu",
         verbose: int = 0,
     ) -> None:
@@ -314,14 +316,15 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             self._init_fit()
             X, y = self._train_data(X, y, reset=True)
             check_classification_targets(y)
-            self.classes_ = np.unique(np.asarray(classes))
+            self.classes_ = np.unique(self._to_numpy(classes))  # (grad/CUDA tensors too)
             if len(self.classes_) < 2:
                 raise ValueError("classes must hold at least 2 classes.")
             self._check_params(len(self.classes_))
             self.loss_curve_ = []
         else:
             X, y = self._train_data(X, y, reset=False)
-            if classes is not None and not np.array_equal(np.unique(classes), self.classes_):
+            if classes is not None and not np.array_equal(np.unique(self._to_numpy(classes)),
+                                                          self.classes_):
                 raise ValueError("classes differ from those of the first call to partial_fit.")
             self._check_params(len(self.classes_))
             if not hasattr(self, "_torch_gen"):  # loaded from a file without generator states

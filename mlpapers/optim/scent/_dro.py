@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ArrayLike,
     ProgressLogger,
+    RandomStateLike,
     check_in_options,
     check_positive,
     encode_labels,
@@ -46,6 +47,7 @@ from mlpapers.optim.scent._dro_init import (
     unscale,
 )
 from mlpapers.optim.scent._kernels import log_mean_exp, tempered_log_mean_exp
+from mlpapers.optim.scent._loss import Method
 
 __all__ = ["KLDROClassifier", "KLDRORegressor"]
 
@@ -103,7 +105,7 @@ _DOC_PARAMS = r"""
         Each method reads only its own parameters (``log_alpha`` SCENT's,
         ``gamma`` SOX's, ...) and ignores the others', so one set of keyword
         arguments serves a comparison of methods.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed of the mini-batch shuffling; an int gives reproducible fits.
     device : str or torch.device, default="cpu"
         Torch device of the training (``"cpu"``, ``"cuda"``, ...).
@@ -137,13 +139,14 @@ _REF = r"""
 class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
     _supports_auto_alpha = True
 
-    def __init__(self, *, lam: float = 1.0, method: str = "scent",
-                 log_alpha: float | str | None = None, lr: float = 1e-4,
-                 lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 100,
-                 batch_size: int = 64, fit_intercept: bool = True, alpha: float = 0.0,
-                 init: str = "erm", gamma: float = 0.5, dual_lr: float = 0.1,
-                 delta: float = 1.0, rho: float = 1e-3, random_state=None,
-                 device: str | torch.device = "cpu", verbose: int = 0) -> None:
+    def __init__(self, *, lam: float = 1.0, method: Method = "scent",
+                 log_alpha: float | Literal["auto"] | None = None, lr: float = 1e-4,
+                 lr_schedule: Literal["cosine", "constant"] = "cosine", momentum: float = 0.9,
+                 epochs: int = 100, batch_size: int = 64, fit_intercept: bool = True,
+                 alpha: float = 0.0, init: Literal["erm", "zeros"] = "erm", gamma: float = 0.5,
+                 dual_lr: float = 0.1, delta: float = 1.0, rho: float = 1e-3,
+                 random_state: RandomStateLike = None, device: str | torch.device = "cpu",
+                 verbose: int = 0) -> None:
         self.lam = lam
         self.method = method
         self.log_alpha = log_alpha
@@ -347,7 +350,8 @@ class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
     squared loss.
 
     Parameters
-    ----------""" + _DOC_PARAMS + r"""
+    ----------""" + _DOC_PARAMS.replace(
+        "    alpha : float\n", "    alpha : float, default=0.0\n") + r"""
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,)
@@ -455,13 +459,14 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
 
     _y_numeric = False
 
-    def __init__(self, *, lam: float = 1.0, method: str = "scent",
-                 log_alpha: float | str | None = None, lr: float = 1e-4,
-                 lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 100,
-                 batch_size: int = 64, fit_intercept: bool = True, alpha: float = 1e-4,
-                 init: str = "erm", gamma: float = 0.5, dual_lr: float = 0.1,
-                 delta: float = 1.0, rho: float = 1e-3, random_state=None,
-                 device: str | torch.device = "cpu", verbose: int = 0) -> None:
+    def __init__(self, *, lam: float = 1.0, method: Method = "scent",
+                 log_alpha: float | Literal["auto"] | None = None, lr: float = 1e-4,
+                 lr_schedule: Literal["cosine", "constant"] = "cosine", momentum: float = 0.9,
+                 epochs: int = 100, batch_size: int = 64, fit_intercept: bool = True,
+                 alpha: float = 1e-4, init: Literal["erm", "zeros"] = "erm", gamma: float = 0.5,
+                 dual_lr: float = 0.1, delta: float = 1.0, rho: float = 1e-3,
+                 random_state: RandomStateLike = None, device: str | torch.device = "cpu",
+                 verbose: int = 0) -> None:
         super().__init__(lam=lam, method=method, log_alpha=log_alpha, lr=lr,
                          lr_schedule=lr_schedule, momentum=momentum, epochs=epochs,
                          batch_size=batch_size, fit_intercept=fit_intercept, alpha=alpha,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,8 @@ __all__ = ["METHODS", "EntropicRiskLoss", "objective"]
 
 #: Names accepted by ``method``.
 METHODS = ("scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus")
+#: The type of ``method``: one of ``METHODS``.
+Method: TypeAlias = Literal["scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"]
 
 
 @on_inputs_device
@@ -182,7 +184,7 @@ class EntropicRiskLoss(nn.Module):
     def __init__(
         self,
         n_anchors: int,
-        method: str = "scent",
+        method: Method = "scent",
         log_alpha: float | torch.Tensor = 0.0,
         temperature: float = 1.0,
         gamma: float = 0.9,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Self
+from typing import Literal, Self
 
 import numpy as np
 import torch
@@ -13,7 +13,14 @@ from sklearn.metrics import roc_auc_score
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ArrayLike, ProgressLogger, check_positive, encode_labels, with_autograd
+from mlpapers._utils import (
+    ArrayLike,
+    ProgressLogger,
+    RandomStateLike,
+    check_positive,
+    encode_labels,
+    with_autograd,
+)
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers._utils._docs import fill_doc
 from mlpapers.optim.scent._common import (
@@ -28,6 +35,7 @@ from mlpapers.optim.scent._common import (
 )
 from mlpapers.optim.scent._dro_init import feature_scaling, standardise
 from mlpapers.optim.scent._kernels import tempered_log_mean_exp
+from mlpapers.optim.scent._loss import Method
 
 __all__ = ["PartialAUCClassifier"]
 
@@ -97,7 +105,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Each method reads only its own parameters (``log_alpha`` SCENT's,
         ``gamma`` SOX's, ...) and ignores the others', so one set of keyword
         arguments serves a comparison of methods.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seed of the shuffling of the positives and of the negative sampling.
     device : str or torch.device, default="cpu"
         Torch device of the training (``"cpu"``, ``"cuda"``, ...).
@@ -147,11 +155,12 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     """
 
     def __init__(self, *, lam: float = 1.0, margin: float = 1.0, max_fpr: float = 0.3,
-                 method: str = "scent", log_alpha: float | None = None, lr: float = 0.1,
-                 lr_schedule: str = "cosine", momentum: float = 0.9, epochs: int = 50,
-                 batch_size: int = 32, n_negatives: int = 32, gamma: float = 0.9,
-                 dual_lr: float = 0.1, delta: float = 1.0, rho: float = 1e-3,
-                 random_state=None, device: str | torch.device = "cpu", verbose: int = 0) -> None:
+                 method: Method = "scent", log_alpha: float | None = None, lr: float = 0.1,
+                 lr_schedule: Literal["cosine", "constant"] = "cosine", momentum: float = 0.9,
+                 epochs: int = 50, batch_size: int = 32, n_negatives: int = 32,
+                 gamma: float = 0.9, dual_lr: float = 0.1, delta: float = 1.0,
+                 rho: float = 1e-3, random_state: RandomStateLike = None,
+                 device: str | torch.device = "cpu", verbose: int = 0) -> None:
         self.lam = lam
         self.margin = margin
         self.max_fpr = max_fpr
