@@ -157,6 +157,36 @@ def test_scent_partial_fit_classes_tensor(xy, kind, call):
     np.testing.assert_array_equal(run(t), run(ref))
 
 
+# --- anomaly: RAD's layer weights and lists of image tensors ---------------------------
+
+_IMAGES = np.random.default_rng(0).random((3, 16, 16, 3)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_rad_layer_weights_tensor(kind):
+    # learned fusion weights (an nn.Parameter requires grad) given as layer_weights
+    t, ref = _unreadable([1.0, 2.0], kind)
+
+    def scores(weights):
+        det = RADDetector(extractor="random", k_images=2, image_size=16, layer_weights=weights,
+                          random_state=0)
+        return det.fit(_IMAGES).decision_function(_IMAGES)
+
+    np.testing.assert_array_equal(scores(t), scores(ref))
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "float16"])
+def test_rad_list_of_half_precision_image_tensors(kind):
+    # a list of images, each a tensor: its items were read with Tensor.numpy(), which
+    # refuses bfloat16 (a batch tensor of the same images was accepted)
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[kind]
+    batch = torch.from_numpy(_IMAGES).to(dtype)
+    det = RADDetector(extractor="random", k_images=2, image_size=16, random_state=0)
+    det.fit(_IMAGES)
+    np.testing.assert_array_equal(det.decision_function(list(batch)),
+                                  det.decision_function(batch))
+
+
 # --- the sweep: every ArrayLike argument of the estimators' main methods ---------------
 
 _METHODS = ("fit", "partial_fit", "predict", "predict_proba", "predict_log_proba",

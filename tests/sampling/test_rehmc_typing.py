@@ -21,3 +21,34 @@ def test_ess_and_rhat_take_the_tensors_their_signature_accepts(make):
     np.testing.assert_array_equal(ess(draws), ess(values))
     np.testing.assert_array_equal(ess(draws, kind="tail"), ess(values, kind="tail"))
     np.testing.assert_array_equal(rhat(draws), rhat(values))
+
+
+def test_width_of_a_set_whose_interior_point_is_a_row():
+    # a user subclass may return its interior point as a (1, d) row; the width's chords
+    # are then still taken along the set's d axes (a typing refactor once read d from the
+    # row's first axis: width 1.71 instead of 2 for the unit ball in 3-D)
+    from mlpapers.sampling.rehmc import ConvexSet
+
+    class RowInterior(ConvexSet):
+        def interior_point(self):
+            return np.zeros((1, 3))
+
+    def unit_ball(x):
+        return (x**2).sum(-1) - 1
+
+    assert RowInterior(unit_ball, dim=3).width() == ConvexSet(unit_ball, dim=3).width() == 2.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_polar_factor_of_a_half_precision_tensor_keeps_its_dtype(dtype):
+    # the signature takes any tensor and the docstring promises its dtype back; torch's
+    # SVD has no half-precision kernel ("linalg_svd_cpu" not implemented for 'BFloat16')
+    from mlpapers.sampling import polar_factor
+
+    X = torch.randn(3, 5, 2, generator=torch.Generator().manual_seed(0)).to(dtype)
+    X.requires_grad_()
+    Q = polar_factor(X)
+    assert Q.dtype == dtype
+    torch.testing.assert_close(Q, polar_factor(X.detach().float()).to(dtype))
+    Q.sum().backward()  # the graph reaches the half-precision input
+    assert X.grad is not None and X.grad.dtype == dtype

@@ -10,12 +10,15 @@ from mlpapers.sampling import (
     Ball,
     Box,
     ConvexSet,
+    Ellipsoid,
+    Polytope,
     ReflectiveHMC,
     Region,
     SampleResult,
     SampleSummary,
     StiefelResult,
     StiefelSampler,
+    bingham_log_density,
     ess,
     matrix_von_mises_fisher_log_density,
     polar_factor,
@@ -66,3 +69,43 @@ def check() -> None:
     assert_type(draws, StiefelResult)
     assert_type(draws.Q, np.ndarray)
     del t, normal
+    check_constructors()
+
+
+def _grad_log_prob(x: torch.Tensor) -> torch.Tensor:
+    return -x
+
+
+def check_constructors() -> None:
+    # each constructor with the non-default kinds of values its parameters accept
+    x0 = np.array([0.1, 0.2])
+    # numpy answers from g, grad_g and the membership test (g's needs grad_g)
+    disc = ConvexSet(lambda z: (z.numpy() ** 2).sum(-1) - 1.0, grad_g=lambda z: 2.0 * z.numpy(),
+                     interior_point=[0.0, 0.0], dim=2, n_bisect=40)
+    ConvexSet(lambda z: (z ** 2).sum(-1) - 1.0, interior_point=torch.zeros(2))
+    ConvexSet(lambda z: (z ** 2).sum(-1) - 1.0, _grad_log_prob, dim=2)
+    right = Region(lambda z: z[:, 0].numpy() > -0.9)
+    Ellipsoid([0.0, 0.0], np.eye(2))
+    Polytope(np.vstack([np.eye(2), -np.eye(2)]), torch.ones(4))
+    Box(-1.0, 1.0, dim=2)
+    ball = Ball(torch.zeros(2), 1.5)
+
+    hmc = ReflectiveHMC(_log_prob, disc, grad_log_prob=_grad_log_prob, support=ball,
+                        step_size=0.3, n_leapfrog=4, mass="diag", target_accept=0.7,
+                        max_reflections=50, jitter=0.1, dtype=np.float32,
+                        device=torch.device("cpu"), random_state=np.random.default_rng(0),
+                        verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert_type(hmc.sample(5, x0=x0, n_chains=2, warmup=5), SampleResult)
+    ReflectiveHMC(_log_prob, Box([0, 0], [1, 1]), support=right, step_size="auto",
+                  n_leapfrog="auto", jitter=False, dtype="float32",
+                  random_state=np.random.RandomState(0))
+    ReflectiveHMC(_log_prob, ball, dtype=np.dtype("float64"), random_state=np.int64(3))
+
+    StiefelSampler(bingham_log_density(np.eye(3), np.diag([2.0, 1.0])), 3, 2, a=0.5, b=3.0,
+                   n_leapfrog="auto", step_size=0.2, target_accept=0.9, jitter=0.5,
+                   max_reflections=20, dtype="float64", device=torch.device("cpu"),
+                   random_state=np.random.default_rng(0), verbose=0)
+    StiefelSampler(lambda Q: Q[:, 0, 0], n=2, k=1, step_size="auto", jitter=True,
+                   dtype=torch.float32, random_state=np.random.RandomState(1))

@@ -5,16 +5,22 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
 from einops import rearrange
 
 from mlpapers._utils import (
+    ArrayLike,
     ProgressLogger,
+    RandomStateLike,
     check_in_options,
     check_positive,
+    to_numpy,
 )
 from mlpapers.anomaly.rad._common import BaseImageDetector, check_fraction
+from mlpapers.anomaly.rad._extractors import ExtractorFn
 from mlpapers.anomaly.rad._kernels import (
     global_patch_similarity,
     l2_normalize,
@@ -69,7 +75,8 @@ class RADDetector(BaseImageDetector):
     layer_weights : array-like of shape (n_layers,) or None, default=None
         Non-negative fusion weights, normalised to sum to one; ``None`` is uniform.
     image_size : int, (int, int) or None, default=224
-        Network input size; images are resized (bilinear, antialiased). ``None``
+        Network input size, square or ``(height, width)`` (a tuple or a list of two
+        ints); images are resized (bilinear, antialiased). ``None``
         keeps the input size (all images must then share it); otherwise a list
         of images of different sizes is accepted. Maps and image scores are
         computed at this size; :meth:`anomaly_map` resizes to the input (one map
@@ -118,7 +125,7 @@ class RADDetector(BaseImageDetector):
         ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or ``"auto"`` (CUDA when
         available). A custom extractor module whose weights are elsewhere runs on
         a copy made on this device (with a warning).
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Unused (RAD is deterministic; ``None`` draws no seed from numpy's global
         generator); kept for API consistency.
     verbose : int, default=0
@@ -191,10 +198,19 @@ class RADDetector(BaseImageDetector):
 
     _uses_random_state = False  # RAD draws no random numbers
 
-    def __init__(self, *, extractor=None, k_images=150, pos_radius=1, layer_weights=None,
-                 image_size=224, top_ratio=0.01, smoothing_sigma=1.0, blur_padding="zeros",
-                 contamination=0.1, memory_dtype="float32", matching="auto", batch_size=16,
-                 chunk_size=2**24, device="cpu", random_state=None, verbose=0):
+    def __init__(self, *,
+                 extractor: Literal["random", "efficientnet-lite0"] | ExtractorFn | None = None,
+                 k_images: int = 150, pos_radius: int | None = 1,
+                 layer_weights: ArrayLike | None = None,
+                 image_size: int | tuple[int, int] | list[int] | None = 224,
+                 top_ratio: float = 0.01, smoothing_sigma: float = 1.0,
+                 blur_padding: Literal["zeros", "reflect"] = "zeros",
+                 contamination: float = 0.1,
+                 memory_dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+                 matching: Literal["auto", "shared", "tiled", "gather"] = "auto",
+                 batch_size: int = 16, chunk_size: int = 2**24,
+                 device: str | torch.device = "cpu", random_state: RandomStateLike = None,
+                 verbose: int = 0) -> None:
         self.extractor = extractor
         self.k_images = k_images
         self.pos_radius = pos_radius
@@ -221,7 +237,7 @@ class RADDetector(BaseImageDetector):
         check_fraction(self.top_ratio, "top_ratio", 1.0, zero_allowed=True)
         check_in_options(self.blur_padding, "blur_padding", ("zeros", "reflect"))
         if self.layer_weights is not None:
-            w = np.asarray(self.layer_weights, dtype=float)
+            w = np.asarray(to_numpy(self.layer_weights), dtype=float)
             if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
                 raise ValueError("layer_weights must be a 1D array of non-negative numbers "
                                  f"with a positive sum, got {self.layer_weights!r}.")
@@ -234,7 +250,7 @@ class RADDetector(BaseImageDetector):
     def _resolve_layer_weights(self, n_layers: int) -> np.ndarray:
         if self.layer_weights is None:
             return np.full(n_layers, 1.0 / n_layers)
-        w = np.asarray(self.layer_weights, dtype=float)
+        w = np.asarray(to_numpy(self.layer_weights), dtype=float)
         if len(w) != n_layers:
             raise ValueError(f"layer_weights has {len(w)} entries but the extractor "
                              f"returns {n_layers} layers.")

@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Literal, TypeAlias, cast
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,12 @@ __all__ = [
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: A callable extractor: ``(B, 3, H, W)`` images in [0, 1] to ``(feature maps, keys)``, a
+#: sequence of ``(B, C_l, h_l, w_l)`` tensors and a ``(B, D)`` tensor (the detectors'
+#: ``extractor`` parameter; an ``nn.Module`` is one).
+ExtractorFn: TypeAlias = Callable[[torch.Tensor],
+                                  tuple[Sequence[torch.Tensor], torch.Tensor]]
 
 
 # One lock per user module, held while the module runs in eval mode (and, for
@@ -236,7 +242,7 @@ class TorchFeatureExtractor(nn.Module):
     forward : str or None, default=None
         Name of a method of ``module`` to call instead of ``module(x)`` (e.g.
         ``"extract_features"`` to skip a classifier head).
-    mean, std : sequence of float or None, default=ImageNet's
+    mean, std : float, sequence of float or None, default=ImageNet's
         Per-channel normalisation ``(x - mean) / std`` applied to the ``[0, 1]``
         images: one or three numbers each, ``std`` positive (ImageNet's mean and
         standard deviation by default; ``mean=None`` skips it).
@@ -270,12 +276,12 @@ class TorchFeatureExtractor(nn.Module):
     def __init__(
         self,
         module: nn.Module,
-        layers: Sequence[str],
-        key: str = "gap",
+        layers: str | Sequence[str],
+        key: Literal["gap", "cls"] = "gap",
         key_layer: str | None = None,
         forward: str | None = None,
-        mean: Sequence[float] | None = IMAGENET_MEAN,
-        std: Sequence[float] | None = IMAGENET_STD,
+        mean: float | Sequence[float] | None = IMAGENET_MEAN,
+        std: float | Sequence[float] | None = IMAGENET_STD,
     ):
         super().__init__()
         if not isinstance(module, nn.Module):
@@ -422,7 +428,7 @@ class DinoViTExtractor(nn.Module):
         ``blocks``).
     norm : bool, default=True
         Apply the final norm to intermediate layers.
-    mean, std : sequence of float or None, default=ImageNet's
+    mean, std : float, sequence of float or None, default=ImageNet's
         Per-channel normalisation ``(x - mean) / std`` applied to the ``[0, 1]``
         images: one or three numbers each, ``std`` positive (ImageNet's mean and
         standard deviation by default, as DINO models expect; ``mean=None`` skips
@@ -458,7 +464,8 @@ class DinoViTExtractor(nn.Module):
     """
 
     def __init__(self, model: nn.Module, layers: int | Sequence[int] = (3, 6, 9, 11),
-                 norm: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+                 norm: bool = True, mean: float | Sequence[float] | None = IMAGENET_MEAN,
+                 std: float | Sequence[float] | None = IMAGENET_STD):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")

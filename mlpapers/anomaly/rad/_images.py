@@ -17,6 +17,7 @@ from mlpapers._utils import (
     check_tensor,
     reject_flat_image_table,
     reject_single_hwc_image,
+    to_numpy,
     torch_compatible_array,
     user_stacklevel,
 )
@@ -216,8 +217,7 @@ def _validate_images(X: Any, name: str = "X", size=None
                 item = _read_image_file(item, name)
             elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
                 item = _pil_to_array(item)
-            arrays.append(item.detach().cpu().numpy() if isinstance(item, torch.Tensor)
-                          else np.asarray(item))
+            arrays.append(to_numpy(item))
         if len({a.shape for a in arrays}) > 1:  # grayscale next to colour: repeat channels
             colour = [a.shape for a in arrays if a.ndim == 3 and a.shape[-1] in (3, 4)]
             if colour:

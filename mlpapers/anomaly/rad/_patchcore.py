@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from mlpapers._utils import RandomStateLike
 from mlpapers.anomaly.rad._common import BaseImageDetector, check_fraction
+from mlpapers.anomaly.rad._extractors import ExtractorFn
 from mlpapers.anomaly.rad._kernels import greedy_coreset, knn_distances
 from mlpapers.anomaly.rad._maps import fused_smoothed_maps
 
@@ -54,7 +57,7 @@ class PatchCoreDetector(BaseImageDetector):
     device : str or torch.device, default="cpu"
         Where the extractor runs and the memory bank is stored and searched, as
         in :class:`RADDetector`.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState, Generator or None, default=None
         Seeds the coreset start and projection.
     verbose : int, default=0
         Show progress bars over the extraction batches and the coreset selection.
@@ -98,9 +101,15 @@ class PatchCoreDetector(BaseImageDetector):
     (6,)
     """
 
-    def __init__(self, *, extractor=None, coreset_ratio=0.1, image_size=224,
-                 smoothing_sigma=4.0, contamination=0.1, memory_dtype="float32",
-                 batch_size=16, chunk_size=2**24, device="cpu", random_state=None, verbose=0):
+    def __init__(self, *,
+                 extractor: Literal["random", "efficientnet-lite0"] | ExtractorFn | None = None,
+                 coreset_ratio: float = 0.1,
+                 image_size: int | tuple[int, int] | list[int] | None = 224,
+                 smoothing_sigma: float = 4.0, contamination: float = 0.1,
+                 memory_dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+                 batch_size: int = 16, chunk_size: int = 2**24,
+                 device: str | torch.device = "cpu", random_state: RandomStateLike = None,
+                 verbose: int = 0) -> None:
         self.extractor = extractor
         self.coreset_ratio = coreset_ratio
         self.image_size = image_size

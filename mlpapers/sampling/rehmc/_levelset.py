@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import torch
 
 from mlpapers._utils import (
+    ArrayLike,
     autograd_enabled,
     check_positive,
     on_cpu_default_device,
@@ -54,8 +56,8 @@ class ConvexSet(ConvexContainer):
         ``g(x)`` maps a ``(C, d)`` tensor to ``(C,)`` (a tensor; an array is
         accepted when ``grad_g`` is given, else ``TypeError``).
     grad_g : callable, optional
-        Gradient of ``g`` (``(C, d) -> (C, d)``, a tensor); by autograd when
-        omitted.
+        Gradient of ``g`` (``(C, d) -> (C, d)``, a tensor or an array); by
+        autograd when omitted.
     interior_point : array-like of shape (d,), optional
         A point with ``g < 0``; it fixes the dimension.
     dim : int, optional
@@ -103,8 +105,10 @@ class ConvexSet(ConvexContainer):
     _x0: np.ndarray | None
 
     @on_cpu_default_device
-    def __init__(self, g: Callable[[Tensor], Tensor], grad_g: Callable | None = None, *,
-                 interior_point=None, dim: int | None = None, n_bisect: int = 60):
+    def __init__(self, g: Callable[[Tensor], ArrayLike],
+                 grad_g: Callable[[Tensor], ArrayLike] | None = None, *,
+                 interior_point: ArrayLike | None = None, dim: int | None = None,
+                 n_bisect: int = 60) -> None:
         if not callable(g):
             raise TypeError("g must be callable.")
         if grad_g is not None and not callable(grad_g):
@@ -251,7 +255,8 @@ class ConvexSet(ConvexContainer):
             with autograd_enabled():
                 xr = usable_outside_inference(x.detach()).requires_grad_(True)
                 # (a non-leaf copy: g may change its input in place, as in contains)
-                gr = torch.autograd.grad(self.g(xr.clone()).sum(), xr)[0]
+                # (a tensor: a g that returns arrays needs grad_g, see the class)
+                gr = torch.autograd.grad(cast(Tensor, self.g(xr.clone())).sum(), xr)[0]
         return gr
 
     def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
@@ -392,7 +397,7 @@ class ConvexSet(ConvexContainer):
             # capped a thousand times too small (the unit disc from (0, 1 - 1e-6):
             # width 0.003 instead of 2, bulk ESS 12 instead of 1700)
             x = torch.as_tensor(self.interior_point())
-            d = x.shape[0]  # (the set's dim, fixed with its interior point)
+            d = x.shape[-1]  # (the set's dim, fixed with its interior point)
             best = 0.0
             for _ in range(_CENTRING_STEPS):
                 up, down = self._axis_chords(x)
@@ -419,7 +424,7 @@ class ConvexSet(ConvexContainer):
     def _axis_chords(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Exit times ``(up, down)``, each ``(d,)``, of the rays from ``x`` (a point of
         ``K``) along ``+e_j`` and ``-e_j`` (``inf`` for a ray that never leaves ``K``)."""
-        d = x.shape[0]
+        d = x.shape[-1]
         dirs = torch.cat([torch.eye(d, dtype=torch.float64), -torch.eye(d, dtype=torch.float64)])
         xs = x.expand(2 * d, -1)
         t_max = torch.ones(2 * d, dtype=torch.float64)
@@ -441,7 +446,8 @@ class Region:
     Parameters
     ----------
     contains : callable
-        ``contains(x)`` maps a ``(C, d)`` tensor to a ``(C,)`` boolean tensor.
+        ``contains(x)`` maps a ``(C, d)`` tensor to a ``(C,)`` boolean tensor (or
+        array; 0/1 numbers are accepted as booleans).
 
     Examples
     --------
@@ -452,7 +458,7 @@ class Region:
     [False, True]
     """
 
-    def __init__(self, contains: Callable[[Tensor], Tensor]):
+    def __init__(self, contains: Callable[[Tensor], ArrayLike]) -> None:
         if not callable(contains):
             raise TypeError("contains must be callable.")
         self._contains = contains

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -301,12 +301,12 @@ class SampleResult:
     def _default_names(self) -> list[str]:
         return [f"x[{i}]" for i in range(self.samples.shape[-1])]
 
-    def summary(self, names: Sequence[str] | None = None) -> SampleSummary:
+    def summary(self, names: Iterable[str] | None = None) -> SampleSummary:
         """Per-dimension mean, sd, quantiles, bulk/tail ESS and R-hat, and sampler figures.
 
         Parameters
         ----------
-        names : sequence of str, optional
+        names : iterable of str, optional
             One label per dimension (e.g. ``["intercept", *feature_names]``) for
             the printed table and :meth:`SampleSummary.to_frame`; ``x[0]``, ``x[1]``, ...
             by default.
@@ -470,7 +470,7 @@ class SampleResult:
         _draw_fields: ClassVar[tuple[str, ...]]
     _draw_fields = ("samples",)
 
-    def to_inference_data(self, names: Sequence[str] | None = None) -> Any:
+    def to_inference_data(self, names: Iterable[str] | None = None) -> Any:
         """The draws as an ``arviz.InferenceData`` (needs the optional ``arviz``).
 
         The posterior holds one variable ``x`` of shape ``(chain, draw, d)``, and
@@ -484,7 +484,7 @@ class SampleResult:
 
         Parameters
         ----------
-        names : sequence of str, optional
+        names : iterable of str, optional
             One label per dimension, used as the coordinates of ``x``'s last
             dimension (``az.summary`` then shows ``x[intercept]``, ...).
 

@@ -13,7 +13,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from typing import cast
+from typing import Any, Literal, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from sklearn.base import BaseEstimator
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
     ArrayLike,
+    RandomStateLike,
     autograd_enabled,
     check_in_options,
     check_positive,
@@ -43,6 +44,11 @@ from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
 FALLBACK_LEAPFROG = 10  # n_leapfrog used by "auto" with a single chain (ChEES needs 2+)
+
+#: What the samplers' ``dtype`` takes: a torch dtype, a numpy floating dtype or type, or
+#: a name (``"float64"``, ``"torch.float32"``, ``"double"``); see ``resolve_dtype``.
+FloatDType: TypeAlias = (torch.dtype | np.dtype[np.floating[Any]] | type[np.floating[Any]]
+                         | str)
 
 
 class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
@@ -116,8 +122,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         multiplied by ``U(1 - j, 1 + j)`` (``True`` means ``j = 0.2``); with
         ``n_leapfrog="auto"`` the length is ``T (1 - j + j u)`` (``True``
         means ``j = 1``, ChEES's uniform jitter on ``(0, T]``).
-    dtype : torch.dtype or str, default=torch.float64
-        ``torch.float64`` or ``torch.float32`` (half precision raises ``TypeError``).
+    dtype : torch.dtype, numpy dtype or str, default=torch.float64
+        ``torch.float64`` or ``torch.float32`` (half precision raises ``TypeError``),
+        also as a numpy dtype (``np.float32``) or a name (``"float32"``).
     device : str or torch.device, default="cpu"
         Device of the chains' tensors (``log_prob`` receives them there).
     random_state : int, RandomState, Generator or None, default=None
@@ -177,12 +184,17 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
     _progress_label = "ReflectiveHMC"  # of the verbose bars (StiefelSampler sets its own)
     _density_name = "log_prob"  # what the start's errors call it (StiefelSampler's own)
 
-    def __init__(self, log_prob: Callable | None = None, container: ConvexContainer | None = None,
-                 *, grad_log_prob: Callable | None = None, support=None, step_size="auto",
-                 n_leapfrog: int | str = "auto", mass: str = "identity",
+    def __init__(self, log_prob: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 container: ConvexContainer | None = None, *,
+                 grad_log_prob: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 support: Region | ConvexContainer | None = None,
+                 step_size: Literal["auto"] | float = "auto",
+                 n_leapfrog: int | Literal["auto"] = "auto",
+                 mass: Literal["identity", "diag"] = "identity",
                  target_accept: float = 0.8, max_reflections: int | None = None,
-                 jitter: bool | float = True, dtype=torch.float64, device="cpu",
-                 random_state=None, verbose: int = 0):
+                 jitter: bool | float = True, dtype: FloatDType = torch.float64,
+                 device: str | torch.device = "cpu", random_state: RandomStateLike = None,
+                 verbose: int = 0) -> None:
         self.log_prob = log_prob
         self.container = container
         self.grad_log_prob = grad_log_prob

@@ -16,7 +16,7 @@ import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import overload
+from typing import Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -24,12 +24,12 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import ArrayLike, check_positive, on_inputs_device
+from mlpapers._utils import ArrayLike, RandomStateLike, check_positive, on_inputs_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._kernels import ContractError
 from mlpapers.sampling.rehmc._result import attribute_entries
-from mlpapers.sampling.rehmc._sampler import ReflectiveHMC, SampleResult
+from mlpapers.sampling.rehmc._sampler import FloatDType, ReflectiveHMC, SampleResult
 from mlpapers.sampling.rehmc._supports import Ball, Region
 from mlpapers.sampling.rehmc._user import eval_mode
 
@@ -80,7 +80,8 @@ def polar_factor(X: ArrayLike) -> Tensor | np.ndarray:
     ----------
     X : torch.Tensor or array-like of shape (..., n, k)
         Matrices of full column rank (``k <= n``), batched over the leading
-        dimensions. A tensor keeps its dtype, device and autograd graph; anything
+        dimensions. A tensor keeps its dtype (a half-precision one is factored in
+        float32), device and autograd graph; anything
         else is converted to a finite float64 array (``ValueError`` otherwise, or
         for fewer than 2 dimensions).
 
@@ -108,6 +109,8 @@ def polar_factor(X: ArrayLike) -> Tensor | np.ndarray:
         _check_tall(X_np.shape)
         return _Polar.apply(torch.from_numpy(X_np)).numpy()
     _check_tall(X.shape)
+    if X.dtype in (torch.float16, torch.bfloat16):  # torch has no SVD in half precision
+        return _Polar.apply(X.float()).to(X.dtype)
     return _Polar.apply(X)
 
 
@@ -365,18 +368,21 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
     True
     """
 
-    def __init__(self, log_density: Callable | None = None, n: int = 3, k: int = 1, *,
-                 a: float | None = None, b: float | None = None, n_leapfrog: int | str = "auto",
-                 step_size="auto", target_accept: float = 0.8, jitter: bool | float = True,
-                 max_reflections: int | None = None, dtype=torch.float64, device="cpu",
-                 random_state=None, verbose: int = 0):
+    def __init__(self, log_density: Callable[[Tensor], Tensor] | None = None, n: int = 3,
+                 k: int = 1, *, a: float | None = None, b: float | None = None,
+                 n_leapfrog: int | Literal["auto"] = "auto",
+                 step_size: Literal["auto"] | float = "auto", target_accept: float = 0.8,
+                 jitter: bool | float = True, max_reflections: int | None = None,
+                 dtype: FloatDType = torch.float64, device: str | torch.device = "cpu",
+                 random_state: RandomStateLike = None, verbose: int = 0) -> None:
         self.log_density = log_density
         self.n = n
         self.k = k
         self.a = a
         self.b = b
-        self.n_leapfrog = n_leapfrog
-        self.step_size = step_size
+        # (declared: pyright would widen the literal "auto" of an inferred one to str)
+        self.n_leapfrog: int | Literal["auto"] = n_leapfrog
+        self.step_size: Literal["auto"] | float = step_size
         self.target_accept = target_accept
         self.jitter = jitter
         self.max_reflections = max_reflections
