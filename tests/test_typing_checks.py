@@ -143,3 +143,46 @@ def test_constructor_parameters_are_annotated_and_defaults_conform(cls):
         if default is not param.empty:
             assert _conforms(default, hints[name]), (
                 f"{cls.__qualname__}: the default {name}={default!r} is not a {hints[name]}")
+
+
+def _literal_values(tp) -> set:
+    """The values of every ``Literal`` inside the type ``tp`` (through unions)."""
+    if typing.get_origin(tp) is typing.Literal:
+        return set(typing.get_args(tp))
+    return set().union(*(_literal_values(a) for a in typing.get_args(tp)))
+
+
+def _option_lists():
+    from mlpapers.decentralized import BottleneckNodeAssigner
+    from mlpapers.decentralized.btsp import _assign
+    from mlpapers.federated import IFCA, CLoVE, FedAvg
+    from mlpapers.federated.clove import _models
+    from mlpapers.optim import (
+        KLDROClassifier,
+        KLDRORegressor,
+        PartialAUCClassifier,
+        SCENTClassifier,
+    )
+    from mlpapers.optim.scent import _loss, _xc
+    from mlpapers.ssl import CLAPPEncoder
+    from mlpapers.ssl.clapp import _estimator, _kernels
+
+    out = [(BottleneckNodeAssigner, "method", _assign.METHODS),
+           (SCENTClassifier, "loss", _xc.LOSSES),
+           (SCENTClassifier, "negatives", _xc.NEGATIVES),
+           (CLAPPEncoder, "variant", _estimator.VARIANTS),
+           (CLAPPEncoder, "loss", _kernels.LOSSES)]
+    out += [(cls, "method", _loss.METHODS) for cls in (
+        SCENTClassifier, KLDROClassifier, KLDRORegressor, PartialAUCClassifier)]
+    for cls in (CLoVE, IFCA, FedAvg):
+        out += [(cls, "model", _models.BUILTIN_MODELS), (cls, "loss", ("auto", *_models.LOSSES))]
+    return out
+
+
+@pytest.mark.parametrize("cls, name, options", _option_lists(),
+                         ids=lambda v: v.__qualname__ if isinstance(v, type) else None)
+def test_literal_annotations_list_the_options_the_code_checks(cls, name, options):
+    # the Literal of a parameter repeats the tuple its validation checks against: they
+    # must not drift apart (a value missing from the Literal is refused by users' checkers)
+    hints = typing.get_type_hints(_own_init(cls))
+    assert _literal_values(hints[name]) == set(options)

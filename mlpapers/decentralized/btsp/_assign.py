@@ -178,8 +178,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         ``"sparse_exponential"`` or explicit skip sets: a sequence or array of
         rounds, each a sequence of integer skips, or one flat round of skips (see
         :func:`~mlpapers.decentralized.btsp.circulant_schedule`).
-    method : {"btsp_msr", "btsp", "identity", "random", "greedy", "annealing", "exact"}
-        The solver, default ``"btsp_msr"``; ``"btsp"`` (ring tour only),
+    method : str, default="btsp_msr"
+        The solver: ``"btsp_msr"``, ``"btsp"`` (ring tour only),
         ``"identity"`` (the given node order, the paper's ``no_opt``), ``"random"``,
         ``"greedy"``, ``"annealing"`` or ``"exact"`` (``n <= 16`` for rings,
         ``n <= 10`` otherwise).

@@ -158,7 +158,7 @@ def scale_schedule(schedule: TopologyLike, c: int, n: int) -> Schedule:
 
     Parameters
     ----------
-    schedule : list of list of int, or str
+    schedule : str, sequence or ndarray
         Skip sets, one per round, as returned by :func:`circulant_schedule`; anything
         that function accepts as ``topology`` (a topology name, a flat list of
         skips) is read the same way, and skips are reduced modulo ``n``.
