@@ -47,8 +47,9 @@ FALLBACK_LEAPFROG = 10  # n_leapfrog used by "auto" with a single chain (ChEES n
 
 #: What the samplers' ``dtype`` takes: a torch dtype, a numpy floating dtype or type, or
 #: a name (``"float64"``, ``"torch.float32"``, ``"double"``); see ``resolve_dtype``.
+# (``float`` is numpy's float64, as in ``np.dtype(float)``)
 FloatDType: TypeAlias = (torch.dtype | np.dtype[np.floating[Any]] | type[np.floating[Any]]
-                         | str)
+                         | type[float] | str)
 
 
 class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
@@ -124,7 +125,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         means ``j = 1``, ChEES's uniform jitter on ``(0, T]``).
     dtype : torch.dtype, numpy dtype or str, default=torch.float64
         ``torch.float64`` or ``torch.float32`` (half precision raises ``TypeError``),
-        also as a numpy dtype (``np.float32``) or a name (``"float32"``).
+        also as a numpy dtype (``np.float32``; ``float`` is float64) or a name
+        (``"float32"``).
     device : str or torch.device, default="cpu"
         Device of the chains' tensors (``log_prob`` receives them there).
     random_state : int, RandomState, Generator or None, default=None
