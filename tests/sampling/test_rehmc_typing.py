@@ -29,14 +29,28 @@ def test_width_of_a_set_whose_interior_point_is_a_row():
     # row's first axis: width 1.71 instead of 2 for the unit ball in 3-D)
     from mlpapers.sampling.rehmc import ConvexSet
 
-    class RowInterior(ConvexSet):
-        def interior_point(self):
-            return np.zeros((1, 3))
-
     def unit_ball(x):
         return (x**2).sum(-1) - 1
 
-    assert RowInterior(unit_ball, dim=3).width() == ConvexSet(unit_ball, dim=3).width() == 2.0
+    for point in ([[0.0, 0.0, 0.0]], [[0.5, 0.0, 0.0]]):  # centred, and moved by centring
+        class RowInterior(ConvexSet):
+            def interior_point(self, point=point):
+                return np.array(point)
+
+        assert RowInterior(unit_ball, dim=3).width() == pytest.approx(2.0)
+
+
+def test_g_returning_arrays_without_grad_g_is_named_when_the_search_needs_normals():
+    # with dim= the interior point is searched by gradient descent, which needs autograd
+    # normals before the interior point is checked: the documented TypeError, not a
+    # "'numpy.float64' object is not iterable" from inside the search
+    from mlpapers.sampling.rehmc import ConvexSet
+
+    def g(z):
+        return ((z.detach().numpy() - 3.0) ** 2).sum(-1) - 1.0
+
+    with pytest.raises(TypeError, match="g returned a ndarray, not a torch tensor"):
+        ConvexSet(g, dim=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

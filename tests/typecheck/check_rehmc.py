@@ -44,6 +44,28 @@ def check() -> None:
     half = Region(lambda z: z[:, 0] > 0)
     assert_type(half.contains(x), torch.Tensor)
 
+    # the oracles: tensors in, tensors out; numpy arrays or nested lists in, numpy out
+    hit = box.hit(x, v, 10.0)
+    assert_type(hit.t.clamp_min(0), torch.Tensor)
+    assert_type(hit.face, torch.Tensor | None)
+    assert_type(hit.normal, torch.Tensor)
+    assert_type(box.contains(x, tol=0.1).any(), torch.Tensor)
+    xn, vn = np.zeros((2, 2)), v.numpy()
+    assert_type(box.contains(xn), np.ndarray)
+    assert_type(box.contains([[0.0, 0.0], [2.0, 0.0]]), np.ndarray)
+    hit_np = box.hit(xn, vn, np.full(2, 10.0))
+    assert_type(hit_np.t, np.ndarray)
+    t_np, normal_np = hit_np
+    assert_type(normal_np, np.ndarray)
+    ball = Ball([0.0, 0.0], 1.0)
+    assert_type(ball.contains(xn), np.ndarray)
+    assert_type(ball.hit(xn, vn).normal, np.ndarray)
+    assert_type(ball.hit(x, v).t.isfinite(), torch.Tensor)
+    assert_type(disc.contains([[0.0, 0.0]]), np.ndarray)
+    assert_type(disc.hit(x, v, 10.0).t, torch.Tensor)
+    assert_type(half.contains(xn), np.ndarray)
+    del t_np
+
     hmc = ReflectiveHMC(_log_prob, box, support=half, n_leapfrog=3, random_state=0)
     with warnings.catch_warnings():  # (so short a run warns that the chains disagree)
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -83,7 +105,7 @@ def check_constructors() -> None:
     disc = ConvexSet(lambda z: (z.numpy() ** 2).sum(-1) - 1.0, grad_g=lambda z: 2.0 * z.numpy(),
                      interior_point=[0.0, 0.0], dim=2, n_bisect=40)
     ConvexSet(lambda z: (z ** 2).sum(-1) - 1.0, interior_point=torch.zeros(2))
-    ConvexSet(lambda z: (z ** 2).sum(-1) - 1.0, _grad_log_prob, dim=2)
+    ConvexSet(lambda z: (z ** 2).sum(-1) - 1.0, lambda z: 2 * z, dim=2)  # with grad_g
     right = Region(lambda z: z[:, 0].numpy() > -0.9)
     Ellipsoid([0.0, 0.0], np.eye(2))
     Polytope(np.vstack([np.eye(2), -np.eye(2)]), torch.ones(4))

@@ -10,33 +10,35 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from typing import Any, Self, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Self, TypeVar, cast, overload
 
 import numpy as np
 import torch
 
 from mlpapers._utils import on_inputs_device, to_numpy, wrap_public_methods
 
-__all__ = ["ConvexContainer", "Hit", "accept_arrays", "check_oracles", "unpack_hit"]
+__all__ = ["ConvexContainer", "Hit", "accept_arrays", "check_oracles", "contains_oracle",
+           "hit_oracle", "unpack_hit"]
 
 Tensor = torch.Tensor
+# the parts of a Hit: tensors, or numpy arrays when the oracle got numpy points
+_A = TypeVar("_A", bound=Tensor | np.ndarray)
 
 
-class Hit(tuple):
+class Hit(tuple[_A, _A], Generic[_A]):
     """What :meth:`ConvexContainer.hit` returns: the pair ``(t, normal)``, as the
     specification writes ``hit(x, v, t_max) -> (t, normal)``, with the index of the
     face hit as ``.face`` (the sampler excludes it from the next hitting-time search).
 
     ``t, normal = K.hit(x, v, t_max)`` unpacks it; ``.t``, ``.normal`` and ``.face``
-    name the parts.
+    name the parts: tensors (``Hit[torch.Tensor]``), or numpy arrays
+    (``Hit[numpy.ndarray]``) when the oracle was called with numpy points.
     """
 
-    # numpy arrays when the oracle was called with numpy points (see accept_arrays)
-    face: Tensor | np.ndarray | None
+    face: _A | None
 
-    def __new__(cls, t: Tensor | np.ndarray, normal: Tensor | np.ndarray,
-                face: Tensor | np.ndarray | None = None) -> Self:
+    def __new__(cls, t: _A, normal: _A, face: _A | None = None) -> Self:
         obj = super().__new__(cls, (t, normal))
         obj.face = face
         return obj
@@ -45,11 +47,11 @@ class Hit(tuple):
         return (self[0], self[1], self.face)
 
     @property
-    def t(self) -> Tensor | np.ndarray:
+    def t(self) -> _A:
         return self[0]
 
     @property
-    def normal(self) -> Tensor | np.ndarray:
+    def normal(self) -> _A:
         return self[1]
 
     def __repr__(self) -> str:
@@ -78,7 +80,8 @@ def accept_arrays(method: _Method) -> _Method:
     torch.dtype`` or ``'numpy.ndarray' object has no attribute 'clone'``. Points that are
     not a tensor are converted to float64 tensors and the answer comes back as numpy
     (numpy in, numpy out); tensors pass through untouched (the sampler's hot path pays
-    one ``isinstance``).
+    one ``isinstance``). :func:`contains_oracle` and :func:`hit_oracle` are this
+    decorator with the types it gives (for type checkers).
     """
     if getattr(method, _ARRAYS_OK, False):
         return method
@@ -127,6 +130,42 @@ def accept_arrays(method: _Method) -> _Method:
 
     setattr(wrapper, _ARRAYS_OK, True)
     return cast(_Method, wrapper)  # (the signature kept: numpy points also accepted)
+
+
+# The oracles' types once accept_arrays wraps them, written once as overloaded templates:
+# tensors in, tensors out; numpy arrays or nested lists of points in, numpy out.
+_Points = np.ndarray | Sequence[Any]
+_F = TypeVar("_F")
+
+
+class _Oracles:  # (signatures only: type checkers name them in their messages)
+    @overload
+    def contains(self: Any, x: Tensor, tol: float = 0.0) -> Tensor: ...
+    @overload
+    def contains(self: Any, x: _Points, tol: float = 0.0) -> np.ndarray: ...
+    def contains(self: Any, x: Any, tol: float = 0.0) -> Any:
+        raise NotImplementedError
+
+    @overload
+    def hit(self: Any, x: Tensor, v: Tensor | _Points,
+            t_max: Tensor | np.ndarray | float | None = None,
+            exclude: Tensor | np.ndarray | None = None) -> Hit[Tensor]: ...
+    @overload
+    def hit(self: Any, x: _Points, v: Tensor | _Points,
+            t_max: Tensor | np.ndarray | float | None = None,
+            exclude: Tensor | np.ndarray | None = None) -> Hit[np.ndarray]: ...
+    def hit(self: Any, x: Any, v: Any, t_max: Any = None, exclude: Any = None) -> Any:
+        raise NotImplementedError
+
+
+def _typed_as(template: _F) -> Callable[[Callable[..., Any]], _F]:
+    """:func:`accept_arrays`, which type checkers see turn a method into ``template``."""
+    return cast(Callable[[Callable[..., Any]], _F], accept_arrays)
+
+
+# @contains_oracle def contains(self, x: Tensor, tol: float = 0.0) -> Tensor: ... (and hit)
+contains_oracle = _typed_as(_Oracles.contains)
+hit_oracle = _typed_as(_Oracles.hit)
 
 
 def unpack_hit(out) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -208,7 +247,9 @@ class ConvexContainer:
         # the public methods compute where their inputs are (the CPU for numpy ones),
         # whatever a caller's torch.set_default_device
         super().__init_subclass__(**kwargs)
-        for name in ("contains", "hit"):  # numpy points in, numpy answers out
+        # numpy points in, numpy answers out (the built-in classes decorate their oracles
+        # with contains_oracle/hit_oracle, for type checkers; a user's class gets it here)
+        for name in ("contains", "hit"):
             if name in cls.__dict__:
                 setattr(cls, name, accept_arrays(cls.__dict__[name]))
         wrap_public_methods(cls, on_inputs_device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +28,8 @@ from mlpapers.sampling.rehmc._container import (
     ConvexContainer,
     Hit,
     _as_float_array,
-    accept_arrays,
+    contains_oracle,
+    hit_oracle,
 )
 
 __all__ = ["ConvexSet", "Region"]
@@ -36,6 +37,15 @@ __all__ = ["ConvexSet", "Region"]
 Tensor = torch.Tensor
 # centring steps of ConvexSet.width (each: one batched hit of the 2 d axis rays)
 _CENTRING_STEPS = 8
+
+
+def _autograd_value(raw: Any) -> Tensor:
+    """``g``'s value when the normals come from autograd: it must be a tensor."""
+    if not isinstance(raw, torch.Tensor):
+        raise TypeError(f"g returned a {type(raw).__name__}, not a torch tensor: the "
+                        "boundary normals come from autograd. Write g with torch "
+                        "operations, or pass grad_g.")
+    return raw
 
 
 class ConvexSet(ConvexContainer):
@@ -134,10 +144,8 @@ class ConvexSet(ConvexContainer):
         xt = torch.as_tensor(x0)[None]
         with torch.no_grad():
             raw = self.g(xt.clone())
-        if not isinstance(raw, torch.Tensor) and self.grad_g is None:
-            raise TypeError(f"g returned a {type(raw).__name__}, not a torch tensor: the "
-                            "boundary normals come from autograd. Write g with torch "
-                            "operations, or pass grad_g.")
+        if self.grad_g is None:
+            _autograd_value(raw)
         # g (and grad_g) get copies here too: xt shares x0's memory, and the search's
         # points become the interior point, so a g that works in place on its argument
         # (x -= c) would move them (the interior point then lay outside K)
@@ -213,6 +221,7 @@ class ConvexSet(ConvexContainer):
                              f"a {tuple(x.shape)} input.")
         return out.to(x.dtype)
 
+    @contains_oracle
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``g(x) <= tol``.
 
@@ -255,10 +264,11 @@ class ConvexSet(ConvexContainer):
             with autograd_enabled():
                 xr = usable_outside_inference(x.detach()).requires_grad_(True)
                 # (a non-leaf copy: g may change its input in place, as in contains)
-                # (a tensor: a g that returns arrays needs grad_g, see the class)
-                gr = torch.autograd.grad(cast(Tensor, self.g(xr.clone())).sum(), xr)[0]
+                value = _autograd_value(self.g(xr.clone()))
+                gr = torch.autograd.grad(value.sum(), xr)[0]
         return gr
 
+    @hit_oracle
     def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
             exclude: Tensor | None = None) -> Hit:
         """First exit time of the rays ``x + t v`` from ``K``, by root finding on ``[0, t_max]``.
@@ -396,8 +406,9 @@ class ConvexSet(ConvexContainer):
             # chord of length ~sqrt(distance) along the tangent, so the step size was
             # capped a thousand times too small (the unit disc from (0, 1 - 1e-6):
             # width 0.003 instead of 2, bulk ESS 12 instead of 1700)
-            x = torch.as_tensor(self.interior_point())
-            d = x.shape[-1]  # (the set's dim, fixed with its interior point)
+            # (a user's interior_point may be a (1, d) row)
+            x = torch.as_tensor(self.interior_point()).reshape(-1)
+            d = x.shape[0]  # (the set's dim, fixed with its interior point)
             best = 0.0
             for _ in range(_CENTRING_STEPS):
                 up, down = self._axis_chords(x)
@@ -466,7 +477,7 @@ class Region:
     def __repr__(self) -> str:
         return "Region(...)"
 
-    @accept_arrays  # numpy points in, numpy answers out
+    @contains_oracle  # numpy points in, numpy answers out
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Membership of points in ``S``, by the function given at construction.
 

@@ -18,7 +18,13 @@ import torch
 
 from mlpapers._utils import ArrayLike, check_positive, to_numpy
 from mlpapers._utils._docs import fill_doc
-from mlpapers.sampling.rehmc._container import ConvexContainer, Hit, _as_float_array
+from mlpapers.sampling.rehmc._container import (
+    ConvexContainer,
+    Hit,
+    _as_float_array,
+    contains_oracle,
+    hit_oracle,
+)
 from mlpapers.sampling.rehmc._levelset import ConvexSet, Region
 from mlpapers.sampling.rehmc._lp import (
     _chebyshev_lp,
@@ -131,6 +137,7 @@ class Box(ConvexContainer):
     def __repr__(self) -> str:
         return f"Box(dim={self.dim})"
 
+    @contains_oracle
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``lo - tol <= x <= hi + tol`` in every coordinate.
@@ -152,6 +159,7 @@ class Box(ConvexContainer):
         # (float32 bounds are rounded to nearest, possibly outside the float64 box)
         return dtype == torch.float64 and getattr(self, "_fold_inside", False)  # old pickles
 
+    @hit_oracle
     @fill_doc(rays=_RAYS)
     def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
             exclude: Tensor | None = None) -> Hit:
@@ -372,6 +380,7 @@ class Polytope(ConvexContainer):
         res = _chebyshev_lp(A / norms[:, None], self.b / norms)
         return 2.0 * float(res.x[-1]) if res.status == 0 else None
 
+    @contains_oracle
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``A x <= b + tol`` (rows of unit norm).
@@ -387,6 +396,7 @@ class Polytope(ConvexContainer):
         A, b = self._t(self.A, x), self._t(self.b, x)
         return (x @ A.T <= b + tol).all(-1)
 
+    @hit_oracle
     @fill_doc(rays=_RAYS)
     def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
             exclude: Tensor | None = None) -> Hit:
@@ -500,6 +510,7 @@ class Ball(ConvexContainer):
     def __repr__(self) -> str:
         return f"Ball(dim={self.dim}, radius={self.radius:g})"
 
+    @contains_oracle
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``|x - center| <= radius + tol``.
@@ -515,6 +526,7 @@ class Ball(ConvexContainer):
         y = x - self._t(self.center, x)
         return y.norm(dim=-1) <= self.radius + tol
 
+    @hit_oracle
     @fill_doc(rays=_RAYS)
     def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
             exclude: Tensor | None = None) -> Hit:
@@ -622,6 +634,7 @@ class Ellipsoid(ConvexContainer):
     def __repr__(self) -> str:
         return f"Ellipsoid(dim={self.dim})"
 
+    @contains_oracle
     @fill_doc(points=_POINTS, membership=_MEMBERSHIP)
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
         """Whether each point satisfies ``(x - center)^T E (x - center) <= 1 + tol``.
@@ -638,6 +651,7 @@ class Ellipsoid(ConvexContainer):
         y = x - self._t(self.center, x)
         return ((y @ self._t(self.E, x)) * y).sum(-1) <= 1.0 + tol
 
+    @hit_oracle
     @fill_doc(rays=_RAYS)
     def hit(self, x: Tensor, v: Tensor, t_max: Tensor | float | None = None,
             exclude: Tensor | None = None) -> Hit:
