@@ -13,6 +13,7 @@ import types
 import typing
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mlpapers
@@ -44,8 +45,11 @@ def _conforms(value, tp) -> bool:
     if origin in (list, collections.abc.Sequence, collections.abc.Iterable):
         return (isinstance(value, origin) and not (isinstance(value, str) and args[0] is not str)
                 and all(_conforms(v, args[0]) for v in value))
-    if origin is type:
-        return isinstance(value, type) and issubclass(value, args[0])
+    if origin is type:  # type[X], type[X | Y], type[np.floating[Any]]
+        classes = typing.get_args(args[0]) if typing.get_origin(args[0]) in (
+            typing.Union, types.UnionType) else (args[0],)
+        return isinstance(value, type) and any(
+            issubclass(value, typing.get_origin(c) or c) for c in classes)
     if origin is not None:  # another generic (Callable, dict, np.dtype...): its class only
         return isinstance(value, origin)
     try:
@@ -67,7 +71,8 @@ def _assert_type_at_runtime(value, tp):
     (None, int | None, True), ([[1]], list[list[int]], True), (2, typing.Literal[1, 2], True),
     (True, typing.Literal[1], False), (("a",), collections.abc.Sequence[float], False),
     ((1, 2), collections.abc.Sequence[int], True), (int, type[float], False),
-    (float, type[float], True),
+    (float, type[float], True), (np.float32, type[np.floating[typing.Any]], True),
+    (np.int64, type[np.floating[typing.Any]] | type[float], False),
 ])
 def test_runtime_type_check(value, tp, ok):
     assert _conforms(value, tp) is ok

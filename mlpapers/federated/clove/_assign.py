@@ -11,7 +11,7 @@ and the random initial assignment.
 from __future__ import annotations
 
 import math
-from typing import Literal, overload
+from typing import Literal, TypeAlias, overload
 
 import numpy as np
 import torch
@@ -99,26 +99,31 @@ def _canonical_row_order(*keys: np.ndarray) -> np.ndarray:
     return np.lexsort(np.vstack([K.T[::-1] for K in reversed(keys)]))
 
 
+
+#: seeds of scikit-learn's KMeans (``check_random_state``: a numpy Generator is refused)
+SklearnSeed: TypeAlias = int | np.integer | np.random.RandomState | None
+
+
 @overload
 def clove_assign(loss_matrix: ArrayLike, n_clusters: int | None = None,
-                 random_state: int | np.random.RandomState | None = None, *, n_init: int = 10,
+                 random_state: SklearnSeed = None, *, n_init: int = 10,
                  return_centers: Literal[False] = False, match_losses: ArrayLike | None = None
                  ) -> np.ndarray: ...
 @overload
 def clove_assign(loss_matrix: ArrayLike, n_clusters: int | None = None,
-                 random_state: int | np.random.RandomState | None = None, *, n_init: int = 10,
+                 random_state: SklearnSeed = None, *, n_init: int = 10,
                  return_centers: Literal[True], match_losses: ArrayLike | None = None
                  ) -> tuple[np.ndarray, np.ndarray]: ...
 @overload
 def clove_assign(loss_matrix: ArrayLike, n_clusters: int | None = None,
-                 random_state: int | np.random.RandomState | None = None, *, n_init: int = 10,
+                 random_state: SklearnSeed = None, *, n_init: int = 10,
                  return_centers: bool = False, match_losses: ArrayLike | None = None
                  ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 @on_inputs_device
 def clove_assign(
     loss_matrix: ArrayLike,
     n_clusters: int | None = None,
-    random_state: int | np.random.RandomState | None = None,
+    random_state: SklearnSeed = None,
     *,
     n_init: int = 10,
     return_centers: bool = False,

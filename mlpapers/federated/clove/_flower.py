@@ -35,6 +35,7 @@ from mlpapers._utils import check_in_options, check_positive, on_cpu_default_dev
 from mlpapers._utils._ambient import autograd_enabled, seeded_global_rng
 from mlpapers._utils._modules import refusing_layers
 from mlpapers._utils._validation import probe_module
+from mlpapers.federated.clove._assign import SklearnSeed
 from mlpapers.federated.clove._data import mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine, check_local_training
 from mlpapers.federated.clove._federation import _unfittable_layer
@@ -121,7 +122,7 @@ class CLoVEStrategy(Strategy):
     """
 
     def __init__(self, n_clusters: int, *, min_nodes: int = 2,
-                 random_state: int | np.random.RandomState | None = None,
+                 random_state: SklearnSeed = None,
                  n_init: int = 10, poll_interval: float = 0.1) -> None:
         check_positive(n_clusters, "n_clusters", integer=True)
         check_positive(min_nodes, "min_nodes", integer=True)

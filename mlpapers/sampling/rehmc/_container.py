@@ -149,7 +149,7 @@ class _Oracles:  # (signatures only: type checkers name them in their messages)
     @overload
     def hit(self: Any, x: Tensor, v: Tensor | _Points,
             t_max: Tensor | np.ndarray | float | None = None,
-            exclude: Tensor | np.ndarray | None = None) -> Hit[Tensor]: ...
+            exclude: Tensor | None = None) -> Hit[Tensor]: ...
     @overload
     def hit(self: Any, x: _Points, v: Tensor | _Points,
             t_max: Tensor | np.ndarray | float | None = None,
