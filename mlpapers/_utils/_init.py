@@ -9,12 +9,11 @@ an estimator's own ``torch.Generator`` instead.
 from __future__ import annotations
 
 import math
-from typing import TypeVar
 
 import torch
 from torch import nn
 
-M = TypeVar("M", bound=nn.Module)
+from mlpapers._utils._typing import M
 
 _DEFAULT_INIT_LAYERS = (nn.Linear, nn.modules.conv._ConvNd)
 

@@ -17,3 +17,6 @@ RandomStateLike: TypeAlias = (int | np.integer | np.random.RandomState | np.rand
 
 #: A function type kept by the decorators (so a decorated ``fit`` still returns ``Self``).
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: A module type kept by the helpers that initialise a module in place.
+M = TypeVar("M", bound=torch.nn.Module)

@@ -6,7 +6,7 @@ import math
 import numbers
 import time
 import warnings
-from typing import Literal, Self, TypeAlias, overload
+from typing import Literal, Self, TypeAlias, get_args, overload
 
 import numpy as np
 import torch
@@ -42,10 +42,10 @@ from mlpapers.decentralized.btsp._topology import (
 
 __all__ = ["BottleneckNodeAssigner", "best_multiplier", "multiplier_relabel"]
 
-METHODS = ("btsp_msr", "btsp", "identity", "random", "greedy", "annealing", "exact")
-#: ``BottleneckNodeAssigner(method=...)``: one of ``METHODS``.
+#: ``BottleneckNodeAssigner(method=...)``; ``METHODS`` lists its values.
 AssignMethod: TypeAlias = Literal["btsp_msr", "btsp", "identity", "random", "greedy",
                                   "annealing", "exact"]
+METHODS: tuple[str, ...] = get_args(AssignMethod)
 
 
 def multiplier_relabel(assignment: ArrayLike, c: int) -> np.ndarray:

@@ -17,14 +17,14 @@ from mlpapers.federated.clove._kernels import (
     ifca_assign,
     random_assignment,
 )
+from mlpapers.federated.clove._models import BuiltinModel, ModelLoss
 
 __all__ = ["CLoVE", "FedAvg", "IFCA"]
 
 #: ``model``: a built-in client model, or a callable ``f(n_features, n_outputs)`` building one.
-ClientModel: TypeAlias = (Literal["linear", "logistic", "mlp", "autoencoder"]
-                          | Callable[[int, int], nn.Module])
+ClientModel: TypeAlias = BuiltinModel | Callable[[int, int], nn.Module]
 #: ``loss``: the training loss of the client models.
-ClientLoss: TypeAlias = Literal["auto", "mse", "cross_entropy", "reconstruction"]
+ClientLoss: TypeAlias = Literal["auto"] | ModelLoss
 
 _COMMON_PARAMS = """model : {"linear", "logistic", "mlp", "autoencoder"} or callable, \
 default="linear"

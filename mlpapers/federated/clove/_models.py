@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
@@ -22,8 +23,11 @@ __all__ = ["BUILTIN_MODELS", "LOSSES", "activation_elements", "build_module",
            "per_sample_loss", "row_elements",
            "tied_aliases"]
 
-BUILTIN_MODELS = ("linear", "logistic", "mlp", "autoencoder")
-LOSSES = ("mse", "cross_entropy", "reconstruction")
+#: The built-in client models and training losses (BUILTIN_MODELS, LOSSES list them).
+BuiltinModel: TypeAlias = Literal["linear", "logistic", "mlp", "autoencoder"]
+ModelLoss: TypeAlias = Literal["mse", "cross_entropy", "reconstruction"]
+BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)
+LOSSES: tuple[str, ...] = get_args(ModelLoss)
 
 
 def _mlp(sizes: Sequence[int], gen: torch.Generator) -> nn.Sequential:

@@ -26,7 +26,7 @@ from mlpapers.optim.scent._sparse_input import (
     is_sparse_input,
     validate_sparse,
 )
-from mlpapers.optim.scent._xc import LOSSES, NEGATIVES
+from mlpapers.optim.scent._xc import LOSSES, NEGATIVES, Loss, Negatives
 from mlpapers.optim.scent._xc_fit import SampledTrainingMixin
 from mlpapers.optim.scent._xc_predict import SoftmaxPredictionMixin
 
@@ -172,8 +172,8 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         self,
         *,
         n_negatives: int = 64,
-        loss: Literal["softmax", "negatives"] = "softmax",
-        negatives: Literal["uniform", "in_batch"] = "uniform",
+        loss: Loss = "softmax",
+        negatives: Negatives = "uniform",
         method: Method = "scent",
         log_alpha: float | None = None,
         temperature: float = 1.0,

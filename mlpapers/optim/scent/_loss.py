@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, get_args
 
 import torch
 import torch.nn.functional as F
@@ -24,10 +24,10 @@ from mlpapers.optim.scent._kernels import (
 
 __all__ = ["METHODS", "EntropicRiskLoss", "objective"]
 
-#: Names accepted by ``method``.
-METHODS = ("scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus")
-#: The type of ``method``: one of ``METHODS``.
+#: The type of ``method``.
 Method: TypeAlias = Literal["scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus"]
+#: Names accepted by ``method``.
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 @on_inputs_device

@@ -12,6 +12,7 @@ e^{(z_{ik}-z_{iy_i})/\tau}`.
 from __future__ import annotations
 
 import math
+from typing import Literal, TypeAlias, get_args
 
 import torch
 
@@ -24,10 +25,11 @@ from mlpapers.optim.scent._sampled import (
     shared_negatives,
 )
 
-#: Values of ``SCENTClassifier(loss=...)``.
-LOSSES = ("softmax", "negatives")
-#: Values of ``SCENTClassifier(negatives=...)``.
-NEGATIVES = ("uniform", "in_batch")
+#: ``SCENTClassifier(loss=...)`` and ``negatives=...``; LOSSES and NEGATIVES list them.
+Loss: TypeAlias = Literal["softmax", "negatives"]
+Negatives: TypeAlias = Literal["uniform", "in_batch"]
+LOSSES: tuple[str, ...] = get_args(Loss)
+NEGATIVES: tuple[str, ...] = get_args(Negatives)
 
 
 def draw_negatives(

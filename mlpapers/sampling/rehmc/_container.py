@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mlpapers._utils import on_inputs_device, to_numpy, wrap_public_methods
+from mlpapers._utils._typing import F
 
 __all__ = ["ConvexContainer", "Hit", "accept_arrays", "check_oracles", "contains_oracle",
            "hit_oracle", "unpack_hit"]
@@ -69,10 +70,9 @@ def _as_points(value, name: str) -> Tensor:
 
 
 _ARRAYS_OK = "_rehmc_accepts_arrays"
-_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def accept_arrays(method: _Method) -> _Method:
+def accept_arrays(method: F) -> F:
     """Let an oracle (``contains``, ``hit``) take numpy arrays or nested lists.
 
     The oracles compute on torch tensors; a user checking draws (``result.samples``,
@@ -129,7 +129,7 @@ def accept_arrays(method: _Method) -> _Method:
         return out
 
     setattr(wrapper, _ARRAYS_OK, True)
-    return cast(_Method, wrapper)  # (the signature kept: numpy points also accepted)
+    return cast(F, wrapper)  # (the signature kept: numpy points also accepted)
 
 
 # The oracles' types once accept_arrays wraps them, written once as overloaded templates:

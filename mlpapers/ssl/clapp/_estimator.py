@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias, get_args
 
 import torch
 from torch import nn
@@ -10,7 +10,7 @@ from torch import nn
 from mlpapers._utils import RandomStateLike, check_in_options, check_positive
 from mlpapers.ssl.clapp._base_encoder import Architecture, Augment, SpatialPool, _SSLImageEncoder
 from mlpapers.ssl.clapp._global import GlobalSSLEncoder
-from mlpapers.ssl.clapp._kernels import LOSSES, clapp_layer_loss, swap_views
+from mlpapers.ssl.clapp._kernels import LOSSES, LayerLoss, clapp_layer_loss, swap_views
 from mlpapers.ssl.clapp._networks import linear, materialize, pool_representations
 from mlpapers.ssl.clapp._patches import (
     SKIP_STEP,
@@ -22,8 +22,9 @@ from mlpapers.ssl.clapp._patches import (
 
 __all__ = ["VARIANTS", "CLAPPEncoder", "GlobalSSLEncoder"]
 
-#: The layer-local variants of :class:`CLAPPEncoder`.
-VARIANTS = ("clapp", "clapp++", "clapp++dfb", "clapp++both", "clapp2021")
+#: The layer-local variants of :class:`CLAPPEncoder` (VARIANTS lists them).
+Variant: TypeAlias = Literal["clapp", "clapp++", "clapp++dfb", "clapp++both", "clapp2021"]
+VARIANTS: tuple[str, ...] = get_args(Variant)
 
 #: The official 2021 number of prediction steps (rows below the context patch).
 _MAX_STEPS_2021 = 5
@@ -178,10 +179,9 @@ class CLAPPEncoder(_SSLImageEncoder):
     def __init__(
         self,
         *,
-        variant: Literal["clapp++dfb", "clapp", "clapp++", "clapp++both",
-                         "clapp2021"] = "clapp++dfb",
+        variant: Variant = "clapp++dfb",
         architecture: Architecture = "small",
-        loss: Literal["hinge", "softhinge", "linear"] = "hinge",
+        loss: LayerLoss = "hinge",
         spatial_pool: SpatialPool = None,
         patch_size: int | None = None,
         patch_stride: int | None = None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
@@ -36,8 +37,9 @@ __all__ = [
     "three_factor_grad",
 ]
 
-#: Names of the decreasing functions ``f`` of the score.
-LOSSES = ("hinge", "softhinge", "linear")
+#: Names of the decreasing functions ``f`` of the score (LOSSES lists them).
+LayerLoss: TypeAlias = Literal["hinge", "softhinge", "linear"]
+LOSSES: tuple[str, ...] = get_args(LayerLoss)
 
 
 def swap_views(h: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlpapers._utils import default_init_
+from mlpapers._utils._typing import M
 
 __all__ = ["ARCHITECTURES", "VGGEncoder", "check_architecture", "pool_representations"]
 
@@ -146,10 +147,9 @@ def linear(in_features: int, out_features: int) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=False, **_META)
 
 
-_M = TypeVar("_M", bound=nn.Module)
 
 
-def materialize(module: _M, generator: torch.Generator | None) -> _M:
+def materialize(module: M, generator: torch.Generator | None) -> M:
     """Allocate a module built with ``_META`` on the CPU and initialise it from
     ``generator`` (PyTorch's default initialisation); returns ``module``."""
     module.to_empty(device="cpu")
