@@ -178,6 +178,10 @@ def _option_lists():
         SCENTClassifier,
     )
     from mlpapers.optim.scent import _loss, _xc
+    from mlpapers.retrieval import AdaCURRetriever, AmortizedMIPS, RelevanceBasedRetriever
+    from mlpapers.retrieval.amips import _config
+    from mlpapers.retrieval.amips import _kernels as _amips_kernels
+    from mlpapers.retrieval.rbe import _selection, _validation
     from mlpapers.ssl import CLAPPEncoder
     from mlpapers.ssl.clapp import _estimator, _kernels
 
@@ -190,6 +194,12 @@ def _option_lists():
         SCENTClassifier, KLDROClassifier, KLDRORegressor, PartialAUCClassifier)]
     for cls in (CLoVE, IFCA, FedAvg):
         out += [(cls, "model", _models.BUILTIN_MODELS), (cls, "loss", ("auto", *_models.LOSSES))]
+    out += [(AmortizedMIPS, "arch", _config.ARCHS),
+            (AmortizedMIPS, "retrieval", _amips_kernels.METRICS),
+            (AdaCURRetriever, "init", _selection.SUPPORT_METHODS),
+            (RelevanceBasedRetriever, "support", _selection.SUPPORT_METHODS),
+            (RelevanceBasedRetriever, "head", _validation.HEADS),
+            (RelevanceBasedRetriever, "loss", _validation.LOSSES)]
     return out
 
 
@@ -199,4 +209,77 @@ def test_literal_annotations_list_the_options_the_code_checks(cls, name, options
     # the Literal of a parameter repeats the tuple its validation checks against: they
     # must not drift apart (a value missing from the Literal is refused by users' checkers)
     hints = typing.get_type_hints(_own_init(cls))
+    assert _literal_values(hints[name]) == set(options)
+
+
+def _function_option_lists():
+    """``(function, parameter, options[, test id])``: the id names the class a method is
+    reached from where it is inherited (its ``__qualname__`` names the base)."""
+    from mlpapers.anomaly import PatchCoreDetector, RADDetector
+    from mlpapers.anomaly.rad import _common
+    from mlpapers.datasets import (
+        _federated,
+        _textures,
+        make_federated_digits,
+        make_texture_anomalies,
+    )
+    from mlpapers.decentralized import BottleneckNodeAssigner
+    from mlpapers.decentralized.btsp import (
+        _bottleneck,
+        _data,
+        bottleneck_delay,
+        bottleneck_tsp,
+        make_delay_matrix,
+    )
+    from mlpapers.retrieval.amips import _kernels as _amips_kernels
+    from mlpapers.retrieval.amips import build_faiss_ivf, rank_by_key
+    from mlpapers.retrieval.rbe import _selection, greedy_selection, select_support
+    from mlpapers.sampling import SampleResult, StiefelResult, ess
+    from mlpapers.sampling.rehmc import _diagnostics
+    from mlpapers.ssl.clapp import _kernels, _similarity, exact_linear_feedback, update_similarity
+
+    return [
+        (rank_by_key, "metric", _amips_kernels.METRICS),
+        (build_faiss_ivf, "metric", _amips_kernels.METRICS),
+        (greedy_selection, "method", _selection.GREEDY_METHODS),
+        (select_support, "method", _selection.SUPPORT_METHODS),
+        (select_support, "greedy_method", _selection.SELECT_GREEDY_METHODS),
+        (ess, "kind", _diagnostics.ESS_KINDS),
+        (SampleResult.ess, "kind", _diagnostics.ESS_KINDS),
+        (StiefelResult.ess, "kind", _diagnostics.ESS_KINDS, "StiefelResult.ess"),
+        (RADDetector.predict_proba, "method", _common.PROBA_METHODS,
+         "RADDetector.predict_proba"),
+        (PatchCoreDetector.predict_proba, "method", _common.PROBA_METHODS,
+         "PatchCoreDetector.predict_proba"),
+        (exact_linear_feedback, "mode", _kernels.FEEDBACK_MODES),
+        (update_similarity, "reference", _similarity.REFERENCES),
+        (BottleneckNodeAssigner.bcd, "reduce", _bottleneck.REDUCES),
+        (bottleneck_delay, "reduce", _bottleneck.REDUCES),
+        (bottleneck_tsp, "method", _bottleneck.TSP_METHODS),
+        (make_delay_matrix, "kind", _data.KINDS),
+        (make_federated_digits, "kind", _federated.FEDERATED_KINDS),
+        (make_texture_anomalies, "textures",
+         _textures.TEXTURES + _textures.SKIMAGE_TEXTURES),
+        (make_texture_anomalies, "defects", _textures.DEFECTS),
+        (make_texture_anomalies, "source", _textures.SOURCES),
+    ]
+
+
+def _type_hints(func) -> dict:
+    """``typing.get_type_hints(func)``, with the names its module imports only under
+    ``TYPE_CHECKING`` (e.g. ``update_similarity``'s ``CLAPPEncoder``) resolved too."""
+    module = inspect.getmodule(inspect.unwrap(func))
+    names: dict = {}
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            exec(compile(ast.Module(node.body, []), module.__file__, "exec"), names)
+    return typing.get_type_hints(func, localns=names)
+
+
+@pytest.mark.parametrize("func, name, options", [
+    pytest.param(f, n, o, id=f"{label[0] if label else f.__qualname__}-{n}")
+    for f, n, o, *label in _function_option_lists()])
+def test_literal_annotations_of_functions_list_the_options_the_code_checks(func, name, options):
+    # as for the constructors above, for the public functions and methods
+    hints = _type_hints(func)
     assert _literal_values(hints[name]) == set(options)

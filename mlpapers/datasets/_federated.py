@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 from sklearn.datasets import load_digits
@@ -206,8 +207,13 @@ def _label_permutations(K: int, n_swaps: int, rng: np.random.RandomState) -> lis
     return perms
 
 
+#: ``make_federated_digits(kind=...)``; ``FEDERATED_KINDS`` lists its values.
+FederatedKind: TypeAlias = Literal["rotation", "label_swap"]
+FEDERATED_KINDS: tuple[str, ...] = get_args(FederatedKind)
+
+
 def make_federated_digits(
-    kind: str = "rotation",
+    kind: FederatedKind = "rotation",
     n_clusters: int = 4,
     n_clients_per_cluster: int = 5,
     n_samples: int = 80,
@@ -267,7 +273,7 @@ def make_federated_digits(
     >>> len(clients), clients[0][0].shape
     (10, (80, 64))
     """
-    check_in_options(kind, "kind", ("rotation", "label_swap"))
+    check_in_options(kind, "kind", FEDERATED_KINDS)
     for name, value in (("n_clusters", n_clusters), ("n_clients_per_cluster",
                         n_clients_per_cluster), ("n_samples", n_samples),
                         ("n_swaps", n_swaps)):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 from scipy.ndimage import gaussian_filter
@@ -11,9 +13,17 @@ from mlpapers._utils import RandomStateLike, check_positive, check_random_state
 
 __all__ = ["make_texture_anomalies"]
 
-TEXTURES = ("stripes", "checker", "grain", "bricks")
-SKIMAGE_TEXTURES = ("brick", "grass", "gravel")
-DEFECTS = ("scratch", "spot", "cutout")
+#: ``make_texture_anomalies(textures=...)``: the procedural families (``TEXTURES``) and
+#: the scikit-image photos (``SKIMAGE_TEXTURES``); ``source=`` and ``defects=`` likewise.
+ProceduralTexture: TypeAlias = Literal["stripes", "checker", "grain", "bricks"]
+SkimageTexture: TypeAlias = Literal["brick", "grass", "gravel"]
+Texture: TypeAlias = Literal[ProceduralTexture, SkimageTexture]
+Source: TypeAlias = Literal["procedural", "skimage"]
+Defect: TypeAlias = Literal["scratch", "spot", "cutout"]
+TEXTURES: tuple[ProceduralTexture, ...] = get_args(ProceduralTexture)
+SKIMAGE_TEXTURES: tuple[SkimageTexture, ...] = get_args(SkimageTexture)
+SOURCES: tuple[Source, ...] = get_args(Source)
+DEFECTS: tuple[Defect, ...] = get_args(Defect)
 
 # two-colour palette per texture family (RGB in [0, 1])
 _PALETTES = {
@@ -136,9 +146,9 @@ def make_texture_anomalies(
     n_test: int = 40,
     *,
     image_size: int = 64,
-    textures=None,
-    source: str | None = None,
-    defects=DEFECTS,
+    textures: Texture | Sequence[Texture] | None = None,
+    source: Source | None = None,
+    defects: Defect | Sequence[Defect] = DEFECTS,
     anomaly_ratio: float = 0.5,
     noise: float = 0.03,
     return_texture: bool = False,
@@ -231,8 +241,8 @@ def make_texture_anomalies(
             textures = _names(textures, "textures")   # once: an iterator is read once
         source = ("skimage" if textures and all(t in SKIMAGE_TEXTURES for t in textures)
                   else "procedural")
-    if source not in ("procedural", "skimage"):
-        raise ValueError(f"source must be 'procedural', 'skimage' or None, got {source!r}.")
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {list(SOURCES)} or None, got {source!r}.")
     if source == "skimage" and image_size > 512:  # a crop cannot exceed the 512x512 photo
         raise ValueError(f"image_size must be <= 512 with source='skimage' (the photos are "
                          f"512x512), got {image_size}.")

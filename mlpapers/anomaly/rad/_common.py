@@ -9,7 +9,7 @@ import numbers
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal, Self, cast, overload
+from typing import Any, Literal, Self, TypeAlias, cast, get_args, overload
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ _MEMORY_DTYPES = ("float32", "float16", "bfloat16")
 _SIZE_ERRORS = ("kernel size", "too small", "output size", "input size", "pad should be")
 # the ``extractor`` parameter stored by ``save`` in place of a custom extractor module
 _CUSTOM_EXTRACTOR = "<custom extractor: pass it to load>"
+#: ``predict_proba(method=...)`` of the detectors; ``PROBA_METHODS`` lists its values.
+ProbaMethod: TypeAlias = Literal["linear", "unify"]
+PROBA_METHODS: tuple[str, ...] = get_args(ProbaMethod)
 
 
 def _needs_move(module: torch.nn.Module, device: torch.device) -> bool:
@@ -527,7 +530,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                 "scoring above 0). Fit on at least 2 normal images, or rank with "
                 "decision_function.", UserWarning, stacklevel=user_stacklevel())
 
-    def predict_proba(self, X: ImageInput, method: str = "linear") -> np.ndarray:
+    def predict_proba(self, X: ImageInput, method: ProbaMethod = "linear") -> np.ndarray:
         r"""Probability of being anomalous, as PyOD's ``predict_proba``.
 
         The test scores are mapped through the training scores
@@ -551,7 +554,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         ndarray of shape (n_samples, 2), float64
             Columns: probability of normal (0) and anomalous (1); rows sum to 1.
         """
-        check_in_options(method, "method", ("linear", "unify"))
+        check_in_options(method, "method", PROBA_METHODS)
         self._check_fitted()
         scores = self.decision_function(X).astype(np.float64)
         self._warn_if_single_training_image("predict_proba")

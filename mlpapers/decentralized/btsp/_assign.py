@@ -24,6 +24,8 @@ from mlpapers._utils import (
 )
 from mlpapers.decentralized.btsp import _search
 from mlpapers.decentralized.btsp._bottleneck import (
+    Reduce,
+    ScalarReduce,
     _edge_matrix,
     _exact_mean,
     _exact_total,
@@ -440,12 +442,12 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         return np.concatenate(out).astype(np.int64)
 
     @overload
-    def bcd(self, delays: ArrayLike, *, reduce: Literal["mean", "sum"] = ...) -> float: ...
+    def bcd(self, delays: ArrayLike, *, reduce: ScalarReduce = ...) -> float: ...
     @overload
     def bcd(self, delays: ArrayLike, *, reduce: Literal["none"]) -> np.ndarray: ...
     @overload
-    def bcd(self, delays: ArrayLike, *, reduce: str = ...) -> float | np.ndarray: ...
-    def bcd(self, delays: ArrayLike, *, reduce: str = "mean") -> float | np.ndarray:
+    def bcd(self, delays: ArrayLike, *, reduce: Reduce = ...) -> float | np.ndarray: ...
+    def bcd(self, delays: ArrayLike, *, reduce: Reduce = "mean") -> float | np.ndarray:
         """BCD of the fitted assignment under other delays (same ``n``).
 
         E.g. a new measurement of the network; see

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from fractions import Fraction
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeAlias, get_args, overload
 
 import numpy as np
 
@@ -123,10 +123,20 @@ def _argmin_total(rounds: np.ndarray) -> int:
     return int(cand[min(f for f, t in zip(first, totals) if t == best)])
 
 
+#: ``bottleneck_delay(reduce=...)`` and ``BottleneckNodeAssigner.bcd(reduce=...)``: a
+#: :data:`ScalarReduce` returns a float, ``"none"`` an array; ``REDUCES`` lists them.
+ScalarReduce: TypeAlias = Literal["mean", "sum"]
+Reduce: TypeAlias = Literal[ScalarReduce, "none"]
+REDUCES: tuple[str, ...] = get_args(Reduce)
+#: ``bottleneck_tsp(method=...)``; ``TSP_METHODS`` lists its values.
+TSPMethod: TypeAlias = Literal["2approx", "exact"]
+TSP_METHODS: tuple[str, ...] = get_args(TSPMethod)
+
+
 @overload
 def bottleneck_delay(
     delays: ArrayLike, assignment: ArrayLike, topology: TopologyLike = ...,
-    *, reduce: Literal["mean", "sum"] = ..., directed: bool = ...,
+    *, reduce: ScalarReduce = ..., directed: bool = ...,
 ) -> float: ...
 @overload
 def bottleneck_delay(
@@ -136,14 +146,14 @@ def bottleneck_delay(
 @overload
 def bottleneck_delay(
     delays: ArrayLike, assignment: ArrayLike, topology: TopologyLike = ...,
-    *, reduce: str = ..., directed: bool = ...,
+    *, reduce: Reduce = ..., directed: bool = ...,
 ) -> float | np.ndarray: ...
 def bottleneck_delay(
     delays: ArrayLike,
     assignment: ArrayLike,
     topology: TopologyLike = "exponential",
     *,
-    reduce: str = "mean",
+    reduce: Reduce = "mean",
     directed: bool = False,
 ) -> float | np.ndarray:
     r"""Bottleneck communication delay (BCD) of an assignment on a circulant topology.
@@ -187,7 +197,7 @@ def bottleneck_delay(
     >>> bottleneck_delay(D, [0, 1, 2, 3], "one_peer_exponential", reduce="none")
     array([3., 2.])
     """
-    check_in_options(reduce, "reduce", ("mean", "sum", "none"))
+    check_in_options(reduce, "reduce", REDUCES)
     D = check_delays(delays)
     n = D.shape[0]
     perm = check_assignment(assignment, n)
@@ -355,7 +365,7 @@ def _cycle_bottleneck(E: np.ndarray, tour: np.ndarray) -> float:
 def bottleneck_tsp(
     delays: ArrayLike,
     *,
-    method: str = "2approx",
+    method: TSPMethod = "2approx",
     directed: bool = False,
     metric: bool | None = None,
     metric_closure: bool = False,
@@ -429,7 +439,7 @@ def bottleneck_tsp(
     >>> bool(theta <= b <= 2 * theta)
     True
     """
-    check_in_options(method, "method", ("2approx", "exact"))
+    check_in_options(method, "method", TSP_METHODS)
     check_positive(restarts, "restarts", integer=True)  # 0 searched nothing: identity tour
     D = check_delays(delays, allow_inf=bool(metric_closure))
     if metric_closure:

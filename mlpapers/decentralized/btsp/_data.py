@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeAlias, get_args, overload
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -12,30 +12,32 @@ from mlpapers._utils import check_in_options, check_positive, check_random_state
 
 __all__ = ["make_delay_matrix"]
 
-KINDS = ("geometric", "clustered", "backbone")
+#: ``make_delay_matrix(kind=...)``; ``KINDS`` lists its values.
+DelayKind: TypeAlias = Literal["geometric", "clustered", "backbone"]
+KINDS: tuple[str, ...] = get_args(DelayKind)
 
 
 @overload
 def make_delay_matrix(
-    n: int, kind: str = ..., *, extent: float = ..., per_unit: float = ...,
+    n: int, kind: DelayKind = ..., *, extent: float = ..., per_unit: float = ...,
     overhead: float = ..., n_clusters: int = ..., n_neighbors: int = ...,
     return_positions: Literal[False] = ..., random_state: Any = ...,
 ) -> np.ndarray: ...
 @overload
 def make_delay_matrix(
-    n: int, kind: str = ..., *, extent: float = ..., per_unit: float = ...,
+    n: int, kind: DelayKind = ..., *, extent: float = ..., per_unit: float = ...,
     overhead: float = ..., n_clusters: int = ..., n_neighbors: int = ...,
     return_positions: Literal[True], random_state: Any = ...,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 @overload
 def make_delay_matrix(
-    n: int, kind: str = ..., *, extent: float = ..., per_unit: float = ...,
+    n: int, kind: DelayKind = ..., *, extent: float = ..., per_unit: float = ...,
     overhead: float = ..., n_clusters: int = ..., n_neighbors: int = ...,
     return_positions: bool = ..., random_state: Any = ...,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def make_delay_matrix(
     n: int,
-    kind: str = "geometric",
+    kind: DelayKind = "geometric",
     *,
     extent: float = 3000.0,
     per_unit: float = 0.0085,

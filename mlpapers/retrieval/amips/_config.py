@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numbers
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
 
 from mlpapers._utils import check_in_options, check_learning_rate, check_positive
+from mlpapers.retrieval.amips._kernels import METRICS
 from mlpapers.retrieval.amips._networks import (
     AMIPSNetwork,
     Homogenize,
@@ -18,11 +20,16 @@ from mlpapers.retrieval.amips._networks import (
 
 __all__ = ["build_amips_model", "check_amips_params"]
 
+#: ``AmortizedMIPS(arch=...)``; ``ARCHS`` lists its values (``retrieval=`` takes a
+#: :data:`~mlpapers.retrieval.amips._kernels.Metric`).
+Arch: TypeAlias = Literal["keynet", "supportnet"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+
 
 def check_amips_params(est) -> None:
     """Validate the hyper-parameters of an :class:`AmortizedMIPS` ``est`` (raises
     ``ValueError``/``TypeError`` naming the parameter)."""
-    check_in_options(est.arch, "arch", ("keynet", "supportnet"))
+    check_in_options(est.arch, "arch", ARCHS)
     check_positive(est.depth, "depth", integer=True)
     if est.hidden_dim is not None:
         check_positive(est.hidden_dim, "hidden_dim", integer=True)
@@ -57,7 +64,7 @@ def check_amips_params(est) -> None:
     check_positive(est.noise_std, "noise_std", strict=False)
     check_positive(est.n_noise, "n_noise", strict=False, integer=True)
     check_positive(est.search_batch_size, "search_batch_size", integer=True)
-    check_in_options(est.retrieval, "retrieval", ("ip", "l2"))
+    check_in_options(est.retrieval, "retrieval", METRICS)
     check_positive(est.n_candidates, "n_candidates", integer=True)
     # (pickles and files from before the parameter get its default: __setstate__, load)
     if not isinstance(est.center_keys, (bool, np.bool_)):

@@ -14,13 +14,13 @@ from torch import nn
 from mlpapers._base import restore_on_failure
 from mlpapers._utils import ArrayLike, RandomStateLike, with_autograd
 from mlpapers._utils._docs import fill_doc
-from mlpapers.retrieval.amips._config import build_amips_model, check_amips_params
+from mlpapers.retrieval.amips._config import Arch, build_amips_model, check_amips_params
 from mlpapers.retrieval.amips._exact import (
     _check_n_neighbors,
     _MIPSBase,
     build_faiss_ivf,
 )
-from mlpapers.retrieval.amips._kernels import _KeyStats, match_rate
+from mlpapers.retrieval.amips._kernels import Metric, _KeyStats, match_rate
 from mlpapers.retrieval.amips._networks import AMIPSNetwork
 from mlpapers.retrieval.amips._retrieve import (
     float32_similarities,
@@ -236,7 +236,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     def __init__(
         self,
         *,
-        arch: str = "keynet",
+        arch: Arch = "keynet",
         depth: int = 8,
         hidden_dim: int | None = None,
         params_fraction: float = 0.2,
@@ -257,7 +257,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         noise_std: float = 0.02,
         n_noise: int = 10,
         search_batch_size: int = 8192,
-        retrieval: str = "ip",
+        retrieval: Metric = "ip",
         n_candidates: int = 1,
         center_keys: bool = False,
         device: str | torch.device = "cpu",

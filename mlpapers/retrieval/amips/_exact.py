@@ -11,7 +11,7 @@ from sklearn.utils import check_array
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import ArrayLike, check_in_options, check_positive, on_inputs_device, to_numpy
-from mlpapers.retrieval.amips._kernels import _hits, _KeyStats, _mips_topk
+from mlpapers.retrieval.amips._kernels import METRICS, Metric, _hits, _KeyStats, _mips_topk
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
 
@@ -257,7 +257,8 @@ class ExactMIPS(_MIPSBase):
 
 
 @on_inputs_device
-def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None, metric: str = "ip") -> Any:
+def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None,
+                    metric: Metric = "ip") -> Any:
     """A faiss ``IndexIVFFlat`` over ``database`` (inner-product or L2 quantizer).
 
     The approximate index of the paper's main evaluation: search it with the keys
@@ -303,7 +304,7 @@ def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None, metric: str
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
         raise ImportError("build_faiss_ivf needs faiss: pip install faiss-cpu "
                           "(the mlpapers[bench] extra).") from exc
-    check_in_options(metric, "metric", ("ip", "l2"))
+    check_in_options(metric, "metric", METRICS)
     # validated here: faiss failed with C++ traces on NaN, empty or 1D databases, and
     # silently built an empty index for n_lists=0 (and truncated 2.5 to 2)
     if isinstance(database, torch.Tensor):

@@ -7,6 +7,7 @@ Shapes: ``n`` queries, ``N`` keys, ``d`` features, ``k`` neighbours.
 from __future__ import annotations
 
 import math
+from typing import Literal, TypeAlias, get_args
 
 import torch
 
@@ -437,9 +438,15 @@ def support_function(
     return s[:, 0], i[:, 0]
 
 
+#: ``rank_by_key(metric=...)``, ``build_faiss_ivf(metric=...)`` and
+#: ``AmortizedMIPS(retrieval=...)``; ``METRICS`` lists its values.
+Metric: TypeAlias = Literal["ip", "l2"]
+METRICS: tuple[str, ...] = get_args(Metric)
+
+
 @on_inputs_device
 @requires_tensors
-def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: str = "ip",
+def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: Metric = "ip",
                 batch_size: int = 8192) -> torch.Tensor:
     r"""Indices (n, k) of the keys closest to predicted keys ``key_hat`` (n, d).
 
@@ -475,7 +482,7 @@ def rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, *, metric: st
     >>> rank_by_key(key_hat, keys, 2), rank_by_key(key_hat, keys, 2, metric="l2")
     (tensor([[1, 0]]), tensor([[0, 1]]))
     """
-    check_in_options(metric, "metric", ("ip", "l2"))
+    check_in_options(metric, "metric", METRICS)
     if metric == "l2" and not (key_hat.is_floating_point() and keys.is_floating_point()):
         # integers: -||k||^2 / 2 is not an integer, and matmul needs one dtype
         key_hat, keys = key_hat.float(), keys.float()

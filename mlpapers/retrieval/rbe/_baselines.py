@@ -23,7 +23,7 @@ from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take, warn_near_interpolation
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
 from mlpapers.retrieval.rbe._kernels import abs_max, cur_query_weights, stable_topk
-from mlpapers.retrieval.rbe._selection import quiet_early_stop, select_support
+from mlpapers.retrieval.rbe._selection import SupportMethod, quiet_early_stop, select_support
 from mlpapers.retrieval.rbe._validation import check_adacur_params
 
 __all__ = ["AdaCURRetriever", "AnnCURRetriever"]
@@ -166,7 +166,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
     n_rounds : int, default=5
         Rounds; round :math:`r` scores ``n_calls // n_rounds`` items (the first
         ``n_calls % n_rounds`` rounds one more).
-    init : str, default="random"
+    init : {"greedy", "random", "popular", "kmeans", "farthest"}, default="random"
         How the first round's anchors are chosen from the training relevance, one of
         the :func:`select_support` methods (``"random"`` is ADACUR; ``"greedy"``
         combines RBE's support selection with adaptive rounds), computed with
@@ -240,7 +240,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         *,
         n_calls: int = 100,
         n_rounds: int = 5,
-        init: str = "random",
+        init: SupportMethod = "random",
         ridge: float = 0.0,
         rcond: float | None = None,
         batch_size: int = 1024,

@@ -39,8 +39,13 @@ from mlpapers.retrieval.rbe._kernels import (
     fit_linear_embeddings,
     topk_scores,
 )
-from mlpapers.retrieval.rbe._selection import check_support_indices, select_support
-from mlpapers.retrieval.rbe._validation import check_retriever_params
+from mlpapers.retrieval.rbe._selection import (
+    SupportIndices,
+    SupportMethod,
+    check_support_indices,
+    select_support,
+)
+from mlpapers.retrieval.rbe._validation import Head, Loss, check_retriever_params
 
 __all__ = ["RelevanceBasedRetriever"]
 
@@ -203,14 +208,14 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         relevance_fn: Callable[[Any, Any], Any] | None = None,
         *,
         n_support: int = 100,
-        support: str | Any = "greedy",
-        head: str = "linear",
+        support: SupportMethod | SupportIndices = "greedy",
+        head: Head = "linear",
         n_rerank: int = 0,
         ridge: float = 0.0,
         rcond: float | None = None,
         standardize: bool = True,
         mlp_hidden: int = 100,
-        loss: str = "softmax_signed",
+        loss: Loss = "softmax_signed",
         top_quantile: float = 0.99,
         item_batch: int = 128,
         max_iter: int = 2000,

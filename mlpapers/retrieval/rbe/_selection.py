@@ -14,7 +14,8 @@ import math
 import numbers
 import threading
 import warnings
-from typing import Any, Literal, overload
+from collections.abc import Sequence
+from typing import Any, Literal, TypeAlias, get_args, overload
 
 import numpy as np
 import torch
@@ -38,7 +39,18 @@ from mlpapers.retrieval.rbe._kernels import abs_max, check_matrix
 __all__ = ["SUPPORT_METHODS", "check_support_indices", "greedy_selection", "quiet_early_stop",
            "select_support"]
 
-SUPPORT_METHODS = ("greedy", "random", "popular", "kmeans", "farthest")
+#: ``select_support(method=...)``, ``RelevanceBasedRetriever(support=...)`` (when not
+#: explicit indices) and ``AdaCURRetriever(init=...)``; ``SUPPORT_METHODS`` lists them.
+SupportMethod: TypeAlias = Literal["greedy", "random", "popular", "kmeans", "farthest"]
+SUPPORT_METHODS: tuple[str, ...] = get_args(SupportMethod)
+#: Explicit support items, ``RelevanceBasedRetriever(support=...)``: distinct item indices.
+SupportIndices: TypeAlias = Sequence[int | np.integer] | np.ndarray | torch.Tensor
+#: ``greedy_selection(method=...)``; ``GREEDY_METHODS`` lists its values.
+GreedyMethod: TypeAlias = Literal["lowrank", "gram"]
+GREEDY_METHODS: tuple[str, ...] = get_args(GreedyMethod)
+#: ``select_support(greedy_method=...)``: a :data:`GreedyMethod` or ``"auto"`` (``"lowrank"``).
+SelectGreedyMethod: TypeAlias = Literal["auto", GreedyMethod]
+SELECT_GREEDY_METHODS: tuple[str, ...] = get_args(SelectGreedyMethod)
 
 # Per-thread switch of the early-stop warning of greedy selection. Not a
 # ``warnings.catch_warnings`` block: that swaps the process-wide filter list and restores
@@ -86,7 +98,7 @@ def greedy_selection(
     k: int,
     *,
     tol: float = 1e-10,
-    method: str = "lowrank",
+    method: GreedyMethod = "lowrank",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Greedy column-subset selection minimising the projection residual.
 
@@ -154,7 +166,7 @@ def greedy_selection(
     >>> bool(torch.isclose(gains.sum(), (X ** 2).sum()))
     True
     """
-    check_in_options(method, "method", ("lowrank", "gram"))
+    check_in_options(method, "method", GREEDY_METHODS)
     # (a negative or fractional k failed deep in torch, a NaN tol picked nothing)
     if X.ndim != 2:
         raise ValueError("X must be a 2-D tensor of item vectors (n_items, n_queries), got "
@@ -312,33 +324,36 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
 
 @overload
 def select_support(
-    R: ArrayLike, k: int, method: str = ..., *, center: bool = ..., tol: float = ...,
-    random_state: RandomStateLike = ..., n_init: int = ..., greedy_method: str = ...,
+    R: ArrayLike, k: int, method: SupportMethod = ..., *, center: bool = ..., tol: float = ...,
+    random_state: RandomStateLike = ..., n_init: int = ...,
+    greedy_method: SelectGreedyMethod = ...,
     device: str | torch.device | None = ..., return_scores: Literal[False] = ...,
 ) -> np.ndarray: ...
 @overload
 def select_support(
-    R: ArrayLike, k: int, method: str = ..., *, center: bool = ..., tol: float = ...,
-    random_state: RandomStateLike = ..., n_init: int = ..., greedy_method: str = ...,
+    R: ArrayLike, k: int, method: SupportMethod = ..., *, center: bool = ..., tol: float = ...,
+    random_state: RandomStateLike = ..., n_init: int = ...,
+    greedy_method: SelectGreedyMethod = ...,
     device: str | torch.device | None = ..., return_scores: Literal[True],
 ) -> tuple[np.ndarray, np.ndarray]: ...
 @overload
 def select_support(
-    R: ArrayLike, k: int, method: str = ..., *, center: bool = ..., tol: float = ...,
-    random_state: RandomStateLike = ..., n_init: int = ..., greedy_method: str = ...,
+    R: ArrayLike, k: int, method: SupportMethod = ..., *, center: bool = ..., tol: float = ...,
+    random_state: RandomStateLike = ..., n_init: int = ...,
+    greedy_method: SelectGreedyMethod = ...,
     device: str | torch.device | None = ..., return_scores: bool = ...,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 @on_inputs_device
 def select_support(
     R: ArrayLike,
     k: int,
-    method: str = "greedy",
+    method: SupportMethod = "greedy",
     *,
     center: bool = True,
     tol: float = 1e-10,
     random_state: RandomStateLike = None,
     n_init: int = 3,
-    greedy_method: str = "auto",
+    greedy_method: SelectGreedyMethod = "auto",
     device: str | torch.device | None = None,
     return_scores: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -405,7 +420,7 @@ def select_support(
     (2,)
     """
     check_in_options(method, "method", SUPPORT_METHODS)
-    check_in_options(greedy_method, "greedy_method", ("auto", "gram", "lowrank"))
+    check_in_options(greedy_method, "greedy_method", SELECT_GREEDY_METHODS)
     Rt = check_matrix(R, "R", device)
     n_q, N = Rt.shape
     check_positive(k, "k", integer=True)

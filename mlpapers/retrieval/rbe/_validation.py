@@ -7,12 +7,18 @@ heavy-ranker call is made.
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Literal, TypeAlias, get_args
 
 from mlpapers._utils import check_in_options, check_learning_rate, check_positive
 from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, check_support_indices
 
 __all__ = ["check_adacur_params", "check_head_params", "check_retriever_params"]
+
+#: ``RelevanceBasedRetriever(head=...)`` and ``loss=...``; ``HEADS`` and ``LOSSES`` list them.
+Head: TypeAlias = Literal["linear", "mlp"]
+Loss: TypeAlias = Literal["softmax_signed", "mse"]
+HEADS: tuple[str, ...] = get_args(Head)
+LOSSES: tuple[str, ...] = get_args(Loss)
 
 
 def _check_fraction(value: Any, name: str, *, low_open: bool) -> None:
@@ -34,7 +40,7 @@ def _check_solve(est) -> None:
 def check_head_params(est) -> None:
     """Validate the neural-head parameters of a :class:`RelevanceBasedRetriever`."""
     check_positive(est.mlp_hidden, "mlp_hidden", strict=False, integer=True)
-    check_in_options(est.loss, "loss", ("softmax_signed", "mse"))
+    check_in_options(est.loss, "loss", LOSSES)
     check_positive(est.item_batch, "item_batch", integer=True)
     check_positive(est.max_iter, "max_iter", strict=False, integer=True)
     check_learning_rate(est.lr, adam=True)  # the neural head trains with Adam
@@ -54,7 +60,7 @@ def check_retriever_params(est, n_items: int) -> None:
                              f"items ({n_items}).")
     else:  # explicit indices: refused before the offline heavy calls, not after them
         check_support_indices(est.support, n_items)
-    check_in_options(est.head, "head", ("linear", "mlp"))
+    check_in_options(est.head, "head", HEADS)
     check_positive(est.n_rerank, "n_rerank", strict=False, integer=True)
     if est.n_rerank > n_items:
         raise ValueError(f"n_rerank={est.n_rerank} must be <= the number of items "

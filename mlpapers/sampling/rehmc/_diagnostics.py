@@ -17,10 +17,12 @@ A single chain gets a split R-hat (from its two halves, as Stan); ArviZ gives Na
 
 from __future__ import annotations
 
+from typing import Literal, TypeAlias, get_args
+
 import numpy as np
 from scipy.special import ndtri
 
-from mlpapers._utils import ArrayLike, to_numpy
+from mlpapers._utils import ArrayLike, check_in_options, to_numpy
 from mlpapers._utils._blocks import BLOCK_ELEMENTS as DEFAULT_BLOCK_ELEMENTS
 from mlpapers._utils._blocks import block_rows_for
 
@@ -254,7 +256,12 @@ def rhat(draws: ArrayLike) -> np.ndarray | float:
     return _per_dim(draws, one)
 
 
-def ess(draws: ArrayLike, kind: str = "bulk") -> np.ndarray | float:
+#: ``ess(kind=...)`` (and ``SampleResult.ess``); ``ESS_KINDS`` lists its values.
+EssKind: TypeAlias = Literal["bulk", "tail"]
+ESS_KINDS: tuple[str, ...] = get_args(EssKind)
+
+
+def ess(draws: ArrayLike, kind: EssKind = "bulk") -> np.ndarray | float:
     """Bulk (rank-normalised) or tail (5%/95% quantile) effective sample size.
 
     The chains are split in halves; the autocorrelations (by FFT) are summed
@@ -292,8 +299,7 @@ def ess(draws: ArrayLike, kind: str = "bulk") -> np.ndarray | float:
     >>> bool(1500 < ess(draws) < 2500), bool(1500 < ess(draws, "tail") < 2500)
     (True, True)
     """
-    if kind not in ("bulk", "tail"):
-        raise ValueError(f"kind must be one of ['bulk', 'tail'], got {kind!r}.")
+    check_in_options(kind, "kind", ESS_KINDS)
 
     def one(x):  # tail quantiles of all draws (with the middle one of an odd-length
         # chain, which splitting drops), as ArviZ and posterior

@@ -13,6 +13,7 @@ import numpy as np
 
 from mlpapers._utils import user_stacklevel
 from mlpapers.sampling.rehmc._diagnostics import (
+    EssKind,
     dim_blocks,
     split_ess_classic,
     split_rhat_classic,
@@ -265,7 +266,7 @@ class SampleResult:
             "mass='diag', rescale or reparametrise the coordinates, or run a longer warm-up; "
             "check result.ess().", RuntimeWarning, stacklevel=user_stacklevel())
 
-    def ess(self, kind: str = "bulk") -> np.ndarray:
+    def ess(self, kind: EssKind = "bulk") -> np.ndarray:
         """Rank-normalised bulk or tail effective sample size per dimension.
 
         :func:`~mlpapers.sampling.ess` of ``samples``.

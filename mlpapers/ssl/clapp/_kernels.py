@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import on_inputs_device, row_power_of_two
+from mlpapers._utils import check_in_options, on_inputs_device, row_power_of_two
 
 __all__ = [
     "LOSSES",
@@ -40,6 +40,9 @@ __all__ = [
 #: Names of the decreasing functions ``f`` of the score (LOSSES lists them).
 LayerLoss: TypeAlias = Literal["hinge", "softhinge", "linear"]
 LOSSES: tuple[str, ...] = get_args(LayerLoss)
+#: ``exact_linear_feedback(mode=...)``; ``FEEDBACK_MODES`` lists its values.
+FeedbackMode: TypeAlias = Literal["dfb", "lateral"]
+FEEDBACK_MODES: tuple[str, ...] = get_args(FeedbackMode)
 
 
 def swap_views(h: torch.Tensor) -> torch.Tensor:
@@ -302,7 +305,7 @@ def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]
 
 @on_inputs_device
 def exact_linear_feedback(
-    weights: Sequence[torch.Tensor], B_top: torch.Tensor, mode: str = "dfb"
+    weights: Sequence[torch.Tensor], B_top: torch.Tensor, mode: FeedbackMode = "dfb"
 ) -> list[torch.Tensor]:
     r"""Prediction matrices that make local updates equal to backprop in a linear net.
 
@@ -343,8 +346,7 @@ def exact_linear_feedback(
     >>> exact_linear_feedback([W1, W2], torch.eye(2), mode="lateral")[0].tolist()
     [[9.0, 0.0], [0.0, 9.0]]
     """
-    if mode not in ("dfb", "lateral"):
-        raise ValueError(f"mode must be 'dfb' or 'lateral', got {mode!r}.")
+    check_in_options(mode, "mode", FEEDBACK_MODES)
     weights, B_top = _check_linear_net(weights, B_top)
     d_top = weights[-1].shape[0]
     M = torch.eye(d_top, dtype=B_top.dtype, device=B_top.device)

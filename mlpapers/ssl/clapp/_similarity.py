@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import torch
 
@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from mlpapers.ssl.clapp._estimator import CLAPPEncoder
 
 __all__ = ["update_similarity"]
+
+#: ``update_similarity(reference=...)``; ``REFERENCES`` lists its values.
+Reference: TypeAlias = Literal["bp"]
+REFERENCES: tuple[str, ...] = get_args(Reference)
 
 
 def _flat_grads(loss: torch.Tensor, blocks) -> list[torch.Tensor]:
@@ -38,7 +42,7 @@ def _flat_grads(loss: torch.Tensor, blocks) -> list[torch.Tensor]:
 # inference_mode block (its result is a dict of floats, no graph escapes)
 @on_inputs_device
 @with_autograd
-def update_similarity(encoder: CLAPPEncoder, X: ArrayLike, *, reference: str = "bp",
+def update_similarity(encoder: CLAPPEncoder, X: ArrayLike, *, reference: Reference = "bp",
                       n_batches: int = 10, batch_size: int | None = None,
                       random_state: Any = None) -> dict[int, float]:
     r"""Cosine between every block's local update and its backprop update.
@@ -91,7 +95,7 @@ def update_similarity(encoder: CLAPPEncoder, X: ArrayLike, *, reference: str = "
     >>> round(sim[2], 6)
     1.0
     """
-    check_in_options(reference, "reference", ("bp",))
+    check_in_options(reference, "reference", REFERENCES)
     check_positive(n_batches, "n_batches", integer=True)
     if not hasattr(encoder, "_layer_losses"):
         raise TypeError("update_similarity expects a CLAPPEncoder, got "
