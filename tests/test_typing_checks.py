@@ -283,3 +283,58 @@ def test_literal_annotations_of_functions_list_the_options_the_code_checks(func,
     # as for the constructors above, for the public functions and methods
     hints = _type_hints(func)
     assert _literal_values(hints[name]) == set(options)
+
+
+def _inline_option_checks():
+    """Every ``check_in_options(self.<p>, "<p>", <options>)`` inside a class of mlpapers
+    whose options are written out or a module-level tuple: (class, parameter, options)."""
+    found = []
+    for info in pkgutil.walk_packages(mlpapers.__path__, "mlpapers."):
+        if info.name.endswith("__main__"):  # importing it runs the command line
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra is missing
+            continue
+        source = inspect.getsource(module) if not info.ispkg else ""
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for call in ast.walk(node):
+                if not (isinstance(call, ast.Call) and getattr(call.func, "id", None)
+                        == "check_in_options" and len(call.args) == 3):
+                    continue
+                value, name, options = call.args
+                if not (isinstance(value, ast.Attribute) and getattr(value.value, "id", None)
+                        == "self" and isinstance(name, ast.Constant)):
+                    continue
+                if isinstance(options, ast.Name):  # a module-level tuple
+                    literal = getattr(module, options.id)
+                else:
+                    try:
+                        literal = ast.literal_eval(options)
+                    except ValueError:  # computed in place
+                        continue
+                found.append((getattr(module, node.name), name.value, literal))
+    return found
+
+
+@pytest.mark.parametrize("cls, name, options", _inline_option_checks(),
+                         ids=lambda v: v.__qualname__ if isinstance(v, type) else None)
+def test_inline_option_tuples_match_the_parameter_literal(cls, name, options):
+    # an option set written twice (the Literal of the constructor, the tuple of its check)
+    # must say the same: a value only in the tuple is refused by users' type checkers, a
+    # value only in the Literal is advertised and then refused at fit
+    # a base class checks for its subclasses: each constructor taking the parameter
+    todo, constructors = [cls], []
+    while todo:
+        klass = todo.pop()
+        todo += klass.__subclasses__()
+        init = _own_init(klass)
+        if init is not None and name in inspect.signature(init).parameters:
+            constructors.append((klass, typing.get_type_hints(init)))
+    assert constructors, f"no constructor of {cls.__qualname__} takes {name}"
+    strings = {o for o in options if isinstance(o, str) and not o.startswith("<")}
+    for klass, hints in constructors:
+        assert name in hints, f"{klass.__qualname__}({name}=...) is checked but not annotated"
+        assert _literal_values(hints[name]) == strings, klass.__qualname__
