@@ -5,6 +5,8 @@ all of them (the convergence check at the end of ``sample``, ``summary``, ``ess`
 ``rhat``) must work in blocks of dimensions instead of holding copies of the draws.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,16 @@ def _result(x):
 
 
 # ------------------------------------------------------------------ memory ---------
+@requires_peak_rss
+def test_convergence_check_of_long_chains_stays_within_its_blocks():
+    # a chain longer than a block: the ESS pass finishes each group of dimensions (its
+    # summed spectra, autocovariances and Geyer sums are a whole chain per dimension)
+    # before the next; summing all dimensions' spectra first held several float64
+    # copies of a whole chain (2 x 200000 x 40 float32 draws, 61 MB: about 170 MB)
+    src = _result_src((2, 200_000, 40), dtype="float32")
+    assert peak_mb(src, "res._warn_if_unconverged()") < 3 * BLOCK_MB
+
+
 @requires_peak_rss
 def test_convergence_check_of_sample_holds_no_copy_of_the_draws():
     # sample() ends with a split R-hat over all draws: the split halves were concatenated
@@ -133,6 +145,26 @@ def test_blocked_split_diagnostics_equal_the_whole_array_computation(monkeypatch
     np.testing.assert_allclose(split_rhat_classic(x), expected_rhat, rtol=1e-13)
     monkeypatch.setattr(_diagnostics, "BLOCK_ELEMENTS", 8 * budget)  # ESS blocks are 1/8
     np.testing.assert_allclose(split_ess_classic(x), expected_ess, rtol=1e-13)
+
+
+def test_constant_dimensions_are_undefined_even_when_their_mean_is_not_exact():
+    # 0.1 is not a float: its mean over the draws is off by a rounding error, which left
+    # a variance of 1e-34, an R-hat near 1 and an ESS near 8 (a false "few effective
+    # draws" warning) where the public rhat/ess say NaN
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 1000, 3))
+    x[:, :, 1] = 0.1
+    for budget in (2**22, 1000, 8):  # one block, blocks of chains, one chain per block
+        _diagnostics.BLOCK_ELEMENTS = budget
+        try:
+            assert np.isnan(split_rhat_classic(x)[1]) and np.isnan(split_ess_classic(x)[1])
+            assert np.isfinite(split_rhat_classic(x)[[0, 2]]).all()
+        finally:
+            _diagnostics.BLOCK_ELEMENTS = BLOCK_ELEMENTS
+    assert np.isnan(rhat(x[:, :, 1])) and np.isnan(ess(x[:, :, 1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _result(x)._warn_if_unconverged()
 
 
 def test_dim_blocks_cover_every_dimension_in_order():

@@ -104,24 +104,46 @@ def _rhat_from_moments(means: np.ndarray, variances: np.ndarray, n: int,
     return np.where((var_plus > 0) & finite, out, np.nan)
 
 
-def _split_half_blocks(x: np.ndarray, block_elements: int
-                       ) -> Iterator[tuple[slice, slice, np.ndarray]]:
-    """``(chains, dims, half)`` over the first and second halves of the chains of draws
-    (M, N, d), as float64 arrays (m, N // 2, k): whole chains at a time while one chain
-    fits in ``block_elements`` (contiguous reads; blocks of dimensions strided through
-    all the draws made these passes 4x slower at (256, 1000, 50)), else one chain and a
-    block of its dimensions. ``chains`` indexes the 2M split chains of :func:`_split`."""
-    m, n, d = x.shape
-    half = n // 2
-    rows = block_rows_for(n * d, block_elements)
-    dim_step = d if n * d <= block_elements else block_rows_for(n, block_elements)
+def _dim_groups(shape: tuple, block_elements: int) -> list[slice]:
+    """Groups of dimensions of draws (M, N, d) for the passes of
+    :func:`_split_half_blocks`: all of them while one chain fits in ``block_elements``,
+    else as many as one chain's ``N`` draws of each fit (at least one)."""
+    _, n, d = shape
+    step = d if n * d <= block_elements else block_rows_for(n, block_elements)
+    return [slice(j, min(j + step, d)) for j in range(0, d, step)]
+
+
+def _split_half_blocks(x: np.ndarray, dims: slice, block_elements: int
+                       ) -> Iterator[tuple[slice, np.ndarray]]:
+    """``(chains, half)`` over the first and second halves of the chains of draws
+    (M, N, d) in the dimensions ``dims``, as float64 arrays (m, N // 2, k): as many whole
+    chains at a time as fit in ``block_elements`` (contiguous reads; blocks of dimensions
+    strided through all the draws made these passes 4x slower at (256, 1000, 50)).
+    ``chains`` indexes the 2M split chains of :func:`_split`."""
+    m, n, _ = x.shape
+    half, k = n // 2, dims.stop - dims.start
+    rows = block_rows_for(n * k, block_elements)
     for start in range(0, m, rows):
         stop = min(start + rows, m)
-        for j in range(0, d, dim_step):
-            dims = slice(j, min(j + dim_step, d))
-            block = np.asarray(x[start:stop, :, dims], dtype=np.float64)
-            yield slice(start, stop), dims, block[:, :half]
-            yield slice(m + start, m + stop), dims, block[:, n - half:]
+        block = np.asarray(x[start:stop, :, dims], dtype=np.float64)
+        yield slice(start, stop), block[:, :half]
+        yield slice(m + start, m + stop), block[:, n - half:]
+
+
+def _undefined(h: np.ndarray, state: np.ndarray | None) -> np.ndarray:
+    """Running (min, max, finite) of a block of split draws (m, N, k) per dimension,
+    folded into ``state`` (3, k): a dimension is undefined where a draw is not finite or
+    all its draws are equal (a constant whose mean is not exact, such as 0.1, left a
+    rounding-level variance, and an R-hat near 1 with an ESS near 8 instead of NaN)."""
+    lo, hi = h.min(axis=(0, 1)), h.max(axis=(0, 1))
+    ok = np.isfinite(h).all(axis=(0, 1))
+    if state is None:
+        return np.stack([lo, hi, ok])
+    return np.stack([np.fmin(state[0], lo), np.fmax(state[1], hi), (state[2] > 0) & ok])
+
+
+def _defined(state: np.ndarray) -> np.ndarray:
+    return (state[2] > 0) & (state[0] < state[1])
 
 
 def split_rhat_classic(draws: np.ndarray) -> np.ndarray:
@@ -131,14 +153,18 @@ def split_rhat_classic(draws: np.ndarray) -> np.ndarray:
     m, n, d = x.shape
     if n < MIN_DRAWS:
         return np.full(d, np.nan)
-    means, variances = np.empty((2 * m, d)), np.empty((2 * m, d))
-    finite = np.ones(d, dtype=bool)
+    out = np.empty(d)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN where a draw is not finite
-        for chains, dims, h in _split_half_blocks(x, BLOCK_ELEMENTS):
-            finite[dims] &= np.isfinite(h).all(axis=(0, 1))
-            means[chains, dims] = h.mean(axis=1)
-            variances[chains, dims] = h.var(axis=1, ddof=1)
-    return _rhat_from_moments(means, variances, n // 2, finite)
+        for dims in _dim_groups(x.shape, BLOCK_ELEMENTS):
+            k = dims.stop - dims.start
+            means, variances, state = np.empty((2 * m, k)), np.empty((2 * m, k)), None
+            for chains, h in _split_half_blocks(x, dims, BLOCK_ELEMENTS):
+                state = _undefined(h, state)
+                means[chains] = h.mean(axis=1)
+                variances[chains] = h.var(axis=1, ddof=1)
+            assert state is not None
+            out[dims] = _rhat_from_moments(means, variances, n // 2, _defined(state))
+    return out
 
 
 def split_ess_classic(draws: np.ndarray) -> np.ndarray:
@@ -157,34 +183,40 @@ def split_ess_classic(draws: np.ndarray) -> np.ndarray:
     autocovariance over chains is the inverse transform of their mean spectrum).
     """
     x = np.asarray(draws)
-    _, n, d = x.shape
-    m2 = 2 * x.shape[0]  # split chains
+    m, n, d = x.shape
     if n < 2 * MIN_DRAWS:
         return np.full(d, np.nan)
-    n //= 2  # draws per split chain
+    out = np.empty(d)
+    # blocks 8x smaller than R-hat's: the padded transform holds several copies of one;
+    # a group of dimensions is finished before the next (its spectra are a chain's size)
+    for dims in _dim_groups(x.shape, BLOCK_ELEMENTS // 8):
+        out[dims] = _ess_of_dims(x, dims, BLOCK_ELEMENTS // 8)
+    return out
+
+
+def _ess_of_dims(x: np.ndarray, dims: slice, block_elements: int) -> np.ndarray:
+    m2, n, k = 2 * x.shape[0], x.shape[1] // 2, dims.stop - dims.start  # split chains
     size = 1 << int(np.ceil(np.log2(2 * n)))  # zero padding: no circular wrap-around
-    power = np.zeros((size // 2 + 1, d))
-    means = np.empty((m2, d))
-    finite = np.ones(d, dtype=bool)
-    # blocks 8x smaller than R-hat's: the padded transform holds several copies of one
+    power, means, state = np.zeros((size // 2 + 1, k)), np.empty((m2, k)), None
     with np.errstate(invalid="ignore", over="ignore"):  # NaN where a draw is not finite
-        for chains, dims, h in _split_half_blocks(x, BLOCK_ELEMENTS // 8):
-            finite[dims] &= np.isfinite(h).all(axis=(0, 1))
-            means[chains, dims] = mu = h.mean(axis=1)
+        for chains, h in _split_half_blocks(x, dims, block_elements):
+            state = _undefined(h, state)
+            means[chains] = mu = h.mean(axis=1)
             f = np.fft.rfft(h - mu[:, None], size, axis=1)
-            power[:, dims] += (f.real ** 2 + f.imag ** 2).sum(axis=0)
-        acov = np.fft.irfft(power / m2, size, axis=0)[:n] / n  # (N, d), mean over chains
+            power += (f.real ** 2 + f.imag ** 2).sum(axis=0)
+        acov = np.fft.irfft(power / m2, size, axis=0)[:n] / n  # (N, k), mean over chains
         mean_var = acov[0] * n / (n - 1)
         var_plus = acov[0] + means.var(axis=0, ddof=1)
+    assert state is not None
     with np.errstate(divide="ignore", invalid="ignore"):
-        rho = 1.0 - (mean_var - acov) / var_plus  # (N, d), rho[0] = 1
+        rho = 1.0 - (mean_var - acov) / var_plus  # (N, k), rho[0] = 1
         pairs = rho[: 2 * (n // 2)].reshape(n // 2, 2, -1).sum(axis=1)  # rho_2t + rho_2t+1
         # Geyer: keep the initial positive pairs, then make them monotone (non-increasing)
         positive = np.cumprod(pairs > 0, axis=0).astype(bool)
         pairs = np.minimum.accumulate(np.where(positive, pairs, 0.0), axis=0)
         tau = np.maximum(-1.0 + 2.0 * pairs.sum(axis=0), 1.0 / np.log10(m2 * n))
         ess = m2 * n / tau
-    return np.where(finite & (var_plus > 0), ess, np.nan)
+    return np.where(_defined(state) & (var_plus > 0), ess, np.nan)
 
 
 def _autocov(x: np.ndarray) -> np.ndarray:
