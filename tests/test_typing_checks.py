@@ -285,56 +285,115 @@ def test_literal_annotations_of_functions_list_the_options_the_code_checks(func,
     assert _literal_values(hints[name]) == set(options)
 
 
-def _inline_option_checks():
-    """Every ``check_in_options(self.<p>, "<p>", <options>)`` inside a class of mlpapers
-    whose options are written out or a module-level tuple: (class, parameter, options)."""
+_SCENT_CLASSES = ("optim.SCENTClassifier", "optim.KLDRORegressor", "optim.KLDROClassifier",
+                  "optim.PartialAUCClassifier")
+# validators (``check_*`` functions) check an attribute of the estimator they get, and a
+# base class may check an option only some subclasses offer: (module, parameter) -> the
+# public classes whose parameter that check is about
+_OPTION_CHECK_OWNERS = {
+    ("mlpapers.optim.scent._common", "method"): _SCENT_CLASSES,
+    ("mlpapers.optim.scent._common", "lr_schedule"): _SCENT_CLASSES,
+    ("mlpapers.retrieval.amips._config", "arch"): ("retrieval.AmortizedMIPS",),
+    ("mlpapers.retrieval.amips._config", "retrieval"): ("retrieval.AmortizedMIPS",),
+    ("mlpapers.retrieval.rbe._validation", "loss"): ("retrieval.RelevanceBasedRetriever",),
+    ("mlpapers.retrieval.rbe._validation", "head"): ("retrieval.RelevanceBasedRetriever",),
+    ("mlpapers.retrieval.rbe._validation", "support"): ("retrieval.RelevanceBasedRetriever",),
+    ("mlpapers.retrieval.rbe._validation", "init"): ("retrieval.AdaCURRetriever",),
+    ("mlpapers.federated.clove._engine", "optimizer"): (
+        "federated.CLoVE", "federated.IFCA", "federated.FedAvg"),
+    ("mlpapers.federated.clove._federation", "n_clusters"): ("federated.CLoVE",),  # "auto"
+}
+
+
+def _public(path: str):
+    module, name = path.split(".")
+    return getattr(importlib.import_module(f"mlpapers.{module}"), name)
+
+
+def _hints_of(owner) -> dict:
+    """The annotations of a parameter owner: a class's constructor or a function."""
+    if isinstance(owner, type):
+        init = _own_init(owner)
+        return typing.get_type_hints(init) if init is not None else {}
+    return _type_hints(owner)
+
+
+def _takes(owner, name: str) -> bool:
+    target = _own_init(owner) if isinstance(owner, type) else owner
+    return target is not None and name in inspect.signature(target).parameters
+
+
+def _constructors_taking(cls: type, name: str) -> list[type]:
+    """``cls`` and its subclasses (a base class checks for them) whose constructor takes
+    the parameter ``name``."""
+    todo, found = [cls], []
+    while todo:
+        klass = todo.pop()
+        todo += klass.__subclasses__()
+        if _takes(klass, name):
+            found.append(klass)
+    return found
+
+
+def _option_checks():
+    """Every ``check_in_options(<value>, "<param>", <options>)`` of mlpapers: (where,
+    parameter, the evaluated options, the owners whose annotation must list them)."""
     found = []
     for info in pkgutil.walk_packages(mlpapers.__path__, "mlpapers."):
         if info.name.endswith("__main__"):  # importing it runs the command line
             continue
         try:
             module = importlib.import_module(info.name)
-        except ImportError:  # an optional extra is missing
+        except ImportError:  # an optional extra is missing (the extras stage covers it)
             continue
-        source = inspect.getsource(module) if not info.ispkg else ""
-        for node in ast.walk(ast.parse(source)):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            for call in ast.walk(node):
-                if not (isinstance(call, ast.Call) and getattr(call.func, "id", None)
-                        == "check_in_options" and len(call.args) == 3):
-                    continue
-                value, name, options = call.args
-                if not (isinstance(value, ast.Attribute) and getattr(value.value, "id", None)
-                        == "self" and isinstance(name, ast.Constant)):
-                    continue
-                if isinstance(options, ast.Name):  # a module-level tuple
-                    literal = getattr(module, options.id)
-                else:
-                    try:
-                        literal = ast.literal_eval(options)
-                    except ValueError:  # computed in place
+        tree = ast.parse(inspect.getsource(module))
+        for top in tree.body:
+            classes = [top] if isinstance(top, ast.ClassDef) else []
+            functions = [top] if isinstance(top, ast.FunctionDef) else [
+                f for f in getattr(top, "body", []) if isinstance(f, ast.FunctionDef)]
+            for func in functions:
+                cls = getattr(module, classes[0].name) if classes else None
+                for call in ast.walk(func):
+                    if not (isinstance(call, ast.Call) and getattr(call.func, "id", None)
+                            == "check_in_options" and len(call.args) == 3):
                         continue
-                found.append((getattr(module, node.name), name.value, literal))
+                    name = ast.literal_eval(call.args[1])
+                    where = f"{info.name}.{func.name}:{name}"
+                    # evaluated where it is written: names, attributes and starred parts
+                    options = eval(compile(ast.Expression(call.args[2]), where, "eval"),
+                                   vars(module), {"self": cls, "cls": cls})
+                    fn = getattr(cls if cls is not None else module, func.name)
+                    validator = func.name.startswith(("_", "check_"))
+                    if (info.name, name) in _OPTION_CHECK_OWNERS:
+                        owners = [_public(p) for p in _OPTION_CHECK_OWNERS[info.name, name]]
+                    elif _takes(fn, name) and not validator:  # the function's own parameter
+                        owners = [fn]
+                    elif cls is not None:
+                        owners = _constructors_taking(cls, name)
+                    else:
+                        owners = []
+                    found.append((where, name, tuple(options), owners))
     return found
 
 
-@pytest.mark.parametrize("cls, name, options", _inline_option_checks(),
-                         ids=lambda v: v.__qualname__ if isinstance(v, type) else None)
-def test_inline_option_tuples_match_the_parameter_literal(cls, name, options):
-    # an option set written twice (the Literal of the constructor, the tuple of its check)
-    # must say the same: a value only in the tuple is refused by users' type checkers, a
-    # value only in the Literal is advertised and then refused at fit
-    # a base class checks for its subclasses: each constructor taking the parameter
-    todo, constructors = [cls], []
-    while todo:
-        klass = todo.pop()
-        todo += klass.__subclasses__()
-        init = _own_init(klass)
-        if init is not None and name in inspect.signature(init).parameters:
-            constructors.append((klass, typing.get_type_hints(init)))
-    assert constructors, f"no constructor of {cls.__qualname__} takes {name}"
+OPTION_CHECKS = _option_checks()
+
+
+def test_every_option_check_is_found():
+    # the walk must see the option checks (an import or parse change must not empty it)
+    assert len(OPTION_CHECKS) >= 45
+
+
+@pytest.mark.parametrize("where, name, options, owners", OPTION_CHECKS,
+                         ids=[c[0] for c in OPTION_CHECKS])
+def test_option_checks_match_the_parameter_literal(where, name, options, owners):
+    # an option set written twice (the Literal of the parameter, the options its check
+    # accepts) must say the same: a value only in the check is refused by users' type
+    # checkers, a value only in the Literal is advertised and then refused at run time
+    assert owners, (f"{where}: no public parameter found for this check; add its owners "
+                    "to _OPTION_CHECK_OWNERS")
     strings = {o for o in options if isinstance(o, str) and not o.startswith("<")}
-    for klass, hints in constructors:
-        assert name in hints, f"{klass.__qualname__}({name}=...) is checked but not annotated"
-        assert _literal_values(hints[name]) == strings, klass.__qualname__
+    for owner in owners:
+        hints = _hints_of(owner)
+        assert name in hints, f"{owner.__qualname__}({name}=...) is checked but not annotated"
+        assert _literal_values(hints[name]) == strings, owner.__qualname__

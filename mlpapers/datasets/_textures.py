@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Literal, TypeAlias, get_args
 
 import numpy as np
@@ -146,9 +146,9 @@ def make_texture_anomalies(
     n_test: int = 40,
     *,
     image_size: int = 64,
-    textures: Texture | Sequence[Texture] | None = None,
+    textures: Texture | Iterable[Texture] | None = None,
     source: Source | None = None,
-    defects: Defect | Sequence[Defect] = DEFECTS,
+    defects: Defect | Iterable[Defect] = DEFECTS,
     anomaly_ratio: float = 0.5,
     noise: float = 0.03,
     return_texture: bool = False,
@@ -179,7 +179,7 @@ def make_texture_anomalies(
     image_size : int, default=64
         Side of the square images (at least 16; at most 512 with
         ``source="skimage"``).
-    textures : str, sequence of str or None, default=None
+    textures : str, iterable of str or None, default=None
         Subset of the families of ``source`` (one name is a one-family
         subset); ``None`` uses all of them.
     source : {"procedural", "skimage"} or None, default=None
@@ -187,7 +187,7 @@ def make_texture_anomalies(
         name is one of the photos (``"brick"``, ``"grass"``, ``"gravel"``),
         else ``"procedural"`` (so ``textures=None`` gives the procedural
         families, which need no extra).
-    defects : str or sequence of str, default=("scratch", "spot", "cutout")
+    defects : str or iterable of str, default=("scratch", "spot", "cutout")
         Kinds of defect drawn from (uniformly, one per defective image); a
         non-empty subset of the three kinds above (one name is a one-kind subset).
     anomaly_ratio : float in [0, 1], default=0.5

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
@@ -42,13 +43,16 @@ from mlpapers.federated.clove._models import (
 )
 
 Params = dict[str, torch.Tensor]
+#: The local optimizers (``optimizer=`` of the estimators and the Flower nodes).
+Optimizer: TypeAlias = Literal["adam", "sgd"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 
 
 def check_local_training(local_epochs, lr, batch_size, optimizer) -> None:
     """Validate the local-training settings an :class:`Engine` runs (shared by the
     estimators and the Flower nodes, which train the same way)."""
     check_positive(local_epochs, "local_epochs", integer=True)
-    check_in_options(optimizer, "optimizer", ("adam", "sgd"))
+    check_in_options(optimizer, "optimizer", OPTIMIZERS)
     check_learning_rate(lr, adam=optimizer == "adam")
     if batch_size is not None:
         check_positive(batch_size, "batch_size", integer=True)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mlpapers._utils import RandomStateLike, check_in_options
+from mlpapers.federated.clove._engine import Optimizer
 from mlpapers.federated.clove._federation import _FederatedBase
 from mlpapers.federated.clove._kernels import (
     choose_n_clusters,
@@ -200,7 +201,7 @@ class CLoVE(_ClusteredBase):
         local_epochs: int = 1,
         lr: float = 1e-2,
         batch_size: int | None = 100,
-        optimizer: Literal["adam", "sgd"] = "adam",
+        optimizer: Optimizer = "adam",
         init: Literal["random", "same"] = "random",
         first_assignment: Literal["loss", "random"] = "loss",
         loss_transform: Literal["sqrt", "log"] | None = None,
@@ -323,7 +324,7 @@ class IFCA(_ClusteredBase):
         local_epochs: int = 1,
         lr: float = 1e-2,
         batch_size: int | None = 100,
-        optimizer: Literal["adam", "sgd"] = "adam",
+        optimizer: Optimizer = "adam",
         init: Literal["random", "same"] = "random",
         first_assignment: Literal["loss", "random"] = "loss",
         freeze_after: int | None = None,
@@ -400,7 +401,7 @@ class FedAvg(_FederatedBase):
         local_epochs: int = 1,
         lr: float = 1e-2,
         batch_size: int | None = 100,
-        optimizer: Literal["adam", "sgd"] = "adam",
+        optimizer: Optimizer = "adam",
         participation: float = 1.0,
         vectorize: Literal["auto"] | bool = "auto",
         device: str | torch.device = "cpu",

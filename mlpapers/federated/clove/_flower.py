@@ -37,10 +37,10 @@ from mlpapers._utils._modules import refusing_layers
 from mlpapers._utils._validation import probe_module
 from mlpapers.federated.clove._assign import SklearnSeed
 from mlpapers.federated.clove._data import mse_targets, validate_clients
-from mlpapers.federated.clove._engine import ClientData, Engine, check_local_training
+from mlpapers.federated.clove._engine import ClientData, Engine, Optimizer, check_local_training
 from mlpapers.federated.clove._federation import _unfittable_layer
 from mlpapers.federated.clove._kernels import clove_assign
-from mlpapers.federated.clove._models import build_user_module
+from mlpapers.federated.clove._models import LOSSES, ModelLoss, build_user_module
 
 __all__ = ["CLoVEStrategy", "make_client_app"]
 
@@ -501,11 +501,11 @@ def make_client_app(
     model_fn: Callable[[], torch.nn.Module],
     data_fn: Callable[[Context], Sequence[Any]],
     *,
-    loss: str = "mse",
+    loss: ModelLoss = "mse",
     local_epochs: int = 1,
     lr: float = 1e-2,
     batch_size: int | None = 100,
-    optimizer: str = "adam",
+    optimizer: Optimizer = "adam",
 ) -> ClientApp:
     """Build the Flower ``ClientApp`` answering :class:`CLoVEStrategy`'s messages.
 
@@ -574,7 +574,7 @@ def make_client_app(
     >>> type(app).__name__
     'ClientApp'
     """
-    check_in_options(loss, "loss", ("mse", "cross_entropy", "reconstruction"))
+    check_in_options(loss, "loss", LOSSES)
     check_local_training(local_epochs, lr, batch_size, optimizer)
     app = ClientApp()
 
