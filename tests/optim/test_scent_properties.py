@@ -434,10 +434,23 @@ def binary_data(draw):
     n_pos = draw(st.integers(1, 8))
     n_neg = draw(st.integers(1, 12))
     d = draw(st.integers(1, 3))
-    X = draw(hnp.arrays(np.float64, (n_pos + n_neg, d), elements=st.floats(-2, 2, **finite)))
+    # subnormal spreads are refused (test below): the coefficients overflow float64
+    X = draw(hnp.arrays(np.float64, (n_pos + n_neg, d),
+                        elements=st.floats(-2, 2, allow_subnormal=False, **finite)))
     y = np.r_[np.ones(n_pos, int), np.zeros(n_neg, int)]
     order = draw(st.permutations(range(n_pos + n_neg)))
     return X[order], y[order]
+
+
+def test_partial_auc_refuses_features_whose_coefficients_overflow():
+    # a spread of 1e-310 (subnormal): v / scale overflowed to an infinite coef_, NaN
+    # decision scores and probabilities, silently (found by hypothesis)
+    X = np.array([[0.0], [2.22507386e-311]])
+    with pytest.raises(ValueError, match="spread is too small"):
+        PartialAUCClassifier(epochs=2, random_state=0).fit(X, np.array([1, 0]))
+    X = np.random.default_rng(0).normal(size=(40, 2)) * 1e-300  # tiny units still fit
+    clf = PartialAUCClassifier(epochs=2, random_state=0).fit(X, np.arange(40) % 2)
+    assert np.isfinite(clf.decision_function(X)).all()
 
 
 @given(binary_data(), st.floats(0.05, 1.0, **finite), st.floats(0.1, 3, **finite),

@@ -302,6 +302,10 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.coef_ = (w.detach().double() / scale).cpu().numpy()
+        if not np.isfinite(self.coef_).all():  # w / scale of a subnormal spread (1e-310)
+            raise ValueError("X has features whose spread is too small for float64 "
+                             "(subnormal values, below about 1e-300): their coefficients "
+                             "in X's units overflow; rescale those features.")
         self.intercept_ = -float(torch.as_tensor(self.coef_) @ mu.cpu())
         self.nu_ = nu_to_numpy(loss_fn)
         # scored exactly as decision_function does (float64 input, all rows), so that the
