@@ -9,14 +9,12 @@ this file. numpydoc is in the ``docs`` extra: CI installs it.
 """
 
 import dataclasses
-import importlib
 import inspect
-import pkgutil
 import re
 
 import pytest
 
-import mlpapers
+from tests._public import package_modules
 
 validate = pytest.importorskip("numpydoc.validate").validate
 
@@ -24,25 +22,13 @@ validate = pytest.importorskip("numpydoc.validate").validate
 # signature; PR07: a parameter has no description; RT01: no Returns section;
 # GL08: no docstring.
 CHECKS = ("PR01", "PR02", "PR07", "RT01", "GL08")
-OPTIONAL_IMPORTS = ("flwr",)
-
-
-def _public_modules():
-    for info in pkgutil.walk_packages(mlpapers.__path__, prefix="mlpapers."):
-        if any(part.startswith("_") for part in info.name.split(".")[1:]):
-            continue
-        try:
-            yield importlib.import_module(info.name)
-        except ImportError as exc:  # an optional extra that is not installed
-            if getattr(exc, "name", None) not in OPTIONAL_IMPORTS:
-                raise
 
 
 def _public_objects():
     """``{qualified name: object}`` of the public classes and functions, and
     ``{qualified name: function}`` of the public methods the classes define."""
     objects, methods = {}, {}
-    for module in _public_modules():
+    for module in package_modules():
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name, None)
             if not (inspect.isclass(obj) or inspect.isfunction(obj)):

@@ -7,29 +7,15 @@ estimator chooses the instances to check with ``_estimator_check_instances``
 inapplicable checks, with a reason, in ``_expected_failed_checks``.
 """
 
-import importlib
-import pkgutil
 
 from sklearn.base import BaseEstimator
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-import mlpapers
+from tests._public import public_classes
 
 
 def public_estimators():
-    seen = {}
-    for info in pkgutil.walk_packages(mlpapers.__path__, prefix="mlpapers."):
-        if any(part.startswith("_") for part in info.name.split(".")[1:]):
-            continue
-        try:
-            module = importlib.import_module(info.name)
-        except ImportError:  # optional extra missing
-            continue
-        for name in getattr(module, "__all__", []):
-            obj = getattr(module, name, None)
-            if isinstance(obj, type) and issubclass(obj, BaseEstimator):
-                seen[f"{obj.__module__}.{obj.__qualname__}"] = obj
-    return [seen[k] for k in sorted(seen)]
+    return [cls for cls in public_classes() if issubclass(cls, BaseEstimator)]
 
 
 def _instances():

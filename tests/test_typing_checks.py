@@ -8,7 +8,6 @@ import collections.abc
 import dataclasses
 import importlib
 import inspect
-import pkgutil
 import types
 import typing
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 import mlpapers
 import mlpapers.datasets
+from tests._public import package_modules, public_classes
 
 CHECKS = sorted(p.stem for p in (Path(__file__).parent / "typecheck").glob("check_*.py"))
 
@@ -110,24 +110,6 @@ def test_lazy_exports_are_declared_to_type_checkers(module, lazy):
         assert getattr(importlib.import_module(source), name) is getattr(module, name)
 
 
-def _public_classes():
-    seen = {}
-    for info in pkgutil.walk_packages(mlpapers.__path__, prefix="mlpapers."):
-        if any(part.startswith("_") for part in info.name.split(".")[1:]):
-            continue
-        try:
-            module = importlib.import_module(info.name)
-        except ImportError as exc:  # an optional extra that is not installed
-            if exc.name != "flwr":
-                raise
-            continue
-        for name in getattr(module, "__all__", []):
-            obj = getattr(module, name)
-            if isinstance(obj, type) and obj.__module__.startswith("mlpapers."):
-                seen[f"{obj.__module__}.{obj.__qualname__}"] = obj
-    return [seen[k] for k in sorted(seen)]
-
-
 def _own_init(cls):
     """The ``__init__`` a class gets from mlpapers (its own or a base's), else None."""
     for klass in cls.__mro__:
@@ -136,7 +118,7 @@ def _own_init(cls):
     return None
 
 
-PUBLIC_CLASSES = [c for c in _public_classes() if _own_init(c) is not None]
+PUBLIC_CLASSES = [c for c in public_classes() if _own_init(c) is not None]
 
 
 @pytest.mark.parametrize("cls", PUBLIC_CLASSES, ids=lambda c: c.__qualname__)
@@ -339,13 +321,7 @@ def _option_checks():
     """Every ``check_in_options(<value>, "<param>", <options>)`` of mlpapers: (where,
     parameter, the evaluated options, the owners whose annotation must list them)."""
     found = []
-    for info in pkgutil.walk_packages(mlpapers.__path__, "mlpapers."):
-        if info.name.endswith("__main__"):  # importing it runs the command line
-            continue
-        try:
-            module = importlib.import_module(info.name)
-        except ImportError:  # an optional extra is missing (the extras stage covers it)
-            continue
+    for module in package_modules(public_only=False):
         tree = ast.parse(inspect.getsource(module))
         for top in tree.body:
             classes = [top] if isinstance(top, ast.ClassDef) else []
@@ -358,14 +334,14 @@ def _option_checks():
                             == "check_in_options" and len(call.args) == 3):
                         continue
                     name = ast.literal_eval(call.args[1])
-                    where = f"{info.name}.{func.name}:{name}"
+                    where = f"{module.__name__}.{func.name}:{name}"
                     # evaluated where it is written: names, attributes and starred parts
                     options = eval(compile(ast.Expression(call.args[2]), where, "eval"),
                                    vars(module), {"self": cls, "cls": cls})
                     fn = getattr(cls if cls is not None else module, func.name)
                     validator = func.name.startswith(("_", "check_"))
-                    if (info.name, name) in _OPTION_CHECK_OWNERS:
-                        owners = [_public(p) for p in _OPTION_CHECK_OWNERS[info.name, name]]
+                    if (module.__name__, name) in _OPTION_CHECK_OWNERS:
+                        owners = [_public(p) for p in _OPTION_CHECK_OWNERS[module.__name__, name]]
                     elif _takes(fn, name) and not validator:  # the function's own parameter
                         owners = [fn]
                     elif cls is not None:
