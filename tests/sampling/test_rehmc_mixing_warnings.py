@@ -153,3 +153,21 @@ def test_thinning_keeps_the_verdict_of_the_same_transitions():
         warnings.simplefilter("always")
         ReflectiveHMC(normal, box, **kw).sample(125, warmup=200, thin=20)
     assert [str(w.message) for w in rec if FEW in str(w.message)], "no ESS warning"
+
+
+def test_few_chains_are_judged_on_100_effective_draws_per_chain():
+    """The bar is ``min(100 * chains, 400)``: 2 chains of 180 slowly varying draws (a
+    sinusoid of period 90, the same in every split half, so R-hat is 1 and no R-hat
+    warning preempts this one) have 360 draws, above the 200 two chains need: judged,
+    and an ESS near 10 warns. A bar of 400 would have let this run pass unjudged."""
+    t = np.arange(180)
+    wave = np.sin(2 * np.pi * t / 90)
+    rng = np.random.default_rng(0)
+    draws = np.stack([wave, -wave])[:, :, None] + 0.01 * rng.standard_normal((2, 180, 1))
+    ess = np.nanmin(split_ess_classic(draws))
+    assert ess < 0.1 * draws.size  # slow mixing by the ratio rule too
+    hmc = ReflectiveHMC(normal, Box([-3.0], [3.0]), grad_log_prob=grad, random_state=0)
+    res = quiet(lambda: hmc.sample(5, n_chains=2, warmup=5), FEW)  # too short: not judged
+    slow = dataclasses.replace(res, samples=draws, n_iterations=180)
+    with pytest.warns(RuntimeWarning, match=FEW):
+        slow._warn_if_unconverged()

@@ -181,3 +181,19 @@ def test_initialisation_is_pytorchs_default_uniform_fan_in_bounds():
             if p.numel() >= 32:                     # spread over the whole interval
                 assert float(p.abs().max()) > 0.8 * bound
                 assert abs(float(p.mean())) < 0.3 * bound
+
+
+def test_grayscale_is_the_itu_r_601_luma_and_saturation_keeps_gray_pixels():
+    # the documented grayscale (ITU-R 601 luma on three channels, as torchvision's
+    # rgb_to_grayscale): 0.299 R + 0.587 G + 0.114 B; and a saturation factor scales the
+    # distance from that luma, so gray pixels (R = G = B) are unchanged by the jitter
+    from mlpapers.ssl import DefaultAugment
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 3, 5, 6, generator=gen, dtype=torch.float64)
+    gray = DefaultAugment(jitter_p=0.0, gray_p=1.0).color(x, gen)
+    luma = 0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]
+    torch.testing.assert_close(gray, luma[:, None].expand_as(x), rtol=0, atol=1e-15)
+    flat = x[:, :1].expand_as(x).clone()  # gray pixels, varying over the image
+    only_saturation = DefaultAugment(jitter=(0.0, 0.0, 0.8), jitter_p=1.0, gray_p=0.0)
+    torch.testing.assert_close(only_saturation.color(flat, gen), flat, rtol=0, atol=1e-15)
