@@ -107,3 +107,23 @@ def test_targets_constant_within_each_model_fall_back_to_the_pooled_variance():
     est = _quiet(lambda: CLoVE(n_clusters=2, n_rounds=20, random_state=0).fit(clients))
     y = np.concatenate([c[1] for c in clients])
     assert 1e-6 < _final_loss(est, clients) < y.var()
+
+
+def test_multi_output_reference_is_the_constant_predictors_mean_squared_error():
+    """The losses of a multi-output regression are means over the outputs (MSE per
+    entry), so the constant predictor's reference is the mean of the outputs' variances
+    (what the best constant leaves per entry), not their sum; outputs of very different
+    scales make the two differ by a factor near 2."""
+    rng = np.random.default_rng(0)
+    clients = []
+    for _ in range(4):
+        X = rng.normal(size=(40, 3))
+        Y = np.column_stack([X @ [1.0, 2.0, 0.5] + 1000.0, 0.1 * X[:, 0] + 1000.0])
+        clients.append((X, Y))
+    with pytest.warns(ConvergenceWarning, match="constant predictor") as rec:
+        FedAvg(n_rounds=2, random_state=0).fit(clients)
+    message = str(next(w.message for w in rec if "constant predictor" in str(w.message)))
+    reference = float(message.split("constant predictor (")[1].split(",")[0])
+    Y = np.concatenate([c[1] for c in clients])
+    assert reference == pytest.approx(Y.var(axis=0).mean(), rel=1e-3)
+    assert reference < 0.6 * Y.var(axis=0).sum()
