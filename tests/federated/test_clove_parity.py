@@ -248,6 +248,7 @@ def test_a_tuple_of_two_1d_arrays_is_an_x_y_pair():
 
     X, y = clients[0]
     assert _split_client((X, y))[1] is y
+    assert _split_client((X, list(y)))[1] == list(y)   # one array in the tuple suffices
     assert _split_client([[1.0, 2.0], [3.0, 4.0]])[1] is None    # a 2-row X
 
 
