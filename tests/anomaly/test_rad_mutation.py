@@ -59,6 +59,17 @@ def test_decision_scores_are_leave_one_out_scores(textures):
     assert np.all(det.decision_scores_ > 1e-3)
 
 
+@pytest.mark.parametrize("Det", [RADDetector, PatchCoreDetector])
+def test_predict_flags_scores_strictly_above_the_threshold(textures, Det):
+    # PyOD's rule, as documented: an image scoring exactly threshold_ is normal
+    X, X_test = textures[0][:6], textures[1][:4]
+    det = Det(extractor="random", image_size=None).fit(X)
+    scores = det.decision_function(X_test)
+    det.threshold_ = float(np.sort(scores)[1])
+    np.testing.assert_array_equal(det.predict(X_test), (scores > det.threshold_).astype(int))
+    assert det.predict(X_test).sum() == 2
+
+
 class _GridFeatures(torch.nn.Module):
     """Fixed 1x1 convs of 2x2- and 4x4-average-pooled pixels: known (n, 4, H/2, W/2)
     and (n, 3, H/4, W/4) maps (``layers`` picks them)."""
