@@ -8,6 +8,7 @@ by ``test_doctests.py``). Objects are discovered, so new code is checked without
 this file. numpydoc is in the ``docs`` extra: CI installs it.
 """
 
+import ast
 import dataclasses
 import inspect
 import re
@@ -17,6 +18,7 @@ import pytest
 from tests._public import package_modules
 
 validate = pytest.importorskip("numpydoc.validate").validate
+NumpyDocString = pytest.importorskip("numpydoc.docscrape").NumpyDocString
 
 # PR01: a parameter is not documented; PR02: a documented parameter is not in the
 # signature; PR07: a parameter has no description; RT01: no Returns section;
@@ -89,6 +91,52 @@ def test_result_fields_are_documented_as_attributes(qualname):
     documented = set(re.findall(r"^(\w+)\s*:", section[1], flags=re.M))
     missing = [f.name for f in dataclasses.fields(obj) if f.name not in documented]
     assert not missing, f"{qualname}: fields {missing} are not under Attributes"
+
+
+_DEFAULT = re.compile(r"default\s*=\s*(.+)$")
+_PROSE = object()
+
+
+def _documented_value(text):
+    """The value a ``default=...`` type line states (a literal, or arithmetic such as
+    ``2**24`` or ``(3/4, 4/3)``), or ``_PROSE`` for words (``default=ImageNet's``)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        pass
+    if re.fullmatch(r"[\d\s.eE*/+\-(),]+", text):
+        return eval(text, {"__builtins__": {}})  # digits and operators only
+    return _PROSE
+
+
+def _same(documented, default):
+    if isinstance(default, list | tuple) and isinstance(documented, list | tuple):
+        return list(documented) == list(default)
+    return type(documented) is not bool and documented == default or documented is default
+
+
+@pytest.mark.parametrize("qualname", sorted(q for q, o in {**OBJECTS, **METHODS}.items()
+                                            if not dataclasses.is_dataclass(o)))
+def test_documented_defaults_are_the_signatures(qualname):
+    """A ``default=`` in a Parameters type line (one value, or one per name of a
+    grouped entry) equals the signature's default: the API reference cannot drift from
+    the code."""
+    obj = {**OBJECTS, **METHODS}[qualname]
+    signature = inspect.signature(obj).parameters
+    for entry in NumpyDocString(inspect.getdoc(obj) or "")["Parameters"]:
+        match = _DEFAULT.search(entry.type)
+        value = _documented_value(match.group(1).strip()) if match else _PROSE
+        if value is _PROSE:
+            continue
+        names = [n.strip() for n in entry.name.split(",")]
+        values = value if len(names) > 1 else (value,)
+        assert len(values) == len(names), f"{qualname}: {entry.name} : {entry.type}"
+        for name, documented in zip(names, values, strict=True):
+            default = signature[name].default
+            assert default is not inspect.Parameter.empty, f"{qualname}({name}) is required"
+            assert _same(documented, default), (
+                f"{qualname}({name}): documented default={documented!r}, "
+                f"signature {default!r}")
 
 
 def test_discovery_finds_the_public_api():
