@@ -5,7 +5,13 @@ import pytest
 import torch
 
 from mlpapers.datasets import make_extreme_classification
-from mlpapers.optim.scent import PartialAUCClassifier, SCENTClassifier, log_mean_exp
+from mlpapers.optim.scent import (
+    KLDROClassifier,
+    KLDRORegressor,
+    PartialAUCClassifier,
+    SCENTClassifier,
+    log_mean_exp,
+)
 
 
 def test_log_mean_exp_of_an_empty_masked_slice_is_minus_inf():
@@ -109,3 +115,17 @@ def test_pauc_fit_is_independent_of_feature_units_and_offsets():
     assert fits[1].objective(X, y) == pytest.approx(fits[0].objective(Z, y), rel=1e-4)
     assert fits[1].score(X, y) == pytest.approx(fits[0].score(Z, y), abs=1e-6)
     assert fits[1].objective(X, y) < 0.9  # the start (all sigmoids at 1/2) scores 1.0
+
+
+@pytest.mark.parametrize("est", [SCENTClassifier(n_negatives=1, epochs=1),
+                                 KLDRORegressor(epochs=1), KLDROClassifier(epochs=1),
+                                 PartialAUCClassifier(epochs=1)], ids=type)
+def test_objective_checks_the_fitted_number_of_features(est):
+    # objective validates X against the fit (as predict does) and leaves the fit as it was
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 5))
+    y = X @ np.arange(5.0) if isinstance(est, KLDRORegressor) else (X[:, 0] > 0).astype(int)
+    est.fit(X, y)
+    with pytest.raises(ValueError, match="X has 4 features, but .* is expecting 5"):
+        est.objective(X[:, :4], y)
+    assert est.n_features_in_ == 5
