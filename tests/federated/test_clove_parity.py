@@ -210,6 +210,8 @@ def test_flower_client_checks_its_data_as_the_estimator_does(kind):
     assert "1D class labels" in _reply_error(
         app((np.arange(8) % 2)[:, None], "cross_entropy"), kind, records)
     assert "[0, 2)" in _reply_error(app(np.arange(8) % 3, "cross_entropy"), kind, records)
+    assert "from -1 to 0" in _reply_error(app(-(np.arange(8) % 2), "cross_entropy"), kind,
+                                          records)
     assert "to match X" in _reply_error(app(np.ones(5), "mse"), kind, records)
     bad = X.copy()
     bad[0, 0] = np.nan
