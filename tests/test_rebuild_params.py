@@ -86,5 +86,7 @@ def test_a_refit_records_the_new_parameters(tmp_path):
 def test_same_param_treats_lists_and_tuples_alike_and_arrays_as_different():
     assert _same_param([64, 32], (64, 32)) and _same_param("mlp", "mlp")
     assert not _same_param([64], (64, 32)) and not _same_param(0.1, 0.2)
+    assert not _same_param([64, 32], (64, 16))       # every element compared, not any
+    assert not _same_param([64], 64) and not _same_param(64, (64,))  # a list is no scalar
     a = np.ones(3)
     assert _same_param(a, a) and not _same_param(a, np.ones(3))

@@ -314,6 +314,9 @@ def test_bad_clients_raise_clear_errors(clients, match):
     "params, match",
     [
         (dict(n_rounds=0), "n_rounds"),
+        (dict(n_rounds=2.5), "n_rounds"),
+        (dict(local_epochs=1.5), "local_epochs"),
+        (dict(n_init=2.5), "n_init"),
         (dict(lr=-1.0), "lr"),
         (dict(init="zeros"), "init"),
         (dict(first_assignment="x"), "first_assignment"),

@@ -127,3 +127,20 @@ def test_multi_output_reference_is_the_constant_predictors_mean_squared_error():
     Y = np.concatenate([c[1] for c in clients])
     assert reference == pytest.approx(Y.var(axis=0).mean(), rel=1e-3)
     assert reference < 0.6 * Y.var(axis=0).sum()
+
+
+@pytest.mark.parametrize("Est", [CLoVE, FedAvg])
+def test_a_fit_on_unstandardised_targets_that_learns_is_quiet(Est):
+    """Targets of variance ~60 with unit noise: the fit ends near 1.5, far below
+    twice the constant predictor's loss and says nothing (the reference scales with the
+    targets: the rule is relative, not absolute)."""
+    rng = np.random.default_rng(0)
+    w = 10 * rng.normal(size=5)
+    clients = []
+    for _ in range(4):
+        X = rng.normal(size=(40, 5))
+        clients.append((X, X @ w + rng.normal(size=40)))
+    kw = {} if Est is FedAvg else {"n_clusters": 2}
+    est = _quiet(lambda: Est(n_rounds=60, lr=0.5, random_state=0, **kw).fit(clients))
+    y = np.concatenate([c[1] for c in clients])
+    assert 0.2 < _final_loss(est, clients) < 0.1 * y.var()

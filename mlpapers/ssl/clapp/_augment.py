@@ -149,19 +149,19 @@ class DefaultAugment:
                 raise ValueError
             return out
 
-        def pair(name, low_open):
+        def pair(name):  # (scale, ratio and sigma are all positive)
             value = getattr(self, name)
             try:
                 lo, hi = (number(v) for v in value)
             except (TypeError, ValueError):
                 raise ValueError(f"DefaultAugment: {name} must be a (min, max) pair of "
                                  f"finite numbers, got {value!r}.") from None
-            if not (lo <= hi and (lo > 0 if low_open else lo >= 0)):
+            if not 0 < lo <= hi:
                 raise ValueError(f"DefaultAugment: {name} must be (min, max) with "
-                                 f"{'0 <' if low_open else '0 <='} min <= max, got {value!r}.")
+                                 f"0 < min <= max, got {value!r}.")
 
-        pair("scale", True)
-        pair("ratio", True)
+        pair("scale")
+        pair("ratio")
         for name in ("flip", "jitter_p", "gray_p", "blur_p"):
             value = getattr(self, name)
             try:
@@ -172,7 +172,7 @@ class DefaultAugment:
                 raise ValueError(f"DefaultAugment: {name} must be a probability in [0, 1], "
                                  f"got {value!r}.")
         if number(self.blur_p) > 0:  # the blur's sigma only matters when it can blur
-            pair("sigma", True)
+            pair("sigma")
         try:
             strengths = [number(v) for v in self.jitter]
         except (TypeError, ValueError):
