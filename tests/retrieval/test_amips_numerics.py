@@ -95,6 +95,10 @@ def test_amortized_similarities_beyond_float32_raise_as_in_exact_search(n_candid
         ExactMIPS().fit(K).kneighbors(K, 2)
     with pytest.raises(ValueError, match="overflow float32"):
         m.kneighbors(K, 2)
+    mixed = K / np.float32(1e20)  # products ~1e20 fit float32 ...
+    mixed[0] = K[0]               # ... but one query's do not: still an error
+    with pytest.raises(ValueError, match="overflow float32"):
+        m.kneighbors(mixed, 2)
     idx = m.kneighbors(K, 2, return_distance=False)
     assert idx.shape == (8, 2) and idx.dtype == np.int64
     pred = m.predict(K)

@@ -107,6 +107,21 @@ def test_greedy_gains_scale_with_the_relevance(scale):
     np.testing.assert_allclose(g / scale**2, g0, rtol=1e-9)
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1e150, 1e300])
+def test_greedy_picks_scale_with_one_signed_relevance(scale, sign):
+    # all entries of one sign (an offset of 5): the scale statistic is the largest
+    # magnitude whichever sign holds it; the gains, in squared units, are compared
+    # where their square fits float64
+    R = sign * _graded(1e-2, 5.0)
+    assert (sign * R > 0).all()
+    S0, g0 = select_support(R, 10, "greedy", return_scores=True)
+    S, g = select_support(R * scale, 10, "greedy", return_scores=True)
+    np.testing.assert_array_equal(S, S0)
+    if 1e-200 < scale < 1e200:
+        np.testing.assert_allclose(g / scale**2, g0, rtol=1e-9)
+
+
 @pytest.mark.filterwarnings("ignore:greedy support selection stopped")
 @pytest.mark.parametrize("cast", [
     lambda a: a.astype(np.float16),

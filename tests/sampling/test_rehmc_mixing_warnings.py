@@ -55,6 +55,7 @@ def test_split_ess_classic_is_the_geyer_ess_of_the_split_chains(phi):
     np.testing.assert_allclose(split_ess_classic(x), ref, rtol=0.02)
     # undefined: too few draws, a constant or a non-finite dimension
     assert np.isnan(split_ess_classic(x[:, :7])).all()
+    assert np.isfinite(split_ess_classic(x[:, :8])).all()  # 4 per split half: defined
     x[:, :, 1] = 2.0
     x[0, 5, 2] = np.nan
     got = split_ess_classic(x)
