@@ -448,6 +448,9 @@ def test_partial_auc_refuses_features_whose_coefficients_overflow():
     X = np.array([[0.0], [2.22507386e-311]])
     with pytest.raises(ValueError, match="spread is too small"):
         PartialAUCClassifier(epochs=2, random_state=0).fit(X, np.array([1, 0]))
+    both = np.array([[0.0, 1.0], [2.22507386e-311, -1.0]])  # next to an ordinary feature
+    with pytest.raises(ValueError, match="spread is too small"):
+        PartialAUCClassifier(epochs=2, random_state=0).fit(both, np.array([1, 0]))
     X = np.random.default_rng(0).normal(size=(40, 2)) * 1e-300  # tiny units still fit
     clf = PartialAUCClassifier(epochs=2, random_state=0).fit(X, np.arange(40) % 2)
     assert np.isfinite(clf.decision_function(X)).all()
