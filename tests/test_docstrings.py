@@ -110,9 +110,11 @@ def _documented_value(text):
 
 
 def _same(documented, default):
+    if isinstance(documented, bool) or isinstance(default, bool):
+        return documented is default  # (True == 1 and False == 0 otherwise)
     if isinstance(default, list | tuple) and isinstance(documented, list | tuple):
         return list(documented) == list(default)
-    return type(documented) is not bool and documented == default or documented is default
+    return documented == default or documented is default
 
 
 @pytest.mark.parametrize("qualname", sorted(q for q, o in {**OBJECTS, **METHODS}.items()
@@ -129,8 +131,9 @@ def test_documented_defaults_are_the_signatures(qualname):
         if value is _PROSE:
             continue
         names = [n.strip() for n in entry.name.split(",")]
-        values = value if len(names) > 1 else (value,)
-        assert len(values) == len(names), f"{qualname}: {entry.name} : {entry.type}"
+        # a grouped entry states one value per name, or one value for all of them
+        grouped = len(names) > 1 and isinstance(value, tuple) and len(value) == len(names)
+        values = value if grouped else (value,) * len(names)
         for name, documented in zip(names, values, strict=True):
             default = signature[name].default
             assert default is not inspect.Parameter.empty, f"{qualname}({name}) is required"

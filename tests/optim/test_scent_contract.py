@@ -117,11 +117,15 @@ def test_pauc_fit_is_independent_of_feature_units_and_offsets():
     assert fits[1].objective(X, y) < 0.9  # the start (all sigmoids at 1/2) scores 1.0
 
 
-@pytest.mark.parametrize("est", [SCENTClassifier(n_negatives=1, epochs=1),
-                                 KLDRORegressor(epochs=1), KLDROClassifier(epochs=1),
-                                 PartialAUCClassifier(epochs=1)], ids=type)
-def test_objective_checks_the_fitted_number_of_features(est):
+@pytest.mark.parametrize("make", [lambda: SCENTClassifier(n_negatives=1, epochs=1),
+                                  lambda: KLDRORegressor(epochs=1),
+                                  lambda: KLDROClassifier(epochs=1),
+                                  lambda: PartialAUCClassifier(epochs=1)],
+                         ids=["SCENTClassifier", "KLDRORegressor", "KLDROClassifier",
+                              "PartialAUCClassifier"])
+def test_objective_checks_the_fitted_number_of_features(make):
     # objective validates X against the fit (as predict does) and leaves the fit as it was
+    est = make()
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 5))
     y = X @ np.arange(5.0) if isinstance(est, KLDRORegressor) else (X[:, 0] > 0).astype(int)

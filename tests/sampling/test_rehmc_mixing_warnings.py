@@ -157,10 +157,11 @@ def test_thinning_keeps_the_verdict_of_the_same_transitions():
 
 
 def test_few_chains_are_judged_on_100_effective_draws_per_chain():
-    """The bar is ``min(100 * chains, 400)``: 2 chains of 180 slowly varying draws (a
-    sinusoid of period 90, the same in every split half, so R-hat is 1 and no R-hat
-    warning preempts this one) have 360 draws, above the 200 two chains need: judged,
-    and an ESS near 10 warns. A bar of 400 would have let this run pass unjudged."""
+    """The bar is ``min(100 * chains, 400)``: 2 chains of 180 slowly varying draws (each
+    split half is one full period of +-sin, with the same mean and variance: split R-hat
+    0.99, so no R-hat warning preempts this one) have 360 draws, above the 200 two chains
+    need: judged, and an ESS of about 12 warns. A bar of 400 would have let this run pass
+    unjudged."""
     t = np.arange(180)
     wave = np.sin(2 * np.pi * t / 90)
     rng = np.random.default_rng(0)

@@ -184,9 +184,10 @@ def test_initialisation_is_pytorchs_default_uniform_fan_in_bounds():
 
 
 def test_grayscale_is_the_itu_r_601_luma_and_saturation_keeps_gray_pixels():
-    # the documented grayscale (ITU-R 601 luma on three channels, as torchvision's
-    # rgb_to_grayscale): 0.299 R + 0.587 G + 0.114 B; and a saturation factor scales the
-    # distance from that luma, so gray pixels (R = G = B) are unchanged by the jitter
+    # the documented grayscale (ITU-R 601 luma on three channels, as PIL's "L";
+    # torchvision's tensor version uses 0.2989): 0.299 R + 0.587 G + 0.114 B; and a
+    # saturation factor scales the distance from that luma, so gray pixels (R = G = B)
+    # are unchanged by the jitter
     from mlpapers.ssl import DefaultAugment
 
     gen = torch.Generator().manual_seed(0)
