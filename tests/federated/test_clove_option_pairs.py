@@ -255,6 +255,8 @@ def test_batchnorm_refuses_batches_of_one_up_front(Est):
     with pytest.raises(ValueError, match=r"batch_size=1 .*BatchNorm"):
         Est(model=bn_net, batch_size=1, n_rounds=1, **kw).fit(
             _regression_clients([10, 10, 10]))
+    # two samples a batch are enough (the smallest batch the message asks for)
+    Est(model=bn_net, batch_size=2, n_rounds=1, **kw).fit(_regression_clients([10, 10, 10]))
     # a client of one sample cannot train a BatchNorm, whatever the batch size
     for batch_size in (None, 8):
         with pytest.raises(ValueError, match=r"client\(s\) \[1\] .*single sample"):

@@ -17,7 +17,12 @@ import numpy as np
 import pytest
 
 from mlpapers.sampling import Box, ReflectiveHMC
-from mlpapers.sampling.rehmc._diagnostics import _ess_basic, _split, split_ess_classic
+from mlpapers.sampling.rehmc._diagnostics import (
+    _ess_basic,
+    _split,
+    split_ess_classic,
+    split_rhat_classic,
+)
 from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG
 
 CAP = "n_leapfrog='auto': the adapted trajectory length is at the cap"
@@ -56,6 +61,9 @@ def test_split_ess_classic_is_the_geyer_ess_of_the_split_chains(phi):
     # undefined: too few draws, a constant or a non-finite dimension
     assert np.isnan(split_ess_classic(x[:, :7])).all()
     assert np.isfinite(split_ess_classic(x[:, :8])).all()  # 4 per split half: defined
+    # the R-hat of the warning is defined from 4 draws per chain, as the public rhat
+    assert np.isnan(split_rhat_classic(x[:, :3, :1])).all()
+    assert np.isfinite(split_rhat_classic(x[:, :4, :1])).all()
     x[:, :, 1] = 2.0
     x[0, 5, 2] = np.nan
     got = split_ess_classic(x)
