@@ -275,6 +275,12 @@ def test_classification_save_load(tmp_path):
                                   est.predict(clients[1][0], client=1))
 
 
+def test_a_hidden_layer_of_width_one_is_a_valid_mlp():
+    # the smallest positive width (the check refuses 0 and negatives only)
+    est = FedAvg(model="mlp", hidden_layer_sizes=1, n_rounds=1, random_state=0).fit(_pairs())
+    assert [p.shape for p in est.models_[0].parameters()][0][0] == 1
+
+
 def test_verbose_history_and_unfitted():
     with pytest.raises(NotFittedError):
         CLoVE().predict(np.ones((2, 2)), client=0)

@@ -352,6 +352,11 @@ def test_ess_of_antithetic_chains_hits_the_documented_floor(n):
     x = (-1.0) ** np.arange(n) * (1 + 0.1 * np.random.default_rng(0).random((2, n)))
     total = 2 * n
     assert ess(x) == pytest.approx(total * math.log10(total), rel=1e-12)
+    # and the classic split ESS of the warning, floored the same way
+    from mlpapers.sampling.rehmc._diagnostics import split_ess_classic
+
+    got = split_ess_classic(x[:, :, None])[0]
+    assert got == pytest.approx(total * math.log10(total), rel=1e-12)
 
 
 def test_kept_fraction_warns_below_one_percent_only():
