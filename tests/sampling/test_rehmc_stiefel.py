@@ -69,4 +69,9 @@ def test_bingham_prefers_the_top_eigenvector_and_bad_input():
         StiefelSampler(n=2, k=3).sample(5)
     with pytest.raises(ValueError, match="a must be smaller than b"):
         StiefelSampler(n=3, k=1, a=2.0, b=1.0).sample(5)
+    # tr(B Q^T A Q) needs a square A (n x n) and a square B (k x k)
+    with pytest.raises(ValueError, match="A must be a square matrix"):
+        bingham_log_density(np.ones((3, 2)), np.eye(2))
+    with pytest.raises(ValueError, match="B must be a square matrix"):
+        bingham_log_density(np.eye(3), np.ones((2, 1)))
     assert StiefelSampler._estimator_check_instances() == []

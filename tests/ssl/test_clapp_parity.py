@@ -170,7 +170,8 @@ def test_torchrun_two_ranks_equal_one_process_averaging_the_shard_gradients(tmp_
                                       (dict(sigma=(0.0, 1.0)), "sigma"),
                                       (dict(flip=1.5), "flip"),
                                       (dict(jitter_p=-0.1), "jitter_p"),
-                                      (dict(jitter=(0.4, 0.4)), "jitter")])
+                                      (dict(jitter=(0.4, 0.4)), "jitter"),
+                                      (dict(jitter=(0.4, -0.1, 0.4)), "jitter")])
 def test_default_augment_refuses_settings_torchvision_would_not_draw(kw, name):
     """DefaultAugment vs torchvision's transforms on bad settings: a reversed ``ratio``
     was read as (min, max) (a 3/4-high fallback crop where torchvision takes min/max),
