@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from mlpapers._base import _same_param
 from tests._public import package_modules
 
 validate = pytest.importorskip("numpydoc.validate").validate
@@ -112,18 +113,18 @@ def _documented_value(text):
 def _same(documented, default):
     if isinstance(documented, bool) or isinstance(default, bool):
         return documented is default  # (True == 1 and False == 0 otherwise)
-    if isinstance(default, list | tuple) and isinstance(documented, list | tuple):
-        return list(documented) == list(default)
-    return documented == default or documented is default
+    return _same_param(documented, default)  # (lists and tuples alike, as set_params)
 
 
-@pytest.mark.parametrize("qualname", sorted(q for q, o in {**OBJECTS, **METHODS}.items()
-                                            if not dataclasses.is_dataclass(o)))
+DOCUMENTED = {q: o for q, o in {**OBJECTS, **METHODS}.items() if not dataclasses.is_dataclass(o)}
+
+
+@pytest.mark.parametrize("qualname", sorted(DOCUMENTED))
 def test_documented_defaults_are_the_signatures(qualname):
     """A ``default=`` in a Parameters type line (one value, or one per name of a
     grouped entry) equals the signature's default: the API reference cannot drift from
     the code."""
-    obj = {**OBJECTS, **METHODS}[qualname]
+    obj = DOCUMENTED[qualname]
     signature = inspect.signature(obj).parameters
     for entry in NumpyDocString(inspect.getdoc(obj) or "")["Parameters"]:
         match = _DEFAULT.search(entry.type)
