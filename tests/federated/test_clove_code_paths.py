@@ -37,6 +37,22 @@ def test_assign_refuses_targets_of_another_width(fitted):
         fitted["one"].assign(X, np.array(list("abc") * 10))
 
 
+@pytest.mark.parametrize("bad_x, bad_y, match", [
+    (X[:, :2], None, r"^X has samples of shape \(2,\) \(2 features\), but CLoVE expects \(3,\)"),
+    (np.where(X == X[0, 0], np.nan, X), None, r"^Input X contains NaN"),
+    (X, "short", r"^y must have shape \(30,\)"),
+    (X, "nan", r"^Input y contains NaN"),
+    (__import__("scipy.sparse").sparse.csr_matrix(X), None, r"^X is a scipy sparse"),
+])
+def test_assign_errors_name_its_arguments_not_a_client_list(fitted, bad_x, bad_y, match):
+    """assign(X, y) takes one client's data as arguments: its errors named
+    "clients[0]", a list the caller never passed (session 23)."""
+    y = {None: ONE[0][1], "short": ONE[0][1][:5], "nan": np.r_[np.nan, ONE[0][1][1:]]}[bad_y]
+    with pytest.raises((ValueError, TypeError), match=match) as err:
+        fitted["one"].assign(bad_x, y)
+    assert "clients" not in str(err.value)
+
+
 def test_assign_is_the_argmin_of_the_loss_vector_from_the_definition(fitted):
     """assign's loss of each model, from the definition (mean squared error of the
     model's outputs, float64 reference), and its argmin; a (n, 1) y is a 1-D y."""

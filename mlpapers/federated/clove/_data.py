@@ -53,9 +53,12 @@ def _is_matrix_like(item) -> bool:
 
 def validate_clients(clients, *, ndim, device: torch.device, owner: str,
                      input_shape: tuple[int, ...] | None = None,
-                     supervised: bool | None = None, record_names: bool = False
-                     ) -> Federation:
+                     supervised: bool | None = None, record_names: bool = False,
+                     single: bool = False) -> Federation:
     """Check a list of ``(X, y)`` pairs (or ``X`` / ``(X, None)``) and convert it.
+
+    With ``single`` (one client given as the arguments ``X, y`` of a method, e.g.
+    ``assign``), messages name ``X`` and ``y`` rather than ``clients[0]``.
 
     With ``record_names`` (``fit``), the clients' DataFrame column names become
     ``Federation.feature_names`` (:func:`_common_names`); otherwise they are not
@@ -70,6 +73,8 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
         shapes across clients, mixed supervised and unsupervised clients or
         mismatched ``X``/``y`` lengths. Messages name the client index.
     """
+    def of(i: int) -> str:
+        return "" if single else f" of clients[{i}]"
     if isinstance(clients, (np.ndarray, torch.Tensor)) or not isinstance(clients, (list, tuple)):
         raise TypeError(
             "clients must be a list of (X, y) pairs, X arrays or (X, None) pairs, "
@@ -81,28 +86,30 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
     for i, item in enumerate(clients):
         X, y = _split_client(item)
         if sp.issparse(X):
-            raise TypeError(f"X of clients[{i}] is a scipy sparse matrix, but {owner} needs "
+            raise TypeError(f"X{of(i)} is a scipy sparse matrix, but {owner} needs "
                             "dense data: pass X.toarray().")
         names.append(_get_feature_names(X))
-        Xt = check_tensor(X, name=f"X of clients[{i}]", ndim=ndim, dtype=torch.float32,
+        Xt = check_tensor(X, name=f"X{of(i)}", ndim=ndim, dtype=torch.float32,
                           device=device, owner=owner)
         shape = tuple(Xt.shape[1:])
         if input_shape is None:
             input_shape = shape
         elif shape != input_shape:
+            who = "X" if single else f"clients[{i}]"
             raise ValueError(
-                f"clients[{i}] has samples of shape {shape} ({int(np.prod(shape))} features), "
-                f"but {'clients[0]' if i else owner} expects {input_shape}."
+                f"{who} has samples of shape {shape} "
+                f"({int(np.prod(shape))} features), but {'clients[0]' if i else owner} "
+                f"expects {input_shape}."
             )
         if y is not None:
             y_np = to_numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
             if y_np.ndim not in (1, 2) or y_np.shape[0] != Xt.shape[0]:
                 raise ValueError(
-                    f"y of clients[{i}] must have shape ({Xt.shape[0]},) or ({Xt.shape[0]}, "
+                    f"y{of(i)} must have shape ({Xt.shape[0]},) or ({Xt.shape[0]}, "
                     f"n_outputs) to match X, got {y_np.shape}."
                 )
             if y_np.dtype.kind == "f" and not np.isfinite(y_np).all():
-                raise ValueError(f"Input y of clients[{i}] contains NaN or infinity.")
+                raise ValueError(f"Input y{of(i)} contains NaN or infinity.")
             ys.append(y_np)
         Xs.append(Xt)
     n_sup = len(ys)

@@ -451,8 +451,9 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
                          "returned (X, None); return (X, y), or use loss='reconstruction'.")
     try:
         fed = validate_clients([(X, None if loss == "reconstruction" else y)], ndim=None,
-                               device=torch.device("cpu"), owner="make_client_app")
-    except ValueError as exc:  # (its messages name "clients[0]": the node's data here)
+                               device=torch.device("cpu"), owner="make_client_app",
+                               single=True)
+    except ValueError as exc:  # (its messages name X and y: the node's data here)
         raise ValueError(f"make_client_app: the node's data from data_fn: {exc}") from exc
     if loss == "reconstruction":
         # (no width to check: probed only to refuse a BatchNorm without running

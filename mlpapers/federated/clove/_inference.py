@@ -212,7 +212,7 @@ class _FederatedInferenceMixin:
         fed = validate_clients([(X, y)], ndim=None,
                                device=self._resolved_device, owner=type(self).__name__,
                                input_shape=tuple(self.input_shape_),
-                               supervised=self.loss_ != "reconstruction")
+                               supervised=self.loss_ != "reconstruction", single=True)
         data = self._encode_new(fed)
         engine = Engine(self._template, self.loss_, vectorize=False, optimizer="sgd", lr=1.0,
                         batch_size=None, local_epochs=1,
