@@ -164,6 +164,16 @@ def test_flower_node_refuses_targets_of_another_width():
         _node_reply(lambda: torch.nn.Linear(3, 1), X, np.array(list("abc") * 10))
 
 
+def test_flower_node_data_errors_name_x_and_y():
+    """A node's data from data_fn is one client: its errors named "clients[0]"."""
+    Xnan = np.where(X == X[0, 0], np.nan, X)
+    with pytest.raises(ValueError, match=r"data_fn: Input X contains NaN") as err:
+        _node_reply(lambda: torch.nn.Linear(3, 1), Xnan, X[:, 0])
+    assert "clients" not in str(err.value)
+    with pytest.raises(ValueError, match=r"data_fn: y must have shape \(30,\)"):
+        _node_reply(lambda: torch.nn.Linear(3, 1), X, X[:5, 0])
+
+
 def test_flower_node_loss_is_the_mean_squared_error():
     """The node's loss vector from the definition (float64 reference) for 2 outputs."""
     y2 = np.c_[X[:, 0], X[:, 1]]
