@@ -18,6 +18,7 @@ from mlpapers._utils._random import check_generator, check_random_state, make_ge
 from mlpapers._utils._typing import ArrayLike, RandomStateLike
 from mlpapers._utils._units import power_of_two_unit, row_power_of_two
 from mlpapers._utils._validation import (
+    check_finite,
     check_in_options,
     check_learning_rate,
     check_positive,
@@ -49,6 +50,7 @@ __all__ = [
     "wrap_public_methods",
     "ProgressLogger",
     "check_generator",
+    "check_finite",
     "check_in_options",
     "check_learning_rate",
     "check_positive",

@@ -98,6 +98,14 @@ def _all_finite(t: torch.Tensor, block: int = BLOCK_ELEMENTS) -> bool:
     return all(bool(torch.isfinite(t[s:s + rows]).all()) for s in range(0, t.shape[0], rows))
 
 
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` if the floating tensor ``t`` holds NaN or
+    infinity (checked in blocks: no full-size temporary). The check of the public
+    tensor kernels, whose inputs ``check_tensor`` does not see."""
+    if t.is_floating_point() and not _all_finite(t):
+        raise ValueError(f"{name} contains NaN or infinity.")
+
+
 def _is_pandas_na(value: Any) -> bool:
     return type(value).__name__ == "NAType"
 

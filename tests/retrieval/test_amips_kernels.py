@@ -225,13 +225,13 @@ def test_score_searches_in_chunks_of_the_estimators_batch_size(monkeypatch, rng)
     from mlpapers.retrieval import AmortizedMIPS
 
     seen = []
-    topk = kernels.mips_topk
+    topk = kernels._mips_topk
 
-    def spy(queries, keys, k=1, *, batch_size=8192):
+    def spy(queries, keys, k, batch_size, stats):
         seen.append(batch_size)
-        return topk(queries, keys, k, batch_size=batch_size)
+        return topk(queries, keys, k, batch_size, stats)
 
-    monkeypatch.setattr(kernels, "mips_topk", spy)
+    monkeypatch.setattr(kernels, "_mips_topk", spy)
     keys, Q = rng.standard_normal((30, 3)), rng.standard_normal((20, 3))
     assert ExactMIPS(batch_size=7).fit(keys).score(Q) == 1.0
     assert seen and set(seen) == {7}

@@ -90,6 +90,8 @@ def multiplier_relabel(assignment: ArrayLike, c: int) -> np.ndarray:
     a = to_numpy(assignment)  # (np.asarray refuses grad, bfloat16 and CUDA tensors)
     if a.ndim != 1:
         raise ValueError(f"assignment must be a 1D array, got shape {a.shape}.")
+    if a.shape[0] == 0:  # (was reported as "c must be coprime with n=0")
+        raise ValueError("assignment must not be empty.")
     perm = check_assignment(a, a.shape[0])
     if isinstance(c, bool) or not isinstance(c, numbers.Integral):
         raise TypeError(f"c must be an integer, got {c!r}.")

@@ -7,10 +7,16 @@ from typing import Any, Literal, Self, overload
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
-from sklearn.utils import check_array
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
-from mlpapers._utils import ArrayLike, check_in_options, check_positive, on_inputs_device, to_numpy
+from mlpapers._utils import (
+    ArrayLike,
+    check_in_options,
+    check_positive,
+    check_tensor,
+    on_inputs_device,
+    to_numpy,
+)
 from mlpapers.retrieval.amips._kernels import METRICS, Metric, _hits, _KeyStats, _mips_topk
 
 __all__ = ["ExactMIPS", "build_faiss_ivf"]
@@ -307,10 +313,9 @@ def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None,
     check_in_options(metric, "metric", METRICS)
     # validated here: faiss failed with C++ traces on NaN, empty or 1D databases, and
     # silently built an empty index for n_lists=0 (and truncated 2.5 to 2)
-    if isinstance(database, torch.Tensor):
-        database = to_numpy(database)
-    keys = np.ascontiguousarray(check_array(database, dtype=np.float32,
-                                            input_name="database"))
+    # (check_tensor: sklearn's check_array named no argument for a 3-D or empty database)
+    keys = np.ascontiguousarray(to_numpy(check_tensor(database, name="database", ndim=2,
+                                                      dtype=torch.float32)))
     n, d = keys.shape
     if n_lists is None:
         n_lists = max(1, int(np.sqrt(n)))

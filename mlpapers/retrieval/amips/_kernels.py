@@ -13,6 +13,7 @@ import torch
 
 from mlpapers._utils import (
     ArrayLike,
+    check_finite,
     check_in_options,
     check_positive,
     on_inputs_device,
@@ -69,6 +70,10 @@ def _check_search(queries: torch.Tensor, keys: torch.Tensor, k, batch_size,
     if queries.dtype != keys.dtype:
         raise TypeError(f"{qn} and {kn} must have the same dtype, got {queries.dtype} and "
                         f"{keys.dtype}.")
+    # a NaN key is the top-1 of every query (topk ranks NaN first) and a NaN or infinite
+    # query ranks nothing: the returned indices were arbitrary
+    check_finite(queries, qn)
+    check_finite(keys, kn)
     check_positive(k, "k", integer=True)
     if k > keys.shape[0]:
         raise ValueError(f"k must be <= the number of keys ({keys.shape[0]}), got {k}.")
@@ -438,6 +443,15 @@ def support_function(
     return s[:, 0], i[:, 0]
 
 
+def _support(queries: torch.Tensor, keys: torch.Tensor, batch_size: int,
+             stats: _KeyStats) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`support_function` on validated inputs, with the cached ``stats`` of
+    ``keys``: the training loop labels every step's queries against the same keys
+    (checking and scanning the keys at every step cost a pass over the database)."""
+    s, i = _mips_topk(queries, keys, 1, batch_size, stats)
+    return s[:, 0], i[:, 0]
+
+
 #: ``rank_by_key(metric=...)``, ``build_faiss_ivf(metric=...)`` and
 #: ``AmortizedMIPS(retrieval=...)``; ``METRICS`` lists its values.
 Metric: TypeAlias = Literal["ip", "l2"]
@@ -665,7 +679,7 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192,
     if bool(((pred < 0) | (pred >= K.shape[0])).any()):
         raise ValueError(f"y_pred holds indices outside [0, {K.shape[0]}) (the rows of "
                          "database).")
-    best, arg = support_function(q, K, batch_size=int(batch_size))
+    best, arg = _support(q, K, int(batch_size), _KeyStats(K))  # (checked above)
     pred = pred.to(K.device)
     got = gather_dot(K, pred, q)  # (n, k)
     # tolerance from the difference of the two keys compared: a hit when

@@ -20,7 +20,7 @@ from torch import nn
 
 from mlpapers._utils import ArrayLike, ProgressLogger, check_tensor
 from mlpapers._utils._blocks import block_rows_for, row_blocks
-from mlpapers.retrieval.amips._kernels import amips_loss, support_function, warmup_cosine_lr
+from mlpapers.retrieval.amips._kernels import _KeyStats, _support, amips_loss, warmup_cosine_lr
 from mlpapers.retrieval.amips._networks import AMIPSNetwork
 
 __all__ = ["QuerySource", "augment_queries", "centre", "column_mean", "fit_amips",
@@ -111,7 +111,7 @@ def match_output_scale(model: AMIPSNetwork, x: torch.Tensor, keys: torch.Tensor,
     the predicted norm is zero or not finite).
     """
     _, pred = model.score_and_key(x)
-    _, idx = support_function(x, keys, batch_size=search_batch_size)
+    _, idx = _support(x, keys, search_batch_size, _KeyStats(keys))
     target = keys[idx].norm(dim=1).mean()
     got = pred.norm(dim=1).mean()
     if bool(got > 0) and bool(torch.isfinite(got)):
@@ -169,6 +169,7 @@ def train_amips(
     warmup_steps = int(round(warmup * n_steps))
     end_lr = lr * end_lr_ratio
     log_every = max(1, n_steps // 200)
+    stats = _KeyStats(keys)  # (the keys do not change during training)
     logger = ProgressLogger(n_steps, verbose, desc=desc)
     model.train()
     for step in logger:
@@ -177,7 +178,7 @@ def train_amips(
             group["lr"] = lr_t
         q = augment(draw(batch_size))
         with torch.no_grad():
-            true_score, idx = support_function(q, keys, batch_size=search_batch_size)
+            true_score, idx = _support(q, keys, search_batch_size, stats)
         pred_score, pred_key = model.score_and_key(q, create_graph=True)
         loss, s_loss, k_loss = amips_loss(pred_score, pred_key, true_score, keys[idx],
                                           score_weight=score_weight,

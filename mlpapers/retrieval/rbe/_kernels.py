@@ -10,6 +10,7 @@ import torch
 
 from mlpapers._utils import (
     ArrayLike,
+    check_finite,
     check_positive,
     check_tensor,
     on_inputs_device,
@@ -127,6 +128,9 @@ def fit_linear_embeddings(
         raise ValueError("R_sup and R must be 2-D tensors with one row per training query, "
                          f"(n_queries, k) and (n_queries, n_items), got shapes "
                          f"{tuple(R_sup.shape)} and {tuple(R.shape)}.")
+    # (a NaN in R_sup failed in torch's SVD, one in R gave NaN embeddings silently)
+    check_finite(R_sup, "R_sup")
+    check_finite(R, "R")
     check_positive(ridge, "ridge", strict=False)
     if rcond is not None:
         check_positive(rcond, "rcond", strict=False)
@@ -262,6 +266,11 @@ def cur_query_weights(
                              or tuple(gram.shape) != (b, m, m)):
         raise ValueError(f"gram must be a tensor of shape {(b, m, m)} (C @ C.mT), got "
                          f"{_shape(gram)}.")
+    # (a NaN in C returned finite, wrong weights: eigh of a NaN Gram matrix does not fail)
+    check_finite(C, "C")
+    check_finite(u, "u")
+    if gram is not None:
+        check_finite(gram, "gram")
     check_positive(ridge, "ridge", strict=False)
     if rcond is not None:
         check_positive(rcond, "rcond", strict=False)
@@ -474,6 +483,8 @@ def softmax_signed_loss(
     if (isinstance(top_quantile, bool) or not isinstance(top_quantile, numbers.Real)
             or not 0.0 <= top_quantile <= 1.0):
         raise ValueError(f"top_quantile must be a number in [0, 1], got {top_quantile!r}.")
+    # (a NaN target was silently a negative; NaN logits propagate: a diverging run sees them)
+    check_finite(targets, "targets")
     # torch.quantile (linear interpolation) computed from one sort: faster on CPU.
     v = torch.sort(targets, dim=1).values
     pos = top_quantile * (targets.shape[1] - 1)

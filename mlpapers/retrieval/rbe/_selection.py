@@ -23,6 +23,7 @@ import torch
 from mlpapers._utils import (
     ArrayLike,
     RandomStateLike,
+    check_finite,
     check_in_options,
     check_positive,
     make_generators,
@@ -173,6 +174,7 @@ def greedy_selection(
                          f"shape {tuple(X.shape)}.")
     check_positive(k, "k", strict=False, integer=True)
     check_positive(tol, "tol", strict=False)
+    check_finite(X, "X")  # (NaN gains picked arbitrary items silently)
     # a discrete selection, not differentiable: no graph (an X that requires grad made
     # torch warn when its scale was read as a Python float)
     X = X.detach()

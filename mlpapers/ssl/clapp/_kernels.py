@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import check_in_options, on_inputs_device, row_power_of_two
+from mlpapers._utils import check_finite, check_in_options, on_inputs_device, row_power_of_two
 
 __all__ = [
     "LOSSES",
@@ -300,6 +300,10 @@ def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]
     if tuple(B.shape) != (d_top, d_top):
         raise ValueError(f"B_top must have shape ({d_top}, {d_top}) (the top layer's width), "
                          f"got {tuple(B.shape)}.")
+    # (a NaN was reported as an overflow of the products W_L ... W_l)
+    for i, w in enumerate(Ws):
+        check_finite(w, f"weights[{i}]")
+    check_finite(B, "B_top")
     return Ws, B
 
 

@@ -1,0 +1,205 @@
+"""Every public function refuses a NaN in a floating array argument, naming it.
+
+The call of each public function (the ``__all__`` of every public module) is taken from
+its docstring example: the example runs with the function wrapped to record the
+arguments of its first call. The call is then repeated with one floating array
+argument at a time holding a NaN; it must raise ``ValueError`` naming that argument.
+Functions are discovered, so a new one is checked without editing this file.
+
+The exceptions (a function, or ``function.argument``) are listed in ``PROPAGATES``
+with their reason: elementwise math, losses
+and the per-step updates of a training loop, where NaN in gives NaN out as in torch
+(a diverging run sees its NaN instead of an error from deep inside the step), and the
+MCMC diagnostics, where NaN is ArviZ's answer for a chain that holds one.
+"""
+
+import doctest
+import functools
+import inspect
+import os
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from tests._public import package_modules
+
+LOOP_STEP = "per-step kernel of a training loop: NaN propagates, as in torch"
+PROPAGATES = {
+    # optim.scent: the dual updates and losses that EntropicRiskLoss calls every step
+    "asgd_update": LOOP_STEP,
+    "log_mean_exp": LOOP_STEP,
+    "objective": LOOP_STEP,
+    "softplus_dual_ratio": LOOP_STEP,
+    "sox_update": LOOP_STEP,
+    "spmd_gamma": LOOP_STEP,
+    "spmd_update": LOOP_STEP,
+    "umax_update": LOOP_STEP,
+    # retrieval: the training losses (in the model's outputs; the data's targets are
+    # checked) and the activation of the amortized networks
+    "amips_loss": LOOP_STEP,
+    "softmax_signed_loss.logits": LOOP_STEP,
+    "soft_leaky_relu": "elementwise activation: NaN in, NaN out",
+    # ssl.clapp: the layer-local losses, the hand-written gradient and the patch unfolding
+    "clapp_layer_loss": LOOP_STEP,
+    "contrastive_loss": LOOP_STEP,
+    "infonce_loss": LOOP_STEP,
+    "patch_prediction_loss": LOOP_STEP,
+    "three_factor_grad": LOOP_STEP,
+    "extract_patches": "a reshaping of the images (unfold): NaN in, NaN out",
+    # sampling.rehmc
+    "ess": "a chain holding NaN has an undefined ESS: NaN, as ArviZ returns",
+    "rhat": "a chain holding NaN has an undefined R-hat: NaN, as ArviZ returns",
+}
+
+
+def _public_functions():
+    found = {}
+    for module in package_modules():
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name, None)
+            if inspect.isfunction(obj) and obj.__module__.startswith("mlpapers"):
+                found.setdefault(name, obj)
+    return dict(sorted(found.items()))
+
+
+FUNCTIONS = _public_functions()
+
+
+def _example_call(func):
+    """``inspect.BoundArguments`` of the first call of ``func`` in its docstring example
+    (None when the example does not call it)."""
+    calls = []
+
+    @functools.wraps(func)
+    def recording(*args, **kwargs):
+        if not calls:
+            calls.append((args, kwargs))
+        return func(*args, **kwargs)
+
+    # the example imports the function from its modules: every module that exports it
+    # hands out the recording wrapper while the example runs
+    holders = [m for m in list(sys.modules.values())
+               if getattr(m, "__name__", "").startswith("mlpapers")
+               and getattr(m, func.__name__, None) is func]
+    for m in holders:
+        setattr(m, func.__name__, recording)
+    try:
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        for test in doctest.DocTestFinder(recurse=False).find(func, func.__name__):
+            runner.run(test, out=lambda _: None)
+    finally:
+        for m in holders:
+            setattr(m, func.__name__, func)
+    if not calls:
+        return None
+    args, kwargs = calls[0]
+    return inspect.signature(func).bind(*args, **kwargs)
+
+
+def _with_nan(value):
+    """A copy of a floating array with a NaN at flat index 1 (off the diagonal of a
+    square matrix), or None for any other value."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+        out = value.detach().clone(memory_format=torch.contiguous_format)
+    elif isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
+        out = np.array(value, order="C")
+    else:
+        return None
+    out.reshape(-1)[min(1, out.reshape(-1).shape[0] - 1)] = float("nan")
+    return out
+
+
+def _cases():
+    """``(function name, argument)`` for every floating array argument of every
+    example call (the examples run in a scratch directory: some write files)."""
+    cases = []
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as scratch:
+        os.chdir(scratch)
+        try:
+            for name, func in FUNCTIONS.items():
+                bound = _example_call(func)
+                if bound is not None:
+                    cases += [(name, param) for param, value in bound.arguments.items()
+                              if _with_nan(value) is not None]
+        finally:
+            os.chdir(cwd)
+    return cases
+
+
+CASES = _cases()
+
+
+def _propagates(name, param):
+    return name in PROPAGATES or f"{name}.{param}" in PROPAGATES
+
+
+def _call_with_nan(name, param):
+    func = FUNCTIONS[name]
+    bound = _example_call(func)
+    call = inspect.signature(func).bind_partial()
+    call.arguments.update({**bound.arguments, param: _with_nan(bound.arguments[param])})
+    return func(*call.args, **call.kwargs)
+
+
+def test_the_exceptions_are_public_functions_and_arguments():
+    assert {key.split(".")[0] for key in PROPAGATES} <= set(FUNCTIONS)
+    assert {key for key in PROPAGATES if "." in key} <= {f"{n}.{p}" for n, p in CASES}
+
+
+def test_most_public_functions_are_checked():
+    """The examples reach the functions that take arrays (a guard against a change
+    that silently empties the sweep)."""
+    checked = {name for name, param in CASES if not _propagates(name, param)}
+    assert len(checked) >= 20, sorted(checked)
+
+
+@pytest.mark.parametrize(("name", "param"),
+                         [case for case in CASES if not _propagates(*case)])
+def test_a_nan_argument_raises_a_value_error_naming_it(name, param, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as err:
+        _call_with_nan(name, param)
+    assert param in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(("name", "param"), [case for case in CASES if _propagates(*case)])
+def test_the_listed_functions_accept_nan(name, param, tmp_path, monkeypatch):
+    """The exceptions return (with NaN in their output where the NaN entry is read:
+    the examples' unused patch rows and a ReLU's zero derivative drop it), so the list
+    stays true: a function that starts refusing NaN must leave it."""
+    monkeypatch.chdir(tmp_path)
+    _call_with_nan(name, param)
+
+
+def test_infinity_and_list_arguments_are_refused_too():
+    """What the sweep cannot reach: infinity, and arrays inside a list argument."""
+    from mlpapers.retrieval import greedy_selection, mips_topk
+    from mlpapers.ssl import exact_linear_feedback
+
+    keys = torch.tensor([[1.0, 0.0], [0.0, torch.inf]])
+    with pytest.raises(ValueError, match="^keys contains NaN or infinity"):
+        mips_topk(torch.ones(1, 2), keys)
+    with pytest.raises(ValueError, match="^X contains NaN or infinity"):
+        greedy_selection(keys.double(), 1)
+    W = [torch.eye(2), torch.tensor([[1.0, float("nan")], [0.0, 1.0]])]
+    with pytest.raises(ValueError, match=r"^weights\[1\] contains NaN or infinity"):
+        exact_linear_feedback(W, torch.eye(2))
+
+
+def test_shape_errors_name_the_argument():
+    """Two shape errors that named no argument or the wrong cause."""
+    from mlpapers.decentralized import multiplier_relabel
+
+    # (was "c=3 must be coprime with n=0")
+    with pytest.raises(ValueError, match="^assignment must not be empty"):
+        multiplier_relabel(np.arange(0), 3)
+    pytest.importorskip("faiss")
+    from mlpapers.retrieval import build_faiss_ivf
+
+    # (was scikit-learn's "Found array with dim 3, while dim <= 2 is required.")
+    with pytest.raises(ValueError, match="^Expected 2D array for database, got 3D"):
+        build_faiss_ivf(np.zeros((2, 3, 2), dtype=np.float32))
