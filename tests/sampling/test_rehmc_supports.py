@@ -184,3 +184,25 @@ def test_region_and_bad_constructors():
     with pytest.raises(ValueError, match="g\\(interior_point\\) < 0"):
         ConvexSet(lambda x: (x * x).sum(-1) - 1.0, interior_point=[2.0, 0.0])
     assert Box(0.0, 1.0, dim=3).dim == 3
+
+
+@pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_oracles_refuse_points_of_another_shape(name, as_numpy):
+    """Points of another dimension failed with torch broadcasting errors, and a single
+    point (d,) was broadcast (Ball answered one bool for it); both raise now."""
+    c = _containers()[name]
+    conv = (lambda t: t.numpy()) if as_numpy else (lambda t: t)
+    x = conv(torch.zeros(2, 3, dtype=D))
+    with pytest.raises(ValueError, match=r"^x must have shape \(C, 3\), one point per row, "
+                                         r"got \(2, 4\)"):
+        c.contains(conv(torch.zeros(2, 4, dtype=D)))
+    with pytest.raises(ValueError, match=r"got \(3,\) \(one point: x\[None\]\)"):
+        c.contains(conv(torch.zeros(3, dtype=D)))
+    with pytest.raises(ValueError, match=r"^x must have shape \(C, 3\)"):
+        c.hit(conv(torch.zeros(2, 2, dtype=D)), conv(torch.ones(2, 2, dtype=D)), 10.0)
+    with pytest.raises(ValueError, match=r"^v must have the shape of x \(2, 3\), got \(3, 3\)"):
+        c.hit(x, conv(torch.ones(3, 3, dtype=D)), 10.0)
+    # the documented shapes still work
+    assert tuple(c.contains(x).shape) == (2,)
+    assert tuple(c.hit(x, conv(torch.ones(2, 3, dtype=D)), 10.0)[1].shape) == (2, 3)

@@ -72,6 +72,19 @@ def _as_points(value, name: str) -> Tensor:
 _ARRAYS_OK = "_rehmc_accepts_arrays"
 
 
+def _check_points(container, x: Tensor, v) -> None:
+    """``x`` (and the velocities ``v`` of ``hit``) of shape ``(C, dim)``: points of
+    another dimension failed with a torch broadcasting error or, for a single point
+    ``(d,)``, were broadcast (Ball answered one bool, Box compared it with every bound)."""
+    d = getattr(container, "dim", None)
+    if x.ndim != 2 or (d is not None and x.shape[1] != d):
+        hint = " (one point: x[None])" if x.ndim == 1 else ""
+        raise ValueError(f"x must have shape (C, {'d' if d is None else d}), one point per "
+                         f"row, got {tuple(x.shape)}{hint}.")
+    if isinstance(v, Tensor) and v.shape != x.shape:
+        raise ValueError(f"v must have the shape of x {tuple(x.shape)}, got {tuple(v.shape)}.")
+
+
 def accept_arrays(method: F) -> F:
     """Let an oracle (``contains``, ``hit``) take numpy arrays or nested lists.
 
@@ -102,6 +115,7 @@ def accept_arrays(method: F) -> F:
                 names = ("v", "t_max", "exclude")
                 args = tuple(follow(a, nm) for a, nm in zip(args, names)) + args[3:]
                 kwargs = {k: follow(a, k) for k, a in kwargs.items()}
+            _check_points(self, x, (args[0] if args else kwargs.get("v")) if is_hit else None)
             return method(self, x, *args, **kwargs)
         xt = _as_points(x, "x")
         if is_hit and args:  # numpy points with numpy or tensor velocities: float64, CPU
@@ -117,6 +131,7 @@ def accept_arrays(method: F) -> F:
                      for a in args)
         kwargs = {k: torch.as_tensor(np.asarray(a)) if isinstance(a, np.ndarray) else a
                   for k, a in kwargs.items()}
+        _check_points(self, xt, (args[0] if args else kwargs.get("v")) if is_hit else None)
         out = method(self, xt, *args, **kwargs)
         if isinstance(out, Tensor):
             return out.numpy()
