@@ -224,3 +224,40 @@ def test_augment_deterministic_shape_and_identity_limit():
     flip = DefaultAugment(scale=(1.0, 1.0), ratio=(1.0, 1.0), flip=1.0, jitter_p=0.0,
                           gray_p=0.0, blur_p=0.0)
     torch.testing.assert_close(flip(x, torch.Generator()), x.flip(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_loss_kernels_refuse_inputs_that_would_broadcast():
+    """A context or a neg_idx of one row served every row, and a 2-D neg_idx averaged
+    a wrong loss, all without an error (session 23); the shapes are checked first."""
+    from mlpapers.ssl.clapp import patch_prediction_loss, three_factor_grad
+
+    g = torch.Generator().manual_seed(0)
+    z, c = torch.randn(4, 2, generator=g), torch.randn(4, 3, generator=g)
+    B, neg = torch.randn(2, 3, generator=g), torch.tensor([1, 2, 3, 0])
+    ok = clapp_layer_loss(z, c, B, neg)
+    assert torch.isfinite(ok)
+    for bad, match in [
+        (dict(neg_idx=neg[:1]), r"^neg_idx must be an integer tensor of shape \(4,\)"),
+        (dict(neg_idx=neg[None]), r"got \(1, 4\) torch.int64"),
+        (dict(neg_idx=neg.float()), r"got \(4,\) torch.float32"),
+        (dict(neg_idx=neg > 1), r"got \(4,\) torch.bool"),
+        (dict(c=c[:1]), r"^c must have shape \(4, K\) to match z"),
+        (dict(weight=B.T), r"^weight must have shape \(2, 3\)"),
+    ]:
+        args = dict(z=z, c=c, weight=B, neg_idx=neg) | bad
+        with pytest.raises(ValueError, match=match):
+            clapp_layer_loss(**args)
+    x, W = torch.randn(4, 5, generator=g), torch.randn(2, 5, generator=g)
+    with pytest.raises(ValueError, match=r"^neg_idx must be an integer tensor of shape \(4,\)"):
+        three_factor_grad(x, W, c, B, neg[:1])
+    with pytest.raises(ValueError, match=r"^x must have shape \(N, K_in\) and W \(D, K_in\)"):
+        three_factor_grad(x, W[:, :4], c, B, neg)
+    zz = torch.randn(2, 4, 5, 3, generator=g)
+    w = torch.zeros(2, 4, 4)
+    for args, match in [
+        ((zz, zz[:1], w, torch.tensor([1, 0])), r"^c must have shape \(2, K, 5, 3\)"),
+        ((zz, zz, w, torch.tensor([1])), r"^neg_idx must be an integer tensor of shape \(2,\)"),
+        ((zz, zz, w[0], torch.tensor([1, 0])), r"^weight must have shape \(steps, 4, 4\)"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            patch_prediction_loss(*args)

@@ -146,6 +146,39 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}.")
 
 
+def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.Tensor,
+                      neg_idx: torch.Tensor, *, z_name: str = "z",
+                      weight_name: str = "weight") -> None:
+    """Shapes of a CLAPP loss's inputs, before any work (no data is read): rows ``z``
+    ``(N, D)`` or patch grids ``(N, D, n_y, n_x)``, contexts ``c`` ``(N, K)`` or ``(N, K,
+    n_y, n_x)``, the prediction matrix ``(D, K)`` or ``(steps, D, K)``, and integer
+    ``neg_idx`` ``(N,)``. A context or ``neg_idx`` of one row broadcast over every row,
+    and a 2-D ``neg_idx`` averaged a wrong loss, without an error."""
+    grid = len(z_shape) == 4
+    want = "(N, D, n_y, n_x)" if grid else "(N, D)"
+    if len(z_shape) not in (2, 4):
+        raise ValueError(f"{z_name} must have shape (N, D) or (N, D, n_y, n_x), got "
+                         f"{tuple(z_shape)}.")
+    n, d = z_shape[0], z_shape[1]
+    if c.ndim != len(z_shape) or c.shape[0] != n or tuple(c.shape[2:]) != tuple(z_shape[2:]):
+        ctx = f"({n}, K{', ' if grid else ''}{', '.join(map(str, z_shape[2:]))})"
+        raise ValueError(f"c must have shape {ctx} to match {z_name} {want} = "
+                         f"{tuple(z_shape)}, got {tuple(c.shape)}.")
+    expected = (d, c.shape[1])
+    if tuple(weight.shape[-2:]) != expected or weight.ndim != (3 if grid else 2):
+        steps = "steps, " if grid else ""
+        raise ValueError(f"{weight_name} must have shape ({steps}{d}, {c.shape[1]}) for "
+                         f"{z_name} with {d} channels and c with {c.shape[1]}, got "
+                         f"{tuple(weight.shape)}.")
+    if (not isinstance(neg_idx, torch.Tensor) or neg_idx.dtype == torch.bool
+            or neg_idx.dtype.is_floating_point or neg_idx.dtype.is_complex
+            or tuple(neg_idx.shape) != (n,)):
+        got = (f"{tuple(neg_idx.shape)} {neg_idx.dtype}" if isinstance(neg_idx, torch.Tensor)
+               else type(neg_idx).__name__)
+        raise ValueError(f"neg_idx must be an integer tensor of shape ({n},), one negative "
+                         f"row per row of {z_name}, got {got}.")
+
+
 def clapp_layer_loss(
     z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: torch.Tensor,
     loss: str = "hinge",
@@ -193,6 +226,7 @@ def clapp_layer_loss(
     >>> float(clapp_layer_loss(z, c, torch.eye(2), neg_idx, loss="linear"))  # u- - u+
     -1.0
     """
+    check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
     pred = c @ weight.T                      # (N, D): the "dendritic prediction" B c
     u_pos = (z * pred).sum(-1)
     u_neg = (z[neg_idx] * pred).sum(-1)
@@ -422,6 +456,11 @@ def three_factor_grad(
     >>> torch.allclose(three_factor_grad(x, W.detach(), c, B, neg_idx), W.grad, atol=1e-6)
     True
     """
+    if x.ndim != 2 or W.ndim != 2 or W.shape[1] != x.shape[1]:
+        raise ValueError(f"x must have shape (N, K_in) and W (D, K_in), got {tuple(x.shape)} "
+                         f"and {tuple(W.shape)}.")
+    check_pair_shapes((x.shape[0], W.shape[0]), c, B, neg_idx, z_name="relu(x W^T)",
+                      weight_name="B")
     # one floating dtype, as clapp_layer_loss promotes (matmul refuses mixed dtypes)
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in (x, W, c, B)])
     if not dtype.is_floating_point:

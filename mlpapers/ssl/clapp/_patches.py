@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from mlpapers._utils import check_positive
-from mlpapers.ssl.clapp._kernels import contrastive_loss
+from mlpapers.ssl.clapp._kernels import check_pair_shapes, contrastive_loss
 
 __all__ = ["PatchPredictor", "extract_patches", "patch_grid", "patch_prediction_loss",
            "patch_representations"]
@@ -152,6 +152,7 @@ def patch_prediction_loss(
     # below have different lengths and broadcast into a wrong loss without an error)
     if isinstance(skip, bool) or not isinstance(skip, numbers.Integral) or skip < 0:
         raise ValueError(f"skip must be a non-negative int, got {skip!r}.")
+    check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
     n_steps = weight.shape[0]
     n_y = z.shape[2]
     if n_steps + skip >= n_y:
@@ -240,5 +241,8 @@ class PatchPredictor(nn.Module):
             ``patch_prediction_loss(h, sg(h), weight) + patch_prediction_loss(
             sg(h), h, mirror)``, with ``sg`` the stop-gradient.
         """
+        if h.ndim != 4 or h.shape[1] != self.weight.shape[1]:
+            raise ValueError(f"h must have shape (B, {self.weight.shape[1]}, n_y, n_x), got "
+                             f"{tuple(h.shape)}.")
         return (patch_prediction_loss(h, h.detach(), self.weight, neg_idx, loss)
                 + patch_prediction_loss(h.detach(), h, self.mirror, neg_idx, loss))
