@@ -229,7 +229,7 @@ def test_augment_deterministic_shape_and_identity_limit():
 def test_loss_kernels_refuse_inputs_that_would_broadcast():
     """A context or a neg_idx of one row served every row, and a 2-D neg_idx averaged
     a wrong loss, all without an error (session 23); the shapes are checked first."""
-    from mlpapers.ssl.clapp import patch_prediction_loss, three_factor_grad
+    from mlpapers.ssl.clapp import contrastive_loss, patch_prediction_loss, three_factor_grad
 
     g = torch.Generator().manual_seed(0)
     z, c = torch.randn(4, 2, generator=g), torch.randn(4, 3, generator=g)
@@ -252,6 +252,9 @@ def test_loss_kernels_refuse_inputs_that_would_broadcast():
         three_factor_grad(x, W, c, B, neg[:1])
     with pytest.raises(ValueError, match=r"^x must have shape \(N, K_in\) and W \(D, K_in\)"):
         three_factor_grad(x, W[:, :4], c, B, neg)
+    with pytest.raises(ValueError, match=r"^u_pos and u_neg must have the same shape, got "
+                                         r"\(4,\) and \(1,\)"):
+        contrastive_loss(z[:, 0], z[:1, 1])
     zz = torch.randn(2, 4, 5, 3, generator=g)
     w = torch.zeros(2, 4, 4)
     for args, match in [

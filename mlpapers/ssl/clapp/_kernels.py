@@ -117,7 +117,7 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     ----------
     u_pos, u_neg : Tensor of shape (N,)
         Scores of the positive and negative pairs (any common shape works,
-        elementwise).
+        elementwise; different shapes raise ``ValueError`` rather than broadcast).
     loss : {"hinge", "softhinge", "linear"}, default="hinge"
         The decreasing function ``f`` of the score (above).
 
@@ -135,6 +135,9 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     >>> contrastive_loss(torch.tensor([2.0]), torch.tensor([-1.0]), "linear").tolist()
     [-3.0]
     """
+    if u_pos.shape != u_neg.shape:  # (one negative score was broadcast over every pair)
+        raise ValueError(f"u_pos and u_neg must have the same shape, got {tuple(u_pos.shape)} "
+                         f"and {tuple(u_neg.shape)}.")
     if loss == "hinge":
         return F.relu(1.0 - u_pos) + F.relu(1.0 + u_neg)
     if loss == "softhinge":
