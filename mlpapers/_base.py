@@ -204,11 +204,15 @@ class TorchEstimatorMixin:
             ensure_min_samples=min_samples,
             ensure_all_finite="allow-nan" if allow_nan else True,
         )
-        if has_y:
-            X_np, y_np = validate_data(self, X, y, y_numeric=y_numeric,
-                                       multi_output=multi_output, **kwargs)
-        else:
-            X_np = validate_data(self, X, **kwargs)
+        # scikit-learn's finiteness check sums the data first: finite float32 values near
+        # its maximum overflow that sum and numpy warned "invalid value encountered in
+        # reduce" about valid data (the check then looks at each value and passes)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if has_y:
+                X_np, y_np = validate_data(self, X, y, y_numeric=y_numeric,
+                                           multi_output=multi_output, **kwargs)
+            else:
+                X_np = validate_data(self, X, **kwargs)
         if not kwargs["ensure_2d"]:
             # scikit-learn skips the feature count when ``ensure_2d=False``; keep it
             # for 2-D input so that ``ndim=(1, 2)`` estimators still check it

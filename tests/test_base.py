@@ -548,3 +548,24 @@ def test_device_and_numpy_string_parameters_survive_save_load(tmp_path):
     assert torch.device(back.device) == torch.device("cpu")
     assert back.note_ == "ridge"
     np.testing.assert_array_equal(back.predict(X), est.predict(X))
+
+
+def test_valid_data_near_the_float32_maximum_raises_no_numpy_warning():
+    """scikit-learn's finiteness check sums the data first: finite float32 values near
+    the maximum overflowed that sum and numpy warned "invalid value encountered in
+    reduce" about valid data (session 23)."""
+    import warnings
+
+    from mlpapers.retrieval import ExactMIPS
+
+    # (numpy's pairwise sum of these overflows to +inf and -inf, whose sum is NaN)
+    K = np.array([[3e38, 3e38], [3e38, 3e38], [-3e38, -3e38], [-3e38, -3e38]] * 4,
+                 dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert np.isnan(K.sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        est = ExactMIPS().fit(K)
+        est.kneighbors(np.array([[1.0, -1.0]], dtype=np.float32), 1)
+    with pytest.raises(ValueError, match="infinity"):
+        ExactMIPS().fit(np.array([[np.inf, 1.0]], dtype=np.float32))
