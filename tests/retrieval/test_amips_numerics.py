@@ -139,6 +139,20 @@ def test_tie_aware_match_rate_at_extreme_float64_scales(kq):
     assert match_rate(None, wrong, queries=Q * sq, database=K * sk) == 0.0
 
 
+def test_tie_aware_match_rate_scales_each_query_on_its_own():
+    """Queries of very different norms in one call: one common unit (that of the
+    largest query) underflowed the products of the smallest to 0, all tied, so a wrong
+    answer counted as a hit (mutation audit: rows=False survived)."""
+    rng = np.random.default_rng(0)
+    K, Q = rng.standard_normal((30, 4)), rng.standard_normal((50, 4))
+    Q[::2] *= 1e-200
+    Q[1::2] *= 1e200
+    wrong = np.argmin(Q @ K.T, axis=1)
+    truth = np.argmax(Q @ K.T, axis=1)
+    assert match_rate(None, truth, queries=Q, database=K) == 1.0
+    assert match_rate(None, wrong, queries=Q, database=K) == 0.0
+
+
 @pytest.mark.parametrize("query_scale", [2.0**-100, 2.0**66])
 def test_amortized_search_trains_on_tiny_and_huge_queries(query_scale):
     # regression: the float32 norm of a query of 1e-30 underflows, so the queries were
