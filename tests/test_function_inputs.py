@@ -112,10 +112,10 @@ def _with_nan(value):
     return out
 
 
-def _cases():
-    """``(function name, argument)`` for every floating array argument of every
-    example call (the examples run in a scratch directory: some write files)."""
-    cases = []
+def _example_calls():
+    """``{function name: bound arguments}`` of the functions whose example calls them
+    (the examples run in a scratch directory: some write files)."""
+    calls = {}
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory() as scratch:
         os.chdir(scratch)
@@ -123,26 +123,38 @@ def _cases():
             for name, func in FUNCTIONS.items():
                 bound = _example_call(func)
                 if bound is not None:
-                    cases += [(name, param) for param, value in bound.arguments.items()
-                              if _with_nan(value) is not None]
+                    calls[name] = bound
         finally:
             os.chdir(cwd)
-    return cases
+    return calls
 
 
-CASES = _cases()
+EXAMPLE_CALLS = _example_calls()
+#: ``(function name, argument)`` for every floating array argument of an example call
+CASES = [(name, param) for name, bound in EXAMPLE_CALLS.items()
+         for param, value in bound.arguments.items() if _with_nan(value) is not None]
+#: ``(function name, parameter)`` for every parameter with a numeric default
+SCALARS = [(name, param) for name in EXAMPLE_CALLS
+           for param, p in inspect.signature(FUNCTIONS[name]).parameters.items()
+           if isinstance(p.default, (int, float)) and not isinstance(p.default, bool)
+           and param != "random_state"]
 
 
 def _propagates(name, param):
     return name in PROPAGATES or f"{name}.{param}" in PROPAGATES
 
 
-def _call_with_nan(name, param):
+def _call_with(name, param, value):
+    """The example call of ``name`` with ``param`` set to ``value``."""
     func = FUNCTIONS[name]
-    bound = _example_call(func)
+    bound = _example_call(func)  # (again: an example's arrays may have been modified)
     call = inspect.signature(func).bind_partial()
-    call.arguments.update({**bound.arguments, param: _with_nan(bound.arguments[param])})
+    call.arguments.update({**bound.arguments, param: value})
     return func(*call.args, **call.kwargs)
+
+
+def _call_with_nan(name, param):
+    return _call_with(name, param, _with_nan(_example_call(FUNCTIONS[name]).arguments[param]))
 
 
 def test_the_exceptions_are_public_functions_and_arguments():
@@ -203,3 +215,54 @@ def test_shape_errors_name_the_argument():
     # (was scikit-learn's "Found array with dim 3, while dim <= 2 is required.")
     with pytest.raises(ValueError, match="^Expected 2D array for database, got 3D"):
         build_faiss_ivf(np.zeros((2, 3, 2), dtype=np.float32))
+
+
+def test_most_scalar_parameters_are_checked():
+    assert len(SCALARS) >= 40, SCALARS
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize(("name", "param"), SCALARS)
+def test_a_non_finite_scalar_parameter_is_refused_by_name(name, param, bad, tmp_path,
+                                                           monkeypatch):
+    """No numeric parameter of a public function takes NaN or infinity: a temperature,
+    a weight, a tolerance or a size that is not finite was used as given (NaN losses,
+    a loss of the wrong sign, silently) or failed in the arithmetic (session 23)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((ValueError, TypeError)) as err:
+        _call_with(name, param, bad)
+    assert param in str(err.value), str(err.value)
+
+
+def test_out_of_range_scalar_parameters_are_refused():
+    """Finite values the sweep above does not try: each was used as given."""
+    import networkx as nx
+
+    from mlpapers.decentralized import delays_from_graph
+    from mlpapers.federated import clove_assign
+    from mlpapers.retrieval import SupportNet, select_support, soft_leaky_relu, solve_width
+    from mlpapers.ssl.clapp import infonce_loss
+
+    x = torch.linspace(-1, 1, 5)
+    for kw, match in [(dict(beta=0.0), "beta must be > 0"),
+                      (dict(negative_slope=1.5), r"negative_slope must be in \[0, 1\)"),
+                      (dict(negative_slope=-0.5), "negative_slope must be >= 0")]:
+        with pytest.raises(ValueError, match=match):
+            soft_leaky_relu(x, **kw)
+        with pytest.raises(ValueError, match=match):  # (SupportNet was then not convex)
+            SupportNet(3, [4], **kw)
+    with pytest.raises(ValueError, match="multiple must be > 0"):  # (ZeroDivisionError)
+        solve_width(100, 4, 4, 2, multiple=0)
+    with pytest.raises(ValueError, match="budget must be >= 0"):
+        solve_width(-5, 4, 4, 2)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        infonce_loss(torch.randn(4, 3), temperature=-0.1)
+    with pytest.raises(TypeError, match="n_init must be an integer"):
+        clove_assign(np.eye(3), 2, n_init=True)
+    R = np.random.default_rng(0).random((5, 6))
+    with pytest.raises(ValueError, match="tol must be >= 0"):  # (read by "greedy" only)
+        select_support(R, 2, "random", tol=-1.0, random_state=0)
+    G = nx.Graph()
+    G.add_edge("a", "b", distance=1.0)
+    with pytest.raises(ValueError, match="overhead must be >= 0"):
+        delays_from_graph(G, overhead=-1.0)

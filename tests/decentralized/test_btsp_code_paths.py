@@ -113,8 +113,12 @@ def test_delays_from_graph_checks():
     H.add_node("a")
     with pytest.raises(ValueError, match="at least 2 nodes, got 1"):
         delays_from_graph(H)
-    with pytest.raises(ValueError, match="invalid delay"):
+    with pytest.raises(ValueError, match="per_unit must be >= 0"):
         delays_from_graph(G, per_unit=-1.0)
+    N = nx.Graph()
+    N.add_edge("a", "b", distance=-1000.0)  # a negative length
+    with pytest.raises(ValueError, match="invalid delay"):
+        delays_from_graph(N)
     B = nx.Graph()
     B.add_edge("a", "b", distance=True)  # a bool is no length
     with pytest.raises(ValueError, match="non-numeric 'distance'"):

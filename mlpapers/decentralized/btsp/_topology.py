@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from mlpapers._utils import ArrayLike, check_tensor, to_numpy
+from mlpapers._utils import ArrayLike, check_positive, check_tensor, to_numpy
 
 __all__ = [
     "MAX_DELAY",
@@ -445,6 +445,10 @@ def delays_from_graph(
         ) from exc
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import shortest_path
+
+    # (a bad one was reported as "edge ... has an invalid delay", naming no parameter)
+    check_positive(per_unit, "per_unit", strict=False)
+    check_positive(overhead, "overhead", strict=False)
 
     # (anything else, e.g. a numpy matrix, failed with an AttributeError on G.nodes)
     if not all(hasattr(G, a) for a in ("nodes", "edges", "is_directed")):

@@ -194,6 +194,7 @@ def clove_assign(
         raise ValueError(f"n_clusters must be in [1, {n_models}], got {n_clusters}.")
     if k > n:
         raise ValueError(f"n_clusters={k} exceeds the number of clients {n}.")
+    check_positive(n_init, "n_init", integer=True)  # (True passed as 1 to KMeans)
     M = L if match_losses is None else _check_loss_matrix(match_losses)
     if M.shape != L.shape:
         raise ValueError(f"match_losses must have the shape of loss_matrix {L.shape}, "
@@ -305,6 +306,7 @@ def choose_n_clusters(
     """
     L = _check_loss_matrix(loss_matrix)
     check_positive(max_clusters, "max_clusters", integer=True)
+    check_positive(min_gain, "min_gain", strict=False)  # (NaN or -1 passed silently)
     # a canonical row order: Ward linkage breaks ties of merge costs by position, so the
     # clients' order could otherwise change the chosen number (as in clove_assign)
     L = _unit_scale(L[_canonical_row_order(L)])[0]

@@ -15,6 +15,7 @@ from mlpapers.retrieval.amips._networks import (
     Homogenize,
     KeyNet,
     SupportNet,
+    check_activation,
     solve_width,
 )
 
@@ -39,10 +40,7 @@ def check_amips_params(est) -> None:
     if est.wx_inject < 0:
         raise ValueError(f"wx_inject must be >= 0 (0 or False: no re-injection), "
                          f"got {est.wx_inject!r}.")
-    check_positive(est.negative_slope, "negative_slope", strict=False)
-    if est.negative_slope >= 1:
-        raise ValueError(f"negative_slope must be in [0, 1), got {est.negative_slope}.")
-    check_positive(est.beta, "beta")
+    check_activation(est.negative_slope, est.beta)
     check_positive(est.score_weight, "score_weight", strict=False)
     check_positive(est.target_weight, "target_weight", strict=False)
     if est.score_weight == 0 and est.target_weight == 0:

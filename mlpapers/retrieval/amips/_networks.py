@@ -71,7 +71,7 @@ def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
         Pre-activations.
     negative_slope : float, default=0.1
         Slope :math:`a` far on the negative side (the slope tends to 1 on the positive
-        side).
+        side), in ``[0, 1)``.
     beta : float, default=20.0
         Sharpness :math:`\beta > 0` of the softplus; the kink at 0 is smoothed over a
         width of about :math:`1/\beta`.
@@ -88,6 +88,23 @@ def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
     >>> soft_leaky_relu(torch.tensor([-1.0, 0.0, 1.0]))
     tensor([-0.1000,  0.0312,  1.0000])
     """
+    check_activation(negative_slope, beta)
+    return _soft_leaky_relu(x, negative_slope, beta)
+
+
+def check_activation(negative_slope: float, beta: float) -> None:
+    """``0 <= negative_slope < 1`` and ``beta > 0``, where :func:`soft_leaky_relu` is
+    convex and increasing (SupportNet's convexity rests on it): ``beta <= 0`` gave
+    infinite or concave activations and a NaN slope NaN ones, without an error."""
+    check_positive(negative_slope, "negative_slope", strict=False)
+    if negative_slope >= 1:
+        raise ValueError(f"negative_slope must be in [0, 1), got {negative_slope}.")
+    check_positive(beta, "beta")
+
+
+def _soft_leaky_relu(x: torch.Tensor, negative_slope: float, beta: float) -> torch.Tensor:
+    """:func:`soft_leaky_relu` without the checks (the networks check their parameters
+    once, when they are built)."""
     return negative_slope * x + (1.0 - negative_slope) * F.softplus(x, beta=beta)
 
 
@@ -157,6 +174,12 @@ def solve_width(budget: float, in_features: int, out_features: int, depth: int,
     >>> solve_width(100, in_features=4, out_features=4, depth=2)  # clipped at min_width
     16
     """
+    # (a negative budget or a zero or negative size returned the minimum width, a zero
+    # multiple divided by zero)
+    check_positive(budget, "budget", strict=False)
+    for value, name in ((in_features, "in_features"), (out_features, "out_features"),
+                        (depth, "depth"), (multiple, "multiple"), (min_width, "min_width")):
+        check_positive(value, name, integer=True)
     n_inj = sum(_inject_layers(depth, wx_inject)[:-1])
     a = depth - 1
     b = in_features + out_features + int(bias) * depth + n_inj * in_features
@@ -185,6 +208,7 @@ class _Stack(nn.Module):
             raise ValueError("hidden_dims must contain at least one width.")
         for h in hidden_dims:  # floats, bools and strings were cast, 0 divided by zero
             check_positive(h, "hidden_dims entries", integer=True)
+        check_activation(negative_slope, beta)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.hidden_dims = [int(h) for h in hidden_dims]
@@ -249,7 +273,7 @@ class _Stack(nn.Module):
         return z
 
     def _act(self, t: torch.Tensor) -> torch.Tensor:
-        return soft_leaky_relu(t, self.negative_slope, self.beta)
+        return _soft_leaky_relu(t, self.negative_slope, self.beta)
 
     @torch.no_grad()
     def data_init(self, x: torch.Tensor) -> None:
@@ -577,8 +601,8 @@ class KeyNet(nn.Module):
         Re-inject the input every ``wx_inject`` layers (``True``: every layer, ``0``
         or ``False``: never). The output layer always has an input term.
     negative_slope : float, default=0.1
-        Slope :math:`a` of the soft-leaky-ReLU on the negative side (see
-        :func:`soft_leaky_relu`).
+        Slope :math:`a` of the soft-leaky-ReLU on the negative side, in ``[0, 1)``
+        (see :func:`soft_leaky_relu`).
     beta : float, default=20.0
         Sharpness :math:`\beta` of the soft-leaky-ReLU.
     bias : bool, default=True

@@ -426,6 +426,10 @@ def select_support(
     Rt = check_matrix(R, "R", device)
     n_q, N = Rt.shape
     check_positive(k, "k", integer=True)
+    # (checked for every method, as scikit-learn checks its parameters: only "greedy"
+    # read tol and "kmeans" n_init, so a bad value passed with the others)
+    check_positive(tol, "tol", strict=False)
+    check_positive(n_init, "n_init", integer=True)
     if k > N:
         raise ValueError(f"k={k} support items requested but R has only {N} items (columns).")
     # a caller's Generator (the estimators pass their own) is drawn from directly; made

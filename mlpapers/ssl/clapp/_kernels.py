@@ -24,7 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import check_finite, check_in_options, on_inputs_device, row_power_of_two
+from mlpapers._utils import (
+    check_finite,
+    check_in_options,
+    check_positive,
+    on_inputs_device,
+    row_power_of_two,
+)
 
 __all__ = [
     "LOSSES",
@@ -280,6 +286,7 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     """
     if pairs not in ("all", "cross"):
         raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
+    check_positive(temperature, "temperature")  # (<= 0 or NaN gave a meaningless loss)
     n = p.shape[0]
     if n % 2:
         raise ValueError(f"expected an even number of rows (two views), got {n}.")
