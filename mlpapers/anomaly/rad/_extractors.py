@@ -171,6 +171,8 @@ class RandomConvExtractor(nn.Module):
                                or c < 1 for c in channels):
             raise ValueError(f"channels must be a non-empty sequence of positive ints, "
                              f"got {channels!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an integer, got {seed!r}.")  # (NaN: int() failed)
         gen = torch.Generator().manual_seed(int(seed))
         self.weights = nn.ParameterList()
         c_in = 3

@@ -126,6 +126,10 @@ class CLoVEStrategy(Strategy):
                  n_init: int = 10, poll_interval: float = 0.1) -> None:
         check_positive(n_clusters, "n_clusters", integer=True)
         check_positive(min_nodes, "min_nodes", integer=True)
+        # (checked here, not when the run reaches them: a NaN poll interval failed in
+        # time.sleep mid-round, a bad n_init in the first assignment)
+        check_positive(n_init, "n_init", integer=True)
+        check_positive(poll_interval, "poll_interval", strict=False)
         self.n_clusters = int(n_clusters)
         self.min_nodes = max(int(min_nodes), self.n_clusters)
         self.random_state = random_state

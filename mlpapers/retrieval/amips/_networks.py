@@ -514,6 +514,7 @@ class Homogenize(nn.Module):
 
     def __init__(self, model: nn.Module, eps: float = 1e-12):
         super().__init__()
+        check_positive(eps, "eps")  # (a NaN gave NaN values, a negative one no floor)
         self.model = model
         self.eps = eps
 
