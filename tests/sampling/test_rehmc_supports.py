@@ -206,3 +206,16 @@ def test_oracles_refuse_points_of_another_shape(name, as_numpy):
     # the documented shapes still work
     assert tuple(c.contains(x).shape) == (2,)
     assert tuple(c.hit(x, conv(torch.ones(2, 3, dtype=D)), 10.0)[1].shape) == (2, 3)
+
+
+@pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
+def test_contains_refuses_a_nan_tolerance(name):
+    """A NaN tol compared False everywhere: every point was reported outside (or
+    inside), without an error."""
+    c = _containers()[name]
+    x = torch.zeros(2, 3, dtype=D)
+    for call in (lambda: c.contains(x, float("nan")), lambda: c.contains(x, tol=float("nan")),
+                 lambda: c.contains(x.numpy(), float("nan"))):
+        with pytest.raises(ValueError, match="^tol must be a number"):
+            call()
+    assert bool(c.contains(x, tol=float("inf")).all())

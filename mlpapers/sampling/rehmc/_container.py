@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Self, TypeVar, cast, overload
 
@@ -72,6 +73,17 @@ def _as_points(value, name: str) -> Tensor:
 _ARRAYS_OK = "_rehmc_accepts_arrays"
 
 
+def _check_tol(args: tuple, kwargs: dict) -> None:
+    """``contains``'s ``tol``: a NaN compared False everywhere, so every point was
+    reported outside (or inside), without an error."""
+    tol = args[0] if args else kwargs.get("tol", 0.0)
+    if isinstance(tol, Tensor) and tol.numel() == 1:
+        tol = float(tol)
+    if isinstance(tol, numbers.Real) and math.isnan(tol):
+        raise ValueError("tol must be a number (points up to tol outside K count as "
+                         "inside), got nan.")
+
+
 def _check_points(container, x: Tensor, v) -> None:
     """``x`` (and the velocities ``v`` of ``hit``) of shape ``(C, dim)``: points of
     another dimension failed with a torch broadcasting error or, for a single point
@@ -103,6 +115,8 @@ def accept_arrays(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self, x, *args, **kwargs):
+        if not is_hit:
+            _check_tol(args, kwargs)
         if isinstance(x, Tensor):
             if is_hit:  # numpy velocities / t_max with tensor points follow the points
                 def follow(a, name):
