@@ -98,6 +98,19 @@ def _all_finite(t: torch.Tensor, block: int = BLOCK_ELEMENTS) -> bool:
     return all(bool(torch.isfinite(t[s:s + rows]).all()) for s in range(0, t.shape[0], rows))
 
 
+def common_float_dtype(*tensors: torch.Tensor, min_bits: int = 16) -> torch.dtype:
+    """The dtype the public tensor kernels compute in for ``tensors``: their promoted
+    dtype, the default dtype when none is floating (integer inputs), raised to float32
+    when it has fewer than ``min_bits`` bits (linear algebra has no float16 kernels).
+    Mixed inputs failed with torch's "expected m1 and m2 to have the same dtype"."""
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if torch.finfo(dtype).bits < min_bits:
+        dtype = torch.float32
+    return dtype
+
+
 def check_finite(t: torch.Tensor, name: str) -> None:
     """Raise ``ValueError`` naming ``name`` if the floating tensor ``t`` holds NaN or
     infinity (checked in blocks: no full-size temporary). The check of the public

@@ -37,6 +37,7 @@ from torch import nn
 
 from mlpapers._utils import (
     check_positive,
+    common_float_dtype,
     on_inputs_device,
     requires_tensors,
     row_power_of_two,
@@ -89,7 +90,8 @@ def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
     tensor([-0.1000,  0.0312,  1.0000])
     """
     check_activation(negative_slope, beta)
-    return _soft_leaky_relu(x, negative_slope, beta)
+    # (integer inputs failed in softplus: "not implemented for 'Long'")
+    return _soft_leaky_relu(x.to(common_float_dtype(x)), negative_slope, beta)
 
 
 def check_activation(negative_slope: float, beta: float) -> None:

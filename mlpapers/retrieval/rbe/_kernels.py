@@ -13,6 +13,7 @@ from mlpapers._utils import (
     check_finite,
     check_positive,
     check_tensor,
+    common_float_dtype,
     on_inputs_device,
     requires_tensors,
     to_numpy,
@@ -131,6 +132,10 @@ def fit_linear_embeddings(
     # (a NaN in R_sup failed in torch's SVD, one in R gave NaN embeddings silently)
     check_finite(R_sup, "R_sup")
     check_finite(R, "R")
+    # one dtype of at least float32 (mixed or integer inputs failed in the matmuls and
+    # float16 in the pseudo-inverse)
+    dtype = common_float_dtype(R_sup, R, min_bits=32)
+    R_sup, R = R_sup.to(dtype), R.to(dtype)
     check_positive(ridge, "ridge", strict=False)
     if rcond is not None:
         check_positive(rcond, "rcond", strict=False)
@@ -271,6 +276,11 @@ def cur_query_weights(
     check_finite(u, "u")
     if gram is not None:
         check_finite(gram, "gram")
+    # one dtype of at least float32 (eigh has no integer or float16 kernels)
+    dtype = common_float_dtype(C, u, *(() if gram is None else (gram,)), min_bits=32)
+    C, u = C.to(dtype), u.to(dtype)
+    if gram is not None:
+        gram = gram.to(dtype)
     check_positive(ridge, "ridge", strict=False)
     if rcond is not None:
         check_positive(rcond, "rcond", strict=False)
@@ -491,6 +501,7 @@ def softmax_signed_loss(
     lo = int(pos)
     hi = min(lo + 1, targets.shape[1] - 1)
     thr = v[:, lo:lo + 1] + (pos - lo) * (v[:, hi:hi + 1] - v[:, lo:lo + 1])
+    logits = logits.to(common_float_dtype(logits))  # (softmax refuses integer logits)
     sign = torch.where(targets >= thr, 1.0, -1.0).to(logits.dtype)
     p = torch.softmax(logits, dim=1)
     return -(sign * p).mean()

@@ -26,6 +26,7 @@ from mlpapers._utils import (
     check_finite,
     check_in_options,
     check_positive,
+    common_float_dtype,
     make_generators,
     on_inputs_device,
     power_of_two_unit,
@@ -175,6 +176,7 @@ def greedy_selection(
     check_positive(k, "k", strict=False, integer=True)
     check_positive(tol, "tol", strict=False)
     check_finite(X, "X")  # (NaN gains picked arbitrary items silently)
+    X = X.to(common_float_dtype(X, min_bits=32))  # (integer X failed in torch.finfo)
     # a discrete selection, not differentiable: no graph (an X that requires grad made
     # torch warn when its scale was read as a Python float)
     X = X.detach()

@@ -16,7 +16,6 @@ References
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias, get_args
 
@@ -28,6 +27,7 @@ from mlpapers._utils import (
     check_finite,
     check_in_options,
     check_positive,
+    common_float_dtype,
     on_inputs_device,
     row_power_of_two,
 )
@@ -236,6 +236,9 @@ def clapp_layer_loss(
     -1.0
     """
     check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
+    # one floating dtype (a float64 context beside float32 weights failed in the matmul)
+    dtype = common_float_dtype(z, c, weight)
+    z, c, weight = z.to(dtype), c.to(dtype), weight.to(dtype)
     pred = c @ weight.T                      # (N, D): the "dendritic prediction" B c
     u_pos = (z * pred).sum(-1)
     u_neg = (z[neg_idx] * pred).sum(-1)
@@ -290,7 +293,7 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     n = p.shape[0]
     if n % 2:
         raise ValueError(f"expected an even number of rows (two views), got {n}.")
-    q = _unit_rows(p)
+    q = _unit_rows(p.to(common_float_dtype(p)))  # (integer p failed in torch.finfo)
     if pairs == "cross":
         b = n // 2
         sim = (q[:b] @ q[b:].T) / temperature
@@ -328,9 +331,7 @@ def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]
         raise ValueError("weights must be a non-empty sequence of 2D matrices W_1..W_L.")
     mats = [w if isinstance(w, torch.Tensor) else torch.as_tensor(np.asarray(w))
             for w in [*weights, B_top]]
-    dtype = functools.reduce(torch.promote_types, [m.dtype for m in mats])
-    if not dtype.is_floating_point:
-        dtype = torch.get_default_dtype()
+    dtype = common_float_dtype(*mats)
     mats = [m.to(dtype=dtype, device=mats[-1].device) for m in mats]
     *Ws, B = mats
     for i, w in enumerate(Ws):
@@ -472,9 +473,7 @@ def three_factor_grad(
     check_pair_shapes((x.shape[0], W.shape[0]), c, B, neg_idx, z_name="relu(x W^T)",
                       weight_name="B")
     # one floating dtype, as clapp_layer_loss promotes (matmul refuses mixed dtypes)
-    dtype = functools.reduce(torch.promote_types, [t.dtype for t in (x, W, c, B)])
-    if not dtype.is_floating_point:
-        dtype = torch.get_default_dtype()
+    dtype = common_float_dtype(x, W, c, B)
     x, W, c, B = (t.to(dtype) for t in (x, W, c, B))
     a = x @ W.T
     z = F.relu(a)

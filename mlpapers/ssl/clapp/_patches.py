@@ -26,7 +26,7 @@ import numbers
 import torch
 from torch import nn
 
-from mlpapers._utils import check_positive
+from mlpapers._utils import check_positive, common_float_dtype
 from mlpapers.ssl.clapp._kernels import check_pair_shapes, contrastive_loss
 
 __all__ = ["PatchPredictor", "extract_patches", "patch_grid", "patch_prediction_loss",
@@ -153,6 +153,8 @@ def patch_prediction_loss(
     if isinstance(skip, bool) or not isinstance(skip, numbers.Integral) or skip < 0:
         raise ValueError(f"skip must be a non-negative int, got {skip!r}.")
     check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
+    dtype = common_float_dtype(z, c, weight)  # (mixed dtypes failed in the einsum)
+    z, c, weight = z.to(dtype), c.to(dtype), weight.to(dtype)
     n_steps = weight.shape[0]
     n_y = z.shape[2]
     if n_steps + skip >= n_y:
