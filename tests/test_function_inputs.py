@@ -187,9 +187,9 @@ def test_a_nan_argument_raises_a_value_error_naming_it(name, param, tmp_path, mo
 
 @pytest.mark.parametrize(("name", "param"), [case for case in CASES if _propagates(*case)])
 def test_the_listed_functions_accept_nan(name, param, tmp_path, monkeypatch):
-    """The exceptions return (with NaN in their output where the NaN entry is read:
-    the examples' unused patch rows and a ReLU's zero derivative drop it), so the list
-    stays true: a function that starts refusing NaN must leave it."""
+    """The exceptions return without an error, so the list stays true: a function that
+    starts refusing NaN must leave it. (Their output holds NaN where the NaN entry is
+    read; an example's unused patch rows or a ReLU's zero derivative do not read it.)"""
     monkeypatch.chdir(tmp_path)
     _call_with_nan(name, param)
 
@@ -315,3 +315,25 @@ def test_an_argument_of_another_dtype_is_computed_or_refused_by_name(name, param
         _call_with(name, param, _as_dtype(value, dtype))
     except (ValueError, TypeError) as err:
         assert _names(param, str(err)), str(err)
+
+
+def test_arrays_outside_the_examples_and_tensor_parameters():
+    """is_biconnected's example passes a boolean matrix (out of the sweep): a NaN entry
+    was read as an edge. Tensor scalars (a learnable temperature or weight) are the
+    caller's: accepted without a check, as before."""
+    from mlpapers.decentralized import is_biconnected
+    from mlpapers.retrieval import amips_loss, soft_leaky_relu
+    from mlpapers.ssl.clapp import infonce_loss
+
+    A = np.ones((4, 4))
+    A[0, 1] = A[1, 0] = np.nan
+    with pytest.raises(ValueError, match="^adjacency contains NaN or infinity"):
+        is_biconnected(A)
+    assert is_biconnected(np.nan_to_num(A, nan=1.0))
+    tau = torch.nn.Parameter(torch.tensor(0.5))
+    infonce_loss(torch.randn(4, 3), tau).backward()
+    assert tau.grad is not None
+    assert soft_leaky_relu(torch.zeros(2), torch.tensor(0.2)).shape == (2,)
+    total = amips_loss(torch.ones(1), torch.ones(1, 2), torch.zeros(1), torch.zeros(1, 2),
+                       score_weight=torch.tensor(0.5))[0]
+    assert float(total) == pytest.approx(0.5 * 1 + 1.0 * 1)

@@ -236,11 +236,17 @@ def test_loss_kernels_refuse_inputs_that_would_broadcast():
     B, neg = torch.randn(2, 3, generator=g), torch.tensor([1, 2, 3, 0])
     ok = clapp_layer_loss(z, c, B, neg)
     assert torch.isfinite(ok)
+    for same in (neg.int(), neg.tolist(), neg.numpy()):  # indices in other containers
+        assert clapp_layer_loss(z, c, B, same) == ok
+    # a 0-d negative score is a deliberate constant, broadcast to every pair
+    assert contrastive_loss(z[:, 0], torch.tensor(0.5)).shape == (4,)
     for bad, match in [
-        (dict(neg_idx=neg[:1]), r"^neg_idx must be an integer tensor of shape \(4,\)"),
+        (dict(neg_idx=neg[:1]), r"^neg_idx must be integer indices of shape \(4,\)"),
         (dict(neg_idx=neg[None]), r"got \(1, 4\) torch.int64"),
         (dict(neg_idx=neg.float()), r"got \(4,\) torch.float32"),
         (dict(neg_idx=neg > 1), r"got \(4,\) torch.bool"),
+        # (torch reads a uint8 index as a mask: a wrong loss, with a deprecation warning)
+        (dict(neg_idx=neg.to(torch.uint8)), r"got \(4,\) torch.uint8"),
         (dict(c=c[:1]), r"^c must have shape \(4, K\) to match z"),
         (dict(weight=B.T), r"^weight must have shape \(2, 3\)"),
     ]:
@@ -248,7 +254,7 @@ def test_loss_kernels_refuse_inputs_that_would_broadcast():
         with pytest.raises(ValueError, match=match):
             clapp_layer_loss(**args)
     x, W = torch.randn(4, 5, generator=g), torch.randn(2, 5, generator=g)
-    with pytest.raises(ValueError, match=r"^neg_idx must be an integer tensor of shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"^neg_idx must be integer indices of shape \(4,\)"):
         three_factor_grad(x, W, c, B, neg[:1])
     with pytest.raises(ValueError, match=r"^x must have shape \(N, K_in\) and W \(D, K_in\)"):
         three_factor_grad(x, W[:, :4], c, B, neg)
@@ -259,7 +265,7 @@ def test_loss_kernels_refuse_inputs_that_would_broadcast():
     w = torch.zeros(2, 4, 4)
     for args, match in [
         ((zz, zz[:1], w, torch.tensor([1, 0])), r"^c must have shape \(2, K, 5, 3\)"),
-        ((zz, zz, w, torch.tensor([1])), r"^neg_idx must be an integer tensor of shape \(2,\)"),
+        ((zz, zz, w, torch.tensor([1])), r"^neg_idx must be integer indices of shape \(2,\)"),
         ((zz, zz, w[0], torch.tensor([1, 0])), r"^weight must have shape \(steps, 4, 4\)"),
     ]:
         with pytest.raises(ValueError, match=match):

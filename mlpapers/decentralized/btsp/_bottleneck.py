@@ -240,7 +240,10 @@ def is_biconnected(adjacency: ArrayLike) -> bool:
     >>> is_biconnected(cycle[:4, :4])  # a path: its inner nodes are cut vertices
     False
     """
-    A = to_numpy(adjacency).astype(bool)  # (np.asarray refuses grad/bfloat16/CUDA tensors)
+    A = to_numpy(adjacency)  # (np.asarray refuses grad/bfloat16/CUDA tensors)
+    if A.dtype.kind in "fc" and not np.isfinite(A).all():  # (NaN was read as an edge)
+        raise ValueError("adjacency contains NaN or infinity.")
+    A = A.astype(bool)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"adjacency must be a square matrix, got shape {A.shape}.")
     A = A | A.T

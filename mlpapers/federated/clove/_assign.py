@@ -281,7 +281,7 @@ def choose_n_clusters(
     max_clusters : int
         Upper bound on the number of clusters.
     min_gain : float, default=0.1
-        Relative silhouette improvement a larger ``k`` must achieve.
+        Relative silhouette improvement a larger ``k`` must achieve, ``>= 0``.
 
     Returns
     -------

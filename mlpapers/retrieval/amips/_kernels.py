@@ -593,9 +593,11 @@ def amips_loss(
         raise ValueError(f"pred_key and true_key must have the same shape (b, d) with b={b} "
                          f"(the scores' length), got {tuple(pred_key.shape)} and "
                          f"{tuple(true_key.shape)}.")
-    # (a negative or NaN weight trained away from the labels or on NaN, silently)
-    check_positive(score_weight, "score_weight", strict=False)
-    check_positive(target_weight, "target_weight", strict=False)
+    # (a negative or NaN weight trained away from the labels or on NaN, silently; a
+    # tensor weight, e.g. a learnable one, is the caller's to keep in range)
+    for value, name in ((score_weight, "score_weight"), (target_weight, "target_weight")):
+        if not isinstance(value, torch.Tensor):
+            check_positive(value, name, strict=False)
     score_loss = (pred_score - true_score).square().mean()
     key_loss = (pred_key - true_key).square().mean()
     return score_weight * score_loss + target_weight * key_loss, score_loss, key_loss

@@ -89,7 +89,8 @@ def soft_leaky_relu(x: torch.Tensor, negative_slope: float = 0.1,
     >>> soft_leaky_relu(torch.tensor([-1.0, 0.0, 1.0]))
     tensor([-0.1000,  0.0312,  1.0000])
     """
-    check_activation(negative_slope, beta)
+    if not isinstance(negative_slope, torch.Tensor) and not isinstance(beta, torch.Tensor):
+        check_activation(negative_slope, beta)  # (tensors: the caller's to keep in range)
     # (integer inputs failed in softplus: "not implemented for 'Long'")
     return _soft_leaky_relu(x.to(common_float_dtype(x)), negative_slope, beta)
 

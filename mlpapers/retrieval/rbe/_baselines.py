@@ -22,7 +22,7 @@ from mlpapers._utils import (
 from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take, warn_near_interpolation
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
-from mlpapers.retrieval.rbe._kernels import abs_max, cur_query_weights, stable_topk
+from mlpapers.retrieval.rbe._kernels import _cur_query_weights, abs_max, stable_topk
 from mlpapers.retrieval.rbe._selection import SupportMethod, quiet_early_stop, select_support
 from mlpapers.retrieval.rbe._validation import check_adacur_params
 
@@ -395,7 +395,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
                 C = C / unit
             G = C @ C.mT
             for r in range(1, len(sizes) + 1):
-                w = cur_query_weights(C, u, gram=G, ridge=ridge, rcond=self.rcond)
+                w = _cur_query_weights(C, u, G, ridge, self.rcond)
                 S = (w / unit if unit != 1.0 else w) @ A  # (b, N)
                 if r == len(sizes):
                     break

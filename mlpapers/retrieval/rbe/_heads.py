@@ -15,7 +15,7 @@ from mlpapers._utils import (
     seeded_linear,
     usable_outside_inference,
 )
-from mlpapers.retrieval.rbe._kernels import hit_rate, softmax_signed_loss, topk_scores
+from mlpapers.retrieval.rbe._kernels import _softmax_signed_loss, hit_rate, topk_scores
 
 __all__ = ["NeuralRBEHead", "build_head", "head_from_state", "head_state", "train_head"]
 
@@ -325,7 +325,7 @@ def train_head(
         cols = torch.randint(N, (item_batch,), generator=generator).to(T_fit.device)
         logits, target = head(U_fit, cols), T_fit[:, cols]
         if loss == "softmax_signed":
-            value = softmax_signed_loss(logits, target, top_quantile)
+            value = _softmax_signed_loss(logits, target, top_quantile)
         else:
             value = torch.mean((logits - target) ** 2)
         opt.zero_grad()

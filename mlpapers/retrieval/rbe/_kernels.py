@@ -271,7 +271,7 @@ def cur_query_weights(
                              or tuple(gram.shape) != (b, m, m)):
         raise ValueError(f"gram must be a tensor of shape {(b, m, m)} (C @ C.mT), got "
                          f"{_shape(gram)}.")
-    # (a NaN in C returned finite, wrong weights: eigh of a NaN Gram matrix does not fail)
+    # (a NaN in C failed in torch's eigh, one in u gave NaN weights without an error)
     check_finite(C, "C")
     check_finite(u, "u")
     if gram is not None:
@@ -284,6 +284,15 @@ def cur_query_weights(
     check_positive(ridge, "ridge", strict=False)
     if rcond is not None:
         check_positive(rcond, "rcond", strict=False)
+    return _cur_query_weights(C, u, gram, ridge, rcond)
+
+
+def _cur_query_weights(C: torch.Tensor, u: torch.Tensor, gram: torch.Tensor | None,
+                       ridge: float, rcond: float | None) -> torch.Tensor:
+    """:func:`cur_query_weights` on checked inputs of one floating dtype: the ADACUR
+    search calls it per chunk of queries and round, on the fitted anchors' relevance
+    and on heavy scores already checked (no pass over them again)."""
+    m, n_a = C.shape[1], C.shape[2]
     G = C @ C.mT if gram is None else gram
     lam, V = torch.linalg.eigh(G)
     top = lam[..., -1:].clamp_min(torch.finfo(lam.dtype).tiny)
@@ -495,6 +504,13 @@ def softmax_signed_loss(
         raise ValueError(f"top_quantile must be a number in [0, 1], got {top_quantile!r}.")
     # (a NaN target was silently a negative; NaN logits propagate: a diverging run sees them)
     check_finite(targets, "targets")
+    return _softmax_signed_loss(logits, targets, top_quantile)
+
+
+def _softmax_signed_loss(logits: torch.Tensor, targets: torch.Tensor,
+                         top_quantile: float) -> torch.Tensor:
+    """:func:`softmax_signed_loss` on checked inputs: the neural head's training calls it
+    every step on the fitted (checked) relevance (no pass over the targets again)."""
     # torch.quantile (linear interpolation) computed from one sort: faster on CPU.
     v = torch.sort(targets, dim=1).values
     pos = top_quantile * (targets.shape[1] - 1)

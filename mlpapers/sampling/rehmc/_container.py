@@ -105,8 +105,9 @@ def accept_arrays(method: F) -> F:
     torch.dtype`` or ``'numpy.ndarray' object has no attribute 'clone'``. Points that are
     not a tensor are converted to float64 tensors and the answer comes back as numpy
     (numpy in, numpy out); tensors pass through untouched (the sampler's hot path pays
-    one ``isinstance``). :func:`contains_oracle` and :func:`hit_oracle` are this
-    decorator with the types it gives (for type checkers).
+    one ``isinstance`` and the checks of the points' shape and of ``tol``, no pass over
+    the data). :func:`contains_oracle` and :func:`hit_oracle` are this decorator with the
+    types it gives (for type checkers).
     """
     if getattr(method, _ARRAYS_OK, False):
         return method

@@ -17,7 +17,7 @@ References
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, TypeAlias, get_args
+from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
@@ -123,7 +123,8 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     ----------
     u_pos, u_neg : Tensor of shape (N,)
         Scores of the positive and negative pairs (any common shape works,
-        elementwise; different shapes raise ``ValueError`` rather than broadcast).
+        elementwise; different shapes raise ``ValueError`` rather than broadcast,
+        except a 0-d score, which applies to every pair).
     loss : {"hinge", "softhinge", "linear"}, default="hinge"
         The decreasing function ``f`` of the score (above).
 
@@ -141,7 +142,9 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     >>> contrastive_loss(torch.tensor([2.0]), torch.tensor([-1.0]), "linear").tolist()
     [-3.0]
     """
-    if u_pos.shape != u_neg.shape:  # (one negative score was broadcast over every pair)
+    # (one negative score of shape (1,) was broadcast over every pair; a 0-d score is a
+    # deliberate constant)
+    if u_pos.shape != u_neg.shape and u_pos.ndim and u_neg.ndim:
         raise ValueError(f"u_pos and u_neg must have the same shape, got {tuple(u_pos.shape)} "
                          f"and {tuple(u_neg.shape)}.")
     if loss == "hinge":
@@ -155,14 +158,20 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}.")
 
 
+#: index dtypes: uint8 and bool tensors index as masks, and torch refuses int8/int16
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
 def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.Tensor,
-                      neg_idx: torch.Tensor, *, z_name: str = "z",
-                      weight_name: str = "weight") -> None:
+                      neg_idx: Any, *, z_name: str = "z",
+                      weight_name: str = "weight") -> torch.Tensor:
     """Shapes of a CLAPP loss's inputs, before any work (no data is read): rows ``z``
     ``(N, D)`` or patch grids ``(N, D, n_y, n_x)``, contexts ``c`` ``(N, K)`` or ``(N, K,
     n_y, n_x)``, the prediction matrix ``(D, K)`` or ``(steps, D, K)``, and integer
     ``neg_idx`` ``(N,)``. A context or ``neg_idx`` of one row broadcast over every row,
-    and a 2-D ``neg_idx`` averaged a wrong loss, without an error."""
+    and a 2-D ``neg_idx`` averaged a wrong loss, without an error. Returns ``neg_idx`` as
+    an int64 tensor on ``c``'s device (a list or numpy array of indices is accepted; a
+    uint8 or bool tensor, which torch reads as a mask, is not)."""
     grid = len(z_shape) == 4
     want = "(N, D, n_y, n_x)" if grid else "(N, D)"
     if len(z_shape) not in (2, 4):
@@ -179,13 +188,18 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
         raise ValueError(f"{weight_name} must have shape ({steps}{d}, {c.shape[1]}) for "
                          f"{z_name} with {d} channels and c with {c.shape[1]}, got "
                          f"{tuple(weight.shape)}.")
-    if (not isinstance(neg_idx, torch.Tensor) or neg_idx.dtype == torch.bool
-            or neg_idx.dtype.is_floating_point or neg_idx.dtype.is_complex
-            or tuple(neg_idx.shape) != (n,)):
-        got = (f"{tuple(neg_idx.shape)} {neg_idx.dtype}" if isinstance(neg_idx, torch.Tensor)
-               else type(neg_idx).__name__)
-        raise ValueError(f"neg_idx must be an integer tensor of shape ({n},), one negative "
-                         f"row per row of {z_name}, got {got}.")
+    if not isinstance(neg_idx, torch.Tensor):
+        try:
+            neg_idx = torch.as_tensor(np.asarray(neg_idx), device=c.device)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"neg_idx must be integer indices of shape ({n},), got "
+                             f"{type(neg_idx).__name__}.") from exc
+    if neg_idx.dtype not in _INDEX_DTYPES or tuple(neg_idx.shape) != (n,):
+        raise ValueError(f"neg_idx must be integer indices of shape ({n},), one negative "
+                         f"row per row of {z_name}, got {tuple(neg_idx.shape)} "
+                         f"{neg_idx.dtype}.")
+    return neg_idx.long()
+
 
 
 def clapp_layer_loss(
@@ -235,7 +249,7 @@ def clapp_layer_loss(
     >>> float(clapp_layer_loss(z, c, torch.eye(2), neg_idx, loss="linear"))  # u- - u+
     -1.0
     """
-    check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
+    neg_idx = check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
     # one floating dtype (a float64 context beside float32 weights failed in the matmul)
     dtype = common_float_dtype(z, c, weight)
     z, c, weight = z.to(dtype), c.to(dtype), weight.to(dtype)
@@ -289,7 +303,8 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     """
     if pairs not in ("all", "cross"):
         raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
-    check_positive(temperature, "temperature")  # (<= 0 or NaN gave a meaningless loss)
+    if not isinstance(temperature, torch.Tensor):  # (a learnable one is the caller's)
+        check_positive(temperature, "temperature")  # (<= 0 or NaN: a meaningless loss)
     n = p.shape[0]
     if n % 2:
         raise ValueError(f"expected an even number of rows (two views), got {n}.")
@@ -470,8 +485,8 @@ def three_factor_grad(
     if x.ndim != 2 or W.ndim != 2 or W.shape[1] != x.shape[1]:
         raise ValueError(f"x must have shape (N, K_in) and W (D, K_in), got {tuple(x.shape)} "
                          f"and {tuple(W.shape)}.")
-    check_pair_shapes((x.shape[0], W.shape[0]), c, B, neg_idx, z_name="relu(x W^T)",
-                      weight_name="B")
+    neg_idx = check_pair_shapes((x.shape[0], W.shape[0]), c, B, neg_idx,
+                                z_name="relu(x W^T)", weight_name="B")
     # one floating dtype, as clapp_layer_loss promotes (matmul refuses mixed dtypes)
     dtype = common_float_dtype(x, W, c, B)
     x, W, c, B = (t.to(dtype) for t in (x, W, c, B))

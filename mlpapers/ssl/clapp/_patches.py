@@ -152,7 +152,7 @@ def patch_prediction_loss(
     # below have different lengths and broadcast into a wrong loss without an error)
     if isinstance(skip, bool) or not isinstance(skip, numbers.Integral) or skip < 0:
         raise ValueError(f"skip must be a non-negative int, got {skip!r}.")
-    check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
+    neg_idx = check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
     dtype = common_float_dtype(z, c, weight)  # (mixed dtypes failed in the einsum)
     z, c, weight = z.to(dtype), c.to(dtype), weight.to(dtype)
     n_steps = weight.shape[0]
