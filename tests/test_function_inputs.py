@@ -171,9 +171,9 @@ def test_the_exceptions_are_public_functions_and_arguments():
 
 def test_most_public_functions_are_checked():
     """The examples reach the functions that take arrays (a guard against a change
-    that silently empties the sweep)."""
+    that silently empties the sweep; 19 without the optional extras, 20 with them)."""
     checked = {name for name, param in CASES if not _propagates(name, param)}
-    assert len(checked) >= 20, sorted(checked)
+    assert len(checked) >= 15, sorted(checked)
 
 
 @pytest.mark.parametrize(("name", "param"),
@@ -225,7 +225,7 @@ def test_shape_errors_name_the_argument():
 
 
 def test_most_scalar_parameters_are_checked():
-    assert len(SCALARS) >= 40, SCALARS
+    assert len(SCALARS) >= 60, SCALARS  # (77 without the optional extras, 80 with them)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

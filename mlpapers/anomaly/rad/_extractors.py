@@ -171,8 +171,9 @@ class RandomConvExtractor(nn.Module):
                                or c < 1 for c in channels):
             raise ValueError(f"channels must be a non-empty sequence of positive ints, "
                              f"got {channels!r}.")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"seed must be an integer, got {seed!r}.")  # (NaN: int() failed)
+        seed_value: Any = seed  # (annotated int, but a float or NaN came through)
+        if isinstance(seed_value, bool) or not isinstance(seed_value, numbers.Integral):
+            raise TypeError(f"seed must be an integer, got {seed!r}.")
         gen = torch.Generator().manual_seed(int(seed))
         self.weights = nn.ParameterList()
         c_in = 3
