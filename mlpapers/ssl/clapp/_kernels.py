@@ -201,7 +201,6 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
     return neg_idx.long()
 
 
-
 def clapp_layer_loss(
     z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: torch.Tensor,
     loss: str = "hinge",
