@@ -189,16 +189,15 @@ def test_region_and_bad_constructors():
 @pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
 @pytest.mark.parametrize("as_numpy", [False, True])
 def test_oracles_refuse_points_of_another_shape(name, as_numpy):
-    """Points of another dimension failed with torch broadcasting errors, and a single
-    point (d,) was broadcast (Ball answered one bool for it); both raise now."""
+    """Points of another dimension failed with torch broadcasting errors."""
     c = _containers()[name]
     conv = (lambda t: t.numpy()) if as_numpy else (lambda t: t)
     x = conv(torch.zeros(2, 3, dtype=D))
     with pytest.raises(ValueError, match=r"^x must have shape \(C, 3\), one point per row, "
-                                         r"got \(2, 4\)"):
+                                         r"or \(3,\) for one point, got \(2, 4\)"):
         c.contains(conv(torch.zeros(2, 4, dtype=D)))
-    with pytest.raises(ValueError, match=r"got \(3,\) \(one point: x\[None\]\)"):
-        c.contains(conv(torch.zeros(3, dtype=D)))
+    with pytest.raises(ValueError, match=r"got \(4,\)"):
+        c.contains(conv(torch.zeros(4, dtype=D)))
     with pytest.raises(ValueError, match=r"^x must have shape \(C, 3\)"):
         c.hit(conv(torch.zeros(2, 2, dtype=D)), conv(torch.ones(2, 2, dtype=D)), 10.0)
     with pytest.raises(ValueError, match=r"^v must have the shape of x \(2, 3\), got \(3, 3\)"):
@@ -219,3 +218,24 @@ def test_contains_refuses_a_nan_tolerance(name):
         with pytest.raises(ValueError, match="^tol must be a number"):
             call()
     assert bool(c.contains(x, tol=float("inf")).all())
+
+
+@pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_one_point_is_answered_as_a_batch_of_one(name, as_numpy):
+    """A single point (d,) gets the answer of the batch [point] without the batch axis:
+    contains of one point was a scalar for the closed-form containers by accident and an
+    error for ConvexSet, and hit failed with an IndexError."""
+    c = _containers()[name]
+    conv = (lambda t: t.numpy()) if as_numpy else (lambda t: t)
+    x = torch.tensor([[0.1, -0.2, 0.05], [5.0, 0.0, 0.0]], dtype=D)
+    v = torch.tensor([[0.3, 1.0, -0.5], [1.0, 0.0, 0.0]], dtype=D)
+    both = c.contains(conv(x))
+    for i in range(2):
+        one = c.contains(conv(x[i]))
+        assert np.shape(one) == () and bool(one) == bool(both[i])
+    t, n = c.hit(conv(x[:1]), conv(v[:1]), 100.0)
+    t1, n1 = c.hit(conv(x[0]), conv(v[0]), 100.0)
+    assert np.shape(t1) == () and np.shape(n1) == (3,)
+    np.testing.assert_allclose(np.asarray(t1), np.asarray(t)[0], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(n1), np.asarray(n)[0], rtol=1e-12)

@@ -84,17 +84,43 @@ def _check_tol(args: tuple, kwargs: dict) -> None:
                          "inside), got nan.")
 
 
-def _check_points(container, x: Tensor, v) -> None:
+def _check_points(container, x: Tensor, v, shown: tuple | None = None) -> None:
     """``x`` (and the velocities ``v`` of ``hit``) of shape ``(C, dim)``: points of
-    another dimension failed with a torch broadcasting error or, for a single point
-    ``(d,)``, were broadcast (Ball answered one bool, Box compared it with every bound)."""
+    another dimension failed with torch broadcasting errors. ``shown`` is the shape the
+    caller passed (a single point's, before it became a batch of one)."""
     d = getattr(container, "dim", None)
     if x.ndim != 2 or (d is not None and x.shape[1] != d):
-        hint = " (one point: x[None])" if x.ndim == 1 else ""
         raise ValueError(f"x must have shape (C, {'d' if d is None else d}), one point per "
-                         f"row, got {tuple(x.shape)}{hint}.")
+                         f"row, or ({'d' if d is None else d},) for one point, got "
+                         f"{shown or tuple(x.shape)}.")
     if isinstance(v, Tensor) and v.shape != x.shape:
         raise ValueError(f"v must have the shape of x {tuple(x.shape)}, got {tuple(v.shape)}.")
+
+
+def _call_on_points(container, method, is_hit: bool, x: Tensor, args: tuple, kwargs: dict):
+    """``method(x, ...)`` after the shape checks; a single point ``(d,)`` (with ``(d,)``
+    velocities and a scalar ``exclude`` for ``hit``) is answered as a batch of one, and
+    the answer comes back without the batch axis. (``contains`` of one point was a
+    scalar for the closed-form containers by accident, an error for ConvexSet, and
+    ``hit`` failed with an IndexError.)"""
+    single, shown = x.ndim == 1, tuple(x.shape)
+    if single:
+        x = x[None]
+        if is_hit:
+            def batch(a):
+                return a[None] if isinstance(a, Tensor) and a.ndim in (0, 1) else a
+            args = tuple(batch(a) if i in (0, 2) else a for i, a in enumerate(args))
+            kwargs = {k: batch(a) if k in ("v", "exclude") else a for k, a in kwargs.items()}
+    _check_points(container, x, (args[0] if args else kwargs.get("v")) if is_hit else None,
+                  shown)
+    out = method(container, x, *args, **kwargs)
+    if not single:
+        return out
+    if isinstance(out, Hit):
+        return Hit(out[0][0], out[1][0], None if out.face is None else out.face[0])
+    if isinstance(out, tuple):  # a user's hit: (t, normal) or (t, normal, face)
+        return tuple(o[0] if isinstance(o, Tensor) else o for o in out)
+    return out[0]
 
 
 def accept_arrays(method: F) -> F:
@@ -130,8 +156,7 @@ def accept_arrays(method: F) -> F:
                 names = ("v", "t_max", "exclude")
                 args = tuple(follow(a, nm) for a, nm in zip(args, names)) + args[3:]
                 kwargs = {k: follow(a, k) for k, a in kwargs.items()}
-            _check_points(self, x, (args[0] if args else kwargs.get("v")) if is_hit else None)
-            return method(self, x, *args, **kwargs)
+            return _call_on_points(self, method, is_hit, x, args, kwargs)
         xt = _as_points(x, "x")
         if is_hit and args:  # numpy points with numpy or tensor velocities: float64, CPU
             args = (_as_points(args[0], "v") if not isinstance(args[0], Tensor)
@@ -146,8 +171,7 @@ def accept_arrays(method: F) -> F:
                      for a in args)
         kwargs = {k: torch.as_tensor(np.asarray(a)) if isinstance(a, np.ndarray) else a
                   for k, a in kwargs.items()}
-        _check_points(self, xt, (args[0] if args else kwargs.get("v")) if is_hit else None)
-        out = method(self, xt, *args, **kwargs)
+        out = _call_on_points(self, method, is_hit, xt, args, kwargs)
         if isinstance(out, Tensor):
             return out.numpy()
         if isinstance(out, tuple):
@@ -306,9 +330,11 @@ class ConvexContainer:
 
         Parameters
         ----------
-        x : torch.Tensor or array-like of shape (C, d)
-            The points, one per row. A subclass computes on tensors; numpy arrays
-            and nested lists are converted to float64 tensors first.
+        x : torch.Tensor or array-like of shape (C, d) or (d,)
+            The points, one per row, or one point (answered as a batch of one, the
+            answer without the batch axis). A subclass computes on ``(C, d)``
+            tensors; numpy arrays and nested lists are converted to float64 tensors
+            first.
         tol : float, default=0.0
             Slack: points up to ``tol`` outside ``K`` count as inside (measured as
             each container documents). The sampler tests points with ``tol=0``.
@@ -316,9 +342,9 @@ class ConvexContainer:
         Returns
         -------
         torch.Tensor of shape (C,), bool
-            Whether each point lies in ``K``; a numpy array of bool when ``x`` is
-            not a tensor. A user's subclass must return a bool tensor of shape
-            ``(C,)`` (checked before sampling).
+            Whether each point lies in ``K`` (a 0-d answer for one point); a numpy
+            array of bool when ``x`` is not a tensor. A user's subclass must return a
+            bool tensor of shape ``(C,)`` (checked before sampling).
         """
         raise NotImplementedError
 
@@ -344,10 +370,11 @@ class ConvexContainer:
 
         Parameters
         ----------
-        x, v : torch.Tensor or array-like of shape (C, d)
-            Start points (inside ``K``) and velocities. Numpy arrays and nested
-            lists are converted to float64 tensors, and the parts of the answer
-            then come back as numpy arrays.
+        x, v : torch.Tensor or array-like of shape (C, d) or (d,)
+            Start points (inside ``K``) and velocities, or one point and velocity
+            (answered as a batch of one: ``t`` 0-d, ``normal`` ``(d,)``). Numpy arrays
+            and nested lists are converted to float64 tensors, and the parts of the
+            answer then come back as numpy arrays.
         t_max : torch.Tensor of shape (C,) or float, optional
             The caller only needs hits before ``t_max``; the bisection oracle
             (:class:`ConvexSet`) uses it as its bracket and requires it,

@@ -227,9 +227,10 @@ class ConvexSet(ConvexContainer):
 
         Parameters
         ----------
-        x : torch.Tensor or array-like of shape (C, d)
-            The points; numpy arrays and nested lists are converted to float64
-            tensors (the answer is then a numpy array). ``g`` gets a copy.
+        x : torch.Tensor or array-like of shape (C, d) or (d,)
+            The points (one point: a 0-d answer); numpy arrays and nested lists are
+            converted to float64 tensors (the answer is then a numpy array). ``g``
+            gets a copy, always of shape ``(C, d)``.
         tol : float, default=0.0
             Slack on the value of ``g`` (in the units of ``g``, not a distance).
 
@@ -279,10 +280,10 @@ class ConvexSet(ConvexContainer):
 
         Parameters
         ----------
-        x, v : torch.Tensor or array-like of shape (C, d)
-            Start points (inside ``K``) and velocities; numpy arrays or nested
-            lists are converted to float64 tensors and the answer comes back as
-            numpy arrays.
+        x, v : torch.Tensor or array-like of shape (C, d) or (d,)
+            Start points (inside ``K``) and velocities, or one of each; numpy arrays
+            or nested lists are converted to float64 tensors and the answer comes
+            back as numpy arrays.
         t_max : torch.Tensor of shape (C,) or float
             The bracket: only exits before ``t_max`` are found. Required
             (``ValueError`` when ``None``).
