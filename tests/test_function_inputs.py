@@ -151,17 +151,18 @@ def _propagates(name, param):
     return name in PROPAGATES or f"{name}.{param}" in PROPAGATES
 
 
-def _call_with(name, param, value):
-    """The example call of ``name`` with ``param`` set to ``value``."""
+def _call_with(name, param, change):
+    """The example call of ``name`` with ``param`` set to ``change(its example value)``
+    (the example runs once per call: an earlier call may have modified its arrays)."""
     func = FUNCTIONS[name]
-    bound = _example_call(func)  # (again: an example's arrays may have been modified)
+    bound = _example_call(func)
     call = inspect.signature(func).bind_partial()
-    call.arguments.update({**bound.arguments, param: value})
+    call.arguments.update({**bound.arguments, param: change(bound.arguments.get(param))})
     return func(*call.args, **call.kwargs)
 
 
 def _call_with_nan(name, param):
-    return _call_with(name, param, _with_nan(_example_call(FUNCTIONS[name]).arguments[param]))
+    return _call_with(name, param, _with_nan)
 
 
 def test_the_exceptions_are_public_functions_and_arguments():
@@ -237,7 +238,7 @@ def test_a_non_finite_scalar_parameter_is_refused_by_name(name, param, bad, tmp_
     a loss of the wrong sign, silently) or failed in the arithmetic (session 23)."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises((ValueError, TypeError)) as err:
-        _call_with(name, param, bad)
+        _call_with(name, param, lambda _: bad)
     assert _names(param, str(err.value)), str(err.value)
 
 
@@ -310,9 +311,8 @@ def test_an_argument_of_another_dtype_is_computed_or_refused_by_name(name, param
     never torch's "expected m1 and m2 to have the same dtype" or "not implemented for
     'Long'" (the CLAPP and RBE kernels failed so, session 23)."""
     monkeypatch.chdir(tmp_path)
-    value = _example_call(FUNCTIONS[name]).arguments[param]
     try:
-        _call_with(name, param, _as_dtype(value, dtype))
+        _call_with(name, param, lambda value: _as_dtype(value, dtype))
     except (ValueError, TypeError) as err:
         assert _names(param, str(err)), str(err)
 
