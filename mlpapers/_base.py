@@ -41,7 +41,9 @@ from sklearn.utils.validation import (
 )
 
 from mlpapers._utils import (
+    check_seed,
     check_tensor,
+    check_verbose,
     make_generators,
     on_cpu_default_device,
     resolve_device,
@@ -117,12 +119,15 @@ class TorchEstimatorMixin:
                 "or fit again.")
 
     def _init_fit(self) -> None:
+        check_verbose(getattr(self, "verbose", 0))
         self._record_rebuild_params()
         self._device = resolve_device(getattr(self, "device", "cpu"))
         if self._uses_random_state:
             self._torch_gen, self._numpy_gen = make_generators(
                 getattr(self, "random_state", None), device="cpu"
             )
+        else:  # unused, but a value make_generators refuses is refused here too
+            check_seed(getattr(self, "random_state", None))
 
     @property
     def _resolved_device(self) -> torch.device:

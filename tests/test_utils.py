@@ -10,10 +10,13 @@ from hypothesis.extra import numpy as hnp
 
 from mlpapers._utils import (
     ProgressLogger,
+    check_bool,
     check_generator,
     check_in_options,
     check_positive,
+    check_seed,
     check_tensor,
+    check_verbose,
     make_generators,
     resolve_device,
     resolve_dtype,
@@ -271,6 +274,36 @@ def test_check_positive_accepts_huge_integers():
     assert check_positive(10**400, "scale") == 10**400
     with pytest.raises(ValueError, match="n must be > 0"):
         check_positive(-(2**70), "n", integer=True)
+
+
+def test_check_bool_takes_only_true_or_false():
+    assert check_bool(True, "flag") is True and check_bool(np.bool_(False), "flag") is False
+    for bad in ("no", "False", 0, 1, None, np.array([True])):
+        with pytest.raises(TypeError, match="flag must be a bool"):
+            check_bool(bad, "flag")
+
+
+def test_check_verbose_takes_bools_and_non_negative_ints():
+    for good in (0, 2, True, np.bool_(False), np.int64(1)):
+        assert check_verbose(good) is good
+    with pytest.raises(ValueError, match="verbose must be >= 0"):
+        check_verbose(-1)
+    for bad in (float("nan"), 1.5, "1", None):
+        with pytest.raises(TypeError, match="verbose must be an integer"):
+            check_verbose(bad)
+
+
+def test_check_seed_refuses_what_make_generators_refuses_without_drawing():
+    gen = np.random.default_rng(0)
+    before = gen.bit_generator.state
+    for ok in (None, 0, 2**40, np.random.RandomState(0), gen):
+        check_seed(ok)
+    assert gen.bit_generator.state == before
+    for bad, err in ((-1, ValueError), (1.0, TypeError), (True, TypeError), ("0", TypeError)):
+        with pytest.raises(err, match="random_state"):
+            check_seed(bad)
+        with pytest.raises(err, match="random_state"):
+            make_generators(bad)
 
 
 def test_device_and_dtype_spellings():

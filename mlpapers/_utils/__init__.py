@@ -14,15 +14,22 @@ from mlpapers._utils._ambient import (
 from mlpapers._utils._init import default_init_, seeded_linear
 from mlpapers._utils._labels import encode_labels
 from mlpapers._utils._progress import ProgressLogger
-from mlpapers._utils._random import check_generator, check_random_state, make_generators
+from mlpapers._utils._random import (
+    check_generator,
+    check_random_state,
+    check_seed,
+    make_generators,
+)
 from mlpapers._utils._typing import ArrayLike, RandomStateLike
 from mlpapers._utils._units import power_of_two_unit, row_power_of_two
 from mlpapers._utils._validation import (
+    check_bool,
     check_finite,
     check_in_options,
     check_learning_rate,
     check_positive,
     check_tensor,
+    check_verbose,
     common_float_dtype,
     probe_module,
     reject_flat_image_table,
@@ -50,13 +57,16 @@ __all__ = [
     "with_autograd",
     "wrap_public_methods",
     "ProgressLogger",
+    "check_bool",
     "check_generator",
     "check_finite",
     "check_in_options",
     "check_learning_rate",
     "check_positive",
     "check_random_state",
+    "check_seed",
     "check_tensor",
+    "check_verbose",
     "common_float_dtype",
     "make_generators",
     "power_of_two_unit",

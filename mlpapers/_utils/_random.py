@@ -24,6 +24,15 @@ def _check_seed_type(random_state) -> None:
                         f"Generator, got {random_state!r} of type {type(random_state).__name__}.")
 
 
+def check_seed(random_state: RandomStateLike) -> None:
+    """Refuse a ``random_state`` that :func:`make_generators` would refuse, without
+    drawing from it (for estimators that draw no random numbers but take the
+    parameter, so that a bad value fails as it would elsewhere)."""
+    _check_seed_type(random_state)
+    if isinstance(random_state, numbers.Integral) and random_state < 0:
+        raise ValueError(f"random_state must be a non-negative integer, got {random_state}.")
+
+
 def check_random_state(random_state: RandomStateLike) -> np.random.RandomState:
     """A ``numpy.random.RandomState`` from ``random_state`` (for the dataset generators).
 
@@ -80,14 +89,12 @@ def make_generators(
     torch_gen : torch.Generator
     numpy_gen : numpy.random.Generator
     """
-    _check_seed_type(random_state)
+    check_seed(random_state)
     if isinstance(random_state, np.random.Generator):
         seed = int(random_state.integers(0, _SEED_HIGH))
     elif random_state is None or isinstance(random_state, np.random.RandomState):
         seed = int(_sklearn_check_random_state(random_state).randint(0, 2**31 - 1))
     else:
-        if random_state < 0:
-            raise ValueError(f"random_state must be a non-negative integer, got {random_state}.")
         seed = int(random_state)
     # SeedSequence decorrelates the two streams even for small consecutive seeds.
     torch_seed, numpy_seed = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)

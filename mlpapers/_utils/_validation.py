@@ -404,6 +404,29 @@ def check_learning_rate(value: Any, name: str = "lr", *, adam: bool = False) -> 
     return value
 
 
+def check_bool(value: Any, name: str) -> bool:
+    """Check a switch: ``True`` or ``False`` (a numpy bool too), never a truthy stand-in.
+
+    ``"no"``, ``2`` or ``None`` would otherwise pass as a truth value and choose a
+    branch the caller did not ask for; scikit-learn refuses them the same way.
+
+    Returns
+    -------
+    The value as a Python ``bool``.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {value!r} of type "
+                        f"{type(value).__name__}.")
+    return bool(value)
+
+
+def check_verbose(value: Any, name: str = "verbose") -> Any:
+    """Check a verbosity: ``True``/``False`` or an integer ``>= 0`` (scikit-learn's rule)."""
+    if not isinstance(value, (bool, np.bool_)):
+        check_positive(value, name, strict=False, integer=True)
+    return value
+
+
 def check_in_options(value: Any, name: str, options: Iterable[Any]) -> Any:
     """Check that ``value`` is one of ``options``; raise a ``ValueError`` listing them."""
     options = tuple(options)

@@ -277,6 +277,11 @@ def test_bad_inputs(textures, make_X, match):
     ({"extractor": "resnet"}, ValueError, "extractor"),
     ({"layer_weights": [-1, 1]}, ValueError, "layer_weights"),
     ({"layer_weights": [1, 1, 1]}, ValueError, "layer_weights"),
+    ({"layer_weights": "bogus"}, ValueError, "layer_weights"),
+    ({"layer_weights": [[1], [1, 2]]}, ValueError, "layer_weights"),
+    # RAD draws no random numbers, but refuses a seed the other estimators refuse
+    ({"random_state": "bogus"}, TypeError, "random_state"),
+    ({"random_state": -1}, ValueError, "random_state"),
     ({"image_size": (3,)}, ValueError, "image_size"),
     ({"blur_padding": "wrap"}, ValueError, "blur_padding"),
     ({"matching": "loop"}, ValueError, "matching"),

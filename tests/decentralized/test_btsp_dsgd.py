@@ -162,6 +162,9 @@ def test_bad_parameters(blobs):
         DecentralizedSGD(delays=D, n_nodes=5).fit(X, y)
     with pytest.raises(ValueError, match="permutation"):
         DecentralizedSGD(delays=D, assignment=[0, 0, 1, 2, 3, 4]).fit(X, y)
+    for scalar in ("bogus", 3):  # no length to compare with n_nodes
+        with pytest.raises(ValueError, match="assignment must be None or a 1D"):
+            DecentralizedSGD(assignment=scalar).fit(X, y)
     with pytest.raises(ValueError, match="model"):
         DecentralizedSGD(model="cnn").fit(X, y)
     with pytest.raises(ValueError, match="momentum"):

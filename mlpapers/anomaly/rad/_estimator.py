@@ -237,10 +237,14 @@ class RADDetector(BaseImageDetector):
         check_fraction(self.top_ratio, "top_ratio", 1.0, zero_allowed=True)
         check_in_options(self.blur_padding, "blur_padding", ("zeros", "reflect"))
         if self.layer_weights is not None:
-            w = np.asarray(to_numpy(self.layer_weights), dtype=float)
+            message = ("layer_weights must be a 1D array of non-negative numbers with a "
+                       f"positive sum, got {self.layer_weights!r}.")
+            try:
+                w = np.asarray(to_numpy(self.layer_weights), dtype=float)
+            except (TypeError, ValueError):  # strings, ragged lists
+                raise ValueError(message) from None
             if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-                raise ValueError("layer_weights must be a 1D array of non-negative numbers "
-                                 f"with a positive sum, got {self.layer_weights!r}.")
+                raise ValueError(message)
 
     # -- memory ---------------------------------------------------------------
     @staticmethod

@@ -17,6 +17,7 @@ from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ArrayLike,
     RandomStateLike,
+    check_bool,
     check_in_options,
     check_positive,
     to_numpy,
@@ -328,6 +329,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         if self.n_iter is not None:
             check_positive(self.n_iter, "n_iter", integer=True)
         check_positive(self.refine_iter, "refine_iter", strict=False, integer=True)
+        check_bool(self.directed, "directed")
+        check_bool(self.metric_closure, "metric_closure")
         # with metric_closure, inf marks a missing link: the closure fills it in
         D = check_delays(delays, allow_inf=bool(self.metric_closure))
         n = D.shape[0]

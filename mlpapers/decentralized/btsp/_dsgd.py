@@ -28,6 +28,7 @@ from mlpapers._utils import (
     ArrayLike,
     ProgressLogger,
     RandomStateLike,
+    check_bool,
     check_in_options,
     check_learning_rate,
     check_positive,
@@ -319,12 +320,17 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         check_positive(self.eval_every, "eval_every", integer=True)
         check_in_options(self.partition, "partition", ("iid", "dirichlet"))
         check_positive(self.alpha, "alpha")
+        check_bool(self.directed, "directed")
         D = None if self.delays is None else check_delays(self.delays)
         sizes = set()
         if D is not None:
             sizes.add(D.shape[0])
         if self.assignment is not None:
-            sizes.add(len(self._to_numpy(self.assignment)))
+            a = self._to_numpy(self.assignment)
+            if a.ndim != 1:  # a scalar or a string has no length to compare
+                raise ValueError("assignment must be None or a 1D permutation of the nodes, "
+                                 f"got {self.assignment!r}.")
+            sizes.add(len(a))
         if self.n_nodes is not None:
             check_positive(self.n_nodes, "n_nodes", integer=True)
             sizes.add(int(self.n_nodes))

@@ -111,10 +111,11 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             check_in_options(self.first_assignment, "first_assignment", ("loss", "random"))
         if getattr(self, "freeze_after", None) is not None:
             check_positive(self.freeze_after, "freeze_after", integer=True)
+        if self._supports_auto:  # read with n_clusters="auto" only, checked whatever it is
+            check_positive(self.max_clusters, "max_clusters", integer=True)
         k = getattr(self, "n_clusters", 1)
         if isinstance(k, str) and self._supports_auto:
             check_in_options(k, "n_clusters", ("auto",))
-            check_positive(self.max_clusters, "max_clusters", integer=True)
         else:
             check_positive(k, "n_clusters", integer=True)
             if k > n_clients:

@@ -13,6 +13,7 @@ from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ArrayLike,
     RandomStateLike,
+    check_bool,
     check_in_options,
     check_positive,
     encode_labels,
@@ -216,6 +217,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
     # -- validation ------------------------------------------------------------------
     def _check_params(self, n_classes: int) -> None:
         check_common_params(self)
+        check_bool(self.fit_intercept, "fit_intercept")
         check_positive(self.n_negatives, "n_negatives", integer=True)
         check_in_options(self.loss, "loss", LOSSES)
         check_in_options(self.negatives, "negatives", NEGATIVES)

@@ -23,6 +23,7 @@ from mlpapers._utils import (
     ArrayLike,
     ProgressLogger,
     RandomStateLike,
+    check_bool,
     check_in_options,
     check_positive,
     encode_labels,
@@ -202,6 +203,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                                      y_numeric=self._y_numeric)
         y = self._prepare_targets(y)
         check_common_params(self)
+        check_bool(self.fit_intercept, "fit_intercept")
         check_positive(self.lam, "lam")
         check_positive(self.alpha, "alpha", strict=False)
         check_in_options(self.init, "init", ("erm", "zeros"))

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numbers
 from typing import Literal, TypeAlias, get_args
 
-import numpy as np
 import torch
 
-from mlpapers._utils import check_in_options, check_learning_rate, check_positive
+from mlpapers._utils import check_bool, check_in_options, check_learning_rate, check_positive
 from mlpapers.retrieval.amips._kernels import METRICS
 from mlpapers.retrieval.amips._networks import (
     AMIPSNetwork,
@@ -64,10 +63,9 @@ def check_amips_params(est) -> None:
     check_positive(est.search_batch_size, "search_batch_size", integer=True)
     check_in_options(est.retrieval, "retrieval", METRICS)
     check_positive(est.n_candidates, "n_candidates", integer=True)
-    # (pickles and files from before the parameter get its default: __setstate__, load)
-    if not isinstance(est.center_keys, (bool, np.bool_)):
-        raise TypeError("center_keys must be a bool (True or False), got "
-                        f"{est.center_keys!r}.")
+    # (pickles and files from before center_keys get its default: __setstate__, load)
+    for name in ("center_keys", "homogenize", "resnet"):  # each arch reads one of the two
+        check_bool(getattr(est, name), name)
 
 
 def build_amips_model(est, n_keys: int, d: int,

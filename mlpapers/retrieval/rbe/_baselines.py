@@ -24,7 +24,7 @@ from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take, warn_
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
 from mlpapers.retrieval.rbe._kernels import _cur_query_weights, abs_max, stable_topk
 from mlpapers.retrieval.rbe._selection import SupportMethod, quiet_early_stop, select_support
-from mlpapers.retrieval.rbe._validation import check_adacur_params
+from mlpapers.retrieval.rbe._validation import check_adacur_params, check_retriever_params
 
 __all__ = ["AdaCURRetriever", "AnnCURRetriever"]
 
@@ -126,6 +126,9 @@ class AnnCURRetriever(RelevanceBasedRetriever):
         self.device = device
         self.random_state = random_state
         self.verbose = verbose
+
+    def _check_params(self, n_items: int) -> None:
+        check_retriever_params(self, n_items)  # no neural head to check
 
 
 def round_sizes(n_calls: int, n_rounds: int) -> list[int]:

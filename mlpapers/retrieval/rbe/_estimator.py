@@ -45,7 +45,12 @@ from mlpapers.retrieval.rbe._selection import (
     check_support_indices,
     select_support,
 )
-from mlpapers.retrieval.rbe._validation import Head, Loss, check_retriever_params
+from mlpapers.retrieval.rbe._validation import (
+    Head,
+    Loss,
+    check_head_params,
+    check_retriever_params,
+)
 
 __all__ = ["RelevanceBasedRetriever"]
 
@@ -251,6 +256,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
     # -- validation --------------------------------------------------------------
     def _check_params(self, n_items: int) -> None:
         check_retriever_params(self, n_items)
+        check_head_params(self)
 
     # -- fitting -------------------------------------------------------------------
     @restore_on_failure

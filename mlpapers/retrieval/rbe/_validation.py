@@ -9,7 +9,12 @@ from __future__ import annotations
 import numbers
 from typing import Any, Literal, TypeAlias, get_args
 
-from mlpapers._utils import check_in_options, check_learning_rate, check_positive
+from mlpapers._utils import (
+    check_bool,
+    check_in_options,
+    check_learning_rate,
+    check_positive,
+)
 from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, check_support_indices
 
 __all__ = ["check_adacur_params", "check_head_params", "check_retriever_params"]
@@ -38,7 +43,11 @@ def _check_solve(est) -> None:
 
 
 def check_head_params(est) -> None:
-    """Validate the neural-head parameters of a :class:`RelevanceBasedRetriever`."""
+    """Validate the neural-head parameters of a :class:`RelevanceBasedRetriever`.
+
+    Checked whatever ``head`` is, as scikit-learn checks every parameter: a value that
+    is wrong now fails at once, not when the same settings later train the MLP head.
+    """
     check_positive(est.mlp_hidden, "mlp_hidden", strict=False, integer=True)
     check_in_options(est.loss, "loss", LOSSES)
     check_positive(est.item_batch, "item_batch", integer=True)
@@ -66,8 +75,7 @@ def check_retriever_params(est, n_items: int) -> None:
         raise ValueError(f"n_rerank={est.n_rerank} must be <= the number of items "
                          f"({n_items}).")
     _check_solve(est)
-    if est.head == "mlp":
-        check_head_params(est)
+    check_bool(est.standardize, "standardize")
 
 
 def check_adacur_params(est, n_items: int) -> None:

@@ -1,0 +1,113 @@
+"""Every estimator checks every scalar constructor parameter in ``fit``, also the ones its
+current settings do not read (as scikit-learn checks ``SVC(kernel="linear", gamma=-1)``).
+
+The fit of each public estimator is taken from its class docstring example: the example
+runs with one parameter replaced, just before the estimator's first ``fit`` (or
+``sample``) call, by a value no parameter of its kind accepts: ``"yes"`` for a switch
+(default ``True``/``False``), NaN for a number and an unknown option for a string. The
+call must raise ``ValueError`` or ``TypeError`` naming the parameter. The examples run
+the default method, so the parameters of the other methods are the ones left unread.
+Estimators and parameters are discovered, so a new one is checked without editing this
+file; ``device`` is left out (any device string names a device torch may know).
+"""
+
+import doctest
+import functools
+import inspect
+import numbers
+import os
+import re
+import tempfile
+
+import numpy as np
+import pytest
+from sklearn.base import BaseEstimator
+
+from tests._public import public_classes
+
+FIT_METHODS = ("fit", "sample", "partial_fit", "fit_predict", "fit_transform")
+NOT_CHECKED = ("self", "device")
+
+
+def _estimators():
+    return [cls for cls in public_classes() if issubclass(cls, BaseEstimator)]
+
+
+def _bad_value(default):
+    """A value no parameter with this default accepts (None when the kind has none)."""
+    if isinstance(default, (bool, np.bool_)):
+        return "yes"
+    if isinstance(default, numbers.Real):
+        return float("nan")
+    if isinstance(default, str):
+        return "no-such-option"
+    return None
+
+
+def _cases():
+    cases = []
+    for cls in _estimators():
+        for name, par in inspect.signature(cls.__init__).parameters.items():
+            bad = _bad_value(par.default)
+            if name not in NOT_CHECKED and bad is not None:
+                cases.append(pytest.param(cls, name, bad, id=f"{cls.__name__}.{name}"))
+    return cases
+
+
+def _run_example_with(cls, name, bad):
+    """Run ``cls``'s docstring example with ``name`` set to ``bad`` before the first fit;
+    return the error that fit raised (None if it raised nothing) and whether it ran."""
+    examples = doctest.DocTestParser().get_examples(cls.__doc__ or "")
+    originals = {m: cls.__dict__.get(m) for m in FIT_METHODS if hasattr(cls, m)}
+    state = {"set": False}
+
+    def patched(method):
+        bound = getattr(cls, method)
+
+        @functools.wraps(bound)
+        def wrapper(self, *args, **kwargs):
+            if not state["set"] and type(self) is cls:
+                state["set"] = True
+                setattr(self, name, bad)
+            return bound(self, *args, **kwargs)
+        return wrapper
+
+    for method in originals:
+        setattr(cls, method, patched(method))
+    namespace: dict = {}
+    cwd = os.getcwd()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            os.chdir(tmp)  # examples that save a file write it here
+            for example in examples:
+                try:
+                    exec(compile(example.source, f"<{cls.__name__} example>", "exec"),
+                         namespace)
+                except (ValueError, TypeError) as exc:
+                    if state["set"]:
+                        return exc, True
+                    raise
+    finally:
+        os.chdir(cwd)
+        for method, original in originals.items():
+            if original is None:
+                delattr(cls, method)
+            else:
+                setattr(cls, method, original)
+    return None, state["set"]
+
+
+def test_every_estimator_has_a_fitting_example():
+    for cls in _estimators():
+        assert doctest.DocTestParser().get_examples(cls.__doc__ or ""), cls.__name__
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(("cls", "name", "bad"), _cases())
+def test_fit_refuses_a_bad_scalar_parameter_by_name(cls, name, bad):
+    error, ran = _run_example_with(cls, name, bad)
+    assert ran, f"{cls.__name__}'s example never fits it"
+    assert error is not None, f"{cls.__name__}({name}={bad!r}) fitted without an error"
+    assert re.search(rf"\b{re.escape(name)}\b", str(error)), (
+        f"{cls.__name__}({name}={bad!r}) raised an error that does not name {name}: "
+        f"{error!r}")
