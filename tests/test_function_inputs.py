@@ -140,6 +140,11 @@ SCALARS = [(name, param) for name in EXAMPLE_CALLS
            if isinstance(p.default, (int, float)) and not isinstance(p.default, bool)
            and param != "random_state"]
 
+#: ``(function name, parameter)`` for every switch (a ``True``/``False`` default)
+SWITCHES = [(name, param) for name in EXAMPLE_CALLS
+            for param, p in inspect.signature(FUNCTIONS[name]).parameters.items()
+            if isinstance(p.default, bool)]
+
 
 def _names(param, message):
     """Whether ``message`` names ``param`` as a word (a one-letter argument such as
@@ -240,6 +245,37 @@ def test_a_non_finite_scalar_parameter_is_refused_by_name(name, param, bad, tmp_
     with pytest.raises((ValueError, TypeError)) as err:
         _call_with(name, param, lambda _: bad)
     assert _names(param, str(err.value)), str(err.value)
+
+
+def test_most_switches_are_checked():
+    assert len(SWITCHES) >= 12, SWITCHES
+
+
+@pytest.mark.parametrize("bad", ["no", None])
+@pytest.mark.parametrize(("name", "param"), SWITCHES)
+def test_a_switch_takes_only_true_or_false(name, param, bad, tmp_path, monkeypatch):
+    """``"no"`` or ``None`` was read as a truth value: ``directed="no"`` computed the
+    directed answer (session 24), as scikit-learn's functions refuse it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError) as err:
+        _call_with(name, param, lambda _: bad)
+    assert _names(param, str(err.value)), str(err.value)
+
+
+def test_switches_of_public_classes_take_only_true_or_false():
+    from mlpapers.retrieval import GaussianMixtureQuerySampler, KeyNet, SupportNet
+
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        SupportNet(3, [4], bias="no")
+    for kw in (dict(bias=None), dict(resnet="no")):
+        with pytest.raises(TypeError, match=f"{next(iter(kw))} must be a bool"):
+            KeyNet(3, [4], **kw)
+    with pytest.raises(TypeError, match="normalize must be a bool"):
+        GaussianMixtureQuerySampler(np.eye(2), 0.1, normalize="no")
+    from mlpapers.anomaly import DinoViTExtractor
+
+    with pytest.raises(TypeError, match="norm must be a bool"):
+        DinoViTExtractor(torch.nn.Identity(), norm="no")
 
 
 def test_out_of_range_scalar_parameters_are_refused():

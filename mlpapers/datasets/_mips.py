@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpapers._utils import RandomStateLike, check_positive, check_random_state
+from mlpapers._utils import RandomStateLike, check_bool, check_positive, check_random_state
 
 __all__ = ["GaussianMixtureQuerySampler", "make_mips_problem"]
 
@@ -38,6 +38,7 @@ class GaussianMixtureQuerySampler:
     """
 
     def __init__(self, anchors: np.ndarray, noise: float, normalize: bool = True):
+        check_bool(normalize, "normalize")
         self.anchors = np.asarray(anchors, dtype=np.float64)
         if self.anchors.ndim != 2 or len(self.anchors) == 0:
             raise ValueError("anchors must be a non-empty 2D array.")

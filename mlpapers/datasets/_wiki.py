@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.utils import Bunch
 
-from mlpapers._utils import check_positive
+from mlpapers._utils import check_bool, check_positive, check_verbose
 
 __all__ = ["load_wiki_summaries"]
 
@@ -232,6 +232,8 @@ def load_wiki_summaries(
     ``(100, 384)`` array of unit rows (the first call embeds the texts, then they
     are read from the cache).
     """
+    check_bool(embed, "embed")
+    check_verbose(verbose, "verbose")
     if max_docs is not None:
         if (
             isinstance(max_docs, bool)

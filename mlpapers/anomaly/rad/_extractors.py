@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import default_dtype, on_inputs_device
+from mlpapers._utils import check_bool, default_dtype, on_inputs_device
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
 
 __all__ = [
@@ -470,6 +470,7 @@ class DinoViTExtractor(nn.Module):
                  norm: bool = True, mean: float | Sequence[float] | None = IMAGENET_MEAN,
                  std: float | Sequence[float] | None = IMAGENET_STD):
         super().__init__()
+        check_bool(norm, "norm")
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
         if not hasattr(model, "get_intermediate_layers"):

@@ -157,6 +157,7 @@ def best_multiplier(
     >>> c, pi.tolist(), bcd
     (2, [0, 4, 3, 2, 1], 1.0)
     """
+    check_bool(directed, "directed")
     D = check_delays(delays)
     n = D.shape[0]
     perm = check_assignment(assignment, n)

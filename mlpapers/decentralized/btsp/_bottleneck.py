@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeAlias, get_args, overload
 
 import numpy as np
 
-from mlpapers._utils import ArrayLike, check_in_options, check_positive, to_numpy
+from mlpapers._utils import ArrayLike, check_bool, check_in_options, check_positive, to_numpy
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers.decentralized.btsp._hamilton import (
     EXACT_MAX_N,
@@ -197,6 +197,7 @@ def bottleneck_delay(
     >>> bottleneck_delay(D, [0, 1, 2, 3], "one_peer_exponential", reduce="none")
     array([3., 2.])
     """
+    check_bool(directed, "directed")
     check_in_options(reduce, "reduce", REDUCES)
     D = check_delays(delays)
     n = D.shape[0]
@@ -330,6 +331,7 @@ def biconnected_threshold(delays: ArrayLike, *, directed: bool = False) -> float
     >>> biconnected_threshold(np.minimum(d, 5 - d))
     1.0
     """
+    check_bool(directed, "directed")
     return _theta_bound(check_delays(delays), bool(directed))
 
 
@@ -442,6 +444,8 @@ def bottleneck_tsp(
     >>> bool(theta <= b <= 2 * theta)
     True
     """
+    check_bool(directed, "directed")
+    check_bool(metric_closure, "metric_closure")
     check_in_options(method, "method", TSP_METHODS)
     check_positive(restarts, "restarts", integer=True)  # 0 searched nothing: identity tour
     D = check_delays(delays, allow_inf=bool(metric_closure))

@@ -8,7 +8,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
 
-from mlpapers._utils import check_in_options, check_positive, check_random_state
+from mlpapers._utils import check_bool, check_in_options, check_positive, check_random_state
 
 __all__ = ["make_delay_matrix"]
 
@@ -97,6 +97,7 @@ def make_delay_matrix(
     >>> D.shape, bool((D == D.T).all())
     ((8, 8), True)
     """
+    check_bool(return_positions, "return_positions")
     check_positive(n, "n", integer=True)
     if n < 2:
         raise ValueError(f"n must be >= 2, got {n}.")

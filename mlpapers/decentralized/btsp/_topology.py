@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from mlpapers._utils import ArrayLike, check_positive, check_tensor, to_numpy
+from mlpapers._utils import ArrayLike, check_bool, check_positive, check_tensor, to_numpy
 
 __all__ = [
     "MAX_DELAY",
@@ -436,6 +436,7 @@ def delays_from_graph(
            [ 4.85,  0.  ,  5.7 ],
            [10.55,  5.7 ,  0.  ]])
     """
+    check_bool(shortest_paths, "shortest_paths")
     try:
         import networkx as nx  # noqa: F401  (only to give a clear error)
     except ImportError as exc:  # pragma: no cover - networkx ships with torch

@@ -19,7 +19,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import silhouette_score
 
-from mlpapers._utils import ArrayLike, check_positive, on_inputs_device
+from mlpapers._utils import ArrayLike, check_bool, check_positive, on_inputs_device
 
 __all__ = [
     "choose_n_clusters",
@@ -185,6 +185,7 @@ def clove_assign(
     >>> clove_assign(L, 2, random_state=0).tolist()
     [0, 0, 1, 1]
     """
+    check_bool(return_centers, "return_centers")
     L = _check_loss_matrix(loss_matrix)
     n, n_models = L.shape
     if n_clusters is not None:

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlpapers._utils import (
+    check_bool,
     check_positive,
     common_float_dtype,
     on_inputs_device,
@@ -177,6 +178,7 @@ def solve_width(budget: float, in_features: int, out_features: int, depth: int,
     >>> solve_width(100, in_features=4, out_features=4, depth=2)  # clipped at min_width
     16
     """
+    check_bool(bias, "bias")
     # (a negative budget or a zero or negative size returned the minimum width, a zero
     # multiple divided by zero)
     check_positive(budget, "budget", strict=False)
@@ -379,6 +381,7 @@ class SupportNet(nn.Module):
                  negative_slope: float = 0.1, beta: float = 20.0, bias: bool = True,
                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None):
         super().__init__()
+        check_bool(bias, "bias")
         self.stack = _Stack(in_features, hidden_dims, 1, wx_inject=wx_inject,
                             negative_slope=negative_slope, beta=beta, bias=bias, positive=True,
                             generator=generator, dtype=dtype)
@@ -643,6 +646,8 @@ class KeyNet(nn.Module):
                  resnet: bool = False, generator: torch.Generator | None = None,
                  dtype: torch.dtype | None = None):
         super().__init__()
+        check_bool(bias, "bias")
+        check_bool(resnet, "resnet")
         self.resnet = resnet
         self.stack = _Stack(in_features, hidden_dims, in_features, wx_inject=wx_inject,
                             negative_slope=negative_slope, beta=beta, bias=bias, positive=False,

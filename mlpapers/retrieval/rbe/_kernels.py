@@ -10,6 +10,7 @@ import torch
 
 from mlpapers._utils import (
     ArrayLike,
+    check_bool,
     check_finite,
     check_positive,
     check_tensor,
@@ -123,6 +124,7 @@ def fit_linear_embeddings(
     >>> torch.allclose(U @ lin["embeddings"].T + lin["offsets"], R)
     True
     """
+    check_bool(standardize, "standardize")
     # (validated here: a public function, and a mismatch failed deep in a matmul, a
     # negative ridge silently fell back to the pseudo-inverse)
     if R_sup.ndim != 2 or R.ndim != 2 or R_sup.shape[0] != R.shape[0]:

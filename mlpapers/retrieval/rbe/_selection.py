@@ -23,6 +23,7 @@ import torch
 from mlpapers._utils import (
     ArrayLike,
     RandomStateLike,
+    check_bool,
     check_finite,
     check_in_options,
     check_positive,
@@ -423,6 +424,8 @@ def select_support(
     >>> select_support(R, 2, "popular").shape
     (2,)
     """
+    check_bool(center, "center")
+    check_bool(return_scores, "return_scores")
     check_in_options(method, "method", SUPPORT_METHODS)
     check_in_options(greedy_method, "greedy_method", SELECT_GREEDY_METHODS)
     Rt = check_matrix(R, "R", device)
