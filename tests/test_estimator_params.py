@@ -21,6 +21,7 @@ import tempfile
 
 import numpy as np
 import pytest
+import torch
 from sklearn.base import BaseEstimator
 
 from tests._public import public_classes
@@ -111,3 +112,72 @@ def test_fit_refuses_a_bad_scalar_parameter_by_name(cls, name, bad):
     assert re.search(rf"\b{re.escape(name)}\b", str(error)), (
         f"{cls.__name__}({name}={bad!r}) raised an error that does not name {name}: "
         f"{error!r}")
+
+
+def _methods_with_switches():
+    found = set()
+    for cls in public_classes():
+        for name, method in inspect.getmembers(cls, inspect.isfunction):
+            if name.startswith("_") or not method.__module__.startswith("mlpapers"):
+                continue
+            for param, p in inspect.signature(method).parameters.items():
+                if isinstance(p.default, bool):
+                    found.add(f"{cls.__name__}.{name}.{param}")
+    return found
+
+
+#: per-step methods of the torch modules, called in every training step, that follow
+#: torch's rule for a flag (``torch.autograd.grad(create_graph=...)`` reads a truth value)
+PER_STEP = {f"{cls}.score_and_key.create_graph"
+            for cls in ("Homogenize", "KeyNet", "SupportFunction", "SupportNet")}
+
+
+def _switch_calls():
+    """``{"Class.method.switch": call(bad value)}`` on small fitted estimators."""
+    from mlpapers.anomaly import PatchCoreDetector, RADDetector
+    from mlpapers.datasets import make_texture_anomalies
+    from mlpapers.retrieval import (
+        AdaCURRetriever,
+        AmortizedMIPS,
+        AnnCURRetriever,
+        ExactMIPS,
+        RelevanceBasedRetriever,
+    )
+    from mlpapers.sampling import Box, ReflectiveHMC
+
+    rng = np.random.default_rng(0)
+    keys, queries = rng.standard_normal((20, 3)), rng.standard_normal((4, 3))
+    X_train, X_test, _, _ = make_texture_anomalies(3, 2, image_size=32, random_state=0)
+    detectors = {cls: cls(extractor="random", image_size=None).fit(X_train)
+                 for cls in (RADDetector, PatchCoreDetector)}
+    exact = ExactMIPS().fit(keys)
+    amips = AmortizedMIPS(n_steps=2, random_state=0).fit(keys)
+    heavy = {cls: cls(lambda q, i: q @ i.T, random_state=0, **kw).fit(queries, keys)
+             for cls, kw in ((RelevanceBasedRetriever, {"n_support": 3}),
+                             (AnnCURRetriever, {"n_support": 3}),
+                             (AdaCURRetriever, {"n_calls": 4, "n_rounds": 2}))}
+    hmc = ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box([0.0], [1.0]), n_leapfrog=2,
+                        step_size=0.1, random_state=0)
+    calls = {f"{cls.__name__}.anomaly_map.return_scores":
+             (lambda bad, det=det: det.anomaly_map(X_test, return_scores=bad))
+             for cls, det in detectors.items()}
+    for name, est in [("ExactMIPS", exact), ("AmortizedMIPS", amips)] + [
+            (cls.__name__, est) for cls, est in heavy.items()]:
+        calls[f"{name}.kneighbors.return_distance"] = (
+            lambda bad, est=est: est.kneighbors(queries, 2, return_distance=bad))
+    calls["AdaCURRetriever.predict.return_anchors"] = (
+        lambda bad: heavy[AdaCURRetriever].predict(queries, return_anchors=bad))
+    calls["ReflectiveHMC.sample.return_tensor"] = (
+        lambda bad: hmc.sample(2, warmup=0, return_tensor=bad))
+    assert torch.is_tensor(hmc.sample(2, warmup=0, return_tensor=True).samples_tensor)
+    return calls
+
+
+def test_method_switches_take_only_true_or_false():
+    calls = _switch_calls()
+    assert set(calls) == _methods_with_switches() - PER_STEP  # a new switch is listed
+    for key, call in calls.items():
+        switch = key.rsplit(".", 1)[1]
+        for bad in ("no", None):
+            with pytest.raises(TypeError, match=f"{switch} must be a bool"):
+                call(bad)

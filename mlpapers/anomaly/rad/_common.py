@@ -21,6 +21,7 @@ from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
     ArrayLike,
     ProgressLogger,
+    check_bool,
     check_in_options,
     check_positive,
     resolve_dtype,
@@ -492,6 +493,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         scores : ndarray of shape (n_samples,), only with ``return_scores``
             The image scores of :meth:`decision_function`.
         """
+        check_bool(return_scores, "return_scores")
         maps, scores, hw = self._maps_and_scores(X)
         if isinstance(hw, list):  # images of different sizes: one map each at its size
             maps = [self._to_numpy(resize_maps(m[None], s)[0]) for m, s in zip(maps, hw)]

@@ -12,7 +12,7 @@ from sklearn.utils import metadata_routing
 from torch import nn
 
 from mlpapers._base import restore_on_failure
-from mlpapers._utils import ArrayLike, RandomStateLike, with_autograd
+from mlpapers._utils import ArrayLike, RandomStateLike, check_bool, with_autograd
 from mlpapers._utils._docs import fill_doc
 from mlpapers.retrieval.amips._config import Arch, build_amips_model, check_amips_params
 from mlpapers.retrieval.amips._exact import (
@@ -502,6 +502,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             (beyond ``3.4e38``), as :meth:`ExactMIPS.kneighbors`; the indices
             (``return_distance=False``) and :meth:`predict` are still available.
         """
+        check_bool(return_distance, "return_distance")
         Q = self._queries(X)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
         if not return_distance:

@@ -11,6 +11,7 @@ from sklearn.base import BaseEstimator
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
 from mlpapers._utils import (
     ArrayLike,
+    check_bool,
     check_in_options,
     check_positive,
     check_tensor,
@@ -185,6 +186,7 @@ class ExactMIPS(_MIPSBase):
             Row indices in ``database_`` of the keys, best first (exact ties: lowest
             index first).
         """
+        check_bool(return_distance, "return_distance")
         Q = self._validate_data(X, reset=False, dtype=torch.float32)
         k = _check_n_neighbors(n_neighbors, self.database_.shape[0])
         s, i = self._search(Q, k)

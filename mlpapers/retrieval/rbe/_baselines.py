@@ -15,6 +15,7 @@ from mlpapers._utils import (
     ArrayLike,
     ProgressLogger,
     RandomStateLike,
+    check_bool,
     check_positive,
     power_of_two_unit,
     to_numpy,
@@ -456,6 +457,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
             Only when ``return_anchors``: item indices, the ``round_sizes_[0]``
             shared first-round anchors first, then each round's picks.
         """
+        check_bool(return_anchors, "return_anchors")
         S, I = self._search(queries)
         scores = to_numpy(S)
         return (scores, to_numpy(I).astype(np.int64)) if return_anchors else scores
@@ -496,6 +498,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
             Positions in ``items`` of the retrieved items, best first (the only
             output when ``return_distance=False``).
         """
+        check_bool(return_distance, "return_distance")
         self._check_fitted()
         check_positive(n_neighbors, "n_neighbors", integer=True)
         if n_neighbors > self.n_items_:

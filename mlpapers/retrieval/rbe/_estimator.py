@@ -14,6 +14,7 @@ from mlpapers._utils import (
     ArrayLike,
     RandomStateLike,
     autograd_enabled,
+    check_bool,
     check_positive,
     power_of_two_unit,
     to_numpy,
@@ -524,6 +525,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             Positions in ``items`` of the retrieved items, best first (the only
             output when ``return_distance=False``).
         """
+        check_bool(return_distance, "return_distance")
         self._check_fitted()
         check_positive(n_neighbors, "n_neighbors", integer=True)
         # read at inference (set_params after fit): a negative value must not silently

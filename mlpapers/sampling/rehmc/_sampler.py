@@ -24,6 +24,7 @@ from mlpapers._utils import (
     ArrayLike,
     RandomStateLike,
     autograd_enabled,
+    check_bool,
     check_in_options,
     check_positive,
     resolve_dtype,
@@ -346,6 +347,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         under ``torch.inference_mode()`` cannot take part in autograd: create it outside
         that block, or ``.clone()`` it there.
         """
+        check_bool(return_tensor, "return_tensor")
         # The leapfrog kicks differentiate log_prob by autograd: inside a caller's
         # torch.no_grad() or torch.inference_mode() the gradient would silently be zero (a
         # random walk, other draws), so autograd is switched on for the call, and the draws
