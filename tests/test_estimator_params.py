@@ -55,9 +55,10 @@ def _cases():
     return cases
 
 
-def _run_example_with(cls, name, bad):
-    """Run ``cls``'s docstring example with ``name`` set to ``bad`` before the first fit;
-    return the error that fit raised (None if it raised nothing) and whether it ran."""
+def _run_example_with(cls, name, bad, convert=False):
+    """Run ``cls``'s docstring example with ``name`` set to ``bad`` (or, with
+    ``convert``, to ``bad(the example's value)``) before the first fit; return the
+    error that fit raised (None if it raised nothing) and whether it ran."""
     examples = doctest.DocTestParser().get_examples(cls.__doc__ or "")
     originals = {m: cls.__dict__.get(m) for m in FIT_METHODS if hasattr(cls, m)}
     state = {"set": False}
@@ -69,7 +70,7 @@ def _run_example_with(cls, name, bad):
         def wrapper(self, *args, **kwargs):
             if not state["set"] and type(self) is cls:
                 state["set"] = True
-                setattr(self, name, bad)
+                setattr(self, name, bad(getattr(self, name)) if convert else bad)
             return bound(self, *args, **kwargs)
         return wrapper
 
@@ -96,6 +97,18 @@ def _run_example_with(cls, name, bad):
             else:
                 setattr(cls, method, original)
     return None, state["set"]
+
+
+def _numpy_cases():
+    """Integer and switch parameters, to be given as numpy scalars (``np.arange`` or
+    ``np.array([True, False])`` in a parameter grid makes them)."""
+    cases = []
+    for cls in _estimators():
+        for name, par in inspect.signature(cls.__init__).parameters.items():
+            default = par.default
+            if name not in NOT_CHECKED and isinstance(default, numbers.Integral):
+                cases.append(pytest.param(cls, name, id=f"{cls.__name__}.{name}"))
+    return cases
 
 
 def test_every_estimator_has_a_fitting_example():
@@ -181,3 +194,31 @@ def test_method_switches_take_only_true_or_false():
         for bad in ("no", None):
             with pytest.raises(TypeError, match=f"{switch} must be a bool"):
                 call(bad)
+
+
+def _as_numpy_scalar(value):
+    if isinstance(value, bool):
+        return np.bool_(value)
+    # (an example may set another kind of value, e.g. image_size=None: left as it is)
+    return np.int64(value) if isinstance(value, numbers.Integral) else value
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(("cls", "name"), _numpy_cases())
+def test_numpy_scalars_are_taken_as_python_scalars(cls, name, monkeypatch):
+    """The example's own value of an integer or switch parameter, as a numpy scalar,
+    fits without an error (``jitter=np.True_`` was refused, session 24)."""
+    error, ran = _run_example_with(cls, name, _as_numpy_scalar, convert=True)
+    assert ran and error is None, error
+
+
+def test_a_numpy_true_jitter_is_the_default_jitter():
+    from mlpapers.sampling import Box, ReflectiveHMC
+
+    def draws(jitter):
+        hmc = ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box([0.0], [1.0]),
+                            n_leapfrog=3, step_size=0.3, jitter=jitter, random_state=0)
+        return hmc.sample(20, warmup=0).samples
+
+    np.testing.assert_array_equal(draws(np.True_), draws(True))
+    assert not np.array_equal(draws(True), draws(0.9))  # the jitter changes the draws

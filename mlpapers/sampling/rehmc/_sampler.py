@@ -248,7 +248,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             raise ValueError(f"target_accept must be in (0, 1), got {self.target_accept!r}.")
         if self.max_reflections is not None:
             check_positive(self.max_reflections, "max_reflections", integer=True)
-        if not isinstance(self.jitter, bool):
+        if not isinstance(self.jitter, (bool, np.bool_)):
             check_positive(self.jitter, "jitter", strict=False)
             if self.jitter >= 1:
                 raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}.")
@@ -417,7 +417,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                              "(n_leapfrog='auto') but the result was drawn with a fixed "
                              f"n_leapfrog={resume.n_leapfrog}; set n_leapfrog to an integer, "
                              "or pass warmup > 0 to adapt afresh.")
-        jit = (1.0 if auto_len else 0.2) if self.jitter is True else float(self.jitter)
+        # (a numpy True, as from a parameter grid, means the default jitter too, not j = 1)
+        default_jitter = isinstance(self.jitter, (bool, np.bool_)) and bool(self.jitter)
+        jit = (1.0 if auto_len else 0.2) if default_jitter else float(self.jitter)
 
         if start is None:
             x = initial_points(container, self.support, x0, n_chains, dtype, dev, gen,
