@@ -254,8 +254,8 @@ def test_most_switches_are_checked():
 @pytest.mark.parametrize("bad", ["no", None])
 @pytest.mark.parametrize(("name", "param"), SWITCHES)
 def test_a_switch_takes_only_true_or_false(name, param, bad, tmp_path, monkeypatch):
-    """``"no"`` or ``None`` was read as a truth value: ``directed="no"`` computed the
-    directed answer (session 24), as scikit-learn's functions refuse it."""
+    """``"no"`` or ``None`` was read as a truth value (``directed="no"`` computed the
+    directed answer); scikit-learn's functions refuse them too."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError) as err:
         _call_with(name, param, lambda _: bad)

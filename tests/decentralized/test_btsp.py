@@ -433,3 +433,21 @@ def test_delays_from_graph_without_networkx(monkeypatch):
     monkeypatch.setitem(sys.modules, "networkx", None)
     with pytest.raises(ImportError, match=r"mlpapers\[graph\]"):
         delays_from_graph(object())
+
+
+def test_switches_read_later_are_checked_there_too():
+    """``bottleneck_tsp(metric=...)`` is None, True or False; ``bcd`` reads
+    ``directed``/``metric_closure`` again, so a value set after fit is checked there."""
+    from mlpapers.decentralized import BottleneckNodeAssigner
+
+    D = random_delays(6, 0)
+    with pytest.raises(TypeError, match="metric must be a bool"):
+        bottleneck_tsp(D, metric="no")
+    assert bottleneck_tsp(D, metric=np.True_)[1] == bottleneck_tsp(D, metric=True)[1]
+    est = BottleneckNodeAssigner(random_state=0).fit(D)
+    for name in ("directed", "metric_closure"):
+        est.set_params(**{name: "no"})
+        with pytest.raises(TypeError, match=f"{name} must be a bool"):
+            est.bcd(D)
+        est.set_params(**{name: False})
+    assert est.bcd(D) == pytest.approx(est.bcd_)

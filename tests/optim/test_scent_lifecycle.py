@@ -158,3 +158,24 @@ def test_fit_under_float64_default_dtype(float64_default):
     yb = (y < 5).astype(int)
     pauc = PartialAUCClassifier(epochs=2, random_state=0).fit(X, yb)
     assert np.isfinite(pauc.coef_).all()
+
+
+def test_partial_fit_continues_a_model_pickled_with_an_int_fit_intercept():
+    """``fit_intercept`` is read by the first call only; a model pickled before the
+    switches were checked, holding ``fit_intercept=1``, keeps training instead of
+    failing its next call. A first call refuses the int."""
+    import pickle
+
+    X, y = make_extreme_classification(200, 6, 4, noise=0.3, random_state=0)
+    classes = np.unique(y)
+    model = SCENTClassifier(n_negatives=2, epochs=1, random_state=0).partial_fit(
+        X, y, classes=classes)
+    state = model.__getstate__()
+    state["fit_intercept"] = 1
+    old = pickle.loads(pickle.dumps(model))
+    old.__setstate__(state)
+    before = old.coef_.copy()
+    old.partial_fit(X, y)
+    assert not np.array_equal(old.coef_, before)
+    with pytest.raises(TypeError, match="fit_intercept must be a bool"):
+        SCENTClassifier(n_negatives=2, fit_intercept=1).partial_fit(X, y, classes=classes)

@@ -319,3 +319,28 @@ def test_reranking_every_key_is_exact_for_near_duplicates_beside_outliers():
                           center_keys=center_keys, n_candidates=len(K)).fit(K)
         np.testing.assert_array_equal(m.predict(Q), S.argmax(1))  # (no exact ties here)
         assert m.score(Q) == 1.0
+
+
+@pytest.mark.parametrize("arch, switch", [("supportnet", "homogenize"), ("keynet", "resnet")])
+def test_files_and_pickles_with_an_int_switch_load_with_the_bool(tmp_path, arch, switch):
+    """Switches were not checked before: a model saved or pickled with 1 (or 0) for
+    ``homogenize``/``resnet`` loads with the bool it meant and answers as saved,
+    instead of failing on every query now that the switches are checked."""
+    K, Q = _offset_keys(7)
+    m = _small(n_steps=5, arch=arch).fit(K)
+    m.save(tmp_path / "new.pt")
+    payload = torch.load(tmp_path / "new.pt", weights_only=True)
+    params = decode(payload["params"])
+    params[switch] = int(params[switch])
+    payload["params"] = encode(params, "p")
+    torch.save(payload, tmp_path / "old.pt")
+    old = AmortizedMIPS.load(tmp_path / "old.pt")
+    assert getattr(old, switch) is getattr(m, switch)
+    np.testing.assert_array_equal(old.predict(Q), m.predict(Q))
+
+    pick = m.__getstate__()
+    pick[switch] = int(pick[switch])
+    old = pickle.loads(pickle.dumps(m))
+    old.__setstate__(pick)
+    assert getattr(old, switch) is getattr(m, switch)
+    np.testing.assert_array_equal(old.predict(Q), m.predict(Q))

@@ -127,7 +127,7 @@ class RADDetector(BaseImageDetector):
         a copy made on this device (with a warning).
     random_state : int, RandomState, Generator or None, default=None
         Unused (RAD is deterministic; ``None`` draws no seed from numpy's global
-        generator); kept for API consistency.
+        generator); kept for API consistency, and checked in ``fit`` as elsewhere.
     verbose : int, default=0
         Show a progress bar over batches.
 

@@ -212,7 +212,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
     random_state : int, RandomState, Generator or None, default=None
         Seed of the random, greedy, annealing and cycle searches.
     verbose : int, default=0
-        Unused (the solvers are not iterative); kept for API uniformity.
+        Unused (the solvers are not iterative); kept for API uniformity, and checked
+        in ``fit`` (a bool or an integer >= 0) as elsewhere.
 
     Attributes
     ----------
@@ -477,6 +478,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
             The BCD of ``assignment_`` on ``schedule_`` under ``delays``.
         """
         self._check_fitted()
+        check_bool(self.directed, "directed")  # read here too (set_params after fit)
+        check_bool(self.metric_closure, "metric_closure")
         D = check_delays(delays, allow_inf=bool(self.metric_closure))
         if D.shape[0] != self.n_nodes_:
             raise ValueError(f"delays has {D.shape[0]} nodes, but {type(self).__name__} was "

@@ -446,6 +446,8 @@ def bottleneck_tsp(
     """
     check_bool(directed, "directed")
     check_bool(metric_closure, "metric_closure")
+    if metric is not None:
+        check_bool(metric, "metric")
     check_in_options(method, "method", TSP_METHODS)
     check_positive(restarts, "restarts", integer=True)  # 0 searched nothing: identity tour
     D = check_delays(delays, allow_inf=bool(metric_closure))
