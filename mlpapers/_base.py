@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import os
 from typing import TYPE_CHECKING, Any, Self, cast
 
@@ -256,6 +257,24 @@ class TorchEstimatorMixin:
         # ``super().__getstate__()`` would strip the estimator being pickled.
         return dict(cast(dict[str, Any], super().__getstate__()))
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        parent = getattr(super(), "__setstate__", None)  # scikit-learn's
+        if parent is not None:
+            parent(state)
+        else:
+            self.__dict__.update(state)
+        self._upgrade_int_switches()
+
+    def _upgrade_int_switches(self) -> None:
+        """Versions that did not check the switches (the ``True``/``False`` parameters)
+        took 0 or 1 and read them as truth values: such pickles and files load with the
+        bool they meant, instead of failing where the switch is checked."""
+        for name, param in inspect.signature(type(self).__init__).parameters.items():
+            value = getattr(self, name, None)
+            if (isinstance(param.default, bool) and isinstance(value, numbers.Integral)
+                    and not isinstance(value, (bool, np.bool_))):
+                setattr(self, name, bool(value))
+
     def _get_state(self) -> dict[str, Any]:
         """Fitted state to persist: every public attribute ending in ``_``."""
         return {
@@ -472,6 +491,7 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
         if not isinstance(params, dict) or not isinstance(state, dict):
             raise TypeError("params and state must be dicts")
         est = cls(**params)
+        est._upgrade_int_switches()
         est._set_state(state)
         est._record_rebuild_params()  # the model was just rebuilt from these values
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:

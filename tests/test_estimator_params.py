@@ -230,3 +230,23 @@ def test_a_numpy_true_jitter_is_the_default_jitter():
 
     np.testing.assert_array_equal(draws(np.True_), draws(True))
     assert not np.array_equal(draws(True), draws(0.9))  # the jitter changes the draws
+
+
+def test_int_switches_of_older_pickles_unpickle_as_bools():
+    """Before the switches were checked, 0 or 1 worked as a truth value: an estimator
+    pickled with one unpickles with the bool it meant (files: see the AMIPS tests)."""
+    import pickle
+
+    checked = 0
+    for cls in _estimators():
+        for name, par in inspect.signature(cls.__init__).parameters.items():
+            if not isinstance(par.default, bool):
+                continue
+            est = cls()
+            state = est.__getstate__()
+            state[name] = int(not par.default)
+            old = pickle.loads(pickle.dumps(est))
+            old.__setstate__(state)
+            assert getattr(old, name) is (not par.default), (cls.__name__, name)
+            checked += 1
+    assert checked >= 12

@@ -161,9 +161,9 @@ def test_fit_under_float64_default_dtype(float64_default):
 
 
 def test_partial_fit_continues_a_model_pickled_with_an_int_fit_intercept():
-    """``fit_intercept`` is read by the first call only; a model pickled before the
-    switches were checked, holding ``fit_intercept=1``, keeps training instead of
-    failing its next call. A first call refuses the int."""
+    """A model pickled before the switches were checked, holding ``fit_intercept=1``,
+    unpickles with ``True`` and keeps training instead of failing its next call. A new
+    estimator refuses the int."""
     import pickle
 
     X, y = make_extreme_classification(200, 6, 4, noise=0.3, random_state=0)
@@ -174,6 +174,7 @@ def test_partial_fit_continues_a_model_pickled_with_an_int_fit_intercept():
     state["fit_intercept"] = 1
     old = pickle.loads(pickle.dumps(model))
     old.__setstate__(state)
+    assert old.fit_intercept is True
     before = old.coef_.copy()
     old.partial_fit(X, y)
     assert not np.array_equal(old.coef_, before)

@@ -215,10 +215,9 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         self.verbose = verbose
 
     # -- validation ------------------------------------------------------------------
-    def _check_params(self, n_classes: int, first: bool = True) -> None:
+    def _check_params(self, n_classes: int) -> None:
         check_common_params(self)
-        if first:  # read by the first call only (a pickle from before the check may hold 1)
-            check_bool(self.fit_intercept, "fit_intercept")
+        check_bool(self.fit_intercept, "fit_intercept")
         check_positive(self.n_negatives, "n_negatives", integer=True)
         check_in_options(self.loss, "loss", LOSSES)
         check_in_options(self.negatives, "negatives", NEGATIVES)
@@ -329,7 +328,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             if classes is not None and not np.array_equal(np.unique(self._to_numpy(classes)),
                                                           self.classes_):
                 raise ValueError("classes differ from those of the first call to partial_fit.")
-            self._check_params(len(self.classes_), first=False)
+            self._check_params(len(self.classes_))
             if not hasattr(self, "_torch_gen"):  # loaded from a file without generator states
                 self._init_fit()
         if sample_index is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from typing import Any, Literal, Self, overload
 
@@ -585,7 +584,6 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         return state
 
     def _set_state(self, state: dict[str, Any]) -> None:
-        self._upgrade_int_switches()
         state = dict(state)
         weights = state.pop("model_state_dict")
         # files saved before center_keys existed hold no key_mean_: no centring
@@ -616,15 +614,6 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         if "model_" in state:  # fitted: key_mean_ is None without centring, as documented
             state.setdefault("key_mean_", None)
         super().__setstate__(state)
-        self._upgrade_int_switches()
-
-    def _upgrade_int_switches(self) -> None:
-        # versions that did not check the switches took 0 or 1: such files and pickles
-        # load with the bool they meant, instead of failing in every query
-        for name in ("homogenize", "resnet"):
-            value = getattr(self, name, None)
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-                setattr(self, name, bool(value))
 
     @classmethod
     def _estimator_check_instances(cls) -> list:
