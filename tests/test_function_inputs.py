@@ -329,6 +329,9 @@ def test_scalar_parameters_of_public_classes_are_refused_by_name():
         CLoVEStrategy(2, poll_interval=float("nan"))
     with pytest.raises(TypeError, match="n_init must be an integer"):
         CLoVEStrategy(2, n_init=2.5)
+    for seed in ("x", -1, 1.5, np.random.default_rng(0)):  # (failed in start, late)
+        with pytest.raises(ValueError, match="random_state must be None"):
+            CLoVEStrategy(2, random_state=seed)
 
 
 def _as_dtype(value, dtype):

@@ -130,6 +130,11 @@ class CLoVEStrategy(Strategy):
         # time.sleep mid-round, a bad n_init in the first assignment)
         check_positive(n_init, "n_init", integer=True)
         check_positive(poll_interval, "poll_interval", strict=False)
+        try:  # (a bad seed failed in start, after the wait for the nodes)
+            check_random_state(random_state)  # draws nothing
+        except (TypeError, ValueError) as exc:
+            raise ValueError("random_state must be None, an int in [0, 2**32) or a numpy "
+                             f"RandomState, got {random_state!r}.") from exc
         self.n_clusters = int(n_clusters)
         self.min_nodes = max(int(min_nodes), self.n_clusters)
         self.random_state = random_state
