@@ -247,6 +247,26 @@ def test_a_non_finite_scalar_parameter_is_refused_by_name(name, param, bad, tmp_
     assert _names(param, str(err.value)), str(err.value)
 
 
+#: functions whose example passes a ``random_state``
+SEEDED = [name for name in EXAMPLE_CALLS
+          if "random_state" in inspect.signature(FUNCTIONS[name]).parameters]
+
+
+def test_most_seeded_functions_are_checked():
+    assert len(SEEDED) >= 12, SEEDED
+
+
+@pytest.mark.parametrize("bad", ["x", -1, 1.5, True])
+@pytest.mark.parametrize("name", SEEDED)
+def test_a_bad_random_state_is_refused_by_name(name, bad, tmp_path, monkeypatch):
+    """``bottleneck_tsp`` handed the seed to numpy, whose SeedSequence errors do not name
+    it, and read True as 1, as scikit-learn's KMeans did in ``clove_assign``."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((ValueError, TypeError)) as err:
+        _call_with(name, "random_state", lambda _: bad)
+    assert _names("random_state", str(err.value)), str(err.value)
+
+
 def test_most_switches_are_checked():
     assert len(SWITCHES) >= 12, SWITCHES
 

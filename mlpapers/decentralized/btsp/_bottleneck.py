@@ -17,7 +17,14 @@ from typing import Any, Literal, TypeAlias, get_args, overload
 
 import numpy as np
 
-from mlpapers._utils import ArrayLike, check_bool, check_in_options, check_positive, to_numpy
+from mlpapers._utils import (
+    ArrayLike,
+    check_bool,
+    check_in_options,
+    check_positive,
+    check_seed,
+    to_numpy,
+)
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers.decentralized.btsp._hamilton import (
     EXACT_MAX_N,
@@ -448,6 +455,7 @@ def bottleneck_tsp(
     check_bool(metric_closure, "metric_closure")
     if metric is not None:
         check_bool(metric, "metric")
+    check_seed(random_state)  # (numpy's SeedSequence errors do not name it)
     check_in_options(method, "method", TSP_METHODS)
     check_positive(restarts, "restarts", integer=True)  # 0 searched nothing: identity tour
     D = check_delays(delays, allow_inf=bool(metric_closure))

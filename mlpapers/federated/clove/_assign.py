@@ -196,6 +196,9 @@ def clove_assign(
     if k > n:
         raise ValueError(f"n_clusters={k} exceeds the number of clients {n}.")
     check_positive(n_init, "n_init", integer=True)  # (True passed as 1 to KMeans)
+    if isinstance(random_state, (bool, np.bool_)):  # (KMeans seeds with True as 1)
+        raise TypeError(f"random_state must be None, an int or a numpy RandomState, got "
+                        f"{random_state!r}.")
     M = L if match_losses is None else _check_loss_matrix(match_losses)
     if M.shape != L.shape:
         raise ValueError(f"match_losses must have the shape of loss_matrix {L.shape}, "
