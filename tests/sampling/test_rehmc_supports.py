@@ -218,6 +218,26 @@ def test_contains_refuses_a_nan_tolerance(name):
         with pytest.raises(ValueError, match="^tol must be a number"):
             call()
     assert bool(c.contains(x, tol=float("inf")).all())
+    for bad in ("0.1", None, True):  # (failed in torch arithmetic, not naming tol)
+        with pytest.raises(TypeError, match="^tol must be a real number"):
+            c.contains(x, tol=bad)
+
+
+@pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
+def test_hit_refuses_a_bad_scalar_t_max(name):
+    """A NaN or negative t_max left the bisection oracle no bracket, without an error;
+    None, a non-negative number and a per-chain tensor are accepted."""
+    c = _containers()[name]
+    x, v = torch.zeros(2, 3, dtype=D), torch.ones(2, 3, dtype=D)
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match="^t_max must be >= 0"):
+            c.hit(x, v, bad)
+    with pytest.raises(TypeError, match="^t_max must be None, a number"):
+        c.hit(x, v, t_max="10")
+    expected = c.hit(x, v, 10.0)
+    torch.testing.assert_close(c.hit(x, v, torch.full((2,), 10.0, dtype=D))[1], expected[1])
+    if name != "convexset":  # (the bisection oracle requires a bracket)
+        torch.testing.assert_close(c.hit(x, v)[1], expected[1])
 
 
 @pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])

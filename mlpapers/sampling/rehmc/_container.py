@@ -79,9 +79,26 @@ def _check_tol(args: tuple, kwargs: dict) -> None:
     tol = args[0] if args else kwargs.get("tol", 0.0)
     if isinstance(tol, Tensor) and tol.numel() == 1:
         tol = float(tol)
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real | Tensor):
+        raise TypeError("tol must be a real number (points up to tol outside K count as "
+                        f"inside), got {tol!r} of type {type(tol).__name__}.")
     if isinstance(tol, numbers.Real) and math.isnan(tol):
         raise ValueError("tol must be a number (points up to tol outside K count as "
                          "inside), got nan.")
+
+
+def _check_t_max(args: tuple, kwargs: dict) -> None:
+    """``hit``'s ``t_max`` when a Python number: a NaN or negative bracket gave the
+    bisection oracle no interval to search, without an error (tensors are the
+    sampler's own, per chain, and pass unchecked: no device sync per step)."""
+    t_max = args[1] if len(args) > 1 else kwargs.get("t_max")
+    if t_max is None or isinstance(t_max, Tensor | np.ndarray):
+        return
+    if isinstance(t_max, bool) or not isinstance(t_max, numbers.Real):
+        raise TypeError(f"t_max must be None, a number or a tensor of shape (C,), got "
+                        f"{t_max!r} of type {type(t_max).__name__}.")
+    if not t_max >= 0:  # (NaN too)
+        raise ValueError(f"t_max must be >= 0, got {t_max!r}.")
 
 
 def _check_points(container, x: Tensor, v, shown: tuple | None = None) -> None:
@@ -142,7 +159,9 @@ def accept_arrays(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self, x, *args, **kwargs):
-        if not is_hit:
+        if is_hit:
+            _check_t_max(args, kwargs)
+        else:
             _check_tol(args, kwargs)
         if isinstance(x, Tensor):
             if is_hit:  # numpy velocities / t_max with tensor points follow the points
