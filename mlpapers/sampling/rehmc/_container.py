@@ -97,7 +97,7 @@ def _check_t_max(args: tuple, kwargs: dict) -> None:
     if isinstance(t_max, bool) or not isinstance(t_max, numbers.Real):
         raise TypeError(f"t_max must be None, a number or a tensor of shape (C,), got "
                         f"{t_max!r} of type {type(t_max).__name__}.")
-    if not t_max >= 0:  # (NaN too)
+    if not float(t_max) >= 0:  # (NaN too)
         raise ValueError(f"t_max must be >= 0, got {t_max!r}.")
 
 
