@@ -200,7 +200,9 @@ def wrap_public_methods(cls: type,
                 continue
             is_classmethod = isinstance(attr, classmethod)
             func = attr.__func__ if is_classmethod else attr
-            if (not inspect.isfunction(func) or func.__module__.startswith("sklearn.")
+            # (a function defined by exec() without __name__ has __module__ None)
+            if (not inspect.isfunction(func)
+                    or (func.__module__ or "").startswith("sklearn.")
                     or getattr(func, _WRAPPED, False)):
                 continue
             wrapped = decorator(func)
