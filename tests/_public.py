@@ -1,9 +1,12 @@
 """The package's modules and public classes, for the tests that sweep the whole API."""
 
 import importlib
+import numbers
 import pkgutil
 from collections.abc import Iterator
 from types import ModuleType
+
+import numpy as np
 
 import mlpapers
 
@@ -36,3 +39,15 @@ def public_classes() -> list[type]:
             if isinstance(obj, type) and obj.__module__.startswith("mlpapers."):
                 seen[f"{obj.__module__}.{obj.__qualname__}"] = obj
     return [seen[k] for k in sorted(seen)]
+
+
+def bad_value_like(value):
+    """A value no parameter of ``value``'s kind accepts: ``"no"`` for a switch, NaN for
+    a number, an unknown option for a string; None for any other kind."""
+    if isinstance(value, (bool, np.bool_)):
+        return "no"
+    if isinstance(value, numbers.Real):
+        return float("nan")
+    if isinstance(value, str):
+        return "no-such-option"
+    return None

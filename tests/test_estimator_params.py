@@ -4,7 +4,7 @@ scikit-learn checks ``SVC(kernel="linear", gamma=-1)``).
 
 The fit of each public estimator is taken from its class docstring example: the example
 runs with one parameter replaced, just before the estimator's first ``fit`` (or
-``sample``) call, by a value no parameter of its kind accepts: ``"yes"`` for a switch
+``sample``) call, by a value no parameter of its kind accepts: ``"no"`` for a switch
 (default ``True``/``False``), NaN for a number and an unknown option for a string. The
 call must raise ``ValueError`` or ``TypeError`` naming the parameter. The examples run
 the default method, so the parameters of the other methods are the ones left unread.
@@ -25,7 +25,7 @@ import pytest
 import torch
 from sklearn.base import BaseEstimator
 
-from tests._public import public_classes
+from tests._public import bad_value_like, public_classes
 
 FIT_METHODS = ("fit", "sample", "partial_fit", "fit_predict", "fit_transform")
 NOT_CHECKED = ("self", "device")
@@ -35,22 +35,11 @@ def _estimators():
     return [cls for cls in public_classes() if issubclass(cls, BaseEstimator)]
 
 
-def _bad_value(default):
-    """A value no parameter with this default accepts (None when the kind has none)."""
-    if isinstance(default, (bool, np.bool_)):
-        return "yes"
-    if isinstance(default, numbers.Real):
-        return float("nan")
-    if isinstance(default, str):
-        return "no-such-option"
-    return None
-
-
 def _cases():
     cases = []
     for cls in _estimators():
         for name, par in inspect.signature(cls.__init__).parameters.items():
-            bad = _bad_value(par.default)
+            bad = bad_value_like(par.default)
             if name not in NOT_CHECKED and bad is not None:
                 cases.append(pytest.param(cls, name, bad, id=f"{cls.__name__}.{name}"))
     return cases

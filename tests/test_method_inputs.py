@@ -13,7 +13,6 @@ is checked without editing this file. The fitting methods are checked by
 import doctest
 import functools
 import inspect
-import numbers
 import os
 import re
 import tempfile
@@ -21,7 +20,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from tests._public import public_classes
+from tests._public import bad_value_like, public_classes
 
 NOT_REPLAYED = {"fit", "partial_fit", "fit_predict", "fit_transform", "sample", "save",
                 "load", "get_params", "set_params", "get_metadata_routing", "set_output"}
@@ -68,16 +67,6 @@ def _record_example_calls(cls):
     return calls
 
 
-def _bad_value(value):
-    if isinstance(value, (bool, np.bool_)):
-        return "no"
-    if isinstance(value, numbers.Real):
-        return float("nan")
-    if isinstance(value, str):
-        return "no-such-option"
-    return None
-
-
 def _cases():
     cases = []
     for cls in public_classes():
@@ -89,7 +78,7 @@ def _cases():
                     continue
                 key = f"{cls.__name__}.{method}.{name}"
                 value = bound.arguments.get(name, par.default)
-                bad = _bad_value(value)
+                bad = bad_value_like(value)
                 if bad is not None and key not in TORCH_RULE:
                     cases.append(pytest.param(cls, method, bound.arguments, name, bad, id=key))
     return cases
