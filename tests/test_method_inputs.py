@@ -19,6 +19,8 @@ import tempfile
 
 import numpy as np
 import pytest
+import torch
+from sklearn.base import BaseEstimator
 
 from tests._public import bad_value_like, public_classes
 
@@ -67,10 +69,13 @@ def _record_example_calls(cls):
     return calls
 
 
+RECORDED = {cls: _record_example_calls(cls) for cls in public_classes()}
+
+
 def _cases():
     cases = []
-    for cls in public_classes():
-        for method, (obj, args, kwargs) in _record_example_calls(cls).items():
+    for cls, calls in RECORDED.items():
+        for method, (obj, args, kwargs) in calls.items():
             sig = inspect.signature(getattr(cls, method))
             bound = sig.bind(obj, *args, **kwargs)
             for name, par in sig.parameters.items():
@@ -114,3 +119,40 @@ def test_a_bad_method_parameter_is_refused_by_name(cls, method, arguments, name,
         getattr(cls, method)(**call)
     assert re.search(rf"(?<![A-Za-z_]){re.escape(name)}(?![A-Za-z_])", str(err.value)), (
         f"{cls.__name__}.{method}({name}={bad!r}): {err.value!r}")
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        a, b = a.detach().cpu().numpy(), b.detach().cpu().numpy()
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    return bool(a == b)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("cls", [cls for cls, calls in RECORDED.items()
+                                 if issubclass(cls, BaseEstimator) and calls])
+def test_a_bad_parameter_set_after_fit_is_unread_or_refused(cls):
+    """After the example's fit, each constructor parameter set to a bad value (as
+    ``set_params`` would) either leaves the example's inference calls' outputs as they
+    were (the parameter is not read there) or is refused by name: SCENT's temperature
+    gave NaN probabilities, KL-DRO's objective read lam and alpha, ADACUR its ridge."""
+    for method, (obj, args, kwargs) in RECORDED[cls].items():
+        reference = getattr(obj, method)(*args, **kwargs)
+        for name, par in inspect.signature(cls.__init__).parameters.items():
+            bad = bad_value_like(getattr(obj, name, par.default))
+            if name in ("self", "device", "verbose") or bad is None:
+                continue
+            saved = obj.__dict__[name]
+            obj.__dict__[name] = bad
+            try:
+                out = getattr(obj, method)(*args, **kwargs)
+            except (ValueError, TypeError) as exc:
+                assert re.search(rf"(?<![A-Za-z_]){re.escape(name)}(?![A-Za-z_])",
+                                 str(exc)), f"{method} after {name}={bad!r}: {exc!r}"
+            else:
+                assert _same(out, reference), f"{method} read {name}={bad!r} unchecked"
+            finally:
+                obj.__dict__[name] = saved

@@ -332,6 +332,8 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         """
         X64, y = self._validate_data(X, y, reset=False, dtype=torch.float64,
                                      y_numeric=self._y_numeric)
+        check_positive(self.lam, "lam")  # read here (set_params after fit)
+        check_positive(self.alpha, "alpha", strict=False)
         y = self._encode_eval(y, X64.device)
         W, b = self._params(X64.device)
         return float(self._dro_value(W, b, X64, y))

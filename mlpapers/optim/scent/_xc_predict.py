@@ -10,7 +10,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from mlpapers._utils import ArrayLike
+from mlpapers._utils import ArrayLike, check_positive
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks, row_blocks
 from mlpapers.optim.scent._sparse_input import (
     SparseArrayLike,
@@ -109,7 +109,7 @@ class SoftmaxPredictionMixin:
         ndarray of shape (n_samples, n_classes)
             Probabilities of the classes in the order of ``classes_``; each row sums to 1.
         """
-        tau = float(self.temperature)
+        tau = self._temperature()
         return self._to_numpy(self._logits(X, lambda z: torch.softmax(z / tau, dim=1)))
 
     def predict_log_proba(self, X: SparseArrayLike) -> np.ndarray:
@@ -127,8 +127,14 @@ class SoftmaxPredictionMixin:
             Log-probabilities of the classes in the order of ``classes_`` (finite even
             where :meth:`predict_proba` underflows to 0).
         """
-        tau = float(self.temperature)
+        tau = self._temperature()
         return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(z / tau, dim=1)))
+
+    def _temperature(self) -> float:
+        # read at inference: a value set after fit is checked here too (NaN gave NaN
+        # probabilities)
+        check_positive(self.temperature, "temperature")
+        return float(self.temperature)
 
     def predict(self, X: SparseArrayLike) -> np.ndarray:
         """Most probable class of each row (the largest score of :meth:`decision_function`).
@@ -179,7 +185,8 @@ class SoftmaxPredictionMixin:
     def _objective_of(self, X, yi: torch.Tensor) -> float:
         """:meth:`objective` of a validated ``X`` (a tensor or a CSR matrix) and encoded
         labels ``yi``."""
-        yi, tau = yi.to(self._resolved_device), float(self.temperature)
+        yi, tau = yi.to(self._resolved_device), self._temperature()
+        check_positive(self.alpha, "alpha", strict=False)
         logits = self._logit_block(X)
         value = sum(float(exact_objective(logits(rows), yi[rows], self.loss, tau))
                     * (rows.stop - rows.start)

@@ -25,7 +25,11 @@ from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take, warn_
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
 from mlpapers.retrieval.rbe._kernels import _cur_query_weights, abs_max, stable_topk
 from mlpapers.retrieval.rbe._selection import SupportMethod, quiet_early_stop, select_support
-from mlpapers.retrieval.rbe._validation import check_adacur_params, check_retriever_params
+from mlpapers.retrieval.rbe._validation import (
+    check_adacur_params,
+    check_retriever_params,
+    check_solve_params,
+)
 
 __all__ = ["AdaCURRetriever", "AnnCURRetriever"]
 
@@ -359,6 +363,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         """
         self._check_fitted()
         self._check_relevance_fn("predict")
+        check_solve_params(self)  # read here (set_params after fit)
         n = length(queries, "queries")
         _, A, At, amax = self._anchor_cache()
         sizes = [int(s) for s in self.round_sizes_]

@@ -531,6 +531,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # read at inference (set_params after fit): a negative value must not silently
         # switch re-ranking off
         check_positive(self.n_rerank, "n_rerank", strict=False, integer=True)
+        check_positive(self.batch_size, "batch_size", integer=True)
         if n_neighbors > self.n_items_:
             raise ValueError(f"n_neighbors={n_neighbors} must be <= n_items ({self.n_items_}).")
         if 0 < self.n_rerank < n_neighbors:

@@ -17,7 +17,8 @@ from mlpapers._utils import (
 )
 from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, check_support_indices
 
-__all__ = ["check_adacur_params", "check_head_params", "check_retriever_params"]
+__all__ = ["check_adacur_params", "check_head_params", "check_retriever_params",
+           "check_solve_params"]
 
 #: ``RelevanceBasedRetriever(head=...)`` and ``loss=...``; ``HEADS`` and ``LOSSES`` list them.
 Head: TypeAlias = Literal["linear", "mlp"]
@@ -35,7 +36,9 @@ def _check_fraction(value: Any, name: str, *, low_open: bool) -> None:
         raise ValueError(f"{name} must be in {bounds}, got {value!r}.")
 
 
-def _check_solve(est) -> None:
+def check_solve_params(est) -> None:
+    """``ridge``, ``rcond`` and ``batch_size``: read by ``fit`` and again at inference
+    (ADACUR solves per query), where a value set after fit is checked too."""
     check_positive(est.ridge, "ridge", strict=False)
     if est.rcond is not None:
         check_positive(est.rcond, "rcond", strict=False)
@@ -74,7 +77,7 @@ def check_retriever_params(est, n_items: int) -> None:
     if est.n_rerank > n_items:
         raise ValueError(f"n_rerank={est.n_rerank} must be <= the number of items "
                          f"({n_items}).")
-    _check_solve(est)
+    check_solve_params(est)
     check_bool(est.standardize, "standardize")
 
 
@@ -90,4 +93,4 @@ def check_adacur_params(est, n_items: int) -> None:
         raise ValueError(f"n_rounds={est.n_rounds} must be <= n_calls={est.n_calls} "
                          "(at least one heavy call per round).")
     check_in_options(est.init, "init", SUPPORT_METHODS)
-    _check_solve(est)
+    check_solve_params(est)
