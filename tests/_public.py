@@ -3,6 +3,7 @@
 import importlib
 import numbers
 import pkgutil
+import re
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -51,3 +52,9 @@ def bad_value_like(value):
     if isinstance(value, str):
         return "no-such-option"
     return None
+
+
+def names_param(param, message):
+    """Whether ``message`` names ``param`` as a word (a one-letter argument such as
+    ``p`` or ``X`` is found in almost any sentence)."""
+    return re.search(rf"(?<![A-Za-z_]){re.escape(param)}(?![A-Za-z_])", message) is not None

@@ -17,7 +17,6 @@ import doctest
 import functools
 import inspect
 import os
-import re
 import sys
 import tempfile
 
@@ -25,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests._public import package_modules
+from tests._public import names_param, package_modules
 
 LOOP_STEP = "per-step kernel of a training loop: NaN propagates, as in torch"
 PROPAGATES = {
@@ -146,10 +145,6 @@ SWITCHES = [(name, param) for name in EXAMPLE_CALLS
             if isinstance(p.default, bool)]
 
 
-def _names(param, message):
-    """Whether ``message`` names ``param`` as a word (a one-letter argument such as
-    ``p`` or ``X`` is found in almost any sentence)."""
-    return re.search(rf"(?<![A-Za-z_]){re.escape(param)}(?![A-Za-z_])", message) is not None
 
 
 def _propagates(name, param):
@@ -188,7 +183,7 @@ def test_a_nan_argument_raises_a_value_error_naming_it(name, param, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError) as err:
         _call_with_nan(name, param)
-    assert _names(param, str(err.value)), str(err.value)
+    assert names_param(param, str(err.value)), str(err.value)
 
 
 @pytest.mark.parametrize(("name", "param"), [case for case in CASES if _propagates(*case)])
@@ -244,7 +239,7 @@ def test_a_non_finite_scalar_parameter_is_refused_by_name(name, param, bad, tmp_
     monkeypatch.chdir(tmp_path)
     with pytest.raises((ValueError, TypeError)) as err:
         _call_with(name, param, lambda _: bad)
-    assert _names(param, str(err.value)), str(err.value)
+    assert names_param(param, str(err.value)), str(err.value)
 
 
 #: functions whose example passes a ``random_state``
@@ -264,7 +259,7 @@ def test_a_bad_random_state_is_refused_by_name(name, bad, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     with pytest.raises((ValueError, TypeError)) as err:
         _call_with(name, "random_state", lambda _: bad)
-    assert _names("random_state", str(err.value)), str(err.value)
+    assert names_param("random_state", str(err.value)), str(err.value)
 
 
 def test_most_switches_are_checked():
@@ -279,7 +274,7 @@ def test_a_switch_takes_only_true_or_false(name, param, bad, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError) as err:
         _call_with(name, param, lambda _: bad)
-    assert _names(param, str(err.value)), str(err.value)
+    assert names_param(param, str(err.value)), str(err.value)
 
 
 def test_switches_of_public_classes_take_only_true_or_false():
@@ -373,7 +368,7 @@ def test_an_argument_of_another_dtype_is_computed_or_refused_by_name(name, param
     try:
         _call_with(name, param, lambda value: _as_dtype(value, dtype))
     except (ValueError, TypeError) as err:
-        assert _names(param, str(err)), str(err)
+        assert names_param(param, str(err)), str(err)
 
 
 def test_arrays_outside_the_examples_and_tensor_parameters():
