@@ -217,3 +217,35 @@ def test_adacur_fills_a_short_greedy_first_round_with_distinct_items():
     first = est.initial_anchors_
     assert len(first) == 13 and len(set(first.tolist())) == 13
     assert ((first >= 0) & (first < 30)).all()
+
+
+@pytest.mark.parametrize("support", ["greedy", "popular", "kmeans"])
+def test_supports_are_selected_without_the_held_out_queries(monkeypatch, support):
+    # the held-out queries pick the neural head's checkpoint: supports selected on them
+    # would make that validation hit rate optimistic (the note's leakage pitfall)
+    import mlpapers.retrieval.rbe._estimator as mod
+
+    seen = {}
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            seen[name] = args[1] if name == "linear" else args[0]
+            return fn(*args, **kwargs)
+        monkeypatch.setattr(mod, fn.__name__, wrapped)
+
+    spy("select", mod.select_support)
+    spy("linear", mod.fit_linear_embeddings)
+    Q, I, f = _lowrank(n_q=40, n_i=30, rank=6)
+    R = f(Q, I)
+    est = RelevanceBasedRetriever(f, n_support=4, support=support, head="mlp", max_iter=2,
+                                  mlp_hidden=4, validation_fraction=0.25, random_state=0)
+    est.fit(Q, I, relevance_matrix=R)
+    rows = seen["select"].numpy()
+    assert rows.shape == (30, 30)  # 10 of the 40 queries held out
+    np.testing.assert_array_equal(rows, seen["linear"].numpy())
+    held_out = np.ones(40, bool)
+    held_out[[int(np.flatnonzero((R == r).all(axis=1))[0]) for r in rows]] = False
+    assert held_out.sum() == 10
+    expected = select_support(R[~held_out], 4, support, random_state=0)
+    if support != "kmeans":  # k-means draws from the estimator's generator after the split
+        np.testing.assert_array_equal(est.support_indices_, expected)

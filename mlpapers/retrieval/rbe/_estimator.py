@@ -124,7 +124,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         linear RBE, is a candidate, so the neural head never validates worse).
     validation_fraction : float, default=0.1
         Fraction of training queries held out for checkpoint selection of the neural
-        head (0 trains on all and keeps the last step). None are held out when
+        head (0 trains on all and keeps the last step); the supports are selected,
+        and the linear part fitted, without them. None are held out when
         ``max_iter=0``: the untrained head then equals linear RBE on all queries.
     batch_size : int, default=1024
         Queries per chunk when calling ``relevance_fn`` and scoring items; the
@@ -285,13 +286,6 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         N = length(items, "items")
         self._check_params(N)
         R, n_calls = self._offline_relevance(train_queries, items, relevance_matrix)
-        if isinstance(self.support, str):
-            S, scores = select_support(
-                R, self.n_support, self.support, center=self.standardize,
-                random_state=self._numpy_gen, device=self._device, return_scores=True)
-        else:
-            S = check_support_indices(self.support, N)
-            scores = np.full(S.size, np.nan)
         fit_rows = np.arange(n_q)
         val_rows = np.arange(0)
         # Queries are held out only to select a training checkpoint: with max_iter=0
@@ -302,9 +296,18 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             perm = self._numpy_gen.permutation(n_q)
             n_val = min(n_q - 1, max(1, round(self.validation_fraction * n_q)))
             val_rows, fit_rows = np.sort(perm[:n_val]), np.sort(perm[n_val:])
-        Sg = torch.as_tensor(S, device=self._device)
         # no copy of the (n_queries, n_items) matrix when every query is used
         R_fit = R if len(fit_rows) == n_q else R[torch.as_tensor(fit_rows, device=self._device)]
+        # the supports too are chosen without the held-out queries: selected on them,
+        # the validation hit rate that picks the checkpoint would be optimistic
+        if isinstance(self.support, str):
+            S, scores = select_support(
+                R_fit, self.n_support, self.support, center=self.standardize,
+                random_state=self._numpy_gen, device=self._device, return_scores=True)
+        else:
+            S = check_support_indices(self.support, N)
+            scores = np.full(S.size, np.nan)
+        Sg = torch.as_tensor(S, device=self._device)
         lin = fit_linear_embeddings(R_fit[:, Sg], R_fit, ridge=float(self.ridge),
                                     rcond=self.rcond, standardize=bool(self.standardize))
         self._warn_near_interpolation(S.size, int(lin["rank"]), len(fit_rows), len(val_rows))

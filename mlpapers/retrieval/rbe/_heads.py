@@ -248,11 +248,14 @@ def build_head(embeddings, offsets, popularity, U_fit: torch.Tensor, hidden: int
     query inputs (their mean and scale standardise the query tower's input).
     """
     f32 = torch.float32
+    # no supports (greedy stopped at once) leaves no columns: torch warns on their std
+    scale = (U_fit.std(dim=0, correction=0) if U_fit.numel()
+             else U_fit.new_ones(U_fit.shape[1]))
     head = NeuralRBEHead(
         torch.as_tensor(embeddings, dtype=f32, device=device),
         torch.as_tensor(offsets, dtype=f32, device=device),
         torch.as_tensor(popularity, device=device).to(f32), U_fit.mean(dim=0),
-        U_fit.std(dim=0, correction=0).clamp_min(1e-12), int(hidden),
+        scale.clamp_min(1e-12), int(hidden),
         generator=torch.Generator().manual_seed(int(seed)),
     )
     return head.to(device)
