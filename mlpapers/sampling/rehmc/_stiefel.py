@@ -318,9 +318,10 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
     :math:`-\log g(Q_X) + \|X\|_F^2 / 2`, reflecting off the Frobenius ball
     :math:`\|X\|_F \le b \sqrt{k}` and keeping the draws with
     :math:`a \le \sigma_{\min}(X)` and :math:`\sigma_{\max}(X) \le b`, whose polar
-    factors are returned. Restricting to well-conditioned ``X`` bounds the
-    gradient of ``Q_X`` (which blows up as :math:`\sigma_{\min} \to 0`) without
-    changing the law of ``Q``.
+    factors are returned. Keeping only well-conditioned ``X`` does not change the
+    law of ``Q``; it conditions the returned draws, not the trajectories, which
+    cross the whole ball (where the gradient of ``Q_X`` grows as
+    :math:`\sigma_{\min} \to 0`).
 
     Parameters
     ----------
