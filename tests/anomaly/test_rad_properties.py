@@ -87,8 +87,9 @@ def _rad(**kw):
 
 # -- an independent float64 reference of the whole RAD pipeline -------------------------------
 def _reference_rad(X_train, X_test, *, k_images, pos_radius, top_ratio, smoothing_sigma,
-                   blur_padding, layer_weights, exclude_self=False, **_):
-    """RAD from its definition in float64 (maps at the input size, scores, retrieved sets).
+                   blur_padding, layer_weights, exclude_self=False, map_size=None, **_):
+    """RAD from its definition in float64 (maps at the input size, or at ``map_size``
+    (h, w) when given, scores, retrieved sets).
 
     Retrieval ranks memory images by key cosine (ties: lower index); per layer the
     score of position j is 1 - max cosine over the retrieved images' patches inside
@@ -100,7 +101,7 @@ def _reference_rad(X_train, X_test, *, k_images, pos_radius, top_ratio, smoothin
         f_te, k_te = EXT(torch.from_numpy(X_test))
     cos = F.normalize(k_te.double(), dim=1) @ F.normalize(k_tr.double(), dim=1).T
     n_tr = len(X_train)
-    H, W = X_test.shape[-2:]
+    H, W = X_test.shape[-2:] if map_size is None else map_size
     w = np.full(len(f_tr), 1.0 / len(f_tr)) if layer_weights is None else (
         np.asarray(layer_weights, float) / np.sum(layer_weights))
     maps = torch.zeros(len(X_test), H, W, dtype=torch.float64)
@@ -164,6 +165,25 @@ def test_rad_equals_float64_reference_for_every_option(X, params, n_test):
         _, loo, _, gap = _reference_rad(X_train, X_train, exclude_self=True, **params)
         if gap > 1e-5:
             np.testing.assert_allclose(det.decision_scores_, loo, atol=ATOL, rtol=0)
+
+
+@settings(max_examples=N_EX, deadline=None)
+@given(X=image_sets(min_n=2, max_n=5), params=rad_params(),
+       map_size=st.one_of(st.integers(1, 24), st.tuples(st.integers(1, 24), st.integers(1, 24))))
+def test_rad_map_size_fuses_blurs_and_pools_at_that_size(X, params, map_size):
+    """``map_size`` (the paper's 448 px input scored on 256 px maps): the layer maps are
+    upsampled to it, fused, blurred (sigma in map pixels) and pooled there, against the
+    float64 definition at that size; ``anomaly_map`` then resizes to the input size."""
+    hw = (map_size, map_size) if isinstance(map_size, int) else map_size
+    X_train, X_test = X[1:], X[:1]
+    ref_maps, ref_scores, _, gap = _reference_rad(X_train, X_test, map_size=hw, **params)
+    assume(gap > 1e-5)
+    det = _rad(**params, map_size=map_size).fit(X_train)
+    maps, scores = det.anomaly_map(X_test, return_scores=True)
+    np.testing.assert_allclose(scores, ref_scores, atol=ATOL, rtol=0)
+    resized = F.interpolate(torch.from_numpy(ref_maps)[:, None], size=X.shape[-2:],
+                            mode="bilinear", align_corners=False)[:, 0].numpy()
+    np.testing.assert_allclose(maps, resized, atol=ATOL, rtol=0)
 
 
 # |1 - <q, round(q)>| <= u * |q|^2 = u for a unit vector q stored with unit roundoff u

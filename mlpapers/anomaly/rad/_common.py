@@ -106,17 +106,18 @@ def check_fraction(value, name: str, high: float, *, zero_allowed: bool) -> None
                          f"got {value!r}.")
 
 
-def _check_image_size(image_size) -> tuple[int, int] | None:
+def _check_image_size(image_size, name: str = "image_size") -> tuple[int, int] | None:
+    """``(height, width)`` of a size parameter (an int or a pair), or None."""
     if image_size is None:
         return None
     if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool):
-        check_positive(image_size, "image_size", integer=True)
+        check_positive(image_size, name, integer=True)
         return int(image_size), int(image_size)
     if isinstance(image_size, (tuple, list)) and len(image_size) == 2:
         for s in image_size:
-            check_positive(s, "image_size", integer=True)
+            check_positive(s, name, integer=True)
         return int(image_size[0]), int(image_size[1])
-    raise ValueError(f"image_size must be None, an int or a pair (height, width), "
+    raise ValueError(f"{name} must be None, an int or a pair (height, width), "
                      f"got {image_size!r}.")
 
 

@@ -19,7 +19,7 @@ from mlpapers._utils import (
     check_positive,
     to_numpy,
 )
-from mlpapers.anomaly.rad._common import BaseImageDetector, check_fraction
+from mlpapers.anomaly.rad._common import BaseImageDetector, _check_image_size, check_fraction
 from mlpapers.anomaly.rad._extractors import ExtractorFn
 from mlpapers.anomaly.rad._kernels import (
     global_patch_similarity,
@@ -48,8 +48,8 @@ class RADDetector(BaseImageDetector):
 
     with :math:`W_r(j)` the :math:`(2r+1)^2` grid window around :math:`j`
     (clipped at the borders; the whole grid when ``pos_radius=None``). Layer
-    maps are upsampled to the network input size and fused with
-    ``layer_weights``, blurred with a Gaussian (5x5 for :math:`\sigma=1`), and
+    maps are upsampled to ``map_size`` (default: the network input size) and fused
+    with ``layer_weights``, blurred with a Gaussian (5x5 for :math:`\sigma=1`), and
     the image score is the mean of the top ``top_ratio`` fraction of map pixels
     (at least one pixel).
 
@@ -79,13 +79,19 @@ class RADDetector(BaseImageDetector):
         ints); images are resized (bilinear, antialiased). ``None``
         keeps the input size (all images must then share it); otherwise a list
         of images of different sizes is accepted. Maps and image scores are
-        computed at this size; :meth:`anomaly_map` resizes to the input (one map
-        per image, in a list, for images of different sizes).
+        computed at this size unless ``map_size`` is set; :meth:`anomaly_map`
+        resizes to the input (one map per image, in a list, for images of
+        different sizes).
+    map_size : int, (int, int) or None, default=None
+        Size at which the layer maps are fused, blurred and pooled into the image
+        score; ``None`` is the network input size. The paper's DINO setting feeds
+        448-pixel images and scores maps at 256 pixels: ``image_size=448,
+        map_size=256``. Read when scoring, like ``top_ratio``.
     top_ratio : float in [0, 1], default=0.01
         Fraction of map pixels averaged into the image score; ``0`` is the max.
     smoothing_sigma : float, default=1.0
-        Standard deviation (in pixels of the network input) of the Gaussian blur
-        of the fused map (kernel ``2 * ceil(2 * sigma) + 1``); ``0`` disables it.
+        Standard deviation (in pixels of the map) of the Gaussian blur of the
+        fused map (kernel ``2 * ceil(2 * sigma) + 1``); ``0`` disables it.
     blur_padding : {"zeros", "reflect"}, default="zeros"
         ``"zeros"`` follows the official code.
     contamination : float in (0, 0.5], default=0.1
@@ -203,6 +209,7 @@ class RADDetector(BaseImageDetector):
                  k_images: int = 150, pos_radius: int | None = 1,
                  layer_weights: ArrayLike | None = None,
                  image_size: int | tuple[int, int] | list[int] | None = 224,
+                 map_size: int | tuple[int, int] | list[int] | None = None,
                  top_ratio: float = 0.01, smoothing_sigma: float = 1.0,
                  blur_padding: Literal["zeros", "reflect"] = "zeros",
                  contamination: float = 0.1,
@@ -216,6 +223,7 @@ class RADDetector(BaseImageDetector):
         self.pos_radius = pos_radius
         self.layer_weights = layer_weights
         self.image_size = image_size
+        self.map_size = map_size
         self.top_ratio = top_ratio
         self.smoothing_sigma = smoothing_sigma
         self.blur_padding = blur_padding
@@ -232,6 +240,7 @@ class RADDetector(BaseImageDetector):
         self._check_common_params()
         check_in_options(self.matching, "matching", ("auto", "shared", "tiled", "gather"))
         check_positive(self.k_images, "k_images", integer=True)
+        _check_image_size(self.map_size, "map_size")
         if self.pos_radius is not None:
             check_positive(self.pos_radius, "pos_radius", integer=True, strict=False)
         check_fraction(self.top_ratio, "top_ratio", 1.0, zero_allowed=True)
@@ -301,9 +310,10 @@ class RADDetector(BaseImageDetector):
                                             self.matching, self.chunk_size)
             layer_maps.append((1.0 - sim).clamp_min(0.0).reshape(len(nbrs), h, w))
             layer_weights.append(float(wl))
-        # upsampling, fusion and blur in one pass (two small matmuls per batch)
-        maps = fused_smoothed_maps(layer_maps, layer_weights,
-                                   (self.input_size_[0], self.input_size_[1]),
+        # upsampling, fusion and blur in one pass (two small matmuls per batch); read
+        # at scoring time, like the other scoring parameters (set_params after fit)
+        size = _check_image_size(self.map_size, "map_size") or self.input_size_
+        maps = fused_smoothed_maps(layer_maps, layer_weights, (size[0], size[1]),
                                    float(self.smoothing_sigma), self.blur_padding)
         scores = top_ratio_pool(maps, float(self.top_ratio))
         return (maps if return_maps else None), scores
