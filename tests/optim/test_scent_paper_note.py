@@ -207,3 +207,38 @@ def test_last_stats_estimate_and_gamma_at_a_temperature():
     sox = EntropicRiskLoss(4, method="sox", temperature=tau)
     sox(torch.as_tensor(s2), torch.arange(4), torch.as_tensor(mask))
     assert sox.last_stats == pytest.approx({"estimate": tau * L.mean()}, rel=1e-12)
+
+
+# -- the note's pitfall "log gamma statistics": gamma_curve_ -----------------------------
+@pytest.mark.parametrize("log_alpha", [0.0, -1.5])
+def test_kldro_gamma_curve_is_sigmoid_of_log_alpha_plus_the_previous_nu(log_alpha):
+    """With one full batch per epoch and a constant rate, epoch 2's gamma is
+    sigma(log alpha + nu) at the nu an identical 1-epoch fit ends with."""
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    X, y = X[:100], (y[:100] - y.mean()) / y.std()
+    kw = dict(lam=1.0, lr=1e-3, batch_size=100, lr_schedule="constant", random_state=0,
+              log_alpha=log_alpha)
+    one = KLDRORegressor(epochs=1, **kw).fit(X, y)
+    two = KLDRORegressor(epochs=2, **kw).fit(X, y)
+    assert len(two.gamma_curve_) == 2
+    np.testing.assert_allclose(two.gamma_curve_[1], 1 / (1 + np.exp(-(log_alpha + one.nu_))),
+                               rtol=1e-12)
+    bsgd = KLDRORegressor(epochs=2, method="bsgd", **kw).fit(X, y)
+    assert len(bsgd.gamma_curve_) == 2 and np.isnan(bsgd.gamma_curve_).all()
+
+
+def test_gamma_curve_has_one_entry_per_epoch_for_every_estimator():
+    """Per epoch (also across partial_fit calls), in (0, 1) for SCENT, NaN for others."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((120, 5))
+    y = rng.integers(0, 6, 120)
+    clf = SCENTClassifier(epochs=3, n_negatives=3, random_state=0).fit(X, y)
+    clf.partial_fit(X, y)
+    assert len(clf.gamma_curve_) == len(clf.loss_curve_) == 4
+    assert all(0 < g < 1 for g in clf.gamma_curve_)
+    sox = SCENTClassifier(epochs=2, n_negatives=3, method="sox", random_state=0).fit(X, y)
+    assert len(sox.gamma_curve_) == 2 and np.isnan(sox.gamma_curve_).all()
+    pauc = PartialAUCClassifier(epochs=2, random_state=0).fit(X, (y == 0).astype(int))
+    assert len(pauc.gamma_curve_) == 2 and all(0 < g < 1 for g in pauc.gamma_curve_)

@@ -147,6 +147,10 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
     loss_curve_ : list of float
         Mean surrogate value per epoch: an estimate of the objective (for
         ``"softmax"`` shifted by :math:`\tau\log C`, i.e. of the cross-entropy).
+    gamma_curve_ : list of float
+        Mean SCENT step weight :math:`\gamma = \sigma(\log\alpha + \nu)` per epoch,
+        over the anchors updated (NaN for the other methods). Close to 1, SCENT's
+        step is nearly BSGD's: lower ``log_alpha`` (see the user guide).
     n_iter_ : int
         Epochs run.
     n_features_in_ : int
@@ -274,6 +278,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         self._check_params(len(self.classes_))
         self._start_training(X.shape[0], X.shape[1])
         self.loss_curve_ = []
+        self.gamma_curve_ = []
         self._run(X, self._encode(y), torch.arange(X.shape[0]), self.epochs, self.lr_schedule)
         return self
 
@@ -323,6 +328,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
                 raise ValueError("classes must hold at least 2 classes.")
             self._check_params(len(self.classes_))
             self.loss_curve_ = []
+            self.gamma_curve_ = []
         else:
             X, y = self._train_data(X, y, reset=False)
             if classes is not None and not np.array_equal(np.unique(self._to_numpy(classes)),

@@ -97,6 +97,29 @@ def surrogate_overflow(name: str, method: str, epoch: int, ratio: str) -> Floati
         f"float32 ({ratio} too large); lower lr, or raise {ratio.split(' / ')[-1]}.")
 
 
+class GammaMeter:
+    """Mean over an epoch of SCENT's step weight :math:`\\gamma = \\sigma(\\log\alpha + \nu)`,
+    weighted by the anchors of each step (the loss's ``last_stats``).
+
+    The paper's pitfall: with :math:`\alpha e^{\nu} \\gg 1`, :math:`\\gamma \approx 1`
+    and SCENT's step is nearly the biased BSGD step; the estimators keep the means in
+    ``gamma_curve_`` so that a user can see it. NaN for the other methods (no
+    :math:`\\gamma`).
+    """
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def add(self, loss_fn, n_anchors: int) -> None:
+        gamma = loss_fn.last_stats.get("gamma_mean")
+        if gamma is not None and n_anchors > 0:
+            self.total += gamma * n_anchors
+            self.count += n_anchors
+
+    def mean(self) -> float:
+        return self.total / self.count if self.count else float("nan")
+
+
 def nu_to_numpy(loss_fn) -> np.ndarray:
     """The dual table as a float64 numpy array, NaN at anchors never visited."""
     nu = loss_fn.nu.detach().clone().cpu()

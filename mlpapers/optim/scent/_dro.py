@@ -33,6 +33,7 @@ from mlpapers._utils import (
 from mlpapers._utils._docs import fill_doc
 from mlpapers.optim.scent._common import (
     SAMPLES_X,
+    GammaMeter,
     TensorTargetsScore,
     check_common_params,
     lr_factor,
@@ -120,6 +121,10 @@ _DOC_ATTRS = r"""
         NaN for ``method="bsgd"``, which has none.
     loss_curve_ : list of float
         Exact full-data objective after each epoch.
+    gamma_curve_ : list of float
+        Mean SCENT step weight :math:`\gamma = \sigma(\log\alpha + \nu)` per epoch
+        (NaN for the other methods). Close to 1, SCENT's step is nearly BSGD's:
+        try ``log_alpha="auto"`` or a negative ``log_alpha`` (see the user guide).
     init_objective_ : float
         Exact objective at the initial (ERM) model.
     n_iter_ : int
@@ -246,10 +251,11 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         bs = min(int(self.batch_size), n)
         total, step = self.epochs * math.ceil(n / bs), 0
         zero = torch.zeros(1, dtype=torch.long)
-        self.loss_curve_ = []
+        self.loss_curve_, self.gamma_curve_ = [], []
         log = ProgressLogger(self.epochs, self.verbose, desc=f"{type(self).__name__}")
         for epoch in log:
             perm = torch.randperm(n, generator=self._torch_gen).to(dev)
+            gammas = GammaMeter()
             for start in range(0, n, bs):
                 rows = perm[start:start + bs]
                 set_lrs(opt, loss_fn, self, lr_factor(self.lr_schedule, step, total))
@@ -267,10 +273,12 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                                              "loss / lam")
                 (surrogate + self._penalty(W / scale_f)).backward()
                 opt.step()
+                gammas.add(loss_fn, 1)  # one anchor: the whole data set
                 step += 1
             with torch.no_grad():
                 Wo, bo = unscale(W.detach().double() * t, b.detach().double() * t, mu, scale)
                 self.loss_curve_.append(float(self._dro_value(Wo, bo, X64, y)))
+            self.gamma_curve_.append(gammas.mean())
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.nu_ = float(loss_fn.nu[0]) if self.method != "bsgd" else float("nan")

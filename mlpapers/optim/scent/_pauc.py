@@ -25,6 +25,7 @@ from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for
 from mlpapers._utils._docs import fill_doc
 from mlpapers.optim.scent._common import (
     SAMPLES_X,
+    GammaMeter,
     check_common_params,
     lr_factor,
     make_loss,
@@ -131,6 +132,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         positives never visited (and for ``method="bsgd"``).
     loss_curve_ : list of float
         Exact training objective after each epoch.
+    gamma_curve_ : list of float
+        Mean SCENT step weight :math:`\gamma = \sigma(\log\alpha + \nu)` per epoch,
+        over the positives updated (NaN for the other methods).
     n_iter_ : int
         Epochs run.
     n_features_in_ : int
@@ -274,10 +278,11 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         opt = torch.optim.SGD([w], lr=self.lr, momentum=self.momentum,
                               nesterov=self.momentum > 0)
         total, step = self.epochs * math.ceil(n_pos / bs), 0
-        self.loss_curve_ = []
+        self.loss_curve_, self.gamma_curve_ = [], []
         log = ProgressLogger(self.epochs, self.verbose, desc="PartialAUCClassifier")
         for epoch in log:
             perm = torch.randperm(n_pos, generator=self._torch_gen)
+            gammas = GammaMeter()
             for start in range(0, n_pos, bs):
                 idx = perm[start:start + bs]
                 neg = torch.randint(0, n_neg, (k,), generator=self._torch_gen).to(dev)
@@ -296,9 +301,11 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                     raise FloatingPointError(
                         f"PartialAUCClassifier(method={self.method!r}) diverged at epoch "
                         f"{epoch + 1}; lower lr.")
+                gammas.add(loss_fn, len(idx))
                 step += 1
             with torch.no_grad():
                 self.loss_curve_.append(float(self._objective_t(w.double(), Xp64, Xn64)))
+            self.gamma_curve_.append(gammas.mean())
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.coef_ = (w.detach().double() / scale).cpu().numpy()

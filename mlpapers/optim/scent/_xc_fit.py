@@ -13,6 +13,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from mlpapers._utils import ProgressLogger, user_stacklevel
 from mlpapers.optim.scent._common import (
+    GammaMeter,
     load_nu,
     lr_factor,
     make_loss,
@@ -46,6 +47,7 @@ class SampledTrainingMixin:
     verbose: int
     classes_: np.ndarray
     loss_curve_: list[float]
+    gamma_curve_: list[float]
     _torch_gen: torch.Generator
     _resolved_device: torch.device
     _objective_of: Callable[[Any, torch.Tensor], float]
@@ -176,6 +178,8 @@ class SampledTrainingMixin:
     def _run(self, X, y, index, epochs: int, schedule: str) -> None:
         n, tau = X.shape[0], float(self.temperature)
         self._sync_params()
+        # a model pickled or saved before gamma_curve_ existed continues with NaNs
+        self.__dict__.setdefault("gamma_curve_", [float("nan")] * len(self.loss_curve_))
         y = y.to(X.device)
         bs = min(int(self.batch_size), n)
         total, step = epochs * math.ceil(n / bs), 0
@@ -184,16 +188,18 @@ class SampledTrainingMixin:
         log = ProgressLogger(epochs, self.verbose, desc=f"SCENTClassifier[{self.method}]")
         for _ in log:
             perm = torch.randperm(n, generator=self._torch_gen).to(X.device)
-            running, used = 0.0, 0
+            running, used, gammas = 0.0, 0, GammaMeter()
             for start in range(0, n, bs):
                 rows = perm[start:start + bs]
                 set_lrs(self._opt, self._loss_fn, self, lr_factor(schedule, step, total))
                 value, count = self._step(X[rows], y[rows], index[rows.cpu()])
                 running += value
                 used += count
+                gammas.add(self._loss_fn, count)
                 step += 1
             self.n_iter_ += 1
             self.loss_curve_.append(running / used + shift if used else float("nan"))
+            self.gamma_curve_.append(gammas.mean())
             log.log(epoch=self.n_iter_, loss=self.loss_curve_[-1])
         self.coef_ = self._W.detach().cpu().numpy().copy()
         self.intercept_ = self._b.detach().cpu().numpy().copy()
