@@ -98,13 +98,13 @@ def surrogate_overflow(name: str, method: str, epoch: int, ratio: str) -> Floati
 
 
 class GammaMeter:
-    """Mean over an epoch of SCENT's step weight :math:`\\gamma = \\sigma(\\log\alpha + \nu)`,
+    r"""Mean over an epoch of SCENT's step weight :math:`\gamma = \sigma(\log\alpha + \nu)`,
     weighted by the anchors of each step (the loss's ``last_stats``).
 
-    The paper's pitfall: with :math:`\alpha e^{\nu} \\gg 1`, :math:`\\gamma \approx 1`
+    The paper's pitfall: with :math:`\alpha e^{\nu} \gg 1`, :math:`\gamma \approx 1`
     and SCENT's step is nearly the biased BSGD step; the estimators keep the means in
     ``gamma_curve_`` so that a user can see it. NaN for the other methods (no
-    :math:`\\gamma`).
+    :math:`\gamma`).
     """
 
     def __init__(self) -> None:
