@@ -139,6 +139,9 @@ def test_msr_scores_every_coprime_multiplier(n, topology):
     assert new.tolist() == [pi[(c * i) % n] for i in range(n)]
     est = BottleneckNodeAssigner(topology=topology, random_state=0).fit(D)
     assert np.array_equal(est.assignment_, multiplier_relabel(est.ring_tour_, est.multiplier_))
+    # and the estimator's multiplier is the best one for its own ring tour (MSR not skipped)
+    c_tour, _, bcd_tour = best_multiplier(D, est.ring_tour_, topology)
+    assert est.multiplier_ == c_tour and est.bcd_ == pytest.approx(bcd_tour, rel=1e-15)
 
 
 def test_directed_lower_bound_takes_the_nearest_bound_when_it_exceeds_theta():
