@@ -138,11 +138,11 @@ def test_partial_auc_rho_defaults_to_1e_3():
 
 
 # -- section 5, check 4: nu-only micro-benchmark ------------------------------------------
-# The setting of tests/optim/test_scent_kernels.py::test_spmd_reaches_nu_star_much_faster_
-# than_sgd (which covers nu0 = 20, alpha = 0.1): s ~ N(5, 1), nu* = 5.5, batch 8,
-# steps until |nu - nu*| < 0.25. Steps over seeds 0-9 (SPMD / ASGD):
+# s ~ N(5, 1), nu* = 5.5, batch 8, steps until |nu - nu*| < 0.25, the same sample
+# stream for both methods. Steps over seeds 0-9 (SPMD / ASGD):
 #   nu0 = 0:  a = 0.01: 4-13 / 132-165; a = 0.1: 2-9 / 98-327; a = 1: 2-9 / 137-364
-#   nu0 = 20: a = 0.01: 1-3 / 1561-1591; a = 1: 1-9 / 15-17 (ASGD moves nu by at most
+#   nu0 = 20: a = 0.01: 1-3 / 1561-1591; a = 0.1: 1-9 / 153-158; a = 1: 1-9 / 15-17
+#   (ASGD moves nu by at most
 #   dual_lr per step while nu > L: at least ceil(20 - 5.75) = 15 steps)
 NU_STAR = 5.5
 
@@ -159,7 +159,7 @@ def steps_to_nu_star(method, nu0, seed, **kw):
 
 @pytest.mark.parametrize("nu0, alpha, gap", [
     (0.0, 0.01, True), (0.0, 0.1, True), (0.0, 1.0, True),
-    (20.0, 0.01, True), (20.0, 1.0, False)])
+    (20.0, 0.01, True), (20.0, 0.1, True), (20.0, 1.0, False)])
 def test_spmd_reaches_nu_star_in_few_steps_from_far_starts(nu0, alpha, gap):
     """'SPMD reaches nu* much faster than SGD': at most 15 steps from below (nu0 = 0) and
     above (nu0 = 20) for alpha in {0.01, 0.1, 1}, 10x fewer than ASGD with dual_lr = alpha
@@ -196,7 +196,9 @@ def test_last_stats_estimate_and_gamma_at_a_temperature():
     L = logsumexp(np.where(mask, s2 / tau, -np.inf), axis=1) - np.log(mask.sum(1))
     assert loss.last_stats["estimate"] == pytest.approx(tau * L.mean(), rel=1e-12)
     g = expit(log_alpha.numpy() + old)
-    assert set(loss.last_stats) == {"estimate", "gamma_mean", "gamma_min", "gamma_max"}
+    assert set(loss.last_stats) == {"estimate", "gamma_mean", "gamma_min", "gamma_max",
+                                    "gamma_count"}
+    assert loss.last_stats["gamma_count"] == 4
     assert loss.last_stats["gamma_mean"] == pytest.approx(g.mean(), rel=1e-12)
     assert loss.last_stats["gamma_min"] == pytest.approx(g.min(), rel=1e-12)
     assert loss.last_stats["gamma_max"] == pytest.approx(g.max(), rel=1e-12)
@@ -207,6 +209,22 @@ def test_last_stats_estimate_and_gamma_at_a_temperature():
     sox = EntropicRiskLoss(4, method="sox", temperature=tau)
     sox(torch.as_tensor(s2), torch.arange(4), torch.as_tensor(mask))
     assert sox.last_stats == pytest.approx({"estimate": tau * L.mean()}, rel=1e-12)
+
+
+def test_first_visits_take_no_scent_step_and_report_no_gamma():
+    """Without nu_init a first visit sets nu := L whatever gamma is: only the anchors
+    seen before count in the gamma statistics (none on the very first call)."""
+    rng = np.random.default_rng(4)
+    s = torch.as_tensor(rng.normal(size=(4, 6)))
+    loss = EntropicRiskLoss(6, log_alpha=-0.5)
+    loss(s, torch.arange(4))  # anchors 0-3, all first visits
+    assert "gamma_mean" not in loss.last_stats
+    old = loss.nu.numpy().copy()
+    loss(s + 1.0, torch.tensor([2, 3, 4, 5]))  # 2 and 3 step, 4 and 5 are first visits
+    g = expit(-0.5 + old[[2, 3]])
+    assert loss.last_stats["gamma_count"] == 2
+    assert loss.last_stats["gamma_mean"] == pytest.approx(g.mean(), rel=1e-12)
+    assert loss.last_stats["gamma_min"] == pytest.approx(g.min(), rel=1e-12)
 
 
 # -- the note's pitfall "log gamma statistics": gamma_curve_ -----------------------------
@@ -237,8 +255,10 @@ def test_gamma_curve_has_one_entry_per_epoch_for_every_estimator():
     clf = SCENTClassifier(epochs=3, n_negatives=3, random_state=0).fit(X, y)
     clf.partial_fit(X, y)
     assert len(clf.gamma_curve_) == len(clf.loss_curve_) == 4
-    assert all(0 < g < 1 for g in clf.gamma_curve_)
+    # epoch 1 visits every anchor for the first time: nu := L, no SCENT step to report
+    assert np.isnan(clf.gamma_curve_[0]) and all(0 < g < 1 for g in clf.gamma_curve_[1:])
     sox = SCENTClassifier(epochs=2, n_negatives=3, method="sox", random_state=0).fit(X, y)
     assert len(sox.gamma_curve_) == 2 and np.isnan(sox.gamma_curve_).all()
     pauc = PartialAUCClassifier(epochs=2, random_state=0).fit(X, (y == 0).astype(int))
-    assert len(pauc.gamma_curve_) == 2 and all(0 < g < 1 for g in pauc.gamma_curve_)
+    assert len(pauc.gamma_curve_) == 2 and np.isnan(pauc.gamma_curve_[0])
+    assert 0 < pauc.gamma_curve_[1] < 1

@@ -149,8 +149,10 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         ``"softmax"`` shifted by :math:`\tau\log C`, i.e. of the cross-entropy).
     gamma_curve_ : list of float
         Mean SCENT step weight :math:`\gamma = \sigma(\log\alpha + \nu)` per epoch,
-        over the anchors updated (NaN for the other methods). Close to 1, SCENT's
-        step is nearly BSGD's: lower ``log_alpha`` (see the user guide).
+        over the anchors that took a SCENT step (NaN for the other methods, and for
+        the first epoch: a first visit sets an anchor's :math:`\nu` to its estimate,
+        with no step). Close to 1, SCENT's step is nearly BSGD's: lower
+        ``log_alpha`` (see the user guide).
     n_iter_ : int
         Epochs run.
     n_features_in_ : int

@@ -98,23 +98,24 @@ def surrogate_overflow(name: str, method: str, epoch: int, ratio: str) -> Floati
 
 
 class GammaMeter:
-    r"""Mean over an epoch of SCENT's step weight :math:`\gamma = \sigma(\log\alpha + \nu)`,
-    weighted by the anchors of each step (the loss's ``last_stats``).
+    r"""Mean over an epoch of SCENT's step weight :math:`\gamma = \sigma(\log\alpha + \nu)`
+    over the anchors that took a SCENT step (the loss's ``last_stats``; first visits,
+    which set :math:`\nu := L`, do not count).
 
     The paper's pitfall: with :math:`\alpha e^{\nu} \gg 1`, :math:`\gamma \approx 1`
     and SCENT's step is nearly the biased BSGD step; the estimators keep the means in
     ``gamma_curve_`` so that a user can see it. NaN for the other methods (no
-    :math:`\gamma`).
+    :math:`\gamma`) and for an epoch of first visits only.
     """
 
     def __init__(self) -> None:
         self.total, self.count = 0.0, 0
 
-    def add(self, loss_fn, n_anchors: int) -> None:
-        gamma = loss_fn.last_stats.get("gamma_mean")
-        if gamma is not None and n_anchors > 0:
-            self.total += gamma * n_anchors
-            self.count += n_anchors
+    def add(self, loss_fn) -> None:
+        stats = loss_fn.last_stats
+        if "gamma_mean" in stats:  # absent for other methods and all-first-visit batches
+            self.total += stats["gamma_mean"] * stats["gamma_count"]
+            self.count += stats["gamma_count"]
 
     def mean(self) -> float:
         return self.total / self.count if self.count else float("nan")

@@ -123,8 +123,9 @@ _DOC_ATTRS = r"""
         Exact full-data objective after each epoch.
     gamma_curve_ : list of float
         Mean SCENT step weight :math:`\gamma = \sigma(\log\alpha + \nu)` per epoch
-        (NaN for the other methods). Close to 1, SCENT's step is nearly BSGD's:
-        try ``log_alpha="auto"`` or a negative ``log_alpha`` (see the user guide).
+        (NaN for the other methods; the first step only sets :math:`\nu` and does not
+        count). Close to 1, SCENT's step is nearly BSGD's: try
+        ``log_alpha="auto"`` or a negative ``log_alpha`` (see the user guide).
     init_objective_ : float
         Exact objective at the initial (ERM) model.
     n_iter_ : int
@@ -273,7 +274,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                                              "loss / lam")
                 (surrogate + self._penalty(W / scale_f)).backward()
                 opt.step()
-                gammas.add(loss_fn, 1)  # one anchor: the whole data set
+                gammas.add(loss_fn)
                 step += 1
             with torch.no_grad():
                 Wo, bo = unscale(W.detach().double() * t, b.detach().double() * t, mu, scale)

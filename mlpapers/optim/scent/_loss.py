@@ -156,7 +156,9 @@ class EntropicRiskLoss(nn.Module):
         Which anchors were visited (a separate mask, never ``nu == 0``).
     last_stats : dict
         Diagnostics of the last call: ``estimate`` (mean :math:`\tau L_i`),
-        and for SCENT ``gamma_mean``/``gamma_min``/``gamma_max``.
+        and for SCENT ``gamma_mean``/``gamma_min``/``gamma_max`` over the
+        ``gamma_count`` anchors that took a SCENT step (absent when every anchor
+        of the batch was on its first visit, which sets :math:`\nu := L`).
 
     References
     ----------
@@ -358,9 +360,13 @@ class EntropicRiskLoss(nn.Module):
             if isinstance(log_alpha, torch.Tensor):
                 log_alpha = log_alpha.to(device=old.device, dtype=work)
             new = spmd_update(old, L64, log_alpha)
-            g = spmd_gamma(old, log_alpha)
-            self.last_stats.update(gamma_mean=float(g.mean()), gamma_min=float(g.min()),
-                                   gamma_max=float(g.max()))
+            # only anchors that took a SCENT step: a first visit sets nu := L whatever
+            # gamma is, so its gamma would report a step that did not happen
+            stepped = ~fresh
+            g = spmd_gamma(old, log_alpha).expand_as(old)[stepped]
+            if g.numel():
+                self.last_stats.update(gamma_mean=float(g.mean()), gamma_min=float(g.min()),
+                                       gamma_max=float(g.max()), gamma_count=int(g.numel()))
             for_grad = new
         elif m == "sox":
             new = sox_update(old, L64, self.gamma)

@@ -134,7 +134,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Exact training objective after each epoch.
     gamma_curve_ : list of float
         Mean SCENT step weight :math:`\gamma = \sigma(\log\alpha + \nu)` per epoch,
-        over the positives updated (NaN for the other methods).
+        over the positives that took a SCENT step (NaN for the other methods, and
+        for the first epoch: a first visit sets a positive's :math:`\nu` to its
+        estimate, with no step).
     n_iter_ : int
         Epochs run.
     n_features_in_ : int
@@ -301,7 +303,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                     raise FloatingPointError(
                         f"PartialAUCClassifier(method={self.method!r}) diverged at epoch "
                         f"{epoch + 1}; lower lr.")
-                gammas.add(loss_fn, len(idx))
+                gammas.add(loss_fn)
                 step += 1
             with torch.no_grad():
                 self.loss_curve_.append(float(self._objective_t(w.double(), Xp64, Xn64)))

@@ -195,7 +195,7 @@ class SampledTrainingMixin:
                 value, count = self._step(X[rows], y[rows], index[rows.cpu()])
                 running += value
                 used += count
-                gammas.add(self._loss_fn, count)
+                gammas.add(self._loss_fn)
                 step += 1
             self.n_iter_ += 1
             self.loss_curve_.append(running / used + shift if used else float("nan"))
