@@ -263,7 +263,16 @@ class TorchEstimatorMixin:
             parent(state)
         else:
             self.__dict__.update(state)
+        self._add_new_parameters()
         self._upgrade_int_switches()
+
+    def _add_new_parameters(self) -> None:
+        """A pickle made before a constructor parameter existed lacks it (get_params,
+        repr and clone then raise AttributeError): it gets the parameter's default,
+        which is the behaviour of the version that made the pickle."""
+        for name, param in inspect.signature(type(self).__init__).parameters.items():
+            if param.default is not param.empty and name not in self.__dict__:
+                setattr(self, name, param.default)
 
     def _upgrade_int_switches(self) -> None:
         """Versions that did not check the switches (the ``True``/``False`` parameters)

@@ -238,3 +238,26 @@ def test_int_switches_of_older_pickles_unpickle_as_bools():
             assert getattr(old, name) is (not par.default), (cls.__name__, name)
             checked += 1
     assert checked >= 12
+
+
+def test_pickles_made_before_a_parameter_existed_get_its_default():
+    """A pickle from a version without a constructor parameter (RAD's ``map_size``,
+    AMIPS's ``center_keys``) lacks it: unpickled, it takes the default, which is that
+    version's behaviour, and get_params works (it raised AttributeError)."""
+    checked = 0
+    for cls in _estimators():
+        params = inspect.signature(cls.__init__).parameters
+        defaults = {n: p.default for n, p in params.items()
+                    if n != "self" and p.default is not p.empty}
+        required = {n: None for n, p in params.items()
+                    if n != "self" and p.default is p.empty
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        for name, default in defaults.items():
+            state = {**required, **defaults}
+            del state[name]
+            old = cls.__new__(cls)
+            old.__setstate__(state)
+            assert getattr(old, name) is default, (cls.__name__, name)
+            assert name in old.get_params()
+            checked += 1
+    assert checked >= 150

@@ -608,9 +608,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             self._search_keys()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # pickles made before center_keys existed: the parameter's default, no centring
+        # pickles made before center_keys existed (the base class gives the parameter
+        # its default, no centring)
         state = dict(state)
-        state.setdefault("center_keys", False)
         if "model_" in state:  # fitted: key_mean_ is None without centring, as documented
             state.setdefault("key_mean_", None)
         super().__setstate__(state)
