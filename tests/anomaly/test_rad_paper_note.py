@@ -1,4 +1,4 @@
-"""The research note's checks on RAD's feature extraction (shared/papers/rad.md).
+"""The research note's checks on RAD's feature extraction.
 
 - DinoViTExtractor follows the official code: the input is ImageNet-normalised and
   ``get_intermediate_layers(norm=True)`` applies the final LayerNorm to every listed

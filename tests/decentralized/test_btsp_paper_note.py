@@ -1,4 +1,4 @@
-"""Paper-note checks of BTSP-MSR (shared/papers/btsp.md) not covered elsewhere.
+"""Paper-note checks of BTSP-MSR not covered elsewhere.
 
 * Note section 3, upper bound: on a metric delay matrix with ring bottleneck ``B`` a
   skip-``s`` link of the multiplier-relabelled tour spans ``h(c * s)`` ring hops, so

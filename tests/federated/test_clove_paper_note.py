@@ -1,4 +1,4 @@
-"""CLoVE: checks from the paper note (§4 of shared/papers/clove.md) and its pitfalls.
+"""CLoVE: checks from the paper note (its §4) and its pitfalls.
 
 Geometric convergence of the parameter error once the clusters are recovered (§4.2), the
 parameter error after 3 rounds on 5 seeds (§4.1), CLoVE against FedAvg on rotated digits

@@ -1,4 +1,4 @@
-"""The paper note's checks on AMIPS training and search (shared/papers/amips.md).
+"""The paper note's checks on AMIPS training and search.
 
 - Optimiser (note, "Adam with zero_nans and global-norm clipping at 1.0"): non-finite
   gradient entries are zeroed before the step, and the global gradient norm seen by
@@ -218,7 +218,10 @@ def test_faiss_ivf_quantizer_is_inner_product():
     centroids = quantizer.reconstruct_n(0, index.nlist).astype(np.float64)
     _, assigned = quantizer.search(queries, 1)
     ip = queries.astype(np.float64) @ centroids.T
-    np.testing.assert_array_equal(assigned[:, 0], ip.argmax(1))
+    top2 = np.sort(ip, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4  # float32 search: no verdict on near ties
+    assert clear.sum() > 150
+    np.testing.assert_array_equal(assigned[clear, 0], ip.argmax(1)[clear])
 
 
 # -- 6. zero-vector query -------------------------------------------------------------

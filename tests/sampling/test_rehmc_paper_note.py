@@ -1,4 +1,4 @@
-"""Checks from the ReHMC research note (``shared/papers/rehmc.md``, sections 1, 5 and 6)
+"""Checks from the ReHMC research note (sections 1, 5 and 6)
 that no other test covered: the step-size jitter of a fixed ``n_leapfrog`` (a factor
 ``U(1 - j, 1 + j)`` per chain and transition, "jitter the step size or L to avoid periodic
 billiard orbits"), the default reflection cap of ``100 d`` per drift ("on overflow, reject

@@ -1,4 +1,4 @@
-"""CLAPP / CLAPP++: checks from the research note (docs: shared/papers/clapp.md).
+"""CLAPP / CLAPP++: checks from the research note.
 
 The note's settings that the implementation follows but no other test pinned down:
 the 2026 augmentation recipe (flip p = 0.5, colour jitter (0.8, 0.8, 0.8) applied with

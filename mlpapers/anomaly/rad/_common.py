@@ -475,8 +475,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                           | tuple[np.ndarray | list[np.ndarray], np.ndarray]):
         """Pixel anomaly maps at the input resolution.
 
-        The maps are computed at the network input size (``input_size_``) and
-        resized bilinearly to each image's own size.
+        The maps are computed at the network input size (``input_size_``), or at
+        RAD's ``map_size`` when set, and resized bilinearly to each image's own size.
 
         Parameters
         ----------

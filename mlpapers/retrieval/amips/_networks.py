@@ -288,9 +288,8 @@ class _Stack(nn.Module):
         ``W_z >= 0``) so the unit's pre-activation has unit standard deviation on
         ``x``, and the bias (if any) is set so that its mean is 0. The output layer is
         left alone. This replaces the "principled" ICNN initialisation of the official
-        code (a log-normal one, attributed in our notes to Hoedt & Klambauer, 2023,
-        unverified) by a data-dependent one with the same aim (unit-scale
-        pre-activations); the two do not give the same weights.
+        code (a log-normal draw of the weights) by a data-dependent one with the
+        same aim (unit-scale pre-activations); the two do not give the same weights.
         """
         pre = x @ self.wx0.weight.T
         s = pre.std(0).clamp_min(1e-6)
