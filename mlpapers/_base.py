@@ -263,22 +263,21 @@ class TorchEstimatorMixin:
             parent(state)
         else:
             self.__dict__.update(state)
-        self._add_new_parameters()
-        self._upgrade_int_switches()
+        self._upgrade_params()
 
-    def _add_new_parameters(self) -> None:
-        """A pickle made before a constructor parameter existed lacks it (get_params,
-        repr and clone then raise AttributeError): it gets the parameter's default,
-        which is the behaviour of the version that made the pickle."""
+    def _upgrade_params(self) -> None:
+        """Parameters as an older version left them, in a pickle or a saved file.
+
+        A pickle made before a constructor parameter existed lacks it (get_params, repr
+        and clone then raised AttributeError): it gets the parameter's default, which is
+        the behaviour of the version that made the pickle. Versions that did not check
+        the switches (the ``True``/``False`` parameters) took 0 or 1 and read them as
+        truth values: they load with the bool they meant, instead of failing where the
+        switch is checked.
+        """
         for name, param in inspect.signature(type(self).__init__).parameters.items():
             if param.default is not param.empty and name not in self.__dict__:
                 setattr(self, name, param.default)
-
-    def _upgrade_int_switches(self) -> None:
-        """Versions that did not check the switches (the ``True``/``False`` parameters)
-        took 0 or 1 and read them as truth values: such pickles and files load with the
-        bool they meant, instead of failing where the switch is checked."""
-        for name, param in inspect.signature(type(self).__init__).parameters.items():
             value = getattr(self, name, None)
             if (isinstance(param.default, bool) and isinstance(value, numbers.Integral)
                     and not isinstance(value, (bool, np.bool_))):
@@ -500,7 +499,7 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
         if not isinstance(params, dict) or not isinstance(state, dict):
             raise TypeError("params and state must be dicts")
         est = cls(**params)
-        est._upgrade_int_switches()
+        est._upgrade_params()
         est._set_state(state)
         est._record_rebuild_params()  # the model was just rebuilt from these values
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:

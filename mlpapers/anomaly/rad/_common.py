@@ -106,7 +106,7 @@ def check_fraction(value, name: str, high: float, *, zero_allowed: bool) -> None
                          f"got {value!r}.")
 
 
-def _check_image_size(image_size, name: str = "image_size") -> tuple[int, int] | None:
+def check_image_size(image_size, name: str = "image_size") -> tuple[int, int] | None:
     """``(height, width)`` of a size parameter (an int or a pair), or None."""
     if image_size is None:
         return None
@@ -135,7 +135,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
     # -- parameter checks ---------------------------------------------------
     def _check_common_params(self) -> None:
-        _check_image_size(self.image_size)
+        check_image_size(self.image_size)
         check_positive(self.smoothing_sigma, "smoothing_sigma", strict=False)
         check_fraction(self.contamination, "contamination", 0.5, zero_allowed=False)
         check_in_options(self.memory_dtype, "memory_dtype", _MEMORY_DTYPES)
@@ -181,14 +181,14 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
     # -- feature extraction -------------------------------------------------
     def _network_size(self, images: torch.Tensor) -> tuple[int, int]:
-        hw = _check_image_size(self.image_size)
+        hw = check_image_size(self.image_size)
         return (images.shape[-2], images.shape[-1]) if hw is None else hw
 
     def _images(self, X) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
         """Validated images in their pixel dtype (image files: an :class:`ImageFiles`
         decoded batch by batch) and, for a list of images of different sizes (resized
         to ``image_size``), their original sizes."""
-        return validate_image_source(X, "X", _check_image_size(self.image_size))
+        return validate_image_source(X, "X", check_image_size(self.image_size))
 
     def _extract(self, images: torch.Tensor, desc: str, store=None, expect=None,
                  rows: slice | None = None, verbose=None

@@ -19,7 +19,7 @@ from mlpapers._utils import (
     check_positive,
     to_numpy,
 )
-from mlpapers.anomaly.rad._common import BaseImageDetector, _check_image_size, check_fraction
+from mlpapers.anomaly.rad._common import BaseImageDetector, check_fraction, check_image_size
 from mlpapers.anomaly.rad._extractors import ExtractorFn
 from mlpapers.anomaly.rad._kernels import (
     global_patch_similarity,
@@ -240,7 +240,7 @@ class RADDetector(BaseImageDetector):
         self._check_common_params()
         check_in_options(self.matching, "matching", ("auto", "shared", "tiled", "gather"))
         check_positive(self.k_images, "k_images", integer=True)
-        _check_image_size(self.map_size, "map_size")
+        check_image_size(self.map_size, "map_size")
         if self.pos_radius is not None:
             check_positive(self.pos_radius, "pos_radius", integer=True, strict=False)
         check_fraction(self.top_ratio, "top_ratio", 1.0, zero_allowed=True)
@@ -312,7 +312,7 @@ class RADDetector(BaseImageDetector):
             layer_weights.append(float(wl))
         # upsampling, fusion and blur in one pass (two small matmuls per batch); read
         # at scoring time, like the other scoring parameters (set_params after fit)
-        size = _check_image_size(self.map_size, "map_size") or self.input_size_
+        size = check_image_size(self.map_size, "map_size") or self.input_size_
         maps = fused_smoothed_maps(layer_maps, layer_weights, (size[0], size[1]),
                                    float(self.smoothing_sigma), self.blur_padding)
         scores = top_ratio_pool(maps, float(self.top_ratio))
