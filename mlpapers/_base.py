@@ -27,6 +27,7 @@ import functools
 import inspect
 import numbers
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Self, cast
 
 import numpy as np
@@ -264,6 +265,20 @@ class TorchEstimatorMixin:
         else:
             self.__dict__.update(state)
         self._upgrade_params()
+        fitted_on = self.__dict__.get("_device")
+        if fitted_on is not None and not _device_available(fitted_on):
+            # pickled on a GPU, unpickled without one (state held in numpy or on the
+            # CPU; tensors on a missing device already failed in torch's unpickler)
+            if not _device_available(getattr(self, "device", None)):
+                self.device = "cpu"  # ("auto" stays: it means the CPU here)
+            try:
+                self._device = resolve_device(getattr(self, "device", "cpu"))
+            except ValueError:  # a value set after fit that names no device
+                self._device = torch.device("cpu")
+            warnings.warn(f"{type(self).__name__} was fitted on device={str(fitted_on)!r}, "
+                          f"which this machine does not have; it computes on "
+                          f"{str(self._device)!r} here. Use set_params(device=...) and fit "
+                          f"again to change where it computes.", UserWarning, stacklevel=2)
 
     def _upgrade_params(self) -> None:
         """Parameters as an older version left them, in a pickle or a saved file.
@@ -338,7 +353,11 @@ class TorchEstimatorMixin:
         path : str or path-like
             File written by :meth:`save`.
         map_location : str or torch.device, default="cpu"
-            Where tensors are loaded.
+            Where tensors are loaded. When the file's ``device`` parameter names a
+            device this machine does not have (a model fitted on a GPU, loaded on a
+            machine without one), the estimator's ``device`` becomes this one (the
+            CPU if it is not a device name or not available either), with a
+            warning.
 
         Returns
         -------
@@ -498,6 +517,7 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
         params, state = _decode(payload["params"]), _decode(payload["state"])
         if not isinstance(params, dict) or not isinstance(state, dict):
             raise TypeError("params and state must be dicts")
+        _use_an_available_device(params, map_location, cls.__name__)
         est = cls(**params)
         est._upgrade_params()
         est._set_state(state)
@@ -507,6 +527,43 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
                          f"{exc}") from exc
     _restore_rng(est, payload.get("rng", {}))
     return est
+
+
+def _device_available(device: Any) -> bool:
+    """Whether ``device`` names a device this machine has (``None``, ``"auto"`` and
+    values that name no device count as available: they are not ours to replace)."""
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return True
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        return True
+    try:
+        resolve_device(device)
+    except ValueError:
+        return False
+    return True
+
+
+def _use_an_available_device(params: dict, map_location: Any, name: str) -> None:
+    """Replace a saved ``device`` that this machine lacks (a model fitted on a GPU,
+    loaded on a machine without one) by ``map_location``'s device, else the CPU, with
+    a warning: its tensors are loaded there, and some estimators move their models to
+    their device while loading. A value that names no device is left to the
+    constructor and ``fit`` to report."""
+    saved = params.get("device")
+    if _device_available(saved):
+        return
+    target = "cpu"
+    if isinstance(map_location, str | torch.device):
+        try:
+            target = str(resolve_device(map_location))
+        except ValueError:
+            pass
+    warnings.warn(f"{name} was saved with device={str(saved)!r}, which this machine does "
+                  f"not have; it is loaded with device={target!r} (map_location decides). "
+                  f"Use set_params(device=...) to change it.", UserWarning, stacklevel=4)
+    params["device"] = target
 
 
 def _estimator_class(name: str) -> type:

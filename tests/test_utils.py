@@ -157,6 +157,22 @@ def test_resolve_dtype_and_device():
             resolve_dtype(bad)
 
 
+def test_cuda_without_an_index_resolves_to_the_current_device(monkeypatch):
+    """Pinned (session 26): an unindexed ``torch.device("cuda")`` never equals a tensor's
+    ``cuda:0``, so ExactMIPS's device cache of the keys missed on every call, and a
+    later ``torch.cuda.set_device`` moved an estimator's computations. Simulated: no
+    GPU is needed to build a device object."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("auto") == torch.device("cuda", 1)
+    assert resolve_device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="only 2 CUDA device"):
+        resolve_device("cuda:2")
+
+
 def test_ragged_nested_lists_are_refused_by_name():
     from mlpapers._utils._validation import reject_flat_image_table
 

@@ -40,11 +40,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     Returns
     -------
     torch.device
+        CUDA with an index: ``"cuda"`` and ``"auto"`` name the current CUDA device.
     """
     if device is None:
         return torch.device("cpu")
     if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -57,6 +58,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r} was requested but only "
                              f"{torch.cuda.device_count()} CUDA device(s) are available.")
+        if dev.index is None:
+            # pinned: tensors on it compare equal to it (a cache keyed by device hits), and
+            # a later torch.cuda.set_device does not move an estimator's computations
+            dev = torch.device("cuda", torch.cuda.current_device())
     if dev.type == "mps" and not (
         getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     ):

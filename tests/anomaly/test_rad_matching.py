@@ -63,12 +63,14 @@ def test_shared_equals_brute_force(h, w, r, k, sets):
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10**6), B=st.integers(1, 6), h=st.integers(1, 7),
        w=st.integers(1, 7), C=st.integers(1, 20), r=st.integers(0, 4), k=st.integers(1, 8),
-       chunk=st.sampled_from([7, 300, 5000, 2**22]), block=st.sampled_from([1, 64, 2**18]))
-def test_shared_equals_gather_kernel(seed, B, h, w, C, r, k, chunk, block):
+       chunk=st.sampled_from([7, 300, 5000, 2**22]), block=st.sampled_from([1, 64, 2**18]),
+       memory_block=st.sampled_from([1, 1000, 2**20]))
+def test_shared_equals_gather_kernel(seed, B, h, w, C, r, k, chunk, block, memory_block):
     q, m, nbrs = _problem(seed, B=B, N=8, h=h, w=w, C=C, k=k)
     index, mask = neighbour_indices(h, w, r)
     want = positional_patch_similarity(q, m, nbrs, index, mask)
-    got = shared_patch_similarity(q, m, nbrs, (h, w), r, chunk_size=chunk, block_size=block)
+    got = shared_patch_similarity(q, m, nbrs, (h, w), r, chunk_size=chunk, block_size=block,
+                                  memory_block=memory_block)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
@@ -98,9 +100,9 @@ def test_all_kernels_agree_through_the_dispatcher():
 def test_choose_matching_cost_rule():
     same = torch.arange(10).expand(8, 10)
     assert choose_matching(same, (28, 28), 1) == "shared"
-    overlap = torch.arange(5 * 50).reshape(5, 50)  # |U| = 5 k: 9 * 250 * 4 <= 5 * 50 * 36 * 5
+    overlap = torch.arange(7 * 50).reshape(7, 50)  # |U| = 7 k: 9 * 350 * 4 <= 7 * 50 * 36 * 7
     assert choose_matching(overlap, (28, 28), 1) == "shared"
-    disjoint = torch.arange(6 * 50).reshape(6, 50)  # |U| = 6 k
+    disjoint = torch.arange(8 * 50).reshape(8, 50)  # |U| = 8 k
     assert choose_matching(disjoint, (28, 28), 1) == "tiled"
     # a radius beyond the grid costs only the offsets that stay inside it
     assert choose_matching(torch.arange(40).reshape(2, 20), (2, 2), 50) == "shared"

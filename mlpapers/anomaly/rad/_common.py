@@ -652,7 +652,9 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         path : str or path-like
             File written by :meth:`save`.
         map_location : str or torch.device, default="cpu"
-            Where its tensors are loaded, as for ``torch.load``.
+            Where its tensors are loaded, as for ``torch.load``; the memory is then
+            moved to the detector's ``device``, where scoring uses it (a ``device``
+            this machine does not have becomes this one, with a warning).
         extractor : callable or None, default=None
             The custom extractor the detector was fitted with (required for a
             detector saved with one, e.g. a :class:`TorchFeatureExtractor` around
@@ -677,6 +679,18 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         if custom:
             est.extractor = extractor
         return est
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        super()._set_state(state)
+        # the memory lives on ``device`` wherever map_location read it (scoring would
+        # otherwise copy it there again for every batch and layer)
+        dev = self._resolved_device
+        for name in ("memory_", "keys_"):
+            value = getattr(self, name, None)
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(dev))
+            elif isinstance(value, list):
+                setattr(self, name, [v.to(dev) for v in value])
 
     def __getstate__(self):
         state = super().__getstate__()  # a copy (TorchEstimatorMixin)

@@ -17,7 +17,6 @@ retrieved sets.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from mlpapers.anomaly.rad._kernels import (
     neighbour_indices,
@@ -54,6 +53,20 @@ def _padded_rows(h: int, w: int, ry: int, rx: int, device) -> torch.Tensor:
     return (ys[:, None] * w + xs[None, :]).reshape(-1)
 
 
+def _max_over_dim1_(scores: torch.Tensor) -> torch.Tensor:
+    """Maximum over dim 1 of ``scores`` (n, m, B) by in-place halving; returns (n, B).
+
+    Overwrites ``scores``. On CPU this is several times faster than ``amax(dim=1)``,
+    whose reduction over a middle dimension with a short inner one is slow.
+    """
+    m = scores.shape[1]
+    while m > 1:
+        half = m // 2
+        torch.maximum(scores[:, :half], scores[:, m - half:m], out=scores[:, :half])
+        m -= half
+    return scores[:, 0]
+
+
 def shared_patch_similarity(
     query: torch.Tensor,
     memory: torch.Tensor,
@@ -62,6 +75,7 @@ def shared_patch_similarity(
     radius: int,
     chunk_size: int = 2**22,
     block_size: int = 2**17,
+    memory_block: int = 2**20,
 ) -> torch.Tensor:
     r"""Positional matching against the union of the retrieved images (exact).
 
@@ -73,16 +87,17 @@ def shared_patch_similarity(
     :func:`~mlpapers.anomaly.rad._kernels.positional_patch_similarity`. The
     memory patches of the union :math:`U = \cup_b R_b` of the queries' retrieved
     sets are laid out on the grid padded by ``r`` cells, position-major
-    ``(positions, U, C)`` (one ``index_select``), and the queries on rows of the
-    same padded width ``Wp = w + 2r``. For a window offset :math:`(d_y, d_x)` the
-    candidate of the query at flat position ``p`` is then the padded memory row
-    ``p + (d_y + r) Wp + d_x + r``: the ``2r+1`` offsets of one window row are
-    ``2r+1`` consecutive rows, i.e. a strided *view* ``(n, (2r+1) U, C)`` of the
-    padded memory. One batched matmul per window row, ``(B, C) @ (C, (2r+1) U)``
-    with positions as the batch, scores every query against every candidate: each
-    window cell is multiplied once per union image (the loop's multiply-add
-    count when the retrieved sets agree), with no duplicated windows and no
-    gathered copies.
+    ``(positions, U, C)`` (one ``index_select`` per chunk of union images, into one
+    reused buffer), and the queries on rows of the same padded width
+    ``Wp = w + 2r``, channel-major ``(positions, C, B)``. For a window offset
+    :math:`(d_y, d_x)` the candidate of the query at flat position ``p`` is then the
+    padded memory row ``p + (d_y + r) Wp + d_x + r``: the ``2r+1`` offsets of one
+    window row are ``2r+1`` consecutive rows, i.e. a strided *view*
+    ``(n, (2r+1) U, C)`` of the padded memory. One batched matmul per window row,
+    ``((2r+1) U, C) @ (C, B)`` with positions as the batch, scores every query
+    against every candidate: each window cell is multiplied once per union image
+    (the loop's multiply-add count when the retrieved sets agree), with no
+    duplicated windows and no gathered copies.
 
     Why it is exact: the padding *replicates* the border cells (cell
     :math:`(y', x')` holds the patch at :math:`(\mathrm{clamp}(y'), \mathrm{clamp}(x'))`).
@@ -112,10 +127,15 @@ def shared_patch_similarity(
     chunk_size : int, default=2**22
         Bounds the working memory: the padded float32 layout of a chunk of union
         images ``(positions, Uc, C)`` and the score block of a chunk of positions
-        ``(n, B, (2r+1) Uc)`` each hold at most about ``chunk_size`` values (at
+        ``(n, (2r+1) Uc, B)`` each hold at most about ``chunk_size`` values (at
         least one union image and one position per chunk).
     block_size : int, default=2**17
         Further caps the score block so that it stays in cache (faster on CPU).
+    memory_block : int, default=2**20
+        Further caps the padded memory of a chunk of union images (4 MiB of
+        float32 by default), so that it is reused from cache by the ``2r+1``
+        window rows, and so that the one buffer it is gathered into is small (a
+        large fresh buffer costs its page faults on every call).
 
     Returns
     -------
@@ -137,24 +157,37 @@ def shared_patch_similarity(
     union, member = _membership(neighbours)
     everyone = bool(member.all())
     n_rows = h * Wp
-    # queries on rows of width Wp: (h Wp, B, Cp); pad columns are computed and dropped
-    q = F.pad(query.float().reshape(B, h, w, C), (0, Cp - C, 0, Wp - w))
-    q = q.reshape(B, n_rows, Cp).transpose(0, 1).contiguous()
+    # queries on rows of width Wp, channel-major: (h Wp, Cp, B); pad columns are
+    # computed and dropped. Candidates-by-queries products ((2r+1) U, C) @ (C, B) run
+    # faster in BLAS than the transposed orientation for these small C and B.
+    q = torch.empty((h, Wp, Cp, B), dtype=torch.float32, device=dev)
+    q[:, w:] = 0  # zeros, not whatever the fresh memory holds (subnormals are slow)
+    q[:, :w, C:] = 0
+    q[:, :w, :C] = query.reshape(B, h, w, C).permute(1, 2, 3, 0)
+    q = q.reshape(n_rows, Cp, B)
     cells = _padded_rows(h, w, ry, rx, dev)  # (Hp Wp,)
     flat = memory.reshape(-1, C)
-    u_chunk = max(1, int(chunk_size) // (Hp * Wp * Cp))
+    u_chunk = max(1, min(int(chunk_size), int(memory_block)) // (Hp * Wp * Cp))
+    # one buffer for the padded memory of every chunk of union images (the first is
+    # the largest); its pad channels stay zero
+    buf = torch.empty(Hp * Wp * min(u_chunk, len(union)), Cp, dtype=torch.float32,
+                      device=dev)
+    buf[:, C:] = 0
     best = torch.full((n_rows, B), -torch.inf, dtype=torch.float32, device=dev)
     for u0 in range(0, len(union), u_chunk):
         uidx = union[u0:u0 + u_chunk]
         uc = len(uidx)
         # replicate-padded, position-major layout (Hp Wp, uc, Cp): one gather
-        mem = flat.index_select(0, (cells[:, None] + uidx[None, :] * L).reshape(-1)).float()
-        if Cp != C:
-            mem = F.pad(mem, (0, Cp - C))
+        mem = buf[:Hp * Wp * uc]
+        rows = (cells[:, None] + uidx[None, :] * L).reshape(-1)
+        if Cp == C and flat.dtype == torch.float32:
+            torch.index_select(flat, 0, rows, out=mem)
+        else:
+            mem[:, :C] = flat.index_select(0, rows)
         # -inf for the union images a query did not retrieve, repeated over the nx window
         # columns (adding it is exact and much faster on CPU than a broadcast masked_fill)
         drop = None if everyone else torch.where(
-            member[:, u0:u0 + uc], 0.0, -torch.inf).to(torch.float32).repeat(1, nx)  # (B, nx uc)
+            member[:, u0:u0 + uc], 0.0, -torch.inf).to(torch.float32).T.repeat(nx, 1)  # (nx uc, B)
         rows_per_chunk = max(1, min(int(chunk_size), int(block_size)) // (B * nx * uc))
         for p0 in range(0, n_rows, rows_per_chunk):
             n = min(rows_per_chunk, n_rows - p0)
@@ -163,12 +196,12 @@ def shared_patch_similarity(
                 # rows p .. p + 2 rx of the padded memory, dy padded rows down: a view
                 cand = mem.as_strided((n, nx * uc, Cp), (uc * Cp, Cp, 1),
                                       mem.storage_offset() + (p0 + dy * Wp) * uc * Cp)
-                s = torch.bmm(q[p0:p0 + n], cand.transpose(1, 2))  # (n, B, nx uc)
+                s = torch.bmm(cand, q[p0:p0 + n])  # (n, nx uc, B)
                 acc = s if acc is None else torch.maximum(acc, s, out=acc)
             assert acc is not None  # the window has 2 ry + 1 >= 1 rows
             if drop is not None:
                 acc.add_(drop)
-            torch.maximum(best[p0:p0 + n], acc.amax(dim=2), out=best[p0:p0 + n])
+            torch.maximum(best[p0:p0 + n], _max_over_dim1_(acc), out=best[p0:p0 + n])
     return best.reshape(h, Wp, B)[:, :w].reshape(L, B).T.contiguous()
 
 
@@ -206,12 +239,14 @@ def choose_matching(neighbours: torch.Tensor, grid: tuple[int, int], radius: int
     :math:`k (T + 2r_y)(T + 2r_x)` (``T = min(tile, max(h, w))``) plus the gather of
     its candidate blocks. The rule picks ``"shared"`` when
 
-    .. math:: (2r_y+1)(2r_x+1)\,|U| \le 1.25\, k\, (T + 2r_y)(T + 2r_x),
+    .. math:: (2r_y+1)(2r_x+1)\,|U| \le 1.75\, k\, (T + 2r_y)(T + 2r_x),
 
-    i.e. for ``r = 1`` when :math:`|U| \le 5k`: the chunk's retrieved sets overlap
-    enough. The factor 1.25 is the measured break-even on one CPU core (torch
-    2.13, ``r = 1``, grids 8x8 to 28x28, 40 and 112 channels, ``k`` from 5 to 40,
-    16 queries: the shared kernel won up to :math:`|U| \approx 4`-:math:`7k`).
+    i.e. for ``r = 1`` when :math:`|U| \le 7k`: the chunk's retrieved sets overlap
+    enough. The factor 1.75 is the measured break-even on one CPU core (torch
+    2.13, ``r = 1``, grids 8x8, 14x14 and 28x28 with 64, 112 and 40 channels,
+    ``k`` of 5, 20 and 40, 16 queries: the shared kernel took 0.22-0.48 of the
+    tiled kernel's time at :math:`|U| = 2k` and 0.70-1.01 at :math:`|U| \approx 7k`;
+    at :math:`7.6k` on the 8x8 grid, 1.25).
 
     Parameters
     ----------
@@ -232,7 +267,7 @@ def choose_matching(neighbours: torch.Tensor, grid: tuple[int, int], radius: int
     T = max(1, min(int(tile), max(h, w)))
     ry, rx = min(r, h - 1), min(r, w - 1)   # both kernels clip the radius per axis
     shared = (2 * ry + 1) * (2 * rx + 1) * n_union
-    return "shared" if 4 * shared <= 5 * k * (T + 2 * ry) * (T + 2 * rx) else "tiled"
+    return "shared" if 4 * shared <= 7 * k * (T + 2 * ry) * (T + 2 * rx) else "tiled"
 
 
 def positional_similarity(
@@ -258,7 +293,7 @@ def positional_similarity(
     chunk_size : int, default=2**24
         Working-memory bound passed to the kernel (the tiled kernel caps its
         blocks at ``2**20`` values and the shared one its score blocks at
-        ``2**17``: smaller blocks stay in cache).
+        ``2**17`` and its memory blocks at ``2**20``: smaller blocks stay in cache).
 
     Returns
     -------

@@ -519,7 +519,8 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # the architecture predict runs (a user's module as it was at this fit: changing
         # it afterwards, e.g. deleting a layer, must not change the fitted model), and no
         # predict module of an earlier fit in any thread
-        self._architecture = base if user else None
+        # (on the CPU, like params_: a pickle of the estimator then loads anywhere)
+        self._architecture = base.cpu() if user else None
         with _PREDICT_MODULES_LOCK:
             _PREDICT_MODULES.pop(self, None)
         return self

@@ -528,7 +528,8 @@ def make_client_app(
         :class:`~mlpapers.federated.CLoVE`. Losses are computed in eval mode, local
         training runs in train mode with dropout drawn from a fork of the global RNG
         seeded by the message (``config["seed"]`` and the round); parameters with
-        ``requires_grad=False`` are not trained.
+        ``requires_grad=False`` are not trained. Nodes compute on the CPU (a module
+        built on a GPU is copied there).
     data_fn : callable
         ``data_fn(context) -> (X, y)`` (or ``(X, None)`` for the reconstruction loss):
         the node's training data, e.g. chosen by ``context.node_config["partition-id"]``.
@@ -592,7 +593,7 @@ def make_client_app(
         X, y = data_fn(context)
         # the architecture only (its weights are replaced): built without advancing the
         # node's global RNG, in float32 whatever the node's default dtype
-        template = build_user_module(model_fn).float()
+        template = build_user_module(model_fn).float().cpu()  # nodes compute on the CPU
         data = _node_data(X, y, loss, template)
         # random layers (dropout) draw from a fork of the node's global RNG seeded from the
         # message's seed: reproducible, and the node's own RNG is left as it was

@@ -215,6 +215,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         check_in_options(self.init, "init", ("erm", "zeros"))
         dev = self._device
         W0, b0 = self._erm_init(X64, y) if self.init == "erm" else self._zeros(X64.shape[1])
+        W0, b0 = W0.to(X64.device), b0.to(X64.device)  # (the zeros are made on the CPU)
         with torch.no_grad():
             self.init_objective_ = float(self._dro_value(W0, b0, X64, y))
         # SGD runs on standardised features Z = (X - mu) / s with V = W s, c = b + W mu
@@ -226,7 +227,6 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
             # stable (lr alpha / s^2 <= 1); the penalised objective depends on units anyway
             scale = scale.clamp_min(math.sqrt(float(self.lr) * float(self.alpha)))
         X = standardise(X64, mu, scale, const).float()
-        W0, b0 = W0.to(X64.device), b0.to(X64.device)
         # The regressor's float32 SGD runs on y / t, t a power of two near the initial
         # residuals: the parameters scale by 1/t and the squared losses, lam and the
         # penalty by 1/t^2, all exactly in floating point, so the iterates (mapped back)

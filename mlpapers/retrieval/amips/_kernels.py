@@ -665,7 +665,7 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192,
         true = _as_tensor(y_true).long().reshape(-1)
         if true.shape[0] != pred.shape[0]:
             raise ValueError(f"y_true has {true.shape[0]} rows but y_pred has {pred.shape[0]}.")
-        return pred == true[:, None]
+        return pred == true[:, None].to(pred.device)
     if queries is None or database is None:
         raise ValueError("queries and database must be given together (tie-aware mode).")
     # in float64, queries and database rescaled by powers of two: inner products of
@@ -821,6 +821,6 @@ def mean_reciprocal_rank(y_true: ArrayLike | None, y_pred: ArrayLike, *,
     """
     pred = _as_long_2d(y_pred)
     hits = _hits(y_true, pred, queries, database, rtol, batch_size)
-    ranks = torch.arange(1, pred.shape[1] + 1, dtype=torch.float64)
+    ranks = torch.arange(1, pred.shape[1] + 1, dtype=torch.float64, device=hits.device)
     first = torch.where(hits, ranks, torch.full_like(ranks, math.inf)).min(dim=1).values
     return float((1.0 / first).mean())

@@ -331,6 +331,14 @@ class ConvexContainer:
     # longest chord used by random_interior (an unbounded polytope caps it at 1)
     _chord_cap: float = float("inf")
 
+    def __getstate__(self) -> dict:
+        # without the tensor copies of the parameters: they live on the devices of
+        # earlier runs (a pickle with CUDA tensors does not load without a GPU) and are
+        # rebuilt on first use
+        state = dict(self.__dict__)
+        state.pop("_tensor_cache", None)
+        return state
+
     def _t(self, arr: np.ndarray, like: Tensor) -> Tensor:
         cache = self.__dict__.setdefault("_tensor_cache", {})
         key = (id(arr), like.dtype, like.device)

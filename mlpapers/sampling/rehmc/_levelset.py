@@ -64,7 +64,11 @@ class ConvexSet(ConvexContainer):
     ----------
     g : callable
         ``g(x)`` maps a ``(C, d)`` tensor to ``(C,)`` (a tensor; an array is
-        accepted when ``grad_g`` is given, else ``TypeError``).
+        accepted when ``grad_g`` is given, else ``TypeError``). Besides the chains
+        (on the sampler's device and dtype), it gets float64 CPU points: at
+        construction (the interior point) and from the one-off searches of the
+        warm-up (widths, random interior points), so a ``g`` that holds tensors on
+        a GPU must move ``x`` to them (``x.to(A.device)``).
     grad_g : callable, optional
         Gradient of ``g`` (``(C, d) -> (C, d)``, a tensor or an array); by
         autograd when omitted.
@@ -219,7 +223,8 @@ class ConvexSet(ConvexContainer):
             # chains would broadcast into a (C, C, d) torch error inside the root finding)
             raise ValueError(f"g must map (C, d) to (C,), got shape {tuple(out.shape)} for "
                              f"a {tuple(x.shape)} input.")
-        return out.to(x.dtype)
+        # a g that computes elsewhere (e.g. returns a CPU tensor for CUDA points)
+        return out.to(device=x.device, dtype=x.dtype)
 
     @contains_oracle
     def contains(self, x: Tensor, tol: float = 0.0) -> Tensor:
@@ -258,7 +263,7 @@ class ConvexSet(ConvexContainer):
             if gr.shape != x.shape:  # a (d,) gradient would broadcast into wrong normals
                 raise ValueError(f"grad_g must map (C, d) to (C, d), got shape "
                                  f"{tuple(gr.shape)} for a {tuple(x.shape)} input.")
-            gr = gr.to(x.dtype)
+            gr = gr.to(device=x.device, dtype=x.dtype)
         else:
             # autograd on even in a caller's no_grad / inference_mode (the normal would be a
             # torch error there); an inference tensor x cannot require grad outside that mode
@@ -509,6 +514,7 @@ class Region:
             out = self._contains(x.clone())
             # torch.tensor copies a numpy answer: as_tensor warns on a read-only one
             out = out if isinstance(out, torch.Tensor) else torch.tensor(np.asarray(out))
+            out = out.to(x.device)  # (an array, or a tensor computed elsewhere)
         if out.shape != x.shape[:1]:
             raise ValueError(
                 f"Region.contains must return shape ({x.shape[0]},), got {tuple(out.shape)}.")

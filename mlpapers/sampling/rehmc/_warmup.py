@@ -181,8 +181,8 @@ def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor, 
             "requires grad" in msg):
         return ("log_prob leaves torch (numpy, scipy), so autograd cannot differentiate "
                 "it: write it with torch operations, or pass grad_log_prob (log_prob then "
-                "runs under torch.no_grad() and may call x.numpy(), and must still return a "
-                "torch tensor).")
+                "runs under torch.no_grad() and may call x.cpu().numpy(), and must still "
+                "return a torch tensor).")
     if _looks_one_point(log_prob, x, with_grad):
         return (f"log_prob failed on the starting points, a tensor of shape {shape} (one "
                 "row per chain), but returns a scalar for one point x[0]: it looks written "
