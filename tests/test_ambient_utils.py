@@ -463,3 +463,36 @@ def test_support_and_augmentation_methods_compute_on_the_inputs_device():
         aug = DefaultAugment()
         for out in (aug.crop_flip(images, gen), aug.color(images, gen), aug.blur(images, gen)):
             assert out.device.type == "cpu"
+
+
+def test_modules_drawn_from_a_generator_are_made_where_it_draws():
+    """A CPU generator cannot draw on another device: under a CUDA default device,
+    ``RandomConvExtractor()`` and ``KeyNet``/``SupportNet(generator=...)`` were a torch
+    error ("Expected a 'cuda' device type for generator"), and with the meta device
+    (which ignores generators) the networks came out split across two devices
+    (session 26). ``NeuralRBEHead`` is made on its embeddings' device. The weights
+    are those of a build with the CPU as default device."""
+    from mlpapers.anomaly.rad import RandomConvExtractor
+    from mlpapers.retrieval.amips import KeyNet, SupportNet
+    from mlpapers.retrieval.rbe import NeuralRBEHead
+
+    def builds():
+        emb = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), device="cpu")
+        ones = torch.ones(3, device="cpu")
+        return {
+            "conv": RandomConvExtractor(),
+            "keynet": KeyNet(3, [4, 4], generator=torch.Generator().manual_seed(1)),
+            "supportnet": SupportNet(3, [4], generator=torch.Generator().manual_seed(2)),
+            "head": NeuralRBEHead(emb, torch.zeros(6, device="cpu"),
+                                  torch.arange(6.0, device="cpu"), 0 * ones, ones, hidden=5,
+                                  generator=torch.Generator().manual_seed(3)),
+        }
+
+    want = builds()
+    with AMBIENT["default_device_meta"]():
+        got = builds()
+    for name, module in got.items():
+        tensors = dict(module.state_dict())
+        assert {t.device.type for t in tensors.values()} == {"cpu"}, name
+        for key, value in want[name].state_dict().items():
+            assert torch.equal(tensors[key], value), (name, key)

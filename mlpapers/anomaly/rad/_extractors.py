@@ -179,8 +179,9 @@ class RandomConvExtractor(nn.Module):
         c_in = 3
         for c_out in channels:
             # float32 whatever the default dtype: the same weights, and float32 images work
-            w = torch.randn(int(c_out), c_in, 3, 3, generator=gen, dtype=torch.float32
-                            ) * math.sqrt(2.0 / (c_in * 9))
+            # on the CPU, where the generator draws, whatever the default device
+            w = torch.randn(int(c_out), c_in, 3, 3, generator=gen, dtype=torch.float32,
+                            device="cpu") * math.sqrt(2.0 / (c_in * 9))
             self.weights.append(nn.Parameter(w, requires_grad=False))
             c_in = int(c_out)
         self.eval()

@@ -26,6 +26,7 @@ scalar potential, the output itself for KeyNet (with the Euler score
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -223,22 +224,26 @@ class _Stack(nn.Module):
         depth = len(hidden_dims)
         self.inject = _inject_layers(depth, wx_inject)
         dims = [*self.hidden_dims, self.out_features]
-        self.wx0 = seeded_linear(in_features, dims[0], bias=bias, generator=generator,
-                                 dtype=dtype)
-        # z-path weights: raw parameters (softplus-rectified when positive)
-        self.wz = nn.ParameterList(
-            [nn.Parameter(torch.empty(dims[l + 1], dims[l], dtype=dtype)) for l in range(depth)]
-        )
-        self.wx = nn.ModuleList(
-            [seeded_linear(in_features, dims[l + 1], bias=False, generator=generator,
-                           dtype=dtype) if self.inject[l]
-             else nn.Identity() for l in range(depth)]
-        )
-        self.bias = nn.ParameterList(
-            [nn.Parameter(torch.zeros(dims[l + 1], dtype=dtype)) for l in range(depth)]
-            if bias else []
-        )
-        self.reset_parameters(generator)
+        # a generator draws on its own device, so the layers are made there (under a
+        # CUDA default device a CPU generator was a torch error, or split the module)
+        where = contextlib.nullcontext() if generator is None else torch.device(generator.device)
+        with where:
+            self.wx0 = seeded_linear(in_features, dims[0], bias=bias, generator=generator,
+                                     dtype=dtype)
+            # z-path weights: raw parameters (softplus-rectified when positive)
+            self.wz = nn.ParameterList([nn.Parameter(torch.empty(dims[l + 1], dims[l],
+                                                                 dtype=dtype))
+                                        for l in range(depth)])
+            self.wx = nn.ModuleList(
+                [seeded_linear(in_features, dims[l + 1], bias=False, generator=generator,
+                               dtype=dtype) if self.inject[l]
+                 else nn.Identity() for l in range(depth)]
+            )
+            self.bias = nn.ParameterList(
+                [nn.Parameter(torch.zeros(dims[l + 1], dtype=dtype)) for l in range(depth)]
+                if bias else []
+            )
+            self.reset_parameters(generator)
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Draw the z-path weights (from ``generator``, else torch's global RNG)."""

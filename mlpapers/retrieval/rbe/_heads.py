@@ -140,13 +140,18 @@ class NeuralRBEHead(nn.Module):
         self.register_buffer("popularity", (popularity - popularity.mean()) / pop_scale)
         self.register_buffer("query_mean", query_mean.clone())
         self.register_buffer("query_scale", query_scale.clone())
-        self.W = nn.Parameter(torch.eye(k, dtype=embeddings.dtype))
+        # made on the embeddings' device, whatever the default device; the towers are
+        # drawn where the generator draws (or there), then moved
+        dev = embeddings.device
+        self.W = nn.Parameter(torch.eye(k, dtype=embeddings.dtype, device=dev))
         self.v = nn.Parameter(offsets.clone())
-        self.p = nn.Parameter(torch.zeros((), dtype=embeddings.dtype))
-        self.b = nn.Parameter(torch.zeros((), dtype=embeddings.dtype))
+        self.p = nn.Parameter(torch.zeros((), dtype=embeddings.dtype, device=dev))
+        self.b = nn.Parameter(torch.zeros((), dtype=embeddings.dtype, device=dev))
         if self.hidden > 0:
-            self.query_tower = _tower(k, self.hidden, generator).to(embeddings.dtype)
-            self.item_tower = _tower(k, self.hidden, generator).to(embeddings.dtype)
+            with torch.device(dev if generator is None else generator.device):
+                towers = [_tower(k, self.hidden, generator) for _ in range(2)]
+            self.query_tower, self.item_tower = (
+                t.to(device=dev, dtype=embeddings.dtype) for t in towers)
             # Zero output layer of the item tower: the MLP term starts at exactly 0
             # (so the untrained head equals linear RBE) yet still gets gradients.
             out_layer = self.item_tower[-1]
