@@ -357,7 +357,8 @@ class HeavyRankerMixin(_EstimatorBase):
         map_location : str or torch.device, default="cpu"
             Where the file's tensors are read to (``torch.load``'s
             ``map_location``); the loaded retriever then computes on the device of
-            its ``device`` parameter (a neural head is moved there).
+            its ``device`` parameter (a neural head is moved there; a saved device
+            this machine does not have becomes this one, with a warning).
 
         Returns
         -------

@@ -688,7 +688,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         path : str or path-like
             File written by :meth:`save`.
         map_location : str or torch.device, default="cpu"
-            Where its tensors are loaded, as for ``torch.load``.
+            Where its tensors are loaded, as for ``torch.load``; the encoder then
+            computes on its ``device`` parameter (a saved device this machine does
+            not have becomes this one, with a warning).
         augment : callable or None, default=None
             The custom augment the encoder was saved with (only for such a file;
             needed to train it again, not to transform).
