@@ -58,6 +58,7 @@ from mlpapers._utils._serialize import decode as _decode
 from mlpapers._utils._serialize import encode as _encode
 from mlpapers._utils._serialize import generator_from_state
 from mlpapers._utils._typing import F
+from mlpapers._utils._warnings import user_stacklevel
 
 __all__ = ["TorchEstimatorMixin", "load", "restore_on_failure", "save"]
 
@@ -266,7 +267,10 @@ class TorchEstimatorMixin:
             self.__dict__.update(state)
         self._upgrade_params()
         fitted_on = self.__dict__.get("_device")
-        if fitted_on is not None and not _device_available(fitted_on):
+        if (isinstance(fitted_on, torch.device) and fitted_on.type == "cuda"
+                and fitted_on.index is None and _device_available(fitted_on)):
+            self._device = resolve_device(fitted_on)  # (pickled before devices were pinned)
+        elif fitted_on is not None and not _device_available(fitted_on):
             # pickled on a GPU, unpickled without one (state held in numpy or on the
             # CPU; tensors on a missing device already failed in torch's unpickler)
             if not _device_available(getattr(self, "device", None)):
@@ -278,7 +282,8 @@ class TorchEstimatorMixin:
             warnings.warn(f"{type(self).__name__} was fitted on device={str(fitted_on)!r}, "
                           f"which this machine does not have; it computes on "
                           f"{str(self._device)!r} here. Use set_params(device=...) and fit "
-                          f"again to change where it computes.", UserWarning, stacklevel=2)
+                          f"again to change where it computes.", UserWarning,
+                          stacklevel=user_stacklevel())
 
     def _upgrade_params(self) -> None:
         """Parameters as an older version left them, in a pickle or a saved file.
@@ -520,6 +525,10 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
         _use_an_available_device(params, map_location, cls.__name__)
         est = cls(**params)
         est._upgrade_params()
+        try:  # where the loaded model computes, fixed as by fit
+            est._device = resolve_device(getattr(est, "device", "cpu"))
+        except ValueError:  # a value that names no device: fit and the methods report it
+            pass
         est._set_state(state)
         est._record_rebuild_params()  # the model was just rebuilt from these values
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
@@ -562,7 +571,8 @@ def _use_an_available_device(params: dict, map_location: Any, name: str) -> None
             pass
     warnings.warn(f"{name} was saved with device={str(saved)!r}, which this machine does "
                   f"not have; it is loaded with device={target!r} (map_location decides). "
-                  f"Use set_params(device=...) to change it.", UserWarning, stacklevel=4)
+                  f"Use set_params(device=...) to change it.", UserWarning,
+                  stacklevel=user_stacklevel())
     params["device"] = target
 
 

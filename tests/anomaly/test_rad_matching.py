@@ -100,7 +100,7 @@ def test_all_kernels_agree_through_the_dispatcher():
 def test_choose_matching_cost_rule():
     same = torch.arange(10).expand(8, 10)
     assert choose_matching(same, (28, 28), 1) == "shared"
-    overlap = torch.arange(7 * 50).reshape(7, 50)  # |U| = 7 k: 9 * 350 * 4 <= 7 * 50 * 36 * 7
+    overlap = torch.arange(7 * 50).reshape(7, 50)  # |U| = 7 k: 4 * 9 * 350 <= 7 * 50 * 36
     assert choose_matching(overlap, (28, 28), 1) == "shared"
     disjoint = torch.arange(8 * 50).reshape(8, 50)  # |U| = 8 k
     assert choose_matching(disjoint, (28, 28), 1) == "tiled"

@@ -684,7 +684,9 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         super()._set_state(state)
         # the memory lives on ``device`` wherever map_location read it (scoring would
         # otherwise copy it there again for every batch and layer)
-        dev = self._resolved_device
+        dev = self.__dict__.get("_device")  # (unset: a device value that names none)
+        if dev is None:
+            return
         for name in ("memory_", "keys_"):
             value = getattr(self, name, None)
             if isinstance(value, torch.Tensor):

@@ -75,7 +75,7 @@ def shared_patch_similarity(
     radius: int,
     chunk_size: int = 2**22,
     block_size: int = 2**17,
-    memory_block: int = 2**20,
+    memory_block: int = 2**21,
 ) -> torch.Tensor:
     r"""Positional matching against the union of the retrieved images (exact).
 
@@ -131,8 +131,8 @@ def shared_patch_similarity(
         least one union image and one position per chunk).
     block_size : int, default=2**17
         Further caps the score block so that it stays in cache (faster on CPU).
-    memory_block : int, default=2**20
-        Further caps the padded memory of a chunk of union images (4 MiB of
+    memory_block : int, default=2**21
+        Further caps the padded memory of a chunk of union images (8 MiB of
         float32 by default), so that it is reused from cache by the ``2r+1``
         window rows, and so that the one buffer it is gathered into is small (a
         large fresh buffer costs its page faults on every call).
@@ -293,7 +293,7 @@ def positional_similarity(
     chunk_size : int, default=2**24
         Working-memory bound passed to the kernel (the tiled kernel caps its
         blocks at ``2**20`` values and the shared one its score blocks at
-        ``2**17`` and its memory blocks at ``2**20``: smaller blocks stay in cache).
+        ``2**17`` and its memory blocks at ``2**21``: smaller blocks stay in cache).
 
     Returns
     -------
