@@ -274,7 +274,9 @@ class TorchEstimatorMixin:
             # pickled on a GPU, unpickled without one (state held in numpy or on the
             # CPU; tensors on a missing device already failed in torch's unpickler)
             if not _device_available(getattr(self, "device", None)):
-                self.device = "cpu"  # ("auto" stays: it means the CPU here)
+                # ("auto" stays: it means the CPU here; through __dict__ because the
+                # subclasses declare the parameter's type, not this base class)
+                self.__dict__["device"] = "cpu"
             try:
                 self._device = resolve_device(getattr(self, "device", "cpu"))
             except ValueError:  # a value set after fit that names no device
