@@ -527,10 +527,6 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
         _use_an_available_device(params, map_location, cls.__name__)
         est = cls(**params)
         est._upgrade_params()
-        try:  # where the loaded model computes, fixed as by fit
-            est._device = resolve_device(getattr(est, "device", "cpu"))
-        except ValueError:  # a value that names no device: fit and the methods report it
-            pass
         est._set_state(state)
         est._record_rebuild_params()  # the model was just rebuilt from these values
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:

@@ -475,6 +475,7 @@ def test_modules_drawn_from_a_generator_are_made_where_it_draws():
     from mlpapers.anomaly.rad import RandomConvExtractor
     from mlpapers.retrieval.amips import KeyNet, SupportNet
     from mlpapers.retrieval.rbe import NeuralRBEHead
+    from mlpapers.ssl.clapp import PatchPredictor
 
     def builds():
         emb = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), device="cpu")
@@ -483,6 +484,7 @@ def test_modules_drawn_from_a_generator_are_made_where_it_draws():
             "conv": RandomConvExtractor(),
             "keynet": KeyNet(3, [4, 4], generator=torch.Generator().manual_seed(1)),
             "supportnet": SupportNet(3, [4], generator=torch.Generator().manual_seed(2)),
+            "predictor": PatchPredictor(4, 2, generator=torch.Generator().manual_seed(4)),
             "head": NeuralRBEHead(emb, torch.zeros(6, device="cpu"),
                                   torch.arange(6.0, device="cpu"), 0 * ones, ones, hidden=5,
                                   generator=torch.Generator().manual_seed(3)),
@@ -496,3 +498,7 @@ def test_modules_drawn_from_a_generator_are_made_where_it_draws():
         assert {t.device.type for t in tensors.values()} == {"cpu"}, name
         for key, value in want[name].state_dict().items():
             assert torch.equal(tensors[key], value), (name, key)
+    # without a generator they follow the default device, as torch.nn modules do
+    with AMBIENT["default_device_meta"]():
+        for module in (KeyNet(3, [4, 4]), SupportNet(3, [4]), PatchPredictor(4, 2)):
+            assert {p.device.type for p in module.parameters()} == {"meta"}

@@ -142,3 +142,20 @@ def test_a_container_pickles_without_its_tensor_copies():
         assert "_tensor_cache" not in vars(back)  # ... and are not pickled
         assert torch.equal(back.contains(x), want)
         assert "_tensor_cache" in vars(support)  # pickling left the original intact
+
+
+def test_an_old_pickle_with_an_unindexed_cuda_device_is_pinned(monkeypatch):
+    """Pickles made before devices were pinned hold ``torch.device("cuda")``, which no
+    tensor's ``cuda:N`` equals (ExactMIPS's key cache missed on every call); unpickled,
+    it is the current CUDA device. Simulated: no GPU is needed to build device objects
+    and this estimator's state is numpy."""
+    est, _, _ = _toy()
+    est.device, est._device = "cuda", torch.device("cuda")
+    data = pickle.dumps(est)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = pickle.loads(data)
+    assert back._device == torch.device("cuda", 1) and back.device == "cuda"

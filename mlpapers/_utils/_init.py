@@ -45,9 +45,12 @@ def seeded_linear(in_features: int, out_features: int, *, bias: bool = True,
     """``nn.Linear(in_features, out_features, bias=bias, dtype=dtype)``, initialised from
     ``generator`` without drawing from the global RNG (``None``: exactly ``nn.Linear``).
 
-    ``dtype=None`` follows torch's default dtype, as ``nn.Linear`` does.
+    ``dtype=None`` follows torch's default dtype, as ``nn.Linear`` does. With a
+    generator the layer is made on the generator's device.
     """
     if generator is None:
         return nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
-    layer = nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype)
+    # on the generator's device, where it draws (skip_init's own default is the CPU)
+    layer = nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype,
+                               device=generator.device)
     return default_init_(layer, generator)

@@ -684,8 +684,9 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         super()._set_state(state)
         # the memory lives on ``device`` wherever map_location read it (scoring would
         # otherwise copy it there again for every batch and layer)
-        dev = self.__dict__.get("_device")  # (unset: a device value that names none)
-        if dev is None:
+        try:
+            dev = self._resolved_device
+        except ValueError:  # a device value that names none: scoring reports it
             return
         for name in ("memory_", "keys_"):
             value = getattr(self, name, None)

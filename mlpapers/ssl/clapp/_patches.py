@@ -217,8 +217,10 @@ class PatchPredictor(nn.Module):
         check_positive(dim, "dim", integer=True)
         check_positive(n_steps, "n_steps", integer=True)
         bound = 1.0 / math.sqrt(dim)          # nn.Linear's default initialisation
-        self.weight = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype))
-        self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype))
+        # a generator draws on its own device, so the weights are made there
+        where = {} if generator is None else {"device": generator.device}
+        self.weight = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype, **where))
+        self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype, **where))
         with torch.no_grad():
             for p in (self.weight, self.mirror):
                 p.uniform_(-bound, bound, generator=generator)
