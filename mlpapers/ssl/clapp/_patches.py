@@ -218,9 +218,9 @@ class PatchPredictor(nn.Module):
         check_positive(n_steps, "n_steps", integer=True)
         bound = 1.0 / math.sqrt(dim)          # nn.Linear's default initialisation
         # a generator draws on its own device, so the weights are made there
-        where = {} if generator is None else {"device": generator.device}
-        self.weight = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype, **where))
-        self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype, **where))
+        where = None if generator is None else generator.device  # (None: the default)
+        self.weight = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype, device=where))
+        self.mirror = nn.Parameter(torch.empty(n_steps, dim, dim, dtype=dtype, device=where))
         with torch.no_grad():
             for p in (self.weight, self.mirror):
                 p.uniform_(-bound, bound, generator=generator)
