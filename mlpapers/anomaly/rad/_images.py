@@ -303,9 +303,11 @@ def check_images(X: ImageInput, name: str = "X") -> torch.Tensor:
     Returns
     -------
     Tensor of shape (n, 3, H, W)
-        Contiguous float32 RGB images with values in [0, 1] (floats as given;
-        a contiguous float32 ``(n, 3, H, W)`` tensor is returned without a copy:
-        the result shares its storage, so in-place changes affect both).
+        Contiguous float32 RGB images with values in [0, 1], on the CPU (floats
+        as given; a contiguous float32 ``(n, 3, H, W)`` CPU tensor is returned
+        without a copy: the result shares its storage, so in-place changes affect
+        both; a tensor on another device is copied to the CPU, and the detectors
+        move each batch to their ``device``).
 
     Examples
     --------

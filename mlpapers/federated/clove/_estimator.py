@@ -34,8 +34,10 @@ default="linear"
         ``hidden_layer_sizes``; ``"autoencoder"``: ReLU autoencoder whose last
         hidden size is the bottleneck (reconstruction loss). A callable
         ``f(n_features, n_outputs) -> torch.nn.Module`` builds any model; it is
-        called in a seeded fork of torch's global RNG (left as it was) under a
-        float32 default dtype, and the models are float32 copies of its modules.
+        called in a seeded fork of torch's global CPU RNG (left as it was) under a
+        float32 default dtype, and the models are float32 copies of its modules
+        (build on the CPU: the estimator moves them to ``device``, and a module
+        built on a GPU would draw from that GPU's unseeded generator).
         Losses and predictions use eval mode, local training train mode (dropout
         seeded by ``random_state``); ``requires_grad=False`` parameters are not
         trained. BatchNorm layers need running statistics
