@@ -21,6 +21,7 @@ from mlpapers.anomaly.rad._kernels import (
     top_ratio_pool,
 )
 from mlpapers.anomaly.rad._maps import (
+    _gaussian_taps,
     _top_values,
     fused_smoothed_maps,
     resize_maps,
@@ -203,6 +204,24 @@ def test_gaussian_blur_matches_2d_conv_with_zero_padding():
     big = torch.rand(3, 20, 17)
     ref = F.conv2d(F.pad(big[:, None], (2, 2, 2, 2), mode="reflect"), k2[None, None])[:, 0]
     torch.testing.assert_close(gaussian_blur(big, 1.0, padding="reflect"), ref)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 5), (2, 7), (3, 2), (4, 9)])
+@pytest.mark.parametrize("sigma", [1.0, 2.5])
+def test_reflect_blur_on_maps_thinner_than_the_kernel(shape, sigma):
+    # maps with a side shorter than the kernel's half width are mirrored again (as numpy
+    # pads), not padded with zeros past one reflection: constant maps stay constant
+    const = torch.full((2, *shape), 3.0, dtype=torch.float64)
+    torch.testing.assert_close(gaussian_blur(const, sigma, padding="reflect"), const)
+    x = torch.rand(2, *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    g = _gaussian_taps(sigma, None)
+    half = len(g) // 2
+    padded = torch.from_numpy(np.pad(x.numpy(), ((0, 0), (half, half), (half, half)),
+                                     mode="reflect"))
+    ref = F.conv2d(padded[:, None], torch.outer(g, g)[None, None])[:, 0]
+    torch.testing.assert_close(gaussian_blur(x, sigma, padding="reflect"), ref)
+    op = smoothing_operator(shape[1], shape[1], sigma, "reflect")
+    torch.testing.assert_close(op.sum(1), torch.ones(shape[1], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("padding", ["zeros", "reflect"])

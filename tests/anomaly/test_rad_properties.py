@@ -133,10 +133,9 @@ def _reference_rad(X_train, X_test, *, k_images, pos_radius, top_ratio, smoothin
         g = g / g.sum()
         x = maps[:, None]
         if blur_padding == "reflect":
-            # reflect inside the map, zeros beyond one reflection (maps thinner than the kernel)
-            ph, pw = min(half, H - 1), min(half, W - 1)
-            x = F.pad(F.pad(x, (pw, pw, ph, ph), mode="reflect"),
-                      (half - pw, half - pw, half - ph, half - ph))
+            # numpy's reflect padding, mirrored again on maps thinner than the kernel
+            x = torch.from_numpy(np.pad(x.numpy(), ((0, 0), (0, 0), (half, half), (half, half)),
+                                        mode="reflect"))
         else:
             x = F.pad(x, (half, half, half, half))
         maps = F.conv2d(x, (g[:, None] * g[None])[None, None])[:, 0]

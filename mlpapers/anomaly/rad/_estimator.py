@@ -93,7 +93,8 @@ class RADDetector(BaseImageDetector):
         Standard deviation (in pixels of the map) of the Gaussian blur of the
         fused map (kernel ``2 * ceil(2 * sigma) + 1``); ``0`` disables it.
     blur_padding : {"zeros", "reflect"}, default="zeros"
-        ``"zeros"`` follows the official code.
+        ``"zeros"`` follows the official code (it darkens the map's border);
+        ``"reflect"`` mirrors the map about its edges, as ``numpy.pad(mode="reflect")``.
     contamination : float in (0, 0.5], default=0.1
         Expected fraction of anomalies, sets ``threshold_`` (PyOD convention).
     memory_dtype : {"float32", "float16", "bfloat16"}, default="float32"

@@ -35,6 +35,17 @@ def _gaussian_taps(sigma: float, kernel_size: int | None) -> torch.Tensor:
     return g / g.sum()
 
 
+def _reflected(u: torch.Tensor, n: int) -> torch.Tensor:
+    """Source index of (possibly out-of-range) positions ``u`` on an axis of length ``n``
+    under reflect padding (the edge not repeated, as ``numpy.pad(mode="reflect")``),
+    mirrored again as often as needed when the padding exceeds ``n - 1``."""
+    if n == 1:
+        return torch.zeros_like(u)
+    period = 2 * (n - 1)
+    u = torch.remainder(u, period)
+    return torch.where(u >= n, period - u, u)
+
+
 def resize_maps(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Bilinear resize of maps (B, h, w) -> (B, *size) (``align_corners=False``)."""
     if tuple(maps.shape[-2:]) == tuple(size):
@@ -57,7 +68,10 @@ def gaussian_blur(
         Odd size; ``None`` uses ``2 * ceil(2 * sigma) + 1`` (5 for ``sigma=1``,
         the official RAD kernel).
     padding : {"zeros", "reflect"}, default="zeros"
-        ``"zeros"`` matches the official code (it darkens a 2-pixel border).
+        ``"zeros"`` matches the official code (it darkens a 2-pixel border);
+        ``"reflect"`` mirrors the map about its edges (as ``numpy.pad(mode="reflect")``,
+        mirrored again where the kernel is wider than the map), so a constant map
+        stays constant.
 
     Returns
     -------
@@ -69,9 +83,10 @@ def gaussian_blur(
     kernel_size, half = len(g), len(g) // 2
     H, W = maps.shape[-2:]
     if padding == "reflect":
-        ph, pw = min(half, H - 1), min(half, W - 1)
-        x = F.pad(maps[:, None], (pw, pw, ph, ph), mode="reflect")[:, 0]
-        x = F.pad(x, (half - pw, half - pw, half - ph, half - ph))
+        dev = maps.device
+        rows = _reflected(torch.arange(-half, H + half, device=dev), H)
+        cols = _reflected(torch.arange(-half, W + half, device=dev), W)
+        x = maps.index_select(-2, rows).index_select(-1, cols)
     else:
         x = F.pad(maps, (half, half, half, half))
     # separable weighted sums of shifted slices: much faster on CPU than a
@@ -128,14 +143,12 @@ def _blur_matrix(n: int, sigma: float, padding: str) -> torch.Tensor:
         return torch.eye(n, dtype=torch.float64)
     g = _gaussian_taps(sigma, None)
     half = len(g) // 2
-    # padded position r + i holds source u = r + i - half: reflected inside the
-    # ``min(half, n - 1)`` band for "reflect" (zeros beyond it), zero otherwise
+    # padded position r + i holds source u = r + i - half: reflected for "reflect",
+    # zero outside the axis otherwise
     r = torch.arange(n)
     u = r[:, None] + torch.arange(len(g))[None, :] - half
     if padding == "reflect":
-        p = min(half, n - 1)
-        u = torch.where((u < 0) & (u >= -p), -u, u)
-        u = torch.where((u >= n) & (u < n + p), 2 * (n - 1) - u, u)
+        u = _reflected(u, n)
     inside = (u >= 0) & (u < n)
     G = torch.zeros(n, n, dtype=torch.float64)
     rows = r[:, None].expand_as(u)
