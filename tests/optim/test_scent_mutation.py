@@ -90,19 +90,22 @@ def test_first_visit_value_is_the_exact_entropic_risk(method, tau):
     assert float(value) == pytest.approx(ref, abs=1e-12)
 
 
-def test_asgd_softplus_value_and_gradient_follow_the_safe_kl_surrogate():
+@pytest.mark.parametrize("shift", [0.0, 30.0])
+def test_asgd_softplus_value_and_gradient_follow_the_safe_kl_surrogate(shift):
     # loss = mean_i [mean_j log(1 + rho e^{s_ij - nu_i}) / rho + nu_i - 1] with the OLD nu,
-    # gradient sigma(s_ij - nu_i + log rho) / (rho B k)
+    # gradient sigma(s_ij - nu_i + log rho) / (rho B k). shift=30 puts s - nu + log rho
+    # above 20, where F.softplus's default threshold returned x (gradient 1, not sigma):
+    # 2e-9 relative off in float64
     rng = np.random.default_rng(4)
-    s, nu0, rho = rng.normal(size=(2, 3)), 0.3, 1e-2
+    s, nu0, rho = rng.normal(size=(2, 3)) + shift, 0.3, 1e-2
     loss = EntropicRiskLoss(2, method="asgd_softplus", rho=rho, nu_init=nu0)
     sw = t(s).requires_grad_()
     value = loss(sw, torch.arange(2))
     value.backward()
-    ref = np.mean(np.mean(np.log1p(rho * np.exp(s - nu0)), axis=1) / rho + nu0 - 1)
-    assert float(value.detach()) == pytest.approx(ref, abs=1e-12)
+    ref = np.mean(np.mean(np.logaddexp(0.0, s - nu0 + math.log(rho)), axis=1) / rho + nu0 - 1)
+    assert float(value.detach()) == pytest.approx(ref, rel=1e-14, abs=1e-12)
     grad = expit(s - nu0 + math.log(rho)) / rho / s.size
-    np.testing.assert_allclose(sw.grad.numpy(), grad, rtol=1e-10)
+    np.testing.assert_allclose(sw.grad.numpy(), grad, rtol=1e-13)
 
 
 # -- SCENTClassifier -----------------------------------------------------------------------

@@ -7,7 +7,6 @@ import numbers
 from typing import Any, Literal, TypeAlias, get_args
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mlpapers._utils import check_in_options, check_positive, on_inputs_device, requires_tensors
@@ -152,6 +151,8 @@ class EntropicRiskLoss(nn.Module):
         Dual variables (a buffer; saved in ``state_dict``). It stays float64 when
         the module (or a model holding it) is cast with ``.to(dtype)``,
         ``.float()`` or ``.half()``; device moves apply.
+        Anchors never visited hold 0, whatever ``nu_init`` is (``nu_init``
+        is applied at the first visit); ``initialized`` tells them apart.
     initialized : torch.Tensor of shape (n_anchors,), bool
         Which anchors were visited (a separate mask, never ``nu == 0``).
     last_stats : dict
@@ -391,7 +392,10 @@ class EntropicRiskLoss(nn.Module):
         if mask is not None:  # padded items may hold any value: exp(big) * 0 would be NaN
             diff = diff.masked_fill(~mask, float("-inf"))
         if m == "asgd_softplus":
-            terms = F.softplus(diff + math.log(self.rho)) / self.rho
+            # not F.softplus: its default threshold=20 returns x itself above 20, off
+            # by e^-20 (2e-9 relative in the float64 gradient); logaddexp is exact
+            z = diff + math.log(self.rho)
+            terms = torch.logaddexp(z, torch.zeros_like(z)) / self.rho
         else:
             terms = torch.exp(diff)
         if mask is None:
