@@ -61,7 +61,9 @@ default="linear"
     lr : float, default=1e-2
         Learning rate of the local optimizer.
     batch_size : int or None, default=100
-        Local mini-batch size (``None``: full batch).
+        Local mini-batch size (``None``: full batch). The batch orders are drawn
+        in the order of the client list, so with mini-batches a permuted list of
+        clients gives another fit of the same distribution, not the permuted one.
     optimizer : {"adam", "sgd"}, default="adam"
         Local optimizer; its state is reset every round."""
 
