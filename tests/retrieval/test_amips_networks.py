@@ -147,6 +147,17 @@ def test_soft_leaky_relu_shape_and_limits():
     assert (torch.diff(y) > 0).all() and (torch.diff(y, 2) >= -1e-12).all()
 
 
+@pytest.mark.parametrize("beta", [1.0, 20.0])
+def test_soft_leaky_relu_is_exact_and_increasing_across_softplus_threshold(beta):
+    # F.softplus's default threshold=20 returned beta*x / beta itself above beta*x = 20,
+    # a drop of e^-20 / beta there: float64 values fell by 1.7e-9 across it (beta=1)
+    t = (20.0 + torch.tensor([-1e-10, 1e-10, 1.0, 10.0, 25.0], dtype=torch.float64)) / beta
+    y = soft_leaky_relu(t, 0.1, beta)
+    exact = 0.1 * t + 0.9 * torch.logaddexp(beta * t, torch.zeros_like(t)) / beta
+    torch.testing.assert_close(y, exact, rtol=1e-15, atol=0.0)
+    assert (torch.diff(y) > 0).all()
+
+
 @pytest.mark.parametrize("d,n_keys,depth,wx,out", [
     (16, 20000, 8, 4, 1), (16, 20000, 8, 4, 16), (16, 20000, 3, True, 1),
     (16, 20000, 2, False, 16), (128, 1000, 8, 4, 128), (64, 1000, 4, 4, 64)])

@@ -99,7 +99,11 @@ class ExactMIPS(_MIPSBase):
     -----
     :meth:`kneighbors` returns *similarities* (inner products) in *descending*
     order, unlike scikit-learn's ``NearestNeighbors`` whose distances ascend.
-    Exact ties are ordered by index (lowest first), as by a stable sort.
+    Exact ties are ordered by index (lowest first), as by a stable sort. Ties are
+    those of the computed float32 scores: two copies of a key can score one unit
+    in the last place apart (the BLAS rounding depends on the row and on the number
+    of queries in a chunk), so which copy comes first may change with the batch;
+    deduplicate the database when that matters.
 
     The search runs in float32 (``database_`` is stored in float32): float64 or
     int64 data are rounded to float32 first, so keys whose inner products differ by

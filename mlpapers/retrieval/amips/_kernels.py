@@ -107,7 +107,9 @@ def mips_topk(
     indices : Tensor of shape (n, k), int64
         Indices of the keys. Exact ties are broken towards the lowest index (the
         order of a stable descending sort), so ``indices[:, 0]`` is the ``argmax``
-        for every ``k``.
+        for every ``k``. Ties are those of the computed scores: in float32, copies
+        of a key can score one unit in the last place apart (the BLAS rounding
+        depends on the row and on the number of queries in a chunk).
 
     Notes
     -----

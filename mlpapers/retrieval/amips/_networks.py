@@ -110,7 +110,11 @@ def check_activation(negative_slope: float, beta: float) -> None:
 def _soft_leaky_relu(x: torch.Tensor, negative_slope: float, beta: float) -> torch.Tensor:
     """:func:`soft_leaky_relu` without the checks (the networks check their parameters
     once, when they are built)."""
-    return negative_slope * x + (1.0 - negative_slope) * F.softplus(x, beta=beta)
+    # softplus's default threshold=20 switches to the line beta*x above 20, a drop of
+    # e^-20/beta that broke monotonicity at the 1e-9 level; e^-40 is below float64's eps
+    threshold = 40.0 if x.dtype == torch.float64 else 20.0
+    return negative_slope * x + (1.0 - negative_slope) * F.softplus(x, beta=beta,
+                                                                   threshold=threshold)
 
 
 def _inject_layers(depth: int, wx_inject: bool | int) -> list[bool]:
