@@ -138,7 +138,8 @@ def test_unit_rows_needs_no_frexp_and_matches_plain_normalize(monkeypatch, dtype
     # torch.frexp has no MPS kernel: the power-of-two prescaling used it, so InfoNCE failed
     # on Apple GPUs. Rows of ordinary scale, with maxima just below, at and above powers
     # of two (where log2 may round up), and a zero row, must give F.normalize's values
-    # and gradients bit for bit (zero rows: 0, or NaN in float16 where eps=1e-12 is 0)
+    # and gradients bit for bit; a zero row stays 0 in every dtype (float16 gave NaN: the
+    # default eps=1e-12 rounds to 0 there, so _unit_rows uses the dtype's tiny)
     from mlpapers.ssl.clapp import _kernels
 
     def no_frexp(*args, **kwargs):
@@ -155,14 +156,33 @@ def test_unit_rows_needs_no_frexp_and_matches_plain_normalize(monkeypatch, dtype
     p = p.to(dtype)
     a = p.clone().requires_grad_(True)
     b = p.clone().requires_grad_(True)
-    ua, ub = _kernels._unit_rows(a), F.normalize(b, dim=1)
-    torch.testing.assert_close(ua, ub, rtol=0, atol=0, equal_nan=True)
+    ua, ub = _kernels._unit_rows(a), F.normalize(b, dim=1, eps=torch.finfo(dtype).tiny)
+    torch.testing.assert_close(ua, ub, rtol=0, atol=0)
     w = torch.randn(8, 5, generator=gen).to(dtype)
     (ua[:5] * w[:5]).sum().backward()
     (ub[:5] * w[:5]).sum().backward()
-    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, equal_nan=True)
-    if dtype != torch.float16:
-        assert bool((ua[5] == 0).all())
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+    assert bool((ua[5] == 0).all())
+    # ordinary rows are those of the default eps too
+    torch.testing.assert_close(ua[:5], F.normalize(p[:5], dim=1), rtol=0, atol=0)
     # and the scale-free part still holds without frexp: 2^100-scaled rows, same result
     big = 2.0 ** 100 if torch.finfo(dtype).max > 2.0 ** 101 else 2.0 ** 8
     assert torch.equal(_kernels._unit_rows(p[:5] * big), ua[:5].detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_infonce_with_a_zero_row_is_finite_in_every_dtype(dtype):
+    # a zero representation row has cosine 0 with every row: the loss is the float64 value
+    # of that cosine matrix (float16 returned NaN: 0 / 0 in F.normalize's eps=1e-12 -> 0)
+    from mlpapers.ssl.clapp import infonce_loss
+
+    p = torch.zeros(4, 3, dtype=dtype)
+    p[0] = 1
+    p[2] = 1
+    p.requires_grad_(True)
+    loss = infonce_loss(p)
+    loss.backward()
+    ref = infonce_loss(p.detach().double())
+    assert torch.isfinite(p.grad).all()
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(dtype, 1e-6)
+    assert abs(float(loss.detach()) - float(ref)) <= tol

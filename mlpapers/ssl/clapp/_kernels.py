@@ -328,10 +328,12 @@ def _unit_rows(p: torch.Tensor) -> torch.Tensor:
     brings its largest entry into [1, 2): exact in floating point, so ordinary rows give
     bit-identical results and gradients, and the cosine similarity stays invariant to
     the scale of ``p``. Zero rows and rows holding inf or NaN are left unscaled and get
-    what ``F.normalize`` gives them: a zero row stays zero in float32, float64 and
-    bfloat16, but is NaN in float16, where its ``eps=1e-12`` rounds to 0 (0 / 0).
+    what ``F.normalize`` gives them: a zero row stays zero. Its ``eps`` is the dtype's
+    smallest normal number, not the default ``1e-12``, which rounds to 0 in float16
+    (0 / 0 made a zero row NaN there); scaled nonzero rows have norm >= 1, so ``eps``
+    never touches them.
     """
-    return F.normalize(p / row_power_of_two(p, dim=1), dim=1)
+    return F.normalize(p / row_power_of_two(p, dim=1), dim=1, eps=torch.finfo(p.dtype).tiny)
 
 
 def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]:
