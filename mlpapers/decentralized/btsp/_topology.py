@@ -320,7 +320,7 @@ def metric_closure(delays: ArrayLike) -> np.ndarray:
 
     Parameters
     ----------
-    delays : array-like of shape (n, n)
+    delays : array-like of shape (n, n), n >= 2
         Non-negative link delays, ``delays[u, v]`` from ``u`` to ``v``; ``inf`` (or
         any delay larger than a path through other nodes) is replaced by the
         shortest path. The diagonal is ignored.
