@@ -134,7 +134,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         Seeds the sampler's own generator (starting points, momenta, Metropolis
         tests, jitter); the global RNGs are left alone. The random numbers are drawn
         on the CPU in float64, so a seed gives the same stream on every device and
-        dtype. ``None`` draws a seed from numpy's global ``RandomState``.
+        dtype. ``None`` draws a seed from numpy's global ``RandomState``. Each step
+        draws the numbers of all chains as one block, so a chain's draws change
+        with ``n_chains`` (the same seed and ``n_chains`` repeat them exactly).
     verbose : int, default=0
         ``> 0`` shows a progress bar over the warm-up (acceptance, leapfrog steps,
         mean step size), then one over the draws (acceptance, divergences).
