@@ -234,7 +234,7 @@ def test_supports_are_selected_without_the_held_out_queries(monkeypatch, support
         monkeypatch.setattr(mod, fn.__name__, wrapped)
 
     spy("select", mod.select_support)
-    spy("linear", mod.fit_linear_embeddings)
+    spy("linear", mod._fit_linear_embeddings)
     Q, I, f = _lowrank(n_q=40, n_i=30, rank=6)
     R = f(Q, I)
     est = RelevanceBasedRetriever(f, n_support=4, support=support, head="mlp", max_iter=2,

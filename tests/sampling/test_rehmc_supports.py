@@ -224,6 +224,27 @@ def test_contains_refuses_a_nan_tolerance(name):
 
 
 @pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
+def test_contains_takes_a_tolerance_held_in_a_numpy_array(name):
+    """``tol=np.asarray(1e-6)`` (a 0-d array, or ``np.median`` of an array kept as an
+    array) was refused by the NaN check that d6beae4 added; a one-value tensor was
+    accepted. Both mean the number they hold, for tensor and numpy points."""
+    c = _containers()[name]
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.uniform(-3, 3, size=(64, 3)))
+    for tol in (0.0, 0.4):
+        want = c.contains(x, tol)
+        for held in (np.asarray(tol), np.asarray([tol]), np.asarray(tol, dtype=np.float32),
+                     torch.tensor(tol)):
+            assert torch.equal(c.contains(x, held), want)
+            assert torch.equal(c.contains(x, tol=held), want)
+            np.testing.assert_array_equal(c.contains(x.numpy(), tol=held), want.numpy())
+    with pytest.raises(ValueError, match="^tol must be a number"):
+        c.contains(x, np.asarray(np.nan))
+    with pytest.raises(TypeError, match="^tol must be a real number"):
+        c.contains(x, np.asarray("0.1"))
+
+
+@pytest.mark.parametrize("name", ["box", "polytope", "ball", "ellipsoid", "convexset"])
 def test_hit_refuses_a_bad_scalar_t_max(name):
     """A NaN or negative t_max left the bisection oracle no bracket, without an error;
     None, a non-negative number and a per-chain tensor are accepted."""

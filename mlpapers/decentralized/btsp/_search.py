@@ -103,52 +103,63 @@ class _Links:
 
     Annealing evaluated every move by gathering all ``n sum |S_l|`` link delays from the
     ``(n, n)`` matrix (random reads: at ``n = 2000`` a run of the default ``20 n``
-    moves took 14 s on one core, 6 times as long as now). A swap of two positions changes
-    only the links at those positions (``4 sum |S_l|`` of them, out and in), so they are
-    rewritten in a cached ``(n, K)`` array and each round's maximum is taken over its
-    columns. The maxima and their positions are :func:`_eval_one`'s exactly (same
-    values, same first-maximum order), so the search is unchanged.
+    moves took 14 s on one core). A swap of two positions changes only the links at
+    those positions (``4 sum |S_l|`` of them, out and in), so they are rewritten in a
+    cached ``(tau, n, w)`` array, each round's ``(n, |S_l|)`` links padded to the widest
+    round ``w`` with the lowest value of the delays' dtype (never a first maximum before
+    a real link), and each round's maximum is one ``argmax`` over a contiguous row. A
+    rejected move restores the saved values (:meth:`undo`) instead of rewriting them.
+    The maxima and their positions are :func:`_eval_one`'s exactly (same values, same
+    first-maximum order), so the search is unchanged.
     """
 
     def __init__(self, E: np.ndarray, perm: np.ndarray, schedule):
         n = perm.shape[0]
         skips = [np.asarray(s, dtype=np.int64).reshape(-1) for s in schedule]
+        widths = [len(s) for s in skips]
+        tau, w = len(skips), max(widths)
         self.E, self.perm, self.n = E, perm, n
-        self.widths = [len(s) for s in skips]
-        self.bounds = np.cumsum([0, *self.widths])
-        self.skips = np.concatenate(skips)  # (K,): column c links i -> i + skips[c]
-        self.cols = np.arange(self.skips.size)
-        self.idx = (np.arange(n)[:, None] + self.skips[None, :]) % n  # (n, K)
-        self.vals = E[perm[:, None], perm[self.idx]]  # (n, K)
-        # rounds of one width w: (n, tau, w) -> (tau, n * w) keeps each round's row-major order
-        self.uniform = len(set(self.widths)) == 1
+        self.col_start = np.cumsum([0, *widths])[:-1]
+        sk = np.concatenate(skips)  # (K,): column c links i -> i + sk[c]
+        round_of = np.repeat(np.arange(tau), widths)
+        slot_of = np.arange(sk.size) - self.col_start[round_of]
+        i = np.arange(n)
+        self.idx = (i[:, None] + sk[None, :]) % n  # (n, K)
+        # (3, n, 2K): for each position, the origin, target and cache slot of its K links
+        # out and its K links in, so that a swap's links are one gather of this table
+        into = (i[:, None] - sk[None, :]) % n  # idx[into[p, c], c] = p
+        at = np.broadcast_to(i[:, None], (n, sk.size))
+        cell = round_of * (n * w) + slot_of
+        self.table = np.stack([np.concatenate([at, into], axis=1),
+                               np.concatenate([self.idx, at], axis=1),
+                               np.concatenate([cell + at * w, cell + into * w], axis=1)])
+        low = (np.finfo(E.dtype).min if E.dtype.kind == "f" else np.iinfo(E.dtype).min)
+        self.vals = np.full((tau, n, w), low, dtype=E.dtype)
+        self.vals_flat = self.vals.reshape(-1)
+        self.rows = self.vals.reshape(tau, n * w)
+        self.vals_flat[cell + at * w] = E[perm[:, None], perm[self.idx]]
+        self.rounds, self.w = np.arange(tau), w
+        self._slots = self._saved = None
 
     def update(self, pos: np.ndarray) -> None:
         """Rewrite the links at positions ``pos`` after ``perm`` changed there."""
-        E, perm, idx, vals = self.E, self.perm, self.idx, self.vals
-        vals[pos] = E[perm[pos][:, None], perm[idx[pos]]]  # links out of pos
-        src = (pos[:, None] - self.skips[None, :]) % self.n  # links into pos: idx[src, c] = pos
-        vals[src, self.cols] = E[perm[src], perm[pos][:, None]]
+        links = self.table[:, pos]
+        slots = links[2].reshape(-1)
+        self._slots, self._saved = slots, self.vals_flat[slots]
+        origin, target = self.perm[links[:2]]
+        self.vals_flat[slots] = self.E[origin, target].reshape(-1)
+
+    def undo(self) -> None:
+        """Restore the links the last :meth:`update` rewrote (``perm`` swapped back)."""
+        self.vals_flat[self._slots] = self._saved
 
     def maxima(self) -> tuple[np.ndarray, list]:
         """As :func:`_eval_one`."""
-        n, tau = self.n, len(self.widths)
-        if self.uniform:
-            w = self.widths[0]
-            flat = self.vals.reshape(n, tau, w).transpose(1, 0, 2).reshape(tau, n * w)
-            arg = flat.argmax(axis=1)
-            maxima = flat[np.arange(tau), arg].astype(np.float64)
-            i, j = np.divmod(arg, w)
-            targets = self.idx[i, self.bounds[:-1] + j]
-            return maxima, list(zip(i.tolist(), targets.tolist()))
-        maxima = np.empty(tau)
-        where = []
-        for l, (lo, hi) in enumerate(zip(self.bounds[:-1], self.bounds[1:])):
-            block = self.vals[:, lo:hi]
-            i, j = divmod(int(block.argmax()), hi - lo)
-            maxima[l] = block[i, j]
-            where.append((i, int(self.idx[i, lo + j])))
-        return maxima, where
+        arg = self.rows.argmax(axis=1)
+        maxima = self.rows[self.rounds, arg].astype(np.float64)
+        i = arg // self.w
+        targets = self.idx[i, self.col_start + (arg - i * self.w)]
+        return maxima, list(zip(i.tolist(), targets.tolist()))
 
 
 def anneal(E: np.ndarray, schedule, rng: np.random.Generator, n_iter: int,
@@ -192,7 +203,7 @@ def anneal(E: np.ndarray, schedule, rng: np.random.Generator, n_iter: int,
                 best, best_cost = perm.copy(), cost
         else:
             perm[a], perm[b] = perm[b], perm[a]
-            links.update(pos)
+            links.undo()
         T *= cool
     return best
 

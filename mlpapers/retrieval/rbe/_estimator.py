@@ -36,8 +36,8 @@ from mlpapers.retrieval.rbe._heads import (
 )
 from mlpapers.retrieval.rbe._kernels import (
     CHUNK_SCORES,
+    _fit_linear_embeddings,
     abs_max,
-    fit_linear_embeddings,
     topk_scores,
 )
 from mlpapers.retrieval.rbe._selection import (
@@ -308,8 +308,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             S = check_support_indices(self.support, N)
             scores = np.full(S.size, np.nan)
         Sg = torch.as_tensor(S, device=self._device)
-        lin = fit_linear_embeddings(R_fit[:, Sg], R_fit, ridge=float(self.ridge),
-                                    rcond=self.rcond, standardize=bool(self.standardize))
+        lin = _fit_linear_embeddings(R_fit[:, Sg], R_fit, float(self.ridge), self.rcond,
+                                     bool(self.standardize))
         self._warn_near_interpolation(S.size, int(lin["rank"]), len(fit_rows), len(val_rows))
         self.support_indices_ = S
         self.selection_scores_ = scores

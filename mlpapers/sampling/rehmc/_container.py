@@ -73,10 +73,19 @@ def _as_points(value, name: str) -> Tensor:
 _ARRAYS_OK = "_rehmc_accepts_arrays"
 
 
-def _check_tol(args: tuple, kwargs: dict) -> None:
+def _check_tol(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``contains``'s ``tol``: a NaN compared False everywhere, so every point was
-    reported outside (or inside), without an error."""
+    reported outside (or inside), without an error. A numpy array of one value (what
+    ``np.asarray``, ``np.median`` of an array or a 0-d slice give) is that number,
+    as a one-value tensor is; a larger numpy array is a tensor. The arguments come back
+    with such a ``tol`` replaced."""
     tol = args[0] if args else kwargs.get("tol", 0.0)
+    if isinstance(tol, np.ndarray) and tol.dtype.kind in "iuf":
+        tol = float(tol.reshape(())) if tol.size == 1 else torch.from_numpy(tol.copy())
+        if args:
+            args = (tol, *args[1:])
+        else:
+            kwargs = {**kwargs, "tol": tol}
     if isinstance(tol, Tensor) and tol.numel() == 1:
         tol = float(tol)
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real | Tensor):
@@ -85,6 +94,7 @@ def _check_tol(args: tuple, kwargs: dict) -> None:
     if isinstance(tol, numbers.Real) and math.isnan(tol):
         raise ValueError("tol must be a number (points up to tol outside K count as "
                          "inside), got nan.")
+    return args, kwargs
 
 
 def _check_t_max(args: tuple, kwargs: dict) -> None:
@@ -162,7 +172,7 @@ def accept_arrays(method: F) -> F:
         if is_hit:
             _check_t_max(args, kwargs)
         else:
-            _check_tol(args, kwargs)
+            args, kwargs = _check_tol(args, kwargs)
         if isinstance(x, Tensor):
             if is_hit:  # numpy velocities / t_max with tensor points follow the points
                 def follow(a, name):
