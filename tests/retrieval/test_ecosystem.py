@@ -73,8 +73,10 @@ def test_exact_search_chunks_are_bounded_by_scores_not_only_queries(monkeypatch)
         got = model.kneighbors(queries, 4)
     assert max(spy.sizes) <= 120
     assert max(spy.alive) == 0  # one chunk of scores at a time, not two
-    for a, b in zip(got, expected):
-        np.testing.assert_array_equal(a, b)
+    # the same neighbours; the scores to float32 rounding (a 3 x 3 chunk and the whole
+    # 25 x 3 batch may run different BLAS kernels: 1 ulp apart on an AVX2 machine)
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-6, atol=0)
     assert model.score(queries) == 1.0
     assert _kernels.search_rows(8192, 10**6) == 1 and _kernels.search_rows(2, 10) == 2
 

@@ -161,7 +161,8 @@ class ChEESAdaptation:
     def update(self, grad: float, t_min: float, t_max: float) -> float:
         """One Adam step on ``log T`` given the ChEES gradient; returns the new ``T``.
 
-        ``T`` is kept within ``[t_min, t_max]`` (one step and the leapfrog cap).
+        A step does not take ``T`` across ``t_min`` or ``t_max`` (one step and the
+        leapfrog cap), but a bound that has moved past ``T`` does not move it.
         """
         self.k += 1
         self.k_sq += 1
@@ -170,7 +171,12 @@ class ChEESAdaptation:
         step = max(-self.clip, min(self.clip, self.lr * grad / denom))
         log_t = self.log_t + step
         if math.isfinite(log_t):
-            self.log_t = min(max(log_t, math.log(t_min)), math.log(t_max))
+            # The bounds stop T from stepping out of [t_min, t_max] but never drag it: after
+            # a mass window, dual averaging restarts with trial steps up to 10x the found
+            # one, and a floor of one such step lifted T past the criterion's first peak,
+            # from where ascent does not come back (T of 14 for a standard normal).
+            lo, hi = math.log(t_min), math.log(t_max)
+            self.log_t = min(max(log_t, min(self.log_t, lo)), max(self.log_t, hi))
         w = self.k ** -0.5
         self.log_t_bar = w * self.log_t + (1 - w) * self.log_t_bar
         return self.trajectory_length

@@ -431,7 +431,15 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         glp = self.grad_log_prob
         logp, grad = start_state(log_prob, x, glp, name=self._density_name)
 
-        def find_step(x, logp, grad, inv_mass, init, cap):  # doubling heuristic
+        last_draws = gen.get_state()
+
+        def find_step(x, logp, grad, inv_mass, init, cap, *, replay=False):
+            # doubling heuristic; replay=True draws the previous call's momenta again
+            nonlocal last_draws
+            if replay:
+                gen.set_state(last_draws)
+            else:
+                last_draws = gen.get_state()
             return find_reasonable_step_size(x, logp, grad, log_prob, container,
                                              inv_mass, max_refl, gen, init, cap,
                                              grad_log_prob=glp)
