@@ -18,7 +18,7 @@ from mlpapers.optim.scent import (
     SCENTClassifier,
     objective,
 )
-from mlpapers.optim.scent._kernels import tempered_log_mean_exp
+from mlpapers.optim.scent._kernels import log_mean_exp, tempered_log_mean_exp
 
 # multiprecision references; mpmath comes with torch (through sympy) but no extra lists it
 mpmath = pytest.importorskip("mpmath")
@@ -263,3 +263,29 @@ def test_surrogate_overflow_names_the_dual_update_only_for_asgd():
         msg = str(surrogate_overflow("SCENTClassifier", method, 1, "score / temperature"))
         assert "dual update" not in msg
         assert "score / temperature too large" in msg and "raise temperature" in msg
+
+
+def test_log_mean_exp_counts_a_broadcast_mask_as_broadcast():
+    # a (B, 1) mask was broadcast by masked_fill but counted before broadcasting: the
+    # count was 1 instead of k and the result log k too high (a log-sum-exp), silently
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    full = log_mean_exp(s, mask=torch.ones(3, 5, dtype=torch.bool))
+    assert torch.allclose(log_mean_exp(s, mask=torch.ones(3, 1, dtype=torch.bool)), full)
+    assert torch.allclose(full, torch.log(torch.exp(s).mean(-1)))
+    cols = torch.tensor([True, False, True, True, False])
+    ref = torch.log(torch.exp(s[:, cols]).mean(-1))
+    assert torch.allclose(log_mean_exp(s, mask=cols), ref)  # (k,) broadcasts over rows
+    rows = torch.tensor([[True], [False], [True]])
+    got = log_mean_exp(s, dim=0, mask=rows)
+    assert torch.allclose(got, torch.log(torch.exp(s[[0, 2]]).mean(0)))
+
+
+def test_log_mean_exp_refuses_a_mask_that_does_not_broadcast_and_a_0d_score():
+    with pytest.raises(ValueError, match=r"mask of shape \(2,\) does not broadcast"):
+        log_mean_exp(torch.zeros(2, 3), mask=torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        log_mean_exp(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="dim must be an int"):
+        log_mean_exp(torch.zeros(2, 3), dim=(0, 1))
+    assert float(log_mean_exp(torch.zeros(2, 3), dim=np.int64(0))[0]) == 0.0

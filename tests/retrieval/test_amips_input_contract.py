@@ -29,6 +29,11 @@ def _data(n=4, N=6, d=3, seed=0):
     (lambda q, K: mips_topk(q, K, batch_size=0), ValueError, "batch_size must be > 0"),
     (lambda q, K: mips_topk(q, K[:, :2]), ValueError, "same number of features"),
     (lambda q, K: mips_topk(q, K.double()), TypeError, "same dtype"),
+    # bool matmul failed inside torch ("addmm_impl_cpu_" not implemented for 'Bool')
+    (lambda q, K: mips_topk(q > 0, K > 0), TypeError, "real numbers .* torch.bool"),
+    (lambda q, K: support_function(q > 0, K > 0), TypeError, "real numbers"),
+    (lambda q, K: mips_topk(q.to(torch.complex64), K.to(torch.complex64)), TypeError,
+     "real numbers .* torch.complex64"),
     (lambda q, K: mips_topk(q[0], K), ValueError, r"queries must have shape \(n, d\)"),
     (lambda q, K: support_function(q, K[:0]), ValueError, "keys is empty"),
     (lambda q, K: rank_by_key(q, K, 0), ValueError, "k must be > 0"),

@@ -115,8 +115,9 @@ def log_mean_exp(
     dim : int, default=-1
         The axis of the items.
     mask : torch.Tensor of bool, optional
-        Same shape as ``scores``; ``False`` entries are left out of both the sum
-        and the count. A slice without any valid item (also ``k = 0``) gives ``-inf``.
+        Same shape as ``scores`` (or broadcastable to it, and then counted as
+        broadcast); ``False`` entries are left out of both the sum and the count. A
+        slice without any valid item (also ``k = 0``) gives ``-inf``.
 
     Returns
     -------
@@ -130,11 +131,21 @@ def log_mean_exp(
     >>> float(log_mean_exp(torch.tensor([0.0, 0.0, 1e4])))  # no overflow
     9998.90...
     """
+    if scores.dim() == 0:
+        raise ValueError("log_mean_exp: scores must have at least one dimension, got a "
+                         "0-d tensor")
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"log_mean_exp: dim must be an int, got {type(dim).__name__}")
     if mask is None:
         # k = 0: the empty sum's logsumexp is -inf, as an all-masked slice gives (log 0
         # failed with "math domain error")
         return torch.logsumexp(scores, dim=dim) - math.log(max(scores.shape[dim], 1))
-    mask = mask.to(torch.bool)
+    try:
+        # the count must see the mask as broadcast (a (B, 1) mask counted k = 1 before)
+        mask = mask.to(torch.bool).expand_as(scores)
+    except RuntimeError:
+        raise ValueError(f"log_mean_exp: mask of shape {tuple(mask.shape)} does not "
+                         f"broadcast to the scores' shape {tuple(scores.shape)}") from None
     masked = scores.masked_fill(~mask, float("-inf"))
     count = mask.sum(dim=dim).to(scores.dtype)
     # an empty slice: logsumexp = -inf and log(count) = -inf would give NaN; it is -inf

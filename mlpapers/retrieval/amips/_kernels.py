@@ -70,6 +70,9 @@ def _check_search(queries: torch.Tensor, keys: torch.Tensor, k, batch_size,
     if queries.dtype != keys.dtype:
         raise TypeError(f"{qn} and {kn} must have the same dtype, got {queries.dtype} and "
                         f"{keys.dtype}.")
+    if queries.dtype == torch.bool or queries.dtype.is_complex:  # (matmul failed deep in torch)
+        raise TypeError(f"{qn} and {kn} must be real numbers (floating or integer), got "
+                        f"{queries.dtype}; cast them, e.g. with .float().")
     # a NaN key is the top-1 of every query (topk ranks NaN first) and a NaN or infinite
     # query ranks nothing: the returned indices were arbitrary
     check_finite(queries, qn)
