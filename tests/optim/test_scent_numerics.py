@@ -17,6 +17,7 @@ from mlpapers.optim.scent import (
     PartialAUCClassifier,
     SCENTClassifier,
     objective,
+    softplus_dual_ratio,
 )
 from mlpapers.optim.scent._kernels import log_mean_exp, tempered_log_mean_exp
 
@@ -289,3 +290,39 @@ def test_log_mean_exp_refuses_a_mask_that_does_not_broadcast_and_a_0d_score():
     with pytest.raises(TypeError, match="dim must be an int"):
         log_mean_exp(torch.zeros(2, 3), dim=(0, 1))
     assert float(log_mean_exp(torch.zeros(2, 3), dim=np.int64(0))[0]) == 0.0
+
+
+@pytest.mark.parametrize("tau", [1.0, 1e6])
+def test_objective_counts_a_broadcast_mask_as_broadcast_at_every_temperature(tau):
+    # the accurate path of a large temperature counted a (n, 1) mask as one item per
+    # row (-3.61 instead of -0.26 here, silently) and a (1, m) mask failed in indexing
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    full = objective(s, temperature=tau)
+    assert torch.allclose(objective(s, mask=torch.ones(3, 1, dtype=torch.bool),
+                                    temperature=tau), full, rtol=1e-12, atol=0)
+    cols = torch.tensor([[True, False, True, True]])
+    ref = objective(s[:, [0, 2, 3]], temperature=tau)
+    for mask in (cols, cols.expand(3, 4), cols.double(), cols.long()):
+        assert torch.allclose(objective(s, mask=mask, temperature=tau), ref,
+                              rtol=1e-12, atol=0)
+    # tau -> infinity: the mean of the kept scores, whatever the mask's shape
+    if tau > 1e3:
+        assert math.isclose(float(ref), float(s[:, [0, 2, 3]].mean()), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("values", [0.5, float("nan"), 2.0])
+def test_a_mask_that_is_not_zero_or_one_is_refused_not_read_as_true(values):
+    # a mask selects items: 0.5 (a weight?), NaN or 2 were silently read as True
+    s = torch.zeros(2, 3)
+    mask = torch.full((2, 3), values)
+    with pytest.raises(ValueError, match="log_mean_exp: mask must be boolean or hold only 0"):
+        log_mean_exp(s, mask=mask)
+    with pytest.raises(ValueError, match="objective: mask must be boolean or hold only 0"):
+        objective(s, mask=mask)
+    with pytest.raises(ValueError, match="mask must be boolean or hold only 0"):
+        EntropicRiskLoss(2)(s, torch.arange(2), mask=mask)
+    with pytest.raises(ValueError, match="softplus_dual_ratio: mask must be boolean"):
+        softplus_dual_ratio(s, torch.zeros(2), rho=1.0, mask=mask)
+    with pytest.raises(TypeError, match="mask must be a boolean tensor, got dtype"):
+        log_mean_exp(s, mask=torch.ones(2, 3, dtype=torch.complex64))

@@ -101,6 +101,28 @@ def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
     return out[0], out[1]
 
 
+def item_mask(mask: torch.Tensor, scores: torch.Tensor, owner: str = "") -> torch.Tensor:
+    """``mask`` as a bool tensor of the shape of ``scores`` (broadcast).
+
+    A mask selects items, it does not weigh them: integer and floating masks must
+    hold only 0 and 1 (0.5 or NaN was read as True). Sums over the result count the
+    mask as broadcast (a (B, 1) mask counted one item per row before).
+    """
+    where = f"{owner}: " if owner else ""
+    if mask.dtype != torch.bool:
+        if mask.is_complex():
+            raise TypeError(f"{where}mask must be a boolean tensor, got dtype {mask.dtype}.")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"{where}mask must be boolean or hold only 0 and 1 (it selects "
+                             "items, it does not weigh them), got other values.")
+        mask = mask != 0
+    try:
+        return mask.expand_as(scores)
+    except RuntimeError:
+        raise ValueError(f"{where}mask of shape {tuple(mask.shape)} does not broadcast to "
+                         f"the scores' shape {tuple(scores.shape)}.") from None
+
+
 @on_inputs_device
 @requires_tensors
 def log_mean_exp(
@@ -117,7 +139,9 @@ def log_mean_exp(
     mask : torch.Tensor of bool, optional
         Same shape as ``scores`` (or broadcastable to it, and then counted as
         broadcast); ``False`` entries are left out of both the sum and the count. A
-        slice without any valid item (also ``k = 0``) gives ``-inf``.
+        slice without any valid item (also ``k = 0``) gives ``-inf``. Integer or
+        floating masks must hold only 0 and 1 (a mask selects items, it does not
+        weigh them; other values raise a ``ValueError``).
 
     Returns
     -------
@@ -140,12 +164,7 @@ def log_mean_exp(
         # k = 0: the empty sum's logsumexp is -inf, as an all-masked slice gives (log 0
         # failed with "math domain error")
         return torch.logsumexp(scores, dim=dim) - math.log(max(scores.shape[dim], 1))
-    try:
-        # the count must see the mask as broadcast (a (B, 1) mask counted k = 1 before)
-        mask = mask.to(torch.bool).expand_as(scores)
-    except RuntimeError:
-        raise ValueError(f"log_mean_exp: mask of shape {tuple(mask.shape)} does not "
-                         f"broadcast to the scores' shape {tuple(scores.shape)}") from None
+    mask = item_mask(mask, scores, "log_mean_exp")
     masked = scores.masked_fill(~mask, float("-inf"))
     count = mask.sum(dim=dim).to(scores.dtype)
     # an empty slice: logsumexp = -inf and log(count) = -inf would give NaN; it is -inf
@@ -190,6 +209,8 @@ def tempered_log_mean_exp(
     """
     tau = float(temperature)
     k = values.shape[dim]
+    if mask is not None:  # broadcast once: the counts and indexing below need every item
+        mask = item_mask(mask, values, "tempered_log_mean_exp")
     eps = torch.finfo(values.dtype).eps if values.is_floating_point() else 0.0
     if eps > _EPS64 and values.device.type != "mps":  # (MPS has no float64)
         return tempered_log_mean_exp(values.double(), tau, dim=dim, mask=mask).to(values.dtype)
@@ -202,7 +223,7 @@ def tempered_log_mean_exp(
         return tau * plain
     if k == 0:  # no items: -inf, as log_mean_exp gives
         return tau * log_mean_exp(values, dim=dim, mask=mask)
-    v = values if mask is None else values.masked_fill(~mask.to(torch.bool), float("-inf"))
+    v = values if mask is None else values.masked_fill(~mask, float("-inf"))
     c = v.detach().amax(dim=dim, keepdim=True)
     # an empty (all -inf) or infinite slice: shift by 0 and let the result be +-inf
     c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
@@ -210,16 +231,16 @@ def tempered_log_mean_exp(
     if mask is None:
         count = torch.full_like(c.squeeze(dim), float(k))
     else:
-        count = mask.to(torch.bool).sum(dim=dim).to(values.dtype)
+        count = mask.sum(dim=dim).to(values.dtype)
     out = log_mean_exp(d, dim=dim, mask=mask)
     # log1p(mean(expm1(d))) keeps every digit of a log near 0; chosen per slice on the
     # mean itself (not on every item being near the max: one far item cost ~1e-10)
-    dn = d.detach() if mask is None else d.detach().masked_fill(~mask.to(torch.bool), 0.0)
+    dn = d.detach() if mask is None else d.detach().masked_fill(~mask, 0.0)
     near = (torch.expm1(dn).sum(dim=dim) / count.clamp_min(1) > -0.5) & (count > 0)
     if bool(near.any()):
         dn = d.movedim(dim, -1)[near]
         if mask is not None:  # masked items are -inf: expm1 = -1, so zero them
-            dn = dn.masked_fill(~mask.to(torch.bool).movedim(dim, -1)[near], 0.0)
+            dn = dn.masked_fill(~mask.movedim(dim, -1)[near], 0.0)
         y = torch.expm1(dn).sum(dim=-1) / count[near]
         out = out.masked_scatter(near, torch.log1p(y.clamp_min(-0.5)))
     return c.squeeze(dim) + tau * out
@@ -461,7 +482,8 @@ def softplus_dual_ratio(
         tends to :math:`\hat g e^{-\nu}`, and it never exceeds :math:`1/\rho`.
     mask : torch.Tensor of bool of shape (B, k), optional
         Valid items; ``False`` entries are left out of both the sum and the count
-        (a row without any valid item has no mean: NaN).
+        (a row without any valid item has no mean: NaN). 0/1 integers or floats are
+        read as bool; other values raise a ``ValueError``.
 
     Returns
     -------
@@ -491,5 +513,5 @@ def softplus_dual_ratio(
         r = torch.sigmoid(scores - nu[:, None] + math.log(rho)) / rho
         if mask is None:
             return r.mean(dim=-1)
-        m = mask.to(r.dtype)
+        m = item_mask(mask, r, "softplus_dual_ratio").to(r.dtype)
         return (r * m).sum(-1) / m.sum(-1)

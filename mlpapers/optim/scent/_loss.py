@@ -12,6 +12,7 @@ from torch import nn
 from mlpapers._utils import check_in_options, check_positive, on_inputs_device, requires_tensors
 from mlpapers.optim.scent._kernels import (
     asgd_update,
+    item_mask,
     log_mean_exp,
     softplus_dual_ratio,
     sox_update,
@@ -48,7 +49,8 @@ def objective(
     mask : torch.Tensor of bool of shape (n, m), optional
         Valid items per anchor; ``False`` entries are left out of both the sum and
         the count :math:`m_i` (an anchor without any valid item makes the value
-        ``-inf``).
+        ``-inf``). Broadcastable shapes count as broadcast; 0/1 integers or floats
+        are read as bool, other values raise a ``ValueError``.
     temperature : float, default=1.0
         :math:`\tau > 0` (the KL-DRO :math:`\lambda`).
 
@@ -73,6 +75,8 @@ def objective(
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}.")
     # not tau * log_mean_exp(scores / tau) alone: it overflows for a tiny tau and, for a
     # large one, log(mean(exp(.))) of near-zero values rounds to 0 (the value -> the mean)
+    if mask is not None:
+        mask = item_mask(mask, scores, "objective")
     return tempered_log_mean_exp(scores, temperature, mask=mask).mean()
 
 
@@ -271,7 +275,7 @@ class EntropicRiskLoss(nn.Module):
             if mask.shape != scores.shape:
                 raise ValueError(f"mask must have the shape of scores {tuple(scores.shape)}, "
                                  f"got {tuple(mask.shape)}.")
-            mask = mask.to(torch.bool)
+            mask = item_mask(mask, scores)
             if not bool(mask.any(dim=1).all()):
                 raise ValueError("mask must keep at least one item per anchor.")
         return index, mask
@@ -305,7 +309,8 @@ class EntropicRiskLoss(nn.Module):
         index : torch.Tensor of int of shape (B,)
             Global dataset indices of the anchors (distinct).
         mask : torch.Tensor of bool of shape (B, k), optional
-            Valid items (``False`` entries are ignored).
+            Valid items (``False`` entries are ignored); 0/1 integers or floats are
+            read as bool, other values raise a ``ValueError``.
 
         Returns
         -------
