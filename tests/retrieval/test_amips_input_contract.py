@@ -70,6 +70,21 @@ def test_metrics_refuse_a_negative_rtol_a_float_k_and_a_missing_y_true():
     assert recall_at_k([1], [[0, 1]], k=np.int64(2)) == 1.0
 
 
+def test_metrics_refuse_a_y_true_that_is_not_one_integer_index_per_query():
+    y_pred = [[3, 0, 1], [2, 1, 0]]
+    # a float y_true was truncated (0.9 read as 0: a hit), a bool one read as 0/1, and
+    # an (n, m) one flattened into n m "rows" (an error counting 4 rows for 2 queries)
+    with pytest.raises(TypeError, match="y_true must hold integer indices"):
+        recall_at_k([0.9, 0.0], y_pred, k=2)
+    with pytest.raises(TypeError, match="y_true must hold integer indices"):
+        match_rate([True, False], [3, 2])
+    with pytest.raises(ValueError, match=r"y_true must have shape \(n,\).*got \(2, 2\)"):
+        recall_at_k([[0, 1], [0, 1]], y_pred, k=2)
+    # one index per query, as a column or integral floats, still gives the exact answer
+    for y_true in ([0, 0], [[0], [0]], np.array([0.0, 0.0])):
+        assert recall_at_k(y_true, y_pred, k=2) == 0.5
+
+
 def test_build_faiss_ivf_refuses_bad_n_lists_and_database():
     pytest.importorskip("faiss")
     keys = np.random.default_rng(0).standard_normal((20, 4)).astype(np.float32)

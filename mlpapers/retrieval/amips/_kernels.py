@@ -667,7 +667,13 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192,
         if y_true is None:
             raise ValueError("y_true is required unless queries and database are given "
                              "(the tie-aware mode recomputes the exact answers).")
-        true = _as_tensor(y_true).long().reshape(-1)
+        # (a float y_true was truncated to integers and an (n, m) one flattened into
+        # n m "rows", silently or with a misleading count)
+        true2d = _as_long_2d(y_true, "y_true")
+        if true2d.shape[1] != 1:
+            raise ValueError(f"y_true must have shape (n,), the exact top-1 index of each "
+                             f"query, got {tuple(true2d.shape)}.")
+        true = true2d[:, 0]
         if true.shape[0] != pred.shape[0]:
             raise ValueError(f"y_true has {true.shape[0]} rows but y_pred has {pred.shape[0]}.")
         return pred == true[:, None].to(pred.device)
