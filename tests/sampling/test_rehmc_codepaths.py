@@ -5,6 +5,7 @@ forms, and the start's hints and checks when ``grad_log_prob`` is given."""
 import copy
 import math
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -306,3 +307,30 @@ def test_no_starting_point_in_a_support_the_container_misses_is_an_error():
     tiny = _sup().Region(lambda x: (x - 0.5).norm(dim=-1) < 1e-9)
     with pytest.raises(ValueError, match="could not find starting points in the support"):
         ReflectiveHMC(LOG_PROB, BOX, support=tiny, random_state=0).sample(5, warmup=2)
+
+
+def test_random_starts_where_log_prob_is_minus_inf_are_drawn_again():
+    # a density that is -inf on part of the container (a constraint written into
+    # log_prob) failed at the random starting points; chains there now draw new
+    # points, as Stan retries its random inits, and sample the truncated law
+    def truncated(x):
+        return torch.where(x[:, 0] > 0.5, -torch.inf, 0.0 * x[:, 0])
+
+    box = Box([-1.0, -1.0], [1.0, 1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the -inf side's rejections count as divergent
+        res = ReflectiveHMC(truncated, box, random_state=0).sample(1000, n_chains=4,
+                                                                   warmup=300)
+    x = res.samples.reshape(-1, 2)
+    assert x[:, 0].max() <= 0.5
+    # uniform on [-1, 0.5] x [-1, 1]; a KS bound loose enough for correlated draws
+    assert stats.kstest(x[:, 0], "uniform", args=(-1.0, 1.5)).statistic < 0.05
+    # nowhere finite: the error says how many chains and what to do
+    with pytest.raises(ValueError, match=r"not finite at 4 of the 4 chains' starting "
+                                         r"points after 100 random points each; pass x0"):
+        ReflectiveHMC(lambda x: truncated(x) - torch.inf, box, random_state=0).sample(
+            5, n_chains=4, warmup=2)
+    # a user's x0 is not moved: the error is about the starting points given
+    with pytest.raises(ValueError, match="not finite at the starting points"):
+        ReflectiveHMC(truncated, box, random_state=0).sample(5, x0=[0.9, 0.0], n_chains=4,
+                                                             warmup=2)

@@ -13,6 +13,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, TypeAlias, cast
 
 import numpy as np
@@ -274,7 +275,9 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             Kept draws per chain.
         x0 : array-like of shape (d,) or (n_chains, d), optional
             Starting points inside the support (random points of the container
-            by default). Shape ``(d,)`` starts every chain at that point; a 2-D
+            by default, drawn again, up to 100 times, for chains where
+            ``log_prob`` or its gradient is not finite). Shape ``(d,)`` starts
+            every chain at that point; a 2-D
             ``x0`` must have ``n_chains`` rows (4 by default: pass ``n_chains``
             with an ``x0`` of another number of rows, ``(1, d)`` included).
         n_chains : int, optional
@@ -423,13 +426,17 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         default_jitter = isinstance(self.jitter, (bool, np.bool_)) and bool(self.jitter)
         jit = (1.0 if auto_len else 0.2) if default_jitter else float(self.jitter)
 
+        redraw = None
         if start is None:
             x = initial_points(container, self.support, x0, n_chains, dtype, dev, gen,
                                default_chains=default_chains)
+            if x0 is None:  # random points: chains where log_prob is -inf draw again
+                redraw = partial(initial_points, container, self.support, None, n_chains,
+                                 dtype, dev, gen)
         else:
             x = start.x
         glp = self.grad_log_prob
-        logp, grad = start_state(log_prob, x, glp, name=self._density_name)
+        x, logp, grad = start_state(log_prob, x, glp, name=self._density_name, redraw=redraw)
 
         last_draws = gen.get_state()
 

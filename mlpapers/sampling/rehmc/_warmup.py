@@ -48,11 +48,21 @@ MAX_LEAPFROG = 1000  # cap of leapfrog steps per transition with n_leapfrog="aut
 FindStep = Callable[..., torch.Tensor]
 
 
-def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | None, *,
-                name: str = "log_prob") -> tuple[torch.Tensor, torch.Tensor]:
-    """``log_prob`` and its gradient at the starting points, checked.
+#: random starting points tried per chain where log_prob is not finite (Stan tries 100)
+START_ATTEMPTS = 100
 
-    Raises a ``ValueError`` if either is not finite there, and warns when
+
+def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | None, *,
+                name: str = "log_prob", redraw: Callable[[], torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The starting points, ``log_prob`` and its gradient there, checked.
+
+    With ``redraw`` (random starting points, no ``x0``), chains where ``log_prob``
+    or its gradient is not finite (a density that is ``-inf`` on part of the
+    container) move to new points ``redraw()`` draws, up to :data:`START_ATTEMPTS`
+    times, as Stan retries its random inits; chains that start finite keep their
+    points, so a run that started finite draws nothing more.
+    Raises a ``ValueError`` if either is still not finite there, and warns when
     ``log_prob`` varies but autograd cannot differentiate it (its gradient is then
     zero and the sampler random-walks). An exception raised by ``log_prob`` or
     ``grad_log_prob`` propagates with its own type and traceback; a hint is added
@@ -87,8 +97,25 @@ def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | N
         if hint is not None:
             exc.add_note(hint)
         raise
-    if not bool(torch.isfinite(logp).all() & torch.isfinite(grad).all()):
-        raise ValueError(f"{name} (or its gradient) is not finite at the starting points.")
+    def not_finite(logp, grad):
+        return ~(torch.isfinite(logp) & torch.isfinite(grad).all(dim=-1))
+
+    bad = not_finite(logp, grad)
+    for _ in range(START_ATTEMPTS if redraw is not None else 0):
+        if not bool(bad.any()):
+            break
+        assert redraw is not None
+        x = torch.where(bad[:, None], redraw().to(x), x)
+        new_logp, new_grad = log_prob_and_grad(log_prob, x, grad_log_prob)
+        logp = torch.where(bad, new_logp, logp)
+        grad = torch.where(bad[:, None], new_grad, grad)
+        bad = not_finite(logp, grad)
+    if bool(bad.any()):
+        where = (f"at {int(bad.sum())} of the {bad.numel()} chains' starting points after "
+                 f"{START_ATTEMPTS} random points each; pass x0 (one point per chain where "
+                 f"it is finite) or restrict the support (support=Region(...))"
+                 if redraw is not None else "at the starting points")
+        raise ValueError(f"{name} (or its gradient) is not finite {where}.")
     if not has_graph and _varies(log_prob, x, logp):
         warnings.warn(
             "log_prob's output is not connected to its input by autograd (it leaves "
@@ -97,7 +124,7 @@ def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | N
             "log_prob with torch operations, or pass grad_log_prob (for a piecewise "
             "constant density, grad_log_prob=torch.zeros_like silences this warning).",
             UserWarning, stacklevel=user_stacklevel())
-    return logp, grad
+    return x, logp, grad
 
 
 # the words by which torch's error messages name each floating dtype
