@@ -432,6 +432,15 @@ def check_bool(value: Any, name: str) -> bool:
     return bool(value)
 
 
+def holds_only_zero_one(t: torch.Tensor) -> bool:
+    """Whether ``t`` can stand for booleans: a bool tensor, or real numbers that are all
+    0 or 1 (a mask cast to float). ``.bool()`` of anything else (a score, a weight, NaN)
+    is True almost everywhere, so callers refuse it instead."""
+    if t.dtype == torch.bool:
+        return True
+    return not t.is_complex() and bool(((t == 0) | (t == 1)).all())
+
+
 def check_verbose(value: Any, name: str = "verbose") -> Any:
     """Check a verbosity: ``True``/``False`` or an integer ``>= 0`` (scikit-learn's rule)."""
     if not isinstance(value, (bool, np.bool_)):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import on_inputs_device, requires_tensors
+from mlpapers._utils import holds_only_zero_one, on_inputs_device, requires_tensors
 
 __all__ = [
     "asgd_update",
@@ -112,7 +112,7 @@ def item_mask(mask: torch.Tensor, scores: torch.Tensor, owner: str = "") -> torc
     if mask.dtype != torch.bool:
         if mask.is_complex():
             raise TypeError(f"{where}mask must be a boolean tensor, got dtype {mask.dtype}.")
-        if not bool(((mask == 0) | (mask == 1)).all()):
+        if not holds_only_zero_one(mask):
             raise ValueError(f"{where}mask must be boolean or hold only 0 and 1 (it selects "
                              "items, it does not weigh them), got other values.")
         mask = mask != 0

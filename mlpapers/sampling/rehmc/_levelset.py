@@ -19,6 +19,7 @@ from mlpapers._utils import (
     ArrayLike,
     autograd_enabled,
     check_positive,
+    holds_only_zero_one,
     on_cpu_default_device,
     on_inputs_device,
     usable_outside_inference,
@@ -521,7 +522,7 @@ class Region:
         if out.dtype != torch.bool:
             # .bool() of a score (a norm, a density) is True almost everywhere: every
             # draw was kept, silently; 0/1 numbers (a mask cast to float) are accepted
-            if out.is_complex() or not bool(((out == 0) | (out == 1)).all()):
+            if not holds_only_zero_one(out):
                 raise ValueError("Region.contains must return booleans (or 0/1), one per "
                                  f"row, got {out.dtype} values other than 0 and 1.")
         return out.bool()
