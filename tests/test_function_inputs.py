@@ -391,3 +391,26 @@ def test_arrays_outside_the_examples_and_tensor_parameters():
     total = amips_loss(torch.ones(1), torch.ones(1, 2), torch.zeros(1), torch.zeros(1, 2),
                        score_weight=torch.tensor(0.5))[0]
     assert float(total) == pytest.approx(0.5 * 1 + 1.0 * 1)
+
+
+#: functions that only move values around, for which a complex array is as valid as a real one
+COMPLEX_PASSES = {"extract_patches": "a reshape (unfold): complex patches keep both parts"}
+
+
+def _as_complex(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(torch.complex128 if value.dtype == torch.float64
+                                 else torch.complex64)
+    return np.asarray(value).astype(complex)
+
+
+@pytest.mark.parametrize(("name", "param"),
+                         [case for case in CASES if case[0] not in COMPLEX_PASSES])
+def test_a_complex_argument_is_refused(name, param, tmp_path, monkeypatch):
+    """Complex arrays were cast to real with the imaginary part dropped (a numpy or torch
+    warning at most: 14 public functions returned a value), or failed in torch."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((TypeError, ValueError)) as err:
+        _call_with(name, param, _as_complex)
+    message = str(err.value).lower()
+    assert "complex" in message or "real" in message, str(err.value)

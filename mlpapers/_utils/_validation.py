@@ -114,8 +114,13 @@ def common_float_dtype(*tensors: torch.Tensor, min_bits: int = 16) -> torch.dtyp
     """The dtype the public tensor kernels compute in for ``tensors``: their promoted
     dtype, the default dtype when none is floating (integer inputs), raised to float32
     when it has fewer than ``min_bits`` bits (linear algebra has no float16 kernels).
-    Mixed inputs failed with torch's "expected m1 and m2 to have the same dtype"."""
+    Mixed inputs failed with torch's "expected m1 and m2 to have the same dtype".
+    Complex inputs raise a ``TypeError``: they were cast to the real default dtype,
+    dropping the imaginary part silently."""
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
+    if dtype.is_complex:
+        raise TypeError(f"complex tensors are not supported here (got {dtype}): pass "
+                        "real values, e.g. their real part or magnitude.")
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     if torch.finfo(dtype).bits < min_bits:
@@ -126,7 +131,10 @@ def common_float_dtype(*tensors: torch.Tensor, min_bits: int = 16) -> torch.dtyp
 def check_finite(t: torch.Tensor, name: str) -> None:
     """Raise ``ValueError`` naming ``name`` if the floating tensor ``t`` holds NaN or
     infinity (checked in blocks: no full-size temporary). The check of the public
-    tensor kernels, whose inputs ``check_tensor`` does not see."""
+    tensor kernels, whose inputs ``check_tensor`` does not see. A complex ``t`` raises a
+    ``TypeError`` naming ``name`` (the kernels compute in real dtypes)."""
+    if t.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got a complex tensor ({t.dtype}).")
     if t.is_floating_point() and not _all_finite(t):
         raise ValueError(f"{name} contains NaN or infinity.")
 
@@ -506,7 +514,8 @@ def requires_tensors(func: F) -> F:
     """Raise a ``TypeError`` naming the parameter when an argument annotated
     ``torch.Tensor`` (or ``torch.Tensor | None``, unless it is ``None``) is something
     else (a numpy array or a list gave an ``AttributeError`` from deep inside the
-    function: ``mask=[True, False]``). For the public tensor functions."""
+    function: ``mask=[True, False]``), or a complex tensor. For the public tensor
+    functions."""
     params = list(inspect.signature(func).parameters.values())
     required = [(i, p.name, p.annotation in _OPTIONAL_TENSOR_ANNOTATIONS)
                 for i, p in enumerate(params)
@@ -523,6 +532,9 @@ def requires_tensors(func: F) -> F:
                 hint = f" (torch.from_numpy({name}))" if isinstance(value, np.ndarray) else ""
                 raise TypeError(f"{func.__name__}: {name} must be a torch.Tensor{hint}, got "
                                 f"{type(value).__name__}.")
+            if value.is_complex():  # (cast to real, the imaginary part dropped silently)
+                raise TypeError(f"{func.__name__}: {name} must hold real numbers (floating "
+                                f"or integer), got {value.dtype}.")
         return func(*args, **kwargs)
 
     return cast(F, wrapper)

@@ -32,7 +32,9 @@ __all__ = [
 
 def _check_loss_matrix(loss_matrix) -> np.ndarray:
     if isinstance(loss_matrix, torch.Tensor):
-        loss_matrix = loss_matrix.detach().cpu().double().numpy()
+        loss_matrix = loss_matrix.detach().cpu().numpy()
+    if np.iscomplexobj(loss_matrix):  # (the imaginary part was dropped with a warning)
+        raise TypeError("loss_matrix must hold real numbers, got complex values.")
     L = np.asarray(loss_matrix, dtype=np.float64)
     if L.ndim != 2:
         raise ValueError(f"loss_matrix must be 2D (n_clients, n_models), got {L.ndim}D.")

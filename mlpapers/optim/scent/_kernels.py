@@ -52,8 +52,13 @@ def _check_number(value, name: str, *, low: float, high: float = math.inf,
     Out-of-range numbers gave NaN (``gamma <= 0``, a NaN ``log_alpha``), a
     ``math domain error`` (``rho <= 0``) or a silent ascent step (``dual_lr < 0``).
     ``finite=False`` admits the infinite limits (``log_alpha = +-inf``), never NaN."""
-    if isinstance(value, torch.Tensor) or not isinstance(value, numbers.Real):
+    if isinstance(value, torch.Tensor):
         return
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if not isinstance(value, numbers.Real):  # (None gave "float() argument must be ...")
+        raise TypeError(f"{name} must be a real number or a torch.Tensor, "
+                        f"got {type(value).__name__}.")
     v = float(value)
     above = v > low if low_open else v >= low
     if not finite:
@@ -275,6 +280,8 @@ def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tenso
     """
     if not isinstance(nu, torch.Tensor):
         nu = torch.as_tensor(nu)
+    if nu.is_complex():
+        raise TypeError(f"spmd_gamma: nu must hold real numbers, got {nu.dtype}.")
     if not nu.is_floating_point():
         # an integer nu made log_alpha an integer too (0.5 -> 0: a wrong weight, silently)
         nu = nu.to(torch.get_default_dtype())

@@ -5,13 +5,14 @@ folding, and localization: an improved R-hat for assessing convergence of MCMC",
 Bayesian Analysis 16(2), with Geyer's initial monotone sequence for the ESS, in numpy.
 All functions take draws of shape ``(chains, draws)`` or ``(chains, draws, d)``.
 They return NaN where a value is undefined: fewer than 4 draws per chain (the ESS
-also with fewer than 8, i.e. 4 per split half; ArviZ returns a number there), a
-non-finite draw, or draws that do not vary (R-hat and ESS of constant draws are
-NaN, as in Stan and the R package ``posterior``; ArviZ reports the ESS of constant
-draws as their number). As in ArviZ and Stan, the autocorrelation time is floored
-at ``1 / log10(N)``, so very short chains (about 10 draws) can report an ESS above
-the ``N`` draws. The tail ESS's quantiles are numpy's (R's type 7, as ``posterior``):
-where ArviZ's ``mquantiles`` rounds an order statistic down, its tail ESS can differ.
+also with fewer than 8, i.e. 4 per split half; ArviZ returns a number there), a NaN
+draw (an infinite draw only takes the extreme rank, as in ArviZ), or draws that do
+not vary (R-hat and ESS of constant draws are NaN, as in Stan and the R package
+``posterior``; ArviZ reports the ESS of constant draws as their number). As in
+ArviZ and Stan, the autocorrelation time is floored at ``1 / log10(N)``, so very
+short chains (about 10 draws) can report an ESS above the ``N`` draws. The tail
+ESS's quantiles are numpy's (R's type 7, as ``posterior``): where ArviZ's
+``mquantiles`` rounds an order statistic down, its tail ESS can differ.
 A single chain gets a split R-hat (from its two halves, as Stan); ArviZ gives NaN.
 """
 
@@ -267,6 +268,8 @@ def _per_dim(x: ArrayLike, fn) -> np.ndarray | float:
     # A tensor (the draws of sample(return_tensor=True), on their device) is detached and
     # brought to the CPU: np.asarray raised on a CUDA, bfloat16 or requires-grad tensor
     x = to_numpy(x)
+    if np.iscomplexobj(x):  # (the imaginary part was dropped with a warning)
+        raise TypeError(f"draws must hold real numbers, got {x.dtype}.")
     if x.ndim not in (2, 3):
         raise ValueError(f"draws must have shape (chains, draws[, d]), got {x.shape}.")
     if x.shape[1] < MIN_DRAWS:  # split chains need 2+ draws per half: undefined, not an error
@@ -294,8 +297,9 @@ def rhat(draws: ArrayLike) -> np.ndarray | float:
     -------
     float or numpy.ndarray of shape (d,)
         A float for 2D draws, one value per dimension for 3D draws; NaN where
-        undefined (fewer than 4 draws per chain, non-finite or constant draws),
-        ``inf`` when every chain is stuck at its own value.
+        undefined (fewer than 4 draws per chain, a NaN draw or constant draws; an
+        infinite draw takes the extreme rank, as in ArviZ), ``inf`` when every chain
+        is stuck at its own value.
 
     References
     ----------
@@ -349,8 +353,9 @@ def ess(draws: ArrayLike, kind: EssKind = "bulk") -> np.ndarray | float:
     -------
     float or numpy.ndarray of shape (d,)
         A float for 2D draws, one value per dimension for 3D draws; NaN where
-        undefined (fewer than 8 draws per chain, non-finite or constant draws).
-        About ``chains * draws`` for independent draws.
+        undefined (fewer than 8 draws per chain, a NaN draw or constant draws; an
+        infinite draw takes the extreme rank, as in ArviZ). About ``chains * draws``
+        for independent draws.
 
     References
     ----------

@@ -144,6 +144,9 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     """
     # (one negative score of shape (1,) was broadcast over every pair; a 0-d score is a
     # deliberate constant)
+    for name, u in (("u_pos", u_pos), ("u_neg", u_neg)):
+        if u.is_complex():  # (failed in torch: "clamp is not supported for complex types")
+            raise TypeError(f"contrastive_loss: {name} must hold real numbers, got {u.dtype}.")
     if u_pos.shape != u_neg.shape and u_pos.ndim and u_neg.ndim:
         raise ValueError(f"u_pos and u_neg must have the same shape, got {tuple(u_pos.shape)} "
                          f"and {tuple(u_neg.shape)}.")
