@@ -310,12 +310,41 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             The updated estimator.
         """
         if hasattr(self, "classes_"):
-            return self._partial_fit(X, y, classes, sample_index)
+            return self._resume_or_roll_back(X, y, classes, sample_index)
         # the first call starts from scratch: one that raises (one class, a bad
         # sample_index, Ctrl-C) leaves the estimator unfitted, as it was (it kept classes_
         # without a model: predict raised AttributeError, and every later call was
         # refused as "classes differ from those of the first call")
         return restore_on_failure(type(self)._partial_fit)(self, X, y, classes, sample_index)
+
+    def _resume_or_roll_back(self, X, y, classes, sample_index) -> Self:
+        """A later :meth:`partial_fit` call that, if it raises, leaves the model as it was.
+
+        The live training tensors (weights, dual table, optimizer) change in place step
+        by step, so the shallow restore of :func:`restore_on_failure` is not enough: a
+        call that diverged had written ``nu = inf`` into the dual table (absorbing under
+        ASGD), and every later call failed again however small ``lr`` was set, while a
+        pickled copy, rebuilt from ``coef_`` and ``nu_``, trained on. After a failure the
+        live tensors are dropped and rebuilt from the public fitted state, as an
+        unpickled copy is; the heavy-ball buffers and the generator are put back too.
+        """
+        state = self.__dict__
+        before = dict(state)
+        buffers = self._momentum_state()
+        gen = getattr(self, "_torch_gen", None)
+        gen_state = gen.get_state() if gen is not None else None
+        try:
+            return self._partial_fit(X, y, classes, sample_index)
+        except BaseException:
+            state.clear()
+            state.update(before)
+            for key in ("_W", "_b", "_opt", "_loss_fn"):
+                state.pop(key, None)
+            if buffers is not None:
+                self._momentum_buffers = buffers
+            if gen is not None:
+                gen.set_state(gen_state)
+            raise
 
     def _partial_fit(self, X, y, classes, sample_index):
         first = not hasattr(self, "classes_")

@@ -75,6 +75,12 @@ def objective(
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}.")
     # not tau * log_mean_exp(scores / tau) alone: it overflows for a tiny tau and, for a
     # large one, log(mean(exp(.))) of near-zero values rounds to 0 (the value -> the mean)
+    if isinstance(scores, torch.Tensor):  # (other types: the kernel's TypeError)
+        if scores.ndim == 0:
+            raise ValueError("objective: scores must have shape (n, m), got a 0-d tensor.")
+        if math.prod(scores.shape[:-1]) == 0:  # the mean over no anchors was NaN
+            raise ValueError(f"objective: scores must hold at least one anchor (row), "
+                             f"got shape {tuple(scores.shape)}.")
     if mask is not None:
         mask = item_mask(mask, scores, "objective")
     return tempered_log_mean_exp(scores, temperature, mask=mask).mean()
@@ -101,7 +107,11 @@ class EntropicRiskLoss(nn.Module):
     :mod:`torch.optim` optimizer can take the step. The returned value is the
     mini-batch estimate of the dual objective
     :math:`\tau\,\text{mean}_i[\text{mean}_j e^{s_{ij}/\tau-\nu_i} + \nu_i - 1]`
-    (an upper-bound estimate of :math:`F`; ``"bsgd"`` returns its plug-in value).
+    (by the dual identity at least the batch's plug-in value
+    :math:`\tau\,\text{mean}_i \log \text{mean}_j e^{s_{ij}/\tau}`, except for
+    ``"asgd_softplus"``'s smoothed surrogate, with equality where a first visit sets
+    :math:`\nu_i` to it; not a bound on :math:`F` itself, which the plug-in
+    underestimates; ``"bsgd"`` returns the plug-in).
     In eval mode (``loss_fn.eval()``, or ``.eval()`` of a model holding it) the
     dual table is neither read nor written, as BatchNorm's running statistics,
     and every method returns the plug-in value

@@ -195,7 +195,8 @@ class SampledTrainingMixin:
                 value, count = self._step(X[rows], y[rows], index[rows.cpu()])
                 running += value
                 used += count
-                gammas.add(self._loss_fn)
+                if count:  # a skipped batch left the previous batch's statistics
+                    gammas.add(self._loss_fn)
                 step += 1
             self.n_iter_ += 1
             self.loss_curve_.append(running / used + shift if used else float("nan"))

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 import torch
+from sklearn.utils.validation import column_or_1d
 
 from mlpapers._utils import ArrayLike, check_positive
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks, row_blocks
@@ -176,7 +177,9 @@ class SoftmaxPredictionMixin:
             The objective value (lower is better), computed in float64 over all classes.
         """
         X = self._X64(X)
-        yi = self._encode(np.asarray(self._to_numpy(y) if isinstance(y, torch.Tensor) else y))
+        # one label per row: an (n, 1) column broadcast against the classes inside the
+        # exact objective (a silently different value, or a shape error)
+        yi = self._encode(column_or_1d(self._to_numpy(y) if isinstance(y, torch.Tensor) else y))
         if len(yi) != X.shape[0]:
             raise ValueError(f"X and y have inconsistent numbers of samples: "
                              f"{X.shape[0]} != {len(yi)}.")
