@@ -3,6 +3,8 @@ bad input raises a ``ValueError``/``TypeError`` naming the parameter, before any
 (they failed with torch or faiss C++ traces, or gave silent wrong answers), and valid
 input still gives the exact answer."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -124,3 +126,64 @@ def test_query_sampler_refuses_non_finite_anchors():
         GaussianMixtureQuerySampler(anchors, noise=0.1)
     q = GaussianMixtureQuerySampler(np.eye(3), noise=0.1)(50, np.random.default_rng(0))
     assert np.allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+def test_integer_searches_do_not_wrap_around(dtype):
+    # int32 products of 50000 wrapped to -1794967296 and the best key came last; the
+    # reference is the search of the same values in float64 (exact at these sizes)
+    from mlpapers.retrieval.amips import mips_topk, rank_by_key, support_function
+
+    info = torch.iinfo(dtype)
+    big = int(math.isqrt(info.max)) + 2  # big * big > the dtype's max
+    q = torch.tensor([[big, 1]], dtype=dtype)
+    keys = torch.tensor([[1, 1], [big, 0], [0, 1]], dtype=dtype)
+    ref_s, ref_i = mips_topk(q.double(), keys.double(), 3)
+    s, i = mips_topk(q, keys, 3)
+    assert torch.equal(i, ref_i) and i[0, 0] == 1
+    assert torch.equal(s.double(), ref_s)
+    assert float(support_function(q, keys)[0][0]) == float(ref_s[0, 0])
+    assert torch.equal(rank_by_key(q, keys, 3), ref_i)
+    # products in range keep the input's dtype
+    small = mips_topk(torch.tensor([[3, 1]], dtype=dtype), torch.tensor([[1, 1], [2, 0]],
+                                                                     dtype=dtype), 2)
+    assert small[0].dtype == dtype and small[1].tolist() == [[1, 0]]
+
+
+def test_metrics_refuse_indices_that_are_not_finite_int64_values():
+    # inf and floats beyond int64 were cast to one same int64 and counted as hits
+    from mlpapers.retrieval.amips import match_rate, mean_reciprocal_rank, recall_at_k
+
+    for y_true, y_pred in (([1e19], [2e19]), ([np.inf], [-np.inf]), ([0], [np.nan])):
+        with pytest.raises(TypeError, match="must hold integer indices"):
+            match_rate(y_true, y_pred)
+    with pytest.raises(TypeError, match="y_pred must hold integer indices"):
+        recall_at_k([0], [[-np.inf]], 1)
+    for metric in (match_rate, mean_reciprocal_rank):
+        with pytest.raises(ValueError, match="y_pred has no column"):
+            metric([0], np.zeros((1, 0), dtype=int))
+    assert match_rate([3.0], [3]) == 1.0  # integral floats stay accepted
+
+
+@pytest.mark.parametrize("queries, database, name", [
+    ([[1 + 0j, 9j]], np.eye(2), "queries"),  # the imaginary part was dropped: a hit
+    ([[1.0]], [["a"]], "database"),
+    ([[1.0, 0.0]], np.eye(2, dtype=bool), "database"),
+])
+def test_tie_aware_metrics_refuse_non_real_queries_and_databases(queries, database, name):
+    from mlpapers.retrieval.amips import match_rate
+
+    with pytest.raises(TypeError, match=name):
+        match_rate(None, [0], queries=queries, database=database)
+
+
+@pytest.mark.parametrize("n_steps, warmup", [(10, 0.95), (3, 0.9), (20, 0.99), (10, 0.2)])
+def test_the_last_update_uses_the_end_learning_rate_whatever_the_warmup(n_steps, warmup):
+    # a warm-up rounded to every step never decayed: the last update used the peak lr
+    from mlpapers.retrieval import AmortizedMIPS
+
+    keys = np.random.default_rng(0).standard_normal((20, 3))
+    model = AmortizedMIPS(depth=1, hidden_dim=8, n_steps=n_steps, batch_size=8,
+                          warmup=warmup, random_state=0).fit(keys)
+    assert model.history_[-1]["step"] == n_steps - 1  # (0-based: the last step)
+    assert model.history_[-1]["lr"] == pytest.approx(model.lr * model.end_lr_ratio, rel=1e-12)

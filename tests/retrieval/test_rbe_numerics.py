@@ -253,3 +253,43 @@ def test_adacur_ridge_scaled_with_the_relevance_gives_the_same_neighbours(scale)
                           **kw).fit(Q[:60], items)
     np.testing.assert_array_equal(est.kneighbors(Q[60:], 10, return_distance=False),
                                   ref.kneighbors(Q[60:], 10, return_distance=False))
+
+
+def test_mlp_head_gives_a_support_constant_on_the_training_queries_unit_scale():
+    # a support item whose relevance is the same for every training query (here 0: a
+    # ReLU ranker) had its query-tower scale floored at 1e-12, so a test query's
+    # deviation there was multiplied by 1e12 (scores of 1e12, HitRate@5 0.24 vs 0.35
+    # for the linear head); the linear solve gives such a column unit scale
+    rng = np.random.default_rng(0)
+    Q, items = rng.standard_normal((80, 4)), rng.standard_normal((30, 4))
+    Q[:60, 0], Q[60:, 0] = np.abs(Q[:60, 0]), -np.abs(Q[60:, 0])
+    items[0] = [-1.0, 0.0, 0.0, 0.0]  # relevance 0 on all training queries, > 0 on tests
+
+    def heavy(q, i):
+        return np.maximum(np.asarray(q) @ np.asarray(i).T, 0.0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = RelevanceBasedRetriever(heavy, support=[0, 1, 2, 3, 4, 5], head="mlp",
+                                        max_iter=200, validation_fraction=0.0,
+                                        random_state=0).fit(Q[:60], items)
+    assert model.query_scale_[0] == 1.0
+    assert float(model.head_.query_scale[0]) == 1.0
+    R_test = heavy(Q[60:], items)
+    assert np.abs(R_test[:, 0]).max() > 0  # the test queries do deviate there
+    assert np.abs(model.predict(Q[60:])).max() < 100 * np.abs(R_test).max()
+
+
+def test_neural_head_refuses_a_zero_query_scale():
+    from mlpapers.retrieval.rbe import NeuralRBEHead
+
+    E, v, pop = torch.randn(5, 2), torch.zeros(5), torch.rand(5)
+    with pytest.raises(ValueError, match="query_scale must hold finite values > 0"):
+        NeuralRBEHead(E, v, pop, torch.zeros(2), torch.tensor([1.0, 0.0]), 4)
+    with pytest.raises(ValueError, match="query_scale"):
+        NeuralRBEHead(E, v, pop, torch.zeros(2), torch.tensor([1.0, float("nan")]), 4)
+
+
+def test_linear_embeddings_need_a_training_query():
+    with pytest.raises(ValueError, match="at least one training query"):
+        fit_linear_embeddings(torch.zeros(0, 2), torch.zeros(0, 5))  # (a torch IndexError)

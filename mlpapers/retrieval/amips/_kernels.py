@@ -133,8 +133,8 @@ def mips_topk(
     zero products that no rescaling can change (sparse or one-hot data, zero
     queries) are not searched again. Half-precision inputs (float16, bfloat16) are
     searched in their dtype and only the rows whose outputs leave its range are
-    searched again, in float32; integer inputs are searched as they are, without
-    rescaling.
+    searched again, in float32; integer inputs are searched exactly, in their dtype, or
+    in int64 (float64 beyond its range) when a product could wrap around.
 
     Examples
     --------
@@ -194,15 +194,33 @@ class _KeyStats:
         return self._min_nonzero
 
 
+def _wide_enough(queries: torch.Tensor, keys: torch.Tensor,
+                 key_amax: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer queries and keys in a dtype where no inner product can wrap around.
+
+    The products of integers are exact only while they fit: int32 queries and keys of
+    50000 wrapped to -1794967296 and the best key was ranked last, silently. When the
+    bound ``d max|q| max|k|`` exceeds the dtype's range, the search runs in int64 (still
+    exact), or in float64 beyond int64's range.
+    """
+    bound = float(keys.shape[1]) * _abs_max(queries) * key_amax * (1 + 1e-9)
+    if bound <= torch.iinfo(queries.dtype).max:
+        return queries, keys
+    wide = torch.int64 if bound <= torch.iinfo(torch.int64).max else torch.float64
+    return queries.to(wide), keys.to(wide)
+
+
 def _mips_topk(queries: torch.Tensor, keys: torch.Tensor, k: int, batch_size: int,
                stats: _KeyStats) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`mips_topk` with the :class:`_KeyStats` ``stats`` of ``keys`` given (cached
     by the estimators, whose database does not change)."""
     n = queries.shape[0]
     batch_size = search_rows(batch_size, keys.shape[0])
+    floating = queries.dtype.is_floating_point and keys.dtype.is_floating_point
+    if not floating:  # (float64 holds every product of int64 values: nothing to rescue)
+        queries, keys = _wide_enough(queries, keys, stats.amax)
     scores = torch.empty(n, k, dtype=queries.dtype, device=queries.device)
     indices = torch.empty(n, k, dtype=torch.long, device=queries.device)
-    floating = queries.dtype.is_floating_point and keys.dtype.is_floating_point
     if floating:
         fi = torch.finfo(queries.dtype)
         half = fi.bits == 16 or torch.finfo(keys.dtype).bits == 16
@@ -224,7 +242,7 @@ def _mips_topk(queries: torch.Tensor, keys: torch.Tensor, k: int, batch_size: in
     for start in range(0, n, batch_size):
         q = queries[start:start + batch_size]
         s, i = _topk_rows(q @ keys.T, k)  # the (b, N) scores are freed on return
-        if floating:  # integers are exact (or wrap) whatever the scale: nothing to rescue
+        if floating:  # integers are exact (widened above): nothing to rescue
             # Rows searched again with the query rescaled by a power of two (the ranking
             # of a row does not depend on it): those where a product may overflow (an
             # overflow to -inf or NaN can hide the true maximum: 2.6e40 computed as -inf
@@ -638,10 +656,26 @@ def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
         raise ValueError(f"{name} must be 1D or 2D, got {t.ndim}D.")
     if t.shape[0] == 0:
         raise ValueError(f"{name} is empty; at least one query is required.")
+    if t.shape[1] == 0:  # (failed with a torch IndexError)
+        raise ValueError(f"{name} has no column: at least one index per query is required.")
+    # inf and floats beyond int64 were cast to one same int64 and counted as hits
     if t.dtype == torch.bool or t.is_complex() or (
-            t.is_floating_point() and not bool((t == t.round()).all())):
+            t.is_floating_point() and not bool(((t == t.round()) & (t.abs() < 2.0 ** 63)).all())):
         raise TypeError(f"{name} must hold integer indices, got {t.dtype} values.")
     return t.long()
+
+
+def _real_matrix(a, name: str) -> torch.Tensor:
+    """``a`` as a float64 tensor; complex (its imaginary part was dropped with a torch
+    warning), boolean and non-numeric data raise an error naming ``name``."""
+    try:
+        t = _as_tensor(a)
+    except (TypeError, ValueError) as err:  # strings, objects, scipy sparse matrices
+        raise TypeError(f"{name} must be an array of real numbers, got "
+                        f"{type(a).__name__}.") from err
+    if t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold real numbers, got {t.dtype} values.")
+    return t.to(torch.float64)
 
 
 def _gathered_diff_norms(K: torch.Tensor, arg: torch.Tensor, pred: torch.Tensor
@@ -682,8 +716,8 @@ def _hits(y_true, y_pred, queries, database, rtol, batch_size=8192,
     # in float64, queries and database rescaled by powers of two: inner products of
     # data near 1e-160 underflowed (all tied: any prediction a hit) and norms near 1e160
     # overflowed (an infinite tolerance: any prediction a hit)
-    q = _as_tensor(queries, torch.float64)
-    K = _as_tensor(database, torch.float64).to(q.device)
+    q = _real_matrix(queries, "queries")
+    K = _real_matrix(database, "database").to(q.device)
     # the searches' checks (2-D, same width, at least one feature and one key) before
     # the rescaling: queries and a database of no feature failed there with a torch
     # IndexError ("amax(): Expected reduction dim 1 to have non-zero size")

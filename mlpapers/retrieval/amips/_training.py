@@ -166,7 +166,9 @@ def train_amips(
         ema.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
-    warmup_steps = int(round(warmup * n_steps))
+    # at least the last step in the decay: a warm-up rounded to every step (n_steps=10,
+    # warmup=0.95) never decayed and the last update used the peak lr
+    warmup_steps = min(int(round(warmup * n_steps)), n_steps - 1)
     end_lr = lr * end_lr_ratio
     log_every = max(1, n_steps // 200)
     stats = _KeyStats(keys)  # (the keys do not change during training)

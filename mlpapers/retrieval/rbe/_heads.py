@@ -128,6 +128,10 @@ class NeuralRBEHead(nn.Module):
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be a tensor of shape {shape} to match "
                                  f"embeddings (n_items, k) = {(n_items, k)}, got {got}.")
+        if not bool(torch.isfinite(query_scale).all() and (query_scale > 0).all()):
+            # (a zero scale, e.g. the std of a constant column, made every score NaN)
+            raise ValueError("query_scale must hold finite values > 0 (use 1 for a "
+                             "constant support column).")
         check_positive(hidden, "hidden", strict=False, integer=True)
         self.hidden = int(hidden)
         emb_mean = embeddings.mean(dim=0)
@@ -256,11 +260,16 @@ def build_head(embeddings, offsets, popularity, U_fit: torch.Tensor, hidden: int
     # no supports (greedy stopped at once) leaves no columns: torch warns on their std
     scale = (U_fit.std(dim=0, correction=0) if U_fit.numel()
              else U_fit.new_ones(U_fit.shape[1]))
+    if U_fit.numel():
+        # a support constant over the training queries gets unit scale, as in the linear
+        # solve: a floor of 1e-12 multiplied a test query's deviation there by 1e12
+        const = U_fit.amax(dim=0) == U_fit.amin(dim=0)
+        scale = torch.where((scale > 0) & ~const, scale, torch.ones_like(scale))
     head = NeuralRBEHead(
         torch.as_tensor(embeddings, dtype=f32, device=device),
         torch.as_tensor(offsets, dtype=f32, device=device),
         torch.as_tensor(popularity, device=device).to(f32), U_fit.mean(dim=0),
-        scale.clamp_min(1e-12), int(hidden),
+        scale, int(hidden),
         generator=torch.Generator().manual_seed(int(seed)),
     )
     return head.to(device)

@@ -131,6 +131,9 @@ def fit_linear_embeddings(
         raise ValueError("R_sup and R must be 2-D tensors with one row per training query, "
                          f"(n_queries, k) and (n_queries, n_items), got shapes "
                          f"{tuple(R_sup.shape)} and {tuple(R.shape)}.")
+    if R.shape[0] == 0:  # (failed with a torch IndexError in amax)
+        raise ValueError("R_sup and R have no row: the embeddings need at least one "
+                         "training query.")
     # (a NaN in R_sup failed in torch's SVD, one in R gave NaN embeddings silently)
     check_finite(R_sup, "R_sup")
     check_finite(R, "R")
