@@ -143,3 +143,81 @@ def test_sample_warns_when_the_chains_disagree():
         warnings.simplefilter("error", RuntimeWarning)
         ReflectiveHMC(two_modes, box, n_leapfrog=5, random_state=0).sample(
             200, x0=x0[[0, 2]], n_chains=2, warmup=100)
+
+
+def test_integer_points_are_tested_against_the_float64_sets():
+    # the float64 bounds were cast to the points' integer dtype: Box([0.5], [1.5]) was
+    # read as [0, 1] and the corner (0, 0) reported inside; numpy integer points were
+    # right, and are the reference
+    from mlpapers.sampling import Polytope
+
+    sets = [Box([0.5, 0.5], [1.5, 1.5]),
+            Polytope([[1.0, 1.0], [-1.0, 0.0], [0.0, -1.0]], [1.0, 0.0, 0.0]),
+            Ellipsoid([0.0, 0.0], np.diag([0.25, 0.25])), Ball([0.3, 0.0], 1.2)]
+    points = np.array([[0, 0], [1, 1], [1, 0], [3, 0], [2, 0], [-1, 0]])
+    for dtype in (torch.int64, torch.int32, torch.uint8):
+        pts = torch.as_tensor(points[(points >= 0).all(1)] if dtype == torch.uint8
+                              else points, dtype=dtype)
+        for s in sets:
+            expected = s.contains(pts.numpy().astype(np.float64))
+            np.testing.assert_array_equal(s.contains(pts).numpy(), expected)
+    # integer rays: the same exit times as float64 ones (a torch error before)
+    x, v = torch.tensor([[1, 1]]), torch.tensor([[1, 0]])
+    for s in (Box([0.0, 0.0], [2.0, 2.0]), Ball([1.0, 1.0], 1.0)):
+        assert float(s.hit(x, v).t[0]) == float(s.hit(x.double(), v.double()).t[0]) == 1.0
+
+
+@pytest.mark.parametrize("radius", [1e-150, 1e-100, 1e-10, 1.0, 1e10, 1e100, 1e150])
+def test_ball_exit_times_do_not_depend_on_the_scale(radius):
+    # (y.v)^2 overflowed for |y| |v| above 1e154: t = 0 at radius 1e100 with speeds near
+    # it (and draws biased towards the centre), and underflowed below 1e-154 (t = 1.5,
+    # outside the ball); the exit time of the unit problem is the reference
+    ball, unit = Ball([0.0, 0.0], radius), Ball([0.0, 0.0], 1.0)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.7, 0.7, size=(50, 2))
+    v = rng.normal(size=(50, 2)) * np.exp(rng.uniform(-3, 3, size=(50, 1)))
+    ref = unit.hit(x, v)
+    for speed in (radius, 1.0):
+        got = ball.hit(x * radius, v * speed)
+        np.testing.assert_allclose(got.t * speed / radius, ref.t, rtol=1e-12)
+        np.testing.assert_allclose(got.normal, ref.normal, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ball.hit([[0.0, 0.5 * radius]], [[radius, radius]]).t,
+                               [(np.sqrt(7) - 1) / 4], rtol=1e-12)
+
+
+def test_convex_set_exit_time_does_not_depend_on_a_large_t_max():
+    # 60 halvings of [0, 1e19] left the bracket at [0, 8.7]: t = 0 was returned (and
+    # 0.867 for 1e18), silently; t_max = inf gave inf ("never leaves") for a disc
+    disc = ConvexSet(lambda x: (x**2).sum(-1) - 1.0, dim=2)
+    for t_max in (2.0, 10.0, 1e18, 1e19, 1e300):
+        t = float(disc.hit([[0.0, 0.0]], [[1.0, 0.0]], t_max).t[0])
+        assert t == pytest.approx(1.0, rel=1e-14) and t <= 1.0
+    with pytest.raises(ValueError, match="finite t_max"):
+        disc.hit([[0.0, 0.0]], [[1.0, 0.0]], float("inf"))
+    # a ray that stays inside up to t_max still reports inf
+    assert float(disc.hit([[0.0, 0.0]], [[1.0, 0.0]], 0.5).t[0]) == np.inf
+
+
+@pytest.mark.parametrize("tol", [np.array([1.0, 0.0]), torch.tensor([1.0, 0.0]),
+                                 np.array([True, False])])
+def test_contains_refuses_several_tolerances(tol):
+    # a box and a polytope failed with torch errors, the others read one tolerance per
+    # point: tol is documented as one number
+    from mlpapers.sampling import Polytope
+
+    for s in (Box([0.0, 0.0], [1.0, 1.0]), Ball([0.0, 0.0], 1.0),
+              Polytope([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], [1.0] * 4)):
+        with pytest.raises(TypeError, match="tol must be one real number"):
+            s.contains([[0.5, 1.5], [0.5, 0.5]], tol=tol)
+    # one value, as an array or a tensor, is that number
+    box = Box([0.0, 0.0], [1.0, 1.0])
+    for one in (np.array(0.6), torch.tensor([0.6]), np.float32(0.6)):
+        np.testing.assert_array_equal(box.contains([[0.5, 1.5], [0.5, 2.0]], tol=one),
+                                      [True, False])
+
+
+def test_box_refuses_a_dim_that_contradicts_its_bounds():
+    assert Box(0.0, 1.0, dim=3).dim == 3 and Box([0, 0], [1, 1], dim=2).dim == 2
+    for lo, hi in (([0, 0], [1, 1]), (0, [1, 1])):
+        with pytest.raises(ValueError, match="dim=3 contradicts"):
+            Box(lo, hi, dim=3)

@@ -62,6 +62,8 @@ class Hit(tuple[_A, _A], Generic[_A]):
 
 def _as_points(value, name: str) -> Tensor:
     """An array-like of points as a float64 tensor (on the CPU)."""
+    if np.iscomplexobj(value):  # (the imaginary part was dropped with a warning)
+        raise TypeError(f"{name} must hold real numbers, got complex values.")
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -77,18 +79,25 @@ def _check_tol(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``contains``'s ``tol``: a NaN compared False everywhere, so every point was
     reported outside (or inside), without an error. A numpy array of one value (what
     ``np.asarray``, ``np.median`` of an array or a 0-d slice give) is that number,
-    as a one-value tensor is; a larger numpy array is a tensor. The arguments come back
-    with such a ``tol`` replaced."""
+    as a one-value tensor is. Several values raise a ``TypeError``: the sets read them
+    differently (a torch error for a box or a polytope, one tolerance per point for the
+    others). The arguments come back with such a ``tol`` replaced."""
     tol = args[0] if args else kwargs.get("tol", 0.0)
-    if isinstance(tol, np.ndarray) and tol.dtype.kind in "iuf":
-        tol = float(tol.reshape(())) if tol.size == 1 else torch.from_numpy(tol.copy())
-        if args:
-            args = (tol, *args[1:])
+    if isinstance(tol, np.ndarray | Tensor):
+        if isinstance(tol, Tensor):
+            size, real = tol.numel(), not (tol.is_complex() or tol.dtype == torch.bool)
         else:
-            kwargs = {**kwargs, "tol": tol}
-    if isinstance(tol, Tensor) and tol.numel() == 1:
-        tol = float(tol)
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real | Tensor):
+            size, real = tol.size, tol.dtype.kind in "iuf"
+        if size != 1:
+            raise TypeError(f"tol must be one real number (points up to tol outside K count "
+                            f"as inside), got an array of shape {tuple(tol.shape)}.")
+        if real:  # (else refused below, as any other value that is not a number)
+            tol = float(tol.reshape(()))
+            if args:
+                args = (tol, *args[1:])
+            else:
+                kwargs = {**kwargs, "tol": tol}
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
         raise TypeError("tol must be a real number (points up to tol outside K count as "
                         f"inside), got {tol!r} of type {type(tol).__name__}.")
     if isinstance(tol, numbers.Real) and math.isnan(tol):
@@ -173,9 +182,19 @@ def accept_arrays(method: F) -> F:
             _check_t_max(args, kwargs)
         else:
             args, kwargs = _check_tol(args, kwargs)
+        if isinstance(x, Tensor) and not x.is_floating_point():
+            # integer points: the float64 parameters were cast to the points' dtype,
+            # so Box([0.5], [1.5]).contains(tensor([[0]])) read the box as [0, 1]
+            if x.is_complex():
+                raise TypeError(f"x must hold real numbers, got a complex tensor ({x.dtype}).")
+            x = x.to(torch.float64)
         if isinstance(x, Tensor):
             if is_hit:  # numpy velocities / t_max with tensor points follow the points
                 def follow(a, name):
+                    if isinstance(a, Tensor) and name == "v" and not a.is_floating_point():
+                        if a.is_complex():
+                            raise TypeError(f"v must hold real numbers, got {a.dtype}.")
+                        return a.to(x.dtype)  # (integer velocities failed in torch's norm)
                     if a is None or isinstance(a, Tensor):
                         return a
                     if name == "v":

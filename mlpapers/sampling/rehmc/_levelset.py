@@ -80,7 +80,9 @@ class ConvexSet(ConvexContainer):
         point is then searched from the origin (the origin itself if ``g(0) < 0``,
         else a descent on ``g``, which is convex).
     n_bisect : int, default=60
-        Maximum root-finding iterations.
+        Maximum root-finding iterations, not counting the halvings of ``[0, t_max]``
+        made before an inside point at ``t > 0`` is found (a ``t_max`` far above the
+        exit time costs more iterations, not a wrong time).
 
     Attributes
     ----------
@@ -314,6 +316,9 @@ class ConvexSet(ConvexContainer):
             raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
         # a number or a (C,) tensor (the other oracles accept both)
         t_max = torch.as_tensor(t_max, dtype=x.dtype, device=x.device).expand(x.shape[0])
+        if not bool(torch.isfinite(t_max).all()):  # (g(x + inf v) is NaN: "never leaves")
+            raise ValueError("ConvexSet.hit needs a finite t_max (the bisection bracket), "
+                             "got inf.")
         g_hi = self._g(x + t_max[:, None] * v)
         out = g_hi > 0
         lo = torch.zeros_like(t_max)
@@ -324,7 +329,15 @@ class ConvexSet(ConvexContainer):
         g_hi = torch.where(out, g_hi, torch.ones_like(g_hi))
         side = torch.zeros_like(t_max)
         tol = 4 * torch.finfo(x.dtype).eps
-        for i in range(self.n_bisect):
+        # halvings made before a ray has an inside point at t > 0 do not count against
+        # n_bisect (up to the exponent range): with t_max = 1e19 and an exit at 1, 60
+        # halvings left the bracket at [0, 8.7] and t = 0 was returned, silently
+        fi = torch.finfo(x.dtype)
+        limit = self.n_bisect
+        cap = limit + int(math.log2(fi.max) - math.log2(fi.tiny)) + fi.bits
+        i = -1
+        while i + 1 < limit:
+            i += 1
             # Illinois false position (superlinear), every third step a bisection step
             denom = g_hi - g_lo
             fp = lo - g_lo * (hi - lo) / torch.where(denom > 0, denom, torch.ones_like(denom))
@@ -349,6 +362,8 @@ class ConvexSet(ConvexContainer):
                 (g_lo_true < -g_tol) | (lo == 0))
             if not bool((open_ & out).any()):
                 break
+            if limit < cap and bool((open_ & out & (lo == 0) & (hi > 0)).any()):
+                limit += 1
         t = torch.where(out, lo, torch.full_like(lo, float("inf")))
         gr = self._grad(x + torch.where(out, lo, t_max)[:, None] * v)
         size = gr.norm(dim=-1)

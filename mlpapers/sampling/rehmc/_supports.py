@@ -13,6 +13,8 @@ class lives in ``_container`` and the function-defined supports
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -111,6 +113,9 @@ class Box(ConvexContainer):
                              f"and {hi_a.shape[0]}.")
         if lo_a.ndim <= 1 and hi_a.ndim <= 1:
             lo_a, hi_a = np.broadcast_arrays(lo_a, hi_a)
+        if dim is not None and lo_a.ndim == 1 and len(lo_a) != dim:
+            # (a dim that contradicts vector bounds was ignored)
+            raise ValueError(f"dim={dim!r} contradicts the bounds' length {len(lo_a)}.")
         self.lo = _as_float_array(lo_a, "lo", 1).copy()
         self.hi = _as_float_array(hi_a, "hi", 1).copy()
         if not np.all(self.lo < self.hi):
@@ -551,9 +556,19 @@ class Ball(ConvexContainer):
             face).
         """
         y = x - self._t(self.center, x)
-        t = _quadratic_exit((v * v).sum(-1), (y * v).sum(-1),
-                            (y * y).sum(-1) - self.radius**2)
-        ys = y + torch.nan_to_num(t, posinf=0.0)[:, None] * v
+        # in units of powers of two near the radius and each ray's speed (exact: the
+        # same bits as unscaled wherever that does not overflow): b^2 = (y.v)^2 overflowed
+        # for |y| |v| above 1e154 (t = 0 at radius 1e100 with speeds near it, and biased
+        # draws) and underflowed below 1e-154
+        r_unit = 2.0 ** math.floor(math.log2(self.radius))
+        speed = v.abs().amax(dim=-1)
+        v_unit = torch.where(speed > 0, torch.exp2(torch.floor(torch.log2(speed))),
+                             torch.ones_like(speed))
+        yn, u = y / r_unit, v / v_unit[:, None]
+        t = _quadratic_exit((u * u).sum(-1), (yn * u).sum(-1),
+                            (yn * yn).sum(-1) - (self.radius / r_unit) ** 2)
+        t = t * (r_unit / v_unit)
+        ys = yn + torch.nan_to_num(t / r_unit, posinf=0.0)[:, None] * v
         normal = ys / ys.norm(dim=-1, keepdim=True).clamp_min(1e-300)
         return Hit(t, normal, torch.zeros(len(x), dtype=torch.long, device=x.device))
 
