@@ -194,3 +194,17 @@ def test_a_failed_refit_leaves_no_stale_memory():
         rad.set_params(layer_weights=[1, 1, 1]).fit(X)
     with pytest.raises(NotFittedError):
         rad.decision_function(X)
+
+
+def test_layer_weights_near_the_float_range_are_normalised():
+    # weights of 1e308 summed to inf: every normalised weight was 0 and the fusion
+    # failed with "torch.cat(): expected a non-empty list of Tensors"
+    from mlpapers.datasets import make_texture_anomalies
+
+    X_train, X_test, _, _ = make_texture_anomalies(n_train=6, n_test=2, image_size=32,
+                                                   random_state=0)
+    kw = dict(extractor="random", image_size=32, k_images=3)
+    huge = RADDetector(layer_weights=[1e308, 1e308], **kw).fit(X_train)
+    plain = RADDetector(layer_weights=[1.0, 1.0], **kw).fit(X_train)
+    np.testing.assert_array_equal(huge.layer_weights_, [0.5, 0.5])
+    np.testing.assert_array_equal(huge.score_samples(X_test), plain.score_samples(X_test))

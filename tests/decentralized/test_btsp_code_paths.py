@@ -182,3 +182,15 @@ def test_demo_rounds_within_a_budget():
             t += 1
         assert rounds_within(budget, compute, delays) == t
     assert rounds_within(10.0, 1.0, np.array([1.0, 3.0])) == 3  # 2 + 4 + 2 = 8 <= 10
+
+
+@pytest.mark.parametrize("flat", [[1, 2.5], [2.0], [1, "a"]])
+def test_a_flat_skip_list_with_a_non_integer_raises_the_skips_type_error(flat):
+    # [1, 2.5] was read as a list of rounds and the valid skip 1 named as a bad round
+    from mlpapers.decentralized.btsp import circulant_schedule, scale_schedule
+
+    with pytest.raises(TypeError, match="skips must be integers"):
+        circulant_schedule(8, flat)
+    with pytest.raises(TypeError, match="skips must be integers"):
+        scale_schedule(flat, 3, 8)
+    assert scale_schedule([1, 2], 3, 8) == [[3, 6]]

@@ -146,3 +146,25 @@ def test_a_fit_on_unstandardised_targets_that_learns_is_quiet(Est):
     est = _quiet(lambda: Est(n_rounds=60, lr=0.5, random_state=0, **kw).fit(clients))
     y = np.concatenate([c[1] for c in clients])
     assert 0.2 < _final_loss(est, clients) < 0.1 * y.var()
+
+
+def test_missing_targets_in_an_object_y_are_refused():
+    # a list or pandas column holding None passed (object dtype) and was read as NaN:
+    # assign took the argmin of NaN losses (model 0, silently) and fit blamed the lr
+    from mlpapers.datasets import make_federated_linear
+
+    clients, _, _ = make_federated_linear(n_clusters=2, n_clients_per_cluster=3,
+                                          n_samples=40, random_state=1)
+    est = CLoVE(n_clusters=2, n_rounds=3, local_epochs=5, lr=0.05, random_state=0).fit(clients)
+    X, y = clients[int(np.flatnonzero(est.labels_ == 1)[0])]
+    assert est.assign(X, y) == 1
+    for missing in (None, float("nan"), np.inf):
+        y_obj = list(y[:-1]) + [missing]
+        with pytest.raises(ValueError, match="contains NaN or infinity"):
+            est.assign(X, y_obj)
+        with pytest.raises(ValueError, match="contains NaN or infinity"):
+            CLoVE(n_clusters=2, n_rounds=1).fit([(X, y_obj)] + clients[1:])
+    with pytest.raises(TypeError, match="complex"):
+        est.assign(X, y * (1 + 1j))
+    # finite targets held as objects stay accepted
+    assert est.assign(X, np.asarray(y, dtype=object)) == 1

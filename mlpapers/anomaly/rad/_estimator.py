@@ -268,6 +268,7 @@ class RADDetector(BaseImageDetector):
         if len(w) != n_layers:
             raise ValueError(f"layer_weights has {len(w)} entries but the extractor "
                              f"returns {n_layers} layers.")
+        w = w / w.max()  # (weights near 1e308 summed to inf: every weight became 0)
         return w / w.sum()
 
     def _fit_store(self):

@@ -129,7 +129,10 @@ def _explicit_schedule(n: int, topology: Any) -> Schedule:
             "topology must be a topology name or a non-empty sequence of skip sets, "
             f"got {topology!r}."
         )
-    if all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in topology):
+    # a flat list of scalars is one round (its non-integers then raise the skips'
+    # TypeError: [1, 2.5] was read as rounds and the valid skip 1 named as a bad round)
+    if not any(isinstance(s, Sequence | np.ndarray) and not isinstance(s, str)
+               for s in topology):
         topology = [topology]
     rounds = []
     for l, skips in enumerate(topology):

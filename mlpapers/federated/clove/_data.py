@@ -108,7 +108,9 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
                     f"y{of(i)} must have shape ({Xt.shape[0]},) or ({Xt.shape[0]}, "
                     f"n_outputs) to match X, got {y_np.shape}."
                 )
-            if y_np.dtype.kind == "f" and not np.isfinite(y_np).all():
+            if y_np.dtype.kind == "c":  # (the imaginary part was dropped with a warning)
+                raise TypeError(f"y{of(i)} must hold real numbers or labels, got complex.")
+            if not _finite_targets(y_np):
                 raise ValueError(f"Input y{of(i)} contains NaN or infinity.")
             ys.append(y_np)
         Xs.append(Xt)
@@ -152,6 +154,19 @@ def _common_names(names: list) -> np.ndarray | None:
 def _show(names) -> str:
     return "none" if names is None else str(list(names[:5]))[:-1] + (
         ", ...]" if len(names) > 5 else "]")
+
+
+def _finite_targets(y: np.ndarray) -> bool:
+    """Whether no target is missing: NaN or infinity in a float ``y``, and ``None``,
+    NaN or infinity in an object one (a list or pandas column with a ``None`` passed as
+    labels and was read as NaN by the MSE loss: ``assign`` then took the argmin of
+    NaN losses, model 0, and ``fit`` blamed the learning rate)."""
+    if y.dtype.kind == "f":
+        return bool(np.isfinite(y).all())
+    if y.dtype.kind == "O":
+        return not any(v is None or (isinstance(v, (float, np.floating)) and not np.isfinite(v))
+                       for v in y.ravel())
+    return True
 
 
 def mse_targets(ys: list[np.ndarray], device: torch.device, prefix: str = ""
