@@ -414,3 +414,4 @@ def test_a_complex_argument_is_refused(name, param, tmp_path, monkeypatch):
         _call_with(name, param, _as_complex)
     message = str(err.value).lower()
     assert "complex" in message or "real" in message, str(err.value)
+    assert names_param(param, str(err.value)), str(err.value)

@@ -11,7 +11,7 @@ import functools
 import inspect
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -110,17 +110,21 @@ def _all_finite(t: torch.Tensor, block: int = BLOCK_ELEMENTS) -> bool:
     return all(bool(torch.isfinite(t[s:s + rows]).all()) for s in range(0, t.shape[0], rows))
 
 
-def common_float_dtype(*tensors: torch.Tensor, min_bits: int = 16) -> torch.dtype:
+def common_float_dtype(*tensors: torch.Tensor, min_bits: int = 16,
+                       names: Sequence[str] = ()) -> torch.dtype:
     """The dtype the public tensor kernels compute in for ``tensors``: their promoted
     dtype, the default dtype when none is floating (integer inputs), raised to float32
     when it has fewer than ``min_bits`` bits (linear algebra has no float16 kernels).
     Mixed inputs failed with torch's "expected m1 and m2 to have the same dtype".
-    Complex inputs raise a ``TypeError``: they were cast to the real default dtype,
+    Complex inputs raise a ``TypeError`` (naming the first one by ``names``, the
+    arguments' names in order, when given): they were cast to the real default dtype,
     dropping the imaginary part silently."""
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
     if dtype.is_complex:
-        raise TypeError(f"complex tensors are not supported here (got {dtype}): pass "
-                        "real values, e.g. their real part or magnitude.")
+        i = next(j for j, t in enumerate(tensors) if t.is_complex())
+        what = names[i] if i < len(names) else "complex tensors"
+        raise TypeError(f"{what} must hold real numbers (floating or integer), got "
+                        f"{tensors[i].dtype}; pass their real part or magnitude.")
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     if torch.finfo(dtype).bits < min_bits:

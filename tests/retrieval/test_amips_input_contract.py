@@ -187,3 +187,24 @@ def test_the_last_update_uses_the_end_learning_rate_whatever_the_warmup(n_steps,
                           warmup=warmup, random_state=0).fit(keys)
     assert model.history_[-1]["step"] == n_steps - 1  # (0-based: the last step)
     assert model.history_[-1]["lr"] == pytest.approx(model.lr * model.end_lr_ratio, rel=1e-12)
+
+
+def test_a_sampler_that_returns_zero_rows_is_refused_like_an_array():
+    # an array with a zero row was refused, a sampler's zero rows were trained on (every
+    # key ties there, so the target was key 0)
+    from mlpapers.retrieval import AmortizedMIPS
+
+    keys = np.random.default_rng(0).standard_normal((20, 3))
+
+    def sampler(n, rng):
+        q = rng.standard_normal((n, 3))
+        q[0] = 0.0
+        return q
+
+    model = AmortizedMIPS(depth=1, hidden_dim=8, n_steps=3, batch_size=8, random_state=0)
+    with pytest.raises(ValueError, match="the query sampler returned rows with zero norm"):
+        model.fit(keys, queries=sampler)
+    with pytest.raises(ValueError, match="queries contains rows with zero norm"):
+        model.fit(keys, queries=np.vstack([np.zeros(3), np.ones(3)]))
+    # tiny but nonzero rows stay accepted (their float32 norm underflows)
+    model.fit(keys, queries=lambda n, rng: np.full((n, 3), 1e-23))

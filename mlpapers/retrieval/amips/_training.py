@@ -38,8 +38,9 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
 
     ``queries`` is ``None`` (uniform on the unit sphere), an array (rows sampled
     with replacement) or a callable ``sampler(n, rng)`` with ``rng`` a numpy
-    Generator (``numpy_gen``). Raises ``ValueError`` for zero-norm rows in an
-    array and for a sampler that returns the wrong number of rows.
+    Generator (``numpy_gen``). Raises ``ValueError`` for zero-norm rows (in an
+    array or a sampler's output) and for a sampler that returns the wrong number of
+    rows.
     """
     if queries is None:
         def draw_sphere(n: int) -> torch.Tensor:
@@ -66,18 +67,24 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
             if q.shape[0] != n:
                 raise ValueError(f"the query sampler returned {q.shape[0]} rows, "
                                  f"expected {n}.")
+            # (zero rows were trained on: every key ties, so the target was key 0)
+            _refuse_zero_rows(q, "the query sampler returned")
             return q
         return draw_sampler
     pool = check_tensor(queries, name="queries", dtype=torch.float32, device=device,
                         n_features=d, owner=owner)
-    # not ``pool.norm(dim=1) == 0``: in float32 the norm of a row of 1e-23 underflows
-    if not bool((pool != 0).any(dim=1).all()):
-        raise ValueError("queries contains rows with zero norm; MIPS needs nonzero queries.")
+    _refuse_zero_rows(pool, "queries contains")
 
     def draw(n):
         idx = torch.randint(pool.shape[0], (n,), generator=torch_gen).to(device)
         return pool[idx]
     return draw
+
+
+def _refuse_zero_rows(q: torch.Tensor, what: str) -> None:
+    # not ``q.norm(dim=1) == 0``: in float32 the norm of a row of 1e-23 underflows
+    if not bool((q != 0).any(dim=1).all()):
+        raise ValueError(f"{what} rows with zero norm; MIPS needs nonzero queries.")
 
 
 def augment_queries(q: torch.Tensor, noise_std: float, n_noise: int,

@@ -253,7 +253,7 @@ def clapp_layer_loss(
     """
     neg_idx = check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
     # one floating dtype (a float64 context beside float32 weights failed in the matmul)
-    dtype = common_float_dtype(z, c, weight)
+    dtype = common_float_dtype(z, c, weight, names=("z", "c", "weight"))
     z, c, weight = z.to(dtype), c.to(dtype), weight.to(dtype)
     pred = c @ weight.T                      # (N, D): the "dendritic prediction" B c
     u_pos = (z * pred).sum(-1)
@@ -310,7 +310,7 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     n = p.shape[0]
     if n % 2:
         raise ValueError(f"expected an even number of rows (two views), got {n}.")
-    q = _unit_rows(p.to(common_float_dtype(p)))  # (integer p failed in torch.finfo)
+    q = _unit_rows(p.to(common_float_dtype(p, names=("p",))))  # (integer p failed in torch.finfo)
     if pairs == "cross":
         b = n // 2
         sim = (q[:b] @ q[b:].T) / temperature
@@ -350,7 +350,8 @@ def _check_linear_net(weights, B_top) -> tuple[list[torch.Tensor], torch.Tensor]
         raise ValueError("weights must be a non-empty sequence of 2D matrices W_1..W_L.")
     mats = [w if isinstance(w, torch.Tensor) else torch.as_tensor(np.asarray(w))
             for w in [*weights, B_top]]
-    dtype = common_float_dtype(*mats)
+    dtype = common_float_dtype(*mats, names=[*(f"weights[{i}]" for i in range(len(weights))),
+                                             "B_top"])
     mats = [m.to(dtype=dtype, device=mats[-1].device) for m in mats]
     *Ws, B = mats
     for i, w in enumerate(Ws):
@@ -492,7 +493,7 @@ def three_factor_grad(
     neg_idx = check_pair_shapes((x.shape[0], W.shape[0]), c, B, neg_idx,
                                 z_name="relu(x W^T)", weight_name="B")
     # one floating dtype, as clapp_layer_loss promotes (matmul refuses mixed dtypes)
-    dtype = common_float_dtype(x, W, c, B)
+    dtype = common_float_dtype(x, W, c, B, names=("x", "W", "c", "B"))
     x, W, c, B = (t.to(dtype) for t in (x, W, c, B))
     a = x @ W.T
     z = F.relu(a)

@@ -153,7 +153,8 @@ def patch_prediction_loss(
     if isinstance(skip, bool) or not isinstance(skip, numbers.Integral) or skip < 0:
         raise ValueError(f"skip must be a non-negative int, got {skip!r}.")
     neg_idx = check_pair_shapes(tuple(z.shape), c, weight, neg_idx)
-    dtype = common_float_dtype(z, c, weight)  # (mixed dtypes failed in the einsum)
+    # (mixed dtypes failed in the einsum)
+    dtype = common_float_dtype(z, c, weight, names=("z", "c", "weight"))
     z, c, weight = z.to(dtype), c.to(dtype), weight.to(dtype)
     n_steps = weight.shape[0]
     n_y = z.shape[2]
