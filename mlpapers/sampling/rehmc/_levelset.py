@@ -9,6 +9,7 @@ reflections.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -314,11 +315,13 @@ class ConvexSet(ConvexContainer):
         """
         if t_max is None:
             raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
-        # a number or a (C,) tensor (the other oracles accept both)
-        t_max = torch.as_tensor(t_max, dtype=x.dtype, device=x.device).expand(x.shape[0])
-        if not bool(torch.isfinite(t_max).all()):  # (g(x + inf v) is NaN: "never leaves")
+        if isinstance(t_max, numbers.Real) and not math.isfinite(t_max):
+            # g(x + inf v) is NaN: a bounded set "never left" (the sampler's own per-chain
+            # tensors are finite and pass unchecked, with no device sync)
             raise ValueError("ConvexSet.hit needs a finite t_max (the bisection bracket), "
                              "got inf.")
+        # a number or a (C,) tensor (the other oracles accept both)
+        t_max = torch.as_tensor(t_max, dtype=x.dtype, device=x.device).expand(x.shape[0])
         g_hi = self._g(x + t_max[:, None] * v)
         out = g_hi > 0
         lo = torch.zeros_like(t_max)
@@ -335,9 +338,8 @@ class ConvexSet(ConvexContainer):
         fi = torch.finfo(x.dtype)
         limit = self.n_bisect
         cap = limit + int(math.log2(fi.max) - math.log2(fi.tiny)) + fi.bits
-        i = -1
-        while i + 1 < limit:
-            i += 1
+        i = 0
+        while i < limit:
             # Illinois false position (superlinear), every third step a bisection step
             denom = g_hi - g_lo
             fp = lo - g_lo * (hi - lo) / torch.where(denom > 0, denom, torch.ones_like(denom))
@@ -360,10 +362,15 @@ class ConvexSet(ConvexContainer):
             # lo > 0 (at lo = 0 a start on the boundary, g = 0, is not a hit yet)
             open_ = ((hi - lo) > tol * hi.abs().clamp_min(1e-300)) & (
                 (g_lo_true < -g_tol) | (lo == 0))
-            if not bool((open_ & out).any()):
+            searching = open_ & out
+            # (one transfer for both flags: a device sync per iteration, as before)
+            any_open, scale_unknown = torch.stack(
+                [searching.any(), (searching & (lo == 0) & (hi > 0)).any()]).tolist()
+            if not any_open:
                 break
-            if limit < cap and bool((open_ & out & (lo == 0) & (hi > 0)).any()):
+            if scale_unknown and limit < cap:
                 limit += 1
+            i += 1
         t = torch.where(out, lo, torch.full_like(lo, float("inf")))
         gr = self._grad(x + torch.where(out, lo, t_max)[:, None] * v)
         size = gr.norm(dim=-1)
