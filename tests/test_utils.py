@@ -14,6 +14,7 @@ from mlpapers._utils import (
     check_generator,
     check_in_options,
     check_positive,
+    check_real,
     check_seed,
     check_tensor,
     check_verbose,
@@ -561,3 +562,15 @@ def test_encode_labels_of_unorderable_labels_falls_back_to_lookups():
     assert encode_labels(np.array(["a", None, 1], dtype=object), classes).tolist() == [2, 0, 1]
     with pytest.raises(ValueError, match=r"not seen in fit: \[2\]"):
         encode_labels(np.array([2, "a"], dtype=object), classes)
+
+
+@pytest.mark.parametrize("value", [torch.tensor([1 + 2j]), np.array([1.0, 2j]), [1.0, 3j]])
+def test_check_real_refuses_complex_tensors_arrays_and_lists_by_name(value):
+    with pytest.raises(TypeError, match="spam must hold real numbers .*complex"):
+        check_real(value, "spam")
+
+
+@pytest.mark.parametrize("value", [torch.tensor([1, 2]), np.array([1.5, -2.0]), [1.0, 3.0],
+                                   torch.tensor([True])])
+def test_check_real_passes_real_values(value):
+    assert check_real(value, "spam") is None

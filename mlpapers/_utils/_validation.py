@@ -122,9 +122,7 @@ def common_float_dtype(*tensors: torch.Tensor, min_bits: int = 16,
     dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
     if dtype.is_complex:
         i = next(j for j, t in enumerate(tensors) if t.is_complex())
-        what = names[i] if i < len(names) else "complex tensors"
-        raise TypeError(f"{what} must hold real numbers (floating or integer), got "
-                        f"{tensors[i].dtype}; pass their real part or magnitude.")
+        check_real(tensors[i], names[i] if i < len(names) else "complex tensors")
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     if torch.finfo(dtype).bits < min_bits:
@@ -132,13 +130,26 @@ def common_float_dtype(*tensors: torch.Tensor, min_bits: int = 16,
     return dtype
 
 
+def check_real(value: Any, name: str) -> None:
+    """Raise a ``TypeError`` naming ``name`` if ``value`` (a tensor, a numpy array or an
+    array-like) holds complex numbers. The library computes in real dtypes, and the cast
+    to one dropped the imaginary part: silently in torch, with a warning in numpy."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_complex():
+            return
+    elif not np.iscomplexobj(value):
+        return
+    dtype = getattr(value, "dtype", "complex values")
+    raise TypeError(f"{name} must hold real numbers (floating or integer), got {dtype}; "
+                    "pass its real part or its magnitude.")
+
+
 def check_finite(t: torch.Tensor, name: str) -> None:
     """Raise ``ValueError`` naming ``name`` if the floating tensor ``t`` holds NaN or
     infinity (checked in blocks: no full-size temporary). The check of the public
     tensor kernels, whose inputs ``check_tensor`` does not see. A complex ``t`` raises a
     ``TypeError`` naming ``name`` (the kernels compute in real dtypes)."""
-    if t.is_complex():
-        raise TypeError(f"{name} must hold real numbers, got a complex tensor ({t.dtype}).")
+    check_real(t, name)
     if t.is_floating_point() and not _all_finite(t):
         raise ValueError(f"{name} contains NaN or infinity.")
 
@@ -536,9 +547,7 @@ def requires_tensors(func: F) -> F:
                 hint = f" (torch.from_numpy({name}))" if isinstance(value, np.ndarray) else ""
                 raise TypeError(f"{func.__name__}: {name} must be a torch.Tensor{hint}, got "
                                 f"{type(value).__name__}.")
-            if value.is_complex():  # (cast to real, the imaginary part dropped silently)
-                raise TypeError(f"{func.__name__}: {name} must hold real numbers (floating "
-                                f"or integer), got {value.dtype}.")
+            check_real(value, f"{func.__name__}: {name}")
         return func(*args, **kwargs)
 
     return cast(F, wrapper)

@@ -386,7 +386,7 @@ def _varying_key_dim():
     (lambda x: [x], TypeError, "must return a pair .* got a list of length 1"),
     (lambda x: ([x], x.mean(dim=(2, 3)), None), TypeError, "got a tuple of length 3"),
     (lambda x: ([x.to(torch.complex64)], x.mean(dim=(2, 3))), TypeError,
-     "feature map 0 is complex"),
+     "feature map 0 must hold real numbers"),
     (_varying_key_dim, ValueError, "keys of dimension 2 in batch 1 but 3 before"),
     (lambda x: ([x.numpy()], x.mean(dim=(2, 3))), TypeError, "got \\(list\\[ndarray\\], Tensor\\)"),
     (lambda x: ([x * float("nan")], x.mean(dim=(2, 3))), ValueError, "NaN or infinite"),

@@ -46,6 +46,14 @@ def test_linear_loss_and_unknown():
         contrastive_loss(torch.zeros(1), torch.zeros(1), "bogus")
 
 
+def test_contrastive_loss_refuses_scores_that_are_not_tensors():
+    # (a list failed with an AttributeError on .is_complex())
+    with pytest.raises(TypeError, match="contrastive_loss: u_neg must be a torch.Tensor"):
+        contrastive_loss(torch.tensor([2.0]), [0.5])
+    with pytest.raises(TypeError, match=r"u_pos must be a torch.Tensor \(torch.from_numpy"):
+        contrastive_loss(np.array([2.0]), torch.tensor([0.5]))
+
+
 @pytest.mark.parametrize("loss", LOSSES)
 def test_layer_loss_matches_loops(loss):
     g = torch.Generator().manual_seed(0)

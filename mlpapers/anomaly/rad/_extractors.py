@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import check_bool, default_dtype, on_inputs_device
+from mlpapers._utils import check_bool, check_real, default_dtype, on_inputs_device
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
 
 __all__ = [
@@ -674,10 +674,7 @@ def check_extractor_output(out: Any, n: int, batch: int) -> tuple[list[torch.Ten
         raise TypeError(f"the extractor must return {expected}, got "
                         f"({type(feats).__name__}{inner}, {type(key).__name__}).")
     for i, t in enumerate([*feats, key]):
-        if t.is_complex():  # the float32 cast would drop the imaginary part
-            what = "key" if i == len(feats) else f"feature map {i}"
-            raise TypeError(f"the extractor's {what} is complex ({t.dtype}); features and "
-                            "key must be real tensors.")
+        check_real(t, "the extractor's " + ("key" if i == len(feats) else f"feature map {i}"))
     for i, f in enumerate(feats):
         if f.ndim != 4 or f.shape[0] != n:
             raise ValueError(f"the extractor's feature map {i} has shape {tuple(f.shape)} for a "

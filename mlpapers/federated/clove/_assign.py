@@ -19,7 +19,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import silhouette_score
 
-from mlpapers._utils import ArrayLike, check_bool, check_positive, on_inputs_device
+from mlpapers._utils import ArrayLike, check_bool, check_positive, check_real, on_inputs_device
 
 __all__ = [
     "choose_n_clusters",
@@ -33,8 +33,7 @@ __all__ = [
 def _check_loss_matrix(loss_matrix) -> np.ndarray:
     if isinstance(loss_matrix, torch.Tensor):
         loss_matrix = loss_matrix.detach().cpu().numpy()
-    if np.iscomplexobj(loss_matrix):  # (the imaginary part was dropped with a warning)
-        raise TypeError("loss_matrix must hold real numbers, got complex values.")
+    check_real(loss_matrix, "loss_matrix")
     L = np.asarray(loss_matrix, dtype=np.float64)
     if L.ndim != 2:
         raise ValueError(f"loss_matrix must be 2D (n_clients, n_models), got {L.ndim}D.")

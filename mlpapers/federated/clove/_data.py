@@ -11,7 +11,7 @@ import torch
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import _get_feature_names
 
-from mlpapers._utils import check_tensor, to_numpy, user_stacklevel
+from mlpapers._utils import check_real, check_tensor, to_numpy, user_stacklevel
 
 
 @dataclass
@@ -108,8 +108,7 @@ def validate_clients(clients, *, ndim, device: torch.device, owner: str,
                     f"y{of(i)} must have shape ({Xt.shape[0]},) or ({Xt.shape[0]}, "
                     f"n_outputs) to match X, got {y_np.shape}."
                 )
-            if y_np.dtype.kind == "c":  # (the imaginary part was dropped with a warning)
-                raise TypeError(f"y{of(i)} must hold real numbers or labels, got complex.")
+            check_real(y_np, f"y{of(i)}")
             if not _finite_targets(y_np):
                 raise ValueError(f"Input y{of(i)} contains NaN or infinity.")
             ys.append(y_np)

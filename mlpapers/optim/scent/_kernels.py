@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import holds_only_zero_one, on_inputs_device, requires_tensors
+from mlpapers._utils import check_real, holds_only_zero_one, on_inputs_device, requires_tensors
 
 __all__ = [
     "asgd_update",
@@ -115,8 +115,7 @@ def item_mask(mask: torch.Tensor, scores: torch.Tensor, owner: str = "") -> torc
     """
     where = f"{owner}: " if owner else ""
     if mask.dtype != torch.bool:
-        if mask.is_complex():
-            raise TypeError(f"{where}mask must be a boolean tensor, got dtype {mask.dtype}.")
+        check_real(mask, f"{where}mask")
         if not holds_only_zero_one(mask):
             raise ValueError(f"{where}mask must be boolean or hold only 0 and 1 (it selects "
                              "items, it does not weigh them), got other values.")
@@ -280,8 +279,7 @@ def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tenso
     """
     if not isinstance(nu, torch.Tensor):
         nu = torch.as_tensor(nu)
-    if nu.is_complex():
-        raise TypeError(f"spmd_gamma: nu must hold real numbers, got {nu.dtype}.")
+    check_real(nu, "spmd_gamma: nu")
     if not nu.is_floating_point():
         # an integer nu made log_alpha an integer too (0.5 -> 0: a wrong weight, silently)
         nu = nu.to(torch.get_default_dtype())

@@ -17,7 +17,7 @@ from typing import Any, Generic, Self, TypeVar, cast, overload
 import numpy as np
 import torch
 
-from mlpapers._utils import on_inputs_device, to_numpy, wrap_public_methods
+from mlpapers._utils import check_real, on_inputs_device, to_numpy, wrap_public_methods
 from mlpapers._utils._typing import F
 
 __all__ = ["ConvexContainer", "Hit", "accept_arrays", "check_oracles", "contains_oracle",
@@ -62,8 +62,7 @@ class Hit(tuple[_A, _A], Generic[_A]):
 
 def _as_points(value, name: str) -> Tensor:
     """An array-like of points as a float64 tensor (on the CPU)."""
-    if np.iscomplexobj(value):  # (the imaginary part was dropped with a warning)
-        raise TypeError(f"{name} must hold real numbers, got complex values.")
+    check_real(value, name)
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -185,15 +184,13 @@ def accept_arrays(method: F) -> F:
         if isinstance(x, Tensor) and not x.is_floating_point():
             # integer points: the float64 parameters were cast to the points' dtype,
             # so Box([0.5], [1.5]).contains(tensor([[0]])) read the box as [0, 1]
-            if x.is_complex():
-                raise TypeError(f"x must hold real numbers, got a complex tensor ({x.dtype}).")
+            check_real(x, "x")
             x = x.to(torch.float64)
         if isinstance(x, Tensor):
             if is_hit:  # numpy velocities / t_max with tensor points follow the points
                 def follow(a, name):
                     if isinstance(a, Tensor) and name == "v" and not a.is_floating_point():
-                        if a.is_complex():
-                            raise TypeError(f"v must hold real numbers, got {a.dtype}.")
+                        check_real(a, "v")
                         return a.to(x.dtype)  # (integer velocities failed in torch's norm)
                     if a is None or isinstance(a, Tensor):
                         return a

@@ -24,7 +24,7 @@ from typing import Literal, TypeAlias, get_args
 import numpy as np
 from scipy.special import ndtri
 
-from mlpapers._utils import ArrayLike, check_in_options, to_numpy
+from mlpapers._utils import ArrayLike, check_in_options, check_real, to_numpy
 from mlpapers._utils._blocks import BLOCK_ELEMENTS as DEFAULT_BLOCK_ELEMENTS
 from mlpapers._utils._blocks import block_rows_for
 
@@ -268,8 +268,7 @@ def _per_dim(x: ArrayLike, fn) -> np.ndarray | float:
     # A tensor (the draws of sample(return_tensor=True), on their device) is detached and
     # brought to the CPU: np.asarray raised on a CUDA, bfloat16 or requires-grad tensor
     x = to_numpy(x)
-    if np.iscomplexobj(x):  # (the imaginary part was dropped with a warning)
-        raise TypeError(f"draws must hold real numbers, got {x.dtype}.")
+    check_real(x, "draws")
     if x.ndim not in (2, 3):
         raise ValueError(f"draws must have shape (chains, draws[, d]), got {x.shape}.")
     if x.shape[1] < MIN_DRAWS:  # split chains need 2+ draws per half: undefined, not an error

@@ -29,6 +29,7 @@ from mlpapers._utils import (
     check_positive,
     common_float_dtype,
     on_inputs_device,
+    requires_tensors,
     row_power_of_two,
 )
 
@@ -110,6 +111,7 @@ def negative_indices(
     return idx.to(device) if device is not None else idx
 
 
+@requires_tensors
 def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hinge"
                      ) -> torch.Tensor:
     r"""Per-sample loss of a positive and a negative score.
@@ -144,9 +146,6 @@ def contrastive_loss(u_pos: torch.Tensor, u_neg: torch.Tensor, loss: str = "hing
     """
     # (one negative score of shape (1,) was broadcast over every pair; a 0-d score is a
     # deliberate constant)
-    for name, u in (("u_pos", u_pos), ("u_neg", u_neg)):
-        if u.is_complex():  # (failed in torch: "clamp is not supported for complex types")
-            raise TypeError(f"contrastive_loss: {name} must hold real numbers, got {u.dtype}.")
     if u_pos.shape != u_neg.shape and u_pos.ndim and u_neg.ndim:
         raise ValueError(f"u_pos and u_neg must have the same shape, got {tuple(u_pos.shape)} "
                          f"and {tuple(u_neg.shape)}.")
