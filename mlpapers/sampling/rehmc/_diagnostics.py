@@ -12,7 +12,10 @@ not vary (R-hat and ESS of constant draws are NaN, as in Stan and the R package
 ArviZ and Stan, the autocorrelation time is floored at ``1 / log10(N)``, so very
 short chains (about 10 draws) can report an ESS above the ``N`` draws. The tail
 ESS's quantiles are numpy's (R's type 7, as ``posterior``): where ArviZ's
-``mquantiles`` rounds an order statistic down, its tail ESS can differ.
+``mquantiles`` rounds an order statistic down, its tail ESS can differ. A tail whose
+indicator is constant (tied draws at a quantile that is the smallest or largest draw)
+makes the tail ESS NaN, as in ``posterior``; ArviZ's ``min`` of the two tails returns
+the other tail's ESS or NaN depending on which tail it is.
 A single chain gets a split R-hat (from its two halves, as Stan); ArviZ gives NaN.
 """
 
@@ -353,8 +356,10 @@ def ess(draws: ArrayLike, kind: EssKind = "bulk") -> np.ndarray | float:
     float or numpy.ndarray of shape (d,)
         A float for 2D draws, one value per dimension for 3D draws; NaN where
         undefined (fewer than 8 draws per chain, a NaN draw or constant draws; an
-        infinite draw takes the extreme rank, as in ArviZ). About ``chains * draws``
-        for independent draws.
+        infinite draw takes the extreme rank, as in ArviZ). The tail ESS is also NaN
+        where a tail's indicator is constant (the 95% or the 5% quantile is the
+        largest draw: draws tied there, e.g. clipped at a bound), as in
+        ``posterior``. About ``chains * draws`` for independent draws.
 
     References
     ----------

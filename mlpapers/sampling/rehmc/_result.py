@@ -281,7 +281,8 @@ class SampleResult:
         -------
         numpy.ndarray of shape (d,)
             One ESS per dimension (NaN where undefined: fewer than 8 draws per
-            chain, non-finite or constant draws).
+            chain, non-finite or constant draws, and for ``"tail"`` a constant
+            tail indicator, see :func:`mlpapers.sampling.ess`).
         """
         return np.asarray(_ess(self.samples, kind=kind))
 
