@@ -13,9 +13,9 @@ ArviZ and Stan, the autocorrelation time is floored at ``1 / log10(N)``, so very
 short chains (about 10 draws) can report an ESS above the ``N`` draws. The tail
 ESS's quantiles are numpy's (R's type 7, as ``posterior``): where ArviZ's
 ``mquantiles`` rounds an order statistic down, its tail ESS can differ. A tail whose
-indicator is constant (tied draws at a quantile that is the smallest or largest draw)
-makes the tail ESS NaN, as in ``posterior``; ArviZ's ``min`` of the two tails returns
-the other tail's ESS or NaN depending on which tail it is.
+indicator is constant (the 5% or the 95% quantile is the largest draw: draws tied
+there) makes the tail ESS NaN, as in ``posterior``; ArviZ's ``min`` of the two tails
+returns the other tail's ESS or NaN depending on which tail it is.
 A single chain gets a split R-hat (from its two halves, as Stan); ArviZ gives NaN.
 """
 
