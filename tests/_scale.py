@@ -48,9 +48,9 @@ requires_peak_rss = pytest.mark.skipif(
 def peak_mb(setup: str, call: str, *, timeout: float = 180.0) -> float:
     """Peak RSS increase (MB) of ``call`` after ``setup``, in a fresh process."""
     code = _CHILD.format(setup=textwrap.dedent(setup), call=textwrap.dedent(call))
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # one thread, as every test (OMP_NUM_THREADS set by tests/conftest.py)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout)
     if done.returncode != 0:
         raise AssertionError(f"child failed:\n{done.stderr[-3000:]}")
     line = [s for s in done.stdout.splitlines() if s.startswith("PEAK_JSON")][-1]

@@ -5,8 +5,11 @@ import torch
 from hypothesis import settings
 
 # Tests use small tensors: one intra-op thread avoids thread start-up and spinning
-# costs that dominate tiny ops (and oversubscription when several runs share cores).
+# costs that dominate tiny ops (and oversubscription when several runs share cores, as
+# pytest-xdist's workers do). The variables give the processes tests start (guide
+# snippets, the demo, peak-memory children) the same single thread.
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 # CI must be reproducible: hypothesis draws the same examples on every run unless
 # HYPOTHESIS_PROFILE=explore is set to search new inputs locally.

@@ -4,7 +4,6 @@ Users copy these first. Each document's blocks run in order in one fresh process
 (later blocks of a page reuse the names of earlier ones), in a temporary directory.
 """
 
-import os
 import pathlib
 import re
 import subprocess
@@ -12,7 +11,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "user_guide"
@@ -60,12 +58,8 @@ def _run(blocks, tmp_path):
     assert code.strip(), "no runnable snippet found"
     script = tmp_path / "snippet.py"
     script.write_text(code)
-    # the snippet gets the tests' thread count (tests/conftest.py): under pytest-xdist
-    # each worker has one core, and a second torch thread would compete with the others
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-        timeout=600, env=env,
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
