@@ -35,6 +35,14 @@ def test_key_norms_make_mips_differ_from_cosine():
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, rtol=1e-5)
 
 
+def test_norm_spread_beyond_float32_range_is_refused():
+    # regression: exp(30 * z) overflowed the float32 keys to inf, with only a cast warning
+    with pytest.raises(ValueError, match="^norm_spread=30.0 gives key norms beyond float32"):
+        make_mips_problem(1000, 8, norm_spread=30.0, random_state=0)
+    keys, _, _ = make_mips_problem(1000, 8, norm_spread=20.0, random_state=0)
+    assert np.isfinite(keys).all()
+
+
 def test_sampler_concentrates_around_anchors():
     anchors = np.eye(4)
     sampler = GaussianMixtureQuerySampler(anchors, noise=0.05)

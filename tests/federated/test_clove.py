@@ -325,3 +325,27 @@ def test_bad_params_raise(params, match):
 def test_cluster_labels_length_checked():
     with pytest.raises(ValueError, match="cluster_labels"):
         CLoVE(n_rounds=1).fit(_pairs(), cluster_labels=[0, 1])
+
+
+def test_cluster_labels_shape_and_kind_checked():
+    """A 2-D table was flattened into one label per client, and a None failed inside
+    scikit-learn's ARI with a bare TypeError; a column of labels is one per client."""
+    clients = _pairs(n=4)
+    n = len(clients)
+    truth = np.arange(n) % 2
+    kw = dict(n_clusters=2, n_rounds=1, random_state=0)
+    ari = CLoVE(**kw).fit(clients, cluster_labels=truth).history_[-1]["ari"]
+    assert CLoVE(**kw).fit(clients, cluster_labels=truth[:, None]).history_[-1]["ari"] == ari
+    named = np.where(truth == 0, "a", "b")
+    assert CLoVE(**kw).fit(clients, cluster_labels=named).history_[-1]["ari"] == ari
+    for bad, match in [(truth.reshape(2, -1), rf"must have shape \({n},\), one label per "
+                                              rf"client, got \(2, {n // 2}\)"),
+                       ([0] * (n - 1) + [None], "must be labels of one orderable kind"),
+                       (np.r_[truth[:-1], np.nan], "must not hold NaN")]:
+        with pytest.raises(ValueError, match="^cluster_labels " + match):
+            CLoVE(**kw).fit(clients, cluster_labels=bad)
+
+
+def test_cross_entropy_on_continuous_targets_names_the_loss():
+    with pytest.raises(ValueError, match=r"^loss='cross_entropy' needs class labels y"):
+        CLoVE(n_rounds=1, loss="cross_entropy").fit(_pairs())

@@ -307,6 +307,10 @@ def test_hit_rate_counts_a_repeated_item_once_and_checks_indices():
         hit_rate(R, np.full((4, 3), -1))
     with pytest.raises(TypeError, match="integer"):
         hit_rate(R, best[:, :3] + 0.5)
+    for k in (2.5, True, "2"):  # (int(k) truncated 2.5 to 2 and read True as 1)
+        with pytest.raises(TypeError, match="^k must be an integer"):
+            hit_rate(R, best[:, :3], k)
+    assert hit_rate(R, best[:, :3], np.int64(2)) == 1.0
 
 
 def test_no_support_item_means_no_heavy_call_with_empty_items():
@@ -338,6 +342,20 @@ def test_n_rerank_set_after_fit_is_checked_at_inference():
     est = RelevanceBasedRetriever(f, n_support=4, n_rerank=5).fit(Q[:50], I)
     with pytest.raises(ValueError, match="n_rerank"):
         est.set_params(n_rerank=-1).kneighbors(Q[50:], 3)
+
+
+@pytest.mark.parametrize("cls", [RelevanceBasedRetriever, AnnCURRetriever])
+def test_batch_size_set_after_fit_is_checked_by_every_heavy_call(cls):
+    # regression: a negative batch_size made the chunk loop empty, and predict and
+    # transform_queries returned an unfilled buffer as scores, different at every call
+    Q, I, f = _bilinear()
+    est = cls(f, n_support=4).fit(Q[:50], I)
+    for bad, error in [(-1, ValueError), (0, ValueError), (2.5, TypeError), (None, TypeError)]:
+        est.set_params(batch_size=bad)
+        for call in (lambda: est.predict(Q[50:]), lambda: est.transform_queries(Q[50:]),
+                     lambda: est.score(Q[50:], n_neighbors=3)):
+            with pytest.raises(error, match="^batch_size must be"):
+                call()
 
 
 @pytest.mark.parametrize("head", ["linear", "mlp"])

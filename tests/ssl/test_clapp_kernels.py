@@ -126,8 +126,9 @@ def test_infonce_cross_is_the_one_directional_cross_view_loss():
     with pytest.raises(ValueError, match="pairs must be"):
         infonce_loss(p, t, pairs="bogus")
     for pairs in ("cross", "all"):  # an odd row count has no view pairing at all
-        with pytest.raises(ValueError, match="even number"):
-            infonce_loss(p[:7], t, pairs=pairs)
+        for bad in (p[:7], p[:0], p[:, 0]):  # (no rows gave a NaN loss)
+            with pytest.raises(ValueError, match=r"^p must have shape \(2B, P\) with B >= 1"):
+                infonce_loss(bad, t, pairs=pairs)
 
 
 # -- deep linear network theory ------------------------------------------------------
@@ -275,6 +276,34 @@ def test_loss_kernels_refuse_inputs_that_would_broadcast():
         ((zz, zz[:1], w, torch.tensor([1, 0])), r"^c must have shape \(2, K, 5, 3\)"),
         ((zz, zz, w, torch.tensor([1])), r"^neg_idx must be integer indices of shape \(2,\)"),
         ((zz, zz, w[0], torch.tensor([1, 0])), r"^weight must have shape \(steps, 4, 4\)"),
+        ((zz, zz, w, torch.tensor([1, 2])), r"^neg_idx must index rows of z, in \[0, 2\)"),
     ]:
         with pytest.raises(ValueError, match=match):
             patch_prediction_loss(*args)
+
+
+def test_loss_kernels_refuse_indices_outside_the_batch_and_non_tensors():
+    """torch wrapped neg_idx = -1 to the last row (a silently different loss) and gave a
+    bare IndexError past the end; numpy inputs failed inside torch.promote_types."""
+    from mlpapers.ssl.clapp import extract_patches, three_factor_grad
+
+    g = torch.Generator().manual_seed(0)
+    z, c = torch.randn(4, 2, generator=g), torch.randn(4, 3, generator=g)
+    B = torch.randn(2, 3, generator=g)
+    x, W = torch.randn(4, 5, generator=g), torch.randn(2, 5, generator=g)
+    for neg, low, high in [([1, 2, 3, -1], -1, 3), ([1, 2, 3, 4], 1, 4)]:
+        match = rf"in \[0, 4\), got values from {low} to {high}"
+        with pytest.raises(ValueError, match=r"^neg_idx must index rows of z, " + match):
+            clapp_layer_loss(z, c, B, neg)
+        with pytest.raises(ValueError, match=r"^neg_idx must index rows of relu\(x W\^T\), "
+                                             + match):
+            three_factor_grad(x, W, c, B, torch.tensor(neg))
+    # the valid extremes 0 and N - 1 are accepted and index those rows
+    assert clapp_layer_loss(z, c, B, [3, 0, 0, 3]) == clapp_layer_loss(
+        z, c, B, torch.tensor([3, 0, 0, 3]))
+    for call, name in [(lambda: clapp_layer_loss(z.numpy(), c, B, [1, 2, 3, 0]), "z"),
+                       (lambda: three_factor_grad(x, W, c.numpy(), B, [1, 2, 3, 0]), "c"),
+                       (lambda: infonce_loss(z.numpy()), "p"),
+                       (lambda: extract_patches(torch.zeros(1, 1, 4, 4).numpy(), 2, 1), "x")]:
+        with pytest.raises(TypeError, match=rf": {name} must be a torch.Tensor"):
+            call()

@@ -202,3 +202,25 @@ def infer_loss(loss: str, model, ys: list[np.ndarray] | None) -> str:
     y_all = np.concatenate([y.reshape(len(y), -1) for y in ys])
     target = type_of_target(y_all if y_all.shape[1] > 1 else y_all.ravel())
     return "mse" if target.startswith("continuous") else "cross_entropy"
+
+
+def check_cluster_labels(cluster_labels, n_clients: int) -> np.ndarray:
+    """The true cluster of every client, for the adjusted Rand index: one label of one
+    orderable kind per client (ints or strings), shape ``(n_clients,)`` (a column
+    ``(n_clients, 1)`` too). A 2-D table was flattened into labels of the wrong
+    clients, and a ``None`` failed inside scikit-learn's ARI with a bare ``TypeError``."""
+    truth = to_numpy(cluster_labels)  # (a tensor on a GPU or requiring grad too)
+    if truth.ndim == 2 and truth.shape[1] == 1:
+        truth = truth[:, 0]
+    if truth.shape != (n_clients,):
+        raise ValueError(f"cluster_labels must have shape ({n_clients},), one label per "
+                         f"client, got {truth.shape}.")
+    check_real(truth, "cluster_labels")
+    if truth.dtype.kind == "f" and not np.isfinite(truth).all():
+        raise ValueError("cluster_labels must not hold NaN or inf.")
+    try:
+        np.unique(truth)  # (the ARI sorts the labels)
+    except TypeError as exc:
+        raise ValueError(f"cluster_labels must be labels of one orderable kind (ints or "
+                         f"strings), got {sorted({type(v).__name__ for v in truth})}.") from exc
+    return truth

@@ -28,12 +28,16 @@ from mlpapers._utils import (
     ProgressLogger,
     check_in_options,
     check_positive,
-    to_numpy,
     user_stacklevel,
 )
 from mlpapers._utils._ambient import with_autograd
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
-from mlpapers.federated.clove._data import infer_loss, mse_targets, validate_clients
+from mlpapers.federated.clove._data import (
+    check_cluster_labels,
+    infer_loss,
+    mse_targets,
+    validate_clients,
+)
 from mlpapers.federated.clove._engine import (
     ClientData,
     Engine,
@@ -166,9 +170,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             self.__dict__.pop("feature_names_in_", None)
         truth = None
         if cluster_labels is not None:
-            truth = to_numpy(cluster_labels).ravel()  # (a tensor on a GPU or requiring grad too)
-            if truth.shape[0] != n:
-                raise ValueError(f"cluster_labels has {truth.shape[0]} entries for {n} clients.")
+            truth = check_cluster_labels(cluster_labels, n)
         kind = infer_loss(self.loss, self.model, fed.ys)
         data, n_out = self._encode_targets(fed, kind)
         self.loss_ = kind
@@ -367,7 +369,10 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             if any(y.ndim != 1 for y in fed.ys):
                 raise ValueError("loss='cross_entropy' needs 1D class labels y for every client.")
             y_all = np.concatenate([y.ravel() for y in fed.ys])
-            check_classification_targets(y_all)  # continuous targets are no classes
+            try:
+                check_classification_targets(y_all)  # continuous targets are no classes
+            except ValueError as exc:
+                raise ValueError(f"loss='cross_entropy' needs class labels y: {exc}") from exc
             classes = np.unique(y_all)
             self.classes_ = classes
             Ys = [torch.as_tensor(np.searchsorted(classes, y), dtype=torch.long,

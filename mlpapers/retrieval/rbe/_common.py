@@ -19,7 +19,13 @@ import numpy as np
 import torch
 
 from mlpapers._base import save as _save
-from mlpapers._utils import ArrayLike, to_numpy, torch_compatible_array, user_stacklevel
+from mlpapers._utils import (
+    ArrayLike,
+    check_positive,
+    to_numpy,
+    torch_compatible_array,
+    user_stacklevel,
+)
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts
 
 if TYPE_CHECKING:  # the estimator base every retriever mixes this in with
@@ -186,7 +192,9 @@ class HeavyRankerMixin(_EstimatorBase):
         every call (CUDA-graph replays, I/O-binding runtimes), and the next heavy call of
         the search overwrote the scores kept from this one.
         """
-        n, bs = len(queries), int(self.batch_size)
+        # read at every call (set_params after fit): a negative value made the chunk loop
+        # empty, returning an unfilled buffer as scores
+        n, bs = len(queries), int(check_positive(self.batch_size, "batch_size", integer=True))
         if n_i == 0:  # no support item (greedy found nothing to explain): no heavy call
             return torch.zeros((n, 0), dtype=torch.float64, device=self._resolved_device)
 
@@ -301,7 +309,8 @@ class HeavyRankerMixin(_EstimatorBase):
         # the heavy ranker as ground truth, chunk by chunk (one chunk of batch_size x
         # n_items scores alive at a time); integer hits summed, so the value is exactly
         # that of hit_rate on the whole matrix
-        n, bs, hits = len(idx), int(self.batch_size), 0
+        n, bs, hits = len(idx), int(check_positive(self.batch_size, "batch_size",
+                                                   integer=True)), 0
         for s in range(0, n, bs):
             rows = np.arange(s, min(s + bs, n))
             R = self._heavy(take(queries, rows), self.items_, len(rows), self.n_items_)

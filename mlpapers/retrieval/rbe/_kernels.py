@@ -456,7 +456,8 @@ def hit_counts(true_scores: Any, pred_indices: Any, k: int | None = None, *,
     P = P.long()
     if P.ndim != 2 or P.shape[0] != T.shape[0]:
         raise ValueError(f"pred_indices must have shape ({T.shape[0]}, m), got {tuple(P.shape)}.")
-    k = P.shape[1] if k is None else int(k)
+    # (int(k) truncated 2.5 to 2 and read True as 1)
+    k = P.shape[1] if k is None else int(check_positive(k, "k", integer=True))
     if not 1 <= k <= min(P.shape[1], T.shape[1]):
         raise ValueError(f"k must be in [1, {min(P.shape[1], T.shape[1])}], got {k}.")
     if bool(((P[:, :k] < 0) | (P[:, :k] >= T.shape[1])).any()):

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from mlpapers._utils import (
+    ArrayLike,
     check_finite,
     check_in_options,
     check_positive,
@@ -171,7 +172,8 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
     ``(N, D)`` or patch grids ``(N, D, n_y, n_x)``, contexts ``c`` ``(N, K)`` or ``(N, K,
     n_y, n_x)``, the prediction matrix ``(D, K)`` or ``(steps, D, K)``, and integer
     ``neg_idx`` ``(N,)``. A context or ``neg_idx`` of one row broadcast over every row,
-    and a 2-D ``neg_idx`` averaged a wrong loss, without an error. Returns ``neg_idx`` as
+    and a 2-D ``neg_idx`` averaged a wrong loss, without an error; an index outside
+    ``[0, N)`` is refused (torch wrapped a negative one). Returns ``neg_idx`` as
     an int64 tensor on ``c``'s device (a list or numpy array of indices is accepted; a
     uint8 or bool tensor, which torch reads as a mask, is not)."""
     grid = len(z_shape) == 4
@@ -200,11 +202,16 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
         raise ValueError(f"neg_idx must be integer indices of shape ({n},), one negative "
                          f"row per row of {z_name}, got {tuple(neg_idx.shape)} "
                          f"{neg_idx.dtype}.")
+    # (torch wraps -1 to the last row and fails with an IndexError past the end)
+    if n and (int(neg_idx.min()) < 0 or int(neg_idx.max()) >= n):
+        raise ValueError(f"neg_idx must index rows of {z_name}, in [0, {n}), got values "
+                         f"from {int(neg_idx.min())} to {int(neg_idx.max())}.")
     return neg_idx.long()
 
 
+@requires_tensors
 def clapp_layer_loss(
-    z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: torch.Tensor,
+    z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: ArrayLike,
     loss: str = "hinge",
 ) -> torch.Tensor:
     r"""The CLAPP loss of one layer, :math:`f(z^\top B c)` for positives and negatives.
@@ -224,8 +231,8 @@ def clapp_layer_loss(
         layer (direct feedback).
     weight : Tensor of shape (D, K)
         The prediction matrix :math:`B`.
-    neg_idx : LongTensor of shape (N,)
-        Row of ``z`` used as the negative of each row (see
+    neg_idx : LongTensor or array-like of int of shape (N,)
+        Row of ``z`` used as the negative of each row, in ``[0, N)`` (see
         ``negative_indices``: another image than row ``i``'s).
     loss : {"hinge", "softhinge", "linear"}, default="hinge"
         The decreasing function ``f`` (:func:`contrastive_loss`).
@@ -260,6 +267,7 @@ def clapp_layer_loss(
     return contrastive_loss(u_pos, u_neg, loss).mean()
 
 
+@requires_tensors
 def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
                  ) -> torch.Tensor:
     r"""InfoNCE with cosine similarity between the two views of a batch.
@@ -306,9 +314,10 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
         raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
     if not isinstance(temperature, torch.Tensor):  # (a learnable one is the caller's)
         check_positive(temperature, "temperature")  # (<= 0 or NaN: a meaningless loss)
-    n = p.shape[0]
-    if n % 2:
-        raise ValueError(f"expected an even number of rows (two views), got {n}.")
+    n = p.shape[0] if p.ndim == 2 else 0
+    if p.ndim != 2 or n == 0 or n % 2:  # (no rows gave a NaN loss)
+        raise ValueError(f"p must have shape (2B, P) with B >= 1 (an even number of rows: "
+                         f"two views), got {tuple(p.shape)}.")
     q = _unit_rows(p.to(common_float_dtype(p, names=("p",))))  # (integer p failed in torch.finfo)
     if pairs == "cross":
         b = n // 2
@@ -430,9 +439,10 @@ def exact_linear_feedback(
     return out[::-1]
 
 
+@requires_tensors
 def three_factor_grad(
     x: torch.Tensor, W: torch.Tensor, c: torch.Tensor, B: torch.Tensor,
-    neg_idx: torch.Tensor, loss: str = "hinge",
+    neg_idx: ArrayLike, loss: str = "hinge",
 ) -> torch.Tensor:
     r"""The CLAPP update of one layer :math:`z = \mathrm{relu}(W x)`, written by hand.
 
@@ -461,7 +471,7 @@ def three_factor_grad(
         The (detached) context of each row, as in :func:`clapp_layer_loss`.
     B : Tensor of shape (D, K)
         The prediction matrix.
-    neg_idx : LongTensor of shape (N,)
+    neg_idx : LongTensor or array-like of int of shape (N,)
         Row used as the negative of each row, as in :func:`clapp_layer_loss`.
     loss : {"hinge", "softhinge", "linear"}, default="hinge"
         The decreasing function ``f`` (:func:`contrastive_loss`).

@@ -26,7 +26,7 @@ import numbers
 import torch
 from torch import nn
 
-from mlpapers._utils import check_positive, common_float_dtype
+from mlpapers._utils import ArrayLike, check_positive, common_float_dtype, requires_tensors
 from mlpapers.ssl.clapp._kernels import check_pair_shapes, contrastive_loss
 
 __all__ = ["PatchPredictor", "extract_patches", "patch_grid", "patch_prediction_loss",
@@ -41,6 +41,7 @@ def patch_grid(height: int, width: int, size: int, stride: int) -> tuple[int, in
     return (height - size) // stride + 1, (width - size) // stride + 1
 
 
+@requires_tensors
 def extract_patches(x: torch.Tensor, size: int, stride: int
                     ) -> tuple[torch.Tensor, int, int]:
     """Cut images into overlapping square patches.
@@ -100,8 +101,9 @@ def patch_representations(maps: torch.Tensor, n_images: int, n_y: int, n_x: int
     return v.reshape(n_images, n_y, n_x, -1).permute(0, 3, 1, 2)
 
 
+@requires_tensors
 def patch_prediction_loss(
-    z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: torch.Tensor,
+    z: torch.Tensor, c: torch.Tensor, weight: torch.Tensor, neg_idx: ArrayLike,
     loss: str = "hinge", skip: int = SKIP_STEP,
 ) -> torch.Tensor:
     r"""The 2021 CLAPP loss: contexts predict the patches ``k + skip`` rows below.
@@ -123,8 +125,8 @@ def patch_prediction_loss(
         Patch contexts (the caller detaches whichever side must not learn).
     weight : Tensor of shape (K, D, K_c)
         One prediction matrix :math:`W_k` per step.
-    neg_idx : LongTensor of shape (B,)
-        The other image whose patches are the negatives of each image.
+    neg_idx : LongTensor or array-like of int of shape (B,)
+        The other image whose patches are the negatives of each image, in ``[0, B)``.
     loss : {"hinge", "softhinge", "linear"}, default="hinge"
         The decreasing function ``f`` (:func:`contrastive_loss`).
     skip : int, default=1
