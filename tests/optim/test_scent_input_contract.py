@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from mlpapers.optim.scent import (
+    EntropicRiskLoss,
     asgd_update,
+    log_mean_exp,
     objective,
     softplus_dual_ratio,
     sox_update,
@@ -46,6 +48,37 @@ def test_softplus_dual_ratio_refuses_shapes_it_would_broadcast():
     with pytest.raises(ValueError, match="mask must have the shape of scores"):
         softplus_dual_ratio(torch.zeros(2, 3), torch.zeros(2), 1.0,
                             mask=torch.ones(2, 2, dtype=torch.bool))
+
+
+def test_tensor_step_parameters_must_not_enlarge_the_update():
+    # a (B, 1) log_alpha made the (B,) update (B, B) silently; a (5,) one beside B = 2
+    # failed inside torch; tensors that broadcast to the update's shape still work
+    col, five = torch.zeros(2, 1, dtype=torch.float64), torch.full((5,), 0.5)
+    for call, name in [(lambda: spmd_update(NU, L, col), "log_alpha"),
+                       (lambda: spmd_gamma(NU, col), "log_alpha"),
+                       (lambda: sox_update(NU, L, five), "gamma"),
+                       (lambda: asgd_update(NU, L, five), "dual_lr")]:
+        with pytest.raises(ValueError, match=rf"^{name} of shape .* must broadcast to the "
+                                             r"update's shape \(2,\)"):
+            call()
+    per_row = torch.tensor([0.0, 30.0], dtype=torch.float64)
+    assert torch.equal(spmd_update(NU, L, per_row),
+                       torch.stack([spmd_update(NU[:1], L[:1], 0.0)[0],
+                                    spmd_update(NU[1:], L[1:], 30.0)[0]]))
+    # a scalar nu beside (B,) minibatch values: the update has shape (B,)
+    assert spmd_update(torch.zeros(()), L, per_row).shape == (2,)
+
+
+def test_loss_and_log_mean_exp_arguments_are_refused_by_name():
+    # a NaN tensor log_alpha filled the dual table with NaN for good; a string nu_init
+    # failed in math.isfinite; an out-of-range dim gave torch's bare IndexError
+    with pytest.raises(ValueError, match="^log_alpha must hold finite values"):
+        EntropicRiskLoss(5, log_alpha=torch.tensor(float("nan")))
+    with pytest.raises(ValueError, match="^nu_init must be a finite float or None"):
+        EntropicRiskLoss(3, nu_init="0")
+    with pytest.raises(ValueError, match=r"^log_mean_exp: dim must be in \[-2, 2\)"):
+        log_mean_exp(torch.zeros(2, 3), dim=2)
+    assert torch.equal(log_mean_exp(torch.zeros(2, 3), dim=-2), torch.zeros(3))
 
 
 def test_spmd_gamma_of_integer_or_array_nu_is_the_sigmoid():

@@ -135,6 +135,17 @@ def test_out_of_range_lam_margin_and_temperature_raise_clear_errors(regression):
             PartialAUCClassifier(epochs=1, random_state=0, **kw).fit(X, yb)
     with pytest.raises(ValueError, match="temperature must be at most"):
         SCENTClassifier(n_negatives=1, temperature=1e300, epochs=1).fit(X, yb)
+    # an alpha beyond float32 failed at the first step (SCENTClassifier) or returned NaN
+    # coefficients (the KL-DRO fits, without an error when epochs=1)
+    for est, target in [(SCENTClassifier(n_negatives=1, epochs=1), yb),
+                        (KLDRORegressor(epochs=1, random_state=0), y),
+                        (KLDROClassifier(epochs=1, random_state=0), yb)]:
+        with pytest.raises(ValueError, match=r"^alpha must be at most 3.4e\+38"):
+            est.set_params(alpha=1e39).fit(X, target)
+    # the last step's NaN weights reached no later batch's check: one full-batch epoch at
+    # a huge lr returned NaN coefficients without an error
+    with pytest.raises(FloatingPointError, match="diverged at epoch 1: the objective is nan"):
+        KLDRORegressor(lr=1e38, epochs=1, batch_size=len(y), random_state=0).fit(X, y)
 
 
 def test_asgd_dual_overflow_is_named_in_the_divergence_error():

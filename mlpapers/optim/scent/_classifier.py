@@ -19,7 +19,11 @@ from mlpapers._utils import (
     encode_labels,
     with_autograd,
 )
-from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
+from mlpapers.optim.scent._common import (
+    TensorTargetsScore,
+    check_common_params,
+    check_float32_param,
+)
 from mlpapers.optim.scent._loss import Method
 from mlpapers.optim.scent._sparse_input import (
     SparseArrayLike,
@@ -227,12 +231,9 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         check_positive(self.n_negatives, "n_negatives", integer=True)
         check_in_options(self.loss, "loss", LOSSES)
         check_in_options(self.negatives, "negatives", NEGATIVES)
-        check_positive(self.temperature, "temperature")
-        if self.temperature > float(torch.finfo(torch.float32).max):
-            # the float32 step multiplies the loss by the temperature: inf * 0 = NaN
-            raise ValueError(f"temperature must be at most {torch.finfo(torch.float32).max:.3g}"
-                             f" (float32 training), got {self.temperature!r}.")
-        check_positive(self.alpha, "alpha", strict=False)
+        # (the float32 step multiplies the loss by the temperature: inf * 0 = NaN)
+        check_float32_param(self.temperature, "temperature")
+        check_float32_param(self.alpha, "alpha", strict=False)
         if self.negatives == "in_batch" and self.batch_size < 2:
             # a batch of one holds no other class: every anchor was skipped, nothing
             # trained and loss_curve_ was NaN

@@ -36,6 +36,7 @@ from mlpapers.optim.scent._common import (
     GammaMeter,
     TensorTargetsScore,
     check_common_params,
+    check_float32_param,
     lr_factor,
     make_loss,
     set_lrs,
@@ -211,7 +212,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         check_common_params(self)
         check_bool(self.fit_intercept, "fit_intercept")
         check_positive(self.lam, "lam")
-        check_positive(self.alpha, "alpha", strict=False)
+        check_float32_param(self.alpha, "alpha", strict=False)
         check_in_options(self.init, "init", ("erm", "zeros"))
         dev = self._device
         W0, b0 = self._erm_init(X64, y) if self.init == "erm" else self._zeros(X64.shape[1])
@@ -279,6 +280,12 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
             with torch.no_grad():
                 Wo, bo = unscale(W.detach().double() * t, b.detach().double() * t, mu, scale)
                 self.loss_curve_.append(float(self._dro_value(Wo, bo, X64, y)))
+            if not math.isfinite(self.loss_curve_[-1]):
+                # (the last step's NaN weights reach no later batch's check: a one-epoch
+                # fit returned NaN coefficients without an error)
+                raise FloatingPointError(
+                    f"{type(self).__name__}(method={self.method!r}) diverged at epoch "
+                    f"{epoch + 1}: the objective is {self.loss_curve_[-1]}; lower lr.")
             self.gamma_curve_.append(gammas.mean())
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)

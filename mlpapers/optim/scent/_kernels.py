@@ -36,8 +36,23 @@ __all__ = [
 _EPS64 = torch.finfo(torch.float64).eps
 
 
-def _as_tensor(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _as_tensor(x: float | torch.Tensor, like: torch.Tensor, name: str,
+               *others: torch.Tensor) -> torch.Tensor:
+    """A step parameter as a tensor of ``like``'s dtype and device. A tensor must
+    broadcast to the shape of ``like`` and ``others`` (``nu`` and ``log_mean_exp``)
+    without enlarging it: a ``(B, 1)`` one made the ``(B,)`` update ``(B, B)``,
+    silently (its values are the caller's: checking them would synchronise the
+    device)."""
     if isinstance(x, torch.Tensor):
+        check_real(x, name)
+        shape = torch.broadcast_shapes(like.shape, *(t.shape for t in others))
+        try:
+            fits = torch.broadcast_shapes(x.shape, shape) == shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{name} of shape {tuple(x.shape)} must broadcast to the "
+                             f"update's shape {tuple(shape)}.")
         return x.to(device=like.device, dtype=like.dtype)
     return torch.tensor(float(x), device=like.device, dtype=like.dtype)
 
@@ -164,6 +179,9 @@ def log_mean_exp(
                          "0-d tensor")
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"log_mean_exp: dim must be an int, got {type(dim).__name__}")
+    if not -scores.dim() <= dim < scores.dim():  # (torch's IndexError named no argument)
+        raise ValueError(f"log_mean_exp: dim must be in [{-scores.dim()}, {scores.dim()}) for "
+                         f"scores of shape {tuple(scores.shape)}, got {dim}.")
     if mask is None:
         # k = 0: the empty sum's logsumexp is -inf, as an all-masked slice gives (log 0
         # failed with "math domain error")
@@ -284,7 +302,7 @@ def spmd_gamma(nu: torch.Tensor, log_alpha: float | torch.Tensor) -> torch.Tenso
         # an integer nu made log_alpha an integer too (0.5 -> 0: a wrong weight, silently)
         nu = nu.to(torch.get_default_dtype())
     _check_number(log_alpha, "log_alpha", low=-math.inf, finite=False)
-    return torch.sigmoid(_as_tensor(log_alpha, nu) + nu)
+    return torch.sigmoid(_as_tensor(log_alpha, nu, "log_alpha") + nu)
 
 
 @on_inputs_device
@@ -331,7 +349,7 @@ def spmd_update(
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
     _check_number(log_alpha, "log_alpha", low=-math.inf, finite=False)
     with torch.no_grad():
-        a = _as_tensor(log_alpha, nu) + nu
+        a = _as_tensor(log_alpha, nu, "log_alpha", log_mean_exp) + nu
         # log(1 - gamma) = logsigmoid(-a), log(gamma) = logsigmoid(a): finite for |a| = inf
         return torch.logaddexp(nu + F.logsigmoid(-a), F.logsigmoid(a) + log_mean_exp)
 
@@ -375,7 +393,7 @@ def sox_update(
     # gamma >= 1 is the plain minibatch estimate (documented), also for a Python number
     _check_number(gamma, "gamma", low=0.0)
     with torch.no_grad():
-        g = _as_tensor(gamma, nu)
+        g = _as_tensor(gamma, nu, "gamma", log_mean_exp)
         if bool((g >= 1).all()):
             # the dtype and shape of the general branch (L alone kept L's: a float32 L
             # with float64 nu came back float32, a scalar L with (B,) nu a scalar)
@@ -419,7 +437,8 @@ def asgd_update(
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
     _check_number(dual_lr, "dual_lr", low=0.0, low_open=False)  # 0: no dual step
     with torch.no_grad():
-        return nu - _as_tensor(dual_lr, nu) * (1.0 - torch.exp(log_mean_exp - nu))
+        step = _as_tensor(dual_lr, nu, "dual_lr", log_mean_exp)
+        return nu - step * (1.0 - torch.exp(log_mean_exp - nu))
 
 
 @on_inputs_device

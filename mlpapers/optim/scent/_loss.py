@@ -9,7 +9,13 @@ from typing import Any, Literal, TypeAlias, get_args
 import torch
 from torch import nn
 
-from mlpapers._utils import check_in_options, check_positive, on_inputs_device, requires_tensors
+from mlpapers._utils import (
+    check_in_options,
+    check_positive,
+    check_real,
+    on_inputs_device,
+    requires_tensors,
+)
 from mlpapers.optim.scent._kernels import (
     asgd_update,
     item_mask,
@@ -215,7 +221,9 @@ class EntropicRiskLoss(nn.Module):
         check_in_options(method, "method", METHODS)
         check_positive(temperature, "temperature")
         check_dual_params(gamma, dual_lr, delta, rho)
-        if nu_init is not None and not math.isfinite(nu_init):
+        if nu_init is not None and (isinstance(nu_init, bool)
+                                    or not isinstance(nu_init, numbers.Real)
+                                    or not math.isfinite(nu_init)):
             raise ValueError(f"nu_init must be a finite float or None, got {nu_init!r}.")
         if getattr(log_alpha, "shape", None) == () and not isinstance(log_alpha, torch.Tensor):
             scalar: Any = log_alpha  # 0-d numpy array or numpy scalar
@@ -225,6 +233,12 @@ class EntropicRiskLoss(nn.Module):
                 or not math.isfinite(log_alpha)):
             raise ValueError(f"log_alpha must be a finite real number or a tensor, "
                              f"got {log_alpha!r}.")
+        if isinstance(log_alpha, torch.Tensor):
+            # (a NaN one filled the dual table with NaN for good; checked once, here)
+            check_real(log_alpha, "log_alpha")
+            if not bool(torch.isfinite(log_alpha).all()):
+                raise ValueError("log_alpha must hold finite values, got a tensor with NaN "
+                                 "or inf.")
         self.n_anchors = int(n_anchors)
         self.method = method
         self.log_alpha = log_alpha
