@@ -241,8 +241,13 @@ def test_check_positive_and_options():
         check_positive(1.5, "n_epochs", integer=True)
     with pytest.raises(TypeError):
         check_positive(True, "n", integer=True)
-    with pytest.raises(ValueError, match="lr must be > 0"):
-        check_positive(float("nan"), "lr")
+    for bad in (float("nan"), float("inf")):  # ("must be > 0, got inf" contradicted itself)
+        with pytest.raises(ValueError, match="^lr must be finite and > 0, got"):
+            check_positive(bad, "lr")
+    with pytest.raises(ValueError, match=r"^lr must be finite and >= 0, got inf\."):
+        check_positive(float("inf"), "lr", strict=False)
+    with pytest.raises(ValueError, match=r"^lr must be > 0, got -1\."):
+        check_positive(-1, "lr")
     with pytest.raises(ValueError, match=r"method must be one of \['a', 'b'\]"):
         check_in_options("c", "method", ["a", "b"])
 

@@ -409,12 +409,25 @@ def check_positive(value: Any, name: str, *, strict: bool = True, integer: bool 
     finite = isinstance(value, numbers.Integral) or math.isfinite(float(value))
     if not finite or (value <= 0 if strict else value < 0):
         bound = "> 0" if strict else ">= 0"
-        raise ValueError(f"{name} must be {bound}, got {value!r}.")
+        # ("must be > 0, got inf" contradicted itself)
+        raise ValueError(f"{name} must be {'' if finite else 'finite and '}{bound}, got "
+                         f"{value!r}.")
     return value
 
 
 #: the largest learning rate an optimiser can apply to float32 weights
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def float32_within_range(values: np.ndarray, name: str, value: Any) -> np.ndarray:
+    """``values`` cast to float32, refusing what overflows there: a generator parameter
+    ``name`` (given as ``value``) large enough to put values beyond float32's range
+    gave infinite data with only numpy's cast warning."""
+    with np.errstate(over="ignore"):
+        out = values.astype(np.float32)
+    if not np.isfinite(out).all():
+        raise ValueError(f"{name}={value!r} puts values beyond float32's range; lower it.")
+    return out
 
 
 def check_learning_rate(value: Any, name: str = "lr", *, adam: bool = False) -> Any:

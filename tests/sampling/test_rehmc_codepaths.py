@@ -181,8 +181,17 @@ def test_convex_set_hit_needs_the_bracket():
 
 
 def test_sampler_parameter_errors():
-    with pytest.raises(ValueError, match=r"jitter must be in \[0, 1\), got 1.0"):
-        ReflectiveHMC(LOG_PROB, BOX, jitter=1.0).sample(5, warmup=2)
+    with pytest.raises(ValueError, match=r"jitter must be in \[0, 1\) with an integer "
+                                         r"n_leapfrog .*got 1.0"):
+        ReflectiveHMC(LOG_PROB, BOX, n_leapfrog=10, jitter=1.0).sample(5, warmup=2)
+    with pytest.raises(ValueError, match=r"jitter must be in \[0, 1\] with n_leapfrog='auto', "
+                                         r"got 1.5"):
+        ReflectiveHMC(LOG_PROB, BOX, jitter=1.5).sample(5, warmup=2)
+    # j = 1 is what True means with "auto" (it was refused, so the default could not be
+    # written out): the same draws
+    default, explicit = (ReflectiveHMC(LOG_PROB, BOX, jitter=j, random_state=0).sample(
+        5, warmup=20, n_chains=4).samples for j in (True, 1.0))
+    np.testing.assert_array_equal(default, explicit)
     with pytest.raises(TypeError, match="support must be a Region, a ConvexContainer or None"):
         ReflectiveHMC(LOG_PROB, BOX, support="annulus").sample(5, warmup=2)
     disc = _sup().ConvexSet(lambda x: (x * x).sum(-1) - 1.0)  # dimension from x0
@@ -334,3 +343,88 @@ def test_random_starts_where_log_prob_is_minus_inf_are_drawn_again():
     with pytest.raises(ValueError, match="not finite at the starting points"):
         ReflectiveHMC(truncated, box, random_state=0).sample(5, x0=[0.9, 0.0], n_chains=4,
                                                              warmup=2)
+
+
+# -- inputs a probe found accepted or failing deep inside (session 37) -----------------
+def _flat(x):
+    return 0.0 * x.sum(-1)
+
+
+def test_a_container_the_dtype_cannot_resolve_is_refused():
+    """A float32 box [1e8, 1e8 + 1] (values 8 apart there) held every draw at one point
+    with acceptance 1 and no warning; a polytope of that width failed with a
+    ZeroDivisionError. float64 resolves it, and float32 resolves it near the origin."""
+    from mlpapers.sampling import Ball, Polytope
+
+    far = [Box([1e8], [1e8 + 1]), Polytope([[1.0], [-1.0]], [1e8 + 1, -1e8]),
+           Ball([1e8, 0.0], 1.0)]
+    for container in far:
+        with pytest.raises(ValueError, match=r"^the container is too narrow for float32 where "
+                                             r"it lies: width [12] at coordinates up to "
+                                             r"1e\+08, where its values are 8 apart"):
+            ReflectiveHMC(_flat, container, dtype="float32", random_state=0).sample(
+                5, n_chains=4, warmup=5)
+    draws = ReflectiveHMC(_flat, far[0], random_state=0).sample(
+        300, n_chains=4, warmup=100).samples
+    assert draws.min() >= 1e8 and draws.max() <= 1e8 + 1
+    assert 0.2 < draws.std() < 0.4  # uniform on a unit interval: 0.289
+    near = ReflectiveHMC(_flat, Box([0.0], [1.0]), dtype="float32", random_state=0).sample(
+        300, n_chains=4, warmup=100).samples
+    assert 0.2 < near.std() < 0.4
+
+
+def test_a_step_size_that_adapts_to_zero_is_an_error(monkeypatch):
+    # the guard behind the resolution check: without it, the same polytope collapsed the
+    # step size and math.ceil(length / 0) raised a bare ZeroDivisionError
+    from mlpapers.sampling import Polytope
+    from mlpapers.sampling.rehmc import _sampler
+
+    monkeypatch.setattr(_sampler, "check_resolution", lambda container, dtype: None)
+    with pytest.raises(FloatingPointError, match=r"^the adapted step size fell to 0.0"):
+        ReflectiveHMC(_flat, Polytope([[1.0], [-1.0]], [1e8 + 1, -1e8]), dtype="float32",
+                      random_state=0).sample(200, n_chains=4, warmup=100)
+
+
+@pytest.mark.parametrize("with_grad", [False, True])
+def test_complex_log_densities_are_refused(with_grad):
+    # the imaginary part was dropped, with only torch's casting warning
+    def lp(x):
+        return -0.5 * (x ** 2).sum(-1) + 1j * x.sum(-1)
+
+    def glp(x):
+        return -x + 0j
+
+    kw = dict(grad_log_prob=glp) if with_grad else {}
+    name = "log_prob"
+    with pytest.raises(TypeError, match=rf"^{name} must return real values, got torch.complex"):
+        ReflectiveHMC(lp, Box([-1.0], [1.0]), random_state=0, **kw).sample(5, warmup=5)
+    if with_grad:  # a real log_prob with a complex gradient
+        with pytest.raises(TypeError, match=r"^grad_log_prob must return real values"):
+            ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box([-1.0], [1.0]),
+                          grad_log_prob=glp, random_state=0).sample(5, warmup=5)
+
+
+def test_hit_checks_the_brackets_and_faces_users_pass():
+    """numpy t_max arrays passed unchecked (inf: a bounded ConvexSet "never left"; -1:
+    the same), and arrays of another length than the points failed inside torch."""
+    from mlpapers.sampling.rehmc import ConvexSet
+
+    disc = ConvexSet(lambda x: x.norm(dim=-1) - 1.0, dim=2)
+    x, v = np.zeros((2, 2)), np.eye(2)
+    np.testing.assert_allclose(disc.hit(x, v, np.array([5.0, 5.0])).t, [1.0, 1.0])
+    for t_max, match in [(np.array([np.inf, np.inf]), "^ConvexSet.hit needs a finite t_max"),
+                         (np.array([-1.0, -1.0]), r"^t_max must be >= 0"),
+                         (np.array([5.0, 5.0, 5.0]), r"^t_max must be a number or an array "
+                                                     r"of shape \(2,\), one per point")]:
+        with pytest.raises(ValueError, match=match):
+            disc.hit(x, v, t_max)
+    box = Box([0.0] * 3, [1.0] * 3)
+    x3, v3 = np.full((2, 3), 0.5), np.ones((2, 3))
+    np.testing.assert_allclose(box.hit(x3, v3, np.array([np.inf, np.inf])).t, [0.5, 0.5])
+    np.testing.assert_allclose(box.hit(x3, v3, None, np.array([-1, -1])).t, [0.5, 0.5])
+    with pytest.raises(ValueError, match=r"^exclude must be a number or an array of shape "
+                                         r"\(2,\)"):
+        box.hit(x3, v3, None, np.array([0, 0, 0]))
+    for bad in (-1, np.array([0.0, 1.0])):
+        with pytest.raises(TypeError, match=r"^exclude must be None or an integer tensor"):
+            box.hit(x3, v3, None, bad)

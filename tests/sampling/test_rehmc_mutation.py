@@ -238,6 +238,10 @@ def test_rhat_of_stuck_chains_is_infinite_and_of_constant_draws_nan():
     short = np.random.default_rng(0).normal(size=(2, 3))  # fewer than 4 draws per chain
     assert math.isnan(rhat(short)) and math.isnan(ess(short))
     assert math.isnan(split_rhat_classic(short[..., None])[0])
+    # no chain at all is an error (it gave NaN after numpy's empty-slice warnings)
+    for fn in (rhat, ess):
+        with pytest.raises(ValueError, match=r"^draws must hold at least one chain"):
+            fn(np.zeros((0, 100)))
 
 
 # --------------------------------------------------------------- thinning ---------

@@ -105,18 +105,44 @@ def _check_tol(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-def _check_t_max(args: tuple, kwargs: dict) -> None:
-    """``hit``'s ``t_max`` when a Python number: a NaN or negative bracket gave the
-    bisection oracle no interval to search, without an error (tensors are the
-    sampler's own, per chain, and pass unchecked: no device sync per step)."""
+def _check_hit_args(container, x, args: tuple, kwargs: dict) -> None:
+    """``hit``'s ``t_max`` and ``exclude`` when a user passes them as Python numbers or
+    numpy arrays: a NaN or negative bracket gave the bisection oracle no interval to
+    search, without an error, an infinite one made a bounded ConvexSet "never left", and
+    an array of another length than the points failed inside torch. Tensors are the
+    sampler's own, per chain, and pass unchecked (no device sync per step)."""
     t_max = args[1] if len(args) > 1 else kwargs.get("t_max")
-    if t_max is None or isinstance(t_max, Tensor | np.ndarray):
+    exclude = args[2] if len(args) > 2 else kwargs.get("exclude")
+    shape = np.shape(x)
+    rows = shape[0] if len(shape) == 2 else 1
+    for name, a in (("t_max", t_max), ("exclude", exclude)):
+        if isinstance(a, np.ndarray) and a.shape not in ((), (rows,)):
+            raise ValueError(f"{name} must be a number or an array of shape ({rows},), one "
+                             f"per point, got shape {a.shape}.")
+    if exclude is not None and not (isinstance(exclude, Tensor) or (
+            isinstance(exclude, np.ndarray) and exclude.dtype.kind in "iu")):
+        # (a Python int failed with "'int' object is not subscriptable")
+        got = getattr(exclude, "dtype", type(exclude).__name__)
+        raise TypeError(f"exclude must be None or an integer tensor or array of shape "
+                        f"({rows},) (-1 for no face), got {got}.")
+    if t_max is None or isinstance(t_max, Tensor):
         return
-    if isinstance(t_max, bool) or not isinstance(t_max, numbers.Real):
+    if isinstance(t_max, np.ndarray):
+        check_real(t_max, "t_max")
+        if t_max.dtype.kind not in "iuf":
+            raise TypeError(f"t_max must hold numbers, got dtype {t_max.dtype}.")
+        values = t_max.astype(np.float64)
+    elif isinstance(t_max, bool) or not isinstance(t_max, numbers.Real):
         raise TypeError(f"t_max must be None, a number or a tensor of shape (C,), got "
                         f"{t_max!r} of type {type(t_max).__name__}.")
-    if not float(t_max) >= 0:  # (NaN too)
+    else:
+        values = np.asarray(float(t_max))
+    if not np.all(values >= 0):  # (NaN too)
         raise ValueError(f"t_max must be >= 0, got {t_max!r}.")
+    if getattr(container, "_needs_finite_t_max", False) and not np.all(np.isfinite(values)):
+        # g(x + inf v) is NaN: a bounded set "never left"
+        raise ValueError(f"{type(container).__name__}.hit needs a finite t_max (the "
+                         f"bisection bracket), got {t_max!r}.")
 
 
 def _check_points(container, x: Tensor, v, shown: tuple | None = None) -> None:
@@ -178,7 +204,7 @@ def accept_arrays(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self, x, *args, **kwargs):
         if is_hit:
-            _check_t_max(args, kwargs)
+            _check_hit_args(self, x, args, kwargs)
         else:
             args, kwargs = _check_tol(args, kwargs)
         if isinstance(x, Tensor) and not x.is_floating_point():
@@ -644,3 +670,28 @@ def _check_pair_needs_no_exclusion(container, x, v, t, normal, cls) -> None:
             "the boundary, moving inwards, it reports that same face at t ~ 0: the "
             "sampler would bounce in place. Return the triple (t, normal, face) and skip "
             "the face given as exclude, or ignore faces the ray moves away from.")
+
+
+def check_resolution(container: ConvexContainer, dtype: torch.dtype) -> None:
+    """Refuse a container narrower than the spacing of ``dtype``'s values at its
+    interior point's largest coordinate: ``dtype`` cannot hold two of its points apart
+    there. A float32 box ``[1e8, 1e8 + 1]`` (float32 values are 8 apart there: both
+    walls round to ``1e8``) held every draw at one point, with acceptance 1 and no
+    warning, and a polytope of that width failed with a ``ZeroDivisionError`` when its
+    step size adapted to 0. Coarsely resolved containers that still hold distinct
+    values run (their draws are quantised; the R-hat warning reports frozen
+    coordinates). A container of unknown (infinite) width is not checked."""
+    width = float(container.width())
+    if not math.isfinite(width):
+        return
+    centre = float(np.abs(np.asarray(to_numpy(container.interior_point()),
+                                     dtype=np.float64)).max(initial=0.0))
+    as_numpy = np.float32 if dtype == torch.float32 else np.float64
+    spacing = float(np.spacing(as_numpy(centre)))
+    if width < spacing:
+        advice = "use dtype=torch.float64, or " if dtype != torch.float64 else ""
+        raise ValueError(
+            f"the container is too narrow for {str(dtype).removeprefix('torch.')} where it "
+            f"lies: width {width:.3g} at coordinates up to {centre:.3g}, where its values "
+            f"are {spacing:.3g} apart; {advice}shift the coordinates so that the container "
+            f"lies near the origin.")

@@ -274,6 +274,8 @@ def _per_dim(x: ArrayLike, fn) -> np.ndarray | float:
     check_real(x, "draws")
     if x.ndim not in (2, 3):
         raise ValueError(f"draws must have shape (chains, draws[, d]), got {x.shape}.")
+    if x.shape[0] == 0:  # (NaN after numpy's empty-slice warnings)
+        raise ValueError(f"draws must hold at least one chain, got shape {x.shape}.")
     if x.shape[1] < MIN_DRAWS:  # split chains need 2+ draws per half: undefined, not an error
         return float("nan") if x.ndim == 2 else np.full(x.shape[2], np.nan)
     if x.ndim == 2:

@@ -9,7 +9,6 @@ reflections.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +120,8 @@ class ConvexSet(ConvexContainer):
     # both None until an interior point fixes the dimension (ConvexSet(g) alone: see Notes)
     dim: int | None  # type: ignore[assignment]  # wider than the base's int: see Notes
     _x0: np.ndarray | None
+    #: hit's bisection needs a finite bracket (checked where a user passes t_max)
+    _needs_finite_t_max = True
 
     @on_cpu_default_device
     def __init__(self, g: Callable[[Tensor], ArrayLike],
@@ -315,11 +316,6 @@ class ConvexSet(ConvexContainer):
         """
         if t_max is None:
             raise ValueError("ConvexSet.hit needs t_max (the bisection bracket).")
-        if isinstance(t_max, numbers.Real) and not math.isfinite(t_max):
-            # g(x + inf v) is NaN: a bounded set "never left" (the sampler's own per-chain
-            # tensors are finite and pass unchecked, with no device sync)
-            raise ValueError("ConvexSet.hit needs a finite t_max (the bisection bracket), "
-                             "got inf.")
         # a number or a (C,) tensor (the other oracles accept both)
         t_max = torch.as_tensor(t_max, dtype=x.dtype, device=x.device).expand(x.shape[0])
         g_hi = self._g(x + t_max[:, None] * v)

@@ -34,7 +34,7 @@ from mlpapers._utils import (
 )
 from mlpapers.sampling.rehmc._adapt import find_reasonable_step_size
 from mlpapers.sampling.rehmc._chees import halton
-from mlpapers.sampling.rehmc._container import check_oracles
+from mlpapers.sampling.rehmc._container import check_oracles, check_resolution
 from mlpapers.sampling.rehmc._draws import run_chains
 from mlpapers.sampling.rehmc._kernels import hmc_transition
 from mlpapers.sampling.rehmc._result import SampleResult
@@ -124,7 +124,8 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         With a fixed ``n_leapfrog`` the step size of every transition is
         multiplied by ``U(1 - j, 1 + j)`` (``True`` means ``j = 0.2``); with
         ``n_leapfrog="auto"`` the length is ``T (1 - j + j u)`` (``True``
-        means ``j = 1``, ChEES's uniform jitter on ``(0, T]``).
+        means ``j = 1``, ChEES's uniform jitter on ``(0, T]``). A number must be
+        in ``[0, 1)`` with a fixed ``n_leapfrog`` and in ``[0, 1]`` with ``"auto"``.
     dtype : torch.dtype, numpy dtype or str, default=torch.float64
         ``torch.float64`` or ``torch.float32`` (half precision raises ``TypeError``),
         also as a numpy dtype (``np.float32``; ``float`` is float64) or a name
@@ -253,8 +254,15 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             check_positive(self.max_reflections, "max_reflections", integer=True)
         if not isinstance(self.jitter, (bool, np.bool_)):
             check_positive(self.jitter, "jitter", strict=False)
-            if self.jitter >= 1:
-                raise ValueError(f"jitter must be in [0, 1), got {self.jitter!r}.")
+            # j = 1 (the documented default of "auto": lengths uniform on (0, T]) is
+            # valid there; a fixed count's step factor U(1 - j, 1 + j) could reach 0
+            if self.n_leapfrog == "auto" and self.jitter > 1:
+                raise ValueError(f"jitter must be in [0, 1] with n_leapfrog='auto', got "
+                                 f"{self.jitter!r}.")
+            if self.n_leapfrog != "auto" and self.jitter >= 1:
+                raise ValueError(f"jitter must be in [0, 1) with an integer n_leapfrog (the "
+                                 f"step size is multiplied by U(1 - jitter, 1 + jitter)), "
+                                 f"got {self.jitter!r}.")
         if resolve_dtype(self.dtype) not in (torch.float32, torch.float64):
             # float16 resolves a position near 10 to 0.008 and an energy to 3 digits (2% of
             # the draws landed outside a ball, before proposals were tested), and numpy has
@@ -394,6 +402,7 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                                  f"the container dimension {container.dim}.")
         # a user's container class: its oracles' types and shapes, before any work
         check_oracles(container, dtype, dev, "container")
+        check_resolution(container, dtype)
         d = container.dim
         start = None
         if resume is not None:
@@ -477,6 +486,12 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 # (auto_len: the Warmup adapts a length and the shift was drawn above)
                 assert warm.trajectory_length is not None and shift is not None
                 length = warm.trajectory_length * (1.0 - jit + jit * halton(n_calls - 1, shift))
+                if not warm.step_mean > 0:  # (a ZeroDivisionError)
+                    raise FloatingPointError(
+                        f"the adapted step size fell to {warm.step_mean} at transition "
+                        f"{n_calls}: the density or the container cannot be resolved in "
+                        f"{str(dtype).removeprefix('torch.')} (try dtype=torch.float64), or "
+                        f"pass a step_size.")
                 n = min(max(math.ceil(length / warm.step_mean), 1), MAX_LEAPFROG)
             else:
                 n = int(n_leapfrog)
