@@ -59,13 +59,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the most threads --threads takes (torch's set_num_threads failed with "Overflow when
+#: unpacking long" above 2**31 - 1, after the arguments were accepted)
+MAX_THREADS = 1024
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    if not 1 <= value <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer up to {MAX_THREADS}, got {text!r}")
     return value
 
 
@@ -82,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     # The demos train small models, for which extra intra-op threads mostly add
     # synchronisation cost (and spin badly when other processes share the cores).
     p_demo.add_argument("--threads", type=_positive_int, default=1,
-                        help="torch intra-op threads for the demos (default: 1)")
+                        help="torch intra-op threads for the demos (default: 1, at most "
+                        f"{MAX_THREADS})")
     p_demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -52,7 +52,7 @@ def test_unknown_command_exits_with_usage():
         main(["frobnicate"])
 
 
-@pytest.mark.parametrize("threads", ["0", "-2", "two"])
+@pytest.mark.parametrize("threads", ["0", "-2", "two", "3000000000"])  # (the last overflowed torch)
 def test_bad_thread_count_exits_with_usage(threads, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["demo", "--threads", threads])

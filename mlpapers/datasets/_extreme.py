@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlpapers._utils import RandomStateLike, check_positive, check_random_state
+from mlpapers._utils import (
+    RandomStateLike,
+    check_positive,
+    check_random_state,
+    float32_within_range,
+)
 
 
 def make_extreme_classification(
@@ -84,5 +89,6 @@ def make_extreme_classification(
     if n_fixed:
         fixed = np.tile(np.arange(n_classes, dtype=np.int64), int(min_samples_per_class))
         y = rng.permutation(np.concatenate([fixed, y]))
-    X = means[y] + noise * rng.standard_normal((n_samples, n_features))
-    return X.astype(np.float32), y
+    with np.errstate(over="ignore"):
+        X = means[y] + noise * rng.standard_normal((n_samples, n_features))
+    return float32_within_range(X, "noise", noise), y

@@ -8,7 +8,13 @@ from typing import Literal, TypeAlias, get_args
 import numpy as np
 from sklearn.datasets import load_digits
 
-from mlpapers._utils import RandomStateLike, check_in_options, check_positive, check_random_state
+from mlpapers._utils import (
+    RandomStateLike,
+    check_in_options,
+    check_positive,
+    check_random_state,
+    float32_within_range,
+)
 
 __all__ = ["make_federated_digits", "make_federated_linear"]
 
@@ -56,13 +62,19 @@ def _unit_models(K: int, d: int, separation: float, rng: np.random.RandomState,
         V /= np.linalg.norm(V, axis=1, keepdims=True)
         s = min(d_max, 2.0 * separation) / d_max
         theta = np.sqrt(max(0.0, 1.0 - s**2)) * c / np.linalg.norm(c) + s * V
-        return theta / np.linalg.norm(theta, axis=1, keepdims=True)
+        theta /= np.linalg.norm(theta, axis=1, keepdims=True)
+        # (checked: below float64's resolution of unit vectors, separation 1e-300, the
+        # shrunk simplex collapsed to one point, returned as K identical models)
+        if _pairwise_within(theta, separation):
+            return theta
     polytope = _circle_or_cross_polytope(K, d, separation, rng)
     if polytope is not None:
         return polytope
+    advice = ("raise separation (unit vectors closer than about 1e-16 are not distinct in "
+              "float64)" if separation < 1e-15 else "lower separation or raise n_features")
     raise ValueError(
         f"could not place {K} unit-norm models in {d} dimensions with pairwise distances in "
-        f"[{separation}, {5 * separation}]; lower separation or raise n_features."
+        f"[{separation}, {5 * separation}]; {advice}."
     )
 
 
@@ -76,7 +88,9 @@ def _circle_or_cross_polytope(K: int, d: int, separation: float,
     Q = np.linalg.qr(rng.standard_normal((d, d)))[0]  # a random orthonormal basis
     if separation <= 2.0:
         step = 2.0 * np.arcsin(separation / 2.0)  # adjacent points exactly separation apart
-        if K * step <= 2.0 * np.pi:
+        # (K = 6 at the documented bound 2 sin(pi / 6) = 1: 6 * 2 arcsin(0.5) rounds one
+        # step above 2 pi, and the layout was refused)
+        if K * step <= 2.0 * np.pi * (1 + 1e-12):
             phi = rng.uniform(0.0, 2.0 * np.pi) + step * np.arange(K)
             theta = np.outer(np.cos(phi), Q[:, 0]) + np.outer(np.sin(phi), Q[:, 1])
             if _pairwise_within(theta, separation):
@@ -180,8 +194,9 @@ def make_federated_linear(
     clients = []
     for k in labels:
         X = rng.standard_normal((n_samples, n_features))
-        y = X @ coef[k] + noise * rng.standard_normal(n_samples)
-        clients.append((X.astype(np.float32), y.astype(np.float32)))
+        with np.errstate(over="ignore"):
+            y = X @ coef[k] + noise * rng.standard_normal(n_samples)
+        clients.append((X.astype(np.float32), float32_within_range(y, "noise", noise)))
     return clients, labels, coef
 
 

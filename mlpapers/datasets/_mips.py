@@ -55,9 +55,21 @@ class GaussianMixtureQuerySampler:
             rng = np.random.default_rng(check_random_state(rng).randint(2**31 - 1))
         d = self.anchors.shape[1]
         a = self.anchors[rng.integers(0, len(self.anchors), size=n)]
-        q = a + self.noise / np.sqrt(d) * rng.standard_normal((n, d))
+        eps = rng.standard_normal((n, d))
+        with np.errstate(over="ignore"):
+            q = a + self.noise / np.sqrt(d) * eps
+            norms = np.linalg.norm(q, axis=1, keepdims=True)
         if self.normalize:
-            q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+            huge = ~np.isfinite(norms[:, 0])
+            if huge.any():
+                # the squared norm overflowed (noise above ~1e150) and every query became
+                # 0: the same directions from a / noise + eps / sqrt(d)
+                q[huge] = a[huge] / self.noise + eps[huge] / np.sqrt(d)
+                norms[huge] = np.linalg.norm(q[huge], axis=1, keepdims=True)
+            q /= np.maximum(norms, 1e-12)
+        elif not np.isfinite(q).all() or np.abs(q).max(initial=0.0) > np.finfo(np.float32).max:
+            raise ValueError(f"noise={self.noise!r} gives queries beyond float32's range; "
+                             f"lower it or pass normalize=True.")
         return q.astype(np.float32)
 
     def __repr__(self) -> str:

@@ -35,3 +35,11 @@ def test_noise_is_within_class_spread():
 def test_bad_parameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_extreme_classification(**{"n_samples": 10, **kwargs})
+
+
+def test_noise_beyond_float32_is_refused():
+    # the points overflowed to inf with only numpy's cast warning
+    with pytest.raises(ValueError, match=r"^noise=1e\+39 puts values beyond float32's range"):
+        make_extreme_classification(10, 5, 3, noise=1e39, random_state=0)
+    X, _ = make_extreme_classification(10, 5, 3, noise=1e30, random_state=0)
+    assert np.isfinite(X).all()

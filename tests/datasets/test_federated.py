@@ -125,3 +125,24 @@ def test_linear_more_models_than_a_circle_holds_use_a_cross_polytope():
     # separation 1.5 (below the simplex bound 1.549) has no layout: a clear error
     with pytest.raises(ValueError, match="could not place 6 unit-norm models in 3 dim"):
         make_federated_linear(n_clusters=6, n_features=3, separation=1.5, random_state=0)
+
+
+def test_linear_circle_at_its_documented_bound_and_separations_below_resolution():
+    # 2 sin(pi / 6) = 1 is the documented circle bound for six models: 6 * 2 asin(0.5)
+    # rounded one step above 2 pi and the layout was refused for every seed
+    for seed in range(3):
+        _, _, coef = make_federated_linear(n_clusters=6, n_features=2, separation=1.0,
+                                           random_state=seed)
+        dist = np.linalg.norm(coef[:, None] - coef[None], axis=-1)[~np.eye(6, dtype=bool)]
+        np.testing.assert_allclose(dist.min(), 1.0, rtol=1e-12)
+    # unit vectors 1e-300 apart are one point in float64: three identical models came
+    # back without an error
+    with pytest.raises(ValueError, match=r"^could not place 3 unit-norm models .*raise "
+                                         r"separation"):
+        make_federated_linear(n_clusters=3, n_features=20, separation=1e-300, random_state=0)
+
+
+def test_linear_noise_beyond_float32_is_refused():
+    # the targets overflowed to inf with only numpy's cast warning
+    with pytest.raises(ValueError, match=r"^noise=1e\+39 puts values beyond float32's range"):
+        make_federated_linear(2, 1, 5, 3, noise=1e39, random_state=0)

@@ -43,6 +43,18 @@ def test_norm_spread_beyond_float32_range_is_refused():
     assert np.isfinite(keys).all()
 
 
+def test_huge_query_noise_still_gives_unit_queries():
+    # the squared norm overflowed above query_noise ~ 1e155 and every query became 0
+    _, queries, sampler = make_mips_problem(10, 4, n_queries=3, query_noise=1e200,
+                                            random_state=0)
+    for q in (queries, sampler(5, 0)):
+        np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-6)
+    # the same directions as a / noise + eps / sqrt(d)
+    s = GaussianMixtureQuerySampler(np.eye(4), noise=1e200)
+    small = GaussianMixtureQuerySampler(np.eye(4) * 1e-200, noise=1.0)
+    np.testing.assert_allclose(s(6, 1), small(6, 1), rtol=1e-6)
+
+
 def test_sampler_concentrates_around_anchors():
     anchors = np.eye(4)
     sampler = GaussianMixtureQuerySampler(anchors, noise=0.05)

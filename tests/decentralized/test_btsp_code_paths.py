@@ -36,6 +36,21 @@ def test_is_biconnected_refuses_a_non_square_matrix():
         is_biconnected(np.ones((3, 4), dtype=bool))
 
 
+def test_is_biconnected_refuses_strings():
+    # astype(bool) read every non-empty string, "0" too, as an edge
+    with pytest.raises(TypeError, match="^adjacency must hold booleans or numbers"):
+        is_biconnected(np.array([["0", "0", "0"]] * 3))
+
+
+def test_random_bcd_is_correctly_rounded_as_bcd_is():
+    # every assignment of 3 nodes on a ring has the same BCD; a float mean of the random
+    # assignments' BCDs sat 1 ulp below bcd_
+    rng = np.random.default_rng(0)
+    rng.random((2, 2))
+    est = BottleneckNodeAssigner(topology="ring", random_state=0).fit(rng.random((3, 3)))
+    assert est.random_bcd_ == est.bcd_
+
+
 def test_make_delay_matrix_needs_two_nodes():
     with pytest.raises(ValueError, match="n must be >= 2, got 1"):
         make_delay_matrix(1)
@@ -115,10 +130,18 @@ def test_delays_from_graph_checks():
         delays_from_graph(H)
     with pytest.raises(ValueError, match="per_unit must be >= 0"):
         delays_from_graph(G, per_unit=-1.0)
-    N = nx.Graph()
-    N.add_edge("a", "b", distance=-1000.0)  # a negative length
-    with pytest.raises(ValueError, match="invalid delay"):
-        delays_from_graph(N)
+    for length in (-1000.0, -300.0, float("nan")):  # (-300 passed: 4 ms overhead made it +)
+        N = nx.Graph()
+        N.add_edge("a", "b", distance=length)
+        with pytest.raises(ValueError, match=r"^edge \('a', 'b'\) has 'distance' = .*: link "
+                                             r"lengths must be finite and >= 0"):
+            delays_from_graph(N)
+    P = nx.path_graph(3)  # connected: its sums overflowed, reported as "not connected"
+    for u, v in P.edges:
+        P[u][v]["distance"] = 1e308
+    with pytest.raises(ValueError, match=r"^edge \(0, 1\) has a delay per_unit \* length \+ "
+                                         r"overhead = 1e\+308 above 1e\+300"):
+        delays_from_graph(P, per_unit=1.0, overhead=0.0)
     B = nx.Graph()
     B.add_edge("a", "b", distance=True)  # a bool is no length
     with pytest.raises(ValueError, match="non-numeric 'distance'"):

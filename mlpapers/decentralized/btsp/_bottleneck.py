@@ -249,7 +249,9 @@ def is_biconnected(adjacency: ArrayLike) -> bool:
     False
     """
     A = to_numpy(adjacency)  # (np.asarray refuses grad/bfloat16/CUDA tensors)
-    if A.dtype.kind in "fc" and not np.isfinite(A).all():  # (NaN was read as an edge)
+    if A.dtype.kind not in "biuf":  # (astype(bool) read every non-empty string as an edge)
+        raise TypeError(f"adjacency must hold booleans or numbers, got dtype {A.dtype}.")
+    if A.dtype.kind == "f" and not np.isfinite(A).all():  # (NaN was read as an edge)
         raise ValueError("adjacency contains NaN or infinity.")
     A = A.astype(bool)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:

@@ -485,9 +485,17 @@ def delays_from_graph(
             raise ValueError(f"edge ({u!r}, {v!r}) has a non-numeric {length_attr!r} "
                              f"attribute ({data[length_attr]!r}); length_attr must name a "
                              "numeric link length.")
+        if not (math.isfinite(length) and length >= 0):
+            # (a negative length passed when the overhead made its delay positive)
+            raise ValueError(f"edge ({u!r}, {v!r}) has {length_attr!r} = {length!r}: link "
+                             "lengths must be finite and >= 0.")
         d = per_unit * length + overhead
-        if not np.isfinite(d) or d < 0:
-            raise ValueError(f"edge ({u!r}, {v!r}) has an invalid delay {d}.")
+        if not d <= MAX_DELAY:
+            # (their shortest-path sums overflowed to inf, reported as "not connected")
+            raise ValueError(f"edge ({u!r}, {v!r}) has a delay per_unit * length + overhead "
+                             f"= {d:.4g} above {MAX_DELAY:g}: sums of such delays overflow "
+                             "float64; rescale the lengths or per_unit (every result is "
+                             "proportional to the delays' unit).")
         i, j = index[u], index[v]
         for a, b in ((i, j),) if directed else ((i, j), (j, i)):
             link[a, b] = min(link[a, b], d)  # parallel edges: the shortest link
