@@ -168,7 +168,8 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.Tensor,
                       neg_idx: Any, *, z_name: str = "z",
                       weight_name: str = "weight") -> torch.Tensor:
-    """Shapes of a CLAPP loss's inputs, before any work (no data is read): rows ``z``
+    """Shapes of a CLAPP loss's inputs, before any work (of the data, only the range of
+    ``neg_idx`` is read, in one reduction): rows ``z``
     ``(N, D)`` or patch grids ``(N, D, n_y, n_x)``, contexts ``c`` ``(N, K)`` or ``(N, K,
     n_y, n_x)``, the prediction matrix ``(D, K)`` or ``(steps, D, K)``, and integer
     ``neg_idx`` ``(N,)``. A context or ``neg_idx`` of one row broadcast over every row,
@@ -202,10 +203,13 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
         raise ValueError(f"neg_idx must be integer indices of shape ({n},), one negative "
                          f"row per row of {z_name}, got {tuple(neg_idx.shape)} "
                          f"{neg_idx.dtype}.")
-    # (torch wraps -1 to the last row and fails with an IndexError past the end)
-    if n and (int(neg_idx.min()) < 0 or int(neg_idx.max()) >= n):
-        raise ValueError(f"neg_idx must index rows of {z_name}, in [0, {n}), got values "
-                         f"from {int(neg_idx.min())} to {int(neg_idx.max())}.")
+    # (torch wraps -1 to the last row and fails with an IndexError past the end); the
+    # training loop calls this per layer and step: one reduction and one device sync
+    if n:
+        low, high = (int(v) for v in torch.stack(torch.aminmax(neg_idx)).tolist())
+        if low < 0 or high >= n:
+            raise ValueError(f"neg_idx must index rows of {z_name}, in [0, {n}), got values "
+                             f"from {low} to {high}.")
     return neg_idx.long()
 
 
