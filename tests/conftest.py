@@ -1,4 +1,6 @@
+import importlib.util
 import os
+import warnings
 
 import pytest
 import torch
@@ -42,3 +44,17 @@ def pytest_collectreport(report):
 
 def pytest_runtest_logreport(report):
     _log_skip(report)
+
+
+def pytest_configure(config):
+    # arviz 0.23.4 writes a once-a-day stamp file on import through a fixed temporary
+    # name, so pytest-xdist workers importing it together on a new day race, and the
+    # loser's collection fails with FileNotFoundError (seen in CI). Importing it once in
+    # the controlling process writes the stamp before any worker starts.
+    uses_xdist = bool(getattr(config.option, "numprocesses", None))
+    if hasattr(config, "workerinput") or not uses_xdist:
+        return
+    if importlib.util.find_spec("arviz") is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its once-a-day FutureWarning
+            import arviz  # noqa: F401
