@@ -54,6 +54,7 @@ from mlpapers._utils import (
     torch_compatible_array,
     wrap_public_methods,
 )
+from mlpapers._utils._ambient import without_inference_tensors
 from mlpapers._utils._serialize import decode as _decode
 from mlpapers._utils._serialize import encode as _encode
 from mlpapers._utils._serialize import generator_from_state
@@ -260,6 +261,8 @@ class TorchEstimatorMixin:
         return dict(cast(dict[str, Any], super().__getstate__()))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if torch.is_inference_mode_enabled():  # unpickled inside the caller's block
+            state = without_inference_tensors(dict(state))
         parent = getattr(super(), "__setstate__", None)  # scikit-learn's
         if parent is not None:
             parent(state)

@@ -19,10 +19,12 @@ from mlpapers._utils import (
     check_tensor,
     check_verbose,
     make_generators,
+    reject_flat_image_table,
     resolve_device,
     resolve_dtype,
     to_numpy,
 )
+from mlpapers._utils._ambient import without_inference_tensors
 
 
 @settings(max_examples=50, deadline=None)
@@ -95,6 +97,46 @@ def test_type_errors():
         check_tensor(torch.eye(3).to_sparse())
     with pytest.raises(ValueError, match="None"):
         check_tensor(None)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's prototype/deprecation notes
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: torch.empty(2, 3, device="meta"), ValueError, "meta device"),
+    (lambda: torch.quantize_per_tensor(torch.rand(2, 3), 0.1, 0, torch.quint8), TypeError,
+     r"quantized torch tensor.*dequantize"),
+    (lambda: torch.nested.nested_tensor([torch.rand(2), torch.rand(3)]), TypeError,
+     r"nested torch tensor.*to_padded_tensor"),
+    (lambda: torch.nested.nested_tensor([torch.rand(2), torch.rand(3)], layout=torch.jagged),
+     TypeError, "nested torch tensor"),
+])
+def test_tensors_without_plain_values_are_refused_by_name(make, error, match):
+    """Regression: meta, quantized and nested tensors reached torch ("Cannot copy out of
+    meta tensor", "NestedTensorImpl doesn't support sizes"), also through the image
+    checks, which read the shape first."""
+    t = make()
+    with pytest.raises(error, match=match):
+        check_tensor(t, name="X")
+    if t.is_nested:  # no shape to read: the image checks leave it to check_tensor
+        reject_flat_image_table(t, takes="images")
+
+
+def test_without_inference_tensors_copies_them_once_and_keeps_their_kind():
+    with torch.inference_mode():
+        net = torch.nn.BatchNorm1d(3)
+        shared = torch.ones(2)
+        state = {"net": net, "pair": (shared, [shared]), "plain": 1.5}
+    net.weight.requires_grad_(False)  # (a flag only: allowed outside inference mode)
+    assert net.weight.is_inference() and shared.is_inference()
+    out = without_inference_tensors(state)
+    assert out["net"] is net and out["plain"] == 1.5
+    for t in [*net.parameters(), *net.buffers(), *out["pair"][:1], out["pair"][1][0]]:
+        assert not t.is_inference()
+    assert isinstance(net.weight, torch.nn.Parameter) and not net.weight.requires_grad
+    assert net.bias.requires_grad
+    assert out["pair"][0] is out["pair"][1][0]  # one tensor, one copy
+    torch.testing.assert_close(out["pair"][0], torch.ones(2))
+    net(torch.rand(4, 3)).sum().backward()  # trainable again
+    assert net.bias.grad is not None
 
 
 def test_dates_and_durations_are_refused_by_name():

@@ -125,6 +125,53 @@ def usable_outside_inference(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def without_inference_tensors(value: Any) -> Any:
+    """``value`` with the inference tensors it holds replaced by normal copies.
+
+    Unpickling inside ``torch.inference_mode()`` rebuilds every tensor as an inference
+    tensor, which autograd can never save: an estimator unpickled there could predict
+    but never be trained or differentiated again. Tensors directly in dicts, lists and
+    tuples and the parameters and buffers of modules (changed in place) are copied;
+    a tensor met twice is copied once, so shared storage stays shared.
+    """
+    copies: dict[int, torch.Tensor] = {}
+
+    def normal(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_inference():
+            return t
+        if id(t) not in copies:
+            copy = t.detach().clone()
+            if isinstance(t, torch.nn.Parameter):
+                copy = torch.nn.Parameter(copy, requires_grad=t.requires_grad)
+            copies[id(t)] = copy
+        return copies[id(t)]
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return normal(obj)
+        if isinstance(obj, torch.nn.Module):
+            for module in obj.modules():
+                for slots in cast(list[dict[str, Any]], [module._parameters,
+                                                         module._buffers]):
+                    for key, t in slots.items():
+                        if t is not None:
+                            slots[key] = normal(t)
+            return obj
+        if isinstance(obj, dict):
+            for key, item in obj.items():
+                obj[key] = walk(item)
+            return obj
+        if isinstance(obj, list):
+            obj[:] = [walk(item) for item in obj]
+            return obj
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return tuple(walk(item) for item in obj)
+        return obj
+
+    with torch.inference_mode(False):
+        return walk(value)
+
+
 # torch.get_default_device() misses ``with torch.device(...)`` blocks before torch 2.8 and
 # costs microseconds; a default device (either way) is a torch function mode, and without
 # any mode the default device is the CPU

@@ -227,16 +227,27 @@ def check_tensor(
     Raises
     ------
     TypeError
-        If ``X`` is not numeric (strings, objects) or is sparse (scipy or torch).
+        If ``X`` is not numeric (strings, objects), is sparse (scipy or torch), or is a
+        nested or quantized torch tensor.
     ValueError
-        On complex data, a wrong number of dimensions, too few samples or features, a feature
-        count that differs from ``n_features``, or non-finite values.
+        On a meta-device tensor, complex data, a wrong number of dimensions, too few
+        samples or features, a feature count that differs from ``n_features``, or
+        non-finite values.
     """
     dev = resolve_device(device)
     if X is None:
         raise ValueError(f"{name} must be an array-like or tensor, got None.")
     if isinstance(X, torch.Tensor):
         t = X.detach()
+        if t.is_nested:  # (before layout: a nested tensor may report torch.strided)
+            raise TypeError(f"{name} is a nested torch tensor, but {owner} needs one dense "
+                            f"tensor: pad it, e.g. {name}.to_padded_tensor(0.0).")
+        if t.is_meta:
+            raise ValueError(f"{name} is a torch tensor on the meta device, which holds no "
+                             "values: pass a tensor with data.")
+        if t.is_quantized:
+            raise TypeError(f"{name} is a quantized torch tensor ({t.dtype}), but {owner} "
+                            f"needs real values: pass {name}.dequantize().")
         if t.layout != torch.strided:
             raise TypeError(
                 f"{name} is a sparse torch tensor ({t.layout}), but {owner} needs dense "
@@ -329,6 +340,8 @@ def reject_flat_image_table(X: Any, name: str = "X", *, takes: str,
     the suggestion to ``(n, C, H, W)``; ``image_shape`` (e.g. the fit's) is suggested
     when its size matches a row. Nested lists are measured with ``np.shape``.
     """
+    if isinstance(X, torch.Tensor) and X.is_nested:  # no shape: check_tensor explains
+        return
     shape = getattr(X, "shape", None)
     if shape is None and isinstance(X, (list, tuple)):
         try:

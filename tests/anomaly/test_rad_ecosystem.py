@@ -55,6 +55,46 @@ def test_pil_images_of_mixed_sizes_are_resized_to_image_size(data, cls):
         cls(**{**kw, "image_size": None}).fit(pil_train)
 
 
+@pytest.mark.parametrize("hw", [(3, 16), (16, 3), (4, 12)])
+def test_pil_images_and_files_are_read_as_height_width_channels(data, hw, tmp_path):
+    """Regression: decoded PIL images and files, (H, W, C) or (H, W) by construction,
+    were stacked and their layout guessed again like an array's, so a colour image 3
+    pixels high was read as (C, H, W) (a wrong score and a (1, 16, 3) map) and a
+    grayscale image 3 or 4 pixels wide was refused as "a single (H, W, C) image"."""
+    det = RADDetector(extractor="random", k_images=2, image_size=16).fit(data[0][:4])
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (*hw, 3), dtype=np.uint8)
+    gray = rng.integers(0, 256, hw, dtype=np.uint8)
+    PIL.fromarray(rgb).save(tmp_path / "rgb.png")
+    PIL.fromarray(gray).save(tmp_path / "gray.png")
+    want_rgb = det.decision_function(rgb.transpose(2, 0, 1)[None])  # unambiguous layout
+    want_gray = det.decision_function(gray[None, None])
+    for given_rgb, given_gray in [([PIL.fromarray(rgb)], [PIL.fromarray(gray)]),
+                                  ([tmp_path / "rgb.png"], [tmp_path / "gray.png"])]:
+        assert det.anomaly_map(given_rgb).shape == (1, *hw)
+        assert det.anomaly_map(given_gray).shape == (1, *hw)
+        np.testing.assert_allclose(det.decision_function(given_rgb), want_rgb, rtol=1e-6)
+        np.testing.assert_allclose(det.decision_function(given_gray), want_gray, rtol=1e-6)
+
+
+def test_list_items_of_one_size_in_different_layouts_make_one_batch(data):
+    """Regression: RGB next to RGBA, channels-first next to channels-last, or grayscale
+    next to channels-first colour were refused as "mixed sizes" (or, with image_size,
+    resized one by one and their maps returned as a list)."""
+    rgb = data[1][0]                                         # (32, 32, 3) uint8
+    rgba = np.dstack([rgb, np.full(rgb.shape[:2], 255, np.uint8)])
+    gray = rgb[..., 0]
+    items = [rgb, rgba, rgb.transpose(2, 0, 1), gray, PIL.fromarray(rgba)]
+    from mlpapers.anomaly.rad import check_images
+    got = check_images(items)
+    want = check_images(np.stack([rgb, rgb, rgb, np.repeat(gray[..., None], 3, -1), rgb]))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    det = RADDetector(extractor="random", k_images=2, image_size=None).fit(data[0][:4])
+    maps = det.anomaly_map(items)
+    assert isinstance(maps, np.ndarray) and maps.shape == (5, 32, 32)
+    np.testing.assert_allclose(maps[1], maps[0], rtol=1e-6)
+
+
 def test_predict_proba_follows_pyod(data):
     X_train, X_test, _ = data
     det = RADDetector(extractor="random", k_images=4, image_size=None).fit(X_train)

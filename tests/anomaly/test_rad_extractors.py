@@ -8,6 +8,7 @@ from torch import nn
 from mlpapers.anomaly.rad import (
     DinoViTExtractor,
     RADDetector,
+    RandomConvExtractor,
     TorchFeatureExtractor,
 )
 from mlpapers.datasets import make_texture_anomalies
@@ -82,3 +83,28 @@ def test_extractor_constructor_inputs():
         with pytest.raises(ValueError, match="channels"):
             RandomConvExtractor(channels=bad)
     assert len(RandomConvExtractor(channels=np.int64(8))(x)[0]) == 1
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: RandomConvExtractor(channels=None), TypeError, "channels must be"),
+    (lambda: RandomConvExtractor(channels=2.5), TypeError, "channels must be"),
+    (lambda: RandomConvExtractor(seed=2**64), ValueError, "seed must be in"),
+    (lambda: DinoViTExtractor(FakeViT(), layers=None), TypeError, "layers must be"),
+    (lambda: TorchFeatureExtractor(_cnn(), "1", forward=1), TypeError, "forward must be"),
+    (lambda: TorchFeatureExtractor(_cnn(), "1", key_layer=3), TypeError, "key_layer must be"),
+    (lambda: TorchFeatureExtractor(_cnn(), "1", key_layer="head"), ValueError,
+     "key_layer 'head' is not a submodule"),
+    (lambda: TorchFeatureExtractor(torch.jit.script(_cnn()), "1"), TypeError, "TorchScript"),
+    (lambda: TorchFeatureExtractor(torch.jit.trace(_cnn(), torch.rand(1, 3, 8, 8)), "1"),
+     TypeError, "TorchScript"),
+    (lambda: RADDetector(extractor=np.array([1.0, 2.0])).fit(np.zeros((2, 8, 8))),
+     TypeError, "extractor must be a string, None or a callable"),
+])
+@pytest.mark.filterwarnings("ignore:`torch.jit.*deprecated:DeprecationWarning")
+def test_extractor_arguments_are_named(make, error, match):
+    """Regression: these failed with Python's or torch's own errors ("'NoneType' object
+    is not iterable", "Overflow when unpacking long long", numpy's ambiguous truth
+    value), named layers for a missing key_layer, or, for TorchScript modules, whose
+    hooks never fire, said that a layer that ran did not run."""
+    with pytest.raises(error, match=match):
+        make()

@@ -391,11 +391,15 @@ def _varying_key_dim():
     (lambda x: ([x.numpy()], x.mean(dim=(2, 3))), TypeError, "got \\(list\\[ndarray\\], Tensor\\)"),
     (lambda x: ([x * float("nan")], x.mean(dim=(2, 3))), ValueError, "NaN or infinite"),
     (lambda x: ([x[:1]], x.mean(dim=(2, 3))), ValueError, "feature map 0 has shape"),
+    (lambda x: ([x[:, :0]], x.mean(dim=(2, 3))), ValueError, "C, h and w at least 1"),
+    (lambda x: ([x[:, :, :0]], x.mean(dim=(2, 3))), ValueError, "C, h and w at least 1"),
+    (lambda x: ([x], x.new_zeros(len(x), 0)), ValueError, "D at least 1"),
 ])
 def test_wrong_extractor_outputs_are_named(extractor, error, match):
     """Regression for the first five: a result that is not a pair failed with "too many
     values to unpack", complex features lost their imaginary part with a torch warning,
-    and keys whose dimension changed between batches failed inside a tensor copy."""
+    and keys whose dimension changed between batches failed inside a tensor copy; for
+    the last three: maps without channels or rows and empty keys failed inside torch."""
     if extractor is _varying_key_dim:
         extractor = extractor()
     with pytest.raises(error, match=match):

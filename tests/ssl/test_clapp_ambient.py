@@ -10,6 +10,7 @@ context of ``AMBIENT`` as outside it, and leave the process state as it found it
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 import warnings
 
@@ -206,6 +207,26 @@ def test_tensor_inputs_that_require_grad_or_are_inference_tensors():
     enc = CLAPPEncoder(**SMALL).fit(Xi)
     np.testing.assert_array_equal(enc.transform(Xi), expected)
     update_similarity(enc, Xi, n_batches=1, random_state=0)
+
+
+@pytest.mark.parametrize("cls", [CLAPPEncoder, GlobalSSLEncoder])
+def test_an_encoder_unpickled_in_inference_mode_can_still_be_differentiated(cls):
+    """Regression: unpickling inside torch.inference_mode() (a model server) rebuilt the
+    parameters as inference tensors, so update_similarity and
+    training_step_activation_bytes failed with "Inference tensors cannot be saved for
+    backward", as a refit from the same state would."""
+    enc = cls(**SMALL).fit(IMAGES)
+    blob = pickle.dumps(enc)
+    with torch.inference_mode():
+        again = pickle.loads(blob)
+    for p in [*again.encoder_.parameters(), *again.heads_.parameters()]:
+        assert not p.is_inference()
+    np.testing.assert_array_equal(again.transform(IMAGES), enc.transform(IMAGES))
+    if cls is CLAPPEncoder:  # (a local-learning measure)
+        assert (update_similarity(again, IMAGES, n_batches=1, random_state=0)
+                == update_similarity(enc, IMAGES, n_batches=1, random_state=0))
+    assert (training_step_activation_bytes(again, IMAGES)
+            == training_step_activation_bytes(enc, IMAGES))
 
 
 def test_read_only_inputs_are_accepted_silently_and_not_mutated():

@@ -44,6 +44,39 @@ def test_default_augment_names_settings_that_are_not_numbers(kw, match):
         DefaultAugment(**kw)(torch.rand(2, 1, 8, 8))
 
 
+@pytest.mark.parametrize("sigma", [None, (1.0,), (0.5, 1.0)])
+def test_default_augment_without_blur_ignores_sigma(sigma):
+    """Regression: blur_p=0 skips the check of sigma, but the blur still read it and
+    failed with a Python error for None or a 1-tuple. The draws, and so the views,
+    are those of a blur that never fires, whatever sigma is."""
+    x = torch.rand(4, 3, 12, 12, generator=torch.Generator().manual_seed(0))
+    gen, ref_gen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    ref_aug = DefaultAugment(blur_p=0, sigma=(0.1, 2.0))
+    got = DefaultAugment(blur_p=0, sigma=sigma)
+    for _ in range(2):  # the generators also stay in step
+        assert torch.equal(got(x, gen), ref_aug(x, ref_gen))
+    no_blur = got.color(got.crop_flip(x, torch.Generator().manual_seed(1)),
+                        torch.Generator().manual_seed(1))
+    assert torch.equal(got.blur(no_blur, None), no_blur)
+
+
+@pytest.mark.parametrize("x, gen, error, match", [
+    (torch.rand(2, 8, 8), None, ValueError, r"x must be a non-empty \(N, C, H, W\)"),
+    (torch.rand(0, 1, 8, 8), None, ValueError, "non-empty"),
+    (torch.zeros(2, 1, 8, 8, dtype=torch.uint8), None, TypeError, "x must hold float images"),
+    (np.zeros((2, 1, 8, 8), np.float32), None, TypeError, "x must be a torch.Tensor"),
+    (torch.rand(2, 1, 8, 8), 0, TypeError, "generator must be a torch.Generator or None"),
+])
+def test_default_augment_names_inputs_it_cannot_read(x, gen, error, match):
+    """Regression: these failed inside torch (affine_grid's "only supports 4D and 5D
+    sizes", "Expected theta to have floating point type", rand()'s argument error)."""
+    aug = DefaultAugment()
+    for call in (lambda: aug(x, gen), lambda: aug.crop_flip(x, gen),
+                 lambda: aug.color(x, gen), lambda: aug.blur(x, gen)):
+        with pytest.raises(error, match=match):
+            call()
+
+
 def test_takes_generator_on_var_positional_and_unreadable_signatures():
     # fn(*args) and a builtin without a signature get the documented (x, generator) call
     assert takes_generator(lambda *args: args[0])

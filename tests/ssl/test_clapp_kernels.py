@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mlpapers.ssl.clapp import (
     DefaultAugment,
+    GlobalSSLEncoder,
     clapp_layer_loss,
     contrastive_loss,
     exact_linear_feedback,
@@ -307,3 +308,15 @@ def test_loss_kernels_refuse_indices_outside_the_batch_and_non_tensors():
                        (lambda: extract_patches(torch.zeros(1, 1, 4, 4).numpy(), 2, 1), "x")]:
         with pytest.raises(TypeError, match=rf": {name} must be a torch.Tensor"):
             call()
+
+
+def test_a_temperature_whose_inverse_overflows_float32_is_refused():
+    """Regression: temperature=1e-40 passed the positivity check and gave a NaN loss
+    (1 / temperature is inf in float32); the fit then blamed the images."""
+    p = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(infonce_loss(p, temperature=3e-39))  # just above the bound
+    with pytest.raises(ValueError, match="temperature must be at least 2.94e-39"):
+        infonce_loss(p, temperature=1e-40)
+    with pytest.raises(ValueError, match="temperature must be at least"):
+        GlobalSSLEncoder(loss="infonce", temperature=1e-40, architecture="tiny",
+                         n_epochs=1).fit(np.random.default_rng(0).random((4, 1, 8, 8)))

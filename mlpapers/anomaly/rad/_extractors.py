@@ -163,10 +163,7 @@ class RandomConvExtractor(nn.Module):
 
     def __init__(self, channels: int | Sequence[int] = (32, 64), seed: int = 0):
         super().__init__()
-        spec: Any = channels  # an int or a sequence of them, checked below
-        if isinstance(spec, numbers.Integral):
-            spec = [spec]
-        channels = list(spec)
+        channels = _int_list(channels, "channels", "a channel count")
         if not channels or any(isinstance(c, bool) or not isinstance(c, numbers.Integral)
                                or c < 1 for c in channels):
             raise ValueError(f"channels must be a non-empty sequence of positive ints, "
@@ -174,6 +171,8 @@ class RandomConvExtractor(nn.Module):
         seed_value: Any = seed  # (annotated int, but a float or NaN came through)
         if isinstance(seed_value, bool) or not isinstance(seed_value, numbers.Integral):
             raise TypeError(f"seed must be an integer, got {seed!r}.")
+        if not -(2**63) <= int(seed_value) < 2**64:  # torch.Generator's seed range
+            raise ValueError(f"seed must be in [-2**63, 2**64), got {seed!r}.")
         gen = torch.Generator().manual_seed(int(seed))
         self.weights = nn.ParameterList()
         c_in = 3
@@ -210,6 +209,10 @@ class RandomConvExtractor(nn.Module):
             feats.append(F.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False))
         key = torch.cat([x.mean(dim=(2, 3)), x.std(dim=(2, 3), correction=0)], dim=1)
         return feats, key
+
+
+# (torch.jit is deprecated: a torch without it has no such modules)
+_SCRIPT_MODULE = getattr(getattr(torch, "jit", None), "ScriptModule", ())
 
 
 class TorchFeatureExtractor(nn.Module):
@@ -291,6 +294,12 @@ class TorchFeatureExtractor(nn.Module):
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__} "
                             "(pass any other callable directly as the detector's extractor).")
+        if isinstance(module, _SCRIPT_MODULE):
+            # scripted and traced modules do not run Python forward hooks
+            raise TypeError("module is a TorchScript module, whose submodules run no forward "
+                            "hooks, so no layer could be read: wrap the original nn.Module "
+                            "(or pass a callable returning (feature maps, key) as the "
+                            "detector's extractor).")
         if key not in ("gap", "cls"):
             raise ValueError(f"key must be 'gap' or 'cls', got {key!r}.")
         if isinstance(layers, str):  # one layer name, not a sequence of characters
@@ -301,12 +310,20 @@ class TorchFeatureExtractor(nn.Module):
             raise TypeError(f"layers must be a submodule name or a sequence of them (as in "
                             f"module.named_modules()), got {layers!r}.")
         names = dict(module.named_modules())
-        missing = [n for n in [*layers, *([key_layer] if key_layer else [])] if n not in names]
+        missing = [n for n in layers if n not in names]
         if missing:
             raise ValueError(f"layers {missing} are not submodules of {type(module).__name__}.")
+        if key_layer is not None and not isinstance(key_layer, str):
+            raise TypeError(f"key_layer must be a submodule name or None, got {key_layer!r}.")
+        if key_layer and key_layer not in names:
+            raise ValueError(f"key_layer {key_layer!r} is not a submodule of "
+                             f"{type(module).__name__}.")
         if len(layers) == 0:
             raise ValueError("layers must name at least one submodule.")
         _refuse_repeats(layers, "layers")
+        if forward is not None and not isinstance(forward, str):
+            raise TypeError(f"forward must be the name of a method (a str) or None, got "
+                            f"{forward!r}.")
         if forward is not None and not callable(getattr(module, forward, None)):
             raise ValueError(f"forward must name a method of {type(module).__name__}, got "
                              f"{forward!r}.")
@@ -478,10 +495,7 @@ class DinoViTExtractor(nn.Module):
             raise TypeError(f"{type(model).__name__} has no get_intermediate_layers method; "
                             "pass a DINOv2/DINOv3 ViT or use TorchFeatureExtractor.")
         self.model = model  # the user's: run in eval mode per call (forward), not changed
-        spec: Any = layers  # an int or a sequence of them, checked below
-        if isinstance(spec, numbers.Integral):
-            spec = [spec]
-        layers = list(spec)
+        layers = _int_list(layers, "layers", "a block index")
         if not layers or any(isinstance(i, bool) or not isinstance(i, numbers.Integral)
                              for i in layers):
             raise ValueError(f"layers must be a non-empty sequence of block indices, "
@@ -531,6 +545,16 @@ class DinoViTExtractor(nn.Module):
 
 #: MBConv blocks of EfficientNet-Lite0 (``len(model._blocks)``)
 _LITE0_BLOCKS = 16
+
+
+def _int_list(value: Any, name: str, what: str) -> list:
+    """An int, or an iterable of values, as a list (the items are checked by the caller);
+    anything else is a ``TypeError`` naming ``name``."""
+    if isinstance(value, numbers.Integral):
+        return [value]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be {what} or a sequence of them, got {value!r}.")
+    return list(value)
 
 
 def _refuse_repeats(layers: list, name: str) -> None:
@@ -585,14 +609,9 @@ def efficientnet_lite0_extractor(blocks: int | Sequence[int] = (4, 10)
     True
     """
     # checked before the extra is imported, so a wrong value is reported without it
-    spec: Any = blocks
-    if isinstance(spec, numbers.Integral):
-        spec = [spec]
-    if isinstance(spec, (str, bytes)) or not isinstance(spec, Iterable):
-        raise TypeError(f"blocks must be a block index or a sequence of them, got {spec!r}.")
-    blocks = list(spec)
+    blocks = _int_list(blocks, "blocks", "a block index")
     if not blocks or any(isinstance(b, bool) or not isinstance(b, numbers.Integral)
-                         or not 0 <= b < _LITE0_BLOCKS for b in blocks):
+                         or not 0 <= int(b) < _LITE0_BLOCKS for b in blocks):
         raise ValueError(f"blocks must be a non-empty sequence of block indices in "
                          f"[0, {_LITE0_BLOCKS - 1}], got {blocks!r}.")
     _refuse_repeats(blocks, "blocks")
@@ -626,7 +645,7 @@ def resolve_extractor(spec) -> Callable:
     (needs the ``pretrained`` extra); ``"random"`` gives :class:`RandomConvExtractor`
     with its defaults; a callable (e.g. an ``nn.Module``) is used as is.
     """
-    if spec is None or spec == "efficientnet-lite0":
+    if spec is None or (isinstance(spec, str) and spec == "efficientnet-lite0"):
         return efficientnet_lite0_extractor()
     if isinstance(spec, str):
         if spec == "random":
@@ -676,12 +695,13 @@ def check_extractor_output(out: Any, n: int, batch: int) -> tuple[list[torch.Ten
     for i, t in enumerate([*feats, key]):
         check_real(t, "the extractor's " + ("key" if i == len(feats) else f"feature map {i}"))
     for i, f in enumerate(feats):
-        if f.ndim != 4 or f.shape[0] != n:
+        if f.ndim != 4 or f.shape[0] != n or 0 in f.shape[1:]:
             raise ValueError(f"the extractor's feature map {i} has shape {tuple(f.shape)} for a "
-                             f"batch of {n} images; expected ({n}, C, h, w).")
-    if key.ndim == 0 or key.shape[0] != n:
+                             f"batch of {n} images; expected ({n}, C, h, w) with C, h and w "
+                             "at least 1.")
+    if key.ndim == 0 or key.shape[0] != n or 0 in key.shape[1:]:
         raise ValueError(f"the extractor's key has shape {tuple(key.shape)} for a batch of "
-                         f"{n} images; expected ({n}, D).")
+                         f"{n} images; expected ({n}, D) with D at least 1.")
     # contiguous float32, the layout scoring also sees; finiteness is checked after the
     # cast, which turns float64 values beyond the float32 range into inf
     feats = [f.float().contiguous() for f in feats]

@@ -192,6 +192,28 @@ def validate_image_source(X: Any, name: str = "X", size=None):
     return _validate_images(X, name, size)
 
 
+def _pil_layout_to_chw(a: np.ndarray) -> np.ndarray:
+    """A decoded PIL image, ``(H, W)`` or ``(H, W, 3)`` by construction, as ``(C, H, W)``
+    (its layout is known: it must not be guessed from its shape as an array's is)."""
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+
+def _item_to_chw(a: np.ndarray) -> np.ndarray:
+    """One image of a list as ``(C, H, W)`` with ``C`` in ``{1, 3}``: ``(H, W)`` is
+    grayscale; of a 3D image, ``(C, H, W)`` wins over ``(H, W, C)`` and 1 or 3 channels
+    over 4 (the rules of a batch, :func:`check_images`); the alpha channel is dropped.
+    Anything else is returned as is, for the checks of the stacked batch to explain."""
+    if a.ndim == 2:
+        return a[None]
+    if a.ndim != 3:
+        return a
+    if a.shape[0] not in (1, 3) and a.shape[-1] in (1, 3, 4):
+        a = a.transpose(2, 0, 1)
+    if a.shape[0] == 4:
+        return a[:3]
+    return a
+
+
 def _validate_images(X: Any, name: str = "X", size=None
                      ) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
     """Validate images without converting them (see :func:`check_images`).
@@ -214,17 +236,16 @@ def _validate_images(X: Any, name: str = "X", size=None
         arrays = []
         for item in X:
             if isinstance(item, _PATH_TYPES):  # an image file
-                item = _read_image_file(item, name)
+                arrays.append(_pil_layout_to_chw(_read_image_file(item, name)))
             elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
-                item = _pil_to_array(item)
-            arrays.append(to_numpy(item))
-        if len({a.shape for a in arrays}) > 1:  # grayscale next to colour: repeat channels
-            colour = [a.shape for a in arrays if a.ndim == 3 and a.shape[-1] in (3, 4)]
-            if colour:
-                arrays = [np.repeat(a[..., None], colour[0][-1], axis=-1)
-                          if a.ndim == 2 and a.shape == colour[0][:2] else a for a in arrays]
+                arrays.append(_pil_layout_to_chw(_pil_to_array(item)))
+            else:
+                arrays.append(_item_to_chw(to_numpy(item)))
+        if len({a.shape[0] for a in arrays if a.ndim == 3}) > 1:  # grayscale next to colour
+            arrays = [np.repeat(a, 3, axis=0) if a.ndim == 3 and a.shape[0] == 1 else a
+                      for a in arrays]
         shapes = {a.shape for a in arrays}
-        if len(shapes) > 1 and size is not None and all(a.ndim in (2, 3) for a in arrays):
+        if len(shapes) > 1 and size is not None and all(a.ndim == 3 for a in arrays):
             # images of different sizes: each one validated, converted and resized to the
             # network input size on its own (what the extractor would do to it)
             out, sizes = [], []
@@ -242,7 +263,8 @@ def _validate_images(X: Any, name: str = "X", size=None
             raise ValueError(f"each item of {name} must be one image, (H, W), (H, W, C) or "
                              f"(C, H, W); got items of shapes {sorted(shapes)}.")
         if len(shapes) > 1:
-            raise ValueError(f"{name} holds images of mixed sizes {sorted(shapes)}; resize them "
+            sides = sorted({a.shape[-2:] for a in arrays})
+            raise ValueError(f"{name} holds images of mixed sizes (H, W) {sides}; resize them "
                              "to a common size first, or set image_size (each image is then "
                              "resized to it).")
         X = np.stack(arrays)
@@ -284,11 +306,14 @@ def check_images(X: ImageInput, name: str = "X") -> torch.Tensor:
     dropped, as PIL's ``convert("RGB")`` does. PIL images of 16/32-bit integer or
     float modes (``"I;16"``, ``"I"``, ``"F"``) follow the same rules as arrays of
     their dtype (they are not clipped to 8 bits). In a list mixing integer and
-    float images, each image is scaled by its own dtype; the images of a list must
-    share one size (the detectors, whose ``image_size`` resizes every image anyway,
-    also accept lists of different sizes). Items of a list may also be image file
-    paths (``str`` or ``pathlib.Path``; read with Pillow, then as PIL images); a
-    1-D object array or pandas Series of images or paths is taken as the list.
+    float images, each image is scaled by its own dtype; the layout of each item of
+    a list is read on its own by the rules above (so grayscale, RGB and RGBA items,
+    channels-first and channels-last, mix), except that PIL images are always
+    ``(H, W)`` or ``(H, W, C)``; the images of a list must share one size ``(H, W)``
+    (the detectors, whose ``image_size`` resizes every image anyway, also accept
+    lists of different sizes). Items of a list may also be image file paths (``str``
+    or ``pathlib.Path``; read with Pillow, then as PIL images); a 1-D object array or
+    pandas Series of images or paths is taken as the list.
 
     This is the validation the detectors apply to their ``X`` (which also resize
     each image to ``image_size``); call it to see what a detector will see.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,23 @@ def _rand(n: int | tuple[int, ...], gen: torch.Generator | None) -> torch.Tensor
 def _uniform(n: int | tuple[int, ...], low: float, high: float,
              gen: torch.Generator | None) -> torch.Tensor:
     return low + (high - low) * _rand(n, gen)
+
+
+def _check_batch(x: Any, generator: Any) -> None:
+    """Refuse what the augmentation cannot read: ``x`` must be a float ``(N, C, H, W)``
+    tensor with ``N >= 1``, ``generator`` a ``torch.Generator`` or ``None``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"DefaultAugment: x must be a torch.Tensor of images (N, C, H, W), "
+                        f"got {type(x).__name__} (convert with torch.as_tensor).")
+    if x.ndim != 4 or 0 in x.shape:
+        raise ValueError(f"DefaultAugment: x must be a non-empty (N, C, H, W) batch of "
+                         f"images, got shape {tuple(x.shape)}.")
+    if not x.is_floating_point():
+        raise TypeError(f"DefaultAugment: x must hold float images, got {x.dtype} (convert "
+                        "8-bit pixels with x.float() / 255).")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"DefaultAugment: generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}.")
 
 
 def _luma(x: torch.Tensor) -> torch.Tensor:
@@ -202,6 +220,7 @@ class DefaultAugment:
             none fits, the centre crop of the largest size whose aspect ratio is the
             image's clipped to ``ratio``.
         """
+        _check_batch(x, gen)
         n = x.shape[0]
         area = _uniform((n, _CROP_TRIES), *self.scale, gen)
         log_r = _uniform((n, _CROP_TRIES), math.log(self.ratio[0]),
@@ -250,6 +269,7 @@ class DefaultAugment:
         Tensor of shape (N, C, H, W)
             The jittered images (not clipped: values may leave [0, 1]).
         """
+        _check_batch(x, gen)
         n, c = x.shape[:2]
 
         # one switch per image for the whole jitter, as torchvision's
@@ -288,7 +308,13 @@ class DefaultAugment:
             Blurred images (sigma drawn in ``sigma``, an odd kernel of about 10%
             of the smaller side, at least 3, replicate padding) or the input.
         """
+        _check_batch(x, gen)
         n, c, height, width = x.shape
+        if float(self.blur_p) == 0:
+            # nothing is blurred, and sigma may be unset: the same draws as a blur that
+            # never fires, so that the generator's stream does not depend on sigma
+            _rand(n, gen), _rand(n, gen)
+            return x.clone()
         k = max(3, int(0.1 * min(height, width)) // 2 * 2 + 1)
         sig = _uniform(n, *self.sigma, gen)
         on = _rand(n, gen) < self.blur_p

@@ -10,6 +10,7 @@ from torch import nn
 from mlpapers._utils import RandomStateLike, check_in_options, check_positive
 from mlpapers.ssl.clapp._base_encoder import Architecture, Augment, SpatialPool, _SSLImageEncoder
 from mlpapers.ssl.clapp._kernels import (
+    check_temperature,
     clapp_layer_loss,
     infonce_loss,
     negative_indices,
@@ -142,7 +143,7 @@ class GlobalSSLEncoder(_SSLImageEncoder):
     def _check_params(self) -> None:
         check_in_options(self.loss, "loss", ("clapp", "infonce", "infonce-cross",
                                              *self._LOSS_ALIASES))
-        check_positive(self.temperature, "temperature")
+        check_temperature(self.temperature)
         check_positive(self.projection_dim, "projection_dim", integer=True)
         self._check_common_params()
 

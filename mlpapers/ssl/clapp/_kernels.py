@@ -271,6 +271,19 @@ def clapp_layer_loss(
     return contrastive_loss(u_pos, u_neg, loss).mean()
 
 
+# below this, 1 / temperature overflows float32 and the loss is inf - inf = NaN
+_MIN_TEMPERATURE = 1.0 / float(torch.finfo(torch.float32).max)
+
+
+def check_temperature(temperature: Any) -> None:
+    """An InfoNCE temperature: positive and finite (else a meaningless loss), and at
+    least ``1 / float32max`` (about 2.9e-39), below which the float32 logits overflow."""
+    check_positive(temperature, "temperature")
+    if temperature < _MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be at least {_MIN_TEMPERATURE:.3g} (1 / float32's "
+                         f"largest value: the logits divide by it), got {temperature!r}.")
+
+
 @requires_tensors
 def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
                  ) -> torch.Tensor:
@@ -317,7 +330,7 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     if pairs not in ("all", "cross"):
         raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
     if not isinstance(temperature, torch.Tensor):  # (a learnable one is the caller's)
-        check_positive(temperature, "temperature")  # (<= 0 or NaN: a meaningless loss)
+        check_temperature(temperature)
     n = p.shape[0] if p.ndim == 2 else 0
     if p.ndim != 2 or n == 0 or n % 2:  # (no rows gave a NaN loss)
         raise ValueError(f"p must have shape (2B, P) with B >= 1 (an even number of rows: "
