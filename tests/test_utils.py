@@ -137,6 +137,8 @@ def test_without_inference_tensors_copies_them_once_and_keeps_their_kind():
     torch.testing.assert_close(out["pair"][0], torch.ones(2))
     net(torch.rand(4, 3)).sum().backward()  # trainable again
     assert net.bias.grad is not None
+    lazy = torch.nn.LazyLinear(2)  # no data yet: left as it is
+    assert without_inference_tensors({"m": lazy})["m"] is lazy
 
 
 def test_dates_and_durations_are_refused_by_name():

@@ -132,12 +132,13 @@ def without_inference_tensors(value: Any) -> Any:
     tensor, which autograd can never save: an estimator unpickled there could predict
     but never be trained or differentiated again. Tensors directly in dicts, lists and
     tuples and the parameters and buffers of modules (changed in place) are copied;
-    a tensor met twice is copied once, so shared storage stays shared.
+    a tensor met twice is copied once (two views of one storage become two copies).
+    Tensors inside other objects (and plain tensor attributes of modules) are left.
     """
     copies: dict[int, torch.Tensor] = {}
 
     def normal(t: torch.Tensor) -> torch.Tensor:
-        if not t.is_inference():
+        if torch.nn.parameter.is_lazy(t) or not t.is_inference():  # (lazy: no data yet)
             return t
         if id(t) not in copies:
             copy = t.detach().clone()

@@ -55,7 +55,7 @@ def test_pil_images_of_mixed_sizes_are_resized_to_image_size(data, cls):
         cls(**{**kw, "image_size": None}).fit(pil_train)
 
 
-@pytest.mark.parametrize("hw", [(3, 16), (16, 3), (4, 12)])
+@pytest.mark.parametrize("hw", [(3, 16), (16, 3), (12, 4)])
 def test_pil_images_and_files_are_read_as_height_width_channels(data, hw, tmp_path):
     """Regression: decoded PIL images and files, (H, W, C) or (H, W) by construction,
     were stacked and their layout guessed again like an array's, so a colour image 3
@@ -93,6 +93,20 @@ def test_list_items_of_one_size_in_different_layouts_make_one_batch(data):
     maps = det.anomaly_map(items)
     assert isinstance(maps, np.ndarray) and maps.shape == (5, 32, 32)
     np.testing.assert_allclose(maps[1], maps[0], rtol=1e-6)
+
+
+def test_list_items_are_read_as_the_array_of_the_same_values():
+    """Regression (from the review of the per-item layouts): the rows of one (H, W, C)
+    image as a list were read as grayscale images; messages show the shapes as given."""
+    from mlpapers.anomaly.rad import check_images
+    img = np.random.default_rng(0).integers(0, 256, (8, 10, 3), dtype=np.uint8)
+    for X in (img, img.tolist(), list(img)):
+        with pytest.raises(ValueError, match=r"single \(H, W, C\) colour image"):
+            check_images(X)
+    with pytest.raises(ValueError, match=r"one image.*shapes \[\(5, 6, 7\), \(6, 7\)\]"):
+        check_images([np.zeros((5, 6, 7)), np.zeros((6, 7))])
+    with pytest.raises(ValueError, match=r"mixed sizes \[\(3, 8, 9\), \(6, 7, 3\)\]"):
+        check_images([np.zeros((3, 8, 9)), np.zeros((6, 7, 3))])
 
 
 def test_predict_proba_follows_pyod(data):

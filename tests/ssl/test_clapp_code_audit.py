@@ -51,7 +51,7 @@ def test_default_augment_without_blur_ignores_sigma(sigma):
     are those of a blur that never fires, whatever sigma is."""
     x = torch.rand(4, 3, 12, 12, generator=torch.Generator().manual_seed(0))
     gen, ref_gen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-    ref_aug = DefaultAugment(blur_p=0, sigma=(0.1, 2.0))
+    ref_aug = DefaultAugment(blur_p=1e-30, sigma=(0.1, 2.0))  # the full blur, never firing
     got = DefaultAugment(blur_p=0, sigma=sigma)
     for _ in range(2):  # the generators also stay in step
         assert torch.equal(got(x, gen), ref_aug(x, ref_gen))

@@ -317,6 +317,9 @@ def test_a_temperature_whose_inverse_overflows_float32_is_refused():
     assert torch.isfinite(infonce_loss(p, temperature=3e-39))  # just above the bound
     with pytest.raises(ValueError, match="temperature must be at least 2.94e-39"):
         infonce_loss(p, temperature=1e-40)
+    assert torch.isfinite(infonce_loss(p.double(), temperature=1e-40))  # float64's bound
+    with pytest.raises(ValueError, match="temperature must be at least 1.53e-05"):
+        infonce_loss(p.half(), temperature=1e-5)
     with pytest.raises(ValueError, match="temperature must be at least"):
         GlobalSSLEncoder(loss="infonce", temperature=1e-40, architecture="tiny",
                          n_epochs=1).fit(np.random.default_rng(0).random((4, 1, 8, 8)))

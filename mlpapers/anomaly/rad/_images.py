@@ -233,19 +233,29 @@ def _validate_images(X: Any, name: str = "X", size=None
         raise ValueError(f"{name} holds no images (an empty list): pass at least one "
                          "image.")
     if isinstance(X, (list, tuple)) and not isinstance(X[0], numbers.Number):
-        arrays = []
+        arrays, given = [], []  # each item as (C, H, W), and its shape as given
+        decoded = False  # whether some item was a PIL image or a file
         for item in X:
             if isinstance(item, _PATH_TYPES):  # an image file
-                arrays.append(_pil_layout_to_chw(_read_image_file(item, name)))
+                item, decoded = _read_image_file(item, name), True
             elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
-                arrays.append(_pil_layout_to_chw(_pil_to_array(item)))
+                item, decoded = _pil_to_array(item), True
             else:
-                arrays.append(_item_to_chw(to_numpy(item)))
+                item = to_numpy(item)
+                given.append(item.shape)
+                arrays.append(_item_to_chw(item))
+                continue
+            given.append(item.shape)
+            arrays.append(_pil_layout_to_chw(item))
         if len({a.shape[0] for a in arrays if a.ndim == 3}) > 1:  # grayscale next to colour
             arrays = [np.repeat(a, 3, axis=0) if a.ndim == 3 and a.shape[0] == 1 else a
                       for a in arrays]
         shapes = {a.shape for a in arrays}
-        if len(shapes) > 1 and size is not None and all(a.ndim == 3 for a in arrays):
+        if len(shapes) > 1 and any(a.ndim != 3 or a.shape[0] not in (1, 3) for a in arrays):
+            raise ValueError(f"each item of {name} must be one image, (H, W), (H, W, C) or "
+                             f"(C, H, W) with 1, 3 or 4 channels; got items of shapes "
+                             f"{sorted(set(given))}.")
+        if len(shapes) > 1 and size is not None:
             # images of different sizes: each one validated, converted and resized to the
             # network input size on its own (what the extractor would do to it)
             out, sizes = [], []
@@ -259,14 +269,15 @@ def _validate_images(X: Any, name: str = "X", size=None
             arrays = [a if a.dtype.kind == "f" else
                       _pixels_to_unit(torch.from_numpy(torch_compatible_array(a)), name).numpy()
                       for a in arrays]
-        if len(shapes) > 1 and size is not None:
-            raise ValueError(f"each item of {name} must be one image, (H, W), (H, W, C) or "
-                             f"(C, H, W); got items of shapes {sorted(shapes)}.")
         if len(shapes) > 1:
-            sides = sorted({a.shape[-2:] for a in arrays})
-            raise ValueError(f"{name} holds images of mixed sizes (H, W) {sides}; resize them "
-                             "to a common size first, or set image_size (each image is then "
-                             "resized to it).")
+            raise ValueError(f"{name} holds images of mixed sizes {sorted(set(given))}; resize "
+                             "them to a common size first, or set image_size (each image is "
+                             "then resized to it).")
+        if not decoded and len(set(given)) == 1 and len(given[0]) == 2:
+            # rows of one (H, W, C) image (a nested list, list(image)) read as the array
+            # of the same values would be: refused, not taken for grayscale images
+            reject_single_hwc_image(np.broadcast_to(0, (len(given), *given[0])), name,
+                                    fix="X[None] (or a list of images)")
         X = np.stack(arrays)
     reject_flat_image_table(X, name, takes="images must be (n, H, W), (n, H, W, C) or "
                             "(n, C, H, W), or a list of images")

@@ -271,17 +271,15 @@ def clapp_layer_loss(
     return contrastive_loss(u_pos, u_neg, loss).mean()
 
 
-# below this, 1 / temperature overflows float32 and the loss is inf - inf = NaN
-_MIN_TEMPERATURE = 1.0 / float(torch.finfo(torch.float32).max)
-
-
-def check_temperature(temperature: Any) -> None:
+def check_temperature(temperature: Any, dtype: torch.dtype = torch.float32) -> None:
     """An InfoNCE temperature: positive and finite (else a meaningless loss), and at
-    least ``1 / float32max`` (about 2.9e-39), below which the float32 logits overflow."""
+    least ``1 / finfo(dtype).max`` (about 2.9e-39 for the float32 of training), below
+    which the logits, cosines divided by it, overflow and the loss is NaN."""
     check_positive(temperature, "temperature")
-    if temperature < _MIN_TEMPERATURE:
-        raise ValueError(f"temperature must be at least {_MIN_TEMPERATURE:.3g} (1 / float32's "
-                         f"largest value: the logits divide by it), got {temperature!r}.")
+    low = 1.0 / float(torch.finfo(dtype).max)
+    if temperature < low:
+        raise ValueError(f"temperature must be at least {low:.3g} (1 / the largest {dtype} "
+                         f"value: the logits divide by it), got {temperature!r}.")
 
 
 @requires_tensors
@@ -329,13 +327,14 @@ def infonce_loss(p: torch.Tensor, temperature: float = 0.1, pairs: str = "all"
     """
     if pairs not in ("all", "cross"):
         raise ValueError(f"pairs must be 'all' or 'cross', got {pairs!r}.")
+    dtype = common_float_dtype(p, names=("p",))  # (integer p failed in torch.finfo)
     if not isinstance(temperature, torch.Tensor):  # (a learnable one is the caller's)
-        check_temperature(temperature)
+        check_temperature(temperature, dtype)
     n = p.shape[0] if p.ndim == 2 else 0
     if p.ndim != 2 or n == 0 or n % 2:  # (no rows gave a NaN loss)
         raise ValueError(f"p must have shape (2B, P) with B >= 1 (an even number of rows: "
                          f"two views), got {tuple(p.shape)}.")
-    q = _unit_rows(p.to(common_float_dtype(p, names=("p",))))  # (integer p failed in torch.finfo)
+    q = _unit_rows(p.to(dtype))
     if pairs == "cross":
         b = n // 2
         sim = (q[:b] @ q[b:].T) / temperature
