@@ -198,20 +198,28 @@ def _pil_layout_to_chw(a: np.ndarray) -> np.ndarray:
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
 
+def _channels_last(first: int, last: int) -> bool | None:
+    """The layout rule of :func:`check_images` for an image whose first non-batch axis
+    has ``first`` entries and last axis ``last``: ``(C, H, W)`` wins over ``(H, W, C)``
+    and 1 or 3 channels over 4. ``None`` when neither axis holds 1, 3 or 4 channels."""
+    if first in (1, 3):
+        return False
+    if last in (1, 3, 4):
+        return True
+    return False if first == 4 else None
+
+
 def _item_to_chw(a: np.ndarray) -> np.ndarray:
-    """One image of a list as ``(C, H, W)`` with ``C`` in ``{1, 3}``: ``(H, W)`` is
-    grayscale; of a 3D image, ``(C, H, W)`` wins over ``(H, W, C)`` and 1 or 3 channels
-    over 4 (the rules of a batch, :func:`check_images`); the alpha channel is dropped.
-    Anything else is returned as is, for the checks of the stacked batch to explain."""
+    """One image of a list as ``(C, H, W)`` with ``C`` in ``{1, 3}`` by the rule of a
+    batch (:func:`_channels_last`; ``(H, W)`` is grayscale, alpha is dropped). Anything
+    else is returned as is, for the checks of the stacked batch to explain."""
     if a.ndim == 2:
         return a[None]
-    if a.ndim != 3:
+    if a.ndim != 3 or (layout := _channels_last(a.shape[0], a.shape[-1])) is None:
         return a
-    if a.shape[0] not in (1, 3) and a.shape[-1] in (1, 3, 4):
+    if layout:
         a = a.transpose(2, 0, 1)
-    if a.shape[0] == 4:
-        return a[:3]
-    return a
+    return a[:3] if a.shape[0] == 4 else a
 
 
 def _validate_images(X: Any, name: str = "X", size=None
@@ -237,16 +245,14 @@ def _validate_images(X: Any, name: str = "X", size=None
         decoded = False  # whether some item was a PIL image or a file
         for item in X:
             if isinstance(item, _PATH_TYPES):  # an image file
-                item, decoded = _read_image_file(item, name), True
+                a, known = _read_image_file(item, name), True
             elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image
-                item, decoded = _pil_to_array(item), True
+                a, known = _pil_to_array(item), True
             else:
-                item = to_numpy(item)
-                given.append(item.shape)
-                arrays.append(_item_to_chw(item))
-                continue
-            given.append(item.shape)
-            arrays.append(_pil_layout_to_chw(item))
+                a, known = to_numpy(item), False
+            decoded |= known
+            given.append(a.shape)
+            arrays.append(_pil_layout_to_chw(a) if known else _item_to_chw(a))
         if len({a.shape[0] for a in arrays if a.ndim == 3}) > 1:  # grayscale next to colour
             arrays = [np.repeat(a, 3, axis=0) if a.ndim == 3 and a.shape[0] == 1 else a
                       for a in arrays]
@@ -286,13 +292,11 @@ def _validate_images(X: Any, name: str = "X", size=None
     _check_pixel_range(t, name)
     if t.ndim == 3:
         t = t[:, None]
-    elif t.shape[1] in (1, 3):
-        pass
-    elif t.shape[-1] in (1, 3, 4):
-        t = t.permute(0, 3, 1, 2)
-    elif t.shape[1] != 4:
+    elif (layout := _channels_last(t.shape[1], t.shape[-1])) is None:
         raise ValueError(f"{name} must have 1, 3 or 4 channels, in (n, C, H, W) or "
                          f"(n, H, W, C) layout; got shape {tuple(t.shape)}.")
+    elif layout:
+        t = t.permute(0, 3, 1, 2)
     if t.shape[1] == 4:  # RGBA: drop alpha
         t = t[:, :3]
     if t.shape[-1] < 2 or t.shape[-2] < 2:
