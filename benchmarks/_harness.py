@@ -18,6 +18,14 @@ Usage in a script::
 
     if __name__ == "__main__":
         benchmark_main(cases, baseline="baseline", title="...")
+
+A script with options of its own passes them as a parent parser, so that ``--help``
+lists them with the common ones::
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--threads", type=int, default=2)
+    OPTIONS = benchmark_parser("...", parents=[extra]).parse_args()
+    benchmark_main(cases, baseline="baseline", title="...", args=OPTIONS)
 """
 
 from __future__ import annotations
@@ -142,7 +150,10 @@ def run_cases(cases: Sequence[Case], *, warmup: int = 1, repeats: int = 3,
     results = []
     for case in cases:
         n_warm = case.warmup if case.warmup is not None else warmup
-        n_rep = max(1, case.repeats if case.repeats is not None else repeats)
+        n_rep = case.repeats if case.repeats is not None else repeats
+        if n_rep < 1 or n_warm < 0:
+            raise ValueError(f"case {case.name!r}: repeats must be >= 1 and warmup >= 0, "
+                             f"got repeats={n_rep}, warmup={n_warm}.")
         times, metrics, peak, error = [], {}, 0.0, None
         try:
             for _ in range(n_warm):
@@ -215,20 +226,51 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (0 timed repeats used to become 1
+    and a negative warm-up 0, silently)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def benchmark_parser(title: str, *,
+                     parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """The command line of a benchmark: ``--quick``, ``--out``, ``--repeats``,
+    ``--warmup``, and the options of the ``parents`` (built with ``add_help=False``),
+    all listed by ``--help``."""
+    parser = argparse.ArgumentParser(description=title, parents=list(parents))
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--out", help="write results as JSON to this path")
+    parser.add_argument("--repeats", type=int_at_least(1), default=None,
+                        help="timed repeats per case (>= 1)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=None,
+                        help="warm-up runs per case (>= 0)")
+    return parser
+
+
 def benchmark_main(
     make_cases: Callable[[bool], Sequence[Case]],
     *,
     baseline: str | None,
     title: str,
     argv: list[str] | None = None,
+    args: argparse.Namespace | None = None,
 ) -> list[Result]:
-    """Parse ``--quick``/``--out``/``--repeats``, run the cases, print and save the table."""
-    parser = argparse.ArgumentParser(description=title)
-    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    parser.add_argument("--out", help="write results as JSON to this path")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per case")
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up runs per case")
-    args = parser.parse_args(argv)
+    """Run the cases, print and save the table.
+
+    ``args`` are the options parsed by :func:`benchmark_parser` (a script with
+    options of its own parses them first); without them ``argv`` (default: the
+    command line) is parsed here.
+    """
+    if args is None:
+        args = benchmark_parser(title).parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
     cases = make_cases(args.quick)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Case, benchmark_main  # noqa: E402
+from _harness import Case, benchmark_main, benchmark_parser, int_at_least  # noqa: E402
 
 from mlpapers.datasets import make_mips_problem  # noqa: E402
 from mlpapers.retrieval import (  # noqa: E402
@@ -223,7 +223,7 @@ _OPTIONS = argparse.Namespace(threads=2, large=False, no_wiki=False, no_syntheti
 
 if __name__ == "__main__":
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--threads", type=int, default=2)
+    extra.add_argument("--threads", type=int_at_least(1), default=2)
     extra.add_argument("--large", action="store_true", help="also N = 100k")
     extra.add_argument("--no-wiki", action="store_true", help="skip the Wikipedia set")
     extra.add_argument("--no-synthetic", action="store_true", help="skip the synthetic sets")
@@ -240,6 +240,6 @@ if __name__ == "__main__":
     extra.add_argument("--supportnet-lr", type=float, default=None,
                        help="peak learning rate of SupportNet (default: --lr)")
     extra.add_argument("--no-supportnet", dest="supportnet", action="store_false")
-    _OPTIONS, rest = extra.parse_known_args()
-    benchmark_main(make_cases, baseline=None, title="Amortized MIPS vs exact search and faiss",
-                   argv=rest)
+    _TITLE = "Amortized MIPS vs exact search and faiss"
+    _OPTIONS = benchmark_parser(_TITLE, parents=[extra]).parse_args()
+    benchmark_main(make_cases, baseline=None, title=_TITLE, args=_OPTIONS)

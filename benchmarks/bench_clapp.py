@@ -39,6 +39,7 @@ same numbers either way.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -47,7 +48,14 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Case, Result, benchmark_main, format_table  # noqa: E402
+from _harness import (  # noqa: E402
+    Case,
+    Result,
+    benchmark_main,
+    benchmark_parser,
+    format_table,
+    int_at_least,
+)
 
 from mlpapers.datasets import make_shifted_digits  # noqa: E402
 from mlpapers.ssl import CLAPPEncoder, GlobalSSLEncoder, update_similarity  # noqa: E402
@@ -142,16 +150,6 @@ def make_cases(quick: bool):
     return [c for c in cases if c.name == "random init" or c.name in ARMS]
 
 
-def _pop_option(argv: list[str], flag: str) -> str | None:
-    """Remove ``flag VALUE`` from ``argv`` (the harness parses the rest); return VALUE."""
-    if flag not in argv:
-        return None
-    i = argv.index(flag)
-    value = argv[i + 1]
-    del argv[i:i + 2]
-    return value
-
-
 def goal_verdicts(results) -> list[str]:
     """The issue's three goals, judged on the measured rows (absent arms are skipped).
 
@@ -219,18 +217,25 @@ if __name__ == "__main__":
     # one torch thread, as the docs' table was measured (like the other benchmarks; the
     # default of two on this machine would also change the float sums, hence the digits)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
-    if "--merge" in sys.argv:
-        _results = _merge(sys.argv[sys.argv.index("--merge") + 1:])
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--arms", help="comma-separated arms to run (the random-init row "
+                                      "is always included)")
+    extra.add_argument("--probe-pool", type=int_at_least(1), default=None, metavar="G",
+                       help="probe every arm on features pooled to a G x G grid")
+    extra.add_argument("--epochs", type=int_at_least(1), default=None,
+                       help=f"training epochs (default {EPOCHS_DEFAULT})")
+    extra.add_argument("--merge", nargs="+", metavar="JSON",
+                       help="merge the tables of earlier --out runs (runs nothing)")
+    _args = benchmark_parser(TITLE, parents=[extra]).parse_args()
+    if _args.merge:
+        _results = _merge(_args.merge)
         print(f"## {TITLE} (merged)\n")
         print(format_table(_results, "random init"))
     else:
-        _arms = _pop_option(sys.argv, "--arms")
-        ARMS = None if _arms is None else [n.strip() for n in _arms.split(",") if n.strip()]
-        _pool = _pop_option(sys.argv, "--probe-pool")
-        PROBE_POOL = None if _pool is None else int(_pool)
-        _epochs = _pop_option(sys.argv, "--epochs")
-        EPOCHS = None if _epochs is None else int(_epochs)
-        _results = benchmark_main(make_cases, baseline="random init", title=TITLE)
-    if "--quick" in sys.argv:
+        ARMS = (None if _args.arms is None
+                else [n.strip() for n in _args.arms.split(",") if n.strip()])
+        PROBE_POOL, EPOCHS = _args.probe_pool, _args.epochs
+        _results = benchmark_main(make_cases, baseline="random init", title=TITLE, args=_args)
+    if _args.quick:
         print("\n(quick smoke run: 2 epochs, 1 seed; the verdicts below mean nothing)")
     print("\n" + "\n".join(goal_verdicts(_results)))

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 import torch
-from _harness import Case, benchmark_main
+from _harness import Case, benchmark_main, benchmark_parser, int_at_least
 from sklearn.datasets import load_digits
 from sklearn.metrics import roc_auc_score
 
@@ -303,9 +303,9 @@ _OPTIONS = argparse.Namespace(threads=None, speed_only=False)
 
 if __name__ == "__main__":
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--threads", type=int, default=None, help="torch threads")
+    extra.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads")
     extra.add_argument("--speed-only", action="store_true", help="only the speed studies")
-    _OPTIONS, rest = extra.parse_known_args()
-    benchmark_main(make_cases, argv=rest, baseline="PatchCore (multi-class)",
-                   title="RAD vs PatchCore on procedural textures"
-                         + (" (EfficientNet-Lite0)" if HAS_PRETRAINED else " (random-conv)"))
+    _TITLE = ("RAD vs PatchCore on procedural textures"
+              + (" (EfficientNet-Lite0)" if HAS_PRETRAINED else " (random-conv)"))
+    _OPTIONS = benchmark_parser(_TITLE, parents=[extra]).parse_args()
+    benchmark_main(make_cases, baseline="PatchCore (multi-class)", title=_TITLE, args=_OPTIONS)

@@ -48,7 +48,7 @@ from functools import partial
 
 import numpy as np
 import torch
-from _harness import Case, benchmark_main
+from _harness import Case, benchmark_main, benchmark_parser, int_at_least
 
 from mlpapers.datasets import make_relevance_problem
 from mlpapers.retrieval.rbe import (
@@ -275,7 +275,7 @@ _OPTIONS = argparse.Namespace(threads=2, no_wiki=False, no_synthetic=False, wiki
 
 if __name__ == "__main__":
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--threads", type=int, default=2)
+    extra.add_argument("--threads", type=int_at_least(1), default=2)
     extra.add_argument("--no-wiki", action="store_true", help="skip the Wikipedia problem")
     extra.add_argument("--wiki", action="store_true",
                        help="also run the Wikipedia problem with --quick")
@@ -285,6 +285,6 @@ if __name__ == "__main__":
                        help="training queries (wiki)")
     extra.add_argument("--k", type=int, default=100,
                        help="HitRate@K cut-off of the full runs (the paper: 100)")
-    _OPTIONS, rest = extra.parse_known_args()
-    benchmark_main(make_cases, baseline="brute force",
-                   title="RBE: HitRate@K vs online heavy calls per query", argv=rest)
+    _TITLE = "RBE: HitRate@K vs online heavy calls per query"
+    _OPTIONS = benchmark_parser(_TITLE, parents=[extra]).parse_args()
+    benchmark_main(make_cases, baseline="brute force", title=_TITLE, args=_OPTIONS)

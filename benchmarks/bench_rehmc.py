@@ -59,7 +59,7 @@ import time
 
 import numpy as np
 import torch
-from _harness import Case, environment, format_table, run_cases
+from _harness import Case, environment, format_table, int_at_least, run_cases
 from scipy import stats
 from scipy.special import ndtr
 
@@ -572,10 +572,10 @@ def main(argv=None):
                         help="only the fixed-versus-auto comparison over 4 seeds")
     parser.add_argument("--corner", action="store_true",
                         help="only the d=50 corner table (the issue's goal)")
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--repeats", type=int_at_least(1), default=1,
                         help="timed runs per row (median wall time; the draws are the same)")
     args = parser.parse_args(argv)
-    REPEATS[0] = max(args.repeats, 1)
+    REPEATS[0] = args.repeats
     torch.set_num_threads(1)
     q = args.quick
     if args.sweep:

@@ -3,9 +3,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from _harness import Case, benchmark_main, format_table, run_cases  # noqa: E402
+from _harness import (  # noqa: E402
+    Case,
+    benchmark_main,
+    benchmark_parser,
+    format_table,
+    run_cases,
+)
 
 
 def test_run_cases_times_metrics_and_ratios():
@@ -49,6 +57,36 @@ def test_benchmark_main_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["quick"] and data["results"][0]["metrics"] == {"m": 1.0}
     assert "| a |" in capsys.readouterr().out
+
+
+def test_help_lists_the_scripts_own_options(capsys):
+    # the scripts parsed their options with an add_help=False parser and passed the rest
+    # on: --help showed only the harness' four options, never --threads or --no-wiki
+    import argparse
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--threads", type=int, help="torch threads")
+    parser = benchmark_parser("T", parents=[extra])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "--threads" in text and "--repeats" in text
+    args = parser.parse_args(["--threads", "3", "--quick"])
+    assert args.threads == 3 and args.quick
+    out = benchmark_main(lambda quick: [Case("a", lambda: {"m": float(quick)})],
+                         baseline=None, title="T", args=args)
+    assert out[0].metrics == {"m": 1.0}
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--warmup", "-1"], ["--repeats", "x"]])
+def test_bad_repeat_counts_are_refused(argv, capsys):
+    # --repeats 0 was run once and a negative --warmup as none, silently
+    with pytest.raises(SystemExit):
+        benchmark_main(lambda quick: [Case("a", lambda: {})], baseline=None, title="T",
+                       argv=argv)
+    assert "expected an integer" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        run_cases([Case("a", lambda: {}, repeats=0)], verbose=False)
 
 
 def _row(table, name):

@@ -18,6 +18,8 @@ function returning the node's data; it reuses the estimator's training engine.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -54,6 +56,100 @@ def _to_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 def _is_integer(a: np.ndarray) -> bool:
     return np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_
+
+
+def _positive_number(value: Any) -> bool:
+    """A finite number > 0 (not a bool): a node's ``num-examples``."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value) and float(value) > 0)
+
+
+def _num_examples(reply: Message, node_id: int, server_round: int) -> float:
+    """The weight of a node's trained model: its ``num-examples`` metric (a weight of
+    0, a negative one or NaN made the average NaN or inf with only numpy's warning)."""
+    metrics: Any = reply.content["metrics"] if "metrics" in reply.content else {}
+    n = metrics.get("num-examples")
+    if not _positive_number(n):
+        raise ValueError(f"CLoVEStrategy, round {server_round}: node {node_id} replied "
+                         "without a positive finite 'num-examples' metric (its number of "
+                         f"training examples, the weight of its model), got {n!r}.")
+    return float(cast(float, n))
+
+
+def _reply_arrays(reply: Message, node_id: int, model: dict[str, np.ndarray], j: int,
+                  server_round: int) -> dict[str, np.ndarray]:
+    """A node's trained model, checked against the model ``j`` it was sent: same
+    names, shapes and kinds (floating or integer), finite values. (Arrays of another
+    shape were broadcast into the average, or replaced the model when one node
+    trained it; a float array sent back as integers took the maximum.)"""
+    where = f"CLoVEStrategy, round {server_round}: node {node_id}"
+    record = reply.content["arrays"] if "arrays" in reply.content else None
+    if not isinstance(record, ArrayRecord):
+        raise ValueError(f"{where} replied without its trained model (an ArrayRecord "
+                         f"under 'arrays'), got {type(record).__name__}.")
+    arrays = _to_arrays(record)
+    if set(arrays) != set(model):
+        raise ValueError(f"{where} replied with arrays {sorted(arrays)}, expected "
+                         f"{sorted(model)} (model {j}'s).")
+    for k, a in arrays.items():
+        if a.shape != model[k].shape or _is_integer(a) != _is_integer(model[k]):
+            raise ValueError(f"{where} replied with array {k!r} of shape {a.shape} and "
+                             f"dtype {a.dtype}, but model {j}'s is {model[k].shape} "
+                             f"{model[k].dtype}.")
+    if not all(np.isfinite(a).all() for a in arrays.values()):
+        # averaged in, it would poison model j for every later round
+        raise FloatingPointError(f"CLoVEStrategy: node {node_id} diverged in round "
+                                 f"{server_round}: its trained model is not finite; "
+                                 "lower the clients' lr.")
+    return arrays
+
+
+def _loss_vector(reply: Message, node_id: int, n_models: int,
+                 server_round: int) -> list[float]:
+    """A node's ``losses`` metric: one number per model. (Vectors of another length
+    gave numpy's "inhomogeneous shape" error, or were clustered silently when every
+    node sent the same wrong length.)"""
+    metrics: Any = reply.content["metrics"] if "metrics" in reply.content else {}
+    losses = metrics.get("losses")
+    if (not isinstance(losses, list) or len(losses) != n_models
+            or not all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                       for v in losses)):
+        got = (f"{len(losses)} values" if isinstance(losses, list) else repr(losses))
+        raise ValueError(f"CLoVEStrategy, round {server_round}: node {node_id} replied "
+                         f"without a 'losses' metric of {n_models} numbers (its loss "
+                         f"under each model), got {got}.")
+    return [float(v) for v in losses]
+
+
+def _initial_models(initial_arrays: Any, n_clusters: int) -> list[ArrayRecord]:
+    """The K initial models, checked: ArrayRecords of the same arrays (names, shapes
+    and kinds), as the nodes stack them into one architecture."""
+    if isinstance(initial_arrays, ArrayRecord):
+        initial_arrays = [initial_arrays] * n_clusters
+    if not isinstance(initial_arrays, Sequence) or isinstance(initial_arrays, str) or any(
+            not isinstance(r, ArrayRecord) for r in initial_arrays):
+        raise TypeError("initial_arrays must be an ArrayRecord or a sequence of them (e.g. "
+                        "ArrayRecord(model.state_dict())), got "
+                        f"{type(initial_arrays).__name__}"
+                        + (" holding other objects." if isinstance(initial_arrays, Sequence)
+                           else "."))
+    if len(initial_arrays) != n_clusters:
+        raise ValueError(f"initial_arrays must hold {n_clusters} models, "
+                         f"got {len(initial_arrays)}.")
+    first = _to_arrays(initial_arrays[0])
+    if not first:
+        raise ValueError("initial_arrays holds a model without arrays.")
+    for j, record in enumerate(initial_arrays[1:], start=1):
+        arrays = _to_arrays(record)
+        same = set(arrays) == set(first) and all(
+            a.shape == first[k].shape and _is_integer(a) == _is_integer(first[k])
+            for k, a in arrays.items())
+        if not same:
+            raise ValueError(f"initial_arrays: model {j} has other arrays than model 0 "
+                             f"({ {k: a.shape for k, a in arrays.items()} } against "
+                             f"{ {k: a.shape for k, a in first.items()} }); the K models "
+                             "share one architecture.")
+    return list(initial_arrays)
 
 
 class CLoVEStrategy(Strategy):
@@ -144,6 +240,7 @@ class CLoVEStrategy(Strategy):
         self.partitions_: dict[int, Any] = {}
         self.history_: list[dict[str, float]] = []
         self.models_: list[ArrayRecord] = []
+        self.node_ids_: list[int] = []
 
     # -- Strategy interface ------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord | None,
@@ -168,21 +265,34 @@ class CLoVEStrategy(Strategy):
             One ``train`` message per node of ``node_ids_``, with records
             ``arrays`` (its model) and ``config``.
         """
+        if not self.models_ or not self.node_ids_:
+            raise RuntimeError("CLoVEStrategy.configure_train needs the models and the "
+                               "nodes' assignment of a run: call start(grid, "
+                               "initial_arrays), which calls it every round.")
         return [
-            Message(RecordDict({"arrays": self.models_[self.labels_[nid]], "config": config}),
+            Message(RecordDict({"arrays": self.models_[self._assigned(nid, server_round)],
+                                "config": config}),
                     dst_node_id=nid, message_type="train", group_id=str(server_round))
             for nid in self.node_ids_
         ]
+
+    def _assigned(self, node_id: int, server_round: int) -> int:
+        """The model assigned to ``node_id`` this round (``ValueError`` for another node)."""
+        if node_id not in self.labels_:
+            raise ValueError(f"CLoVEStrategy, round {server_round}: node {node_id} has no "
+                             f"assigned model (the round's nodes are {sorted(self.labels_)}).")
+        return self.labels_[node_id]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[None, MetricRecord]:
         """Data-size weighted average of the replies, per assigned model.
 
         Arrays are matched by name, so the replies may list them in another order
-        than the initial models. A model that no node trained keeps its weights.
-        Floating arrays are averaged in float64 and stored in their own dtype;
-        integer arrays (counters such as BatchNorm's ``num_batches_tracked``) take
-        their maximum, as in :class:`CLoVE`. The results replace ``models_`` in place.
+        than the initial models; each must have its model's shape and kind (floating
+        or integer). A model that no node trained keeps its weights. Floating arrays
+        are averaged in float64 and stored in the model's dtype; integer arrays
+        (counters such as BatchNorm's ``num_batches_tracked``) take their maximum, as
+        in :class:`CLoVE`. The results replace ``models_`` in place.
 
         Parameters
         ----------
@@ -202,28 +312,26 @@ class CLoVEStrategy(Strategy):
         Raises
         ------
         ValueError
-            If a node replies with other array names than the models'.
+            If a reply comes from a node without an assigned model, lacks its
+            ``arrays`` or a positive finite ``num-examples``, or holds other array
+            names, shapes or kinds than its model's.
         FloatingPointError
             If a node's trained model is not finite (it diverged).
+        RuntimeError
+            If called before :meth:`start` set ``models_`` and ``labels_``.
         """
+        if not self.models_ or not self.labels_:
+            raise RuntimeError("CLoVEStrategy.aggregate_train needs the models and the "
+                               "nodes' assignment of a run: call start(grid, "
+                               "initial_arrays), which calls it every round.")
         sums: dict[int, dict[str, np.ndarray]] = {}
         weights: dict[int, float] = {}
-        keys = list(self.models_[0].keys())
-        dtypes: dict[str, np.dtype] = {}
+        models = {j: _to_arrays(m) for j, m in enumerate(self.models_)}
         for reply in replies:
             nid = reply.metadata.src_node_id
-            j = self.labels_[nid]
-            n = float(cast(int, reply.content["metrics"]["num-examples"]))  # (the ClientApp's)
-            arrays = _to_arrays(cast(ArrayRecord, reply.content["arrays"]))
-            if set(arrays) != set(keys):
-                raise ValueError(f"node {nid} replied with arrays {sorted(arrays)}, expected "
-                                 f"{sorted(keys)}.")
-            if not all(np.isfinite(a).all() for a in arrays.values()):
-                # averaged in, it would poison model j for every later round
-                raise FloatingPointError(f"CLoVEStrategy: node {nid} diverged in round "
-                                         f"{server_round}: its trained model is not finite; "
-                                         "lower the clients' lr.")
-            dtypes.update((k, a.dtype) for k, a in arrays.items())
+            j = self._assigned(nid, server_round)
+            n = _num_examples(reply, nid, server_round)
+            arrays = _reply_arrays(reply, nid, models[j], j, server_round)
             # float64 sums for exact weighting; integer counters are not averaged
             part = {k: a if _is_integer(a) else n * a.astype(np.float64)
                     for k, a in arrays.items()}
@@ -237,8 +345,8 @@ class CLoVEStrategy(Strategy):
             # np.array: a 0-d array divided by a float is a numpy scalar, which
             # torch.from_numpy refuses (np.ascontiguousarray would make it 1-d)
             self.models_[j] = ArrayRecord({k: torch.from_numpy(np.array(
-                s[k] if _is_integer(s[k]) else s[k] / weights[j], dtype=dtypes[k],
-                order="C")) for k in keys})
+                s[k] if _is_integer(s[k]) else s[k] / weights[j], dtype=a.dtype,
+                order="C")) for k, a in models[j].items()})
         return None, MetricRecord({"models-updated": len(sums)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
@@ -322,14 +430,15 @@ class CLoVEStrategy(Strategy):
         grid : flwr.serverapp.Grid
             The ServerApp's grid, through which messages reach the nodes.
         initial_arrays : ArrayRecord or sequence of ArrayRecord
-            K distinct initial models, or one model copied K times (another
-            number of models raises ``ValueError``).
+            K distinct initial models of one architecture (the same array names,
+            shapes and kinds), or one model copied K times.
         num_rounds : int, default=3
-            Number of CLoVE rounds.
+            Number of CLoVE rounds (``>= 1``).
         timeout : float, default=3600
-            Seconds to wait for the nodes (connection and each exchange).
+            Seconds to wait for the nodes (connection and each exchange); ``>= 0``,
+            ``inf`` waits forever.
         train_config : ConfigRecord, optional
-            Sent to the nodes with every message (e.g. a seed).
+            Sent to the nodes with every message (e.g. a ``seed``: an integer).
         evaluate_config : ConfigRecord, optional
             Accepted as in Flower's ``Strategy.start``, but no evaluation runs:
             passing one warns (``UserWarning``) and it is not sent.
@@ -342,11 +451,19 @@ class CLoVEStrategy(Strategy):
         -------
         CLoVEStrategy
             ``self``, with ``models_``, ``labels_``, ``loss_vectors_``,
-            ``partitions_`` and ``history_`` of the last round (not Flower's
-            ``Result``).
+            ``partitions_`` and ``history_`` of this run (not Flower's ``Result``;
+            a new :meth:`start` begins them anew).
 
         Raises
         ------
+        TypeError
+            If ``initial_arrays`` holds no ArrayRecords, ``num_rounds`` is no
+            integer, ``timeout`` no number or ``train_config`` no ConfigRecord.
+        ValueError
+            If ``initial_arrays`` holds another number of models than K, or
+            models of different architectures; if ``num_rounds < 1``, ``timeout``
+            is negative or NaN; if a node replies without a loss per model (see also
+            :meth:`aggregate_train`).
         TimeoutError
             If fewer than ``min_nodes`` nodes connect, or some node does not
             reply, within ``timeout`` seconds.
@@ -369,12 +486,21 @@ class CLoVEStrategy(Strategy):
                           f"models, not one global model): {' and '.join(unused)} "
                           "ignored; evaluate strategy.models_ after the run.", UserWarning,
                           stacklevel=2)
-        if isinstance(initial_arrays, ArrayRecord):
-            initial_arrays = [initial_arrays] * self.n_clusters
-        if len(initial_arrays) != self.n_clusters:
-            raise ValueError(f"initial_arrays must hold {self.n_clusters} models, "
-                             f"got {len(initial_arrays)}.")
-        self.models_ = list(initial_arrays)
+        # checked before the wait for the nodes (a str num_rounds failed there, a
+        # negative one ran no round, a NaN timeout gave up at once)
+        check_positive(num_rounds, "num_rounds", integer=True)
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}.")
+        if not timeout >= 0:  # (NaN included)
+            raise ValueError(f"timeout must be >= 0 seconds (inf waits forever), got "
+                             f"{timeout!r}.")
+        if train_config is not None and not isinstance(train_config, ConfigRecord):
+            raise TypeError("train_config must be a ConfigRecord (e.g. ConfigRecord({'seed': "
+                            f"0}})), got {type(train_config).__name__}.")
+        models = _initial_models(initial_arrays, self.n_clusters)
+        # a new run: nothing of a previous start's (its history, partitions, labels)
+        self.models_, self.labels_, self.partitions_, self.history_ = models, {}, {}, []
+        self.__dict__.pop("loss_vectors_", None)
         config = train_config if train_config is not None else ConfigRecord()
         deadline = time.monotonic() + timeout
         while len(list(grid.get_node_ids())) < self.min_nodes:
@@ -394,7 +520,7 @@ class CLoVEStrategy(Strategy):
             ]
             by_node = {r.metadata.src_node_id: r for r in self._exchange(grid, msgs, timeout)}
             # (the nodes' ClientApp sends its losses as a list of floats)
-            L = np.array([list(cast(list[float], by_node[nid].content["metrics"]["losses"]))
+            L = np.array([_loss_vector(by_node[nid], nid, len(self.models_), rnd)
                           for nid in self.node_ids_], dtype=np.float64)
             for nid in self.node_ids_:
                 metrics = by_node[nid].content["metrics"]
@@ -428,11 +554,8 @@ class CLoVEStrategy(Strategy):
         return self
 
 
-def _output_width(template: torch.nn.Module, X: torch.Tensor) -> tuple[int | None, str]:
-    """Outputs per sample of the node's model (its logits or targets), from one sample,
-    and what the output was (for messages); the width is ``None`` when the output is
-    not a ``(batch, width)`` tensor (the MSE node then refuses it, the cross-entropy's
-    training fails with torch's own error).
+def _probe_output(template: torch.nn.Module, X: torch.Tensor) -> object:
+    """The node's model's output for one sample of ``X`` (whatever it returns).
 
     A BatchNorm without running statistics is refused as CLoVE's fit refuses it (a
     ``ValueError`` naming the layer): it normalises by the batch also in eval mode, so
@@ -441,7 +564,15 @@ def _output_width(template: torch.nn.Module, X: torch.Tensor) -> tuple[int | Non
     # in the library's locked fork of the global RNG: the node's RNG is left as it was,
     # and a seeded fit in another thread is not rewound when the fork restores it
     with seeded_global_rng(0), refusing_layers(template, _unfittable_layer, "model_fn()'s"):
-        out = probe_module(template, X[:1].clone(), "model_fn()")
+        return probe_module(template, X[:1].clone(), "model_fn()")
+
+
+def _output_width(template: torch.nn.Module, X: torch.Tensor) -> tuple[int | None, str]:
+    """Outputs per sample of the node's model (its logits or targets), from one sample,
+    and what the output was (for messages); the width is ``None`` when the output is
+    not a ``(batch, width)`` tensor (the MSE node then refuses it, the cross-entropy's
+    training fails with torch's own error)."""
+    out = _probe_output(template, X)
     if not isinstance(out, torch.Tensor):
         return None, f"a {type(out).__name__}"
     return (out.shape[-1] if out.ndim == 2 else None), f"shape {tuple(out.shape)}"
@@ -465,9 +596,16 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
     except ValueError as exc:  # (its messages name X and y: the node's data here)
         raise ValueError(f"make_client_app: the node's data from data_fn: {exc}") from exc
     if loss == "reconstruction":
-        # (no width to check: probed only to refuse a BatchNorm without running
-        # statistics, whose loss vectors would depend on the batching, as fit does)
-        _output_width(template, fed.Xs[0])
+        # (the probe also refuses a BatchNorm without running statistics, whose loss
+        # vectors would depend on the batching, as fit does)
+        out = _probe_output(template, fed.Xs[0])
+        n_in = fed.Xs[0][:1].numel()
+        if not isinstance(out, torch.Tensor) or out.numel() != n_in:
+            got = (f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor)
+                   else f"a {type(out).__name__}")
+            raise ValueError("make_client_app: loss='reconstruction' needs a model_fn() "
+                             f"output of {n_in} values per sample (the input size), as "
+                             f"CLoVE's fit does, got {got} for a batch of one sample.")
         return ClientData.from_lists(fed.Xs, None, torch.device("cpu"))
     assert fed.ys is not None  # y is not None (checked above)
     y_np = fed.ys[0]
@@ -498,13 +636,29 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
                          f"0 .. C-1 as y, got {y_np.dtype} values such as {y_np[:3]!r}; "
                          "encode the labels the same way on every node (e.g. a fixed "
                          "class list and np.searchsorted).")
-    labels = y_np.astype(np.int64)
     n_classes = _output_width(template, fed.Xs[0])[0]
-    if labels.min() < 0 or (n_classes is not None and labels.max() >= n_classes):
+    # the range is read on the labels as given: cast first, 1e20 wrapped to int64's
+    # minimum and was reported as a negative label
+    lo, hi = y_np.min().item(), y_np.max().item()
+    if lo < 0 or hi >= (n_classes if n_classes is not None else 2**62):
         raise ValueError(f"make_client_app: loss='cross_entropy' needs class indices in "
                          f"[0, {n_classes if n_classes is not None else 'C'}) (the model's "
-                         f"outputs), got labels from {labels.min()} to {labels.max()}.")
+                         f"outputs), got labels from {lo:g} to {hi:g}.")
+    labels = y_np.astype(np.int64)
     return ClientData.from_lists(fed.Xs, [torch.from_numpy(labels)], torch.device("cpu"))
+
+
+def _message_seed(msg: Message) -> int:
+    """The ``seed`` of a train message's config (a user's ``train_config``), 0 without
+    one; an integer (an integral float is accepted)."""
+    config: Any = msg.content["config"] if "config" in msg.content else {}
+    value = config.get("seed", 0)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"make_client_app: the train config's 'seed' must be an integer, "
+                         f"got {value!r}.")
+    return value
 
 
 def make_client_app(
@@ -587,13 +741,24 @@ def make_client_app(
     """
     check_in_options(loss, "loss", LOSSES)
     check_local_training(local_epochs, lr, batch_size, optimizer)
+    for name, fn in (("model_fn", model_fn), ("data_fn", data_fn)):
+        # (a module instance is callable: it failed in forward() at the first message)
+        if isinstance(fn, torch.nn.Module) or not callable(fn):
+            raise TypeError(f"{name} must be a function (called on every message), got "
+                            f"{type(fn).__name__}"
+                            + (": pass the class or a lambda building the module."
+                               if isinstance(fn, torch.nn.Module) else "."))
     app = ClientApp()
 
     def setup(context: Context):
         X, y = data_fn(context)
         # the architecture only (its weights are replaced): built without advancing the
         # node's global RNG, in float32 whatever the node's default dtype
-        template = build_user_module(model_fn).float().cpu()  # nodes compute on the CPU
+        module = build_user_module(model_fn)
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError("model_fn() must return a torch.nn.Module, got "
+                            f"{type(module).__name__}.")
+        template = module.float().cpu()  # nodes compute on the CPU
         data = _node_data(X, y, loss, template)
         # random layers (dropout) draw from a fork of the node's global RNG seeded from the
         # message's seed: reproducible, and the node's own RNG is left as it was
@@ -602,10 +767,28 @@ def make_client_app(
         engine.check_batches(data, name="node")  # BatchNorm: no batch of one sample
         return data, template, engine
 
-    def stack(records: list[ArrayRecord], template: torch.nn.Module):
-        states = [r.to_torch_state_dict() for r in records]
-        return {k: torch.stack([s[k].float() for s in states])
-                for k in template.state_dict()}
+    def stack(records: dict[str, Any], template: torch.nn.Module):
+        """The server's models (by record name) as one stacked state of the template,
+        checked against model_fn()'s architecture (a mismatch failed in torch's
+        load_state_dict, or as a bare KeyError)."""
+        expected = {k: tuple(v.shape) for k, v in template.state_dict().items()}
+        states = []
+        for name, record in records.items():
+            if not isinstance(record, ArrayRecord):
+                raise ValueError(f"make_client_app: the server's model {name!r} is no "
+                                 f"ArrayRecord, got {type(record).__name__}.")
+            state = record.to_torch_state_dict()
+            got = {k: tuple(v.shape) for k, v in state.items()}
+            if got != expected:
+                missing = sorted(set(expected) - set(got))
+                extra = sorted(set(got) - set(expected))
+                shapes = {k: (got[k], expected[k]) for k in set(got) & set(expected)
+                          if got[k] != expected[k]}
+                raise ValueError(f"make_client_app: the server's model {name!r} does not "
+                                 f"fit model_fn()'s architecture: missing {missing}, "
+                                 f"unexpected {extra}, shapes (sent, expected) {shapes}.")
+            states.append(state)
+        return {k: torch.stack([s[k].float() for s in states]) for k in expected}
 
     def metrics(context: Context, **values) -> MetricRecord:
         pid = context.node_config.get("partition-id")
@@ -617,9 +800,12 @@ def make_client_app(
     @on_cpu_default_device  # whatever the node's torch.set_default_device
     def losses(msg: Message, context: Context) -> Message:
         data, template, engine = setup(context)
-        keys = sorted((k for k in msg.content.array_records if k.startswith("m")),
-                      key=lambda k: int(k[1:]))
-        states = stack([msg.content.array_records[k] for k in keys], template)
+        records = msg.content.array_records
+        keys = [f"m{j}" for j in range(len(records))]
+        if not records or set(records) != set(keys):
+            raise ValueError("make_client_app: a train.losses message must hold the models "
+                             f"as ArrayRecords m0 .. m{{K-1}}, got {sorted(records)}.")
+        states = stack({k: records[k] for k in keys}, template)
         L = engine.loss_matrix(states, data)[0].tolist()
         return Message(RecordDict({"metrics": metrics(context, losses=L,
                                                       **{"num-examples": int(data.sizes[0])})}),
@@ -629,11 +815,14 @@ def make_client_app(
     @on_cpu_default_device
     def train(msg: Message, context: Context) -> Message:
         data, template, engine = setup(context)
-        states = stack([cast(ArrayRecord, msg.content["arrays"])], template)
-        # a user's train_config value: int() refuses what is no number, as it should
-        seed_value: Any = msg.content["config"].get("seed", 0) if "config" in msg.content else 0
-        seed = int(seed_value)
-        gen = torch.Generator().manual_seed(seed * 100003 + int(msg.metadata.group_id or 0))
+        if "arrays" not in msg.content:
+            raise ValueError("make_client_app: a train message must hold the node's model "
+                             "as an ArrayRecord under 'arrays'.")
+        states = stack({"arrays": msg.content["arrays"]}, template)
+        seed = _message_seed(msg)
+        # (a Python int: reduced to the generator's 64 bits, large seeds overflowed)
+        gen = torch.Generator().manual_seed(
+            (seed * 100003 + int(msg.metadata.group_id or 0)) % 2**64)
         with autograd_enabled():  # also inside a caller's no_grad/inference_mode
             new = engine.local_train(states, torch.zeros(1, dtype=torch.long), data, gen)
         record = ArrayRecord({k: v[0].detach() for k, v in new.items()})
