@@ -293,3 +293,51 @@ def test_neural_head_refuses_a_zero_query_scale():
 def test_linear_embeddings_need_a_training_query():
     with pytest.raises(ValueError, match="at least one training query"):
         fit_linear_embeddings(torch.zeros(0, 2), torch.zeros(0, 5))  # (a torch IndexError)
+
+
+@pytest.mark.parametrize("offset", [1e8, -3e12])
+@pytest.mark.parametrize("standardize", [True, False])
+@pytest.mark.parametrize("max_iter", [0, 20])
+def test_neural_head_keeps_the_linear_heads_quality_under_a_common_offset(
+        offset, standardize, max_iter):
+    # regression: the float32 head took relevance 1e8 + O(1) as it was (resolution 8):
+    # HitRate@10 0.1 against 0.89 for the linear head, even untrained (max_iter=0)
+    from mlpapers.retrieval.rbe import hit_rate
+
+    Q, items, heavy = _heavy_problem()
+    shifted = lambda q, i: heavy(q, i) + offset  # noqa: E731
+    # (random supports: greedy selection without centring stops after one column of
+    # 1e8 + O(1), whose span holds the rest up to its relative tolerance)
+    kw = dict(n_support=12, support="random", max_iter=max_iter, eval_every=10,
+              mlp_hidden=8, standardize=standardize, random_state=0)
+    lin = RelevanceBasedRetriever(shifted, head="linear", **kw).fit(Q[:60], items)
+    est = RelevanceBasedRetriever(shifted, head="mlp", **kw).fit(Q[:60], items)
+    assert abs(est.head_shift_ - offset) < 1.0
+    truth = heavy(Q[60:], items)
+    hits = [hit_rate(truth, m.kneighbors(Q[60:], 10, return_distance=False))
+            for m in (lin, est)]
+    # (trained, the head fits a fifth fewer queries: +-0.06 from seed to seed)
+    assert hits[1] >= hits[0] - (0.05 if max_iter == 0 else 0.1), hits
+    P = est.predict(Q[60:])
+    assert P.dtype == np.float64
+    if max_iter == 0:  # the untrained head is the linear head, to float32 rounding
+        np.testing.assert_allclose(P - offset, lin.predict(Q[60:]) - offset, atol=1e-4)
+    if standardize:  # as good as without the offset, with scores in the same units
+        ref = RelevanceBasedRetriever(heavy, head="mlp", **kw).fit(Q[:60], items)
+        assert ref.head_shift_ == 0.0
+        ref_hit = hit_rate(truth, ref.kneighbors(Q[60:], 10, return_distance=False))
+        assert hits[1] >= ref_hit - 0.1
+        np.testing.assert_allclose(P - offset, ref.predict(Q[60:]), atol=0.05)
+
+
+def test_neural_heads_shift_is_saved_and_a_linear_refit_forgets_it(tmp_path):
+    Q, items, heavy = _heavy_problem()
+    est = RelevanceBasedRetriever(lambda q, i: heavy(q, i) + 1e8, n_support=6, head="mlp",
+                                  max_iter=0).fit(Q[:60], items)
+    est.save(tmp_path / "rbe.pt")
+    back = RelevanceBasedRetriever.load(tmp_path / "rbe.pt",
+                                        relevance_fn=lambda q, i: heavy(q, i) + 1e8,
+                                        items=items)
+    assert back.head_shift_ == est.head_shift_
+    np.testing.assert_array_equal(back.predict(Q[60:]), est.predict(Q[60:]))
+    assert est.set_params(head="linear").fit(Q[:60], items).head_shift_ is None

@@ -172,6 +172,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         two of the relevance when its largest magnitude is outside
         :math:`[2^{-40}, 2^{40}]` (float32 range), else 1. ``None`` without a
         neural head (``head="linear"``), as ``head_``.
+    head_shift_ : float or None
+        Constant the neural head's training relevance was shifted by (its mean when
+        that exceeds its standard deviation in magnitude, else 0): float32 cannot
+        resolve relevance of 1e8 +- 1. Scores are returned with it added back.
+        ``None`` without a neural head.
     history_ : list of dict
         Training log of the neural head (loss, validation hit rate).
     best_validation_hit_rate_ : float or None
@@ -326,6 +331,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # None without a neural head, as head_: a linear refit after an "mlp" fit kept
         # the previous head's units (describing a head that no longer exists)
         self.head_units_: np.ndarray | None = None
+        self.head_shift_: float | None = None
         self.history_: list[dict[str, Any]] = []
         # None unless a neural head's validation runs (it was absent after a fit with a
         # linear head, max_iter=0 or validation_fraction=0 and present after others, and
@@ -368,22 +374,41 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
     def _train_mlp(self, R_fit, R_val, S, popularity) -> None:
         f32 = torch.float32
-        # The float32 head works in units of a power of two of the relevance when it is
-        # far from 1 (its scores scale back in float64): relevance of 1e40 overflowed
+        # The float32 head trains on the relevance minus its mean when the mean is larger
+        # than the spread: a common offset of 1e8 left float32 a resolution of 8 in the
+        # targets and offsets (HitRate 0.1 against 0.89 for the linear head, even
+        # untrained). A constant shift changes neither loss (both are invariant to one
+        # constant per query) nor the ranking; the scores get it back in float64.
+        std, mean = (float(t) for t in torch.std_mean(R_fit, correction=0))
+        shift = mean if abs(mean) > std else 0.0
+        # It works in units of a power of two of the (shifted) relevance when it is far
+        # from 1 (its scores scale back in float64): relevance of 1e40 overflowed
         # float32 (NaN scores) and of 1e-60 flushed to 0. The scores are
         # <u, e> + offsets, with u scale-free and e in the relevance's units when
         # standardised, the other way round otherwise.
-        unit = power_of_two_unit(abs_max(R_fit), 40)
+        amax = (abs_max(R_fit) if shift == 0.0
+                else max(float(R_fit.amax()) - shift, shift - float(R_fit.amin())))
+        unit = power_of_two_unit(amax, 40)
         q_unit = 1.0 if bool(self.standardize) else unit
+        # raw (unstandardised) query inputs carry the offset too: shifted as the targets,
+        # which moves <shift 1, e_i> into the item offsets
+        q_shift = 0.0 if bool(self.standardize) else shift
         self.head_units_ = np.array([q_unit, unit])
-        U_fit = (self._standardize(R_fit[:, S]) / q_unit).to(f32)
-        head = build_head(self.item_embeddings_ * (q_unit / unit), self.item_offsets_ / unit,
-                          popularity / unit, U_fit, int(self.mlp_hidden),
+        self.head_shift_ = shift
+        offsets = self.item_offsets_ + q_shift * self.item_embeddings_.sum(axis=1) - shift
+        U_fit = ((self._standardize(R_fit[:, S]) - q_shift) / q_unit).to(f32)
+        head = build_head(self.item_embeddings_ * (q_unit / unit), offsets / unit,
+                          (popularity - shift) / unit, U_fit, int(self.mlp_hidden),
                           seed=int(self._numpy_gen.integers(2**31 - 1)), device=self._device)
-        U_val = (self._standardize(R_val[:, S]) / q_unit).to(f32)
-        # (no float64 copy of the (n_fit, n_items) matrix when it is already in its
-        # units: 1.4 GB at 1800 x 10**5, besides the float32 one the head trains on)
-        T_fit = R_fit.to(f32) if unit == 1.0 else (R_fit / unit).to(f32)
+        U_val = ((self._standardize(R_val[:, S]) - q_shift) / q_unit).to(f32)
+        # (no float64 copy of the (n_fit, n_items) matrix: 1.4 GB at 1800 x 10**5,
+        # besides the float32 one the head trains on)
+        if unit == 1.0 and shift == 0.0:
+            T_fit = R_fit.to(f32)
+        else:
+            rows = block_rows_for(R_fit.shape[1], CHUNK_SCORES)
+            T_fit = collect_row_blocks(lambda r: ((R_fit[r] - shift) / unit).to(f32),
+                                       R_fit.shape[0], rows)
         history, best = train_head(
             head, U_fit, T_fit, U_val, R_val, loss=self.loss,
             top_quantile=float(self.top_quantile), item_batch=int(self.item_batch),
@@ -451,12 +476,15 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             # (None: pickles from before head_units_; load gives files (1, 1))
             units = getattr(self, "head_units_", None)
             q_unit, unit = (1.0, 1.0) if units is None else units
+            # (0: pickles and files from before head_shift_)
+            shift = float(getattr(self, "head_shift_", None) or 0.0)
+            q_shift = 0.0 if bool(self.standardize) else shift
             score_all = self.head_.all_items_scorer()
-            if unit == 1.0:
+            if unit == 1.0 and shift == 0.0:
                 U32 = U.to(torch.float32)
                 return lambda a, b: score_all(U32[a:b])
-            U32 = (U / float(q_unit)).to(torch.float32)
-            return lambda a, b: score_all(U32[a:b]).double() * float(unit)
+            U32 = ((U - q_shift) / float(q_unit)).to(torch.float32)
+            return lambda a, b: score_all(U32[a:b]).double().mul_(float(unit)).add_(shift)
         E = torch.as_tensor(self.item_embeddings_, device=U.device)
         c = torch.as_tensor(self.item_offsets_, device=U.device)
         # in place: a second (chunk, n_items) block for the sum pinned memory per chunk
@@ -478,7 +506,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
 
         Returns
         -------
-        ndarray of shape (n_queries, n_items), float64 (float32 with ``head="mlp"``)
+        ndarray of shape (n_queries, n_items), float64
+            (float32 with ``head="mlp"``, unless ``head_units_`` or ``head_shift_``
+            rescale its scores)
             Approximate scores: ``transform_queries(queries) @ transform_items().T +
             item_offsets_`` with the linear head, the neural head's scores with
             ``head="mlp"``. Higher means more relevant.
@@ -579,6 +609,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # an earlier neural head)
         state["head_units_"] = (None if head is None
                                 else state.get("head_units_", np.array([1.0, 1.0])))
+        state["head_shift_"] = None if head is None else state.get("head_shift_", 0.0)
         super()._set_state(state)
         self.head_ = head_from_state(head, self._resolved_device)
 
