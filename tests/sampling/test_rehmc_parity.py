@@ -153,7 +153,11 @@ def test_resume_equals_one_long_run_for_every_container(name):
 def test_stiefel_sampler_is_reflective_hmc_on_the_polar_expansion():
     """StiefelSampler.sample vs ReflectiveHMC run by hand on X with the potential
     -log g(Q_X) + |X|^2 / 2, the Frobenius ball of radius b sqrt(k) and the
-    well-conditioned support: the same X draws (bit for bit), and Q is polar_factor(X)."""
+    well-conditioned support: the same X draws (bit for bit), and Q is polar_factor(X).
+    The chains start at Gaussian matrices from random_state's numpy stream, or, outside
+    the bounds, at their polar factors times sqrt(n)."""
+    from mlpapers._utils import make_generators
+
     n, k, a, b = 4, 2, 0.5, 3.5
     F = np.random.default_rng(1).normal(size=(n, k))
     g = matrix_von_mises_fisher_log_density(F)
@@ -171,9 +175,14 @@ def test_stiefel_sampler_is_reflective_hmc_on_the_polar_expansion():
         s = torch.linalg.svdvals(x.reshape(-1, n, k))
         return (s[:, -1] >= a) & (s[:, 0] <= b)
 
+    G = make_generators(2)[1].standard_normal((3, n, k))
+    sv = np.linalg.svd(G, compute_uv=False)
+    inside = (sv[:, -1] > a) & (sv[:, 0] < b)
+    x0 = np.where(inside[:, None, None], G, math.sqrt(n) * polar_factor(G)).reshape(3, n * k)
+    assert inside.any() and not inside.all()  # (both kinds of start are exercised)
     ref = ReflectiveHMC(log_prob, Ball(np.zeros(n * k), b * math.sqrt(k)),
                         support=Region(well_conditioned), n_leapfrog=4,
-                        random_state=2).sample(30, n_chains=3, warmup=30)
+                        random_state=2).sample(30, x0, n_chains=3, warmup=30)
     np.testing.assert_array_equal(st.X.reshape(ref.samples.shape), ref.samples)
     np.testing.assert_array_equal(st.step_size, ref.step_size)
     np.testing.assert_array_equal(st.kept_fraction, ref.kept_fraction)

@@ -42,7 +42,7 @@ def test_uniform_stiefel_moments_and_orthonormality():
     np.testing.assert_allclose(np.einsum("nij,nlj->il", Q, Q) / len(Q), (k / n) * np.eye(n),
                                atol=0.04)
     s = np.linalg.svd(res.X.reshape(-1, n, k), compute_uv=False)
-    a, b = 0.25 * np.sqrt(n), np.sqrt(n) + np.sqrt(k) + 1
+    a, b = 0.25 * (np.sqrt(n) - np.sqrt(k - 1)), np.sqrt(n) + np.sqrt(k) + 1
     assert s.min() >= a and s.max() <= b  # every kept draw is well conditioned
     assert 0.5 < res.kept_fraction.mean() <= 1.0
 
@@ -75,3 +75,23 @@ def test_bingham_prefers_the_top_eigenvector_and_bad_input():
     with pytest.raises(ValueError, match="B must be a square matrix"):
         bingham_log_density(np.eye(3), np.ones((2, 1)))
     assert StiefelSampler._estimator_check_instances() == []
+
+
+@pytest.mark.parametrize("n, k", [(6, 6), (6, 5)])
+def test_square_and_near_square_stiefel_sample_uniformly_with_the_defaults(n, k):
+    # regression: the default a = sqrt(n)/4 kept 0.5% of Gaussian matrices on V(10, 10)
+    # and the chains' random start in the Frobenius ball (sigma_max near 2b) never lay
+    # in R: sample raised, advising an x0 that it does not take
+    res = StiefelSampler(n=n, k=k, n_leapfrog=5, random_state=0).sample(
+        300, n_chains=4, warmup=150)
+    Q = res.Q.reshape(-1, n, k)
+    assert np.abs(np.einsum("nij,nil->njl", Q, Q) - np.eye(k)).max() < 1e-10
+    # Haar moments: E[Q] = 0 and E[Q Q^T] = (k/n) I
+    np.testing.assert_allclose(Q.mean(0), 0.0, atol=0.08)
+    np.testing.assert_allclose(np.einsum("nij,nlj->il", Q, Q) / len(Q), (k / n) * np.eye(n),
+                               atol=0.05)
+    s = np.linalg.svd(res.X.reshape(-1, n, k), compute_uv=False)
+    assert s.min() >= 0.25 * (np.sqrt(n) - np.sqrt(k - 1))
+    assert 0.5 < res.kept_fraction.mean() <= 1.0
+    if k == n:  # both components of O(n) are visited: det(Q) = +-1 about equally
+        assert 0.3 < np.mean(np.linalg.det(Q) > 0) < 0.7

@@ -239,3 +239,49 @@ def test_stiefel_bars_are_labelled_stiefel_sampler(capsys):
     err = capsys.readouterr().err
     assert "StiefelSampler warmup" in err and "StiefelSampler sampling" in err
     assert "ReflectiveHMC" not in err
+
+
+def test_a_one_dimensional_x0_of_the_wrong_length_is_reported_as_given():
+    # regression: the error showed the (n_chains, d) expansion of a (d,) x0
+    from mlpapers.sampling.rehmc import Ball, ReflectiveHMC
+
+    hmc = ReflectiveHMC(lambda x: -0.5 * (x * x).sum(-1), Ball(np.zeros(3), 2.0),
+                        random_state=0)
+    with pytest.raises(ValueError, match=r"x0 must have shape \(3,\) or \(2, 3\).*got \(4,\)"):
+        hmc.sample(5, np.zeros(4), n_chains=2, warmup=5)
+
+
+@pytest.mark.parametrize("missing", ["hit", "interior_point"])
+def test_a_user_container_missing_an_oracle_is_named(missing):
+    # regression: an empty NotImplementedError, naming neither the class nor the method
+    from mlpapers.sampling.rehmc import ConvexContainer, ReflectiveHMC
+
+    def contains(self, x, tol=0.0):
+        return (x.abs() < 1).all(-1)
+
+    def hit(self, x, v, t_max=None, exclude=None):
+        raise AssertionError("not reached")
+
+    methods = {"dim": 2, "contains": contains, "hit": hit,
+               "interior_point": lambda self: np.zeros(2)}
+    del methods[missing]
+    Box = type("Box", (ConvexContainer,), methods)
+    hmc = ReflectiveHMC(lambda x: -0.5 * (x * x).sum(-1), Box(), random_state=0)
+    with pytest.raises(NotImplementedError, match=f"Box must implement {missing}"):
+        hmc.sample(5, n_chains=2, warmup=5)
+
+
+def test_summary_of_a_hand_built_auto_length_result_gives_nan_reflections_per_step():
+    # regression: float("auto") raised in reflections_per_step
+    from mlpapers.sampling.rehmc._result import SampleResult
+
+    x = np.random.default_rng(0).standard_normal((2, 50, 3))
+    res = SampleResult(samples=x, accept_rate=np.ones(2), n_reflections=np.zeros(2, int),
+                       n_divergent=np.zeros(2, int), kept_fraction=np.ones(2),
+                       step_size=np.ones(2), inv_mass=np.ones(3), n_iterations=50,
+                       n_leapfrog="auto")
+    assert np.isnan(res.reflections_per_step)
+    res.summary()  # (runs through)
+    fixed = SampleResult(**{**{f: getattr(res, f) for f in SampleResult.__dataclass_fields__},
+                            "n_leapfrog": 4, "n_reflections": np.array([4, 12])})
+    assert fixed.reflections_per_step == 16 / (50 * 4 * 2)

@@ -205,7 +205,7 @@ def test_diag_mass_step_cap_is_the_documented_maximum(seed):
 def test_stiefel_defaults_container_and_lp_statistic():
     """User guide, "Stiefel manifold", "Stiefel bounds" and "Per-draw statistics".
 
-    Defaults a = sqrt(n)/4 and b = sqrt(n) + sqrt(k) + 1; the chain reflects off the
+    Defaults a = (sqrt(n) - sqrt(k - 1))/4 and b = sqrt(n) + sqrt(k) + 1; the chain reflects off the
     Frobenius ball of radius b sqrt(k) and keeps a <= sigma_min, sigma_max <= b; ``lp`` of
     a draw is log g(Q) - |X|_F^2 / 2 with Q = X (X^T X)^{-1/2}.
     """
@@ -214,7 +214,7 @@ def test_stiefel_defaults_container_and_lp_statistic():
     Ft = torch.as_tensor(F)
     res = StiefelSampler(lambda Q: (Q * Ft).sum((-2, -1)), n=n, k=k, n_leapfrog=4,
                          random_state=0).sample(30, n_chains=3, warmup=40)
-    a, b = math.sqrt(n) / 4.0, math.sqrt(n) + math.sqrt(k) + 1.0
+    a, b = (math.sqrt(n) - math.sqrt(k - 1)) / 4.0, math.sqrt(n) + math.sqrt(k) + 1.0
     X = res.X.reshape(-1, n, k)
     sv = np.linalg.svd(X, compute_uv=False)
     assert (sv[:, -1] >= a).all() and (sv[:, 0] <= b).all()

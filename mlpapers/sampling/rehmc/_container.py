@@ -425,7 +425,9 @@ class ConvexContainer:
             array of bool when ``x`` is not a tensor. A user's subclass must return a
             bool tensor of shape ``(C,)`` (checked before sampling).
         """
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement contains(...) (a ConvexContainer "
+            "subclass implements contains, hit and interior_point).")
 
     def _keeps_inside(self, dtype: torch.dtype) -> bool:
         """Whether every drift of this container provably ends in it (in ``dtype``), so
@@ -479,7 +481,9 @@ class ConvexContainer:
             exclusion), a ``Hit`` or, as earlier versions required, a triple
             ``(t, normal, face)``.
         """
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement hit(...) (a ConvexContainer "
+            "subclass implements contains, hit and interior_point).")
 
     def interior_point(self) -> np.ndarray:
         """A point of the interior of ``K``.
@@ -492,7 +496,9 @@ class ConvexContainer:
         numpy.ndarray of shape (d,)
             A point strictly inside ``K`` (a copy: changing it changes nothing).
         """
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement interior_point() (a ConvexContainer "
+            "subclass implements contains, hit and interior_point).")
 
     def width(self) -> float:
         """Diameter of a ball inscribed in ``K``, which caps the step size.

@@ -194,6 +194,8 @@ class SampleResult:
     def reflections_per_step(self) -> float:
         """Mean number of reflections per leapfrog step, over chains and iterations."""
         per_iter = self.mean_leapfrog if np.isfinite(self.mean_leapfrog) else self.n_leapfrog
+        if isinstance(per_iter, str):  # "auto" on a result built without mean_leapfrog
+            return float("nan")
         steps = max(self.n_iterations * float(per_iter) * len(self.n_reflections), 1.0)
         return float(self.n_reflections.sum() / steps)
 

@@ -24,7 +24,13 @@ import torch
 from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
-from mlpapers._utils import ArrayLike, RandomStateLike, check_positive, on_inputs_device
+from mlpapers._utils import (
+    ArrayLike,
+    RandomStateLike,
+    check_positive,
+    make_generators,
+    on_inputs_device,
+)
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
 from mlpapers.sampling.rehmc._kernels import ContractError
@@ -332,8 +338,9 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
     n, k : int
         Manifold ``V(n, k)``, ``1 <= k <= n``.
     a, b : float, optional
-        Conditioning bounds (defaults ``a = 0.25 sqrt(n)`` and
-        ``b = sqrt(n) + sqrt(k) + 1``, around the Gaussian's singular values).
+        Conditioning bounds (defaults ``a = (sqrt(n) - sqrt(k - 1)) / 4`` and
+        ``b = sqrt(n) + sqrt(k) + 1``, around the Gaussian's singular values: about
+        90% of Gaussian ``n x k`` matrices lie within them, also for ``k = n``).
     n_leapfrog, step_size, target_accept, jitter : optional
         As in :class:`ReflectiveHMC` (``n_leapfrog="auto"``: ChEES, by default).
     max_reflections, dtype, device, random_state, verbose : optional
@@ -398,13 +405,34 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         return []
 
     def _bounds(self) -> tuple[float, float]:
-        a = 0.25 * math.sqrt(self.n) if self.a is None else self.a
+        # A quarter of sqrt(n) - sqrt(k - 1), the scale of a Gaussian matrix's smallest
+        # singular value (Edelman): 0.25 sqrt(n) for k = 1 as before, but that value
+        # kept 0.5% of the draws on V(10, 10) and left no start in R
+        a = 0.25 * (math.sqrt(self.n) - math.sqrt(self.k - 1)) if self.a is None else self.a
         b = math.sqrt(self.n) + math.sqrt(self.k) + 1.0 if self.b is None else self.b
         check_positive(a, "a")
         check_positive(b, "b")
         if not a < b:
             raise ValueError(f"a must be smaller than b, got a={a!r}, b={b!r}.")
         return float(a), float(b)
+
+    def _starting_points(self, n_chains, a: float, b: float) -> np.ndarray | None:
+        """One well-conditioned ``X`` per chain, flattened: a Gaussian matrix (the law of
+        ``X`` for a uniform ``g``) where it lies in ``R``, else its polar factor times a
+        common singular value inside ``(a, b)``. Random points of the Frobenius ball
+        have ``sigma_max`` near ``2 b`` for ``k = n`` and missed ``R`` 400 times."""
+        chains = 4 if n_chains is None else n_chains
+        if not isinstance(chains, (int, np.integer)) or chains < 1:
+            return None  # (the inner sampler names the bad n_chains)
+        n, k = int(self.n), int(self.k)
+        # the numpy stream of random_state: decorrelated from the sampler's torch stream
+        _, rng = make_generators(self.random_state)
+        G = torch.from_numpy(rng.standard_normal((int(chains), n, k)))
+        s = torch.linalg.svdvals(G)
+        inside = (s[:, -1] > a) & (s[:, 0] < b)
+        sigma = math.sqrt(n) if a < math.sqrt(n) < b else 0.5 * (a + b)
+        X = torch.where(inside[:, None, None], G, sigma * polar_factor(G))
+        return X.reshape(int(chains), n * k).numpy()
 
     def sample(self, n_samples: int, *, n_chains: int | None = None, warmup: int | None = None,
                thin: int = 1, resume: StiefelResult | None = None) -> StiefelResult:
@@ -490,8 +518,9 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             random_state=self.random_state, verbose=self.verbose)
         hmc._progress_label = "StiefelSampler"  # the bars the user sees
         hmc._density_name = "log_density"  # the user's function, in the start's errors
+        x0 = None if resume is not None else self._starting_points(n_chains, a, b)
         with eval_mode(g):  # (the inner sampler sees only the wrapper)
-            res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin,
+            res = hmc.sample(n_samples, x0, n_chains=n_chains, warmup=warmup, thin=thin,
                              resume=resume)
         self.step_size_ = hmc.step_size_
         self.trajectory_length_ = hmc.trajectory_length_

@@ -274,11 +274,12 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
         raise TypeError(f"x0 must be a numeric array-like, got {x0!r}.") from exc
     # a copy: torch warns on a read-only array (and x0 must not alias the chains)
     x = torch.tensor(x0_np).to(dtype=dtype, device=device)
+    given = tuple(x.shape)  # (named in the error, not the shape of its expansion)
     if x.ndim == 1:
         x = x.expand(n_chains, -1).clone()
     if x.ndim != 2 or x.shape[1] != d:
         raise ValueError(f"x0 must have shape ({d},) or ({n_chains}, {d}) to match the "
-                         f"container dimension, got {tuple(x.shape)}.")
+                         f"container dimension, got {given}.")
     if x.shape[0] == 0:
         raise ValueError(f"x0 of shape {tuple(x.shape)} has no rows: pass one starting "
                          f"point per chain, shape ({n_chains}, {d}), or one for all, ({d},).")
