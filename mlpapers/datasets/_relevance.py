@@ -120,8 +120,9 @@ def make_relevance_problem(
     rank : int, default=8
         Rank of the bilinear part.
     nonlinearity : float, default=0.5
-        Weight of the non-separable interaction (``0`` gives an exactly
-        rank-``(rank + 1)`` relevance matrix).
+        Weight of the non-separable interaction (``0`` gives a relevance matrix of
+        rank at most ``min(rank + 1, n_features)``: the bilinear part plus the
+        popularity term, both linear in the item features).
     n_clusters : int, default=20
         Number of item clusters; cluster ``j`` has probability
         proportional to ``1 / (j + 1)``.

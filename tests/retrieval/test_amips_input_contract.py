@@ -208,3 +208,28 @@ def test_a_sampler_that_returns_zero_rows_is_refused_like_an_array():
         model.fit(keys, queries=np.vstack([np.zeros(3), np.ones(3)]))
     # tiny but nonzero rows stay accepted (their float32 norm underflows)
     model.fit(keys, queries=lambda n, rng: np.full((n, 3), 1e-23))
+
+
+@pytest.mark.filterwarnings("ignore:X does not have valid feature names")
+def test_training_queries_must_name_the_keys_columns_in_order():
+    # regression: DataFrame queries were read by position: columns (c, b, a) against keys
+    # (a, b, c) trained on swapped coordinates without a word
+    import pandas as pd
+
+    from mlpapers.retrieval.amips import AmortizedMIPS
+
+    rng = np.random.default_rng(0)
+    K = pd.DataFrame(rng.standard_normal((50, 3)), columns=list("abc"))
+    Q = pd.DataFrame(rng.standard_normal((40, 3)), columns=list("cba"))
+    kw = dict(n_steps=3, depth=2, random_state=0)
+    with pytest.raises(ValueError, match="feature names should match"):
+        AmortizedMIPS(**kw).fit(K, queries=Q)
+
+    def sampler(n, rng):
+        return Q.iloc[rng.integers(len(Q), size=n)]
+    with pytest.raises(ValueError, match="feature names should match"):
+        AmortizedMIPS(**kw).fit(K, queries=sampler)
+    # the same columns in the keys' order train as the array does
+    a = AmortizedMIPS(**kw).fit(K, queries=Q[list("abc")])
+    b = AmortizedMIPS(**kw).fit(K, queries=Q[list("abc")].to_numpy())
+    np.testing.assert_array_equal(a.predict(K.to_numpy()[:5]), b.predict(K.to_numpy()[:5]))

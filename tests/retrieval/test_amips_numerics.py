@@ -513,3 +513,16 @@ def test_a_database_of_subnormal_keys_gets_a_nonzero_unit_and_finite_values():
     m = AmortizedMIPS(n_steps=5, batch_size=16, random_state=0).fit(Z, queries=Q)
     assert np.float32(m.key_scale_) > 0
     assert np.isfinite(m.value(Q[:3])).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_l2_ranking_of_half_precision_keys_beyond_sqrt_of_the_float16_range(dtype):
+    from mlpapers.retrieval.amips import rank_by_key
+
+    # regression: -||k||^2 / 2 was formed in float16, inf from ||k|| = 362 on: every key
+    # tied and the ranking was the index order
+    g = torch.Generator().manual_seed(0)
+    K = (torch.randn(50, 4, generator=g) * 500).to(dtype)
+    q = (torch.randn(6, 4, generator=g) * 500).to(dtype)
+    ref = torch.cdist(q.double(), K.double()).argsort(dim=1, stable=True)[:, :5]
+    torch.testing.assert_close(rank_by_key(q, K, 5, metric="l2"), ref)

@@ -247,6 +247,28 @@ def test_unsized_queries_are_refused_by_name(data):
         RelevanceBasedRetriever(_tanh, n_support=4).fit((q for q in Q[:60]), I)
 
 
+@pytest.mark.parametrize("make", [set, dict.fromkeys], ids=["set", "dict"])
+@pytest.mark.parametrize("estimator", ["rbe", "adacur"])
+def test_unindexable_catalogues_are_refused_before_any_heavy_call(data, make, estimator):
+    # regression: a set of items was scored, then failed at the support items with
+    # "'set' object is not subscriptable" after all the heavy calls
+    from mlpapers.retrieval.rbe import AdaCURRetriever
+
+    Q, I = data
+    calls = []
+
+    def f(q, i):
+        calls.append(1)
+        return _tanh(q, i)
+
+    est = (RelevanceBasedRetriever(f, n_support=4) if estimator == "rbe"
+           else AdaCURRetriever(f, n_calls=8, n_rounds=2))
+    items = make(tuple(row) for row in I)
+    with pytest.raises(TypeError, match=r"items must be an indexable sequence.*list\(items\)"):
+        est.fit(Q[:60], items)
+    assert not calls
+
+
 def test_a_tuple_of_queries_is_passed_as_given_and_scores_as_the_list(data):
     """Containers other than arrays, tensors, lists and pandas objects reach relevance_fn
     as given (``fresh``): a tuple cannot be changed in place."""

@@ -27,6 +27,14 @@ def test_rank_structure():
     assert s[10] > 1e-6 * s[0]  # the tanh interaction is not low rank
 
 
+@pytest.mark.parametrize("rank, n_features", [(3, 8), (8, 8), (3, 4), (10, 4)])
+def test_linear_relevance_has_the_documented_rank(rank, n_features):
+    # min(rank + 1, n_features): both terms are linear in the item features
+    Q, I, f = make_relevance_problem(60, 50, n_features=n_features, rank=rank,
+                                     nonlinearity=0.0, random_state=1)
+    assert np.linalg.matrix_rank(f(Q, I)) == min(rank + 1, n_features)
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="n_items"):
         make_relevance_problem(5, 0)

@@ -537,6 +537,10 @@ def _rank_by_key(key_hat: torch.Tensor, keys: torch.Tensor, k: int, metric: str,
         # in units of a power of two of the keys (exact; the ranking does not depend on
         # it): ||k_j||^2 overflowed float32 for keys of 1e20 and underflowed for 1e-25,
         # which turned the ranking into garbage or into the "ip" one
+        # at least float32: ||k||^2 / 2 of float16 keys overflowed (inf, every key tied)
+        # from ||k|| = 362 on; the augmented keys below are a copy anyway
+        wide = torch.promote_types(keys.dtype, torch.float32)
+        key_hat, keys = key_hat.to(wide), keys.to(wide)
         amax = stats.amax
         unit = power_of_two_unit(amax, 30)
         if unit != 1.0:

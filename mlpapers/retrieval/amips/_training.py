@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from sklearn.utils.validation import _check_feature_names
 from torch import nn
 
 from mlpapers._utils import ArrayLike, ProgressLogger, check_tensor
@@ -33,14 +34,17 @@ QuerySource = ArrayLike | Callable[[int, np.random.Generator], Any] | None
 
 def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
                       torch_gen: torch.Generator, numpy_gen: np.random.Generator,
-                      owner: str) -> Callable[[int], torch.Tensor]:
+                      owner: str, check_names: Callable[[Any], None] | None = None
+                      ) -> Callable[[int], torch.Tensor]:
     """Return ``draw(n) -> (n, d)`` float32 training queries on ``device``.
 
     ``queries`` is ``None`` (uniform on the unit sphere), an array (rows sampled
     with replacement) or a callable ``sampler(n, rng)`` with ``rng`` a numpy
     Generator (``numpy_gen``). Raises ``ValueError`` for zero-norm rows (in an
     array or a sampler's output) and for a sampler that returns the wrong number of
-    rows.
+    rows. ``check_names(X)``, when given, checks the column names of the array (and of
+    each sampler output that is a DataFrame) against the keys' (scikit-learn's rule: a
+    DataFrame whose columns differ raises ``ValueError``).
     """
     if queries is None:
         def draw_sphere(n: int) -> torch.Tensor:
@@ -62,7 +66,11 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
             pass
 
         def draw_sampler(n: int) -> torch.Tensor:
-            q = check_tensor(queries(n, numpy_gen), name="sampler output", dtype=torch.float32,
+            out = queries(n, numpy_gen)
+            if check_names is not None and hasattr(out, "columns"):
+                # (DataFrames only: scikit-learn's warning on unnamed arrays every step)
+                check_names(out)
+            q = check_tensor(out, name="sampler output", dtype=torch.float32,
                              device=device, n_features=d, owner=owner)
             if q.shape[0] != n:
                 raise ValueError(f"the query sampler returned {q.shape[0]} rows, "
@@ -71,6 +79,8 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
             _refuse_zero_rows(q, "the query sampler returned")
             return q
         return draw_sampler
+    if check_names is not None:
+        check_names(queries)
     pool = check_tensor(queries, name="queries", dtype=torch.float32, device=device,
                         n_features=d, owner=owner)
     _refuse_zero_rows(pool, "queries contains")
@@ -274,7 +284,9 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
     """
     n_keys, d = keys.shape
     draw = make_query_source(queries, d, device=est._device, torch_gen=est._torch_gen,
-                             numpy_gen=est._numpy_gen, owner=type(est).__name__)
+                             numpy_gen=est._numpy_gen, owner=type(est).__name__,
+                             # (queries of columns in another order trained silently)
+                             check_names=lambda X: _check_feature_names(est, X, reset=False))
     gen = est._torch_gen
 
     def augment(q):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from typing import TYPE_CHECKING, Any, Self, TypeGuard, cast
 
 import numpy as np
@@ -70,6 +70,14 @@ def length(seq: Any, name: str) -> int:
     except TypeError as exc:
         raise TypeError(f"{name} must be a sized sequence (list, array, tensor), "
                         f"got {type(seq).__name__}.") from exc
+    if (isinstance(seq, (Set, Mapping)) or not hasattr(type(seq), "__getitem__")):
+        # (a set has no order nor positions: its elements were taken by index after the
+        # heavy calls, which failed only then, with "'set' object is not subscriptable")
+        raise TypeError(f"{name} must be an indexable sequence (list, tuple, array, "
+                        f"tensor, pandas object), got {type(seq).__name__}; pass "
+                        f"list({name})"
+                        + (" (in the order you want: a set's is arbitrary)."
+                           if isinstance(seq, Set) else "."))
     if n == 0:
         raise ValueError(f"{name} is empty; at least one element is required.")
     return n
