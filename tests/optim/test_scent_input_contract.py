@@ -112,3 +112,30 @@ def test_documented_values_and_limits_are_unchanged():
     s = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
     expected = 2.0 * math.log((1.0 + math.exp(0.5)) / 2)
     assert float(objective(s, temperature=torch.tensor(2.0))) == pytest.approx(expected)
+
+
+def test_an_unknown_method_set_after_construction_is_refused_by_forward():
+    # regression: any unknown name ran the asgd_softplus branch silently
+    loss = EntropicRiskLoss(4)
+    loss.method = "scnet"
+    with pytest.raises(ValueError, match="method"):
+        loss(torch.zeros(2, 3), torch.tensor([0, 1]))
+    assert not bool(loss.initialized.any())  # refused before the dual table changed
+
+
+def test_a_tiny_temperature_gives_the_argmax_probabilities():
+    # regression: z / 1e-320 overflowed to inf and predict_proba was all NaN; the limit
+    # of softmax(z / tau) as tau -> 0 is the one-hot of the best class
+    from sklearn.datasets import load_iris
+
+    from mlpapers.optim.scent import SCENTClassifier
+
+    X, y = load_iris(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    clf = SCENTClassifier(n_negatives=2, epochs=3, random_state=0).fit(X, y)
+    best = clf.decision_function(X).argmax(1)
+    clf.set_params(temperature=1e-320)
+    P, logP = clf.predict_proba(X), clf.predict_log_proba(X)
+    np.testing.assert_array_equal(P, np.eye(3)[best])
+    np.testing.assert_array_equal(logP.argmax(1), best)
+    assert (logP.max(1) == 0).all() and np.isneginf(logP).sum() == 2 * len(X)

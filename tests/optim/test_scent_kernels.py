@@ -305,3 +305,39 @@ def test_state_dict_round_trip():
     b = EntropicRiskLoss(4)
     b.load_state_dict(a.state_dict())
     assert torch.equal(a.nu, b.nu) and torch.equal(a.initialized, b.initialized)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmd_update_at_infinite_nu_and_alpha_takes_the_limits(dtype):
+    # regression: nu = +inf gave inf - inf = NaN; the limit of
+    # log((1 - gamma) e^nu + gamma g) is log(1/alpha + g). alpha = 0 keeps nu and
+    # alpha = inf jumps to L, also at infinite nu (log_alpha + nu was NaN there)
+    L = torch.tensor([2.0, -1.0], dtype=dtype)
+    inf = torch.full((2,), math.inf, dtype=dtype)
+    for la in (0.0, -2.3, 4.0):
+        ref = torch.logaddexp(torch.full_like(L, -la), L)
+        torch.testing.assert_close(spmd_update(inf, L, la), ref)
+    torch.testing.assert_close(spmd_update(inf, L, math.inf), L)
+    assert torch.isposinf(spmd_update(inf, L, -math.inf)).all()
+    torch.testing.assert_close(spmd_update(-inf, L, math.inf), L)
+    assert torch.isneginf(spmd_update(-inf, L, -math.inf)).all()
+    assert torch.isneginf(spmd_update(-inf, L, 0.0)).all()
+
+
+def test_spmd_update_keeps_the_digits_of_a_large_nu_in_float32():
+    # nu + logsigmoid(-a) cancelled for nu >> 1 (ulp 0.0625 at 1e6): the exact step is
+    # within float32 rounding of its limit log(1/alpha + g) there
+    nu, L, la = torch.tensor([1e6]), torch.tensor([2.0]), math.log(0.1)
+    ref = math.log(math.exp(2.0) + 10.0)
+    assert abs(float(spmd_update(nu, L, la)) - ref) < 1e-6
+
+
+def test_sox_update_takes_l_where_a_tensor_gamma_reaches_one():
+    # regression: log1p(-gamma) was NaN for the entries of a tensor gamma above 1 (a
+    # Python gamma >= 1 already gave L, as documented)
+    nu = torch.tensor([0.0, 0.0, math.inf, 1.0], dtype=torch.float64)
+    L = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)
+    gamma = torch.tensor([0.5, 2.0, 1.0, 1.0], dtype=torch.float64)
+    out = sox_update(nu, L, gamma)
+    assert out[0] == pytest.approx(math.log(0.5 + 0.5 * math.e))
+    torch.testing.assert_close(out[1:], L[1:])

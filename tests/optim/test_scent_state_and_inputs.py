@@ -82,6 +82,37 @@ def test_a_later_partial_fit_that_fails_leaves_the_model_as_it_was(momentum):
     assert np.isfinite(clf.nu_).all()
 
 
+def test_a_partial_fit_interrupted_after_its_epoch_keeps_no_curve_entry(monkeypatch):
+    # regression: the rollback restored the attributes but not the lists, appended in
+    # place: loss_curve_ and gamma_curve_ kept the failed call's epoch
+    X, y = _xy()
+    clf = SCENTClassifier(n_negatives=2, batch_size=8, random_state=0).partial_fit(
+        X, y, classes=[0, 1, 2])
+    before = pickle.loads(pickle.dumps(clf))
+
+    def interrupt(self, *args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(SCENTClassifier, "_warn_if_worse_than_zero", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        clf.partial_fit(X, y)
+    assert clf.loss_curve_ == before.loss_curve_ and len(clf.loss_curve_) == 1
+    np.testing.assert_array_equal(clf.gamma_curve_, before.gamma_curve_)
+    assert clf.n_iter_ == before.n_iter_
+
+
+@pytest.mark.parametrize("big", [np.array([1e20]), np.array([2**63 + 5], dtype=np.uint64),
+                                 np.array([1e12]), np.array([2**31])])
+def test_huge_sample_indices_are_refused_by_name(big):
+    # regression: 1e20 and a uint64 above 2**63 wrapped to negative int64 rows of the
+    # dual table; 1e12 asked for a table of 1e12 entries
+    X, y = _xy()
+    index = np.concatenate([np.arange(len(X) - 1), big]).astype(big.dtype)
+    clf = SCENTClassifier(n_negatives=2, batch_size=8, random_state=0)
+    with pytest.raises(ValueError, match=r"sample_index values must be below 2\*\*31"):
+        clf.partial_fit(X, y, classes=[0, 1, 2], sample_index=index)
+    assert not hasattr(clf, "coef_")
+
+
 def test_objective_refuses_scores_without_anchors():
     with pytest.raises(ValueError, match="at least one anchor"):
         objective(torch.zeros(0, 3))  # the mean over no anchors was NaN

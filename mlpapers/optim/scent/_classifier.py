@@ -37,6 +37,10 @@ from mlpapers.optim.scent._xc_predict import SoftmaxPredictionMixin
 
 __all__ = ["SCENTClassifier"]
 
+#: bound on ``partial_fit``'s ``sample_index``: the dual table is that long
+MAX_SAMPLE_INDEX = 2**31
+
+
 class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimatorMixin,
                       TensorTargetsScore, ClassifierMixin, BaseEstimator):
     r"""Linear classifier for many classes, trained by SCENT with sampled negatives.
@@ -302,7 +306,8 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         classes : array-like, optional
             All classes; required on the first call.
         sample_index : array-like of int of shape (n_samples,), optional
-            Global indices of the rows in the dual table. ``None`` means
+            Global indices of the rows in the dual table, below ``2**31`` (the
+            table holds one entry per index up to the largest). ``None`` means
             ``0 .. n_samples - 1``, i.e. the same data set on every call.
 
         Returns
@@ -330,7 +335,9 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         unpickled copy is; the heavy-ball buffers and the generator are put back too.
         """
         state = self.__dict__
-        before = dict(state)
+        # (copies of the lists: the epoch's loss_curve_ / gamma_curve_ entries are
+        # appended in place, and a call that failed after its epoch kept them)
+        before = {k: v.copy() if isinstance(v, list) else v for k, v in state.items()}
         buffers = self._momentum_state()
         gen = getattr(self, "_torch_gen", None)
         gen_state = gen.get_state() if gen is not None else None
@@ -380,6 +387,13 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
                 raise ValueError("sample_index must hold one non-negative integer per row of X.")
             if len(np.unique(raw)) != len(raw):  # two rows cannot share one dual variable
                 raise ValueError("sample_index must not repeat an index within one call.")
+            if raw.size and not float(raw.max()) < MAX_SAMPLE_INDEX:
+                # (1e20 or a uint64 above 2**63 wrapped to a negative int64 row of the
+                # dual table, and 1e12 asked for a table of 1e12 entries)
+                raise ValueError(
+                    f"sample_index values must be below 2**31 (the dual table holds one "
+                    f"entry per index up to the largest), got {raw.max()!r}; number the "
+                    "training samples 0, 1, ..., n - 1.")
             index = torch.as_tensor(raw.astype(np.int64))
         n_anchors = int(index.max()) + 1
         if first:

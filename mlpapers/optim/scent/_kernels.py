@@ -349,9 +349,17 @@ def spmd_update(
     nu, log_mean_exp = _as_float_pair(nu, log_mean_exp)
     _check_number(log_alpha, "log_alpha", low=-math.inf, finite=False)
     with torch.no_grad():
-        a = _as_tensor(log_alpha, nu, "log_alpha", log_mean_exp) + nu
-        # log(1 - gamma) = logsigmoid(-a), log(gamma) = logsigmoid(a): finite for |a| = inf
-        return torch.logaddexp(nu + F.logsigmoid(-a), F.logsigmoid(a) + log_mean_exp)
+        la = _as_tensor(log_alpha, nu, "log_alpha", log_mean_exp)
+        # alpha = 0 keeps nu and alpha = inf jumps to L, also at nu = -+inf (where
+        # log_alpha + nu is NaN)
+        inf = torch.full_like(la, math.inf)
+        a = torch.where(torch.isneginf(la), -inf, torch.where(torch.isposinf(la), inf, la + nu))
+        # log(1 - gamma) + nu = logsigmoid(-a) + nu = logsigmoid(a) - log_alpha: the form
+        # without cancellation for the sign of a (nu + logsigmoid(-a) lost nu's digits
+        # for nu >> 1, and was inf - inf = NaN at nu = +inf, whose limit is
+        # log(1/alpha + g))
+        old = torch.where(a > 0, F.logsigmoid(a) - la, nu + F.logsigmoid(-a))
+        return torch.logaddexp(old, F.logsigmoid(a) + log_mean_exp)
 
 
 @on_inputs_device
@@ -400,7 +408,12 @@ def sox_update(
             shape = torch.broadcast_shapes(nu.shape, log_mean_exp.shape, g.shape)
             dtype = torch.promote_types(nu.dtype, log_mean_exp.dtype)
             return log_mean_exp.to(dtype).expand(shape).clone()
-        return torch.logaddexp(torch.log1p(-g) + nu, torch.log(g) + log_mean_exp)
+        # element-wise: a tensor gamma with some entries >= 1 gave log1p(-gamma) = NaN
+        # there (and -inf + inf at nu = inf for gamma = 1); those take L as documented
+        full = g >= 1
+        out = torch.logaddexp(torch.log1p(-torch.where(full, 0.0, g)) + nu,
+                              torch.log(g) + log_mean_exp)
+        return torch.where(full, log_mean_exp.to(out.dtype), out)
 
 
 @on_inputs_device

@@ -353,6 +353,8 @@ class EntropicRiskLoss(nn.Module):
         if not torch.is_inference_mode_enabled() and (
                 self.nu.is_inference() or self.initialized.is_inference()):
             self.nu, self.initialized = self.nu.clone(), self.initialized.clone()
+        # (an attribute set after construction: an unknown name ran asgd_softplus)
+        check_in_options(self.method, "method", METHODS)
         tau = self.temperature
         # half-precision scores (autocast, model.half()) are computed and returned in
         # float32, as torch's own losses are under autocast: in float16, exp(s - nu)

@@ -111,7 +111,7 @@ class SoftmaxPredictionMixin:
             Probabilities of the classes in the order of ``classes_``; each row sums to 1.
         """
         tau = self._temperature()
-        return self._to_numpy(self._logits(X, lambda z: torch.softmax(z / tau, dim=1)))
+        return self._to_numpy(self._logits(X, lambda z: torch.softmax(_scaled(z, tau), dim=1)))
 
     def predict_log_proba(self, X: SparseArrayLike) -> np.ndarray:
         """Logarithm of :meth:`predict_proba`, computed stably (``log_softmax``).
@@ -129,7 +129,8 @@ class SoftmaxPredictionMixin:
             where :meth:`predict_proba` underflows to 0).
         """
         tau = self._temperature()
-        return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(z / tau, dim=1)))
+        return self._to_numpy(self._logits(X, lambda z: torch.log_softmax(_scaled(z, tau),
+                                                                          dim=1)))
 
     def _temperature(self) -> float:
         # read at inference: a value set after fit is checked here too (NaN gave NaN
@@ -197,3 +198,9 @@ class SoftmaxPredictionMixin:
         reg = 0.5 * self.alpha * float((self.coef_.astype(np.float64) ** 2).sum())
         return value + reg
 
+
+def _scaled(z: torch.Tensor, tau: float) -> torch.Tensor:
+    """``z / tau`` shifted by each row's largest logit (the softmax is unchanged): with
+    a tiny ``tau`` (1e-320) ``z / tau`` overflowed to inf and the probabilities were all
+    NaN; shifted, the gaps to the best class go to -inf and the best keeps 0."""
+    return (z - z.amax(dim=1, keepdim=True)) / tau
