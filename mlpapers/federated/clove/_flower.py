@@ -58,6 +58,19 @@ def _is_integer(a: np.ndarray) -> bool:
     return np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_
 
 
+def _layout_difference(arrays: dict[str, np.ndarray],
+                       reference: dict[str, np.ndarray]) -> str | None:
+    """How ``arrays`` differ from ``reference`` in names, shapes or kinds (floating or
+    integer), or ``None`` when they match: one architecture for the nodes to stack."""
+    if set(arrays) != set(reference):
+        return f"arrays {sorted(arrays)}, expected {sorted(reference)}"
+    for k, a in arrays.items():
+        if a.shape != reference[k].shape or _is_integer(a) != _is_integer(reference[k]):
+            return (f"array {k!r} of shape {a.shape} and dtype {a.dtype}, expected "
+                    f"{reference[k].shape} {reference[k].dtype}")
+    return None
+
+
 def _positive_number(value: Any) -> bool:
     """A finite number > 0 (not a bool): a node's ``num-examples``."""
     return (isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -88,14 +101,9 @@ def _reply_arrays(reply: Message, node_id: int, model: dict[str, np.ndarray], j:
         raise ValueError(f"{where} replied without its trained model (an ArrayRecord "
                          f"under 'arrays'), got {type(record).__name__}.")
     arrays = _to_arrays(record)
-    if set(arrays) != set(model):
-        raise ValueError(f"{where} replied with arrays {sorted(arrays)}, expected "
-                         f"{sorted(model)} (model {j}'s).")
-    for k, a in arrays.items():
-        if a.shape != model[k].shape or _is_integer(a) != _is_integer(model[k]):
-            raise ValueError(f"{where} replied with array {k!r} of shape {a.shape} and "
-                             f"dtype {a.dtype}, but model {j}'s is {model[k].shape} "
-                             f"{model[k].dtype}.")
+    difference = _layout_difference(arrays, model)
+    if difference is not None:
+        raise ValueError(f"{where} replied with {difference} (model {j}'s).")
     if not all(np.isfinite(a).all() for a in arrays.values()):
         # averaged in, it would poison model j for every later round
         raise FloatingPointError(f"CLoVEStrategy: node {node_id} diverged in round "
@@ -140,15 +148,10 @@ def _initial_models(initial_arrays: Any, n_clusters: int) -> list[ArrayRecord]:
     if not first:
         raise ValueError("initial_arrays holds a model without arrays.")
     for j, record in enumerate(initial_arrays[1:], start=1):
-        arrays = _to_arrays(record)
-        same = set(arrays) == set(first) and all(
-            a.shape == first[k].shape and _is_integer(a) == _is_integer(first[k])
-            for k, a in arrays.items())
-        if not same:
+        difference = _layout_difference(_to_arrays(record), first)
+        if difference is not None:
             raise ValueError(f"initial_arrays: model {j} has other arrays than model 0 "
-                             f"({ {k: a.shape for k, a in arrays.items()} } against "
-                             f"{ {k: a.shape for k, a in first.items()} }); the K models "
-                             "share one architecture.")
+                             f"({difference}); the K models share one architecture.")
     return list(initial_arrays)
 
 
@@ -265,16 +268,21 @@ class CLoVEStrategy(Strategy):
             One ``train`` message per node of ``node_ids_``, with records
             ``arrays`` (its model) and ``config``.
         """
-        if not self.models_ or not self.node_ids_:
-            raise RuntimeError("CLoVEStrategy.configure_train needs the models and the "
-                               "nodes' assignment of a run: call start(grid, "
-                               "initial_arrays), which calls it every round.")
+        self._check_started("configure_train", self.node_ids_)
         return [
             Message(RecordDict({"arrays": self.models_[self._assigned(nid, server_round)],
                                 "config": config}),
                     dst_node_id=nid, message_type="train", group_id=str(server_round))
             for nid in self.node_ids_
         ]
+
+    def _check_started(self, method: str, assignment: Any) -> None:
+        """``RuntimeError`` unless :meth:`start` has set the models and ``assignment``
+        (the nodes of a run, or their labels)."""
+        if not self.models_ or not assignment:
+            raise RuntimeError(f"CLoVEStrategy.{method} needs the models and the nodes' "
+                               "assignment of a run: call start(grid, initial_arrays), "
+                               "which calls it every round.")
 
     def _assigned(self, node_id: int, server_round: int) -> int:
         """The model assigned to ``node_id`` this round (``ValueError`` for another node)."""
@@ -320,10 +328,7 @@ class CLoVEStrategy(Strategy):
         RuntimeError
             If called before :meth:`start` set ``models_`` and ``labels_``.
         """
-        if not self.models_ or not self.labels_:
-            raise RuntimeError("CLoVEStrategy.aggregate_train needs the models and the "
-                               "nodes' assignment of a run: call start(grid, "
-                               "initial_arrays), which calls it every round.")
+        self._check_started("aggregate_train", self.labels_)
         sums: dict[int, dict[str, np.ndarray]] = {}
         weights: dict[int, float] = {}
         models = {j: _to_arrays(m) for j, m in enumerate(self.models_)}
@@ -545,7 +550,7 @@ class CLoVEStrategy(Strategy):
             sizes = [by_node[nid].content["metrics"].get("num-examples")
                      for nid in self.node_ids_]
             assigned = L[np.arange(len(L)), assignment]
-            if all(isinstance(v, (int, float)) and v > 0 for v in sizes):
+            if all(_positive_number(v) for v in sizes):
                 loss = float(np.average(assigned, weights=np.asarray(sizes, dtype=np.float64)))
             else:
                 loss = float(assigned.mean())
