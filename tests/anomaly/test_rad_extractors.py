@@ -97,6 +97,12 @@ def test_extractor_constructor_inputs():
     (lambda: TorchFeatureExtractor(torch.jit.script(_cnn()), "1"), TypeError, "TorchScript"),
     (lambda: TorchFeatureExtractor(torch.jit.trace(_cnn(), torch.rand(1, 3, 8, 8)), "1"),
      TypeError, "TorchScript"),
+    # a scripted part of a plain module: hooked inside it or on it, as layer or key
+    (lambda: TorchFeatureExtractor(nn.Sequential(torch.jit.script(_cnn()), nn.ReLU()), "0.1"),
+     TypeError, r"\['0.1'\] \(of layers, key_layer\) are TorchScript"),
+    (lambda: TorchFeatureExtractor(nn.Sequential(torch.jit.script(_cnn()), nn.ReLU()), "1",
+                                   key_layer="0"),
+     TypeError, r"\['0'\] \(of layers, key_layer\) are TorchScript"),
     (lambda: RADDetector(extractor=np.array([1.0, 2.0])).fit(np.zeros((2, 8, 8))),
      TypeError, "extractor must be a string, None or a callable"),
 ])

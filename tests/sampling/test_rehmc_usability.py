@@ -285,3 +285,17 @@ def test_summary_of_a_hand_built_auto_length_result_gives_nan_reflections_per_st
     fixed = SampleResult(**{**{f: getattr(res, f) for f in SampleResult.__dataclass_fields__},
                             "n_leapfrog": 4, "n_reflections": np.array([4, 12])})
     assert fixed.reflections_per_step == 16 / (50 * 4 * 2)
+
+
+@pytest.mark.parametrize("x, v, name", [
+    ([0.0, 0.0], [np.nan, 1.0], "v"), ([0.0, 0.0], [np.inf, 0.0], "v"),
+    ([np.nan, 0.0], [1.0, 1.0], "x"),
+])
+def test_hit_refuses_non_finite_points_and_velocities_given_as_arrays(x, v, name):
+    # regression: a NaN velocity gave t = inf ("never leaves"), a NaN point t = NaN
+    from mlpapers.sampling.rehmc import Ball, Box
+
+    for K in (Ball(np.zeros(2), 1.0), Box(-np.ones(2), np.ones(2))):
+        with pytest.raises(ValueError, match=f"hit: {name} must be finite"):
+            K.hit(np.array(x), np.array(v))
+    assert Ball(np.zeros(2), 1.0).hit(np.zeros(2), np.array([2.0, 0.0])).t == 0.5

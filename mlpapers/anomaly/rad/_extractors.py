@@ -320,6 +320,14 @@ class TorchFeatureExtractor(nn.Module):
                              f"{type(module).__name__}.")
         if len(layers) == 0:
             raise ValueError("layers must name at least one submodule.")
+        scripted = [n for n in [*layers, *([key_layer] if key_layer else [])]
+                    if isinstance(names[n], _SCRIPT_MODULE)]
+        if scripted:
+            # (torch's "register_forward_hook is not supported on ScriptModules" came at
+            # the first call)
+            raise TypeError(f"{scripted} (of layers, key_layer) are TorchScript submodules, "
+                            "which run no forward hooks: read a plain nn.Module layer "
+                            "around them, or script nothing in the module.")
         _refuse_repeats(layers, "layers")
         if forward is not None and not isinstance(forward, str):
             raise TypeError(f"forward must be the name of a method (a str) or None, got "

@@ -109,10 +109,21 @@ def _check_hit_args(container, x, args: tuple, kwargs: dict) -> None:
     """``hit``'s ``t_max`` and ``exclude`` when a user passes them as Python numbers or
     numpy arrays: a NaN or negative bracket gave the bisection oracle no interval to
     search, without an error, an infinite one made a bounded ConvexSet "never left", and
-    an array of another length than the points failed inside torch. Tensors are the
-    sampler's own, per chain, and pass unchecked (no device sync per step)."""
+    an array of another length than the points failed inside torch; non-finite points
+    or velocities are refused. Tensors are the sampler's own, per chain, and pass
+    unchecked (no device sync per step)."""
     t_max = args[1] if len(args) > 1 else kwargs.get("t_max")
     exclude = args[2] if len(args) > 2 else kwargs.get("exclude")
+    v = args[0] if args else kwargs.get("v")
+    for name, a in (("x", x), ("v", v)):
+        # (a NaN velocity gave t = inf, "never leaves", and a NaN point t = NaN)
+        if a is not None and not isinstance(a, Tensor):
+            try:
+                finite = bool(np.isfinite(np.asarray(a, dtype=np.float64)).all())
+            except (TypeError, ValueError):
+                continue  # (named by the conversion that follows)
+            if not finite:
+                raise ValueError(f"hit: {name} must be finite (no NaN or inf).")
     shape = np.shape(x)
     rows = shape[0] if len(shape) == 2 else 1
     for name, a in (("t_max", t_max), ("exclude", exclude)):
