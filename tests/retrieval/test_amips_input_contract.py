@@ -210,12 +210,11 @@ def test_a_sampler_that_returns_zero_rows_is_refused_like_an_array():
     model.fit(keys, queries=lambda n, rng: np.full((n, 3), 1e-23))
 
 
-@pytest.mark.filterwarnings("ignore:X does not have valid feature names")
+@pytest.mark.filterwarnings("ignore:X does not have valid feature names")  # (predict)
 def test_training_queries_must_name_the_keys_columns_in_order():
     # regression: DataFrame queries were read by position: columns (c, b, a) against keys
     # (a, b, c) trained on swapped coordinates without a word
-    import pandas as pd
-
+    pd = pytest.importorskip("pandas")
     from mlpapers.retrieval.amips import AmortizedMIPS
 
     rng = np.random.default_rng(0)

@@ -312,7 +312,8 @@ def test_neural_head_keeps_the_linear_heads_quality_under_a_common_offset(
               mlp_hidden=8, standardize=standardize, random_state=0)
     lin = RelevanceBasedRetriever(shifted, head="linear", **kw).fit(Q[:60], items)
     est = RelevanceBasedRetriever(shifted, head="mlp", **kw).fit(Q[:60], items)
-    assert abs(est.head_shift_ - offset) < 1.0
+    assert abs(est.head_shift_[1] - offset) < 1.0
+    assert est.head_shift_[0] == (0.0 if standardize else est.head_shift_[1])
     truth = heavy(Q[60:], items)
     hits = [hit_rate(truth, m.kneighbors(Q[60:], 10, return_distance=False))
             for m in (lin, est)]
@@ -324,10 +325,35 @@ def test_neural_head_keeps_the_linear_heads_quality_under_a_common_offset(
         np.testing.assert_allclose(P - offset, lin.predict(Q[60:]) - offset, atol=1e-4)
     if standardize:  # as good as without the offset, with scores in the same units
         ref = RelevanceBasedRetriever(heavy, head="mlp", **kw).fit(Q[:60], items)
-        assert ref.head_shift_ == 0.0
+        assert (ref.head_shift_ == 0.0).all()
         ref_hit = hit_rate(truth, ref.kneighbors(Q[60:], 10, return_distance=False))
         assert hits[1] >= ref_hit - 0.1
         np.testing.assert_allclose(P - offset, ref.predict(Q[60:]), atol=0.05)
+
+
+def test_neural_head_keeps_its_fitted_shifts_after_set_params_standardize():
+    # regression: the query shift was read from the current standardize parameter:
+    # set_params(standardize=False) after fit moved the scores by 2e3
+    Q, items, heavy = _heavy_problem()
+    for head in ("linear", "mlp"):
+        m = RelevanceBasedRetriever(lambda q, i: heavy(q, i) + 1e3, n_support=6, head=head,
+                                    max_iter=0).fit(Q[:60], items)
+        before = m.predict(Q[60:])
+        np.testing.assert_array_equal(m.set_params(standardize=False).predict(Q[60:]), before)
+
+
+@pytest.mark.parametrize("offset, spread", [(1e300, 1e290), (-1e300, 1e290)])
+def test_neural_head_shift_survives_a_spread_beyond_the_float64_square_range(offset, spread):
+    # regression: the variance of a spread of 1e290 overflowed (std = inf) and the shift
+    # was dropped: float32 targets could not tell the items apart
+    Q, items, heavy = _heavy_problem()
+    kw = dict(n_support=12, support="random", max_iter=0, random_state=0)
+    rel = lambda q, i: heavy(q, i) * spread + offset  # noqa: E731
+    lin = RelevanceBasedRetriever(rel, head="linear", **kw).fit(Q[:60], items)
+    est = RelevanceBasedRetriever(rel, head="mlp", **kw).fit(Q[:60], items)
+    assert est.head_shift_[1] == pytest.approx(offset, rel=1e-6)
+    np.testing.assert_array_equal(est.kneighbors(Q[60:], 5, return_distance=False),
+                                  lin.kneighbors(Q[60:], 5, return_distance=False))
 
 
 def test_neural_heads_shift_is_saved_and_a_linear_refit_forgets_it(tmp_path):
@@ -338,6 +364,6 @@ def test_neural_heads_shift_is_saved_and_a_linear_refit_forgets_it(tmp_path):
     back = RelevanceBasedRetriever.load(tmp_path / "rbe.pt",
                                         relevance_fn=lambda q, i: heavy(q, i) + 1e8,
                                         items=items)
-    assert back.head_shift_ == est.head_shift_
+    np.testing.assert_array_equal(back.head_shift_, est.head_shift_)
     np.testing.assert_array_equal(back.predict(Q[60:]), est.predict(Q[60:]))
     assert est.set_params(head="linear").fit(Q[:60], items).head_shift_ is None

@@ -95,3 +95,16 @@ def test_square_and_near_square_stiefel_sample_uniformly_with_the_defaults(n, k)
     assert 0.5 < res.kept_fraction.mean() <= 1.0
     if k == n:  # both components of O(n) are visited: det(Q) = +-1 about equally
         assert 0.3 < np.mean(np.linalg.det(Q) > 0) < 0.7
+
+
+@pytest.mark.parametrize("n, k", [(3, 1), (4, 4)])
+def test_starts_are_redrawn_where_the_density_vanishes(n, k):
+    # regression: the sampler's own starts were passed as x0, which turned off the
+    # redraw of chains starting where log g = -inf ("not finite at the starting points")
+    def half(Q):
+        return torch.where(Q[:, 0, 0] > 0, torch.zeros(len(Q), dtype=Q.dtype),
+                           torch.full((len(Q),), -np.inf, dtype=Q.dtype))
+
+    res = StiefelSampler(half, n=n, k=k, n_leapfrog=3, random_state=0).sample(
+        40, n_chains=8, warmup=40)
+    assert (res.Q[..., 0, 0] > 0).all()

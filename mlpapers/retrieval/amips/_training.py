@@ -42,9 +42,9 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
     with replacement) or a callable ``sampler(n, rng)`` with ``rng`` a numpy
     Generator (``numpy_gen``). Raises ``ValueError`` for zero-norm rows (in an
     array or a sampler's output) and for a sampler that returns the wrong number of
-    rows. ``check_names(X)``, when given, checks the column names of the array (and of
-    each sampler output that is a DataFrame) against the keys' (scikit-learn's rule: a
-    DataFrame whose columns differ raises ``ValueError``).
+    rows. ``check_names(X)``, when given, checks the column names of a DataFrame of
+    queries (or of a sampler's DataFrame output) against the keys' (scikit-learn's
+    rule: other columns raise ``ValueError``); unnamed arrays are read by position.
     """
     if queries is None:
         def draw_sphere(n: int) -> torch.Tensor:
@@ -68,7 +68,7 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
         def draw_sampler(n: int) -> torch.Tensor:
             out = queries(n, numpy_gen)
             if check_names is not None and hasattr(out, "columns"):
-                # (DataFrames only: scikit-learn's warning on unnamed arrays every step)
+                # (DataFrames only, as for an array: unnamed ones are read by position)
                 check_names(out)
             q = check_tensor(out, name="sampler output", dtype=torch.float32,
                              device=device, n_features=d, owner=owner)
@@ -79,7 +79,7 @@ def make_query_source(queries: QuerySource, d: int, *, device: torch.device,
             _refuse_zero_rows(q, "the query sampler returned")
             return q
         return draw_sampler
-    if check_names is not None:
+    if check_names is not None and hasattr(queries, "columns"):
         check_names(queries)
     pool = check_tensor(queries, name="queries", dtype=torch.float32, device=device,
                         n_features=d, owner=owner)

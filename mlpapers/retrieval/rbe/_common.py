@@ -74,9 +74,9 @@ def length(seq: Any, name: str) -> int:
         # (a set has no order nor positions: its elements were taken by index after the
         # heavy calls, which failed only then, with "'set' object is not subscriptable")
         raise TypeError(f"{name} must be an indexable sequence (list, tuple, array, "
-                        f"tensor, pandas object), got {type(seq).__name__}; pass "
-                        f"list({name})"
-                        + (" (in the order you want: a set's is arbitrary)."
+                        f"tensor, pandas object), got {type(seq).__name__}; pass a list "
+                        f"of its elements"
+                        + (" in the order you want (a set's is arbitrary)."
                            if isinstance(seq, Set) else "."))
     if n == 0:
         raise ValueError(f"{name} is empty; at least one element is required.")

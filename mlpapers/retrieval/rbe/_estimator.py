@@ -172,11 +172,12 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         two of the relevance when its largest magnitude is outside
         :math:`[2^{-40}, 2^{40}]` (float32 range), else 1. ``None`` without a
         neural head (``head="linear"``), as ``head_``.
-    head_shift_ : float or None
-        Constant the neural head's training relevance was shifted by (its mean when
-        that exceeds its standard deviation in magnitude, else 0): float32 cannot
-        resolve relevance of 1e8 +- 1. Scores are returned with it added back.
-        ``None`` without a neural head.
+    head_shift_ : ndarray of shape (2,) or None
+        Shifts of the neural head's query input and of its training relevance: the
+        relevance's mean when that exceeds its standard deviation in magnitude, else
+        0 (float32 cannot resolve relevance of 1e8 +- 1); the query input is shifted
+        too with ``standardize=False`` (raw relevance), else 0. Scores are returned
+        with the shift added back. ``None`` without a neural head.
     history_ : list of dict
         Training log of the neural head (loss, validation hit rate).
     best_validation_hit_rate_ : float or None
@@ -331,7 +332,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # None without a neural head, as head_: a linear refit after an "mlp" fit kept
         # the previous head's units (describing a head that no longer exists)
         self.head_units_: np.ndarray | None = None
-        self.head_shift_: float | None = None
+        self.head_shift_: np.ndarray | None = None
         self.history_: list[dict[str, Any]] = []
         # None unless a neural head's validation runs (it was absent after a fit with a
         # linear head, max_iter=0 or validation_fraction=0 and present after others, and
@@ -379,7 +380,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # targets and offsets (HitRate 0.1 against 0.89 for the linear head, even
         # untrained). A constant shift changes neither loss (both are invariant to one
         # constant per query) nor the ranking; the scores get it back in float64.
-        std, mean = (float(t) for t in torch.std_mean(R_fit, correction=0))
+        # (in units of a power of two beyond 2**+-500: a spread of 1e290 squared
+        # overflowed the variance, std = inf, and the shift was dropped)
+        big = power_of_two_unit(abs_max(R_fit), 500)
+        std, mean = (float(t) * big for t in torch.std_mean(
+            R_fit if big == 1.0 else R_fit / big, correction=0))
         shift = mean if abs(mean) > std else 0.0
         # It works in units of a power of two of the (shifted) relevance when it is far
         # from 1 (its scores scale back in float64): relevance of 1e40 overflowed
@@ -394,7 +399,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # which moves <shift 1, e_i> into the item offsets
         q_shift = 0.0 if bool(self.standardize) else shift
         self.head_units_ = np.array([q_unit, unit])
-        self.head_shift_ = shift
+        self.head_shift_ = np.array([q_shift, shift])
         offsets = self.item_offsets_ + q_shift * self.item_embeddings_.sum(axis=1) - shift
         U_fit = ((self._standardize(R_fit[:, S]) - q_shift) / q_unit).to(f32)
         head = build_head(self.item_embeddings_ * (q_unit / unit), offsets / unit,
@@ -476,9 +481,10 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             # (None: pickles from before head_units_; load gives files (1, 1))
             units = getattr(self, "head_units_", None)
             q_unit, unit = (1.0, 1.0) if units is None else units
-            # (0: pickles and files from before head_shift_)
-            shift = float(getattr(self, "head_shift_", None) or 0.0)
-            q_shift = 0.0 if bool(self.standardize) else shift
+            # (the fitted shifts, not set_params(standardize=...) after fit; (0, 0):
+            # pickles and files from before head_shift_)
+            shifts = getattr(self, "head_shift_", None)
+            q_shift, shift = (0.0, 0.0) if shifts is None else (float(v) for v in shifts)
             score_all = self.head_.all_items_scorer()
             if unit == 1.0 and shift == 0.0:
                 U32 = U.to(torch.float32)
@@ -609,7 +615,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # an earlier neural head)
         state["head_units_"] = (None if head is None
                                 else state.get("head_units_", np.array([1.0, 1.0])))
-        state["head_shift_"] = None if head is None else state.get("head_shift_", 0.0)
+        state["head_shift_"] = (None if head is None
+                                else state.get("head_shift_", np.zeros(2)))
         super()._set_state(state)
         self.head_ = head_from_state(head, self._resolved_device)
 
