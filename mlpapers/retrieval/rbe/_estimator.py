@@ -37,7 +37,6 @@ from mlpapers.retrieval.rbe._heads import (
 from mlpapers.retrieval.rbe._kernels import (
     CHUNK_SCORES,
     _fit_linear_embeddings,
-    abs_max,
     topk_scores,
 )
 from mlpapers.retrieval.rbe._selection import (
@@ -382,7 +381,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # constant per query) nor the ranking; the scores get it back in float64.
         # (in units of a power of two beyond 2**+-500: a spread of 1e290 squared
         # overflowed the variance, std = inf, and the shift was dropped)
-        big = power_of_two_unit(abs_max(R_fit), 500)
+        lo, hi = (float(t) for t in torch.aminmax(R_fit))
+        big = power_of_two_unit(max(-lo, hi), 500)
         std, mean = (float(t) * big for t in torch.std_mean(
             R_fit if big == 1.0 else R_fit / big, correction=0))
         shift = mean if abs(mean) > std else 0.0
@@ -391,9 +391,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # float32 (NaN scores) and of 1e-60 flushed to 0. The scores are
         # <u, e> + offsets, with u scale-free and e in the relevance's units when
         # standardised, the other way round otherwise.
-        amax = (abs_max(R_fit) if shift == 0.0
-                else max(float(R_fit.amax()) - shift, shift - float(R_fit.amin())))
-        unit = power_of_two_unit(amax, 40)
+        # (one pass over the relevance for its range, read for both units)
+        unit = power_of_two_unit(max(hi - shift, shift - lo), 40)
         q_unit = 1.0 if bool(self.standardize) else unit
         # raw (unstandardised) query inputs carry the offset too: shifted as the targets,
         # which moves <shift 1, e_i> into the item offsets

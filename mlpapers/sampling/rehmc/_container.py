@@ -331,6 +331,13 @@ def _as_float_array(value, name: str, ndim: int | None) -> np.ndarray:
     return arr
 
 
+def _not_implemented(container: Any, method: str) -> NotImplementedError:
+    """The error of an oracle a user's container subclass left out."""
+    return NotImplementedError(f"{type(container).__name__} must implement {method} (a "
+                               "ConvexContainer subclass implements contains, hit and "
+                               "interior_point).")
+
+
 class ConvexContainer:
     """Base class of the convex containers ``K`` that trajectories reflect off.
 
@@ -436,9 +443,7 @@ class ConvexContainer:
             array of bool when ``x`` is not a tensor. A user's subclass must return a
             bool tensor of shape ``(C,)`` (checked before sampling).
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement contains(...) (a ConvexContainer "
-            "subclass implements contains, hit and interior_point).")
+        raise _not_implemented(self, "contains(...)")
 
     def _keeps_inside(self, dtype: torch.dtype) -> bool:
         """Whether every drift of this container provably ends in it (in ``dtype``), so
@@ -492,9 +497,7 @@ class ConvexContainer:
             exclusion), a ``Hit`` or, as earlier versions required, a triple
             ``(t, normal, face)``.
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement hit(...) (a ConvexContainer "
-            "subclass implements contains, hit and interior_point).")
+        raise _not_implemented(self, "hit(...)")
 
     def interior_point(self) -> np.ndarray:
         """A point of the interior of ``K``.
@@ -507,9 +510,7 @@ class ConvexContainer:
         numpy.ndarray of shape (d,)
             A point strictly inside ``K`` (a copy: changing it changes nothing).
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement interior_point() (a ConvexContainer "
-            "subclass implements contains, hit and interior_point).")
+        raise _not_implemented(self, "interior_point()")
 
     def width(self) -> float:
         """Diameter of a ball inscribed in ``K``, which caps the step size.
