@@ -108,3 +108,17 @@ def test_starts_are_redrawn_where_the_density_vanishes(n, k):
     res = StiefelSampler(half, n=n, k=k, n_leapfrog=3, random_state=0).sample(
         40, n_chains=8, warmup=40)
     assert (res.Q[..., 0, 0] > 0).all()
+
+
+def test_a_density_infinite_nowhere_names_log_density_and_no_x0():
+    # the starts are redrawn like ReflectiveHMC's random ones, but the error must not
+    # advise an x0 or a support, which StiefelSampler.sample does not take
+    def nowhere(Q):
+        return torch.full((len(Q),), -np.inf, dtype=Q.dtype)
+
+    sampler = StiefelSampler(nowhere, n=3, k=2, n_leapfrog=3, random_state=0)
+    with pytest.raises(ValueError, match=r"log_density \(or its gradient\) is not finite at "
+                       r"2 of the 2 chains' starting points after 100 random points each; "
+                       r"check where log_density is finite") as info:
+        sampler.sample(5, n_chains=2, warmup=5)
+    assert "x0" not in str(info.value) and "support" not in str(info.value)

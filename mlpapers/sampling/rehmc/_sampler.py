@@ -41,7 +41,13 @@ from mlpapers.sampling.rehmc._result import SampleResult
 from mlpapers.sampling.rehmc._resume import final_sampler_state, resume_start
 from mlpapers.sampling.rehmc._supports import ConvexContainer, ConvexSet, Region
 from mlpapers.sampling.rehmc._user import eval_mode
-from mlpapers.sampling.rehmc._warmup import MAX_LEAPFROG, Warmup, initial_points, start_state
+from mlpapers.sampling.rehmc._warmup import (
+    MAX_LEAPFROG,
+    START_ADVICE,
+    Warmup,
+    initial_points,
+    start_state,
+)
 
 __all__ = ["ReflectiveHMC", "SampleResult"]
 
@@ -190,6 +196,10 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
 
     _progress_label = "ReflectiveHMC"  # of the verbose bars (StiefelSampler sets its own)
     _density_name = "log_prob"  # what the start's errors call it (StiefelSampler's own)
+    _start_advice = START_ADVICE  # what they advise (StiefelSampler takes no x0 nor support)
+    # random starts other than the container's: propose(n_chains) -> points (StiefelSampler:
+    # well-conditioned matrices; a random point of its Frobenius ball seldom is one)
+    _start_proposal: Callable[[int], torch.Tensor] | None = None
 
     def __init__(self, log_prob: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  container: ConvexContainer | None = None, *,
@@ -438,14 +448,15 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         redraw = None
         if start is None:
             x = initial_points(container, self.support, x0, n_chains, dtype, dev, gen,
-                               default_chains=default_chains)
+                               default_chains=default_chains, propose=self._start_proposal)
             if x0 is None:  # random points: chains where log_prob is -inf draw again
                 redraw = partial(initial_points, container, self.support, None, n_chains,
-                                 dtype, dev, gen)
+                                 dtype, dev, gen, propose=self._start_proposal)
         else:
             x = start.x
         glp = self.grad_log_prob
-        x, logp, grad = start_state(log_prob, x, glp, name=self._density_name, redraw=redraw)
+        x, logp, grad = start_state(log_prob, x, glp, name=self._density_name, redraw=redraw,
+                                    advice=self._start_advice)
 
         last_draws = gen.get_state()
 

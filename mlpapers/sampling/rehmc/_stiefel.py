@@ -30,7 +30,6 @@ from mlpapers._utils import (
     check_positive,
     make_generators,
     on_inputs_device,
-    resolve_dtype,
 )
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
@@ -417,42 +416,24 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             raise ValueError(f"a must be smaller than b, got a={a!r}, b={b!r}.")
         return float(a), float(b)
 
-    def _starting_points(self, n_chains, a: float, b: float,
-                         log_prob: Callable[[Tensor], Tensor]) -> np.ndarray | None:
-        """One well-conditioned ``X`` per chain, flattened: a Gaussian matrix (the law of
+    def _random_starts(self, a: float, b: float) -> Callable[[int], Tensor]:
+        """Random starting points, flattened: per chain a Gaussian matrix (the law of
         ``X`` for a uniform ``g``) where it lies in ``R``, else its polar factor times a
-        common singular value inside ``(a, b)``; drawn again (up to 400 times) for the
-        chains where ``log_prob`` is not finite, as the inner sampler's random starts
-        are (a ``g`` that is ``-inf`` on part of the manifold). Random points of the
-        Frobenius ball have ``sigma_max`` near ``2 b`` for ``k = n`` and missed ``R``."""
-        chains = 4 if n_chains is None else n_chains
-        if not isinstance(chains, (int, np.integer)) or chains < 1:
-            return None  # (the inner sampler names the bad n_chains)
-        n, k, C = int(self.n), int(self.k), int(chains)
-        # the numpy stream of random_state: decorrelated from the sampler's torch stream
+        common singular value inside ``(a, b)``. Random points of the Frobenius ball
+        have ``sigma_max`` near ``2 b`` for ``k = n`` and missed ``R``. They come from
+        random_state's numpy stream, decorrelated from the sampler's torch stream (and
+        so a run from these points as ``x0`` is the same run)."""
+        n, k = int(self.n), int(self.k)
         _, rng = make_generators(self.random_state)
         sigma = math.sqrt(n) if a < math.sqrt(n) < b else 0.5 * (a + b)
 
-        def draw(m: int) -> Tensor:
-            G = torch.from_numpy(rng.standard_normal((m, n, k)))
+        def propose(chains: int) -> Tensor:
+            G = torch.from_numpy(rng.standard_normal((chains, n, k)))
             s = torch.linalg.svdvals(G)
             inside = (s[:, -1] > a) & (s[:, 0] < b)
-            return torch.where(inside[:, None, None], G, sigma * polar_factor(G)).reshape(m, -1)
-
-        try:
-            dtype = resolve_dtype(self.dtype)
-        except (TypeError, ValueError):
-            return None  # (the inner sampler names the bad dtype)
-        X = draw(C)
-        for _ in range(400):
-            with torch.no_grad():
-                lp = log_prob(X.to(dtype=dtype, device=self.device))
-            bad = ~torch.isfinite(lp).cpu()
-            if not bool(bad.any()):
-                break
-            X[bad] = draw(int(bad.sum()))
-        # (chains still without a finite density: the inner sampler's error names them)
-        return X.numpy()
+            return torch.where(inside[:, None, None], G, sigma * polar_factor(G)).reshape(
+                chains, -1)
+        return propose
 
     def sample(self, n_samples: int, *, n_chains: int | None = None, warmup: int | None = None,
                thin: int = 1, resume: StiefelResult | None = None) -> StiefelResult:
@@ -538,10 +519,10 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             random_state=self.random_state, verbose=self.verbose)
         hmc._progress_label = "StiefelSampler"  # the bars the user sees
         hmc._density_name = "log_density"  # the user's function, in the start's errors
+        hmc._start_advice = "check where log_density is finite (-inf outside a region)"
+        hmc._start_proposal = self._random_starts(a, b)
         with eval_mode(g):  # (the inner sampler sees only the wrapper)
-            x0 = (None if resume is not None
-                  else self._starting_points(n_chains, a, b, log_prob))
-            res = hmc.sample(n_samples, x0, n_chains=n_chains, warmup=warmup, thin=thin,
+            res = hmc.sample(n_samples, n_chains=n_chains, warmup=warmup, thin=thin,
                              resume=resume)
         self.step_size_ = hmc.step_size_
         self.trajectory_length_ = hmc.trajectory_length_

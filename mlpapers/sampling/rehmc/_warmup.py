@@ -52,8 +52,14 @@ FindStep = Callable[..., torch.Tensor]
 START_ATTEMPTS = 100
 
 
+#: what the error on starts where log_prob stays non-finite advises ReflectiveHMC's users
+START_ADVICE = ("pass x0 (one point per chain where it is finite) or restrict the support "
+                "(support=Region(...))")
+
+
 def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | None, *,
-                name: str = "log_prob", redraw: Callable[[], torch.Tensor] | None = None
+                name: str = "log_prob", redraw: Callable[[], torch.Tensor] | None = None,
+                advice: str = START_ADVICE
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The starting points, ``log_prob`` and its gradient there, checked.
 
@@ -68,7 +74,8 @@ def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | N
     ``grad_log_prob`` propagates with its own type and traceback; a hint is added
     as a note (:pep:`678`) when it is a float dtype mismatch, or when ``log_prob``
     looks like a density of one point (it returns a scalar for ``x[0]``). ``name`` is
-    what the non-finite error calls ``log_prob`` (the user's own function's name).
+    what the non-finite error calls ``log_prob`` (the user's own function's name), and
+    ``advice`` what it tells the user to do after the random redraws.
     """
     failed = []  # which user function raised (the first one)
 
@@ -112,8 +119,7 @@ def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | N
         bad = not_finite(logp, grad)
     if bool(bad.any()):
         where = (f"at {int(bad.sum())} of the {bad.numel()} chains' starting points after "
-                 f"{START_ATTEMPTS} random points each; pass x0 (one point per chain where "
-                 f"it is finite) or restrict the support (support=Region(...))"
+                 f"{START_ATTEMPTS} random points each; {advice}"
                  if redraw is not None else "at the starting points")
         raise ValueError(f"{name} (or its gradient) is not finite {where}.")
     if not has_graph and _varies(log_prob, x, logp):
@@ -230,14 +236,17 @@ def _varies(log_prob: Callable, x: torch.Tensor, logp: torch.Tensor) -> bool:
 
 
 def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype, device,
-                   gen: torch.Generator, *, default_chains: bool = False) -> torch.Tensor:
+                   gen: torch.Generator, *, default_chains: bool = False,
+                   propose: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
     """Starting points ``(n_chains, d)`` in the container and the support.
 
     ``x0`` of shape ``(d,)`` (shared) or ``(n_chains, d)`` is validated; without
     it, random points of the container are drawn (and re-drawn for chains that
     fall outside ``support``, up to 400 times: 200 well inside the container, then
-    200 covering all of it). ``default_chains`` says that ``n_chains`` is the default
-    (the user passed none), for the error on an ``x0`` with another number of rows.
+    200 covering all of it), or ``propose(n_chains)``'s points where a caller knows
+    better starts (StiefelSampler: well-conditioned matrices), drawn again alike.
+    ``default_chains`` says that ``n_chains`` is the default (the user passed none),
+    for the error on an ``x0`` with another number of rows.
 
     Raises
     ------
@@ -256,15 +265,22 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
                 else support.contains(x))
 
     if x0 is None:
-        x = container.random_interior(n_chains, gen).to(dtype=dtype, device=device)
-        # re-draw chains that start outside S: first among the container's well-inside
-        # points, then among points covering all of K (S may hug the boundary)
-        for attempt in range(400):
+        def draw(attempt: int) -> torch.Tensor:
+            # first among the container's well-inside points, then among points
+            # covering all of K (S may hug the boundary)
+            if propose is not None:
+                return propose(n_chains)
+            return (container.random_interior(n_chains, gen) if attempt < 200
+                    else _covering_points(container, n_chains, gen))
+
+        x = draw(0).to(dtype=dtype, device=device)
+        for attempt in range(1, 401):  # re-draw the chains that start outside S
             bad = ~(in_support(x) & container._holds(x))
             if not bool(bad.any()):
                 return x
-            new = (container.random_interior(n_chains, gen) if attempt < 199
-                   else _covering_points(container, n_chains, gen))
+            if attempt == 400:
+                break
+            new = draw(attempt)
             x = torch.where(bad[:, None], new.to(x), x)
         raise ValueError("could not find starting points in the support (400 random points "
                          "of the container missed it); pass x0 or check the support.")
