@@ -13,14 +13,15 @@ from mlpapers._utils._typing import RandomStateLike
 _SEED_HIGH = 2**63 - 1
 
 
-def _check_seed_type(random_state) -> None:
-    """``random_state`` must be None, an int (not a bool), a RandomState or a Generator."""
+def _check_seed_type(random_state, name: str = "random_state") -> None:
+    """``random_state`` must be None, an int (not a bool), a RandomState or a Generator
+    (``name``: what the error calls it)."""
     if random_state is None or isinstance(random_state, (np.random.RandomState,
                                                          np.random.Generator)):
         return
     if isinstance(random_state, bool | np.bool_) or not isinstance(random_state,
                                                                    numbers.Integral):
-        raise TypeError("random_state must be None, an int, a numpy RandomState or a numpy "
+        raise TypeError(f"{name} must be None, an int, a numpy RandomState or a numpy "
                         f"Generator, got {random_state!r} of type {type(random_state).__name__}.")
 
 
@@ -33,7 +34,8 @@ def check_seed(random_state: RandomStateLike) -> None:
         raise ValueError(f"random_state must be a non-negative integer, got {random_state}.")
 
 
-def check_random_state(random_state: RandomStateLike) -> np.random.RandomState:
+def check_random_state(random_state: RandomStateLike,
+                       name: str = "random_state") -> np.random.RandomState:
     """A ``numpy.random.RandomState`` from ``random_state`` (for the dataset generators).
 
     Parameters
@@ -47,6 +49,8 @@ def check_random_state(random_state: RandomStateLike) -> np.random.RandomState:
         a ``RandomState`` is used as is; a ``Generator`` seeds a new
         ``RandomState`` from one draw (so a seeded ``Generator`` gives
         reproducible data and advances by one draw per call).
+    name : str, default="random_state"
+        What the errors call the argument.
 
     Raises
     ------
@@ -55,11 +59,11 @@ def check_random_state(random_state: RandomStateLike) -> np.random.RandomState:
     ValueError
         For an int outside ``[0, 2**32)``.
     """
-    _check_seed_type(random_state)
+    _check_seed_type(random_state, name)
     if isinstance(random_state, np.random.Generator):
         return np.random.RandomState(int(random_state.integers(0, 2**32, dtype=np.uint64)))
     if isinstance(random_state, numbers.Integral) and not 0 <= int(random_state) < 2**32:
-        raise ValueError(f"random_state must be in [0, 2**32) when an int, got {random_state}.")
+        raise ValueError(f"{name} must be in [0, 2**32) when an int, got {random_state}.")
     return _sklearn_check_random_state(random_state)
 
 

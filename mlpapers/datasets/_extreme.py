@@ -78,6 +78,8 @@ def make_extreme_classification(
     check_positive(noise, "noise", strict=False)
     check_positive(zipf_exponent, "zipf_exponent", strict=False)
     check_positive(min_samples_per_class, "min_samples_per_class", strict=False, integer=True)
+    # (python ints: numpy int32 sizes overflowed the product and dropped the guarantee)
+    n_samples, n_classes, n_features = int(n_samples), int(n_classes), int(n_features)
     n_fixed = int(min_samples_per_class) * n_classes
     if n_fixed > n_samples:
         raise ValueError(

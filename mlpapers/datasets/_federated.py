@@ -295,7 +295,7 @@ def make_federated_digits(
         check_positive(value, name, integer=True)
     if kind == "rotation" and n_clusters > 8:
         raise ValueError(f"kind='rotation' supports at most 8 clusters, got {n_clusters}.")
-    if kind == "label_swap" and n_swaps > 5:
+    if n_swaps > 5:  # (checked for either kind, though only label_swap reads it)
         raise ValueError(f"n_swaps must be <= 5 (10 labels), got {n_swaps}.")
     if kind == "label_swap":
         # identity + the sets of n_swaps disjoint transpositions of 10 labels

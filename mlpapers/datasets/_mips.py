@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from mlpapers._utils import RandomStateLike, check_bool, check_positive, check_random_state
+from mlpapers._utils import (
+    RandomStateLike,
+    check_bool,
+    check_positive,
+    check_random_state,
+    check_tensor,
+    to_numpy,
+)
 
 __all__ = ["GaussianMixtureQuerySampler", "make_mips_problem"]
 
@@ -39,11 +47,8 @@ class GaussianMixtureQuerySampler:
 
     def __init__(self, anchors: np.ndarray, noise: float, normalize: bool = True):
         check_bool(normalize, "normalize")
-        self.anchors = np.asarray(anchors, dtype=np.float64)
-        if self.anchors.ndim != 2 or len(self.anchors) == 0:
-            raise ValueError("anchors must be a non-empty 2D array.")
-        if not np.isfinite(self.anchors).all():  # (every query drawn near it was NaN)
-            raise ValueError("anchors must be finite (no NaN or inf).")
+        # (finite: every query drawn near a NaN anchor was NaN; complex and text refused)
+        self.anchors = to_numpy(check_tensor(anchors, name="anchors", dtype=torch.float64))
         self.noise = check_positive(noise, "noise", strict=False)
         self.normalize = normalize
 
@@ -52,7 +57,7 @@ class GaussianMixtureQuerySampler:
         RandomState, int or None."""
         n = int(check_positive(n, "n", integer=True))
         if not isinstance(rng, np.random.Generator):
-            rng = np.random.default_rng(check_random_state(rng).randint(2**31 - 1))
+            rng = np.random.default_rng(check_random_state(rng, "rng").randint(2**31 - 1))
         d = self.anchors.shape[1]
         a = self.anchors[rng.integers(0, len(self.anchors), size=n)]
         eps = rng.standard_normal((n, d))

@@ -171,6 +171,14 @@ def make_relevance_problem(
     U = 1.5 * rng.standard_normal((n_hidden, d)) / np.sqrt(d)
     V = 1.5 * rng.standard_normal((n_hidden, d)) / np.sqrt(d)
     c = 0.5 * rng.standard_normal(n_hidden)
-    w = nonlinearity * rng.standard_normal(n_hidden) / np.sqrt(n_hidden)
-    beta = popularity * rng.standard_normal(d) / np.sqrt(d)
+    with np.errstate(over="ignore", invalid="ignore"):  # (refused below, by name)
+        w = nonlinearity * rng.standard_normal(n_hidden) / np.sqrt(n_hidden)
+        beta = popularity * rng.standard_normal(d) / np.sqrt(d)
+        # bounds of the two scaled terms (|tanh| <= 1): beyond float64 the relevance is NaN
+        bounds = (("nonlinearity", nonlinearity, np.abs(w).sum()),
+                  ("popularity", popularity, np.abs(beta).sum() * np.abs(items).max()))
+    for name, level, bound in bounds:
+        if not np.isfinite(bound):
+            raise ValueError(f"{name}={level!r} puts the relevance beyond float64's range; "
+                             "lower it.")
     return queries, items, SyntheticRelevance(A, B, U, V, c, w, beta)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Literal, TypeAlias, get_args
 
 import numpy as np
@@ -134,6 +135,12 @@ def _names(value, name: str) -> tuple:
     """A sequence of names as a tuple; one string counts as a one-name sequence."""
     if isinstance(value, str):
         return (value,)
+    if isinstance(value, AbstractSet):
+        # a set's order follows string hashing, which changes between processes: the
+        # data (and what the texture indices mean) would not be reproducible
+        raise TypeError(f"{name} must be an ordered sequence of strings (a list or tuple), "
+                        f"got a {type(value).__name__}: its order decides the data drawn "
+                        "and the texture indices returned.")
     try:
         return tuple(value)
     except TypeError:
@@ -179,17 +186,19 @@ def make_texture_anomalies(
     image_size : int, default=64
         Side of the square images (at least 16; at most 512 with
         ``source="skimage"``).
-    textures : str, iterable of str or None, default=None
+    textures : str, sequence of str or None, default=None
         Subset of the families of ``source`` (one name is a one-family
-        subset); ``None`` uses all of them.
+        subset); ``None`` uses all of them. Its order numbers the families of
+        ``texture_*``, so a ``set`` (unordered) is refused.
     source : {"procedural", "skimage"} or None, default=None
         ``None`` picks the source from ``textures``: ``"skimage"`` when every
         name is one of the photos (``"brick"``, ``"grass"``, ``"gravel"``),
         else ``"procedural"`` (so ``textures=None`` gives the procedural
         families, which need no extra).
-    defects : str or iterable of str, default=("scratch", "spot", "cutout")
+    defects : str or sequence of str, default=("scratch", "spot", "cutout")
         Kinds of defect drawn from (uniformly, one per defective image); a
-        non-empty subset of the three kinds above (one name is a one-kind subset).
+        non-empty subset of the three kinds above (one name is a one-kind subset;
+        ordered, a ``set`` is refused).
     anomaly_ratio : float in [0, 1], default=0.5
         Fraction of defective test images (rounded).
     noise : float, default=0.03

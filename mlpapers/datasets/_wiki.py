@@ -13,12 +13,13 @@ import hashlib
 import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 from sklearn.utils import Bunch
 
-from mlpapers._utils import check_bool, check_positive, check_verbose
+from mlpapers._utils import check_bool, check_positive, check_verbose, user_stacklevel
 
 __all__ = ["load_wiki_summaries"]
 
@@ -142,10 +143,15 @@ def _embed_cached(
         normalize_embeddings=True, show_progress_bar=bool(verbose),
     )
     E = _normalize(E)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp.npy")
-    np.save(tmp, E)
-    os.replace(tmp, path)
+    try:
+        np.save(tmp, E)
+        os.replace(tmp, path)
+    except OSError as exc:  # (a read-only cache still serves what it holds)
+        tmp.unlink(missing_ok=True)
+        warnings.warn(f"the {kind} embeddings could not be cached in {str(cache_dir)!r} "
+                      f"({exc.strerror or exc}); they will be computed again next time.",
+                      UserWarning, stacklevel=user_stacklevel())
     return E
 
 
@@ -173,8 +179,10 @@ def load_wiki_summaries(
     embed : bool, default=False
         Also return MiniLM embeddings of the summaries and of the titles.
     cache_dir : str or path-like, default=None
-        Directory of the embedding cache. ``None`` uses ``$MLPAPERS_CACHE`` when set,
-        otherwise ``~/.cache/mlpapers``. Unused when ``embed=False``.
+        Directory of the embedding cache (created if missing). ``None`` uses
+        ``$MLPAPERS_CACHE`` when set, otherwise ``~/.cache/mlpapers``. Unused when
+        ``embed=False``. A read-only cache serves the embeddings it holds; ones it
+        lacks are computed and not stored (with a warning).
     max_docs : int, default=None
         Keep only the first ``max_docs`` documents (in title order); ``None`` keeps all.
     batch_size : int, default=64
@@ -252,6 +260,11 @@ def load_wiki_summaries(
     if not _installed(_MODEL_PACKAGE):
         raise _missing(_MODEL_PIP)
     cache = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    try:  # before any embedding is computed (the corpus takes minutes), not after
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cache_dir={str(cache)!r} cannot be used as a directory "
+                         f"({exc.strerror or exc}); pass a writable directory.") from exc
     full_t, full_s = (titles, summaries) if max_docs is None else _read_texts(None)
     encoder_box: list = []
     out.summary_embeddings = _embed_cached(

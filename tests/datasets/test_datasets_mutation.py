@@ -599,3 +599,31 @@ def test_texture_cutout_is_filled_with_another_family_of_the_same_source():
     assert mask.any()
     np.testing.assert_allclose(X_test[:, 0], X_test[:, 1])  # grey photos, grey cutouts
     np.testing.assert_allclose(X_test[:, 0], X_test[:, 2])
+
+
+def test_wiki_unusable_cache_dir_is_refused_before_encoding(fake_encoder, tmp_path):
+    # the encoder ran first (minutes for the corpus), then mkdir raised FileExistsError
+    _, enc = fake_encoder
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"cache_dir=.*a_file.* cannot be used as a directory"):
+        load_wiki_summaries(embed=True, max_docs=3, cache_dir=blocker)
+    assert enc.calls == []
+
+
+def test_wiki_read_only_cache_serves_what_it_holds_and_warns_on_a_miss(
+        fake_encoder, tmp_path, monkeypatch):
+    _, enc = fake_encoder
+    first = load_wiki_summaries(embed=True, max_docs=3, cache_dir=tmp_path)
+    calls = len(enc.calls)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(np, "save", refuse)
+    again = load_wiki_summaries(embed=True, max_docs=3, cache_dir=tmp_path)  # all cached
+    assert len(enc.calls) == calls
+    np.testing.assert_array_equal(again.summary_embeddings, first.summary_embeddings)
+    with pytest.warns(UserWarning, match="could not be cached .*Permission denied"):
+        other = load_wiki_summaries(embed=True, max_docs=2, cache_dir=tmp_path / "new")
+    assert other.summary_embeddings.shape[0] == 2 and not list((tmp_path / "new").iterdir())

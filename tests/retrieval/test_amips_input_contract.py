@@ -122,7 +122,7 @@ def test_query_sampler_refuses_non_finite_anchors():
 
     anchors = np.eye(3)
     anchors[1, 2] = np.nan  # every query drawn near it was NaN, silently
-    with pytest.raises(ValueError, match="anchors must be finite"):
+    with pytest.raises(ValueError, match="anchors contains NaN"):
         GaussianMixtureQuerySampler(anchors, noise=0.1)
     q = GaussianMixtureQuerySampler(np.eye(3), noise=0.1)(50, np.random.default_rng(0))
     assert np.allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-6)
