@@ -195,3 +195,43 @@ def test_networks_check_their_widths_by_name(cls, hidden_dims, error, match):
     with pytest.raises(ValueError, match="in_features must be > 0"):
         cls(0, [4])
     assert cls(4, range(2, 4)).forward(torch.ones(3, 4)).shape[0] == 3
+
+
+def test_data_init_leaves_units_without_spread_unscaled():
+    # one row (std undefined) set every parameter to NaN; identical rows (std 0, then
+    # clamped to 1e-6) multiplied the weights by about 1e6
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    for batch in (x[:1], x[:1].repeat(8, 1)):
+        for net in (SupportNet(5, [8, 8], generator=torch.Generator().manual_seed(0)),
+                    KeyNet(5, [8], generator=torch.Generator().manual_seed(0))):
+            before = max(p.abs().max().item() for p in net.parameters())
+            net.data_init(batch)
+            after = max(p.abs().max().item() for p in net.parameters())
+            assert np.isfinite(after) and after < 100 * before
+
+
+def test_amortized_mips_fits_one_repeated_query_without_noise():
+    from mlpapers.retrieval import AmortizedMIPS
+
+    rng = np.random.default_rng(0)
+    K = rng.normal(size=(40, 6)).astype(np.float32)
+    q = rng.normal(size=(1, 6)).astype(np.float32)
+    est = AmortizedMIPS(depth=2, hidden_dim=16, n_steps=200, batch_size=32, noise_std=0,
+                        random_state=0).fit(K, queries=np.repeat(q, 50, axis=0))
+    np.testing.assert_allclose(est.value(q), (q @ K.T).max(1), rtol=0.02)
+    assert est.predict(q)[0] == (q @ K.T).argmax()
+
+
+@pytest.mark.parametrize("model", ["support", "key", "homogenized"])
+def test_scale_output_is_exact_for_small_factors_and_refuses_bad_ones(model):
+    gen = torch.Generator().manual_seed(0)
+    net = {"support": lambda: SupportNet(5, [8], generator=gen),
+           "key": lambda: KeyNet(5, [8], generator=gen),
+           "homogenized": lambda: Homogenize(SupportNet(5, [8], generator=gen))}[model]()
+    x = torch.randn(3, 5, generator=gen)
+    before = net(x).detach()
+    net.scale_output(1e-14)  # (W_z * c fell below a 1e-12 floor: off by ~450x)
+    torch.testing.assert_close(net(x).detach(), 1e-14 * before, rtol=1e-4, atol=0)
+    for c in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="c must be"):
+            net.scale_output(c)

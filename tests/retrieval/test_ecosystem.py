@@ -181,3 +181,24 @@ def test_adacur_keeps_one_copy_of_the_anchor_matrix(relevance, tmp_path):
     _, A, At, _ = loaded._anchor_cache()
     assert np.shares_memory(At.numpy(), loaded.anchor_relevance_)
     np.testing.assert_array_equal(loaded.kneighbors(Q[100:], 3, return_distance=False), idx)
+
+
+def test_amips_queries_reach_fit_with_metadata_routing_on():
+    # queries was marked UNUSED: with routing on, GridSearchCV refused to pass it on and
+    # AmortizedMIPS had no set_fit_request to opt in
+    import sklearn
+
+    from mlpapers.retrieval.amips import GaussianMixtureQuerySampler
+
+    K = np.random.default_rng(0).normal(size=(60, 6)).astype(np.float32)
+    sampler = GaussianMixtureQuerySampler(np.eye(6), 0.3)
+
+    def search(est):
+        return GridSearchCV(est, {"depth": [1, 2]}, cv=2).fit(K, queries=sampler)
+
+    off = search(AmortizedMIPS(n_steps=5, batch_size=16, random_state=0))
+    with sklearn.config_context(enable_metadata_routing=True):
+        on = search(AmortizedMIPS(n_steps=5, batch_size=16, random_state=0)
+                    .set_fit_request(queries=True))
+    np.testing.assert_array_equal(on.cv_results_["mean_test_score"],
+                                  off.cv_results_["mean_test_score"])

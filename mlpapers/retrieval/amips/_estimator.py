@@ -8,7 +8,6 @@ from typing import Any, Literal, Self, overload
 import numpy as np
 import torch
 from sklearn.base import TransformerMixin
-from sklearn.utils import metadata_routing
 from torch import nn
 
 from mlpapers._base import restore_on_failure
@@ -225,9 +224,6 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
     >>> round(amips.score(np.c_[np.cos([0.3, 2.0]), np.sin([0.3, 2.0])]), 2)
     1.0
     """
-
-    # ``queries`` is a fit option, not routed metadata (no ``set_fit_request``)
-    __metadata_request__fit = {"queries": metadata_routing.UNUSED}
 
     # fitted attributes, set by fit_amips and _set_state
     key_mean_: np.ndarray | None

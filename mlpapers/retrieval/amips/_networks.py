@@ -301,7 +301,7 @@ class _Stack(nn.Module):
         same aim (unit-scale pre-activations); the two do not give the same weights.
         """
         pre = x @ self.wx0.weight.T
-        s = pre.std(0).clamp_min(1e-6)
+        s = _unit_spread(pre)
         self.wx0.weight.div_(s[:, None])
         if self.wx0.bias is not None:
             self.wx0.bias.copy_(-(pre / s).mean(0))
@@ -309,7 +309,7 @@ class _Stack(nn.Module):
         for l in range(len(self.wz) - 1):
             wz = self.effective_wz()[l]
             pre = z @ wz.T + (self.wx[l](x) if self.inject[l] else 0.0)
-            s = pre.std(0).clamp_min(1e-6)
+            s = _unit_spread(pre)
             if self.positive:
                 self.wz[l].copy_(_inv_softplus((wz / s[:, None]).clamp_min(1e-12)))
             else:
@@ -326,14 +326,28 @@ class _Stack(nn.Module):
     @torch.no_grad()
     def scale_output(self, c: float) -> None:
         """Multiply the (affine) output layer by ``c > 0``: the output becomes ``c * out``."""
+        c = float(check_positive(c, "c"))
         wz = self.effective_wz()[-1] * c
         if self.positive:
-            self.wz[-1].copy_(_inv_softplus(wz.clamp_min(1e-12)))
+            # (clamped at the dtype's smallest normal only: a larger floor broke c * out
+            # for small c, the input path being scaled exactly)
+            self.wz[-1].copy_(_inv_softplus(wz.clamp_min(torch.finfo(wz.dtype).tiny)))
         else:
             self.wz[-1].copy_(wz)
         cast(nn.Linear, self.wx[-1]).weight.mul_(c)  # (the output layer always injects x)
         if len(self.bias):
             self.bias[-1].mul_(c)
+
+
+def _unit_spread(pre: torch.Tensor) -> torch.Tensor:
+    """Per-unit standard deviation of the pre-activations ``pre`` (n, units) on a batch,
+    1 where it is round-off or undefined (identical rows, one row): dividing by it
+    there multiplied the weights by up to 1e6 and blew the model up."""
+    if pre.shape[0] < 2:
+        return torch.ones(pre.shape[1], dtype=pre.dtype, device=pre.device)
+    s = pre.std(0)
+    noise = 64 * torch.finfo(pre.dtype).eps * pre.abs().amax(0)
+    return torch.where(s > noise, s, torch.ones_like(s))
 
 
 def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -435,7 +449,8 @@ class SupportNet(nn.Module):
         Parameters
         ----------
         x : torch.Tensor of shape (n, d)
-            A representative batch of inputs (``n >= 2``).
+            A representative batch of inputs; units without spread on it (one
+            row, identical rows) are centred but not rescaled.
         """
         self.stack.data_init(x)
 
@@ -574,7 +589,7 @@ class Homogenize(nn.Module):
             Positive factor; the model then computes ``c * f(x)``.
         """
         model: Any = self.model  # (duck-typed: the wrapped model's own method)
-        model.scale_output(c)
+        model.scale_output(check_positive(c, "c"))
 
     @on_inputs_device
     def score_and_key(self, x: torch.Tensor, create_graph: bool = False
@@ -690,7 +705,8 @@ class KeyNet(nn.Module):
         Parameters
         ----------
         x : torch.Tensor of shape (n, d)
-            A representative batch of queries (``n >= 2``).
+            A representative batch of queries; units without spread on it (one
+            row, identical rows) are centred but not rescaled.
         """
         self.stack.data_init(x)
 

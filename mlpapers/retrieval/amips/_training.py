@@ -124,15 +124,16 @@ def match_output_scale(model: AMIPSNetwork, x: torch.Tensor, keys: torch.Tensor,
                        search_batch_size: int = 8192) -> float:
     """Scale the output layer so the mean predicted key norm on ``x`` equals the labels'.
 
-    A positive scale keeps SupportNet convex. Returns the factor applied (1.0 when
-    the predicted norm is zero or not finite).
+    A positive scale keeps SupportNet convex. Returns the factor applied (1.0, none,
+    when that is not a finite positive number: a zero or non-finite predicted norm,
+    or zero labels, as the one centred key of a single-key fit).
     """
     _, pred = model.score_and_key(x)
     _, idx = _support(x, keys, search_batch_size, _KeyStats(keys))
     target = keys[idx].norm(dim=1).mean()
     got = pred.norm(dim=1).mean()
-    if bool(got > 0) and bool(torch.isfinite(got)):
-        c = float(target / got)
+    c = float(target / got) if bool(got > 0) else math.nan
+    if 0 < c < math.inf:
         model.scale_output(c)
         return c
     return 1.0
