@@ -181,6 +181,17 @@ def mse_targets(ys: list[np.ndarray], device: torch.device, prefix: str = ""
         raise ValueError(f"{prefix}loss='mse' needs numeric targets y: {exc}") from exc
 
 
+def check_class_label_shapes(ys: list[np.ndarray], single: bool = False) -> None:
+    """The cross-entropy's targets are 1-D class labels (fit, score and assign alike: a
+    column ``(n, 1)`` broadcast against the ``(n,)`` predictions in ``score``)."""
+    for i, y in enumerate(ys):
+        if y.ndim != 1:
+            where = "" if single else f" for every client (clients[{i}] has shape {y.shape})"
+            got = f", got shape {y.shape}" if single else ""
+            raise ValueError(f"loss='cross_entropy' needs 1D class labels y{where}{got}; "
+                             "pass y.ravel() for a column.")
+
+
 def infer_loss(loss: str, model, ys: list[np.ndarray] | None) -> str:
     """Resolve ``loss="auto"`` from the model and the targets."""
     if loss != "auto":

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlpapers._utils import RandomStateLike, check_in_options
+from mlpapers._utils import RandomStateLike, check_in_options, check_positive
 from mlpapers.federated.clove._engine import Optimizer
 from mlpapers.federated.clove._federation import _FederatedBase
 from mlpapers.federated.clove._kernels import (
@@ -242,6 +242,9 @@ class CLoVE(_ClusteredBase):
     def _check_params(self, n_clients: int) -> None:
         super()._check_params(n_clients)
         check_in_options(self.loss_transform, "loss_transform", (None, "sqrt", "log"))
+        # (up front, whatever the run: k-means read it only after a round's work, and a
+        # run that never reached k-means accepted any value)
+        check_positive(self.n_init, "n_init", integer=True)
 
     def _assign(self, L: np.ndarray, round_: int) -> np.ndarray:
         raw = L

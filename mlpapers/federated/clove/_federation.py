@@ -33,6 +33,7 @@ from mlpapers._utils import (
 from mlpapers._utils._ambient import with_autograd
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
 from mlpapers.federated.clove._data import (
+    check_class_label_shapes,
     check_cluster_labels,
     infer_loss,
     mse_targets,
@@ -366,8 +367,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         if kind == "reconstruction":
             return ClientData.from_lists(fed.Xs, None, self._device), int(np.prod(fed.input_shape))
         if kind == "cross_entropy":
-            if any(y.ndim != 1 for y in fed.ys):
-                raise ValueError("loss='cross_entropy' needs 1D class labels y for every client.")
+            check_class_label_shapes(fed.ys)
             y_all = np.concatenate([y.ravel() for y in fed.ys])
             try:
                 check_classification_targets(y_all)  # continuous targets are no classes
@@ -410,17 +410,18 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         p = float(getattr(self, "participation", 1.0))
         if p >= 1.0:
             return np.arange(n)
-        k = min(n, max(M, math.ceil(p * n)))  # at least one client per model
+        # at least one client per model; p * n rounded first: 0.07 * 100 = 7.000000000000001
+        # took an eighth client
+        k = min(n, max(M, math.ceil(round(p * n, 9))))
         return np.sort(self._numpy_gen.choice(n, size=k, replace=False))
 
     def _set_models(self, template: torch.nn.Module, states: dict[str, torch.Tensor]) -> None:
         self._template = template
-        self._states = {k: v.detach() for k, v in states.items()}
         K = next(iter(states.values())).shape[0]
         models = []
         for j in range(K):
             mod = build_module(self.model, self.n_features_in_, self.n_outputs_, self._hidden)
-            mod.load_state_dict(unstack_state(self._states, j))
+            mod.load_state_dict(unstack_state({k: v.detach() for k, v in states.items()}, j))
             models.append(mod.to(self._resolved_device).eval())
         self.models_ = models
         self._predict_row_elements = row_elements(template, self.input_shape_)

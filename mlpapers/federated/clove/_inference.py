@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -22,8 +22,13 @@ from sklearn.utils.validation import _check_feature_names
 
 from mlpapers._utils import ArrayLike, check_tensor, encode_labels, on_cpu_default_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
-from mlpapers.federated.clove._data import _split_client, mse_targets, validate_clients
-from mlpapers.federated.clove._engine import ClientData, Engine
+from mlpapers.federated.clove._data import (
+    _split_client,
+    check_class_label_shapes,
+    mse_targets,
+    validate_clients,
+)
+from mlpapers.federated.clove._engine import ClientData, Engine, stack_states
 from mlpapers.federated.clove._models import row_elements
 
 __all__: list[str] = []
@@ -85,10 +90,21 @@ class _FederatedInferenceMixin:
     n_outputs_: int
     n_clients_: int
     _template: torch.nn.Module
-    _states: dict[str, torch.Tensor]
     _resolved_device: torch.device
     _check_fitted: Callable[[], None]
     _to_numpy: Callable[[Any], np.ndarray]
+
+    @property
+    def _states(self) -> dict[str, torch.Tensor]:
+        """The models' weights stacked along a leading axis, from ``models_`` on each use:
+        ``models_`` is the one copy, so a user's edit of ``models_[j]`` reaches ``assign``,
+        ``save`` and pickling (a stack stored beside it went stale)."""
+        return stack_states(self.models_)
+
+    def _needs_targets(self) -> bool | None:
+        """validate_clients' ``supervised``: targets required, or (reconstruction) either
+        way, since fit ignores the targets of ``(X, y)`` pairs there."""
+        return None if self.loss_ == "reconstruction" else True
 
     def _model_for(self, client, cluster) -> torch.nn.Module:
         self._check_fitted()
@@ -212,7 +228,7 @@ class _FederatedInferenceMixin:
         fed = validate_clients([(X, y)], ndim=None,
                                device=self._resolved_device, owner=type(self).__name__,
                                input_shape=tuple(self.input_shape_),
-                               supervised=self.loss_ != "reconstruction", single=True)
+                               supervised=self._needs_targets(), single=True)
         data = self._encode_new(fed)
         engine = Engine(self._template, self.loss_, vectorize=False, optimizer="sgd", lr=1.0,
                         batch_size=None, local_epochs=1,
@@ -222,6 +238,7 @@ class _FederatedInferenceMixin:
     def _encode_new(self, fed) -> ClientData:
         """A new client's data encoded as fit encoded the training clients' targets."""
         if self.loss_ == "cross_entropy":
+            check_class_label_shapes(fed.ys, single=True)
             Ys = [encode_labels(fed.ys[0], self.classes_, device=self._resolved_device)]
             return ClientData.from_lists(fed.Xs, Ys, self._resolved_device)
         if self.loss_ == "mse":
@@ -278,17 +295,20 @@ class _FederatedInferenceMixin:
                 _check_feature_names(self, _split_client(item)[0], reset=False)
         fed = validate_clients(clients, ndim=None, device=self._resolved_device,
                                owner=type(self).__name__, input_shape=tuple(self.input_shape_),
-                               supervised=self.loss_ != "reconstruction")
+                               supervised=self._needs_targets())
         if len(fed.Xs) != self.n_clients_:
             raise ValueError(f"score needs one entry per training client ({self.n_clients_}), "
                              f"got {len(fed.Xs)}.")
+        ys = fed.ys
+        if self.loss_ == "cross_entropy":
+            check_class_label_shapes(cast(list, ys))
         scores = []
         for i, X in enumerate(fed.Xs):
             pred = self._predict_with(self._model_for(i, None), X)
-            if fed.ys is None:  # the reconstruction loss (validate_clients' `supervised`)
+            if ys is None or self.loss_ == "reconstruction":  # (targets ignored, as in fit)
                 scores.append(-float(np.mean((pred - self._to_numpy(X)) ** 2)))
             elif self.loss_ == "cross_entropy":
-                scores.append(float(np.mean(pred == fed.ys[i])))
+                scores.append(float(np.mean(pred == ys[i])))
             else:  # mse
-                scores.append(float(r2_score(fed.ys[i], pred)))
+                scores.append(float(r2_score(ys[i], pred)))
         return float(np.mean(scores))
