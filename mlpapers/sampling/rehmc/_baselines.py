@@ -73,9 +73,9 @@ def hard_rejection_hmc(log_prob, container: ConvexContainer, n_samples: int, *, 
 def transform_hmc(log_prob, box: Box, n_samples: int, *, x0, n_chains: int = 4,
                   warmup: int = 500, **kw) -> SampleResult:
     """HMC on ``y = logit((x - lo) / (hi - lo))`` with the log-Jacobian, mapped back to ``x``."""
-    lo = torch.as_tensor(box.lo, dtype=torch.float64)
-    w = torch.as_tensor(box.hi - box.lo, dtype=torch.float64)
-    hi = torch.as_tensor(box.hi, dtype=torch.float64)
+    lo = torch.tensor(box.lo, dtype=torch.float64)
+    w = torch.tensor(box.hi - box.lo, dtype=torch.float64)
+    hi = torch.tensor(box.hi, dtype=torch.float64)
 
     def to_x(y):
         # (a saturated sigmoid can round lo + w above hi for bounds of both signs)

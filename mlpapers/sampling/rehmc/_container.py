@@ -414,7 +414,8 @@ class ConvexContainer:
         key = (id(arr), like.dtype, like.device)
         hit = cache.get(key)
         if hit is None or hit[0] is not arr:
-            hit = cache[key] = (arr, torch.as_tensor(arr, dtype=like.dtype, device=like.device))
+            # (a copy: torch warns on sharing a read-only array, as a Box's bounds are)
+            hit = cache[key] = (arr, torch.tensor(arr, dtype=like.dtype, device=like.device))
         return hit[1]
 
     # whether contains() may be evaluated on float64 copies of lower-precision points (a

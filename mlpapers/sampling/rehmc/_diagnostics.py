@@ -272,6 +272,9 @@ def _per_dim(x: ArrayLike, fn) -> np.ndarray | float:
     # brought to the CPU: np.asarray raised on a CUDA, bfloat16 or requires-grad tensor
     x = to_numpy(x)
     check_real(x, "draws")
+    if x.dtype.kind not in "biuf":  # (None became NaN, text failed in numpy's cast)
+        raise TypeError(f"draws must hold real numbers (floating or integer), got dtype "
+                        f"{x.dtype}; pass a numeric array, e.g. np.asarray(draws, float).")
     if x.ndim not in (2, 3):
         raise ValueError(f"draws must have shape (chains, draws[, d]), got {x.shape}.")
     if x.shape[0] == 0:  # (NaN after numpy's empty-slice warnings)

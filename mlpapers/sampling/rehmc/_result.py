@@ -86,7 +86,7 @@ def _n_recorded(result) -> int:
     return int(result.n_iterations)
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)  # (identity ==: fields are arrays; hashable)
 class SampleResult:
     """Draws and diagnostics of :meth:`ReflectiveHMC.sample`.
 

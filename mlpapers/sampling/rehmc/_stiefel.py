@@ -245,7 +245,7 @@ class _BinghamLogDensity:
                 f"B of shape {self.B.shape})")
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class StiefelResult(SampleResult):
     """:class:`SampleResult` of :class:`StiefelSampler`; ``samples`` holds the flattened ``Q``.
 

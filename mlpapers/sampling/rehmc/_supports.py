@@ -83,7 +83,8 @@ class Box(ConvexContainer):
     Attributes
     ----------
     lo, hi : numpy.ndarray of shape (d,)
-        The bounds, float64.
+        The bounds, float64 and read-only; assigning new bounds (``box.hi = ...``)
+        checks them as the constructor does.
     dim : int
         The dimension ``d``.
 
@@ -116,8 +117,12 @@ class Box(ConvexContainer):
         if dim is not None and lo_a.ndim == 1 and len(lo_a) != dim:
             # (a dim that contradicts vector bounds was ignored)
             raise ValueError(f"dim={dim!r} contradicts the bounds' length {len(lo_a)}.")
-        self.lo = _as_float_array(lo_a, "lo", 1).copy()
-        self.hi = _as_float_array(hi_a, "hi", 1).copy()
+        # read-only: the fold's widths and its inside flag are derived from the bounds
+        # here, and an in-place edit left them stale (draws outside the new box, which
+        # the sampler does not re-check for a box); rebinding lo or hi re-runs this
+        self._lo = _as_float_array(lo_a, "lo", 1).copy()
+        self._hi = _as_float_array(hi_a, "hi", 1).copy()
+        self._lo.flags.writeable = self._hi.flags.writeable = False
         if not np.all(self.lo < self.hi):
             j = int(np.flatnonzero(~(self.lo < self.hi))[0])
             raise ValueError(f"Box requires lo < hi in every coordinate, got lo[{j}]="
@@ -138,6 +143,32 @@ class Box(ConvexContainer):
         # monotone rounding; lo + w can round 1 ulp above hi (1 coordinate in 8 with random
         # bounds of both signs), else every float64 fold ends in the box
         self._fold_inside = bool(np.all(self.lo + self._w <= self.hi))
+
+    @property
+    def lo(self) -> np.ndarray:
+        return self._lo
+
+    @lo.setter
+    def lo(self, value: ArrayLike) -> None:
+        self.__dict__.update(Box(value, self._hi).__dict__)  # (all or nothing)
+
+    @property
+    def hi(self) -> np.ndarray:
+        return self._hi
+
+    @hi.setter
+    def hi(self, value: ArrayLike) -> None:
+        self.__dict__.update(Box(self._lo, value).__dict__)
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        if "lo" in state:  # (pickled before the bounds were properties)
+            lo, hi = state.pop("lo"), state.pop("hi")
+            self.__dict__.update(state)
+            Box.__init__(self, lo, hi)
+        else:
+            self.__dict__.update(state)
+            self._lo.flags.writeable = self._hi.flags.writeable = False
 
     def __repr__(self) -> str:
         return f"Box(dim={self.dim})"
@@ -283,7 +314,7 @@ class Box(ConvexContainer):
             ``lo + (0.05 + 0.9 u) (hi - lo)`` with ``u`` uniform on ``[0, 1)^d``.
         """
         u = torch.rand(n, self.dim, generator=gen, dtype=torch.float64)
-        lo, hi = torch.as_tensor(self.lo), torch.as_tensor(self.hi)
+        lo, hi = torch.tensor(self.lo), torch.tensor(self.hi)  # (copies of read-only arrays)
         return lo + (0.05 + 0.9 * u) * (hi - lo)
 
 

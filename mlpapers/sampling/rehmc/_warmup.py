@@ -326,7 +326,7 @@ def _covering_points(container: ConvexContainer, n: int, gen: torch.Generator) -
     """
     if isinstance(container, Box):
         u = torch.rand(n, container.dim, generator=gen, dtype=torch.float64)
-        lo, hi = torch.as_tensor(container.lo), torch.as_tensor(container.hi)
+        lo, hi = torch.tensor(container.lo), torch.tensor(container.hi)  # (read-only arrays)
         return lo + u * (hi - lo)
     c = torch.as_tensor(container.interior_point(), dtype=torch.float64).expand(n, -1).clone()
     u = torch.randn(n, container.dim, generator=gen, dtype=torch.float64)
