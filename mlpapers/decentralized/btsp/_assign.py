@@ -6,7 +6,7 @@ import math
 import numbers
 import time
 import warnings
-from typing import Literal, Self, TypeAlias, get_args, overload
+from typing import Any, Literal, Self, TypeAlias, get_args, overload
 
 import numpy as np
 import torch
@@ -334,7 +334,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         check_bool(self.directed, "directed")
         check_bool(self.metric_closure, "metric_closure")
         # with metric_closure, inf marks a missing link: the closure fills it in
-        D = check_delays(delays, allow_inf=bool(self.metric_closure))
+        D = check_delays(delays, allow_inf=bool(self.metric_closure), closure_param=True)
         n = D.shape[0]
         schedule = circulant_schedule(n, self.topology)
         self._init_fit()
@@ -374,6 +374,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
 
         self.n_nodes_ = n
         self.schedule_ = schedule
+        self._fitted_settings = self._settings()
         self.base_assignment_ = np.asarray(base, dtype=np.int64)
         # the paper note's name for the 2-approximation's tour (None: no tour computed)
         self.ring_tour_ = None if tour is None else self.base_assignment_.copy()
@@ -462,7 +463,8 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
 
         E.g. a new measurement of the network; see
         :func:`~mlpapers.decentralized.btsp.bottleneck_delay`. The delays are treated
-        as in :meth:`fit` (same ``directed`` and schedule): with
+        as in :meth:`fit` (the ``directed`` and ``metric_closure`` it used, even if
+        changed by ``set_params`` since, and ``schedule_``): when fitted with
         ``metric_closure=True`` they are replaced by their shortest-path closure
         first, so ``bcd(D)`` on the fitted ``D`` equals ``bcd_``.
 
@@ -470,7 +472,7 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
         ----------
         delays : array-like of shape (n, n)
             Non-negative delays between the same physical nodes (``inf`` marks a
-            missing link only with ``metric_closure=True``).
+            missing link only when fitted with ``metric_closure=True``).
         reduce : {"mean", "sum", "none"}, default="mean"
             Per-round mean (as ``bcd_``), per-period sum (as ``bcd_total_``), or the
             bottleneck of each round (as ``bcd_per_round_``).
@@ -481,16 +483,46 @@ class BottleneckNodeAssigner(TorchEstimatorMixin, BaseEstimator):
             The BCD of ``assignment_`` on ``schedule_`` under ``delays``.
         """
         self._check_fitted()
-        check_bool(self.directed, "directed")  # read here too (set_params after fit)
+        # values set after fit are still checked, but the delays are treated as fit
+        # treated them: set_params(directed=True) without a refit made bcd(D) != bcd_
+        check_bool(self.directed, "directed")
         check_bool(self.metric_closure, "metric_closure")
-        D = check_delays(delays, allow_inf=bool(self.metric_closure))
+        fitted = self._fitted_settings
+        D = check_delays(delays, allow_inf=fitted["metric_closure"])
         if D.shape[0] != self.n_nodes_:
             raise ValueError(f"delays has {D.shape[0]} nodes, but {type(self).__name__} was "
                              f"fitted on {self.n_nodes_}.")
-        if self.metric_closure:  # the fitted BCDs are on the closed delays
+        if fitted["metric_closure"]:  # the fitted BCDs are on the closed delays
             D = metric_closure(D)
         return bottleneck_delay(D, self.assignment_, self.schedule_, reduce=reduce,
-                                directed=bool(self.directed))
+                                directed=fitted["directed"])
+
+    # -- persistence -------------------------------------------------------------
+    # how fit treated the delays, which bcd repeats whatever set_params changed since
+    _PRIVATE_STATE = ("_fitted_settings",)
+
+    def _settings(self) -> dict[str, bool]:
+        return {"directed": bool(self.directed), "metric_closure": bool(self.metric_closure)}
+
+    def _get_state(self) -> dict[str, Any]:
+        state = super()._get_state()
+        state["_fitted_settings"] = dict(self._fitted_settings)
+        return state
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        # files saved before the record: the parameters saved with them, which bcd read
+        settings = state.setdefault("_fitted_settings", self._settings())
+        if (not isinstance(settings, dict) or set(settings) != {"directed", "metric_closure"}
+                or not all(isinstance(v, bool) for v in settings.values())):
+            raise ValueError(f"_fitted_settings must map directed and metric_closure to "
+                             f"bools, got {settings!r}.")
+        super()._set_state(state)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "n_nodes_" in state and "_fitted_settings" not in state:
+            self._fitted_settings = self._settings()  # pickled before the record
 
     @classmethod
     def _estimator_check_instances(cls) -> list:

@@ -460,7 +460,7 @@ def bottleneck_tsp(
     check_seed(random_state)  # (numpy's SeedSequence errors do not name it)
     check_in_options(method, "method", TSP_METHODS)
     check_positive(restarts, "restarts", integer=True)  # 0 searched nothing: identity tour
-    D = check_delays(delays, allow_inf=bool(metric_closure))
+    D = check_delays(delays, allow_inf=bool(metric_closure), closure_param=True)
     if metric_closure:
         D = _closure(D)
     S = np.maximum(D, D.T)

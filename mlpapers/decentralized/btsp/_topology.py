@@ -107,7 +107,9 @@ def circulant_schedule(n: int, topology: TopologyLike = "exponential") -> Schedu
                 f"topology must be one of {list(TOPOLOGIES)} or a sequence of skip sets, "
                 f"got {topology!r}."
             )
-        k_max = int(math.floor(math.log2(n - 1))) if n > 2 else 0
+        # in integers: float log2(2**k - 1) rounds up to k for k >= 49, and the skip
+        # 2**k = n (0 mod n, a node sending to itself) entered the schedule
+        k_max = (n - 1).bit_length() - 1
         powers = [1 << k for k in range(k_max + 1)]
         if name == "ring":
             rounds: list[list[int]] = [[1]]
@@ -247,7 +249,8 @@ def mixing_matrices(n: int, topology: TopologyLike = "exponential") -> np.ndarra
 MAX_DELAY = 1e300
 
 
-def check_delays(delays: Any, name: str = "delays", *, allow_inf: bool = False) -> np.ndarray:
+def check_delays(delays: Any, name: str = "delays", *, allow_inf: bool = False,
+                 closure_param: bool = False) -> np.ndarray:
     """Validate a delay matrix: square, at least 2x2, finite and non-negative.
 
     Returns a float64 numpy copy. The diagonal is ignored by every routine (a node
@@ -261,6 +264,9 @@ def check_delays(delays: Any, name: str = "delays", *, allow_inf: bool = False) 
     allow_inf : bool, default=False
         Accept ``inf`` off the diagonal (no direct link), as the input of
         :func:`metric_closure` does.
+    closure_param : bool, default=False
+        The caller takes ``metric_closure=True``: the error for ``inf`` suggests it
+        besides :func:`metric_closure`.
 
     Notes
     -----
@@ -283,11 +289,13 @@ def check_delays(delays: Any, name: str = "delays", *, allow_inf: bool = False) 
     inf = np.isinf(D)
     if inf.any() and not allow_inf:
         i, j = np.argwhere(inf)[0]
+        # (metric_closure=True was suggested to callers that have no such parameter)
+        fix = "metric_closure(delays) or metric_closure=True" if closure_param else (
+            "metric_closure(delays)")
         raise ValueError(
             f"{name} contains infinity (first at [{i}, {j}]): every ordered pair of nodes "
             "needs a finite delay. For link delays with inf between non-adjacent "
-            "nodes, take the shortest-path delays first: metric_closure(delays) or "
-            "metric_closure=True.")
+            f"nodes, take the shortest-path delays first: {fix}.")
     if (D[~inf] > MAX_DELAY).any():
         raise ValueError(f"{name} must be at most {MAX_DELAY:g}, found {D[~inf].max():.4g}: "
                          "sums of such delays overflow float64; rescale them (every result "
