@@ -154,6 +154,8 @@ class DefaultAugment:
             :meth:`crop_flip`, then :meth:`color`, then :meth:`blur`.
         """
         self._check_params()
+        # the public steps (a subclass may override one); each checks the settings again,
+        # which costs nothing beside the images' work
         x = self.crop_flip(x, generator)
         x = self.color(x, generator)
         return self.blur(x, generator)
@@ -220,7 +222,11 @@ class DefaultAugment:
             none fits, the centre crop of the largest size whose aspect ratio is the
             image's clipped to ``ratio``.
         """
+        self._check_params()
         _check_batch(x, gen)
+        return self._crop_flip(x, gen)
+
+    def _crop_flip(self, x: torch.Tensor, gen) -> torch.Tensor:
         n = x.shape[0]
         area = _uniform((n, _CROP_TRIES), *self.scale, gen)
         log_r = _uniform((n, _CROP_TRIES), math.log(self.ratio[0]),
@@ -269,7 +275,11 @@ class DefaultAugment:
         Tensor of shape (N, C, H, W)
             The jittered images (not clipped: values may leave [0, 1]).
         """
+        self._check_params()
         _check_batch(x, gen)
+        return self._color(x, gen)
+
+    def _color(self, x: torch.Tensor, gen) -> torch.Tensor:
         n, c = x.shape[:2]
 
         # one switch per image for the whole jitter, as torchvision's
@@ -308,7 +318,11 @@ class DefaultAugment:
             Blurred images (sigma drawn in ``sigma``, an odd kernel of about 10%
             of the smaller side, at least 3, replicate padding) or the input.
         """
+        self._check_params()
         _check_batch(x, gen)
+        return self._blur(x, gen)
+
+    def _blur(self, x: torch.Tensor, gen) -> torch.Tensor:
         n, c, height, width = x.shape
         if float(self.blur_p) == 0:
             # nothing is blurred, and sigma may be unset: the same draws as a blur that

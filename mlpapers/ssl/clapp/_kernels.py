@@ -169,9 +169,9 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
                       neg_idx: Any, *, z_name: str = "z",
                       weight_name: str = "weight") -> torch.Tensor:
     """Shapes of a CLAPP loss's inputs, before any work (of the data, only the range of
-    ``neg_idx`` is read, in one reduction): rows ``z``
-    ``(N, D)`` or patch grids ``(N, D, n_y, n_x)``, contexts ``c`` ``(N, K)`` or ``(N, K,
-    n_y, n_x)``, the prediction matrix ``(D, K)`` or ``(steps, D, K)``, and integer
+    ``neg_idx`` is read, in one reduction): rows ``z`` ``(N, D)`` or patch grids
+    ``(N, D, n_y, n_x)`` with ``N >= 1``, contexts ``c`` ``(N, K)`` or ``(N, K, n_y,
+    n_x)``, the prediction matrix ``(D, K)`` or ``(steps, D, K)``, and integer
     ``neg_idx`` ``(N,)``. A context or ``neg_idx`` of one row broadcast over every row,
     and a 2-D ``neg_idx`` averaged a wrong loss, without an error; an index outside
     ``[0, N)`` is refused (torch wrapped a negative one). Returns ``neg_idx`` as
@@ -183,6 +183,8 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
         raise ValueError(f"{z_name} must have shape (N, D) or (N, D, n_y, n_x), got "
                          f"{tuple(z_shape)}.")
     n, d = z_shape[0], z_shape[1]
+    if n == 0:  # (no rows gave a NaN loss)
+        raise ValueError(f"{z_name} must have shape {want} with N >= 1, got {tuple(z_shape)}.")
     if c.ndim != len(z_shape) or c.shape[0] != n or tuple(c.shape[2:]) != tuple(z_shape[2:]):
         ctx = f"({n}, K{', ' if grid else ''}{', '.join(map(str, z_shape[2:]))})"
         raise ValueError(f"c must have shape {ctx} to match {z_name} {want} = "
@@ -205,11 +207,10 @@ def check_pair_shapes(z_shape: tuple[int, ...], c: torch.Tensor, weight: torch.T
                          f"{neg_idx.dtype}.")
     # (torch wraps -1 to the last row and fails with an IndexError past the end); the
     # training loop calls this per layer and step: one reduction and one device sync
-    if n:
-        low, high = (int(v) for v in torch.stack(torch.aminmax(neg_idx)).tolist())
-        if low < 0 or high >= n:
-            raise ValueError(f"neg_idx must index rows of {z_name}, in [0, {n}), got values "
-                             f"from {low} to {high}.")
+    low, high = (int(v) for v in torch.stack(torch.aminmax(neg_idx)).tolist())
+    if low < 0 or high >= n:
+        raise ValueError(f"neg_idx must index rows of {z_name}, in [0, {n}), got values "
+                         f"from {low} to {high}.")
     return neg_idx.long()
 
 
@@ -515,6 +516,8 @@ def three_factor_grad(
     if x.ndim != 2 or W.ndim != 2 or W.shape[1] != x.shape[1]:
         raise ValueError(f"x must have shape (N, K_in) and W (D, K_in), got {tuple(x.shape)} "
                          f"and {tuple(W.shape)}.")
+    if x.shape[0] == 0:  # (no rows gave a NaN gradient)
+        raise ValueError(f"x must have shape (N, K_in) with N >= 1, got {tuple(x.shape)}.")
     neg_idx = check_pair_shapes((x.shape[0], W.shape[0]), c, B, neg_idx,
                                 z_name="relu(x W^T)", weight_name="B")
     # one floating dtype, as clapp_layer_loss promotes (matmul refuses mixed dtypes)

@@ -219,6 +219,10 @@ class PatchPredictor(nn.Module):
         super().__init__()
         check_positive(dim, "dim", integer=True)
         check_positive(n_steps, "n_steps", integer=True)
+        # (an int seed failed on generator.device with an AttributeError)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got "
+                            f"{type(generator).__name__}.")
         bound = 1.0 / math.sqrt(dim)          # nn.Linear's default initialisation
         # a generator draws on its own device, so the weights are made there
         where = None if generator is None else generator.device  # (None: the default)
