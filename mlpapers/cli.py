@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_list.set_defaults(func=cmd_list)
     p_demo = sub.add_parser("demo", help="run algorithm demos on offline data")
     p_demo.add_argument("names", nargs="*", help="algorithms to run (default: all)")
-    p_demo.add_argument("--quick", action="store_true", help="smaller runs (< 15 s each)")
+    p_demo.add_argument("--quick", action="store_true",
+                        help="smaller runs (about 5-30 s each on 2 CPU cores)")
     # The demos train small models, for which extra intra-op threads mostly add
     # synchronisation cost (and spin badly when other processes share the cores).
     p_demo.add_argument("--threads", type=_positive_int, default=1,
