@@ -255,3 +255,11 @@ def test_metrics_check_batch_size_in_both_modes():
     for bad, err in ((-5, ValueError), (0, ValueError), (2.5, TypeError)):
         with pytest.raises(err, match="batch_size"):
             match_rate([0, 1], [0, 1], batch_size=bad)
+
+
+@pytest.mark.parametrize("b, d", [(0, 3), (2, 0)])
+def test_amips_loss_refuses_an_empty_batch_or_no_features(b, d):
+    s, k = torch.zeros(b), torch.zeros(b, d)
+    with pytest.raises(ValueError, match=rf"at least one query and one feature, got pred_key "
+                                         rf"of shape \({b}, {d}\)"):
+        amips_loss(s, k, s, k)

@@ -601,7 +601,8 @@ def amips_loss(
     ------
     ValueError
         If the shapes differ from the above (a score of shape (b, 1) against (b,)
-        would otherwise broadcast to (b, b) and give a wrong loss without an error).
+        would otherwise broadcast to (b, b) and give a wrong loss without an error),
+        or if ``b`` or ``d`` is 0.
 
     Examples
     --------
@@ -620,6 +621,9 @@ def amips_loss(
         raise ValueError(f"pred_key and true_key must have the same shape (b, d) with b={b} "
                          f"(the scores' length), got {tuple(pred_key.shape)} and "
                          f"{tuple(true_key.shape)}.")
+    if 0 in pred_key.shape:  # (the means of no terms were NaN)
+        raise ValueError(f"amips_loss needs at least one query and one feature, got "
+                         f"pred_key of shape {tuple(pred_key.shape)}.")
     # (a negative or NaN weight trained away from the labels or on NaN, silently; a
     # tensor weight, e.g. a learnable one, is the caller's to keep in range)
     for value, name in ((score_weight, "score_weight"), (target_weight, "target_weight")):
