@@ -224,9 +224,6 @@ class DefaultAugment:
         """
         self._check_params()
         _check_batch(x, gen)
-        return self._crop_flip(x, gen)
-
-    def _crop_flip(self, x: torch.Tensor, gen) -> torch.Tensor:
         n = x.shape[0]
         area = _uniform((n, _CROP_TRIES), *self.scale, gen)
         log_r = _uniform((n, _CROP_TRIES), math.log(self.ratio[0]),
@@ -277,9 +274,6 @@ class DefaultAugment:
         """
         self._check_params()
         _check_batch(x, gen)
-        return self._color(x, gen)
-
-    def _color(self, x: torch.Tensor, gen) -> torch.Tensor:
         n, c = x.shape[:2]
 
         # one switch per image for the whole jitter, as torchvision's
@@ -320,9 +314,6 @@ class DefaultAugment:
         """
         self._check_params()
         _check_batch(x, gen)
-        return self._blur(x, gen)
-
-    def _blur(self, x: torch.Tensor, gen) -> torch.Tensor:
         n, c, height, width = x.shape
         if float(self.blur_p) == 0:
             # nothing is blurred, and sigma may be unset: the same draws as a blur that
