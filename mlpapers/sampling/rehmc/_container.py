@@ -331,6 +331,33 @@ def _as_float_array(value, name: str, ndim: int | None) -> np.ndarray:
     return arr
 
 
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    """``arr`` with its writeable flag cleared (a container's own copy of a parameter)."""
+    arr.flags.writeable = False
+    return arr
+
+
+def _container_parameter(name: str) -> Any:
+    """A built-in container's constructor argument, kept as a read-only attribute.
+
+    The value lives in ``_<name>`` (numpy arrays read-only); assigning the attribute
+    rebuilds the container with the constructor's checks, all or nothing. In-place
+    edits used to leave what the constructor derived (a polytope's transposed rows and
+    Chebyshev centre, a box's widths, the cached tensor copies) stale, so ``contains``
+    and ``hit`` disagreed. (Typed ``Any``: a ``property`` built here reads as one to
+    type checkers.)
+    """
+    slot = "_" + name
+
+    def get(self: ConvexContainer) -> Any:
+        return self.__dict__[slot]
+
+    def set_(self: ConvexContainer, value: Any) -> None:
+        self._rebuild(**{name: value})
+
+    return property(get, set_)
+
+
 def _not_implemented(container: Any, method: str) -> NotImplementedError:
     """The error of an oracle a user's container subclass left out."""
     return NotImplementedError(f"{type(container).__name__} must implement {method} (a "
@@ -400,6 +427,28 @@ class ConvexContainer:
     dim: int
     # longest chord used by random_interior (an unbounded polytope caps it at 1)
     _chord_cap: float = float("inf")
+
+    # the constructor arguments that _container_parameter exposes (the built-in classes)
+    _parameters: tuple[str, ...] = ()
+
+    def _rebuild(self, **changes: Any) -> None:
+        """Re-run the constructor with ``changes`` and the other parameters as they are."""
+        args = {name: changes[name] if name in changes else getattr(self, name)
+                for name in self._parameters}
+        fresh = type(self)(**args)  # (raises before anything here changes)
+        self.__dict__.update(fresh.__dict__)
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        # pickled before the parameters were read-only attributes: stored by public name
+        legacy = {name: state.pop(name) for name in self._parameters if name in state}
+        self.__dict__.update(state)
+        if legacy:
+            self._rebuild(**legacy)
+        for name in self._parameters:  # (unpickled arrays come back writeable)
+            value = self.__dict__.get("_" + name)
+            if isinstance(value, np.ndarray):
+                _read_only(value)
 
     def __getstate__(self) -> dict:
         # without the tensor copies of the parameters: they live on the devices of

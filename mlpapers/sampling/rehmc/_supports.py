@@ -24,6 +24,8 @@ from mlpapers.sampling.rehmc._container import (
     ConvexContainer,
     Hit,
     _as_float_array,
+    _container_parameter,
+    _read_only,
     contains_oracle,
     hit_oracle,
 )
@@ -120,9 +122,8 @@ class Box(ConvexContainer):
         # read-only: the fold's widths and its inside flag are derived from the bounds
         # here, and an in-place edit left them stale (draws outside the new box, which
         # the sampler does not re-check for a box); rebinding lo or hi re-runs this
-        self._lo = _as_float_array(lo_a, "lo", 1).copy()
-        self._hi = _as_float_array(hi_a, "hi", 1).copy()
-        self._lo.flags.writeable = self._hi.flags.writeable = False
+        self._lo = _read_only(_as_float_array(lo_a, "lo", 1).copy())
+        self._hi = _read_only(_as_float_array(hi_a, "hi", 1).copy())
         if not np.all(self.lo < self.hi):
             j = int(np.flatnonzero(~(self.lo < self.hi))[0])
             raise ValueError(f"Box requires lo < hi in every coordinate, got lo[{j}]="
@@ -144,31 +145,9 @@ class Box(ConvexContainer):
         # bounds of both signs), else every float64 fold ends in the box
         self._fold_inside = bool(np.all(self.lo + self._w <= self.hi))
 
-    @property
-    def lo(self) -> np.ndarray:
-        return self._lo
-
-    @lo.setter
-    def lo(self, value: ArrayLike) -> None:
-        self.__dict__.update(Box(value, self._hi).__dict__)  # (all or nothing)
-
-    @property
-    def hi(self) -> np.ndarray:
-        return self._hi
-
-    @hi.setter
-    def hi(self, value: ArrayLike) -> None:
-        self.__dict__.update(Box(self._lo, value).__dict__)
-
-    def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        if "lo" in state:  # (pickled before the bounds were properties)
-            lo, hi = state.pop("lo"), state.pop("hi")
-            self.__dict__.update(state)
-            Box.__init__(self, lo, hi)
-        else:
-            self.__dict__.update(state)
-            self._lo.flags.writeable = self._hi.flags.writeable = False
+    _parameters = ("lo", "hi")
+    lo = _container_parameter("lo")
+    hi = _container_parameter("hi")
 
     def __repr__(self) -> str:
         return f"Box(dim={self.dim})"
@@ -345,10 +324,12 @@ class Polytope(ConvexContainer):
     Attributes
     ----------
     A : numpy.ndarray of shape (m, d)
-        The rows scaled to unit norm.
+        The rows scaled to unit norm, read-only.
     b : numpy.ndarray of shape (m,)
         The right-hand sides scaled alike, so ``b_i - a_i^T x`` is the distance
-        of ``x`` to face ``i``.
+        of ``x`` to face ``i``; read-only. Assigning ``A`` or ``b`` rebuilds the
+        polytope as the constructor would from the new one and the other as
+        stored (rows rescaled, centre solved again).
     dim : int
         The dimension ``d``.
 
@@ -376,12 +357,16 @@ class Polytope(ConvexContainer):
         norms = np.linalg.norm(A, axis=1)
         if np.any(norms == 0):
             raise ValueError("A has an all-zero row; drop it (or the constraint 0 <= b).")
-        self.A = A / norms[:, None]
-        self.b = b / norms
+        self._A = _read_only(A / norms[:, None])
+        self._b = _read_only(b / norms)
         self._At = np.ascontiguousarray(self.A.T)
         self._faces = np.arange(len(self.b))
         self.dim = A.shape[1]
         self._center, self._radius = self._chebyshev()
+
+    _parameters = ("A", "b")
+    A = _container_parameter("A")
+    b = _container_parameter("b")
 
     def __repr__(self) -> str:
         return f"Polytope(n_faces={len(self.b)}, dim={self.dim})"
@@ -506,9 +491,10 @@ class Ball(ConvexContainer):
     Attributes
     ----------
     center : numpy.ndarray of shape (d,)
-        The centre, float64.
+        The centre, float64 and read-only.
     radius : float
-        The radius.
+        The radius. Assigning ``center`` or ``radius`` checks the new value as the
+        constructor does.
     dim : int
         The dimension ``d``.
 
@@ -527,7 +513,7 @@ class Ball(ConvexContainer):
     _exact_in_float64 = True
 
     def __init__(self, center: ArrayLike, radius: float) -> None:
-        self.center = _as_float_array(center, "center", 1).copy()
+        self._center = _read_only(_as_float_array(center, "center", 1).copy())
         r = to_numpy(radius) if isinstance(radius, torch.Tensor) else np.asarray(radius)
         if r.ndim != 0 or r.dtype.kind not in "iuf":
             raise TypeError(f"radius must be a real number, got {radius!r}.")
@@ -540,8 +526,12 @@ class Ball(ConvexContainer):
             raise ValueError(f"radius must lie in [{_RADIUS_RANGE[0]:g}, "
                              f"{_RADIUS_RANGE[1]:g}] (its square must be a normal float64), "
                              f"got {radius!r}; rescale the coordinates.")
-        self.radius = float(radius)
+        self._radius = float(radius)
         self.dim = len(self.center)
+
+    _parameters = ("center", "radius")
+    center = _container_parameter("center")
+    radius = _container_parameter("radius")
 
     def __repr__(self) -> str:
         return f"Ball(dim={self.dim}, radius={self.radius:g})"
@@ -642,9 +632,10 @@ class Ellipsoid(ConvexContainer):
     Attributes
     ----------
     center : numpy.ndarray of shape (d,)
-        The centre, float64.
+        The centre, float64 and read-only.
     E : numpy.ndarray of shape (d, d)
-        The shape matrix, ``(E + E^T) / 2``.
+        The shape matrix, ``(E + E^T) / 2``, read-only. Assigning ``center`` or
+        ``E`` checks the new value as the constructor does.
     dim : int
         The dimension ``d``.
 
@@ -665,7 +656,7 @@ class Ellipsoid(ConvexContainer):
     _exact_in_float64 = True
 
     def __init__(self, center: ArrayLike, E: ArrayLike) -> None:
-        self.center = _as_float_array(center, "center", 1).copy()
+        self._center = _read_only(_as_float_array(center, "center", 1).copy())
         E = _as_float_array(E, "E", 2)
         d = len(self.center)
         if E.shape != (d, d):
@@ -674,8 +665,12 @@ class Ellipsoid(ConvexContainer):
             raise ValueError("E must be symmetric.")
         if np.linalg.eigvalsh(E).min() <= 0:
             raise ValueError("E must be positive definite.")
-        self.E = 0.5 * (E + E.T)
+        self._E = _read_only(0.5 * (E + E.T))
         self.dim = d
+
+    _parameters = ("center", "E")
+    center = _container_parameter("center")
+    E = _container_parameter("E")
 
     def __repr__(self) -> str:
         return f"Ellipsoid(dim={self.dim})"
