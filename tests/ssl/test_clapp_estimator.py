@@ -155,6 +155,15 @@ def test_transform_shapes_names_and_layers(fitted, digits):
     assert fitted.n_features_in_ == 256 and fitted.input_shape_ == (1, 16, 16)
 
 
+@pytest.mark.parametrize("layers", [[-1, -1], [2, -1], [0, 1, 0]])
+def test_transform_refuses_a_block_named_twice(fitted, digits, layers):
+    # the features came twice, under repeated column names (pandas output)
+    with pytest.raises(ValueError, match="each block at most once"):
+        fitted.transform(digits[0][:4], layers=layers)
+    with pytest.raises(ValueError, match="each block at most once"):
+        fitted.get_feature_names_out(layers=layers)
+
+
 def test_transform_grad_free_and_batch_size_invariant(fitted, digits):
     X, _ = digits
     full = fitted.transform(X)

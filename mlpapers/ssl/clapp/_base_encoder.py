@@ -519,6 +519,9 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             out.append(int(item) % n_blocks)
         if not out:
             raise ValueError("layers must not be empty.")
+        if len(set(out)) < len(out):  # (repeated features under repeated column names)
+            raise ValueError(f"layers must name each block at most once (negative ints "
+                             f"count from the top), got {layers!r}.")
         return out
 
     def transform(self, X: ArrayLike, layers: Layers = "all",
@@ -536,7 +539,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             ``input_shape_`` and scale; ``(n, H, W)`` is one-channel.
         layers : "all", int or list of int, default="all"
             Which blocks' features to concatenate, in the given order (0 is the
-            first block; negative ints count from the top).
+            first block; negative ints count from the top), each block at most once.
         spatial_pool : None, int or list of int, default=None
             Pooling grid of the features; ``None`` uses the training grids
             (``grids_``). The official evaluation pools every model's blocks with
