@@ -70,6 +70,8 @@ def make_shifted_digits(
     cols = left[:, None, None] + np.arange(8)[None, None, :]
     X[np.arange(n)[:, None, None], rows, cols] = images[idx]
     if noise > 0:
-        X += (noise * rng.standard_normal(X.shape)).astype(np.float32)
+        # clipped to [-1, 1] first: the same pixels after the final clip, and no float32
+        # overflow warning from the cast for a huge noise
+        X += np.clip(noise * rng.standard_normal(X.shape), -1.0, 1.0).astype(np.float32)
     np.clip(X, 0.0, 1.0, out=X)
     return X[:, None], labels[idx]

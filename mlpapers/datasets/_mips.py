@@ -115,8 +115,8 @@ def make_mips_problem(
         Relative size of the perturbation around an anchor.
     norm_spread : float, default=0.25
         Standard deviation of the log key norms (``0``: unit keys, MIPS = cosine). A
-        spread whose norms overflow float32 (above about 25 for a thousand keys)
-        raises ``ValueError``.
+        spread whose norms leave float32's normal range (above about 25 for a
+        thousand keys) raises ``ValueError``.
     random_state : int, RandomState, Generator or None, default=None
         Seed of the keys, the anchors and the test queries; an int gives the same
         problem on every call.
@@ -152,12 +152,16 @@ def make_mips_problem(
     for s in range(0, n_keys, rows):
         block = dirs[s:s + rows]
         block /= np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
-    norms = np.exp(norm_spread * rng.standard_normal((n_keys, 1)))
-    # (a norm beyond float32's range became an infinite key, with only numpy's cast warning)
-    if norms.max() > np.finfo(np.float32).max:
+    with np.errstate(over="ignore", under="ignore"):  # (refused below, by name)
+        norms = np.exp(norm_spread * rng.standard_normal((n_keys, 1)))
+    # a norm beyond float32's range became an infinite key, with only numpy's cast
+    # warning; below its normal range (the largest entry of a key is at least
+    # norm / sqrt(d)) a key became subnormal or zero
+    f32 = np.finfo(np.float32)
+    if norms.max() > f32.max or norms.min() < f32.tiny * np.sqrt(n_features):
         raise ValueError(f"norm_spread={norm_spread!r} gives key norms beyond float32's range "
-                         f"(largest {norms.max():.3g}); use a smaller norm_spread (the log "
-                         f"norms have this standard deviation).")
+                         f"(from {norms.min():.3g} to {norms.max():.3g}); use a smaller "
+                         f"norm_spread (the log norms have this standard deviation).")
     dirs *= norms
     keys = dirs.astype(np.float32)
     del dirs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -129,6 +130,15 @@ def test_shifted_digits_noise_level_is_the_documented_std():
     assert abs(np.mean(v == 0) - 0.5) < 0.03
     med = np.median(v[v > 0])
     assert med == pytest.approx(noise * stats.norm.ppf(0.75), rel=0.08)
+
+
+def test_shifted_digits_huge_noise_gives_binary_pixels_without_warnings():
+    # the float32 cast of the noise overflowed (numpy's RuntimeWarning) before the clip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        X, _ = make_shifted_digits(n_samples=20, canvas=10, noise=1e300, random_state=0)
+    assert set(np.unique(X)) == {0.0, 1.0}
+    assert abs(X.mean() - 0.5) < 0.05  # the sign of each pixel's noise decides it
 
 
 # -------------------------------------------------------------------------------- MIPS

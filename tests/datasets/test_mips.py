@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,26 @@ def test_norm_spread_beyond_float32_range_is_refused():
         make_mips_problem(1000, 8, norm_spread=30.0, random_state=0)
     keys, _, _ = make_mips_problem(1000, 8, norm_spread=20.0, random_state=0)
     assert np.isfinite(keys).all()
+
+
+@pytest.mark.parametrize("seed", [9, 20, 69])
+def test_keys_are_normal_float32_or_refused(seed):
+    # the lower tail underflowed to subnormal or zero keys without a word
+    for spread in (23.0, 24.0, 25.0):
+        try:
+            keys, _, _ = make_mips_problem(300, 4, n_queries=0, norm_spread=spread,
+                                           random_state=seed)
+        except ValueError as exc:
+            assert "beyond float32's range" in str(exc)
+            continue
+        assert np.abs(keys).max(axis=1).min() >= np.finfo(np.float32).tiny
+
+
+def test_a_huge_norm_spread_is_refused_without_numpy_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="norm_spread=1000.0 gives key norms"):
+            make_mips_problem(100, 4, norm_spread=1000.0, random_state=0)
 
 
 def test_huge_query_noise_still_gives_unit_queries():
