@@ -13,7 +13,10 @@ Persistence
 state holds only tensors, numpy arrays (stored as tensors; string arrays keep
 their dtype and shape), numpy scalars (which keep their type), numbers, strings,
 numpy ``RandomState``/``Generator`` objects (stored as their states) and nested
-lists/tuples/dicts of them. Estimators holding ``torch.nn.Module`` objects
+lists/tuples/dicts of them (``numpy.longdouble`` values are written as two float64
+tensors and load back as the same long doubles). The file also lists the names in
+the state, so a damaged name is reported when loading, not at the first
+``predict``. Estimators holding ``torch.nn.Module`` objects
 override :meth:`_get_state` / :meth:`_set_state` to store state dicts instead.
 The class named in a file is only instantiated when it is an estimator class
 defined inside :mod:`mlpapers` (or the class whose ``load`` is called); nothing
@@ -367,12 +370,20 @@ class TorchEstimatorMixin:
             device this machine does not have (a model fitted on a GPU, loaded on a
             machine without one), the estimator's ``device`` becomes this one (the
             CPU if it is not a device name or not available either), with a
-            warning.
+            warning. ``"meta"`` is refused: meta tensors hold no values.
 
         Returns
         -------
         estimator
             A fitted instance of this class.
+
+        Raises
+        ------
+        FileNotFoundError
+            If ``path`` does not exist.
+        ValueError
+            If the file is not one that :meth:`save` wrote (empty, truncated, damaged,
+            another kind of file), or holds another version's format.
         """
         est = load(path, map_location=map_location, trusted=cls)
         if not isinstance(est, cls):
@@ -486,13 +497,21 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
         raise NotFittedError(f"cannot save an unfitted {type(estimator).__name__}.") from exc
     estimator._check_rebuild_params()
     cls = type(estimator)
+    state = estimator._get_state()
+    names = list(state)
     payload = {
         "format": _FORMAT_VERSION,
         "class": f"{cls.__module__}:{cls.__qualname__}",
         "params": _encode(estimator.get_params(deep=False), "a parameter"),
-        "state": _encode(estimator._get_state(), "the fitted state"),
+        "state": _encode(state, "the fitted state"),
         "rng": _encode(_rng_state(estimator), "the generator states"),
     }
+    if all(isinstance(k, str) and "\n" not in k for k in names):
+        # the state's names, checked by load (a damaged name would otherwise load and
+        # fail at the first predict with an AttributeError); one string, so that the
+        # pickle does not share the key strings with the state (a flipped byte in one
+        # would change both)
+        payload["names"] = "\n".join(names)
     torch.save(payload, os.fspath(path))
 
 
@@ -513,11 +532,60 @@ def load(
         return _load(path, map_location, trusted)
 
 
+def _check_map_location(map_location: Any) -> Any:
+    """``map_location`` as ``torch.load`` takes it: a device name is checked (and
+    ``"auto"`` resolved) first, so that a device this machine lacks is not reported
+    as a damaged file; ``"meta"`` is refused, its tensors hold no values."""
+    if not isinstance(map_location, str | torch.device):
+        return map_location  # a dict or a callable: torch.load applies it
+    if _names_a_device(map_location) and torch.device(map_location).type == "meta":
+        raise ValueError(f"map_location={str(map_location)!r} cannot hold the fitted state: "
+                         "meta tensors have no values. Load on 'cpu' (or a GPU) instead.")
+    try:
+        return resolve_device(map_location)
+    except ValueError as exc:
+        raise ValueError(f"map_location={str(map_location)!r} cannot be used: {exc}") from exc
+
+
+def _names_a_device(device: Any) -> bool:
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def _holds_meta_tensors(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return obj.is_meta
+    if isinstance(obj, dict):
+        return any(_holds_meta_tensors(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_holds_meta_tensors(v) for v in obj)
+    return False
+
+
 def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> BaseEstimator:
-    payload = torch.load(os.fspath(path), map_location=map_location, weights_only=True)
+    where = os.fspath(path)
+    location = _check_map_location(map_location)
+    try:
+        payload = torch.load(where, map_location=location, weights_only=True)
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise  # the path, not the file's contents
+    except Exception as exc:  # torch raises many kinds on a damaged file
+        hint = ("" if isinstance(map_location, str | torch.device) else
+                f", or map_location={map_location!r} cannot be applied to it")
+        raise ValueError(
+            f"{where!r} is not a valid mlpapers estimator file: torch.load could not read "
+            f"it ({type(exc).__name__}); it is empty, truncated, damaged or not written "
+            f"by save{hint}."
+        ) from exc
+    if _holds_meta_tensors(payload):  # a dict or callable map_location sent them there
+        raise ValueError(f"map_location={map_location!r} put tensors on the 'meta' device, "
+                         "which cannot hold the fitted state: meta tensors have no values.")
     if (not isinstance(payload, dict) or payload.get("format") != _FORMAT_VERSION
             or not isinstance(payload.get("class"), str)):
-        raise ValueError(f"{os.fspath(path)!r} is not an mlpapers estimator file.")
+        raise ValueError(f"{where!r} is not an mlpapers estimator file.")
     name = payload["class"]
     if trusted is not None and name == f"{trusted.__module__}:{trusted.__qualname__}":
         cls = trusted
@@ -531,12 +599,32 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
         est = cls(**params)
         est._upgrade_params()
         est._set_state(state)
+        if "names" in payload:  # (files written before the names were kept have none)
+            _check_state_names(est, state, payload["names"])
         est._record_rebuild_params()  # the model was just rebuilt from these values
+        _restore_rng(est, payload.get("rng", {}))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
-        raise ValueError(f"{os.fspath(path)!r} is not a valid mlpapers estimator file: "
+        raise ValueError(f"{where!r} is not a valid mlpapers estimator file: "
                          f"{exc}") from exc
-    _restore_rng(est, payload.get("rng", {}))
     return est
+
+
+def _check_state_names(est: BaseEstimator, state: dict, names: Any) -> None:
+    """The loaded state against the names :func:`save` listed beside it: a name not
+    listed is a damaged one; a listed name missing from the state is refused unless the
+    class's ``_set_state`` supplied it (as it does for files of older versions)."""
+    if not isinstance(names, str):
+        raise TypeError("the list of the fitted state's names is malformed")
+    names = names.split("\n") if names else []
+    listed = set(names)
+    unknown = [k for k in state if k not in listed]
+    missing = [n for n in names
+               if n not in state and n not in vars(est) and not hasattr(type(est), n)]
+    if unknown or missing:
+        found = [f"holds {unknown} that it does not list"] if unknown else []
+        found += [f"lacks {missing} that it lists"] if missing else []
+        raise ValueError(f"the fitted state of {type(est).__name__} is damaged: it "
+                         f"{' and '.join(found)}.")
 
 
 def _device_available(device: Any) -> bool:

@@ -5,6 +5,12 @@ numbers, strings and nested lists/tuples/dicts of them into tensors, numbers,
 strings, lists and dicts (tagged dicts mark what must be rebuilt); :func:`decode`
 inverts it. Only a fixed list of numpy bit generators can be rebuilt, by name,
 so a file never makes the loader import or call anything else.
+
+Numbers are stored as tensors. ``numpy.longdouble`` and ``numpy.clongdouble``,
+which torch cannot hold, are written as two float64 (complex128) tensors, the
+float64 rounding and what it dropped, and load back as the same numpy type with
+the same values (exactly, within float64's range: larger magnitudes load as
+infinities, and digits below float64's smallest subnormal are lost).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ _SCALAR_TAG = "__mlpapers_npscalar__"
 _RNG_TAG = "__mlpapers_numpy_rng__"
 _DICT_TAG = "__mlpapers_dict__"
 _DTYPE_TAG = "__mlpapers_dtype__"
+_LOW = "low"  # the float64 remainder of a long double (next to _NDARRAY_TAG/_SCALAR_TAG)
+_WIDE_TYPES = {"longdouble": np.longdouble, "clongdouble": np.clongdouble}
 _BUILTIN_TYPES = {t.__name__: t for t in (bool, int, float, complex, str)}
 _NUMPY_TYPES = {np.dtype(t).type for t in "?bBhHiIlLqQefdgFDG"}
 # numpy bit generators that ``load`` may rebuild (by name, from a fixed list)
@@ -37,6 +45,35 @@ def _plain(v: Any) -> Any:
     if isinstance(v, list):
         return [_plain(x) for x in v]
     return v.item() if isinstance(v, np.generic) else v
+
+
+def _encode_numbers(a: Any, tag: str) -> dict[str, Any]:
+    """A numeric array (or numpy scalar) as ``{tag: tensor}``; long doubles, which torch
+    cannot hold, as two float64 (complex128) tensors whose sum is the value."""
+    a = torch_compatible_array(a)
+    if a.dtype.type in (np.longdouble, np.clongdouble):
+        wide = np.complex128 if a.dtype.kind == "c" else np.float64
+        with np.errstate(all="ignore"):
+            high = a.astype(wide)
+            rest = np.asarray(a - high)  # exact: what rounding to float64 dropped
+        low = np.zeros(a.shape, dtype=wide)  # 0 where ``high`` is infinite or nan
+        for dst, src, hi in (((low.real, rest.real, high.real), (low.imag, rest.imag, high.imag))
+                             if a.dtype.kind == "c" else ((low, rest, high),)):
+            np.copyto(dst, src, casting="same_kind", where=np.isfinite(src))
+            np.copyto(dst, np.copysign(0.0, hi), where=dst == 0)  # -0.0 + -0.0 stays -0.0
+        name = "clongdouble" if a.dtype.kind == "c" else "longdouble"
+        return {tag: torch.from_numpy(high), _LOW: torch.from_numpy(low), "dtype": name}
+    if a.dtype.kind in "biu":  # e.g. numpy.ulonglong, which torch refuses: as uint64
+        a = a.view(np.dtype(a.dtype.str))
+    return {tag: torch.from_numpy(a)}
+
+
+def _decode_wide(obj: dict, tag: str) -> np.ndarray:
+    """The long double array that :func:`_encode_numbers` split into two tensors."""
+    wide = _WIDE_TYPES[obj["dtype"]]
+    with np.errstate(all="ignore"):
+        return (obj[tag].cpu().numpy().astype(wide)
+                + obj[_LOW].cpu().numpy().astype(wide))
 
 
 def _encode_key(key: Any, where: str) -> Any:
@@ -55,7 +92,7 @@ def encode(obj: Any, where: str) -> Any:
         return obj.detach().cpu()
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind in "biufc":
-            return {_NDARRAY_TAG: torch.from_numpy(torch_compatible_array(obj))}
+            return _encode_numbers(obj, _NDARRAY_TAG)
         # string labels (``classes_`` of classifiers): stored as a nested list
         flat = obj.ravel().tolist()
         if obj.dtype.kind == "U" or (obj.dtype.kind == "O" and all(
@@ -66,7 +103,7 @@ def encode(obj: Any, where: str) -> Any:
                         "not supported (only numbers and strings).")
     if isinstance(obj, np.generic):
         if obj.dtype.kind in "biufc":  # keep the numpy type (np.float32 stays np.float32)
-            return {_SCALAR_TAG: torch.from_numpy(torch_compatible_array(obj))}
+            return _encode_numbers(obj, _SCALAR_TAG)
         return obj.item()
     if isinstance(obj, np.random.RandomState):
         return {_RNG_TAG: encode(obj.get_state(legacy=False), where), "legacy": True}
@@ -128,6 +165,10 @@ def decode(obj: Any) -> Any:
             return obj[_NDARRAY_TAG].cpu().numpy()
         if keys == {_SCALAR_TAG}:
             return obj[_SCALAR_TAG].cpu().numpy()[()]
+        if keys == {_NDARRAY_TAG, _LOW, "dtype"}:
+            return _decode_wide(obj, _NDARRAY_TAG)
+        if keys == {_SCALAR_TAG, _LOW, "dtype"}:
+            return _decode_wide(obj, _SCALAR_TAG)[()]
         if keys == {_RNG_TAG, "legacy"}:
             return _decode_rng(obj)
         if keys == {_STRARRAY_TAG, "object", "dtype", "shape"}:

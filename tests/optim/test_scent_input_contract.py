@@ -123,6 +123,22 @@ def test_an_unknown_method_set_after_construction_is_refused_by_forward():
     assert not bool(loss.initialized.any())  # refused before the dual table changed
 
 
+@pytest.mark.parametrize("name, value, message", [
+    ("temperature", -1.0, "temperature must be > 0"),
+    ("temperature", -1e-3, "temperature must be > 0"),
+    ("temperature", float("nan"), "temperature must be finite"),
+    ("gamma", 5.0, "gamma must be in"),
+    ("dual_lr", -1.0, "dual_lr must be > 0"),
+])
+def test_hyper_parameters_set_after_construction_are_checked_by_forward(name, value, message):
+    # regression: a negative temperature gave a wrong loss and drove nu to ~2e3 for good
+    loss = EntropicRiskLoss(4)
+    setattr(loss, name, value)
+    with pytest.raises(ValueError, match=message):
+        loss(torch.zeros(2, 3), torch.tensor([0, 1]))
+    assert not bool(loss.initialized.any()) and not bool(loss.nu.any())
+
+
 def test_a_tiny_temperature_gives_the_argmax_probabilities():
     # regression: z / 1e-320 overflowed to inf and predict_proba was all NaN; the limit
     # of softmax(z / tau) as tau -> 0 is the one-hot of the best class

@@ -353,8 +353,11 @@ class EntropicRiskLoss(nn.Module):
         if not torch.is_inference_mode_enabled() and (
                 self.nu.is_inference() or self.initialized.is_inference()):
             self.nu, self.initialized = self.nu.clone(), self.initialized.clone()
-        # (an attribute set after construction: an unknown name ran asgd_softplus)
+        # attributes set after construction, checked as the constructor does (an unknown
+        # method ran asgd_softplus; a negative temperature corrupted the dual table)
         check_in_options(self.method, "method", METHODS)
+        check_positive(self.temperature, "temperature")
+        check_dual_params(self.gamma, self.dual_lr, self.delta, self.rho)
         tau = self.temperature
         # half-precision scores (autocast, model.half()) are computed and returned in
         # float32, as torch's own losses are under autocast: in float16, exp(s - nu)
