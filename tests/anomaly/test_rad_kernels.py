@@ -22,6 +22,7 @@ from mlpapers.anomaly.rad._kernels import (
 )
 from mlpapers.anomaly.rad._maps import (
     _gaussian_taps,
+    _top_count,
     _top_values,
     fused_smoothed_maps,
     resize_maps,
@@ -181,7 +182,7 @@ def test_top_values_prefilter_equals_topk(seed, n_pixels, ratio, levels):
     maps = torch.rand(3, n_pixels, generator=g)
     if levels is not None:
         maps = torch.floor(maps * levels)
-    n = max(1, int(n_pixels * ratio))
+    n = _top_count(n_pixels, ratio)
     expected = torch.topk(maps, n, dim=1).values
     got = torch.sort(_top_values(maps, n, block=4), dim=1, descending=True).values
     assert torch.equal(got, expected)

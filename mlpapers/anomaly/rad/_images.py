@@ -100,10 +100,19 @@ class ImageFiles:
         return images
 
 
+# float pixels are expected in [0, 1]: a maximum above _FLOAT_HIGH looks like 0-255
+# values, a minimum below _FLOAT_LOW like normalised data ([-1, 1], [-0.5, 0.5], mean
+# subtracted or standardised); noise, resampling overshoot or rounding around 0 of
+# images in [0, 1] stays above it (the package's generators clip to [0, 1])
+_FLOAT_HIGH = 2.0
+_FLOAT_LOW = -0.25
+
+
 def _check_pixel_range(t: torch.Tensor, name: str) -> None:
     """Check the pixel range of a whole image tensor without copying it: integers
     must be 8-bit values (ValueError otherwise), floats that look like 0-255 values
-    or normalised data get a warning."""
+    (maximum above 2) or normalised data (minimum below -0.25: a quarter of the
+    [0, 1] range below zero) get a warning."""
     if t.dtype == torch.bool or not t.numel():
         return
     if not t.is_floating_point():
@@ -117,10 +126,11 @@ def _check_pixel_range(t: torch.Tensor, name: str) -> None:
                              "hold 8-bit pixel values in [0, 255] (or pass floats in [0, 1]).")
         return
     low, high = (float(v) for v in torch.aminmax(t))
-    if high > 2.0 or low < -1.0:
+    if high > _FLOAT_HIGH or low < _FLOAT_LOW:
         warnings.warn(f"{name} is floating point with values in [{low:.4g}, {high:.4g}]; float "
                       "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
-                      "or pass uint8; do not normalise them, the extractor does).",
+                      "or pass uint8; do not normalise them, the extractor does: map "
+                      "images in [-1, 1] back with (X + 1) / 2).",
                       UserWarning, stacklevel=user_stacklevel())
 
 
@@ -316,7 +326,8 @@ def check_images(X: ImageInput, name: str = "X") -> torch.Tensor:
     ``int64`` of a nested list of pixel values) are 8-bit pixel values and are
     divided by 255; values outside ``[0, 255]`` raise a ``ValueError``. Boolean
     data become 0/1. Float data are taken as is (expected in ``[0, 1]``; a
-    ``UserWarning`` flags data that look like 0-255 pixel values). Grayscale is
+    ``UserWarning`` flags data that look like 0-255 pixel values, a maximum above 2,
+    or normalised ones, a minimum below -0.25). Grayscale is
     repeated to three channels; the alpha channel of 4-channel (RGBA) data is
     dropped, as PIL's ``convert("RGB")`` does. PIL images of 16/32-bit integer or
     float modes (``"I;16"``, ``"I"``, ``"F"``) follow the same rules as arrays of
