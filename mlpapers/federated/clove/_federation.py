@@ -57,6 +57,7 @@ from mlpapers.federated.clove._models import (
     LOSSES,
     build_module,
     check_model_output,
+    check_trainable,
     row_elements,
 )
 
@@ -188,10 +189,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             # (and the one-sample probe failed with torch's "more than 1 value" error)
             with refusing_layers(template, _unfittable_layer, "model's"):
                 check_model_output(template, fed.Xs[0][:1], kind, n_out)
-            if not any(p.requires_grad for p in template.parameters()):
-                raise ValueError("model builds a module without trainable parameters "
-                                 "(every parameter has requires_grad=False, or it has "
-                                 "none): there is nothing to train.")
+            check_trainable(template)
         states = self._init_states(template, M)
         vectorize = self._resolve_vectorize(template)
         # a user model: its random layers (dropout) train in a seeded fork of the global

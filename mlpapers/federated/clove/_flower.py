@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -42,7 +43,13 @@ from mlpapers.federated.clove._data import mse_targets, validate_clients
 from mlpapers.federated.clove._engine import ClientData, Engine, Optimizer, check_local_training
 from mlpapers.federated.clove._federation import _unfittable_layer
 from mlpapers.federated.clove._kernels import clove_assign
-from mlpapers.federated.clove._models import LOSSES, ModelLoss, build_user_module
+from mlpapers.federated.clove._models import (
+    LOSSES,
+    ModelLoss,
+    build_user_module,
+    check_model_output,
+    check_trainable,
+)
 
 __all__ = ["CLoVEStrategy", "make_client_app"]
 
@@ -179,7 +186,10 @@ class CLoVEStrategy(Strategy):
     labels_ : dict of int to int
         Node id -> model index (last round).
     partitions_ : dict of int to object
-        Node id -> the node's ``partition-id`` node config, when it reports one.
+        Node id -> the node's ``partition-id`` node config, when it reports one
+        (a :func:`make_client_app` node reports an integer id, an integral float such
+        as ``2.0`` as the int; an id that is no integer, such as ``"site-a"``, ``0.5``
+        or a bool, is not reported, and its node is missing here).
     loss_vectors_ : ndarray of shape (n_nodes, K)
         The last loss matrix (rows in ``node_ids_`` order).
     history_ : list of dict
@@ -402,18 +412,27 @@ class CLoVEStrategy(Strategy):
 
     # -- the CLoVE loop -------------------------------------------------------------
     def _exchange(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+        """Push ``messages`` and pull their replies until all came or ``timeout`` s passed.
+
+        Replies are pulled at least once, and once more at or after the deadline before
+        giving up (the loop stopped at the deadline without a last pull: replies that
+        came after the last poll were reported missing, and ``timeout=0`` always failed).
+        """
         ids = set(grid.push_messages(messages))
         replies: list[Message] = []
         deadline = time.monotonic() + timeout
-        while ids and time.monotonic() < deadline:
+        while ids:
+            now = time.monotonic()  # read before the pull: a pull at now >= deadline is last
             for reply in grid.pull_messages(list(ids)):
                 ids.discard(reply.metadata.reply_to_message_id)
                 if reply.has_error():
                     raise RuntimeError(f"node {reply.metadata.src_node_id} failed: "
                                        f"{reply.error.reason}")
                 replies.append(reply)
-            if ids:
-                time.sleep(self.poll_interval)
+            if not ids or now >= deadline:
+                break
+            # (never past the deadline: the last pull comes at it)
+            time.sleep(min(self.poll_interval, deadline - now))
         if ids:
             raise TimeoutError(f"{len(ids)} node(s) did not reply within {timeout} s.")
         return replies
@@ -611,6 +630,7 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
             raise ValueError("make_client_app: loss='reconstruction' needs a model_fn() "
                              f"output of {n_in} values per sample (the input size), as "
                              f"CLoVE's fit does, got {got} for a batch of one sample.")
+        _check_output(template, fed.Xs[0], loss, n_in)  # (finite, floating point)
         return ClientData.from_lists(fed.Xs, None, torch.device("cpu"))
     assert fed.ys is not None  # y is not None (checked above)
     y_np = fed.ys[0]
@@ -629,6 +649,7 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
                              f"shape (batch, n_outputs) and y with n_outputs values per "
                              f"sample, got {Y.shape[1]} per sample and an output of "
                              f"{n_out} per sample.")
+        _check_output(template, fed.Xs[0], loss, n_out)  # (finite, floating point)
         return ClientData.from_lists(fed.Xs, [Y], torch.device("cpu"))
     # cross-entropy: class indices 0 .. C-1 (no label encoding: every node must agree
     # on it, and a node sees only its own labels)
@@ -649,8 +670,52 @@ def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
         raise ValueError(f"make_client_app: loss='cross_entropy' needs class indices in "
                          f"[0, {n_classes if n_classes is not None else 'C'}) (the model's "
                          f"outputs), got labels from {lo:g} to {hi:g}.")
+    # logits of shape (batch, C), as CLoVE's fit checks them: a (batch,) output failed
+    # in torch's cross-entropy at every message. (The node knows C from the output
+    # only: without one, its labels ask for at least max(label) + 1 >= 2 classes.)
+    _check_output(template, fed.Xs[0], loss,
+                  n_classes if n_classes is not None else max(int(hi) + 1, 2))
     labels = y_np.astype(np.int64)
     return ClientData.from_lists(fed.Xs, [torch.from_numpy(labels)], torch.device("cpu"))
+
+
+def _partition_metric(pid: Any) -> int | None:
+    """A node's ``partition-id`` node config as its replies report it: an integer (an
+    integral float such as ``2.0`` included) in int64's range, else ``None`` (not
+    reported: a string such as ``"site-a"``, a bool, a fractional or non-finite number).
+
+    (``int(pid)`` failed every message of a node with a string id, and truncated ``0.5``
+    to ``0``: the server's ``partitions_`` got ids the nodes do not have, shared by two
+    nodes; a Flower metric holds no string.)
+    """
+    if isinstance(pid, bool) or not isinstance(pid, numbers.Real):
+        return None
+    if isinstance(pid, numbers.Integral):
+        value = int(cast(int, pid))  # (exact: not through a float)
+    else:
+        as_float = float(pid)
+        if not (math.isfinite(as_float) and as_float.is_integer()):
+            return None
+        value = int(as_float)
+    return value if -2**63 <= value < 2**63 else None  # (what a reply can carry)
+
+
+def _check_output(template: torch.nn.Module, X: torch.Tensor, loss: str, n_out: int) -> None:
+    """CLoVE's fit's check of a user model's output (:func:`check_model_output`: a
+    finite floating-point tensor of shape ``(batch, n_out)``, or of the input's size for
+    the reconstruction loss) on one sample of the node's ``X``, in the node's words.
+
+    The probe runs as :func:`_probe_output`'s: in a fork of the global RNG, refusing a
+    BatchNorm without running statistics. (A cross-entropy model with a ``(batch,)``
+    output failed in torch at every message, "Expected floating point type for target".)
+    """
+    with seeded_global_rng(0), refusing_layers(template, _unfittable_layer, "model_fn()'s"):
+        try:
+            check_model_output(template, X[:1], loss, n_out)
+        except (TypeError, ValueError) as exc:
+            msg = re.sub(r"^model(\(n_features, n_outputs\))?", "model_fn()", str(exc))
+            msg = msg.replace("of the first client", "of the node's data")
+            raise type(exc)(f"make_client_app: {msg}") from exc
 
 
 def _message_seed(msg: Message) -> int:
@@ -712,6 +777,10 @@ def make_client_app(
         The app, answering ``train.losses`` messages (the loss of every model on
         the node's data) and ``train`` messages (local training of the node's
         model). It is built at once; ``data_fn`` and ``model_fn`` run per message.
+        Its replies' metrics hold ``num-examples`` and, when the node's
+        ``partition-id`` node config is an integer (or an integral float, sent as
+        the int), that ``partition-id`` (:attr:`CLoVEStrategy.partitions_`); an id
+        that is no integer (a string, a bool, ``0.5``) is left out, not converted.
 
     Raises
     ------
@@ -724,9 +793,13 @@ def make_client_app(
         supervised loss, non-finite or mismatched data, labels that are not
         class indices in ``[0, C)`` for the cross-entropy, for the MSE a model
         output that is not ``(batch, n_outputs)`` with ``n_outputs`` the values per
-        sample of ``y``, or (any loss) a model with a BatchNorm built with
-        ``track_running_stats=False`` that runs, as :class:`~mlpapers.federated.CLoVE`
-        refuses it.
+        sample of ``y``, for the cross-entropy a model output that is not
+        ``(batch, C)``, or (any loss) a model output that is not finite, a model
+        without trainable parameters (every parameter ``requires_grad=False``) or a
+        model with a BatchNorm built with ``track_running_stats=False`` that runs,
+        as :class:`~mlpapers.federated.CLoVE` refuses them (a model output that is no
+        floating-point tensor gives a ``TypeError``). These are raised at the
+        node's first message, the losses round.
 
     Examples
     --------
@@ -764,7 +837,10 @@ def make_client_app(
             raise TypeError("model_fn() must return a torch.nn.Module, got "
                             f"{type(module).__name__}.")
         template = module.float().cpu()  # nodes compute on the CPU
+        # the model's output checked on the data, then its parameters, as CLoVE's fit
+        # checks a user model, at the first message (the losses round)
         data = _node_data(X, y, loss, template)
+        check_trainable(template, "make_client_app: model_fn()")
         # random layers (dropout) draw from a fork of the node's global RNG seeded from the
         # message's seed: reproducible, and the node's own RNG is left as it was
         engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
@@ -796,9 +872,9 @@ def make_client_app(
         return {k: torch.stack([s[k].float() for s in states]) for k in expected}
 
     def metrics(context: Context, **values) -> MetricRecord:
-        pid = context.node_config.get("partition-id")
-        if pid is not None:
-            values["partition-id"] = int(pid)
+        pid = _partition_metric(context.node_config.get("partition-id"))
+        if pid is not None:  # (an id that is no integer is not reported)
+            values["partition-id"] = pid
         return MetricRecord(values)
 
     @app.train(_LOSSES_ACTION)

@@ -124,6 +124,15 @@ def build_module(
     raise ValueError(f"model must be one of {list(BUILTIN_MODELS)} or a callable, got {model!r}.")
 
 
+def check_trainable(module: torch.nn.Module, name: str = "model") -> None:
+    """Refuse a user's module without trainable parameters: local training has nothing
+    to train (torch's optimizers fail with "an empty parameter list")."""
+    if not any(p.requires_grad for p in module.parameters()):
+        raise ValueError(f"{name} builds a module without trainable parameters (every "
+                         "parameter has requires_grad=False, or it has none): there is "
+                         "nothing to train.")
+
+
 def check_model_output(module: torch.nn.Module, x: torch.Tensor, kind: str,
                         n_out: int) -> None:
     """A user model must map a batch ``x`` to ``(batch, n_outputs)`` (or to ``x``'s size
