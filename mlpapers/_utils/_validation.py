@@ -198,7 +198,9 @@ def check_tensor(
     ----------
     X : array-like, numpy.ndarray or torch.Tensor
         The input. Lists and numpy arrays are converted; tensors keep their data
-        (moved to ``device`` and cast to ``dtype`` when these differ).
+        (moved to ``device`` and cast to ``dtype`` when these differ, copied to a
+        contiguous layout when they are not, as numpy inputs are: results do not
+        depend on the memory layout).
     name : str, default="X"
         The argument's name, used in error messages.
     ndim : int, iterable of int or None, default=2
@@ -312,7 +314,9 @@ def check_tensor(
         if t.dtype == torch.float16 and dev.type == "cpu":
             t = t.float()
         t = t.to(device=dev)
-    t = usable_outside_inference(t)
+    # (a transposed or channels-last tensor summed in another order in the matmuls than
+    # the same values from numpy, which torch_compatible_array makes C-contiguous)
+    t = usable_outside_inference(t.contiguous())
     if t.is_floating_point() and not allow_nan and not _all_finite(t):
         kind = "NaN" if bool(torch.isnan(t).any()) else "infinity"
         raise ValueError(f"Input {name} contains {kind} or a value too large for {t.dtype}.")
