@@ -489,8 +489,10 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
     if not isinstance(estimator, TorchEstimatorMixin):
         raise TypeError(f"save expects an mlpapers estimator, got {type(estimator).__name__}.")
     if not callable(getattr(estimator, "fit", None)):  # samplers: nothing fitted to save
-        raise TypeError(f"{type(estimator).__name__} has no fit method and no fitted state "
-                        "to save; keep the results it returns (e.g. pickle them).")
+        raise TypeError(f"{type(estimator).__name__} has no fit method, and save stores "
+                        "fitted estimators only: keep the results it returns (e.g. pickle "
+                        "them), or pickle the object itself (with what it adapted, such "
+                        "as a sampler's step size).")
     try:
         check_is_fitted(estimator)
     except NotFittedError as exc:
