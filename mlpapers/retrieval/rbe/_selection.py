@@ -100,7 +100,7 @@ def greedy_selection(
     X: torch.Tensor,
     k: int,
     *,
-    tol: float = 1e-10,
+    tol: float = 0.0,
     method: GreedyMethod = "lowrank",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Greedy column-subset selection minimising the projection residual.
@@ -113,10 +113,18 @@ def greedy_selection(
     which is exactly the decrease of :math:`\|X - X P_S\|_F^2` (:math:`P_S` the
     orthogonal projector onto the span of the chosen vectors) when adding
     :math:`j`, then deflates :math:`G \leftarrow G - g g^\top / G_{j^\star j^\star}`
-    with :math:`g = G_{:, j^\star}`. Items whose residual norm
-    :math:`G_{jj}` is below ``tol`` times their initial squared norm are never picked
-    (this excludes duplicates and already chosen items); selection stops early,
-    with a warning, when no item is left.
+    with :math:`g = G_{:, j^\star}`. The updates cancel at the scale of the
+    residual they start from, so once the residual energy of the items still in play
+    has fallen by :math:`10^5` (or no item's updated residual is above
+    :math:`10^{-10}` of its starting one), the residual is recomputed explicitly
+    (projection off the span of the picks, twice) and the updates restart from it:
+    relevance with a large common component (an offset of :math:`10^6`, whose
+    residuals after the first pick are :math:`10^{-12}` of the item norms) is
+    selected as exactly as centred relevance. Items whose recomputed residual is
+    within the rounding of the projection (:math:`\epsilon` times the condition number
+    of the picks), or whose squared residual is at most ``tol`` times their squared
+    norm, lie in the span of the picks and are never picked (duplicates, chosen
+    items); selection stops early, with a warning, when no item is left.
 
     Parameters
     ----------
@@ -124,21 +132,23 @@ def greedy_selection(
         Item feature vectors (float64 recommended).
     k : int
         Number of items to pick, ``>= 0``.
-    tol : float, default=1e-10
-        Relative residual tolerance, ``>= 0`` (see above).
+    tol : float, default=0.0
+        Relative residual tolerance, ``>= 0``: items whose squared residual is at most
+        ``tol`` times their squared norm are treated as in the span of the picks. The
+        default leaves out only those within rounding of it.
     method : {"lowrank", "gram"}, default="lowrank"
         ``"gram"`` keeps the explicit ``(n_items, n_items)`` Gram matrix
         (:math:`O(N^2)` memory); ``"lowrank"`` never forms it: it keeps the
         column norms :math:`a_j = \|G_{:, j}\|^2`, the diagonal :math:`d_j` and the
         deflation factors, and updates them in :math:`O(N (n_q + t))` per step. Both
-        give the same sequence up to rounding on well-conditioned data; the update of
-        :math:`a_j` cancels at the scale of :math:`|X|^4`, so on ill-conditioned data
-        (singular values spread over more than about :math:`10^4`) late
-        ``"lowrank"`` picks can differ from ``"gram"`` ones. The recorded gains are
-        computed from the picked column in both (:math:`\|g\|^2 / g_j`). On exact
-        ties (integer relevance, duplicated items, a rank-1 residual where every
-        gain is equal) each method's rounding decides, as ``np.argmax`` in the
-        official greedy does, so the two can pick different items of equal gain.
+        give the same sequence up to rounding (the update of :math:`a_j` cancels at the
+        scale of :math:`|X|^4` of the residual a pass starts from, which the explicit
+        recomputations above keep within :math:`10^{5}` of the current one). The
+        recorded gains are computed from the picked column in both
+        (:math:`\|g\|^2 / g_j`). On exact ties (integer relevance, duplicated items, a
+        rank-1 residual where every gain is equal) each method's rounding decides, as
+        ``np.argmax`` in the official greedy does, so the two can pick different items
+        of equal gain.
 
     Returns
     -------
@@ -181,7 +191,6 @@ def greedy_selection(
     # a discrete selection, not differentiable: no graph (an X that requires grad made
     # torch warn when its scale was read as a Python float)
     X = X.detach()
-    N = X.shape[0]
     # The scores a_j / d_j grow as |X|**2 from a_j ~ |X|**4, which underflows float64 for
     # |X| < 1e-77 (every gain 0: R = [[4e-144]] scored 0) and overflows for |X| > 1e77.
     # Picks do not depend on the scale: work in units of a power of two (exact) when
@@ -190,68 +199,30 @@ def greedy_selection(
     if unit != 1.0:
         X = X / unit
     d0 = torch.einsum("ij,ij->i", X, X)  # no (N, n_q) temporary
-    thresh = tol * d0.clamp_min(torch.finfo(X.dtype).tiny)
-    alive = d0 > torch.finfo(X.dtype).tiny
-    picks, gains = [], []
-    if method == "gram":
-        G = X @ X.T
-        for _ in range(k):
-            d = torch.diagonal(G)
-            ok = alive & (d > thresh)
-            if not bool(ok.any()):
-                break
-            a = (G * G).sum(dim=0)
-            score = torch.where(ok, a / torch.where(ok, d, 1.0), -math.inf)
-            j = int(torch.argmax(score))
-            picks.append(j)
-            gains.append(score[j])
-            # never again, whatever the deflation leaves: for an item of norm 1e-114 next
-            # to items of norm 1e-3, g_j**2 underflows and G_jj was not deflated (picked
-            # twice)
-            alive[j] = False
-            g = G[:, j].clone()
-            G -= torch.outer(g, g) / g[j]
-    else:
-        d = d0.clone()
-        # a_j = ||G_{:, j}||^2 = x_j^T (X^T X) x_j, computed once in the cheaper space.
-        # In row chunks of about 2**24 values: no (N, n_q) temporary besides X itself.
-        small = N <= X.shape[1]
-        M = X @ X.T if small else X.T @ X  # (N, N) or (n_q, n_q)
-        rows = block_rows_for(M.shape[1], 2**24)
-        # (filled in place: a torch.cat of the chunks failed on zero items, where
-        # "gram" returns no pick)
-        a = X.new_empty(N)
-        for s in range(0, N, rows):
-            a[s:s + rows] = ((M[s:s + rows] ** 2).sum(dim=1) if small
-                             else ((X[s:s + rows] @ M) * X[s:s + rows]).sum(dim=1))
-        del M
-        # deflation factors: G = X X^T - L L^T with L = L_all[:, :t] after t picks,
-        # allocated once (grown by torch.cat, it was copied at every pick: quadratic in
-        # k, 30% of the selection of 200 items among 2 * 10**4)
-        L_all = X.new_zeros((N, min(k, N)))
-        L = L_all[:, :0]
-        for _ in range(k):
-            ok = alive & (d > thresh)
-            if not bool(ok.any()):
-                break
-            score = torch.where(ok, a / torch.where(ok, d, 1.0), -math.inf)
-            j = int(torch.argmax(score))
-            picks.append(j)
-            alive[j] = False
-            g = X @ X[j] - L @ L[j]  # G[:, j]
-            h = X @ (X.T @ g) - L @ (L.T @ g)  # G g
-            gj = g[j]
-            # the gain from the column itself, ||G_j||^2 / G_jj (as the "gram" method):
-            # the updated a_j cancels at the scale of |X|**4, so on ill-conditioned
-            # relevance the recorded gains were off by factors up to 1e5
-            gains.append((g @ g) / gj)
-            coef = g / gj
-            a = a - 2.0 * coef * h + coef * coef * (g @ g)
-            d = d - g * coef
-            t = L.shape[1]
-            L_all[:, t] = g / torch.sqrt(gj)
-            L = L_all[:, :t + 1]
-            a = a.clamp_min(0.0)
+    tiny = torch.finfo(X.dtype).tiny
+    floor = (tol * d0).clamp_min(tiny)
+    alive = d0 > tiny
+    picks: list[int] = []
+    gains: list[torch.Tensor] = []
+    deflation = _GramDeflation if method == "gram" else _LowRankDeflation
+    residual, basis, d_prev, noise = X, X.new_zeros((X.shape[1], 0)), d0, torch.zeros_like(d0)
+    while len(picks) < k:
+        made = _greedy_pass(deflation(residual, k - len(picks)), k, alive, floor, picks,
+                            gains)
+        if not made or len(picks) == k:
+            break
+        # The deflation updates cancel at the scale of the residual the pass started
+        # from: go on from the residual recomputed explicitly. Items with a large
+        # common component (relevance offset by 1e6) keep a residual 1e-12 of their
+        # norm after the first pick, which the updates drowned (every later pick was
+        # noise, or none was made)
+        # noise: the rounding each recomputation leaves in an item's residual, in no
+        # particular direction (it is never projected away); an item whose residual is
+        # no larger lies in the span of the picks
+        residual, basis, span_rtol = _explicit_residual(residual, basis, picks[-made:])
+        noise = noise + span_rtol * d_prev.sqrt()
+        d_prev = torch.einsum("ij,ij->i", residual, residual)
+        alive &= d_prev > noise ** 2
     if len(picks) < k and not getattr(_QUIET, "early_stop", False):
         warnings.warn(
             f"greedy support selection stopped after {len(picks)} of {k} items: the "
@@ -262,6 +233,119 @@ def greedy_selection(
     idx = torch.tensor(picks, dtype=torch.long, device=X.device)
     gain = torch.stack(gains) if gains else X.new_zeros(0)
     return idx, gain * unit * unit if unit != 1.0 else gain
+
+
+# A pass of deflation updates ends once the residual energy of the items still in play
+# has fallen by this factor since the pass began (the updates cancel at the pass's
+# starting scale, ~1e-16 of it for the diagonal and of its square for the column norms),
+# or when no item is left whose updated residual is above _PASS_RTOL of its starting one
+_REFRESH_DROP = 1e-5
+_PASS_RTOL = 1e-10
+
+
+def _explicit_residual(residual: torch.Tensor, basis: torch.Tensor,
+                       new: list[int]) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The rows of ``residual`` projected off the span of its rows ``new`` (and off
+    ``basis``, the orthonormal directions of earlier picks).
+
+    Returns the new residual, the extended basis and the rounding this step adds to a
+    residual, relative to the former one: the span of the picks is known to ``eps``
+    times the condition number of their (unit) residual vectors.
+    """
+    W = residual[new].T
+    W = W / torch.linalg.vector_norm(W, dim=0)
+    for _ in range(2):  # twice is enough (Kahan): orthogonal to the basis to rounding
+        W = W - basis @ (basis.T @ W)
+    Q, T = torch.linalg.qr(W)
+    sv = torch.linalg.svdvals(T)
+    kappa = float(sv[0] / sv[-1])
+    basis = torch.cat([basis, Q], dim=1)
+    out = residual - (residual @ Q) @ Q.T
+    out = out - (out @ basis) @ basis.T
+    return out, basis, 64.0 * torch.finfo(residual.dtype).eps * kappa
+
+
+class _GramDeflation:
+    """The explicit ``(N, N)`` residual Gram matrix, deflated in place."""
+
+    def __init__(self, residual: torch.Tensor, k: int) -> None:
+        self.G = residual @ residual.T
+
+    def norms_and_diagonal(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.G * self.G).sum(dim=0), torch.diagonal(self.G)
+
+    def deflate(self, j: int) -> torch.Tensor:
+        g = self.G[:, j].clone()
+        self.G -= torch.outer(g, g) / g[j]
+        return (g @ g) / g[j]
+
+
+class _LowRankDeflation:
+    r"""``G = X X^T - L L^T`` without forming it: the column norms
+    :math:`a_j = \|G_{:, j}\|^2`, the diagonal and the deflation factors ``L``."""
+
+    def __init__(self, residual: torch.Tensor, k: int) -> None:
+        X = self.X = residual
+        N = X.shape[0]
+        self.d = torch.einsum("ij,ij->i", X, X)
+        # a_j = x_j^T (X^T X) x_j, computed once in the cheaper space. In row chunks of
+        # about 2**24 values: no (N, n_q) temporary besides X itself.
+        small = N <= X.shape[1]
+        M = X @ X.T if small else X.T @ X  # (N, N) or (n_q, n_q)
+        rows = block_rows_for(M.shape[1], 2**24)
+        # (filled in place: a torch.cat of the chunks failed on zero items)
+        self.a = X.new_empty(N)
+        for s in range(0, N, rows):
+            self.a[s:s + rows] = ((M[s:s + rows] ** 2).sum(dim=1) if small
+                                  else ((X[s:s + rows] @ M) * X[s:s + rows]).sum(dim=1))
+        # allocated once (grown by torch.cat, it was copied at every pick: quadratic in
+        # k, 30% of the selection of 200 items among 2 * 10**4)
+        self.L_all = X.new_zeros((N, min(k, N)))
+        self.t = 0
+
+    def norms_and_diagonal(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a, self.d
+
+    def deflate(self, j: int) -> torch.Tensor:
+        X, L = self.X, self.L_all[:, :self.t]
+        g = X @ X[j] - L @ L[j]  # G[:, j]
+        h = X @ (X.T @ g) - L @ (L.T @ g)  # G g
+        gj = g[j]
+        coef = g / gj
+        self.a = (self.a - 2.0 * coef * h + coef * coef * (g @ g)).clamp_min(0.0)
+        self.d = self.d - g * coef
+        self.L_all[:, self.t] = g / torch.sqrt(gj)
+        self.t += 1
+        # the gain from the column itself, ||G_j||^2 / G_jj (as the "gram" method): the
+        # updated a_j cancels at the scale of |X|**4
+        return (g @ g) / gj
+
+
+def _greedy_pass(state: _GramDeflation | _LowRankDeflation, k: int, alive: torch.Tensor,
+                 floor: torch.Tensor, picks: list[int], gains: list[torch.Tensor]) -> int:
+    """Greedy picks from one residual until ``k`` in all, no candidate, or the
+    residual has shrunk too far for the updates (see ``_REFRESH_DROP``); returns the
+    number of picks made."""
+    start = len(picks)
+    d_start = state.norms_and_diagonal()[1].clone()
+    top = float(d_start[alive].max()) if bool(alive.any()) else 0.0
+    while len(picks) < k:
+        a, d = state.norms_and_diagonal()
+        ok = alive & (d > floor) & (d > _PASS_RTOL * d_start)
+        if not bool(ok.any()):
+            break
+        score = torch.where(ok, a / torch.where(ok, d, 1.0), -math.inf)
+        j = int(torch.argmax(score))
+        picks.append(j)
+        # never again, whatever the deflation leaves: for an item of norm 1e-114 next
+        # to items of norm 1e-3, g_j**2 underflows and G_jj was not deflated (picked
+        # twice)
+        alive[j] = False
+        gains.append(state.deflate(j))
+        d = state.norms_and_diagonal()[1]
+        if not bool(alive.any()) or float(d[alive].max()) < _REFRESH_DROP * top:
+            break
+    return len(picks) - start
 
 
 def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -355,7 +439,7 @@ def select_support(
     method: SupportMethod = "greedy",
     *,
     center: bool = True,
-    tol: float = 1e-10,
+    tol: float = 0.0,
     random_state: RandomStateLike = None,
     n_init: int = 3,
     greedy_method: SelectGreedyMethod = "auto",
@@ -385,9 +469,10 @@ def select_support(
         Centre each item vector over the queries first (matches the affine head of
         ``standardize=True``); an item constant over the queries becomes an exact zero
         vector (greedy never picks it). Ignored by ``"random"`` and ``"popular"``.
-    tol : float, default=1e-10
-        Relative residual tolerance of ``"greedy"``; it may return fewer than ``k``
-        items (with a warning) when the rest are already reconstructed exactly.
+    tol : float, default=0.0
+        Relative residual tolerance of ``"greedy"`` (see :func:`greedy_selection`); it
+        may return fewer than ``k`` items (with a warning) when the rest are already
+        reconstructed exactly (to rounding, or to ``tol``).
     random_state : int, RandomState, Generator or None
         Seed of ``"random"`` and ``"kmeans"``.
     n_init : int, default=3
