@@ -120,6 +120,10 @@ class NeuralRBEHead(nn.Module):
             raise ValueError("embeddings must be a 2-D tensor (n_items, k), got "
                              f"{getattr(embeddings, 'shape', type(embeddings).__name__)}.")
         n_items, k = embeddings.shape
+        if n_items == 0 or k == 0:
+            # (torch warned of degenerate std and zero-element inits, then scored 0)
+            raise ValueError("embeddings must have at least one item and one support "
+                             f"column, got shape {(n_items, k)}.")
         for name, t, shape in (("offsets", offsets, (n_items,)),
                                ("popularity", popularity, (n_items,)),
                                ("query_mean", query_mean, (k,)),
@@ -183,6 +187,11 @@ class NeuralRBEHead(nn.Module):
             ``s(q, i)`` of the class formula (``m = n_items`` when ``items`` is
             ``None``); differentiable with respect to the head's parameters.
         """
+        self._check_queries(u)
+        if items is not None and (not isinstance(items, torch.Tensor) or items.ndim != 1
+                                  or items.dtype not in (torch.int64, torch.int32)):
+            raise TypeError("items must be a 1-D LongTensor of item indices or None, got "
+                            f"{_describe(items)}.")
         sl = slice(None) if items is None else items
         E = self.embeddings[sl]
         s = (u @ self.W) @ E.T + (self.p * self.popularity[sl] + self.v[sl] + self.b)[None, :]
@@ -191,6 +200,17 @@ class NeuralRBEHead(nn.Module):
             zi = self.item_tower(self.items_std[sl])
             s = s + zq @ zi.T / self.hidden
         return s
+
+    def _check_queries(self, u: torch.Tensor) -> None:
+        # (torch's "mat1 and mat2 shapes cannot be multiplied" named neither argument)
+        k = self.W.shape[0]
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"u must be a Tensor of shape (n, {k}), got {_describe(u)}.")
+        if u.ndim != 2 or u.shape[1] != k:
+            raise ValueError(f"u must be a Tensor of shape (n, {k}) (each query's relevance "
+                             f"to the {k} support items), got {_describe(u)}.")
+        if u.dtype != self.W.dtype:
+            raise TypeError(f"u must have the head's dtype {self.W.dtype}, got {u.dtype}.")
 
     def all_items_scorer(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """A function ``u -> self(u)`` (scores of all items), the item side computed once.
@@ -211,12 +231,19 @@ class NeuralRBEHead(nn.Module):
         zi_T = self.item_tower(self.items_std).T if self.hidden > 0 else None
 
         def scores(u: torch.Tensor) -> torch.Tensor:
+            self._check_queries(u)
             s = (u @ self.W) @ E_T + offset
             if zi_T is not None:
                 zq = self.query_tower((u - self.query_mean) / self.query_scale)
                 s = s + zq @ zi_T / self.hidden
             return s
         return scores
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} Tensor of shape {tuple(x.shape)}"
+    return f"{type(x).__name__}"
 
 
 def head_state(head: NeuralRBEHead | None) -> dict | None:
