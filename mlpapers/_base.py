@@ -536,25 +536,14 @@ def load(
 
 def _check_map_location(map_location: Any) -> Any:
     """``map_location`` as ``torch.load`` takes it: a device name is checked (and
-    ``"auto"`` resolved) first, so that a device this machine lacks is not reported
-    as a damaged file; ``"meta"`` is refused, its tensors hold no values."""
+    ``"auto"`` resolved) first, so that a device this machine lacks, or ``"meta"``
+    (whose tensors hold no values), is not reported as a damaged file."""
     if not isinstance(map_location, str | torch.device):
         return map_location  # a dict or a callable: torch.load applies it
-    if _names_a_device(map_location) and torch.device(map_location).type == "meta":
-        raise ValueError(f"map_location={str(map_location)!r} cannot hold the fitted state: "
-                         "meta tensors have no values. Load on 'cpu' (or a GPU) instead.")
     try:
         return resolve_device(map_location)
     except ValueError as exc:
         raise ValueError(f"map_location={str(map_location)!r} cannot be used: {exc}") from exc
-
-
-def _names_a_device(device: Any) -> bool:
-    try:
-        torch.device(device)
-    except (RuntimeError, TypeError):
-        return False
-    return True
 
 
 def _holds_meta_tensors(obj: Any) -> bool:
