@@ -116,3 +116,30 @@ def test_raw_relevance_with_an_offset_keeps_the_retrieval_quality():
         hits.append(est.score(Q[n_tr:], truth + offset, n_neighbors=10))
     # (measured 0.888 and 0.884; 0.029 with the one support picked before)
     assert hits[1] >= hits[0] - 0.02, hits
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("offset", [0.0, 1e4, 1e6])
+def test_an_offset_adds_no_rounding_noise_supports(offset, dtype):
+    # exactly rank 5 (after centring; rank 6 with the constant without it): the
+    # rounding of 1e6 + O(1) is no information. Before, greedy picked it: 30 supports
+    # (gains of 1e-16 to 1e-24) instead of 5 with standardize=True at an offset of 1e4
+    rng = np.random.default_rng(0)
+    Q, I = rng.standard_normal((200, 5)), rng.standard_normal((120, 5))
+    R = (offset + Q @ I.T).astype(dtype)
+    for center, rank in ((True, 5), (False, 6 if offset else 5)):
+        with pytest.warns(UserWarning, match=f"stopped after {rank} of 30"):
+            S = select_support(R, 30, "greedy", center=center)
+        assert len(S) == rank
+
+
+def test_an_offset_keeps_the_retriever_at_the_rank_of_the_relevance():
+    rng = np.random.default_rng(0)
+    Q, I = rng.standard_normal((300, 5)), rng.standard_normal((200, 5))
+    for offset in (0.0, 1e4, 1e6):
+        est = RelevanceBasedRetriever(lambda q, i, c=offset: c + np.asarray(q) @ np.asarray(i).T,
+                                      n_support=30, random_state=0)
+        with pytest.warns(UserWarning, match="stopped after 5 of 30"):
+            est.fit(Q[:200], I)
+        assert est.n_calls_per_query_ == 5
+        assert est.score(Q[200:], n_neighbors=10) == 1.0

@@ -120,11 +120,13 @@ def greedy_selection(
     (projection off the span of the picks, twice) and the updates restart from it:
     relevance with a large common component (an offset of :math:`10^6`, whose
     residuals after the first pick are :math:`10^{-12}` of the item norms) is
-    selected as exactly as centred relevance. Items whose recomputed residual is
-    within the rounding of the projection (:math:`\epsilon` times the condition number
-    of the picks), or whose squared residual is at most ``tol`` times their squared
-    norm, lie in the span of the picks and are never picked (duplicates, chosen
-    items); selection stops early, with a warning, when no item is left.
+    selected as exactly as centred relevance. Items whose residual is within the
+    rounding they keep inside the span of the picks (:math:`\eta_i + \sum_s |c_{si}|
+    \eta_s`, with :math:`\eta = 4 \epsilon \|x\|` each item's rounding and
+    :math:`c_{\cdot i}` its coefficients on the picks), or whose squared residual is at
+    most ``tol`` times their squared norm, lie in that span and are never picked
+    (duplicates, chosen items, the rounding of an offset); selection stops early,
+    with a warning, when no item is left.
 
     Parameters
     ----------
@@ -188,6 +190,24 @@ def greedy_selection(
     check_positive(tol, "tol", strict=False)
     check_finite(X, "X")  # (NaN gains picked arbitrary items silently)
     X = X.to(common_float_dtype(X, min_bits=32))  # (integer X failed in torch.finfo)
+    return _greedy(X, k, tol=tol, method=method)
+
+
+# The rounding of an item's given values, at most half an epsilon of their norm (more
+# after centring), as a multiple of epsilon times that norm: noise that no pick
+# explains. (Relevance offset by 1e6 and centred keeps residuals of ~1e-16 of the
+# offset, which greedy picked as if they were information: 30 supports where 5
+# reproduce the relevance.)
+_INPUT_ROUNDING = 4
+
+
+def _greedy(X: torch.Tensor, k: int, *, tol: float, method: str,
+            raw_norms: torch.Tensor | None = None,
+            raw_eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`greedy_selection` on validated floating ``X``. ``raw_norms`` are the norms
+    of the items as given before centring (default: those of ``X``, in ``X``'s units)
+    and ``raw_eps`` the relative rounding of the given values (default: ``X``'s
+    epsilon)."""
     # a discrete selection, not differentiable: no graph (an X that requires grad made
     # torch warn when its scale was read as a Python float)
     X = X.detach()
@@ -199,16 +219,22 @@ def greedy_selection(
     if unit != 1.0:
         X = X / unit
     d0 = torch.einsum("ij,ij->i", X, X)  # no (N, n_q) temporary
+    raw_norms = d0.sqrt() if raw_norms is None else raw_norms.to(X) / unit
     tiny = torch.finfo(X.dtype).tiny
     floor = (tol * d0).clamp_min(tiny)
     alive = d0 > tiny
     picks: list[int] = []
     gains: list[torch.Tensor] = []
     deflation = _GramDeflation if method == "gram" else _LowRankDeflation
-    residual, basis, d_prev, noise = X, X.new_zeros((X.shape[1], 0)), d0, torch.zeros_like(d0)
+    residual, basis = X, X.new_zeros((X.shape[1], 0))
+    # the rounding of each item's values (as given, then as computed here), as a norm;
+    # an item whose residual is no larger than the rounding it keeps inside the span
+    # of the picks lies in that span and is not picked
+    eta = _INPUT_ROUNDING * max(raw_eps or 0.0, torch.finfo(X.dtype).eps) * raw_norms
+    noise = eta
     while len(picks) < k:
-        made = _greedy_pass(deflation(residual, k - len(picks)), k, alive, floor, picks,
-                            gains)
+        made = _greedy_pass(deflation(residual, k - len(picks)), k, alive,
+                            torch.maximum(floor, noise ** 2), picks, gains)
         if not made or len(picks) == k:
             break
         # The deflation updates cancel at the scale of the residual the pass started
@@ -216,13 +242,8 @@ def greedy_selection(
         # common component (relevance offset by 1e6) keep a residual 1e-12 of their
         # norm after the first pick, which the updates drowned (every later pick was
         # noise, or none was made)
-        # noise: the rounding each recomputation leaves in an item's residual, in no
-        # particular direction (it is never projected away); an item whose residual is
-        # no larger lies in the span of the picks
-        residual, basis, span_rtol = _explicit_residual(residual, basis, picks[-made:])
-        noise = noise + span_rtol * d_prev.sqrt()
-        d_prev = torch.einsum("ij,ij->i", residual, residual)
-        alive &= d_prev > noise ** 2
+        residual, basis = _explicit_residual(residual, basis, picks[-made:])
+        noise = _span_noise(X, picks, eta)
     if len(picks) < k and not getattr(_QUIET, "early_stop", False):
         warnings.warn(
             f"greedy support selection stopped after {len(picks)} of {k} items: the "
@@ -244,25 +265,27 @@ _PASS_RTOL = 1e-10
 
 
 def _explicit_residual(residual: torch.Tensor, basis: torch.Tensor,
-                       new: list[int]) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The rows of ``residual`` projected off the span of its rows ``new`` (and off
-    ``basis``, the orthonormal directions of earlier picks).
-
-    Returns the new residual, the extended basis and the rounding this step adds to a
-    residual, relative to the former one: the span of the picks is known to ``eps``
-    times the condition number of their (unit) residual vectors.
-    """
+                       new: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of ``residual`` projected off the span of its rows ``new`` and off
+    ``basis`` (the orthonormal directions of earlier picks), and the extended basis."""
     W = residual[new].T
     W = W / torch.linalg.vector_norm(W, dim=0)
     for _ in range(2):  # twice is enough (Kahan): orthogonal to the basis to rounding
         W = W - basis @ (basis.T @ W)
-    Q, T = torch.linalg.qr(W)
-    sv = torch.linalg.svdvals(T)
-    kappa = float(sv[0] / sv[-1])
+    Q = torch.linalg.qr(W).Q
     basis = torch.cat([basis, Q], dim=1)
     out = residual - (residual @ Q) @ Q.T
-    out = out - (out @ basis) @ basis.T
-    return out, basis, 64.0 * torch.finfo(residual.dtype).eps * kappa
+    return out - (out @ basis) @ basis.T, basis
+
+
+def _span_noise(X: torch.Tensor, picks: list[int], eta: torch.Tensor) -> torch.Tensor:
+    r"""The residual an item inside the span of the picks keeps from rounding:
+    :math:`\eta_i + \sum_s |c_{si}| \eta_s`, with :math:`\eta` each item's rounding and
+    :math:`c_{\cdot i}` its least-squares coefficients on the picked items (large when
+    the picks are nearly collinear, which amplifies their rounding)."""
+    Q, T = torch.linalg.qr(X[picks].T)
+    C = torch.linalg.solve_triangular(T, (X @ Q).T, upper=True)  # (t, N)
+    return eta + C.abs().T @ eta[picks]
 
 
 class _GramDeflation:
@@ -577,13 +600,29 @@ def select_support(
         gm = greedy_method
         if gm == "auto":
             gm = "lowrank"
-        i, s = greedy_selection(_item_features(Rt, center), k, tol=tol, method=gm)
+        # (the rounding of the given relevance, which centring does not remove; the
+        # norms in units where the squares of relevance near 1e300 do not overflow)
+        norm_unit = power_of_two_unit(amax / unit, 60)
+        raw_norms = (torch.linalg.vector_norm(Rt, dim=0) if norm_unit == 1.0 else
+                     torch.linalg.vector_norm(Rt / norm_unit, dim=0) * norm_unit)
+        i, s = _greedy(_item_features(Rt, center), k, tol=tol, method=gm,
+                       raw_norms=raw_norms, raw_eps=_relative_rounding(R))
         # (MSE decreases: squares of the relevance, inf beyond the float64 range)
         with np.errstate(over="ignore"):
             idx, scores = to_numpy(i), to_numpy(s) / (n_q * N) * unit * unit
     idx = np.asarray(idx, dtype=np.int64)
     scores = np.asarray(scores, dtype=np.float64)
     return (idx, scores) if return_scores else idx
+
+
+def _relative_rounding(R: Any) -> float:
+    """The epsilon of ``R``'s floating dtype (numpy or torch), else float64's."""
+    dtype = getattr(R, "dtype", None)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return float(torch.finfo(dtype).eps)
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        return float(np.finfo(dtype).eps)
+    return float(np.finfo(np.float64).eps)
 
 
 def check_support_indices(support: Any, n_items: int) -> np.ndarray:
