@@ -408,3 +408,16 @@ def test_fit_checks_the_relevance_matrix_for_nan_once(problem, monkeypatch, head
         np.testing.assert_array_equal(est.item_embeddings_, lin["embeddings"].numpy())
     with pytest.raises(ValueError, match="R contains NaN"):
         fit_linear_embeddings(torch.zeros(3, 1), torch.full((3, 2), float("nan")))
+
+
+def test_n_rerank_set_after_fit_is_checked_against_the_items():
+    rng = np.random.default_rng(0)
+    Q, items = rng.standard_normal((300, 5)), rng.standard_normal((80, 5))
+    heavy = lambda q, i: np.tanh(np.asarray(q) @ np.asarray(i).T)  # noqa: E731
+    m = RelevanceBasedRetriever(heavy, n_support=8, random_state=0).fit(Q[:100], items)
+    m.set_params(n_rerank=81)  # (80 items: fit refuses it; kneighbors clamped it)
+    with pytest.raises(ValueError, match=r"n_rerank=81 must be <= the number of items \(80\)"):
+        m.kneighbors(Q[100:101], 5)
+    m.set_params(n_rerank=80)  # every item re-ranked: exact search
+    idx = m.kneighbors(Q[100:103], 5, return_distance=False)
+    np.testing.assert_array_equal(idx, np.argsort(-heavy(Q[100:103], items), axis=1)[:, :5])

@@ -167,10 +167,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         The trained neural head (``head="mlp"``), in eval mode with ``requires_grad``
         off (``head_.requires_grad_(True)`` to fine-tune it).
     head_units_ : ndarray of shape (2,) or None
-        Units of the neural head's query input and scores (``head="mlp"``): powers of
-        two of the relevance when its largest magnitude is outside
-        :math:`[2^{-40}, 2^{40}]` (float32 range), else 1. ``None`` without a
-        neural head (``head="linear"``), as ``head_``.
+        Units of the neural head's query input and scores (``head="mlp"``): the power
+        of two at or below the training relevance's standard deviation (1 for the query
+        input when standardised), so that training does not depend on the
+        relevance's unit. ``None`` without a neural head (``head="linear"``, or no
+        support items: relevance constant over the queries), as ``head_``.
     head_shift_ : ndarray of shape (2,) or None
         Shifts of the neural head's query input and of its training relevance: the
         relevance's mean when that exceeds its standard deviation in magnitude, else
@@ -337,7 +338,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         # linear head, max_iter=0 or validation_fraction=0 and present after others, and
         # a refit without validation kept the previous fit's value)
         self.best_validation_hit_rate_: float | None = None
-        if self.head == "mlp":
+        # (no supports: relevance constant over the queries, which the item offsets of
+        # the linear model reproduce; a neural head has no input then)
+        if self.head == "mlp" and S.size > 0:
             R_val = R[torch.as_tensor(val_rows, device=self._device)]
             self._fit_mlp(R_fit, R_val, Sg, R_fit.mean(dim=0))
         return self
@@ -386,13 +389,15 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         std, mean = (float(t) * big for t in torch.std_mean(
             R_fit if big == 1.0 else R_fit / big, correction=0))
         shift = mean if abs(mean) > std else 0.0
-        # It works in units of a power of two of the (shifted) relevance when it is far
-        # from 1 (its scores scale back in float64): relevance of 1e40 overflowed
-        # float32 (NaN scores) and of 1e-60 flushed to 0. The scores are
+        # It works in units of the power of two at or below the relevance's spread (its
+        # scores scale back in float64), so training does not depend on the relevance's
+        # unit: Adam's step is absolute, and loss="mse" diverged on relevance of spread
+        # 1e-4 (HitRate@10 0.15 against 0.69 at spread 1); relevance of 1e40 overflowed
+        # float32 (NaN scores) and of 1e-60 flushed to 0. At least the smallest normal
+        # float64 (a subnormal unit's inverse overflowed: NaN scores). The scores are
         # <u, e> + offsets, with u scale-free and e in the relevance's units when
         # standardised, the other way round otherwise.
-        # (one pass over the relevance for its range, read for both units)
-        unit = power_of_two_unit(max(hi - shift, shift - lo), 40)
+        unit = max(power_of_two_unit(std, 0), 2.0 ** -1022)
         q_unit = 1.0 if bool(self.standardize) else unit
         # raw (unstandardised) query inputs carry the offset too: shifted as the targets,
         # which moves <shift 1, e_i> into the item offsets
@@ -487,7 +492,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             score_all = self.head_.all_items_scorer()
             if unit == 1.0 and shift == 0.0:
                 U32 = U.to(torch.float32)
-                return lambda a, b: score_all(U32[a:b])
+                # (float64 as the other heads and units: the dtype varied with the data)
+                return lambda a, b: score_all(U32[a:b]).double()
             U32 = ((U - q_shift) / float(q_unit)).to(torch.float32)
             return lambda a, b: score_all(U32[a:b]).double().mul_(float(unit)).add_(shift)
         E = torch.as_tensor(self.item_embeddings_, device=U.device)
@@ -512,8 +518,6 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         Returns
         -------
         ndarray of shape (n_queries, n_items), float64
-            (float32 with ``head="mlp"``, unless ``head_units_`` or ``head_shift_``
-            rescale its scores)
             Approximate scores: ``transform_queries(queries) @ transform_items().T +
             item_offsets_`` with the linear head, the neural head's scores with
             ``head="mlp"``. Higher means more relevant.
@@ -575,6 +579,9 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         if 0 < self.n_rerank < n_neighbors:
             raise ValueError(f"n_neighbors={n_neighbors} must be <= n_rerank={self.n_rerank} "
                              "when re-ranking.")
+        if self.n_rerank > self.n_items_:  # (as fit: set_params after fit was clamped)
+            raise ValueError(f"n_rerank={self.n_rerank} must be <= the number of items "
+                             f"({self.n_items_}).")
         U = self._standardize(self._query_support(queries))
         m = self.n_rerank if self.n_rerank > 0 else n_neighbors
         with torch.no_grad():
