@@ -117,6 +117,18 @@ def _dim_groups(shape: tuple, block_elements: int) -> list[slice]:
     return [slice(j, min(j + step, d)) for j in range(0, d, step)]
 
 
+def large_value_units(x: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
+    """Per column of ``x`` (reduced over ``axis``), the power of two at or below its
+    largest magnitude where that exceeds ``2**500``, else 1: dividing by it is exact,
+    and the squares and sums of the moments then stay finite (draws of 1e160 gave an
+    infinite variance, hence an infinite sd and a false "chains disagree" warning).
+    From the extremes: no temporary of the size of ``x``."""
+    with np.errstate(invalid="ignore"):
+        amax = np.fmax(np.abs(x.max(axis=axis)), np.abs(x.min(axis=axis)))
+    big = np.isfinite(amax) & (amax > 2.0**500)
+    return np.where(big, np.exp2(np.floor(np.log2(np.where(big, amax, 1.0)))), 1.0)
+
+
 def _split_half_blocks(x: np.ndarray, dims: slice, block_elements: int
                        ) -> Iterator[tuple[slice, np.ndarray]]:
     """``(chains, half)`` over the first and second halves of the chains of draws
@@ -127,9 +139,16 @@ def _split_half_blocks(x: np.ndarray, dims: slice, block_elements: int
     m, n, _ = x.shape
     half, k = n // 2, dims.stop - dims.start
     rows = block_rows_for(n * k, block_elements)
+    # (the diagnostics are scale-free; one unit per dimension for all the blocks)
+    unit = np.ones(k)
+    if m and n:
+        unit = np.fmax.reduce([large_value_units(x[start:start + rows, :, dims], (0, 1))
+                               for start in range(0, m, rows)])
     for start in range(0, m, rows):
         stop = min(start + rows, m)
         block = np.asarray(x[start:stop, :, dims], dtype=np.float64)
+        if (unit != 1.0).any():
+            block = block / unit
         yield slice(start, stop), block[:, :half]
         yield slice(m + start, m + stop), block[:, n - half:]
 

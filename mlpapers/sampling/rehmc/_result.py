@@ -15,6 +15,7 @@ from mlpapers._utils import user_stacklevel
 from mlpapers.sampling.rehmc._diagnostics import (
     EssKind,
     dim_blocks,
+    large_value_units,
     split_ess_classic,
     split_rhat_classic,
 )
@@ -220,7 +221,10 @@ class SampleResult:
         if x.shape[0] >= 2:
             worst = np.nanmax(split_rhat_classic(x), initial=1.0)
             if worst > threshold:
-                warnings.warn(f"the chains disagree (split R-hat {worst:.3g} > {threshold} in "
+                # (enough digits to show it above the threshold: "1.1 > 1.1" for 1.1004)
+                shown = next(f"{worst:.{p}g}" for p in range(3, 18)
+                             if float(f"{worst:.{p}g}") > threshold or p == 17)
+                warnings.warn(f"the chains disagree (split R-hat {shown} > {threshold} in "
                               "some dimension): the draws are not reliable. Run a longer "
                               "warm-up, use mass='diag' for badly scaled targets or "
                               "containers, or check result.rhat() and the trace.",
@@ -344,7 +348,9 @@ class SampleResult:
             block = flat[:, dims]
             q5[dims], med[dims], q95[dims] = np.quantile(block, [0.05, 0.5, 0.95], axis=0)
             if len(flat) > 1:
-                sd[dims] = block.std(0, ddof=1, dtype=np.float64)
+                unit = large_value_units(block, 0)
+                sd[dims] = (block.std(0, ddof=1, dtype=np.float64) if (unit == 1.0).all()
+                            else (block / unit).std(0, ddof=1, dtype=np.float64) * unit)
         return SampleSummary({
             "mean": mean,
             "sd": sd,

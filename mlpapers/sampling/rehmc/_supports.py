@@ -777,7 +777,8 @@ class Ellipsoid(ConvexContainer):
         w = 0.9 * r * w / w.norm(dim=1, keepdim=True).clamp_min(1e-300)
         lam, V = np.linalg.eigh(self.E)
         inv_sqrt = (V / np.sqrt(lam)) @ V.T  # E^{-1/2}, symmetric
-        return torch.as_tensor(self.center) + w @ torch.as_tensor(inv_sqrt)
+        # (a copy: the read-only centre made torch warn of a non-writable array)
+        return torch.tensor(self.center, dtype=torch.float64) + w @ torch.as_tensor(inv_sqrt)
 
 
 def _quadratic_exit(a: Tensor, b: Tensor, c: Tensor) -> Tensor:

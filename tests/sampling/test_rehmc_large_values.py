@@ -1,0 +1,57 @@
+"""Draws beyond 1e154, the Ellipsoid's start and the convergence message.
+
+Regressions: the moments of draws of 1e160 overflowed (squares beyond float64), so the
+classic split R-hat was inf (a false "the chains disagree" warning), ``summary()``
+reported ``sd = inf`` and numpy's overflow warnings leaked; an Ellipsoid run without
+``x0`` made torch warn of a non-writable array; the warning printed "1.1 > 1.1".
+"""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from mlpapers.sampling import Box, Ellipsoid, ReflectiveHMC
+from mlpapers.sampling.rehmc._diagnostics import split_ess_classic, split_rhat_classic
+
+
+@pytest.mark.parametrize("scale", [2.0**520, 1e300])
+def test_classic_diagnostics_do_not_depend_on_the_scale_of_the_draws(scale):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 200, 3)).cumsum(axis=1)  # autocorrelated chains
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        big_rhat, big_ess = split_rhat_classic(x * scale), split_ess_classic(x * scale)
+    np.testing.assert_allclose(big_rhat, split_rhat_classic(x), rtol=1e-12)
+    np.testing.assert_allclose(big_ess, split_ess_classic(x), rtol=1e-9)
+
+
+def test_a_huge_box_is_summarised_without_overflow_or_false_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = ReflectiveHMC(lambda x: 0 * x.sum(-1), Box(0.0, 1e160, dim=2),
+                            step_size=3e159, n_leapfrog=3, random_state=0
+                            ).sample(500, warmup=100)
+        sd = res.summary()["sd"]
+    ref = (res.samples / 1e160).std(axis=(0, 1), ddof=1) * 1e160
+    np.testing.assert_allclose(sd, ref, rtol=1e-9)
+    # uniform on [0, 1e160]: sd 1e160 / sqrt(12)
+    np.testing.assert_allclose(sd, 1e160 / np.sqrt(12), rtol=0.1)
+
+
+def test_an_ellipsoid_run_without_x0_makes_no_torch_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Ellipsoid([0., 0.], np.eye(2)),
+                            random_state=0).sample(200, warmup=200)
+    assert res.samples.shape[-1] == 2
+
+
+def test_the_convergence_warning_shows_a_value_above_the_threshold():
+    with pytest.warns(RuntimeWarning, match="the chains disagree") as rec:
+        ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box(-1.0, 1.0, dim=2), n_leapfrog=3,
+                      random_state=0).sample(5, x0=[0, 0], warmup=5)
+    msg = next(str(w.message) for w in rec if "disagree" in str(w.message))
+    shown, threshold = re.search(r"split R-hat (\S+) > (\S+) in", msg).groups()
+    assert float(shown) > float(threshold), msg
