@@ -288,6 +288,12 @@ class _FederatedInferenceMixin:
         -------
         float
             The mean over clients of their scores (higher is better).
+
+        Raises
+        ------
+        ValueError
+            Labels of another kind (strings vs numbers) than in fit, targets of another
+            width, or a client of fewer than 2 samples for :math:`R^2`.
         """
         self._check_fitted()
         if isinstance(clients, (list, tuple)):
@@ -302,6 +308,21 @@ class _FederatedInferenceMixin:
         ys = fed.ys
         if self.loss_ == "cross_entropy":
             check_class_label_shapes(cast(list, ys))
+            # (string predictions against integer labels matched nowhere: accuracy 0.0)
+            fitted = _label_kind(self.classes_)
+            for i, y in enumerate(cast(list, ys)):
+                if len(y) and _label_kind(y) != fitted:
+                    raise ValueError(f"the labels of client {i} are {_label_kind(y)}s, but "
+                                     f"{type(self).__name__} was fitted on {fitted}s.")
+        elif self.loss_ == "mse" and ys is not None:
+            for i, y in enumerate(ys):
+                width = 1 if np.ndim(y) == 1 else int(np.shape(y)[1])
+                if width != self.n_outputs_:
+                    raise ValueError(f"y of client {i} has {width} output(s) per sample, but "
+                                     f"{type(self).__name__} was fitted on {self.n_outputs_}.")
+                if len(y) < 2:  # (sklearn's R^2 was NaN with a warning, and so the mean)
+                    raise ValueError(f"score needs at least 2 samples per client for R^2; "
+                                     f"client {i} has {len(y)}.")
         scores = []
         for i, X in enumerate(fed.Xs):
             pred = self._predict_with(self._model_for(i, None), X)
@@ -312,3 +333,12 @@ class _FederatedInferenceMixin:
             else:  # mse
                 scores.append(float(r2_score(ys[i], pred)))
         return float(np.mean(scores))
+
+
+def _label_kind(labels: Any) -> str:
+    """``"string"`` or ``"number"``: the kind of class labels, for comparing them."""
+    a = np.asarray(labels)
+    if a.dtype.kind in "US" or (a.dtype.kind == "O" and a.size
+                                and isinstance(a.flat[0], str)):
+        return "string"
+    return "number"
