@@ -22,6 +22,7 @@ from mlpapers.retrieval.amips._exact import (
 from mlpapers.retrieval.amips._kernels import Metric, _KeyStats, match_rate
 from mlpapers.retrieval.amips._networks import AMIPSNetwork
 from mlpapers.retrieval.amips._retrieve import (
+    check_predicted_keys,
     float32_similarities,
     predict_top1,
     retrieve,
@@ -405,7 +406,8 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             ``database_`` (``key_mean_`` added back with ``center_keys``).
         """
         Q = self._queries(X)
-        return self._to_numpy(uncentre(self, Q, None, score_and_key(self, Q)[1])[1])
+        return self._to_numpy(check_predicted_keys(
+            uncentre(self, Q, None, score_and_key(self, Q)[1])[1]))
 
     @fill_doc(X=_QUERIES_X)
     def transform(self, X: ArrayLike) -> np.ndarray:
@@ -425,7 +427,7 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             ``database_``, or ``database_ - key_mean_`` with ``center_keys``).
         """
         # (the model's own coordinates: no round trip through + key_mean_ - key_mean_)
-        return self._to_numpy(score_and_key(self, self._queries(X))[1])
+        return self._to_numpy(check_predicted_keys(score_and_key(self, self._queries(X))[1]))
 
     @fill_doc(X=_QUERIES_X)
     def value(self, X: ArrayLike) -> np.ndarray:
@@ -497,6 +499,9 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
             If ``return_distance`` and a returned similarity does not fit float32
             (beyond ``3.4e38``), as :meth:`ExactMIPS.kneighbors`; the indices
             (``return_distance=False``) and :meth:`predict` are still available.
+            Also where a predicted key is not finite (the network's output overflows
+            float32 at that scale of queries or keys), unless every key is ranked
+            (``n_neighbors`` or ``n_candidates`` = the number of keys).
         """
         check_bool(return_distance, "return_distance")
         Q = self._queries(X)

@@ -8,6 +8,8 @@ and the parameters and calls these functions with validated ``(n, d)`` float32 t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -18,13 +20,16 @@ __all__ = ["float32_similarities", "predict_top1", "rank_by_predicted_key", "rer
            "retrieve", "score_and_key", "uncentre"]
 
 
-def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def score_and_key(est, Q: torch.Tensor, key_units: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Value (n,) and key (n, d) of the fitted ``est`` in the data's units, in the
     coordinates of the training: centred (``sigma_{K-m}`` and ``k - m``) when the
     estimator was fitted with ``center_keys`` (see :func:`uncentre`).
 
     The network works in scaled units: it takes ``x / query_scale_`` and predicts keys
-    ``k / key_scale_``; queries are fed in chunks of ``est.batch_size``.
+    ``k / key_scale_``; queries are fed in chunks of ``est.batch_size``. With
+    ``key_units`` the keys are returned in those units (``k / key_scale_``), which do not
+    overflow where ``k`` itself leaves float32.
     """
     # (getattr: files and pickles from before the training units hold none: unit 1)
     ks, qs = getattr(est, "key_scale_", 1.0), getattr(est, "query_scale_", 1.0)
@@ -38,12 +43,24 @@ def score_and_key(est, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         v, k = est.model_.score_and_key(Q[rows] / qs)
         for u in units:
             v = v * u
-        return v, k * ks
+        return v, (k if key_units else k * ks)
 
     # written into one preallocated output: lists of the blocks and their concatenation
     # held the (n, d) keys twice
     with torch.no_grad():
         return collect_row_blocks(block, Q.shape[0], est.batch_size)
+
+
+def check_predicted_keys(key: torch.Tensor | None) -> torch.Tensor:
+    """``key`` when every entry is finite, else a ``ValueError``: an infinite or NaN
+    predicted key ranked every database key alike (``predict`` returned index 0)."""
+    assert key is not None
+    # (from the extremes, NaN included: no mask of the size of the keys)
+    if key.numel() and not all(map(math.isfinite, torch.aminmax(key))):
+        raise ValueError("the predicted keys of some queries are not finite (the network's "
+                         "output overflows float32 at this scale of queries or keys); "
+                         "rescale the queries or the keys, or use ExactMIPS.")
+    return key
 
 
 def uncentre(est, Q: torch.Tensor, value: torch.Tensor | None,
@@ -72,7 +89,12 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
     """
     k = int(n_neighbors)
     keys = est._keys()
-    _, key_hat = score_and_key(est, Q)
+    # the predicted keys in the network's units, k / ks: multiplied by ks (then divided
+    # again below) they overflowed float32 for keys of 1e20 (ks = 2**66), and every
+    # key ranked alike (predict returned index 0)
+    _, key_hat = score_and_key(est, Q, key_units=True)
+    if k < keys.shape[0]:  # (ranking every key, the order of the scores is not used)
+        check_predicted_keys(key_hat)
     # the ranking is in the coordinates of the training: with center_keys the centred
     # keys (the same ranking for "ip", <k_hat, k_j - m> = <k_hat, k_j> - <k_hat, m>,
     # but without the float32 cancellation of a large offset; "l2" compares the
@@ -93,10 +115,10 @@ def rank_by_predicted_key(est, Q: torch.Tensor, n_neighbors: int, return_distanc
         # divided once, the products ~ ||k|| are rescaled by the search itself)
         # (in place: key_hat is not used again, and a scaled copy held the (n, d)
         # predicted keys twice)
-        k_hat = key_hat.div_(ks).div_(ks) if 2.0**-60 <= ks <= 2.0**60 else key_hat.div_(ks)
+        k_hat = key_hat.div_(ks) if 2.0**-60 <= ks <= 2.0**60 else key_hat
         ranked_keys = ranked
     else:
-        k_hat, ranked_keys = key_hat.div_(ks), ranked / ks
+        k_hat, ranked_keys = key_hat, ranked / ks
         stats = _KeyStats(ranked_keys, amax=stats.amax / ks)  # exact: ks is a power of 2
     idx = _rank_by_key(k_hat, ranked_keys, k, est.retrieval, est.search_batch_size, stats)
     if not return_distance:
