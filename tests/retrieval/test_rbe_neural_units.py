@@ -14,14 +14,11 @@ import pytest
 
 from mlpapers.retrieval.rbe import RelevanceBasedRetriever
 
+from .test_rbe_numerics import _heavy_problem
+
 
 def _problem():
-    rng = np.random.default_rng(0)
-    Q, items = rng.standard_normal((300, 5)), rng.standard_normal((80, 5))
-
-    def heavy(q, i):
-        return np.tanh(np.asarray(q) @ np.asarray(i).T)
-    return Q, items, heavy
+    return _heavy_problem(300, 80, 5)
 
 
 def _mlp(heavy, **kw):

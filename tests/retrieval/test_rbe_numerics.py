@@ -160,9 +160,10 @@ def test_all_supports_reproduce_the_training_relevance():
         np.testing.assert_allclose(pred, R, atol=1e-12)
 
 
-def _heavy_problem():
+def _heavy_problem(n_queries=80, n_items=60, dim=6):
+    """Queries, items and a tanh-of-inner-product heavy ranker (also used elsewhere)."""
     rng = np.random.default_rng(0)
-    Q, items = rng.standard_normal((80, 6)), rng.standard_normal((60, 6))
+    Q, items = rng.standard_normal((n_queries, dim)), rng.standard_normal((n_items, dim))
 
     def heavy(q, i):
         return np.tanh(np.asarray(q) @ np.asarray(i).T)
