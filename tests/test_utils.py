@@ -623,3 +623,18 @@ def test_check_real_refuses_complex_tensors_arrays_and_lists_by_name(value):
                                    torch.tensor([True])])
 def test_check_real_passes_real_values(value):
     assert check_real(value, "spam") is None
+
+
+def test_power_of_two_units_is_the_scalar_rule_elementwise_and_never_above_amax():
+    from mlpapers._utils import power_of_two_unit, power_of_two_units
+
+    just_below = [2.0**k * (1 - 2.0**-53) for k in (40, 600, -600)]
+    amax = np.array([0.0, 3.0, 1e-320, 7e40, 1e300, np.nan, np.inf, *just_below])
+    units = power_of_two_units(amax, 30)
+    assert units.shape == amax.shape
+    assert list(units[[0, 1, 5, 6]]) == [1.0, 1.0, 1.0, 1.0]
+    big = units != 1.0
+    assert big.sum() == 6
+    assert np.all(units[big] <= amax[big]) and np.all(amax[big] < 2 * units[big])
+    assert np.all(np.frexp(units)[0] == 0.5)
+    assert [power_of_two_unit(a, 30) for a in amax] == list(units)

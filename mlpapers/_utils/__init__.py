@@ -21,7 +21,7 @@ from mlpapers._utils._random import (
     make_generators,
 )
 from mlpapers._utils._typing import ArrayLike, RandomStateLike
-from mlpapers._utils._units import power_of_two_unit, row_power_of_two
+from mlpapers._utils._units import power_of_two_unit, power_of_two_units, row_power_of_two
 from mlpapers._utils._validation import (
     check_bool,
     check_finite,
@@ -76,6 +76,7 @@ __all__ = [
     "holds_only_zero_one",
     "make_generators",
     "power_of_two_unit",
+    "power_of_two_units",
     "row_power_of_two",
     "probe_module",
     "reject_flat_image_table",

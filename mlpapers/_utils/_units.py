@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 
 def power_of_two_unit(amax: float, max_exponent: int) -> float:
@@ -16,9 +18,20 @@ def power_of_two_unit(amax: float, max_exponent: int) -> float:
     range; data already near unit scale is left untouched. ``amax <= 0`` (all-zero
     data) gives 1.
     """
-    if amax > 0.0 and not 2.0 ** -max_exponent <= amax <= 2.0 ** max_exponent:
-        return 2.0 ** math.floor(math.log2(amax))
-    return 1.0
+    return float(power_of_two_units(np.float64(amax), max_exponent))
+
+
+def power_of_two_units(amax: ArrayLike, max_exponent: int) -> np.ndarray:
+    """:func:`power_of_two_unit` elementwise over an array of magnitudes (one unit per
+    column of data, say); zero, NaN and infinite magnitudes give 1. The power is read
+    off the binary exponent (``frexp``), so it is never above ``amax``: ``log2`` rounds
+    values just below ``2**e`` up to ``e``."""
+    amax = np.asarray(amax, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        outside = np.isfinite(amax) & (amax > 0) & ~(
+            (amax >= 2.0 ** -max_exponent) & (amax <= 2.0 ** max_exponent))
+    exponent = np.frexp(np.where(outside, amax, 1.0))[1] - 1
+    return np.where(outside, np.ldexp(1.0, exponent), 1.0)
 
 
 def row_power_of_two(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -55,3 +55,12 @@ def test_the_convergence_warning_shows_a_value_above_the_threshold():
     msg = next(str(w.message) for w in rec if "disagree" in str(w.message))
     shown, threshold = re.search(r"split R-hat (\S+) > (\S+) in", msg).groups()
     assert float(shown) > float(threshold), msg
+
+
+def test_classic_diagnostics_of_tiny_draws_do_not_underflow():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 200, 3)).cumsum(axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny_rhat = split_rhat_classic(x * 1e-170)
+    np.testing.assert_allclose(tiny_rhat, split_rhat_classic(x), rtol=1e-12)

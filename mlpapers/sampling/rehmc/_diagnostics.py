@@ -27,7 +27,13 @@ from typing import Literal, TypeAlias, get_args
 import numpy as np
 from scipy.special import ndtri
 
-from mlpapers._utils import ArrayLike, check_in_options, check_real, to_numpy
+from mlpapers._utils import (
+    ArrayLike,
+    check_in_options,
+    check_real,
+    power_of_two_units,
+    to_numpy,
+)
 from mlpapers._utils._blocks import BLOCK_ELEMENTS as DEFAULT_BLOCK_ELEMENTS
 from mlpapers._utils._blocks import block_rows_for
 
@@ -119,14 +125,14 @@ def _dim_groups(shape: tuple, block_elements: int) -> list[slice]:
 
 def large_value_units(x: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
     """Per column of ``x`` (reduced over ``axis``), the power of two at or below its
-    largest magnitude where that exceeds ``2**500``, else 1: dividing by it is exact,
-    and the squares and sums of the moments then stay finite (draws of 1e160 gave an
-    infinite variance, hence an infinite sd and a false "chains disagree" warning).
-    From the extremes: no temporary of the size of ``x``."""
+    largest magnitude where that lies outside ``[2**-500, 2**500]``, else 1: dividing
+    by it is exact, and the squares and sums of the moments then neither overflow nor
+    underflow (draws of 1e160 gave an infinite variance, hence an infinite sd and a
+    false "chains disagree" warning). From the extremes: no temporary of the size of
+    ``x``."""
     with np.errstate(invalid="ignore"):
         amax = np.fmax(np.abs(x.max(axis=axis)), np.abs(x.min(axis=axis)))
-    big = np.isfinite(amax) & (amax > 2.0**500)
-    return np.where(big, np.exp2(np.floor(np.log2(np.where(big, amax, 1.0)))), 1.0)
+    return power_of_two_units(amax, 500)
 
 
 def _split_half_blocks(x: np.ndarray, dims: slice, block_elements: int
