@@ -32,28 +32,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not algos:
         print("No algorithms are registered yet: nothing to demo.")
         return 0
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     names = args.names or list(algos)
     unknown = [n for n in names if n not in algos]
     if unknown:
         print(f"unknown algorithm(s): {', '.join(unknown)}; choose from {', '.join(algos)}",
               file=sys.stderr)
         return 2
+    import torch
+
+    # --threads for the demos only: main() may be called from a user's own process,
+    # whose thread count is left as it was
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     rows = []
-    for name in names:
-        start = time.perf_counter()
-        results = algos[name].demo(args.quick)
-        elapsed = time.perf_counter() - start
-        for r in results:
-            rows.append([
-                name, r.method, r.baseline, r.metric + (" (↑)" if r.higher_is_better else " (↓)"),
-                f"{r.value:.4g}", f"{r.baseline_value:.4g}",
-                f"{r.time_s:.2f}", f"{r.baseline_time_s:.2f}",
-            ])
-        print(f"[{name}] done in {elapsed:.1f} s", file=sys.stderr)
+    try:
+        for name in names:
+            start = time.perf_counter()
+            results = algos[name].demo(args.quick)
+            elapsed = time.perf_counter() - start
+            for r in results:
+                rows.append([
+                    name, r.method, r.baseline,
+                    r.metric + (" (↑)" if r.higher_is_better else " (↓)"),
+                    f"{r.value:.4g}", f"{r.baseline_value:.4g}",
+                    f"{r.time_s:.2f}", f"{r.baseline_time_s:.2f}",
+                ])
+            print(f"[{name}] done in {elapsed:.1f} s", file=sys.stderr)
+    finally:
+        torch.set_num_threads(threads)
     print(_table(["algorithm", "method", "baseline", "metric", "ours", "baseline value",
                   "ours time (s)", "baseline time (s)"], rows))
     return 0

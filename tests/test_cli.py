@@ -22,23 +22,30 @@ def test_list_and_demo_run(capsys):
 def test_demo_table_with_a_registered_demo(capsys, monkeypatch):
     monkeypatch.setattr(_registry, "_REGISTRY", {})
 
+    import torch
+
+    seen = []
+
     @register("toy", module="mlpapers.toy", estimator="Toy", paper="A toy", arxiv="0000.00000")
     def _demo(quick):
+        seen.append(torch.get_num_threads())
         return [DemoResult("toy", "base", "accuracy", 0.9, 0.5, 0.01, 0.02)]
 
     monkeypatch.setattr(_registry, "discover", lambda: dict(_registry._REGISTRY))
     monkeypatch.setattr("mlpapers.cli.discover", _registry.discover)
-    import torch
-
     before = torch.get_num_threads()
     try:
+        torch.set_num_threads(2)
         assert main(["demo", "toy", "--quick", "--threads", "1"]) == 0
-        assert torch.get_num_threads() == 1
+        # the demo ran on 1 thread; the caller's count is restored (main may run inside
+        # a user's process), also when the names are refused before any demo runs
+        assert seen == [1] and torch.get_num_threads() == 2
+        out = capsys.readouterr().out
+        assert "| toy" in out and "0.9" in out and "accuracy (↑)" in out
+        assert main(["demo", "nope", "--threads", "1"]) == 2
+        assert seen == [1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    out = capsys.readouterr().out
-    assert "| toy" in out and "0.9" in out and "accuracy (↑)" in out
-    assert main(["demo", "nope"]) == 2
 
 
 def test_module_entry_point():

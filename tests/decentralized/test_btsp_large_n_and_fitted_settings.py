@@ -152,3 +152,25 @@ def test_callers_without_the_parameter_suggest_the_function_only(call):
 def test_callers_with_the_parameter_suggest_it_too(call):
     with pytest.raises(ValueError, match=r"metric_closure\(delays\) or metric_closure=True"):
         call(_link())
+
+
+# -- DecentralizedSGD predicts with the model it fitted --------------------------------
+@pytest.mark.parametrize("fitted, other", [("logistic", "mlp"), ("mlp", "logistic")])
+def test_dsgd_predicts_with_the_fitted_model_after_set_params(tmp_path, fitted, other):
+    # params_ hold the fitted architecture's weights: predict built the new model and
+    # ran it with its missing weights uninitialised (NaN or constant probabilities,
+    # or an AttributeError), and save wrote a file that loaded into another model
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 4))
+    y = (X[:, 0] + X[:, 1] > 0).astype(int)
+    est = DecentralizedSGD(model=fitted, n_nodes=4, n_rounds=10, hidden=8, lr=0.5,
+                           random_state=0).fit(X, y)
+    before = est.predict_proba(X)
+    est.set_params(model=other, hidden=16)
+    np.testing.assert_array_equal(est.predict_proba(X), before)
+    with pytest.raises(ValueError, match="model="):
+        est.save(tmp_path / "m.pt")
+    est.set_params(model=fitted)
+    est.save(tmp_path / "m.pt")
+    np.testing.assert_array_equal(DecentralizedSGD.load(tmp_path / "m.pt").predict_proba(X),
+                                  before)

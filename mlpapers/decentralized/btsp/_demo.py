@@ -39,6 +39,12 @@ def demo(quick: bool) -> list[DemoResult]:
     D = make_delay_matrix(n, "backbone", random_state=0)
     results = []
     fits = {}
+    # one-time costs (lazy imports, torch's first kernels) are paid here, not by
+    # whichever timed run comes first (ours: the first DSGD row took 0.8 s against
+    # 0.2 s once warm)
+    BottleneckNodeAssigner(random_state=0).fit(make_delay_matrix(8, random_state=0))
+    X, y = load_digits(return_X_y=True)
+    DecentralizedSGD(n_nodes=4, n_rounds=2, random_state=0).fit(X[:64] / 16.0, y[:64])
     for topology in ("ring", "one_peer_exponential", "exponential"):
         t0 = time.perf_counter()
         est = BottleneckNodeAssigner(topology=topology, random_state=0).fit(D)
@@ -56,7 +62,6 @@ def demo(quick: bool) -> list[DemoResult]:
     # decentralized SGD on digits (Dirichlet non-IID over n_dsgd nodes), same simulated budget
     n_dsgd = 32 if quick else 64
     Dd = make_delay_matrix(n_dsgd, "backbone", random_state=1)
-    X, y = load_digits(return_X_y=True)
     Xtr, Xte, ytr, yte = train_test_split(X / 16.0, y, test_size=0.3, random_state=0)
     topology, compute = "one_peer_exponential", 20.0
     est = BottleneckNodeAssigner(topology=topology, random_state=0).fit(Dd)

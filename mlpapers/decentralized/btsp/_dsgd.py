@@ -274,6 +274,9 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                                "eval_set": metadata_routing.UNUSED}
     __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
 
+    # load rebuilds the built-in model from ``model`` (params_ carry the widths)
+    _REBUILD_PARAMS = ("model",)
+
     def __init__(self, *, model: Literal["logistic", "mlp"] | nn.Module = "logistic",
                  topology: TopologyLike = "exponential", assignment: ArrayLike | None = None,
                  delays: ArrayLike | None = None, n_nodes: int | None = None,
@@ -550,11 +553,17 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if getattr(local, "device", None) != device:
             template = getattr(self, "_architecture", None)
             if template is None:  # a built-in model (or an older pickle)
-                template = _build_module(self.model, self.n_features_in_,
+                template = _build_module(self._fitted_model(), self.n_features_in_,
                                          len(self.classes_), int(self.hidden))
             local.module = copy.deepcopy(template).to(device).eval()
             local.device = device
         return local.module
+
+    def _fitted_model(self) -> str | nn.Module:
+        """``model`` as it was at fit: ``params_`` hold that architecture's weights
+        (set to another model after fit, predict built the new one and ran it with
+        missing weights left uninitialised: NaN or constant probabilities)."""
+        return getattr(self, "_fitted_rebuild_params", {}).get("model", self.model)
 
     def _logits(self, X) -> torch.Tensor:
         X = self._validate_data(X, reset=False, dtype=torch.float32)
@@ -565,7 +574,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # buffers: the module's own are used)
         state = {k: v.to(X.device) for k, v in
                  (*self.params_.items(), *getattr(self, "buffers_", {}).items())}
-        if isinstance(self.model, nn.Module):  # it may modify its input in place
+        if isinstance(self._fitted_model(), nn.Module):  # it may modify its input in place
             X = X.clone()
         with torch.no_grad():  # float32 as documented, also for a float64 output
             return functional_call(module, state, (X,), strict=False).float()
