@@ -87,3 +87,21 @@ def test_patchcore_rejects_features_whose_distances_overflow():
                             random_state=0).fit(X)
     np.testing.assert_allclose(big.score_samples(X + 0.2), 2.0**40 * small.score_samples(X + 0.2),
                                rtol=1e-4)
+
+
+def test_patchcore_rejects_features_whose_distances_underflow():
+    # features near 1e-25 gave float32 squared distances below the normal range: every
+    # score was exactly 0 (AUROC 0.5) with no warning; the error names the fix, and a
+    # small but safe scale keeps scores proportional to the scale
+    from mlpapers.anomaly.rad import PatchCoreDetector
+
+    rng = np.random.default_rng(0)
+    X = rng.random((6, 16, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="underflow; rescale the extractor's outputs"):
+        PatchCoreDetector(extractor=_scaled_extractor(1e-25), image_size=16).fit(X)
+    small = PatchCoreDetector(extractor=_scaled_extractor(2.0**-50), image_size=16,
+                              random_state=0).fit(X)
+    unit = PatchCoreDetector(extractor=_scaled_extractor(1.0), image_size=16,
+                             random_state=0).fit(X)
+    np.testing.assert_allclose(small.score_samples(X + 0.2),
+                               2.0**-50 * unit.score_samples(X + 0.2), rtol=1e-4)

@@ -208,3 +208,17 @@ def test_layer_weights_near_the_float_range_are_normalised():
     plain = RADDetector(layer_weights=[1.0, 1.0], **kw).fit(X_train)
     np.testing.assert_array_equal(huge.layer_weights_, [0.5, 0.5])
     np.testing.assert_array_equal(huge.score_samples(X_test), plain.score_samples(X_test))
+
+
+@pytest.mark.parametrize("other", [np.uint8, np.int64, np.float32])
+def test_each_image_of_a_list_keeps_its_own_pixel_rule(other):
+    # booleans are 0/1 and integers are divided by 255, per image: a boolean image
+    # listed with a uint8 one was stacked into uint8 and divided by 255 (1 -> 1/255)
+    b = np.zeros((16, 16), bool)
+    b[4:12, 4:12] = True
+    o = b.astype(other) * (1 if other == np.float32 else 255)
+    alone = check_images([b])
+    mixed = check_images([b, o])
+    torch.testing.assert_close(mixed[0], alone[0])
+    torch.testing.assert_close(mixed[1], alone[0])
+    assert float(alone.amax()) == 1.0

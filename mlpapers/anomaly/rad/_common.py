@@ -621,6 +621,10 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
                              "normal) holding both classes; the AUROC is undefined "
                              f"otherwise, got values {np.unique(y)[:5].tolist()} of shape "
                              f"{y.shape}.")
+        n_images = _image_count(X)
+        if n_images is not None and n_images != len(y):  # (before the extraction)
+            raise ValueError(f"y has {len(y)} labels, but X holds {n_images} images: "
+                             "pass one label per image.")
         return float(roc_auc_score(y, self.decision_function(X)))
 
     # -- persistence ----------------------------------------------------------
@@ -714,3 +718,17 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         # them; scikit-learn's checks feed 2D tabular data, which has no spatial
         # layout to extract patches from, so the checks do not apply.
         return []
+
+
+def _image_count(X: Any) -> int | None:
+    """The number of images ``X`` holds, read off its length without validating it;
+    ``None`` where that is not plain (a 3-D array whose last axis has 3 or 4 entries
+    may be one ``(H, W, C)`` image, which the validation refuses with its own message)."""
+    if isinstance(X, (list, tuple)):
+        return len(X)
+    shape = getattr(X, "shape", None)
+    if shape is None:
+        return None
+    if len(shape) == 4 or (len(shape) == 3 and shape[-1] not in (3, 4)) or len(shape) == 1:
+        return int(shape[0])
+    return None

@@ -253,7 +253,9 @@ class RADDetector(BaseImageDetector):
                 w = np.asarray(to_numpy(self.layer_weights), dtype=float)
             except (TypeError, ValueError):  # strings, ragged lists
                 raise ValueError(message) from None
-            if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            # (w.max(), not w.sum(): a sum of weights near 1e308 overflowed, with a warning)
+            if (w.ndim != 1 or not w.size or not np.all(np.isfinite(w)) or np.any(w < 0)
+                    or not w.max() > 0):
                 raise ValueError(message)
 
     # -- memory ---------------------------------------------------------------

@@ -52,7 +52,11 @@ def _open_image_file(path: str | bytes | os.PathLike, name: str):
     except ImportError as exc:  # pragma: no cover - Pillow ships with matplotlib/sklearn users
         raise ImportError(f"{name} holds file paths; reading image files needs Pillow "
                           "(pip install pillow). Or pass the images as arrays.") from exc
-    return Image.open(os.fsdecode(path))
+    try:
+        return Image.open(os.fsdecode(path))
+    except Image.UnidentifiedImageError as exc:  # (an OSError: not a missing path)
+        raise ValueError(f"{name} holds {os.fsdecode(path)!r}, which is not an image file "
+                         "Pillow can read.") from exc
 
 
 def _read_image_file(path: str | bytes | os.PathLike, name: str) -> np.ndarray:
@@ -281,7 +285,9 @@ def _validate_images(X: Any, name: str = "X", size=None
                 out.append(_resize(_unit_rgb(t), size))
             return torch.cat(out), sizes
         kinds = {a.dtype.kind for a in arrays}
-        if "f" in kinds and kinds & set("biu"):  # 8-bit items next to float items
+        # integer items next to float or boolean ones: np.stack would give them one
+        # dtype, read by one rule (booleans of a list with uint8 images became 0 or 1/255)
+        if len(kinds & set("biuf")) > 1 and kinds & set("bf"):
             arrays = [a if a.dtype.kind == "f" else
                       _pixels_to_unit(torch.from_numpy(torch_compatible_array(a)), name).numpy()
                       for a in arrays]

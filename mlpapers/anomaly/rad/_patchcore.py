@@ -157,6 +157,16 @@ class PatchCoreDetector(BaseImageDetector):
         dev = self._resolved_device
         emb = self._embed(feats).to(dev)
         n, L, C = emb.shape
+        # below this magnitude the squared distances between training features (and to
+        # the memory later) fall under float32's normal range before their rounding
+        # does: they came out coarsely rounded, or all 0 (every score equal)
+        floor = math.sqrt(torch.finfo(torch.float32).tiny / torch.finfo(torch.float32).eps)
+        top = float(emb.abs().amax()) if emb.numel() else 0.0
+        if 0.0 < top < floor:
+            raise ValueError(f"the extractor's features reach magnitude {top:.4g} only, below "
+                             f"{floor:.3g} where PatchCore's float32 squared distances "
+                             "underflow; rescale the extractor's outputs (e.g. multiply "
+                             "them by a constant: the nearest neighbours do not change).")
         self.grid_shape_ = (int(feats[0].shape[2]), int(feats[0].shape[3]))
         flat = emb.reshape(n * L, C)
         ids = torch.arange(n, device=dev).repeat_interleave(L)
