@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 import torch
+from sklearn.exceptions import ConvergenceWarning
 
 from mlpapers._utils import (
     ArrayLike,
@@ -14,6 +16,7 @@ from mlpapers._utils import (
     check_learning_rate,
     check_positive,
     to_numpy,
+    user_stacklevel,
 )
 from mlpapers.optim.scent._loss import METHODS, EntropicRiskLoss, check_dual_params
 from mlpapers.optim.scent._sparse_input import SparseArrayLike
@@ -107,6 +110,22 @@ def surrogate_overflow(name: str, method: str, epoch: int, ratio: str) -> Floati
     return FloatingPointError(
         f"{name}(method={method!r}) diverged at epoch {epoch}: the surrogate overflowed "
         f"float32 ({ratio} too large); lower lr, or raise {ratio.split(' / ')[-1]}.")
+
+
+def warn_if_worse_than_start(est, start: float, end: float, start_name: str) -> None:
+    """Warn when a fit ended above its starting objective (a too large ``lr``).
+
+    Both values are the exact float64 objective on the training data, so they compare
+    directly; the tolerance (1e-3 of ``|start| + lam``, the objective's scale) is far
+    above the float32 SGD's rounding near a converged start (at most ~1e-5 relative
+    over the test suite) and far below a divergence (x 1e9).
+    """
+    if end > start + 1e-3 * (abs(start) + float(est.lam)):
+        warnings.warn(
+            f"{type(est).__name__}(method={est.method!r}) ended above its starting "
+            f"objective ({end:.4g} after {est.n_iter_} epochs vs {start:.4g} at the "
+            f"{start_name} start): the SGD diverged or oscillates; lower lr "
+            f"(now {est.lr!r}).", ConvergenceWarning, stacklevel=user_stacklevel())
 
 
 class GammaMeter:

@@ -7,7 +7,6 @@ The SGD's starting point (ERM warm starts, standardised parameterisation) lives 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any, Literal, Self
 
@@ -15,7 +14,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.multiclass import check_classification_targets
 
 from mlpapers._base import TorchEstimatorMixin, restore_on_failure
@@ -27,7 +25,6 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
     encode_labels,
-    user_stacklevel,
     with_autograd,
 )
 from mlpapers._utils._docs import fill_doc
@@ -41,6 +38,7 @@ from mlpapers.optim.scent._common import (
     make_loss,
     set_lrs,
     surrogate_overflow,
+    warn_if_worse_than_start,
 )
 from mlpapers.optim.scent._dro_init import (
     erm_least_squares,
@@ -291,25 +289,9 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         self.n_iter_ = int(self.epochs)
         self.nu_ = float(loss_fn.nu[0]) if self.method != "bsgd" else float("nan")
         self._store(*unscale(W.detach().double() * t, b.detach().double() * t, mu, scale))
-        self._warn_if_worse_than_start()
+        warn_if_worse_than_start(self, self.init_objective_, self.loss_curve_[-1],
+                                 repr(self.init))
         return self
-
-    def _warn_if_worse_than_start(self) -> None:
-        """Warn when the fit ended above its starting objective (a too large ``lr``).
-
-        Both values are the exact float64 objective on the training data, so they
-        compare directly; the tolerance (1e-3 of ``|start| + lam``, the objective's
-        scale) is far above the float32 SGD's rounding near a converged start (at most
-        ~1e-5 relative over the test suite) and far below a divergence (x 1e9).
-        """
-        start, end = self.init_objective_, self.loss_curve_[-1]
-        lam = float(self.lam)
-        if end > start + 1e-3 * (abs(start) + lam):
-            warnings.warn(
-                f"{type(self).__name__}(method={self.method!r}) ended above its starting "
-                f"objective ({end:.4g} after {self.n_iter_} epochs vs {start:.4g} at the "
-                f"{self.init!r} start): the SGD diverged or oscillates; lower lr "
-                f"(now {self.lr!r}).", ConvergenceWarning, stacklevel=user_stacklevel())
 
     def _target_unit(self, W0, b0, X64, y) -> float:
         """The power of two ``t`` the regressor's SGD divides ``y`` by (1 otherwise)."""

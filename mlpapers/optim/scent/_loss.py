@@ -368,7 +368,11 @@ class EntropicRiskLoss(nn.Module):
         s = (scores.float() if narrow else scores) / tau
         s_det = s.detach()
         self._check_scaled(scores, s_det)   # before any change to the dual table
-        L = log_mean_exp(s_det, mask=mask)  # (B,)
+        # in float64, as the dual table: float32's step at scores near 3e7 is 2, so L
+        # lost its log k (L of [0, 3e7] was 3e7, not 3e7 - log 2) and the gradient of
+        # the large score came out 0.5, not 1
+        work = torch.float64
+        L = log_mean_exp(s_det.to(work), mask=mask)  # (B,)
         self.last_stats = {"estimate": float(tau * L.mean())}
         if self.method == "bsgd" or not self.training:
             # eval mode (``loss_fn.eval()``, or ``model.eval()`` of a model holding it),
@@ -376,11 +380,10 @@ class EntropicRiskLoss(nn.Module):
             # written, and the value is the exact mini-batch risk tau * mean_i L_i (the
             # dual objective at its minimum over nu). A validation pass in eval mode
             # overwrote the training duals of its indices.
-            out = tau * log_mean_exp(s, mask=mask).mean()
-            return out
+            out = tau * log_mean_exp(s.to(work), mask=mask).mean()
+            return out.to(s.dtype)
 
-        work = torch.float64
-        L64 = L.to(device=self.nu.device, dtype=work)
+        L64 = L.to(device=self.nu.device)
         old = self.nu[index]
         first = ~self.initialized[index]
         if self.nu_init is not None:
@@ -421,8 +424,10 @@ class EntropicRiskLoss(nn.Module):
         self.nu[index] = new
         self.initialized[index] = True
 
-        nu_g = for_grad.to(device=s.device, dtype=s.dtype)[:, None]
-        diff = s - nu_g
+        # s - nu in float64 too (the weights e^{s - nu} are relative to nu: rounding nu
+        # to the scores' dtype moved them by a factor e^{ulp}), the loss in s's dtype
+        nu_g = for_grad.to(device=s.device)[:, None]
+        diff = s.to(work) - nu_g
         if mask is not None:  # padded items may hold any value: exp(big) * 0 would be NaN
             diff = diff.masked_fill(~mask, float("-inf"))
         if m == "asgd_softplus":
@@ -438,5 +443,5 @@ class EntropicRiskLoss(nn.Module):
             mf = mask.to(terms.dtype)
             inner = (terms * mf).sum(1) / mf.sum(1)
         out = tau * (inner + nu_g[:, 0] - 1.0).mean()
-        return out
+        return out.to(s.dtype)
 

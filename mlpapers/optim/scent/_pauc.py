@@ -33,6 +33,7 @@ from mlpapers.optim.scent._common import (
     set_lrs,
     surrogate_overflow,
     tensors_to_numpy,
+    warn_if_worse_than_start,
 )
 from mlpapers.optim.scent._dro_init import feature_scaling, standardise
 from mlpapers.optim.scent._kernels import tempered_log_mean_exp
@@ -130,6 +131,10 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         Dual variables of the positives (in the order of the training positives),
         estimates of :math:`\log\frac{1}{n_-}\sum_j e^{L(h_i - h_j)/\lambda}`; NaN for
         positives never visited (and for ``method="bsgd"``).
+    init_objective_ : float
+        Exact training objective at the start, ``w = 0`` (every pair loss is
+        ``margin**2``); a fit ending above it warns (``ConvergenceWarning``: lower
+        ``lr``).
     loss_curve_ : list of float
         Exact training objective after each epoch.
     gamma_curve_ : list of float
@@ -281,6 +286,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                               nesterov=self.momentum > 0)
         total, step = self.epochs * math.ceil(n_pos / bs), 0
         self.loss_curve_, self.gamma_curve_ = [], []
+        with torch.no_grad():  # w = 0: every pair loss is margin^2
+            self.init_objective_ = float(self._objective_t(w.double(), Xp64, Xn64))
         log = ProgressLogger(self.epochs, self.verbose, desc="PartialAUCClassifier")
         for epoch in log:
             perm = torch.randperm(n_pos, generator=self._torch_gen)
@@ -291,6 +298,12 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                 set_lrs(opt, loss_fn, self, lr_factor(self.lr_schedule, step, total))
                 opt.zero_grad()
                 ell = self._pair_losses(w, Xp[idx.to(dev)], Xn[neg])
+                if not bool(torch.isfinite(ell.detach()).all()):
+                    # finite weights whose scores overflow float32 (lr near 1e38): the
+                    # loss would report "scores contain NaN", which the user never passed
+                    raise FloatingPointError(
+                        f"PartialAUCClassifier(method={self.method!r}) diverged at epoch "
+                        f"{epoch + 1}: the scores overflowed float32; lower lr.")
                 surrogate = loss_fn(ell, idx)
                 if not bool(torch.isfinite(surrogate.detach())):
                     # ASGD's exp(L - nu) overflowed (nu = inf freezes these anchors), or
@@ -324,6 +337,7 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         # "higher": a training negative's score, with at most max_fpr * n_neg above it
         # (linear interpolation let ceil((n_neg - 1) max_fpr) negatives through)
         self.threshold_ = float(np.quantile(neg_scores, 1 - self.max_fpr, method="higher"))
+        warn_if_worse_than_start(self, self.init_objective_, self.loss_curve_[-1], "w = 0")
         return self
 
     @fill_doc(X=SAMPLES_X)
@@ -407,6 +421,9 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         if y.shape != scores.shape:
             raise ValueError(f"y must have shape ({len(scores)},) to match X, got {y.shape}.")
         positive = encode_labels(y, self.classes_).numpy() == 1
+        if positive.all() or not positive.any():  # (roc_auc_score: NaN and a warning)
+            raise ValueError("score needs samples of both classes: the partial AUC ranks "
+                             f"positives above negatives, and y holds only the label {y[0]}.")
         return float(roc_auc_score(positive, scores,
                                    max_fpr=self.max_fpr, sample_weight=sample_weight))
 
