@@ -368,11 +368,14 @@ class EntropicRiskLoss(nn.Module):
         s = (scores.float() if narrow else scores) / tau
         s_det = s.detach()
         self._check_scaled(scores, s_det)   # before any change to the dual table
-        # in float64, as the dual table: float32's step at scores near 3e7 is 2, so L
-        # lost its log k (L of [0, 3e7] was 3e7, not 3e7 - log 2) and the gradient of
-        # the large score came out 0.5, not 1
+        # L = m + log mean exp(s - m) with m each row's largest valid score, summed in
+        # float64 (the dual table's dtype): rounded to float32, whose step near 3e7 is 2,
+        # L of [0, 3e7] was 3e7, not 3e7 - log 2, and the gradient of the large score
+        # came out 0.5, not 1. The shifted part is exact in the scores' dtype (s - m is
+        # exact where it matters, within a factor 2 of m), so no float64 copy of s
         work = torch.float64
-        L = log_mean_exp(s_det.to(work), mask=mask)  # (B,)
+        shift = (s_det if mask is None else s_det.masked_fill(~mask, -math.inf)).amax(dim=1)
+        L = shift.to(work) + log_mean_exp(s_det - shift[:, None], mask=mask).to(work)  # (B,)
         self.last_stats = {"estimate": float(tau * L.mean())}
         if self.method == "bsgd" or not self.training:
             # eval mode (``loss_fn.eval()``, or ``model.eval()`` of a model holding it),
@@ -380,7 +383,9 @@ class EntropicRiskLoss(nn.Module):
             # written, and the value is the exact mini-batch risk tau * mean_i L_i (the
             # dual objective at its minimum over nu). A validation pass in eval mode
             # overwrote the training duals of its indices.
-            out = tau * log_mean_exp(s.to(work), mask=mask).mean()
+            # (shifted as L: the softmax weights of the gradient come from s - m exactly)
+            out = tau * (shift.to(work)
+                         + log_mean_exp(s - shift[:, None], mask=mask).to(work)).mean()
             return out.to(s.dtype)
 
         L64 = L.to(device=self.nu.device)
@@ -424,10 +429,16 @@ class EntropicRiskLoss(nn.Module):
         self.nu[index] = new
         self.initialized[index] = True
 
-        # s - nu in float64 too (the weights e^{s - nu} are relative to nu: rounding nu
-        # to the scores' dtype moved them by a factor e^{ulp}), the loss in s's dtype
-        nu_g = for_grad.to(device=s.device)[:, None]
-        diff = s.to(work) - nu_g
+        # s - nu from the float64 nu split into the scores' dtype as hi + lo: rounding
+        # nu to that dtype moved the weights e^{s - nu} by a factor e^{ulp} (s - hi is
+        # exact for s near nu, the terms that matter); the loss in s's dtype
+        nu_g = for_grad.to(device=s.device)
+        if s.dtype == work:
+            diff = s - nu_g[:, None]
+        else:
+            hi = nu_g.to(s.dtype)
+            lo = torch.where(torch.isfinite(hi), nu_g - hi.to(work), 0.0).to(s.dtype)
+            diff = (s - hi[:, None]) - lo[:, None]
         if mask is not None:  # padded items may hold any value: exp(big) * 0 would be NaN
             diff = diff.masked_fill(~mask, float("-inf"))
         if m == "asgd_softplus":
@@ -442,6 +453,6 @@ class EntropicRiskLoss(nn.Module):
         else:
             mf = mask.to(terms.dtype)
             inner = (terms * mf).sum(1) / mf.sum(1)
-        out = tau * (inner + nu_g[:, 0] - 1.0).mean()
+        out = tau * (inner.to(work) + nu_g - 1.0).mean()
         return out.to(s.dtype)
 
