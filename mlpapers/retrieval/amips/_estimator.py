@@ -7,7 +7,7 @@ from typing import Any, Literal, Self, overload
 
 import numpy as np
 import torch
-from sklearn.base import TransformerMixin
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from torch import nn
 
 from mlpapers._base import restore_on_failure
@@ -52,7 +52,7 @@ def _ndim(value) -> int:
         return 2
 
 
-class AmortizedMIPS(TransformerMixin, _MIPSBase):
+class AmortizedMIPS(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _MIPSBase):
     r"""Amortized maximum inner product search with a learned support function [1]_.
 
     Learns a map :math:`x \mapsto \hat k(x)` from a query to the key with the
@@ -408,6 +408,12 @@ class AmortizedMIPS(TransformerMixin, _MIPSBase):
         Q = self._queries(X)
         return self._to_numpy(check_predicted_keys(
             uncentre(self, Q, None, score_and_key(self, Q)[1])[1]))
+
+    @property
+    def _n_features_out(self) -> int:
+        """The width of :meth:`transform`'s predicted keys, for
+        ``get_feature_names_out`` (``amortizedmips0``, ...) and ``set_output``."""
+        return int(self.database_.shape[1])
 
     @fill_doc(X=_QUERIES_X)
     def transform(self, X: ArrayLike) -> np.ndarray:

@@ -169,7 +169,7 @@ class ExactMIPS(_MIPSBase):
     @overload
     def kneighbors(self, X: ArrayLike, n_neighbors: int = ..., return_distance: bool = ...
                    ) -> tuple[np.ndarray, np.ndarray] | np.ndarray: ...
-    def kneighbors(self, X: ArrayLike, n_neighbors: int = 1, return_distance: bool = True
+    def kneighbors(self, X: ArrayLike, n_neighbors: int = 10, return_distance: bool = True
                    ) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
         """Exact top-``n_neighbors`` keys by inner product.
 
@@ -177,8 +177,10 @@ class ExactMIPS(_MIPSBase):
         ----------
         X : array-like or torch.Tensor of shape (n_queries, n_features)
             Queries (numpy arrays, array-likes or torch tensors), searched in float32.
-        n_neighbors : int, default=1
-            Number of keys returned per query, in ``[1, n_keys]``.
+        n_neighbors : int, default=10
+            Number of keys returned per query, in ``[1, n_keys]`` (the default of
+            :meth:`AmortizedMIPS.kneighbors` too, so that both rank alike;
+            :meth:`predict` is the top 1).
         return_distance : bool, default=True
             Also return the similarities.
 

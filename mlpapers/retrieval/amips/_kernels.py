@@ -657,7 +657,13 @@ def _as_tensor(a, dtype=None) -> torch.Tensor:
 
 
 def _as_long_2d(y_pred, name: str = "y_pred") -> torch.Tensor:
-    t = _as_tensor(y_pred)
+    try:
+        t = _as_tensor(y_pred)
+    except (TypeError, ValueError) as err:  # strings, objects: torch's own message
+        what = (f"{type(y_pred).__name__} of dtype {y_pred.dtype}" if hasattr(y_pred, "dtype")
+                else f"a {type(y_pred).__name__} that is not an array of numbers")
+        raise TypeError(f"{name} must hold integer indices (rows of the database), got "
+                        f"{what}.") from err
     if t.ndim == 1:
         t = t[:, None]
     if t.ndim != 2:
