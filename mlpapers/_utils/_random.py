@@ -108,7 +108,14 @@ def make_generators(
 
 
 def check_generator(random_state, device=None) -> torch.Generator:
-    """Return only the torch generator of :func:`make_generators`."""
+    """Return only the torch generator of :func:`make_generators`, or
+    ``random_state`` itself when it is a ``torch.Generator`` (which the error names)."""
     if isinstance(random_state, torch.Generator):
         return random_state
+    try:
+        _check_seed_type(random_state)
+    except TypeError:
+        raise TypeError(f"random_state must be None, an int, a numpy RandomState, a numpy "
+                        f"Generator or a torch.Generator, got {random_state!r} of type "
+                        f"{type(random_state).__name__}.") from None
     return make_generators(random_state, device)[0]

@@ -141,8 +141,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             sp = self._default_grid()
         if isinstance(sp, numbers.Integral) and not isinstance(sp, bool):
             grids = [int(sp)] * n_blocks
-        elif isinstance(sp, (list, tuple)):
-            grids = list(sp)
+        elif isinstance(sp, (list, tuple)) or (isinstance(sp, np.ndarray) and sp.ndim == 1):
+            grids = list(sp)  # (a 1-D numpy array of ints too: np.integer is Integral)
         else:
             raise TypeError(f"spatial_pool must be None, an int or a list of ints, got {sp!r}.")
         if len(grids) != n_blocks or any(
@@ -540,7 +540,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         layers : "all", int or list of int, default="all"
             Which blocks' features to concatenate, in the given order (0 is the
             first block; negative ints count from the top), each block at most once.
-        spatial_pool : None, int or list of int, default=None
+        spatial_pool : None, int or list (or 1-D array) of int, default=None
             Pooling grid of the features; ``None`` uses the training grids
             (``grids_``). The official evaluation pools every model's blocks with
             the same grid whatever its training loss pooled (e.g. the globally
@@ -609,7 +609,7 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
             Present for scikit-learn API compatibility.
         layers : "all", int or list of int, default="all"
             The blocks, as in :meth:`transform`.
-        spatial_pool : None, int or list of int, default=None
+        spatial_pool : None, int or list (or 1-D array) of int, default=None
             The pooling grids, as in :meth:`transform`.
 
         Returns

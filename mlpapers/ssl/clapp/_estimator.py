@@ -78,7 +78,7 @@ class CLAPPEncoder(_SSLImageEncoder):
         entries are conv channel counts (3x3 conv + ReLU) and ``"M"`` (2x2 max-pool).
     loss : {"hinge", "softhinge", "linear"}, default="hinge"
         The decreasing function ``f`` of the score.
-    spatial_pool : None, int or list of int, default=None
+    spatial_pool : None, int or list (or 1-D array) of int, default=None
         Side of the average-pooling grid of every block's output, used by the
         losses and by :meth:`transform` (which can pool to another grid, e.g. the
         same grid for every variant as the official evaluation does, with
