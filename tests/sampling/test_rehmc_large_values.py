@@ -64,3 +64,19 @@ def test_classic_diagnostics_of_tiny_draws_do_not_underflow():
         warnings.simplefilter("error")
         tiny_rhat = split_rhat_classic(x * 1e-170)
     np.testing.assert_allclose(tiny_rhat, split_rhat_classic(x), rtol=1e-12)
+
+
+def test_tiny_draws_next_to_a_chain_of_zeros_in_another_block(monkeypatch):
+    # the draws are read a few chains at a time: the unit is taken from the largest
+    # magnitude over every block (a block of zeros, unit 1, hid the tiny draws' unit)
+    from mlpapers.sampling.rehmc import _diagnostics
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 200, 3)).cumsum(axis=1)
+    x[0] = 0.0
+    ref = split_rhat_classic(x)
+    monkeypatch.setattr(_diagnostics, "BLOCK_ELEMENTS", 600)  # one chain per block
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny = split_rhat_classic(x * 1e-170)
+    np.testing.assert_allclose(tiny, ref, rtol=1e-12)

@@ -123,16 +123,20 @@ def _dim_groups(shape: tuple, block_elements: int) -> list[slice]:
     return [slice(j, min(j + step, d)) for j in range(0, d, step)]
 
 
-def large_value_units(x: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
+def extreme_value_units(x: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
     """Per column of ``x`` (reduced over ``axis``), the power of two at or below its
     largest magnitude where that lies outside ``[2**-500, 2**500]``, else 1: dividing
     by it is exact, and the squares and sums of the moments then neither overflow nor
     underflow (draws of 1e160 gave an infinite variance, hence an infinite sd and a
-    false "chains disagree" warning). From the extremes: no temporary of the size of
-    ``x``."""
+    false "chains disagree" warning)."""
+    return power_of_two_units(_column_amax(x, axis), 500)
+
+
+def _column_amax(x: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
+    """Largest magnitude per column, from the extremes: no temporary of the size of
+    ``x`` (NaN where a column holds one)."""
     with np.errstate(invalid="ignore"):
-        amax = np.fmax(np.abs(x.max(axis=axis)), np.abs(x.min(axis=axis)))
-    return power_of_two_units(amax, 500)
+        return np.fmax(np.abs(x.max(axis=axis)), np.abs(x.min(axis=axis)))
 
 
 def _split_half_blocks(x: np.ndarray, dims: slice, block_elements: int
@@ -148,8 +152,11 @@ def _split_half_blocks(x: np.ndarray, dims: slice, block_elements: int
     # (the diagnostics are scale-free; one unit per dimension for all the blocks)
     unit = np.ones(k)
     if m and n:
-        unit = np.fmax.reduce([large_value_units(x[start:start + rows, :, dims], (0, 1))
-                               for start in range(0, m, rows)])
+        # (the largest magnitude over all the blocks first: a block of zeros has unit 1,
+        # which would have hidden the units of tiny draws in the others)
+        unit = power_of_two_units(np.fmax.reduce([_column_amax(x[start:start + rows, :, dims],
+                                                               (0, 1))
+                                                  for start in range(0, m, rows)]), 500)
     for start in range(0, m, rows):
         stop = min(start + rows, m)
         block = np.asarray(x[start:stop, :, dims], dtype=np.float64)

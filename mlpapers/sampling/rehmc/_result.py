@@ -15,7 +15,7 @@ from mlpapers._utils import user_stacklevel
 from mlpapers.sampling.rehmc._diagnostics import (
     EssKind,
     dim_blocks,
-    large_value_units,
+    extreme_value_units,
     split_ess_classic,
     split_rhat_classic,
 )
@@ -348,7 +348,7 @@ class SampleResult:
             block = flat[:, dims]
             q5[dims], med[dims], q95[dims] = np.quantile(block, [0.05, 0.5, 0.95], axis=0)
             if len(flat) > 1:
-                unit = large_value_units(block, 0)
+                unit = extreme_value_units(block, 0)
                 sd[dims] = (block.std(0, ddof=1, dtype=np.float64) if (unit == 1.0).all()
                             else (block / unit).std(0, ddof=1, dtype=np.float64) * unit)
         return SampleSummary({
