@@ -4,6 +4,13 @@
 clustering; ``make_client_app`` builds the matching client app.
 """
 
-from mlpapers.federated.clove._flower import CLoVEStrategy, make_client_app
+try:
+    from mlpapers.federated.clove._flower import CLoVEStrategy, make_client_app
+except ModuleNotFoundError as exc:  # the flower extra is not installed
+    if exc.name is None or exc.name.split(".")[0] != "flwr":
+        raise
+    raise ImportError(
+        "mlpapers.federated.flower needs Flower (flwr): pip install 'mlpapers[flower]'"
+    ) from exc
 
 __all__ = ["CLoVEStrategy", "make_client_app"]

@@ -124,6 +124,11 @@ class _NoGrid:
      ValueError, "model 1 has other arrays"),
     ({"initial_arrays": [ArrayRecord(_state(0)), ArrayRecord({"weight": torch.ones(1, D)})]},
      ValueError, "model 1 has other arrays"),
+    # a NaN weight was sent out; a node then reported a "non-finite loss" after a
+    # whole exchange, advising a lower lr
+    ({"initial_arrays": [ArrayRecord(_state(0)),
+                         ArrayRecord({**_state(1), "bias": torch.tensor([math.nan])})]},
+     ValueError, r"model 1 holds NaN or infinite values in \['bias'\]"),
 ])
 def test_start_checks_its_arguments_first(kwargs, error, match):
     args = {"initial_arrays": ArrayRecord(_state(0)), **kwargs}
@@ -268,3 +273,47 @@ def test_model_fn_must_be_a_function():
     app = make_client_app(lambda: "not a module", _data)
     with pytest.raises(TypeError, match="must return a torch.nn.Module"):
         _call(app, {"m0": ArrayRecord(_state(0))}, "train.losses")
+
+
+def test_the_node_refuses_integer_weights_for_floating_parameters():
+    # integer initial arrays were trained in float32 and sent back: the server then
+    # refused every node's reply as "of dtype float32, expected int64"
+    app = make_client_app(lambda: torch.nn.Linear(D, 1), _data, lr=0.05)
+    ints = ArrayRecord({k: v.long() for k, v in _state(0).items()})
+    with pytest.raises(ValueError, match=r"holds \['bias', 'weight'\] as torch.int64 where "
+                                         r"model_fn\(\)'s are torch.float32"):
+        _call(app, {"m0": ints}, "train.losses")
+
+
+@pytest.mark.parametrize("returned, got", [
+    (lambda X, y: (X, y, None), "3 items"),
+    (lambda X, y: None, "NoneType"),
+    (lambda X, y: {"X": X, "y": y}, "dict"),
+])
+def test_data_fn_must_return_a_pair(returned, got):
+    # a triple or None failed as a bare unpacking error; a dict unpacked its keys
+    app = make_client_app(lambda: torch.nn.Linear(D, 1), lambda ctx: returned(*_data(ctx)))
+    with pytest.raises(TypeError, match=rf"data_fn\(context\) must return a pair .* got {got}"):
+        _call(app, {"m0": ArrayRecord(_state(0))}, "train.losses")
+    as_list = make_client_app(lambda: torch.nn.Linear(D, 1), lambda ctx: list(_data(ctx)))
+    assert len(_call(as_list, {"m0": ArrayRecord(_state(0))},
+                     "train.losses").content["metrics"]["losses"]) == 1
+
+
+def test_a_missing_flower_names_the_extra(monkeypatch):
+    import importlib
+    import sys
+
+    real_import = __import__
+
+    def no_flwr(name, *args, **kwargs):
+        if name.split(".")[0] == "flwr":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    for mod in [m for m in sys.modules if m.startswith("mlpapers.federated.flower")
+                or m == "mlpapers.federated.clove._flower"]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setattr("builtins.__import__", no_flwr)
+    with pytest.raises(ImportError, match=r"pip install 'mlpapers\[flower\]'"):
+        importlib.import_module("mlpapers.federated.flower")

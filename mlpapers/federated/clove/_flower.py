@@ -154,11 +154,18 @@ def _initial_models(initial_arrays: Any, n_clusters: int) -> list[ArrayRecord]:
     first = _to_arrays(initial_arrays[0])
     if not first:
         raise ValueError("initial_arrays holds a model without arrays.")
-    for j, record in enumerate(initial_arrays[1:], start=1):
-        difference = _layout_difference(_to_arrays(record), first)
+    for j, record in enumerate(initial_arrays):
+        arrays = _to_arrays(record)
+        difference = _layout_difference(arrays, first) if j else None
         if difference is not None:
             raise ValueError(f"initial_arrays: model {j} has other arrays than model 0 "
                              f"({difference}); the K models share one architecture.")
+        # (a NaN weight was sent out and came back as a node's "non-finite loss, lower
+        # the clients' lr" after a whole exchange)
+        bad = [k for k, a in arrays.items() if a.dtype.kind in "fc" and not np.isfinite(a).all()]
+        if bad:
+            raise ValueError(f"initial_arrays: model {j} holds NaN or infinite values in "
+                             f"{bad}; start from finite weights.")
     return list(initial_arrays)
 
 
@@ -829,7 +836,15 @@ def make_client_app(
     app = ClientApp()
 
     def setup(context: Context):
-        X, y = data_fn(context)
+        pair = data_fn(context)
+        # (a triple, None or a dict failed as a bare unpacking error, or unpacked a
+        # dict's keys as the data)
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError("make_client_app: data_fn(context) must return a pair (X, y), "
+                            "or (X, None) for the reconstruction loss; got "
+                            + (f"{len(pair)} items." if isinstance(pair, (tuple, list))
+                               else f"{type(pair).__name__}."))
+        X, y = pair
         # the architecture only (its weights are replaced): built without advancing the
         # node's global RNG, in float32 whatever the node's default dtype
         module = build_user_module(model_fn)
@@ -853,6 +868,7 @@ def make_client_app(
         checked against model_fn()'s architecture (a mismatch failed in torch's
         load_state_dict, or as a bare KeyError)."""
         expected = {k: tuple(v.shape) for k, v in template.state_dict().items()}
+        floating = {k: v.is_floating_point() for k, v in template.state_dict().items()}
         states = []
         for name, record in records.items():
             if not isinstance(record, ArrayRecord):
@@ -868,6 +884,15 @@ def make_client_app(
                 raise ValueError(f"make_client_app: the server's model {name!r} does not "
                                  f"fit model_fn()'s architecture: missing {missing}, "
                                  f"unexpected {extra}, shapes (sent, expected) {shapes}.")
+            # integer weights for floating parameters were trained in float32 and sent
+            # back, and the server refused every reply as of another dtype
+            kinds = sorted(k for k, v in state.items() if v.is_floating_point() != floating[k])
+            if kinds:
+                raise ValueError(f"make_client_app: the server's model {name!r} holds "
+                                 f"{kinds} as {state[kinds[0]].dtype} where model_fn()'s "
+                                 f"are {template.state_dict()[kinds[0]].dtype}: start the "
+                                 "strategy from the model's own arrays, e.g. initial_arrays="
+                                 "ArrayRecord(model_fn().state_dict()).")
             states.append(state)
         return {k: torch.stack([s[k].float() for s in states]) for k in expected}
 
