@@ -4,7 +4,9 @@ Conventions
 -----------
 * Nothing here ever downloads: data is generated, or read from files installed
   with scikit-learn or another wheel.
-* Every function returns numpy arrays and takes ``random_state``.
+* Every generator (``make_*``) returns numpy arrays and takes ``random_state``;
+  ``load_wiki_summaries`` returns a Bunch of strings (and optional embeddings)
+  and is deterministic.
 """
 
 from __future__ import annotations

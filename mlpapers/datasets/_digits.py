@@ -71,7 +71,9 @@ def make_shifted_digits(
     X[np.arange(n)[:, None, None], rows, cols] = images[idx]
     if noise > 0:
         # clipped to [-1, 1] first: the same pixels after the final clip, and no float32
-        # overflow warning from the cast for a huge noise
-        X += np.clip(noise * rng.standard_normal(X.shape), -1.0, 1.0).astype(np.float32)
+        # overflow warning from the cast for a huge noise (nor from the product, whose
+        # infinities near noise = 1e308 clip to +-1 all the same)
+        with np.errstate(over="ignore"):
+            X += np.clip(noise * rng.standard_normal(X.shape), -1.0, 1.0).astype(np.float32)
     np.clip(X, 0.0, 1.0, out=X)
     return X[:, None], labels[idx]

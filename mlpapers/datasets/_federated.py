@@ -109,8 +109,13 @@ def _pairwise_distances(theta: np.ndarray) -> np.ndarray:
 
 def _pairwise_within(theta: np.ndarray, separation: float) -> bool:
     dist = _pairwise_distances(theta)
-    # the rows are exactly separation apart by construction: allow its rounding
-    return bool(dist.min() >= separation * (1 - 1e-12) and dist.max() <= 5 * separation)
+    # the rows are exactly separation apart by construction (and K = 6 on a circle is
+    # 5 separation across): allow the rounding, relative and absolute (unit rows: a few
+    # eps per coordinate, which refused most circle layouts at separation 1e-4)
+    # (at most half the separation: below float64's resolution, 1e-300, the rows
+    # collapse to one point, which must still be refused)
+    slack = min(0.5 * separation, separation * 1e-12 + 64 * np.finfo(np.float64).eps)
+    return bool(dist.min() >= separation - slack and dist.max() <= 5 * separation + slack)
 
 
 def make_federated_linear(

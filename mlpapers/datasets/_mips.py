@@ -142,8 +142,9 @@ def make_mips_problem(
     check_positive(n_features, "n_features", integer=True)
     check_positive(n_queries, "n_queries", strict=False, integer=True)
     check_positive(n_anchors, "n_anchors", integer=True)
-    check_positive(query_noise, "query_noise", strict=False)
-    check_positive(norm_spread, "norm_spread", strict=False)
+    # (as floats: a Fraction passed the check and failed in np.exp)
+    query_noise = float(check_positive(query_noise, "query_noise", strict=False))
+    norm_spread = float(check_positive(norm_spread, "norm_spread", strict=False))
     rng = check_random_state(random_state)
     dirs = rng.standard_normal((n_keys, n_features))
     # in place, norms in row chunks: one float64 copy of the keys at a time (the same

