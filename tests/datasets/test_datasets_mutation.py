@@ -454,7 +454,7 @@ def fake_encoder(monkeypatch):
     enc = _FakeEncoder()
     enc.loads = 0
 
-    def load():
+    def load(verbose=False):
         enc.loads += 1
         return enc
 
