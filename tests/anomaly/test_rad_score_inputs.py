@@ -63,3 +63,15 @@ def test_huge_finite_layer_weights_are_taken_without_overflow_warnings(data):
     np.testing.assert_allclose(scores, ref.decision_function(X_test), rtol=1e-6)
     with pytest.raises(ValueError, match="layer_weights"):
         RADDetector(extractor="random", layer_weights=[]).fit(X_train)
+
+
+@pytest.mark.parametrize("name", ["RADDetector", "PatchCoreDetector"])
+def test_input_tags_say_images_not_tables(name):
+    from sklearn.utils import get_tags
+
+    import mlpapers.anomaly.rad as rad
+
+    tags = get_tags(getattr(rad, name)()).input_tags
+    assert not tags.two_d_array and tags.three_d_array
+    with pytest.raises(ValueError, match="a table of rows"):
+        getattr(rad, name)(extractor="random", image_size=None).fit(np.random.rand(8, 64))

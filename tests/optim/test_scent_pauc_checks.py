@@ -3,6 +3,7 @@ overflowing scores are clear errors."""
 
 import warnings
 
+import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 from sklearn.exceptions import ConvergenceWarning
@@ -45,3 +46,12 @@ def test_scores_overflowing_float32_name_the_learning_rate(data):
     X, y = data
     with pytest.raises(FloatingPointError, match="scores overflowed float32; lower lr"):
         PartialAUCClassifier(lr=1e38, epochs=5, random_state=0).fit(X, y)
+
+
+def test_partial_fit_names_the_classes_for_unknown_labels():
+    # the first call's error said "not seen in fit", though no fit ran
+    from mlpapers.optim import SCENTClassifier
+
+    X = np.random.default_rng(0).random((30, 3))
+    with pytest.raises(ValueError, match=r"not seen in the classes of partial_fit: \[2\]"):
+        SCENTClassifier(n_negatives=1).partial_fit(X, np.arange(30) % 3, classes=[0, 1])

@@ -133,6 +133,13 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
     (``_validate_images``, shared with :func:`check_images`) refuses an empty set.
     """
 
+    def __sklearn_tags__(self):
+        # images (n, H, W) or (n, C, H, W), or lists of them; a 2-D table is refused
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.three_d_array = True
+        return tags
+
     # -- parameter checks ---------------------------------------------------
     def _check_common_params(self) -> None:
         check_image_size(self.image_size)

@@ -400,7 +400,9 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             self._start_training(n_anchors, X.shape[1])
         else:
             self._resume_training(n_anchors)
-        self._run(X, self._encode(y), index, 1, "constant")
+        # (labels outside classes: "not seen in fit" blamed a fit that never ran)
+        self._run(X, encode_labels(y, self.classes_, seen_in="the classes of partial_fit"), index,
+                  1, "constant")
         return self
 
     def _train_data(self, X, y, *, reset: bool) -> tuple[SparseRows | torch.Tensor, np.ndarray]:

@@ -283,6 +283,11 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         items : sequence of length n_items
             All items of the catalogue (anything ``relevance_fn`` accepts); kept as
             ``items_`` for the online heavy calls.
+            With scikit-learn's model selection (``GridSearchCV(...).fit(queries,
+            items=items)``), a catalogue of exactly as many items as training queries
+            is split with the queries, as every fit parameter of that length is: each
+            fold then fits and scores on part of the catalogue, silently. Pass one
+            training query fewer (or more) there.
         relevance_matrix : array-like of shape (n_queries, n_items), optional
             Cached ``relevance_fn(train_queries, items)``; computed when omitted
             (``n_queries * n_items`` heavy calls, in chunks of ``batch_size`` queries).

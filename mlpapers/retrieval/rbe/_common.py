@@ -271,7 +271,9 @@ class HeavyRankerMixin(_EstimatorBase):
             ``relevance_fn`` (``n * n_items`` heavy calls, in chunks of ``batch_size``
             queries), which is what scikit-learn's model selection does when it calls
             ``score(X_test)``, e.g.
-            ``GridSearchCV(est, {"n_support": [...]}).fit(train_queries, items=items)``.
+            ``GridSearchCV(est, {"n_support": [...]}).fit(train_queries, items=items)``
+            (with as many items as training queries, scikit-learn splits ``items``
+            too: see ``fit``).
             A relevance of another shape (or without a 2-D shape) raises a
             ``ValueError``, a sparse or non-real one a ``TypeError``, before any heavy
             call. NaN or infinite values raise a ``ValueError``: once the items are

@@ -278,6 +278,11 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
             Training queries (anything ``relevance_fn`` accepts).
         items : sequence of length n_items
             All items of the catalogue.
+            With scikit-learn's model selection (``GridSearchCV(...).fit(queries,
+            items=items)``), a catalogue of exactly as many items as training queries
+            is split with the queries, as every fit parameter of that length is: each
+            fold then fits and scores on part of the catalogue, silently. Pass one
+            training query fewer (or more) there.
         relevance_matrix : array-like of shape (n_queries, n_items), optional
             Cached ``relevance_fn(train_queries, items)``; if omitted it is computed
             (``n_queries * n_items`` heavy calls, in chunks of ``batch_size`` queries).
