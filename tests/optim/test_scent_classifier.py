@@ -154,3 +154,14 @@ def test_default_n_negatives_error_names_the_fix():
     with pytest.raises(ValueError, match=r"Set n_negatives=2 to use every class"):
         SCENTClassifier().fit(X, y)
     assert SCENTClassifier(n_negatives=2, epochs=2, random_state=0).fit(X, y).n_iter_ == 2
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+def test_two_class_decision_over_temperature_is_the_log_odds(temperature):
+    from scipy.special import expit
+
+    X, y = make_extreme_classification(200, 2, 4, random_state=0)
+    clf = SCENTClassifier(n_negatives=1, temperature=temperature, epochs=2,
+                          random_state=0).fit(X, y)
+    np.testing.assert_allclose(expit(clf.decision_function(X) / temperature),
+                               clf.predict_proba(X)[:, 1], rtol=1e-10, atol=1e-12)

@@ -89,7 +89,8 @@ class SoftmaxPredictionMixin:
         -------
         ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes
             The scores (for two classes the score of ``classes_[1]`` minus that of
-            ``classes_[0]``).
+            ``classes_[0]``; the log-odds of :meth:`predict_proba` are this divided by
+            ``temperature``).
         """
         z = self._logits(X)
         if z.shape[1] == 2:
