@@ -397,6 +397,10 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     def score(self, X: ArrayLike, y: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
         """Standardised partial AUC at FPR <= ``max_fpr`` (scikit-learn's ``roc_auc_score``).
 
+        ``max_fpr`` is read when called: set to another value after ``fit``, the score
+        is taken at the new one, while ``threshold_`` (hence :meth:`predict`) keeps the
+        value of ``fit`` until the next fit.
+
         Parameters
         ----------
         %(X)s
