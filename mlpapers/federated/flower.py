@@ -9,8 +9,11 @@ try:
 except ModuleNotFoundError as exc:  # the flower extra is not installed
     if exc.name is None or exc.name.split(".")[0] != "flwr":
         raise
-    raise ImportError(
-        "mlpapers.federated.flower needs Flower (flwr): pip install 'mlpapers[flower]'"
+    # (a ModuleNotFoundError naming flwr, as the bare import gave: code that skips a
+    # missing optional extra by that name keeps working)
+    raise ModuleNotFoundError(
+        "mlpapers.federated.flower needs Flower (flwr): pip install 'mlpapers[flower]'",
+        name="flwr",
     ) from exc
 
 __all__ = ["CLoVEStrategy", "make_client_app"]

@@ -17,5 +17,7 @@ def test_predict_resident_memory_is_bounded_by_one_block():
     # predict kept each 32 MB logit block's argmax in a list: every block pinned new heap
     # memory (40 000 rows x 5 000 classes = 48 blocks: 1.5 GB). Bound: the float64 copy of
     # X (2.6 MB), the output (0.3 MB) and a few blocks of transient logits and matmul
-    # temporaries (2 x 32 MB each), with room for the allocator.
-    assert peak_mb(_FITTED, "clf.predict(X)") < 300
+    # temporaries (2 x 32 MB each), with room for the allocator, whose retention varies
+    # from run to run (65 to 193 MB over three runs of the same code, 324 MB once in CI):
+    # 500 MB, a third of the regression's 1.5 GB.
+    assert peak_mb(_FITTED, "clf.predict(X)") < 500
