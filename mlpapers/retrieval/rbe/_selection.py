@@ -372,10 +372,17 @@ def _greedy_pass(state: _GramDeflation | _LowRankDeflation, k: int, alive: torch
 
 
 def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    sq = torch.einsum("ij,ij->i", X, X)
+    # Squared distances as |x - m|^2 - 2 (x - m).(y - m) + |y - m|^2 around the mean
+    # item m: one matrix-vector product per pick and no (N, d) temporary, and the
+    # offsets common to the items cancel exactly. About m, |x|^2 - 2 x.y + |y|^2
+    # cancelled for a relevance offset by 1e6 (picks changed from the 14th on); the
+    # centred norms are summed from the differences themselves, once
+    m = X.mean(dim=0)
+    centred_sq = _centred_sq_norms(X, m)
 
-    def dist2(y: torch.Tensor) -> torch.Tensor:  # squared distances to y, no (N, d) temp
-        return (sq - 2.0 * (X @ y) + y @ y).clamp_min(0.0)
+    def dist2(y: torch.Tensor) -> torch.Tensor:
+        z = y - m
+        return (centred_sq - 2.0 * (X @ z - m @ z) + z @ z).clamp_min(0.0)
 
     d_mean = dist2(X.mean(dim=0))
     first = int(torch.argmax(d_mean))
@@ -391,6 +398,21 @@ def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         dmin = torch.minimum(dmin, dist2(X[j]))
         dmin[j] = -1.0
     return torch.tensor(picks, device=X.device), torch.stack(scores)
+
+
+def _centred_sq_norms(X: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``|X[i] - m|^2`` per row from the differences, in blocks along the axis ``X`` is
+    laid out on (the item vectors are often a transposed view of the relevance)."""
+    if X.mT.is_contiguous():
+        out = X.new_zeros(X.shape[0])
+        cols = block_rows_for(X.shape[0], 2**22)
+        for s in range(0, X.shape[1], cols):
+            D = X.mT[s:s + cols] - m[s:s + cols, None]
+            out += torch.einsum("ji,ji->i", D, D)
+        return out
+    rows = block_rows_for(X.shape[1], 2**22)
+    return torch.cat([torch.einsum("ij,ij->i", D, D) for D in
+                      (X[s:s + rows] - m for s in range(0, X.shape[0], rows))])
 
 
 def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray, np.ndarray]:
@@ -414,7 +436,12 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
             km.fit(Xn)
     centres = torch.as_tensor(km.cluster_centers_, dtype=X.dtype, device=X.device)
     labels = torch.as_tensor(km.labels_, device=X.device)
-    dist = torch.cdist(centres, X) ** 2  # (k, N)
+    # about the mean item, as in _farthest: cdist's matrix-product form cancelled for
+    # items offset by 1e7 and took members farther from their centroid than others
+    m = X.mean(dim=0)
+    Z = centres - m
+    dist = (_centred_sq_norms(X, m)[None, :] - 2.0 * (Z @ X.mT - (Z @ m)[:, None])
+            + torch.einsum("ij,ij->i", Z, Z)[:, None]).clamp_min(0.0)  # (k, N)
     sizes = torch.bincount(labels, minlength=k)
     member = labels[None, :] == torch.arange(k, device=X.device)[:, None]
     dist_in = torch.where(member, dist, math.inf)
