@@ -358,7 +358,12 @@ def test_a_container_the_dtype_cannot_resolve_is_refused():
 
     far = [Box([1e8], [1e8 + 1]), Polytope([[1.0], [-1.0]], [1e8 + 1, -1e8]),
            Ball([1e8, 0.0], 1.0)]
-    for container in far:
+    with pytest.raises(ValueError, match=r"^the container is too narrow for float32 along "
+                                         r"coordinate 0: width 1 at values up to 1e\+08, "
+                                         r"where they are 8 apart"):
+        ReflectiveHMC(_flat, far[0], dtype="float32", random_state=0).sample(
+            5, n_chains=4, warmup=5)
+    for container in far[1:]:
         with pytest.raises(ValueError, match=r"^the container is too narrow for float32 where "
                                              r"it lies: width [12] at coordinates up to "
                                              r"1e\+08, where its values are 8 apart"):
@@ -371,6 +376,26 @@ def test_a_container_the_dtype_cannot_resolve_is_refused():
     near = ReflectiveHMC(_flat, Box([0.0], [1.0]), dtype="float32", random_state=0).sample(
         300, n_chains=4, warmup=100).samples
     assert 0.2 < near.std() < 0.4
+
+
+def test_a_box_is_resolved_coordinate_by_coordinate():
+    """A rate in (0, 1e-3) beside a count in (1e5, 2e5) was refused in float32: the
+    smallest side was compared with the spacing at the largest coordinate, though each
+    coordinate is resolved on its own (float64: (0, 1e-8) beside (1e10, 2e10))."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a short run: only that it is not refused)
+        far = ReflectiveHMC(_flat, Box([0.0, 1e10], [1e-8, 2e10]), mass="diag",
+                            random_state=0).sample(20, n_chains=2, warmup=20).samples
+    assert np.all(far >= [0.0, 1e10]) and np.all(far <= [1e-8, 2e10])
+    lo, hi = [0.0, 1e5], [1e-3, 2e5]
+    res = ReflectiveHMC(_flat, Box(lo, hi), mass="diag", dtype="float32",
+                        random_state=0).sample(400, n_chains=4, warmup=300)
+    x = res.samples.reshape(-1, 2).astype(np.float64)
+    side = np.subtract(hi, lo)
+    assert np.all(x >= lo) and np.all(x <= hi)
+    # uniform per coordinate: sd side / sqrt(12) (0.289 of the side)
+    np.testing.assert_allclose(x.std(0) / side, 1 / np.sqrt(12), rtol=0.15)
+    assert len(np.unique(x[:, 0])) > 0.9 * len(x)
 
 
 def test_a_step_size_that_adapts_to_zero_is_an_error(monkeypatch):

@@ -80,3 +80,17 @@ def test_tiny_draws_next_to_a_chain_of_zeros_in_another_block(monkeypatch):
         warnings.simplefilter("error")
         tiny = split_rhat_classic(x * 1e-170)
     np.testing.assert_allclose(tiny, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e7, 1e9])
+def test_a_bounded_polytopes_centre_and_width_do_not_depend_on_its_scale(scale):
+    # the Chebyshev radius was capped at 1e6 for every polytope (meant for unbounded
+    # ones): the square [0, 1e7]^2 got its centre 1e6 from a corner and width 2e6, and
+    # its sampling slowed with the scale (ESS 44 at 1e8 against 700 at 1)
+    from mlpapers.sampling import Polytope
+
+    square = Polytope(np.vstack([np.eye(2), -np.eye(2)]), [scale, scale, 0.0, 0.0])
+    np.testing.assert_allclose(square.interior_point(), [scale / 2, scale / 2], rtol=1e-9)
+    assert square.width() == pytest.approx(scale, rel=1e-9)
+    half_plane = Polytope([[1.0, 0.0]], [scale])  # unbounded: still capped
+    assert half_plane.width() == pytest.approx(2e6, rel=1e-9)

@@ -11,16 +11,18 @@ import numpy as np
 _MAX_RADIUS = 1e6  # cap of the Chebyshev radius: an unbounded polytope reaches it
 
 
-def _chebyshev_lp(A: np.ndarray, b: np.ndarray):
-    """Chebyshev-centre LP of ``{A x <= b}`` with unit rows: ``res.x = (centre, radius)``
-    (radius capped at ``_MAX_RADIUS`` for an unbounded polytope)."""
+def _chebyshev_lp(A: np.ndarray, b: np.ndarray, capped: bool = True):
+    """Chebyshev-centre LP of ``{A x <= b}`` with unit rows: ``res.x = (centre, radius)``,
+    the radius capped at ``_MAX_RADIUS`` when ``capped`` (an unbounded polytope's LP has
+    no maximum; a bounded one's radius is its own at any scale)."""
     from scipy.optimize import linprog
 
     m, d = A.shape
     c = np.zeros(d + 1)
     c[-1] = -1.0  # maximise the radius
     return linprog(c, A_ub=np.hstack([A, np.ones((m, 1))]), b_ub=b,
-                   bounds=[(None, None)] * d + [(0, _MAX_RADIUS)], method="highs")
+                   bounds=[(None, None)] * d + [(0, _MAX_RADIUS if capped else None)],
+                   method="highs")
 
 
 def _is_unbounded(A: np.ndarray) -> bool:

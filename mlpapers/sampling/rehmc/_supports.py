@@ -274,6 +274,13 @@ class Box(ConvexContainer):
         """
         return float(np.min(self.hi - self.lo))
 
+    def _coordinate_extents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per coordinate, the box's side and its largest magnitude: what
+        :func:`check_resolution` compares with the dtype's spacing there (a rate in
+        ``(0, 1e-3)`` beside a count in ``(1e5, 2e5)`` is resolved coordinate by
+        coordinate)."""
+        return self.hi - self.lo, np.maximum(np.abs(self.lo), np.abs(self.hi))
+
     def _scaled_width(self, scale):
         return float(np.min(self._w / scale))
 
@@ -372,7 +379,11 @@ class Polytope(ConvexContainer):
         return f"Polytope(n_faces={len(self.b)}, dim={self.dim})"
 
     def _chebyshev(self) -> tuple[np.ndarray, float]:
-        res = _chebyshev_lp(self.A, self.b)
+        # (capped for unbounded polytopes only: the cap of 1e6 put the square
+        # [0, 1e7]^2's centre 1e6 from a corner and its width at 2e6, so its sampling
+        # slowed with the scale from 1e7 on)
+        self._unbounded = _is_unbounded(self.A)
+        res = _chebyshev_lp(self.A, self.b, capped=self._unbounded)
         if res.status == 2:
             raise ValueError("Polytope {A x <= b} is empty (the constraints are infeasible).")
         if res.status != 0:
@@ -383,7 +394,7 @@ class Polytope(ConvexContainer):
                              f"its inradius {radius:.3g} is at most 1e-12 (a polytope that "
                              "small needs its coordinates rescaled).")
         center = res.x[:self.dim]
-        if _is_unbounded(self.A):
+        if self._unbounded:
             # the LP's centre of an unbounded polytope can lie anywhere along its
             # unbounded directions (about 1e6 from every face for an orthant), so chains
             # started there spent the whole warm-up walking back (an orthant with an
@@ -398,7 +409,10 @@ class Polytope(ConvexContainer):
     def _scaled_width(self, scale):
         A = self.A * scale  # {x = scale * y : A x <= b} = {y : (A scale) y <= b}
         norms = np.linalg.norm(A, axis=1)
-        res = _chebyshev_lp(A / norms[:, None], self.b / norms)
+        # (a positive scaling keeps the polytope bounded or not)
+        unbounded = getattr(self, "_unbounded", None)
+        res = _chebyshev_lp(A / norms[:, None], self.b / norms,
+                            capped=_is_unbounded(self.A) if unbounded is None else unbounded)
         return 2.0 * float(res.x[-1]) if res.status == 0 else None
 
     @contains_oracle
