@@ -44,3 +44,27 @@ def test_kmeans_picks_do_not_depend_on_per_query_offsets():
     shifted = R + 1e7 * rng.standard_normal(30)[:, None]
     plain = select_support(R, 8, "kmeans", random_state=0)
     np.testing.assert_array_equal(select_support(shifted, 8, "kmeans", random_state=0), plain)
+
+
+@pytest.mark.parametrize("scale", [2.0**-530, 1e-200, 1e-100, 1e100, 1e160, 2.0**600])
+def test_cur_query_weights_do_not_depend_on_the_scale(scale):
+    # the Gram matrix of C underflowed near 1e-160 (NaN weights, no error) and overflowed
+    # near 1e160 (torch's eigh failed to converge)
+    import torch
+
+    from mlpapers.retrieval.rbe import cur_query_weights
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    s = torch.randn(3, generator=g, dtype=torch.float64) @ A
+    I = torch.tensor([0, 2, 5, 7])
+    C, u = A[:, I].T[None], s[I][None]
+    w = cur_query_weights(C, u)
+    torch.testing.assert_close(w @ A, s[None])
+    torch.testing.assert_close(cur_query_weights(C * scale, u * scale), w, rtol=1e-9, atol=0)
+    torch.testing.assert_close(cur_query_weights(C * scale, u), w / scale, rtol=1e-9, atol=0)
+    if 2.0**-500 < scale < 2.0**500:  # the ridge in C's units squared, representable
+        torch.testing.assert_close(
+            cur_query_weights(C * scale, u * scale, ridge=0.5 * scale * scale,
+                              gram=(C @ C.mT) * scale * scale),
+            cur_query_weights(C, u, ridge=0.5), rtol=1e-9, atol=0)

@@ -16,6 +16,7 @@ from mlpapers._utils import (
     check_tensor,
     common_float_dtype,
     on_inputs_device,
+    power_of_two_unit,
     requires_tensors,
     to_numpy,
     torch_compatible_array,
@@ -308,7 +309,16 @@ def cur_query_weights(
     check_positive(ridge, "ridge", strict=False)
     if rcond is not None:
         check_positive(rcond, "rcond", strict=False)
-    return _cur_query_weights(C, u, gram, ridge, rcond)
+    # in power-of-two units (exact): the Gram matrix of C near 1e-160 underflowed (NaN
+    # weights) and near 1e160 overflowed (eigh failed). With C / c and u / v the weights
+    # are w c / v, for the ridge / c^2 and the Gram matrix / c^2
+    c_unit, u_unit = power_of_two_unit(abs_max(C), 60), power_of_two_unit(abs_max(u), 60)
+    if c_unit == u_unit == 1.0:
+        return _cur_query_weights(C, u, gram, ridge, rcond)
+    w = _cur_query_weights(C / c_unit, u / u_unit,
+                           None if gram is None else gram / c_unit / c_unit,
+                           float(ridge) / c_unit / c_unit, rcond)
+    return w * (u_unit / c_unit)
 
 
 def _cur_query_weights(C: torch.Tensor, u: torch.Tensor, gram: torch.Tensor | None,
