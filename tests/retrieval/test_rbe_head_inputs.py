@@ -49,3 +49,34 @@ def test_a_head_without_items_or_supports_is_refused(shape):
     with pytest.raises(ValueError, match="at least one item and one support column"):
         NeuralRBEHead(torch.zeros(shape), torch.zeros(shape[0]), torch.zeros(shape[0]),
                       torch.zeros(shape[1]), torch.ones(shape[1]), 4)
+
+
+def _parts(k=2, n_items=5):
+    g = torch.Generator().manual_seed(0)
+    return {"embeddings": torch.randn(n_items, k, generator=g), "offsets": torch.zeros(n_items),
+            "popularity": torch.rand(n_items, generator=g), "query_mean": torch.zeros(k),
+            "query_scale": torch.ones(k)}
+
+
+@pytest.mark.parametrize("name", ["embeddings", "offsets", "popularity", "query_mean"])
+def test_non_finite_or_integer_inputs_name_the_parameter(name):
+    # NaN inputs gave NaN scores for every item without an error; integer ones failed in
+    # torch's mean / std / requires_grad with messages naming no parameter
+    bad = _parts()
+    bad[name] = bad[name].clone()
+    bad[name].view(-1)[0] = float("nan")
+    with pytest.raises(ValueError, match=f"{name} must hold finite values"):
+        NeuralRBEHead(*bad.values(), 4)
+    ints = _parts()
+    ints[name] = ints[name].long()
+    with pytest.raises(TypeError, match=f"{name} must be a floating tensor"):
+        NeuralRBEHead(*ints.values(), 4)
+
+
+@pytest.mark.parametrize("items", [torch.tensor([-1]), torch.tensor([0, 5])])
+def test_item_indices_outside_the_catalogue_are_refused(items):
+    # -1 scored the last item (negative indexing), silently
+    head = NeuralRBEHead(*_parts().values(), 0)
+    with pytest.raises(ValueError, match=r"items must be indices in \[0, 5\)"):
+        head(torch.randn(2, 2), items)
+    assert head(torch.randn(2, 2), torch.tensor([4, 0])).shape == (2, 2)

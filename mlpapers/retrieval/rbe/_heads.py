@@ -71,7 +71,9 @@ class NeuralRBEHead(nn.Module):
     ValueError
         If ``embeddings`` is not a 2-D tensor, if ``offsets``/``popularity`` are not
         tensors of shape ``(n_items,)`` or ``query_mean``/``query_scale`` not of shape
-        ``(k,)``, or if ``hidden`` is not an integer >= 0.
+        ``(k,)``, if any of them holds NaN or infinity, or if ``hidden`` is negative.
+    TypeError
+        If one of them is not a floating tensor, or ``hidden`` is not an integer.
 
     Notes
     -----
@@ -132,6 +134,15 @@ class NeuralRBEHead(nn.Module):
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be a tensor of shape {shape} to match "
                                  f"embeddings (n_items, k) = {(n_items, k)}, got {got}.")
+        # (integer inputs failed inside torch's mean/std/requires_grad, NaN ones gave NaN
+        # scores for every item without an error)
+        for name, t in (("embeddings", embeddings), ("offsets", offsets),
+                        ("popularity", popularity), ("query_mean", query_mean),
+                        ("query_scale", query_scale)):
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating tensor, got {t.dtype}.")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} must hold finite values (no NaN or infinity).")
         if not bool(torch.isfinite(query_scale).all() and (query_scale > 0).all()):
             # (a zero scale, e.g. the std of a constant column, made every score NaN)
             raise ValueError("query_scale must hold finite values > 0 (use 1 for a "
@@ -192,6 +203,10 @@ class NeuralRBEHead(nn.Module):
                                   or items.dtype not in (torch.int64, torch.int32)):
             raise TypeError("items must be a 1-D LongTensor of item indices or None, got "
                             f"{_describe(items)}.")
+        if items is not None and items.numel() and not bool(
+                (items.min() >= 0) & (items.max() < self.embeddings.shape[0])):
+            # (a negative index counted from the end: -1 scored the last item)
+            raise ValueError(f"items must be indices in [0, {self.embeddings.shape[0]}).")
         sl = slice(None) if items is None else items
         E = self.embeddings[sl]
         s = (u @ self.W) @ E.T + (self.p * self.popularity[sl] + self.v[sl] + self.b)[None, :]
