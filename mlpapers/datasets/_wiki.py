@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -107,7 +108,7 @@ def _load_encoder(verbose: bool = False):
     # own: off unless verbose, and its switch (process-wide) put back as it was
     hf_logging: Any = None
     with contextlib.suppress(ImportError):  # (another backend: nothing to switch)
-        from transformers.utils import logging as hf_logging
+        hf_logging = importlib.import_module("transformers.utils.logging")
     quiet = hf_logging is not None and not verbose and hf_logging.is_progress_bar_enabled()
     if quiet:
         hf_logging.disable_progress_bar()
