@@ -179,7 +179,9 @@ def make_relevance_problem(
         beta = popularity * rng.standard_normal(d) / np.sqrt(d)
         # bounds of the scaled terms (|tanh| <= 1): beyond float64 the relevance is NaN or
         # infinite; the items' spread enters through the low-rank and hidden terms
-        item_norm = np.linalg.norm(items, axis=1).max()
+        # (in units of the largest entry: the squares of entries beyond 1e154 overflow)
+        top = np.abs(items).max()
+        item_norm = top * np.linalg.norm(items / top, axis=1).max() if 0 < top < np.inf else top
         query_norm = np.linalg.norm(queries, axis=1).max()
         spread = item_norm * max(np.linalg.norm(A) * np.linalg.norm(B) * query_norm,
                                  np.linalg.norm(U))

@@ -125,3 +125,14 @@ def test_huge_noise_clips_without_overflow_warnings():
         X, _ = make_shifted_digits(3, noise=1e308, random_state=0)
         X_train = make_texture_anomalies(2, 2, image_size=16, noise=1e308, random_state=0)[0]
     assert np.isin(X, (0.0, 1.0)).mean() > 0.99 and np.isfinite(X_train).all()
+
+
+def test_a_large_but_representable_cluster_std_is_accepted():
+    # the bound on cluster_std summed squares of the items, which overflow from 1e154:
+    # 1e160 was refused although its relevance is finite
+    from mlpapers.datasets import make_relevance_problem
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Q, items, rel = make_relevance_problem(20, 30, cluster_std=1e160, random_state=0)
+        assert np.isfinite(rel(Q, items)).all()

@@ -68,3 +68,23 @@ def test_cur_query_weights_do_not_depend_on_the_scale(scale):
             cur_query_weights(C * scale, u * scale, ridge=0.5 * scale * scale,
                               gram=(C @ C.mT) * scale * scale),
             cur_query_weights(C, u, ridge=0.5), rtol=1e-9, atol=0)
+
+
+def test_cur_query_weights_keep_a_ridge_their_units_can_hold():
+    # the ridge in the units of a tiny C (2**-61) overflowed float32 to inf and every
+    # weight was 0; a smaller unit change keeps it in range
+    import torch
+
+    from mlpapers.retrieval.rbe import cur_query_weights
+
+    g = torch.Generator().manual_seed(0)
+    C = torch.randn(1, 4, 6, generator=g)
+    C = C / C.abs().max() * 5e-19
+    u = torch.randn(1, 4, generator=g)
+    C64, u64 = C.double()[0], u.double()[0]
+    ref = C64.T @ torch.linalg.solve(C64 @ C64.T + 100 * torch.eye(4, dtype=torch.float64), u64)
+    w32 = cur_query_weights(C, u, ridge=100)
+    assert bool((w32 != 0).all())
+    torch.testing.assert_close(w32[0].double(), ref, rtol=1e-4, atol=0)  # (float32)
+    torch.testing.assert_close(cur_query_weights(C.double(), u.double(), ridge=100)[0], ref,
+                               rtol=1e-9, atol=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -313,6 +314,11 @@ def cur_query_weights(
     # weights) and near 1e160 overflowed (eigh failed). With C / c and u / v the weights
     # are w c / v, for the ridge / c^2 and the Gram matrix / c^2
     c_unit, u_unit = power_of_two_unit(abs_max(C), 60), power_of_two_unit(abs_max(u), 60)
+    # no unit so small that the ridge in it, ridge / unit**2, overflows the dtype (a
+    # tiny C's ridge became inf and every weight 0): at most a quarter of its range
+    ratio = float(ridge) / (torch.finfo(C.dtype).max / 4)
+    if ratio > 0.0:
+        c_unit = max(c_unit, 2.0 ** math.ceil(0.5 * math.log2(ratio)))
     if c_unit == u_unit == 1.0:
         return _cur_query_weights(C, u, gram, ridge, rcond)
     w = _cur_query_weights(C / c_unit, u / u_unit,

@@ -373,10 +373,11 @@ def _greedy_pass(state: _GramDeflation | _LowRankDeflation, k: int, alive: torch
 
 def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     # Squared distances as |x - m|^2 - 2 (x - m).(y - m) + |y - m|^2 around the mean
-    # item m: one matrix-vector product per pick and no (N, d) temporary, and the
-    # offsets common to the items cancel exactly. About m, |x|^2 - 2 x.y + |y|^2
-    # cancelled for a relevance offset by 1e6 (picks changed from the 14th on); the
-    # centred norms are summed from the differences themselves, once
+    # item m: one matrix-vector product per pick and no (N, d) temporary. The centred
+    # norms are summed from the differences themselves, once; the product x.(y - m)
+    # - m.(y - m) still rounds at eps |offset| |y - m| (not eps |offset|^2, as
+    # |x|^2 - 2 x.y + |y|^2 did: a relevance offset by 1e6 changed the picks from the
+    # 14th on; now they hold to offsets of about 1e13 of the spread)
     m = X.mean(dim=0)
     centred_sq = _centred_sq_norms(X, m)
 
@@ -436,8 +437,9 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
             km.fit(Xn)
     centres = torch.as_tensor(km.cluster_centers_, dtype=X.dtype, device=X.device)
     labels = torch.as_tensor(km.labels_, device=X.device)
-    # about the mean item, as in _farthest: cdist's matrix-product form cancelled for
-    # items offset by 1e7 and took members farther from their centroid than others
+    # about the mean item, as in _farthest (rounding eps |offset| |c - m|): cdist's
+    # matrix-product form cancelled for items offset by 1e7 and took members farther
+    # from their centroid than others
     m = X.mean(dim=0)
     Z = centres - m
     dist = (_centred_sq_norms(X, m)[None, :] - 2.0 * (Z @ X.mT - (Z @ m)[:, None])

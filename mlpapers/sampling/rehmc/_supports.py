@@ -485,8 +485,9 @@ class Polytope(ConvexContainer):
         Returns
         -------
         float
-            ``2 * inradius``; the linear program caps the radius at ``1e6``, so a
-            polytope containing larger balls (a half-space) gives ``2e6``.
+            ``2 * inradius``; for an unbounded polytope (a half-space), whose balls
+            grow without end, the linear program caps the radius at ``1e6``, giving
+            ``2e6``.
         """
         return 2.0 * self._radius
 
