@@ -13,16 +13,20 @@ from mlpapers._utils._typing import RandomStateLike
 _SEED_HIGH = 2**63 - 1
 
 
-def _check_seed_type(random_state, name: str = "random_state") -> None:
+def _check_seed_type(random_state, name: str = "random_state", *,
+                     torch_generator: bool = False) -> None:
     """``random_state`` must be None, an int (not a bool), a RandomState or a Generator
-    (``name``: what the error calls it)."""
+    (``name``: what the error calls it; ``torch_generator``: a caller that also takes a
+    ``torch.Generator``, which it has handled, and which the error then names)."""
     if random_state is None or isinstance(random_state, (np.random.RandomState,
                                                          np.random.Generator)):
         return
     if isinstance(random_state, bool | np.bool_) or not isinstance(random_state,
                                                                    numbers.Integral):
-        raise TypeError(f"{name} must be None, an int, a numpy RandomState or a numpy "
-                        f"Generator, got {random_state!r} of type {type(random_state).__name__}.")
+        kinds = ("an int, a numpy RandomState, a numpy Generator or a torch.Generator"
+                 if torch_generator else "an int, a numpy RandomState or a numpy Generator")
+        raise TypeError(f"{name} must be None, {kinds}, got {random_state!r} of type "
+                        f"{type(random_state).__name__}.")
 
 
 def check_seed(random_state: RandomStateLike) -> None:
@@ -112,10 +116,5 @@ def check_generator(random_state, device=None) -> torch.Generator:
     ``random_state`` itself when it is a ``torch.Generator`` (which the error names)."""
     if isinstance(random_state, torch.Generator):
         return random_state
-    try:
-        _check_seed_type(random_state)
-    except TypeError:
-        raise TypeError(f"random_state must be None, an int, a numpy RandomState, a numpy "
-                        f"Generator or a torch.Generator, got {random_state!r} of type "
-                        f"{type(random_state).__name__}.") from None
+    _check_seed_type(random_state, torch_generator=True)
     return make_generators(random_state, device)[0]

@@ -372,18 +372,12 @@ def _greedy_pass(state: _GramDeflation | _LowRankDeflation, k: int, alive: torch
 
 
 def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # Squared distances as |x - m|^2 - 2 (x - m).(y - m) + |y - m|^2 around the mean
-    # item m: one matrix-vector product per pick and no (N, d) temporary. The centred
-    # norms are summed from the differences themselves, once; the product x.(y - m)
-    # - m.(y - m) still rounds at eps |offset| |y - m| (not eps |offset|^2, as
-    # |x|^2 - 2 x.y + |y|^2 did: a relevance offset by 1e6 changed the picks from the
-    # 14th on; now they hold to offsets of about 1e13 of the spread)
-    m = X.mean(dim=0)
-    centred_sq = _centred_sq_norms(X, m)
+    # (about the mean item: with |x|^2 - 2 x.y + |y|^2, a relevance offset by 1e6
+    # changed the picks from the 14th on; one matrix-vector product per pick)
+    about = _AboutMean(X)
 
     def dist2(y: torch.Tensor) -> torch.Tensor:
-        z = y - m
-        return (centred_sq - 2.0 * (X @ z - m @ z) + z @ z).clamp_min(0.0)
+        return about.sq_distances(y[None])[0]
 
     d_mean = dist2(X.mean(dim=0))
     first = int(torch.argmax(d_mean))
@@ -399,6 +393,25 @@ def _farthest(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         dmin = torch.minimum(dmin, dist2(X[j]))
         dmin[j] = -1.0
     return torch.tensor(picks, device=X.device), torch.stack(scores)
+
+
+class _AboutMean:
+    """Squared distances from the rows of ``X`` (N, d) to points ``Y`` (k, d), as
+    ``|x - m|^2 - 2 (x - m).(y - m) + |y - m|^2`` about the mean row ``m``: a matrix
+    product and no (k, N, d) or (N, d) temporary, with the centred norms of ``X``
+    summed from the differences, once. ``|x|^2 - 2 x.y + |y|^2`` (and cdist's matrix
+    form) cancelled at eps |offset|^2 for items with a large common offset; about m
+    the rounding is eps |offset| |y - m|."""
+
+    def __init__(self, X: torch.Tensor) -> None:
+        self.X, self.m = X, X.mean(dim=0)
+        self.centred_sq = _centred_sq_norms(X, self.m)
+
+    def sq_distances(self, Y: torch.Tensor) -> torch.Tensor:
+        """(k, N) squared distances, clamped at 0."""
+        Z = Y - self.m
+        return (self.centred_sq[None, :] - 2.0 * (Z @ self.X.mT - (Z @ self.m)[:, None])
+                + torch.einsum("ij,ij->i", Z, Z)[:, None]).clamp_min(0.0)
 
 
 def _centred_sq_norms(X: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -437,13 +450,9 @@ def _kmeans(X: torch.Tensor, k: int, seed: int, n_init: int) -> tuple[np.ndarray
             km.fit(Xn)
     centres = torch.as_tensor(km.cluster_centers_, dtype=X.dtype, device=X.device)
     labels = torch.as_tensor(km.labels_, device=X.device)
-    # about the mean item, as in _farthest (rounding eps |offset| |c - m|): cdist's
-    # matrix-product form cancelled for items offset by 1e7 and took members farther
-    # from their centroid than others
-    m = X.mean(dim=0)
-    Z = centres - m
-    dist = (_centred_sq_norms(X, m)[None, :] - 2.0 * (Z @ X.mT - (Z @ m)[:, None])
-            + torch.einsum("ij,ij->i", Z, Z)[:, None]).clamp_min(0.0)  # (k, N)
+    # (about the mean item: cdist's matrix form took members farther from their
+    # centroid than others for items offset by 1e7)
+    dist = _AboutMean(X).sq_distances(centres)  # (k, N)
     sizes = torch.bincount(labels, minlength=k)
     member = labels[None, :] == torch.arange(k, device=X.device)[:, None]
     dist_in = torch.where(member, dist, math.inf)

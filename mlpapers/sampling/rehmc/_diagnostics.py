@@ -150,13 +150,9 @@ def _split_half_blocks(x: np.ndarray, dims: slice, block_elements: int
     half, k = n // 2, dims.stop - dims.start
     rows = block_rows_for(n * k, block_elements)
     # (the diagnostics are scale-free; one unit per dimension for all the blocks)
-    unit = np.ones(k)
-    if m and n:
-        # (the largest magnitude over all the blocks first: a block of zeros has unit 1,
-        # which would have hidden the units of tiny draws in the others)
-        unit = power_of_two_units(np.fmax.reduce([_column_amax(x[start:start + rows, :, dims],
-                                                               (0, 1))
-                                                  for start in range(0, m, rows)]), 500)
+    # (from the largest magnitude over all the draws: per block, a block of zeros had
+    # unit 1, which hid the units of tiny draws in the others)
+    unit = extreme_value_units(x[:, :, dims], (0, 1)) if m and n else np.ones(k)
     for start in range(0, m, rows):
         stop = min(start + rows, m)
         block = np.asarray(x[start:stop, :, dims], dtype=np.float64)
