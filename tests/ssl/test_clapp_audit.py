@@ -84,3 +84,25 @@ def test_channels_last_images_get_a_clear_error(shape):
     X = np.random.default_rng(0).random(shape)
     with pytest.raises(ValueError, match=r"\(n, C, H, W\)"):
         CLAPPEncoder(architecture="tiny", n_epochs=1, random_state=0).fit(X)
+
+
+@pytest.mark.parametrize("shape", [(6, 16, 16, 3), (16, 16, 3)])
+@pytest.mark.parametrize("to_torch", [False, True])
+def test_layout_errors_suggest_a_transpose_of_the_callers_array_type(shape, to_torch):
+    # the single-image message suggested ``X[None].permute(...)``: an AttributeError on numpy
+    import re
+
+    from mlpapers.ssl import CLAPPEncoder
+
+    X = np.random.default_rng(0).random(shape).astype(np.float32)
+    with pytest.raises(ValueError) as err:
+        CLAPPEncoder(architecture="tiny", n_epochs=1, random_state=0).fit(
+            torch.from_numpy(X) if to_torch else X)
+    kind = "torch" if to_torch else "numpy"
+    fix = re.search(rf"(X[^ ]*\.(?:transpose|permute)\(0, 3, 1, 2\)) (?:for )?\({kind}\)|"
+                    rf"(X[^ ]*\.(?:transpose|permute)\(0, 3, 1, 2\)) for {kind}", str(err.value))
+    assert fix is not None, str(err.value)
+    expr = fix.group(1) or fix.group(2)
+    got = eval(expr, {"X": torch.from_numpy(X) if to_torch else X})  # noqa: S307
+    assert tuple(got.shape) == ((1,) * (len(shape) == 3) + (shape[0],) * (len(shape) == 4)
+                                + (shape[-1], *shape[-3:-1]))

@@ -161,11 +161,14 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                                 image_shape=None if reset else tuple(self.input_shape_))
         X = check_tensor(X, ndim=(3, 4), dtype=torch.float32, device="cpu",
                          min_samples=2 if reset else 1, owner=type(self).__name__)
-        reject_single_hwc_image(X, fix="X[None].permute(0, 3, 1, 2) (images are (n, C, H, W))")
+        reject_single_hwc_image(X, fix="a batch of at least 2 (n, C, H, W) images (one colour "
+                                "image is X[None].transpose(0, 3, 1, 2) for numpy, "
+                                "X[None].permute(0, 3, 1, 2) for torch)")
         if X.ndim == 4 and X.shape[-1] in (1, 3, 4) and min(X.shape[1], X.shape[2]) > 4:
             raise ValueError(f"X has shape {tuple(X.shape)}, which looks like channels-last "
                              "(n, H, W, C) images; images must be (n, C, H, W) (or (n, H, W) "
-                             "grayscale): transpose them with X.transpose(0, 3, 1, 2).")
+                             "grayscale): transpose them with X.transpose(0, 3, 1, 2) "
+                             "(numpy) or X.permute(0, 3, 1, 2) (torch).")
         if X.ndim == 3:
             X = X[:, None]
         shape = tuple(int(s) for s in X.shape[1:])
