@@ -41,6 +41,7 @@ from sklearn.utils.validation import (
     _check_feature_names,
     _check_n_features,
     _check_y,
+    _get_feature_names,
     check_is_fitted,
     validate_data,
 )
@@ -64,7 +65,7 @@ from mlpapers._utils._serialize import generator_from_state
 from mlpapers._utils._typing import F
 from mlpapers._utils._warnings import user_stacklevel
 
-__all__ = ["TorchEstimatorMixin", "load", "restore_on_failure", "save"]
+__all__ = ["TorchEstimatorMixin", "check_feature_names", "load", "restore_on_failure", "save"]
 
 _FORMAT_VERSION = 1
 
@@ -406,6 +407,31 @@ class TorchEstimatorMixin:
     def _expected_failed_checks(self) -> dict[str, str]:
         """Checks that genuinely do not apply, mapped to the reason."""
         return {}
+
+
+def check_feature_names(estimator: BaseEstimator, X: Any, name: str = "X") -> None:
+    """scikit-learn's check of ``X``'s column names against ``feature_names_in_`` after
+    fit (a warning for names on one side only, a ``ValueError`` for other names or
+    order), with the messages naming the argument ``name`` rather than ``X`` (the
+    ``queries`` of a fit, the ``clients[i]`` of a federation)."""
+    if name == "X":
+        _check_feature_names(estimator, X, reset=False)
+        return
+    fitted = getattr(estimator, "feature_names_in_", None)
+    given = _get_feature_names(X)
+    owner = type(estimator).__name__
+    if given is None and fitted is None:
+        return
+    if fitted is None:
+        warnings.warn(f"{name} has feature names, but {owner} was fitted without feature "
+                      "names", UserWarning, stacklevel=user_stacklevel())
+    elif given is None:
+        warnings.warn(f"{name} does not have valid feature names, but {owner} was fitted "
+                      "with feature names", UserWarning, stacklevel=user_stacklevel())
+    elif not np.array_equal(given, fitted):
+        raise ValueError(f"the feature names of {name} should match those passed during "
+                         f"fit, in the same order: got {list(given)}, fitted on "
+                         f"{list(fitted)}.")
 
 
 def restore_on_failure(fit: F) -> F:

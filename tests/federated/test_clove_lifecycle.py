@@ -59,8 +59,16 @@ def test_arrays_next_to_dataframes_warn_at_fit_and_score_as_before(clients):
     mixed += list(clients[1:])
     # scored by a model fitted on arrays: per-client check only (sklearn's warning)
     est = FedAvg(n_rounds=2, random_state=0).fit(clients)
-    with pytest.warns(UserWarning, match="fitted without feature names"):
+    with pytest.warns(UserWarning, match=r"^clients\[0\] has feature names, but FedAvg "
+                      "was fitted without feature names"):
         assert est.score(mixed) == pytest.approx(est.score(clients))
+    named = FedAvg(n_rounds=2, random_state=0).fit(
+        [(pd.DataFrame(X, columns=list("abcd")), y) for X, y in clients])
+    with pytest.warns(UserWarning, match=r"^clients\[[123]\] does not have valid feature names"):
+        named.score(mixed)
+    swapped = [(pd.DataFrame(X, columns=list("abdc")), y) for X, y in clients]
+    with pytest.raises(ValueError, match=r"feature names of clients\[0\] should match"):
+        named.score(swapped)
     # fitted on the mix: names cannot be checked for the arrays, so none are recorded
     with pytest.warns(UserWarning, match="3 of 4 clients have no feature names") as rec:
         mixed_fit = FedAvg(n_rounds=2, random_state=0).fit(mixed)

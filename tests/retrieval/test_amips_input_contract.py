@@ -221,14 +221,28 @@ def test_training_queries_must_name_the_keys_columns_in_order():
     K = pd.DataFrame(rng.standard_normal((50, 3)), columns=list("abc"))
     Q = pd.DataFrame(rng.standard_normal((40, 3)), columns=list("cba"))
     kw = dict(n_steps=3, depth=2, random_state=0)
-    with pytest.raises(ValueError, match="feature names should match"):
+    with pytest.raises(ValueError, match="feature names of queries should match"):
         AmortizedMIPS(**kw).fit(K, queries=Q)
 
     def sampler(n, rng):
         return Q.iloc[rng.integers(len(Q), size=n)]
-    with pytest.raises(ValueError, match="feature names should match"):
+    with pytest.raises(ValueError, match="feature names of queries should match"):
         AmortizedMIPS(**kw).fit(K, queries=sampler)
+    # named queries for unnamed keys warn, naming the argument (sklearn's check said "X")
+    with pytest.warns(UserWarning, match="^queries has feature names, but AmortizedMIPS"):
+        AmortizedMIPS(**kw).fit(K.to_numpy(), queries=Q)
     # the same columns in the keys' order train as the array does
     a = AmortizedMIPS(**kw).fit(K, queries=Q[list("abc")])
     b = AmortizedMIPS(**kw).fit(K, queries=Q[list("abc")].to_numpy())
     np.testing.assert_array_equal(a.predict(K.to_numpy()[:5]), b.predict(K.to_numpy()[:5]))
+
+
+def test_float32_keys_are_kept_without_a_copy_as_documented():
+    # database_ documents the view (no second copy of a large database); other dtypes
+    # are converted, so they never alias the caller's array
+    from mlpapers.retrieval.amips import AmortizedMIPS, ExactMIPS
+
+    keys = np.random.default_rng(0).standard_normal((40, 3)).astype(np.float32)
+    for est in (ExactMIPS(), AmortizedMIPS(n_steps=2, depth=2, random_state=0)):
+        assert np.shares_memory(est.fit(keys).database_, keys)
+        assert not np.shares_memory(est.fit(keys.astype(np.float64)).database_, keys)

@@ -20,6 +20,7 @@ from sklearn.metrics import r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import _check_feature_names
 
+from mlpapers._base import check_feature_names
 from mlpapers._utils import ArrayLike, check_tensor, encode_labels, on_cpu_default_device
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._data import (
@@ -297,8 +298,8 @@ class _FederatedInferenceMixin:
         """
         self._check_fitted()
         if isinstance(clients, (list, tuple)):
-            for item in clients:
-                _check_feature_names(self, _split_client(item)[0], reset=False)
+            for i, item in enumerate(clients):
+                check_feature_names(self, _split_client(item)[0], f"clients[{i}]")
         fed = validate_clients(clients, ndim=None, device=self._resolved_device,
                                owner=type(self).__name__, input_shape=tuple(self.input_shape_),
                                supervised=self._needs_targets())

@@ -155,9 +155,12 @@ class AmortizedMIPS(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _MIPSBase
         network trains in (``key_scale_``) and it learns to answer every query with
         the same key. The methods answer in the original space: indices into
         ``database_``, similarities and :meth:`value` the original inner products,
-        :meth:`predict_key` with ``key_mean_`` added back; the ranking by the
-        predicted key (``retrieval``) compares it with the centred keys (for
-        ``"ip"`` the same ranking as with the original keys). Costs a centred copy
+        :meth:`predict_key` with ``key_mean_`` added back. The ranking
+        (``retrieval``) compares the network's key in the centred space,
+        :meth:`transform`, with the centred keys (for ``"ip"`` the same ranking as
+        :meth:`transform` against the original keys), not :meth:`predict_key`
+        (whose inner product with key :math:`k_j` adds :math:`\langle m, k_j\rangle`,
+        which differs from key to key and can reorder them). Costs a centred copy
         of the database. ``False`` (the paper's setting, for normalised embeddings)
         trains on the keys as given.
     device : str or torch.device, default="cpu"
@@ -171,6 +174,10 @@ class AmortizedMIPS(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _MIPSBase
     Attributes
     ----------
     database_ : ndarray of shape (n_keys, n_features), float32
+        The keys, without a copy when given in float32 (no second copy of a large
+        database): changing them in place after ``fit`` changes the database but not
+        the network trained on them (nor, with ``center_keys``, the centred copy
+        that ranks them), so refit after such a change.
     model_ : torch.nn.Module
         The (EMA) trained network, in eval mode. It works in scaled units: it takes
         ``x / query_scale_`` and predicts keys ``k / key_scale_`` (``(k - key_mean_) /
@@ -519,7 +526,8 @@ class AmortizedMIPS(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _MIPSBase
 
     @fill_doc(X=_QUERIES_X)
     def predict(self, X: ArrayLike) -> np.ndarray:
-        """Top-1 key index for the predicted key.
+        """Top-1 key index for the predicted key (:meth:`transform`, which with
+        ``center_keys`` ranks the centred keys; see ``center_keys``).
 
         See ``retrieval`` and ``n_candidates`` (re-ranking by the true inner product).
 

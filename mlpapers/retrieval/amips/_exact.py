@@ -91,7 +91,9 @@ class ExactMIPS(_MIPSBase):
     Attributes
     ----------
     database_ : ndarray of shape (n_keys, n_features), float32
-        The keys.
+        The keys: float32 keys are kept without a copy (as scikit-learn's
+        ``NearestNeighbors`` keeps its data), so changing them in place after ``fit``
+        changes the database; refit after such a change.
     n_features_in_ : int
         Number of features (the dimension ``d`` of the keys).
 

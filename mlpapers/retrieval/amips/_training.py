@@ -16,9 +16,9 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from sklearn.utils.validation import _check_feature_names
 from torch import nn
 
+from mlpapers._base import check_feature_names
 from mlpapers._utils import ArrayLike, ProgressLogger, check_tensor
 from mlpapers._utils._blocks import block_rows_for, row_blocks
 from mlpapers.retrieval.amips._kernels import _KeyStats, _support, amips_loss, warmup_cosine_lr
@@ -287,7 +287,7 @@ def fit_amips(est, keys: torch.Tensor, queries: QuerySource,
     draw = make_query_source(queries, d, device=est._device, torch_gen=est._torch_gen,
                              numpy_gen=est._numpy_gen, owner=type(est).__name__,
                              # (queries of columns in another order trained silently)
-                             check_names=lambda X: _check_feature_names(est, X, reset=False))
+                             check_names=lambda X: check_feature_names(est, X, "queries"))
     gen = est._torch_gen
 
     def augment(q):
