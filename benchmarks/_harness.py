@@ -240,6 +240,41 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def ints_at_least(minimum: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each >= ``minimum``."""
+    one = int_at_least(minimum)
+
+    def parse(text: str) -> list[int]:
+        return [one(part.strip()) for part in text.split(",")]
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a step size, a temperature)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def writable_file(text: str) -> str:
+    """An argparse type: a file path that can be written (checked before the run: a
+    bad ``--out`` used to fail after the whole benchmark, losing its results)."""
+    path = os.path.abspath(text)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, expected a file path")
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"the directory of {text!r} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path)
+                                          and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable")
+    return text
+
+
 def benchmark_parser(title: str, *,
                      parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
     """The command line of a benchmark: ``--quick``, ``--out``, ``--repeats``,
@@ -247,7 +282,8 @@ def benchmark_parser(title: str, *,
     all listed by ``--help``."""
     parser = argparse.ArgumentParser(description=title, parents=list(parents))
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    parser.add_argument("--out", help="write results as JSON to this path")
+    parser.add_argument("--out", type=writable_file,
+                        help="write results as JSON to this path")
     parser.add_argument("--repeats", type=int_at_least(1), default=None,
                         help="timed repeats per case (>= 1)")
     parser.add_argument("--warmup", type=int_at_least(0), default=None,

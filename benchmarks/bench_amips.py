@@ -35,7 +35,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Case, benchmark_main, benchmark_parser, int_at_least  # noqa: E402
+from _harness import (  # noqa: E402
+    Case,
+    benchmark_main,
+    benchmark_parser,
+    int_at_least,
+    ints_at_least,
+    positive_float,
+)
 
 from mlpapers.datasets import make_mips_problem  # noqa: E402
 from mlpapers.retrieval import (  # noqa: E402
@@ -190,7 +197,7 @@ def make_cases(quick: bool):
         return cases
     sizes = [] if opts.no_synthetic else [10_000, 100_000] if opts.large else [10_000]
     if opts.sizes and not opts.no_synthetic:
-        sizes = [int(n) for n in opts.sizes.split(",")]
+        sizes = opts.sizes
     for n in sizes:
         keys, Q, sampler = make_mips_problem(n, 64, n_queries=4096, n_anchors=64,
                                              random_state=0)
@@ -227,19 +234,31 @@ if __name__ == "__main__":
     extra.add_argument("--large", action="store_true", help="also N = 100k")
     extra.add_argument("--no-wiki", action="store_true", help="skip the Wikipedia set")
     extra.add_argument("--no-synthetic", action="store_true", help="skip the synthetic sets")
-    extra.add_argument("--sizes", default=None,
+    extra.add_argument("--sizes", type=ints_at_least(1), default=None,
                        help="comma-separated synthetic database sizes (default 10000; "
                             "--large adds 100000)")
-    extra.add_argument("--batch", type=int, default=1024, help="training batch size")
-    extra.add_argument("--wiki-docs", type=int, default=None,
+    extra.add_argument("--batch", type=int_at_least(1), default=1024,
+                       help="training batch size")
+    extra.add_argument("--wiki-docs", type=int_at_least(1), default=None,
                        help="use only the first N Wikipedia documents (default: all)")
-    extra.add_argument("--steps", type=int, default=3000, help="training steps (full run)")
-    extra.add_argument("--width", type=int, default=256)
-    extra.add_argument("--depth", type=int, default=4)
-    extra.add_argument("--lr", type=float, default=3e-3)
-    extra.add_argument("--supportnet-lr", type=float, default=None,
+    extra.add_argument("--steps", type=int_at_least(1), default=3000,
+                       help="training steps (full run)")
+    extra.add_argument("--width", type=int_at_least(1), default=256)
+    extra.add_argument("--depth", type=int_at_least(1), default=4)
+    extra.add_argument("--lr", type=positive_float, default=3e-3)
+    extra.add_argument("--supportnet-lr", type=positive_float, default=None,
                        help="peak learning rate of SupportNet (default: --lr)")
     extra.add_argument("--no-supportnet", dest="supportnet", action="store_false")
     _TITLE = "Amortized MIPS vs exact search and faiss"
-    _OPTIONS = benchmark_parser(_TITLE, parents=[extra]).parse_args()
+    _parser = benchmark_parser(_TITLE, parents=[extra])
+    _OPTIONS = _parser.parse_args()
+    if _OPTIONS.no_synthetic and _OPTIONS.no_wiki:
+        _parser.error("--no-synthetic with --no-wiki leaves nothing to run")
+    # --quick runs one fixed small problem: options of the full runs would be ignored
+    _ignored = [("--no-supportnet" if name == "supportnet" else f"--{name.replace('_', '-')}")
+                for name in ("large", "no_wiki", "no_synthetic", "sizes", "batch", "wiki_docs",
+                             "steps", "width", "depth", "lr", "supportnet_lr", "supportnet")
+                if getattr(_OPTIONS, name) != _parser.get_default(name)]
+    if _OPTIONS.quick and _ignored:
+        _parser.error(f"--quick runs a fixed small problem and ignores {', '.join(_ignored)}")
     benchmark_main(make_cases, baseline=None, title=_TITLE, args=_OPTIONS)

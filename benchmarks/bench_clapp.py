@@ -197,11 +197,16 @@ def _merge(paths: list[str]) -> list:
 
     seen, results = set(), []
     for path in paths:
-        with open(path) as f:
-            for d in json.load(f)["results"]:
-                if d["name"] not in seen:
-                    seen.add(d["name"])
-                    results.append(Result(**d))
+        try:
+            with open(path) as f:
+                rows = [Result(**d) for d in json.load(f)["results"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"--merge: {path} is not a results file written by --out "
+                             f"({type(exc).__name__}: {exc})") from None
+        for r in rows:
+            if r.name not in seen:
+                seen.add(r.name)
+                results.append(r)
     return results
 
 

@@ -222,11 +222,11 @@ def wiki_cases(quick: bool):
     data = load_wiki_summaries(embed=True, verbose=True)
     T, S = data.title_embeddings, data.summary_embeddings
     if quick:
-        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 400, 100, 800, (20, 50), \
-            100, 100, 20
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps = 400, 100, 800, (20, 50), 100, 100
     else:
-        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = _OPTIONS.wiki_queries, 300, \
-            _OPTIONS.wiki_items, (50, 100, 200, 500), 500, 1000, _OPTIONS.k
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps = _OPTIONS.wiki_queries, 300, \
+            _OPTIONS.wiki_items, (50, 100, 200, 500), 500, 1000
+    K = _cutoff(quick)
     heavy = WikiHeavyRanker(T, S, steps=150 if quick else 400)
     print(f"  wiki heavy MLP trained in {heavy.train_s:.1f} s (in-batch softmax loss "
           f"{heavy.final_loss:.3f})", file=sys.stderr)
@@ -259,19 +259,25 @@ def make_cases(quick: bool):
 def synthetic_cases(quick: bool):
     if quick:
         # smoke sizes: the neural head and the two-tower dominate the run time
-        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 400, 100, 800, (20, 50), 100, 100, 20
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps = 400, 100, 800, (20, 50), 100, 100
         kw = dict(n_hidden=64, nonlinearity=2.0)
     else:
-        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps, K = 1000, 300, 2000, \
-            (50, 100, 200, 500), 500, 1000, _OPTIONS.k
+        n_tr, n_te, n_items, budgets, mlp_iter, tt_steps = 1000, 300, 2000, \
+            (50, 100, 200, 500), 500, 1000
         kw = dict(n_hidden=128, nonlinearity=2.0)
+    K = _cutoff(quick)
     Q, items, heavy = make_relevance_problem(n_tr + n_te, n_items, random_state=0, **kw)
     return problem_cases("", Q[:n_tr], Q[n_tr:], items, heavy, budgets=budgets, K=K,
                          mlp_iter=mlp_iter, tt_steps=tt_steps)
 
 
 _OPTIONS = argparse.Namespace(threads=2, no_wiki=False, no_synthetic=False, wiki=False,
-                              wiki_items=2000, wiki_queries=1000, k=100)
+                              wiki_items=2000, wiki_queries=1000, k=None)
+
+
+def _cutoff(quick: bool) -> int:
+    """HitRate@K's ``K``: ``--k``, else 20 in quick runs and the paper's 100 in full."""
+    return _OPTIONS.k if _OPTIONS.k is not None else (20 if quick else 100)
 
 if __name__ == "__main__":
     extra = argparse.ArgumentParser(add_help=False)
@@ -280,11 +286,22 @@ if __name__ == "__main__":
     extra.add_argument("--wiki", action="store_true",
                        help="also run the Wikipedia problem with --quick")
     extra.add_argument("--no-synthetic", action="store_true", help="skip the synthetic problem")
-    extra.add_argument("--wiki-items", type=int, default=2000, help="catalogue size (wiki)")
-    extra.add_argument("--wiki-queries", type=int, default=1000,
+    # (the largest budget, 500 supports, needs as many items)
+    extra.add_argument("--wiki-items", type=int_at_least(500), default=2000,
+                       help="catalogue size (wiki, >= 500)")
+    extra.add_argument("--wiki-queries", type=int_at_least(1), default=1000,
                        help="training queries (wiki)")
-    extra.add_argument("--k", type=int, default=100,
-                       help="HitRate@K cut-off of the full runs (the paper: 100)")
+    extra.add_argument("--k", type=int_at_least(1), default=None,
+                       help="HitRate@K cut-off (default: 100, the paper's; 20 with --quick)")
     _TITLE = "RBE: HitRate@K vs online heavy calls per query"
-    _OPTIONS = benchmark_parser(_TITLE, parents=[extra]).parse_args()
+    _parser = benchmark_parser(_TITLE, parents=[extra])
+    _OPTIONS = _parser.parse_args()
+    if _OPTIONS.no_synthetic and (_OPTIONS.no_wiki or (_OPTIONS.quick and not _OPTIONS.wiki)):
+        _parser.error("--no-synthetic leaves no problem to run (the wiki one is skipped)")
+    _items = [800] if _OPTIONS.quick else [2000]
+    if not _OPTIONS.no_wiki and (_OPTIONS.wiki or not _OPTIONS.quick):
+        _items.append(800 if _OPTIONS.quick else _OPTIONS.wiki_items)
+    if _cutoff(_OPTIONS.quick) > min(_items):
+        _parser.error(f"--k must be <= the number of items ({min(_items)}), "
+                      f"got {_OPTIONS.k}")
     benchmark_main(make_cases, baseline="brute force", title=_TITLE, args=_OPTIONS)

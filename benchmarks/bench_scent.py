@@ -50,7 +50,7 @@ import warnings
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _harness import Case, benchmark_main
+from _harness import Case, benchmark_main, writable_file
 
 from mlpapers.datasets import make_extreme_classification
 from mlpapers.optim.scent import KLDRORegressor, SCENTClassifier
@@ -468,7 +468,8 @@ SECTIONS = (
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", help="JSON path; one file per section (suffix _xc, ...)")
+    parser.add_argument("--out", type=writable_file,
+                        help="JSON path; one file per section (suffix _xc, ...)")
     parser.add_argument("--only", choices=[s[0] for s in SECTIONS], action="append")
     args, rest = parser.parse_known_args(argv)
     torch.set_num_threads(1)  # ratios are measured with one thread

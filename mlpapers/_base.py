@@ -26,11 +26,13 @@ estimator (for trusted files).
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import numbers
 import os
 import warnings
+import zipfile
 from typing import TYPE_CHECKING, Any, Self, cast
 
 import numpy as np
@@ -343,7 +345,7 @@ class TorchEstimatorMixin:
         Parameters
         ----------
         path : str or path-like
-            Destination file.
+            Destination file (overwritten if it exists; its directory must exist).
         """
         save(self, path)
 
@@ -385,12 +387,13 @@ class TorchEstimatorMixin:
         ValueError
             If the file is not one that :meth:`save` wrote (empty, truncated, damaged,
             another kind of file), or holds another version's format.
+        TypeError
+            If the file holds an estimator of another class.
         """
         est = load(path, map_location=map_location, trusted=cls)
         if not isinstance(est, cls):
-            raise TypeError(
-                f"{os.fspath(path)!r} holds a {type(est).__name__}, not a {cls.__name__}."
-            )
+            raise TypeError(f"{_file_path(path)!r} holds a saved {type(est).__name__}, not "
+                            f"{cls.__name__}; load it with {type(est).__name__}.load.")
         return est
 
     # -- scikit-learn integration -------------------------------------------
@@ -506,7 +509,8 @@ def _restore_rng(estimator: BaseEstimator, rng: Any) -> None:
             if not isinstance(np_gen, np.random.Generator):
                 raise TypeError(f"numpy stream of type {type(np_gen).__name__}")
             estimator._numpy_gen = np_gen
-    except (AttributeError, KeyError, TypeError, RuntimeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, RuntimeError, ValueError,
+            OverflowError) as exc:  # (numpy's state setter: a damaged integer)
         raise ValueError(f"the saved generator states are malformed: {exc}") from exc
 
 
@@ -540,7 +544,22 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
         # pickle does not share the key strings with the state (a flipped byte in one
         # would change both)
         payload["names"] = "\n".join(names)
-    torch.save(payload, os.fspath(path))
+    where = _file_path(path)
+    if os.path.isdir(where):
+        raise IsADirectoryError(errno.EISDIR, "save needs a file path, not a directory", where)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(where))):
+        raise FileNotFoundError(errno.ENOENT, "the directory to save into does not exist",
+                                os.path.dirname(os.path.abspath(where)))
+    torch.save(payload, where)
+
+
+def _file_path(path: Any) -> str:
+    """``path`` as a ``str`` (``bytes`` and path-likes decoded as ``open`` does:
+    ``torch.save``/``torch.load`` take neither bytes nor their paths)."""
+    try:
+        return os.fsdecode(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or path-like, got {type(path).__name__}.") from None
 
 
 def load(
@@ -583,8 +602,15 @@ def _holds_meta_tensors(obj: Any) -> bool:
 
 
 def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> BaseEstimator:
-    where = os.fspath(path)
+    where = _file_path(path)
     location = _check_map_location(map_location)
+    if os.path.isfile(where) and not zipfile.is_zipfile(where):
+        # save writes torch's zip format; torch.load would first warn about a plain
+        # pickle (e.g. pickle.dump of an estimator) and then refuse it
+        raise ValueError(f"{where!r} is not a valid mlpapers estimator file: it is not the "
+                         "zip archive that save writes (it is empty, damaged, or another "
+                         "kind of file; an estimator written with pickle.dump is read back "
+                         "with pickle.load).")
     try:
         payload = torch.load(where, map_location=location, weights_only=True)
     except (FileNotFoundError, IsADirectoryError, PermissionError):
@@ -620,7 +646,8 @@ def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> B
             _check_state_names(est, state, payload["names"])
         est._record_rebuild_params()  # the model was just rebuilt from these values
         _restore_rng(est, payload.get("rng", {}))
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
+            OverflowError) as exc:
         raise ValueError(f"{where!r} is not a valid mlpapers estimator file: "
                          f"{exc}") from exc
     return est

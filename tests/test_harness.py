@@ -12,6 +12,8 @@ from _harness import (  # noqa: E402
     benchmark_main,
     benchmark_parser,
     format_table,
+    ints_at_least,
+    positive_float,
     run_cases,
 )
 
@@ -87,6 +89,29 @@ def test_bad_repeat_counts_are_refused(argv, capsys):
     assert "expected an integer" in capsys.readouterr().err
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         run_cases([Case("a", lambda: {}, repeats=0)], verbose=False)
+
+
+@pytest.mark.parametrize("out, match", [("{tmp}/no/such/dir/r.json", "does not exist"),
+                                        ("{tmp}", "is a directory")])
+def test_a_bad_out_path_is_refused_before_any_case_runs(tmp_path, capsys, out, match):
+    # the path was opened after the whole run: minutes of results lost to a traceback
+    ran = []
+    with pytest.raises(SystemExit):
+        benchmark_main(lambda quick: [Case("a", lambda: ran.append(1) or {})],
+                       baseline=None, title="T", argv=["--out", out.format(tmp=tmp_path)])
+    assert match in capsys.readouterr().err and not ran
+
+
+def test_list_and_float_option_types():
+    import argparse
+
+    assert ints_at_least(1)("10, 200") == [10, 200]
+    assert positive_float("3e-3") == 3e-3
+    for parse, text in [(ints_at_least(1), "10,0"), (ints_at_least(1), "a"),
+                        (positive_float, "0"), (positive_float, "-1"), (positive_float, "nan"),
+                        (positive_float, "inf"), (positive_float, "x")]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
 
 
 def _row(table, name):

@@ -10,6 +10,7 @@ damaged attribute name loaded and failed at ``predict`` with an AttributeError; 
 """
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -109,17 +110,73 @@ def _contents(good):
     }
 
 
-@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 @pytest.mark.parametrize("kind", ["empty", "truncated", "random bytes", "text", "pickle"])
 def test_load_of_a_file_save_did_not_write_is_a_value_error_naming_it(tmp_path, kind):
+    # (and no torch warning first: a plain pickle warned "Detected pickle protocol 4 in
+    # the checkpoint ... please file an issue" before the error)
     _, path, _ = _saved_toy(tmp_path)
     bad = tmp_path / "bad.pt"
     bad.write_bytes(_contents(path.read_bytes())[kind])
-    with pytest.raises(ValueError, match="not a valid mlpapers estimator file") as info:
-        ToyRidge.load(bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="not a valid mlpapers estimator file") as info:
+            ToyRidge.load(bad)
     assert str(bad) in str(info.value)
     assert "weights_only" not in str(info.value)
+    if kind == "pickle":
+        assert "pickle.load" in str(info.value)
+
+
+def test_a_zip_archive_torch_cannot_read_keeps_torchs_detail(tmp_path):
+    import zipfile
+
+    bad = tmp_path / "bad.pt"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("x.txt", "not a torch file")
+    with pytest.raises(ValueError, match="not a valid mlpapers estimator file") as info:
+        ToyRidge.load(bad)
     assert info.value.__cause__ is not None  # torch's detail stays in the chain
+
+
+def test_damaged_generator_state_and_type_tags_are_value_errors_at_load(tmp_path):
+    # numpy's state setter raised OverflowError for an out-of-range integer, and an
+    # unknown "__mlpapers_*" tag loaded as a plain dict that failed at predict
+    est, path, X = _saved_toy(tmp_path)
+    est._numpy_gen = np.random.default_rng(0)  # saved with the generator states
+    est.save(path)
+    payload = torch.load(path, weights_only=True)
+    state = payload["rng"]["numpy"]["__mlpapers_numpy_rng__"]["state"]
+    for bad_value in (-1, 2**200):
+        state["state"] = bad_value
+        torch.save(payload, tmp_path / "rng.pt")
+        with pytest.raises(ValueError, match="rng.pt.*not a valid.*generator states"):
+            ToyRidge.load(tmp_path / "rng.pt")
+    payload = torch.load(path, weights_only=True)
+    coef = payload["state"]["coef_"]
+    assert set(coef) == {"__mlpapers_ndarray__"}
+    payload["state"]["coef_"] = {"__mlpapers_ndarrax__": coef["__mlpapers_ndarray__"]}
+    torch.save(payload, tmp_path / "tag.pt")
+    with pytest.raises(ValueError, match="tag.pt.*not a valid.*__mlpapers_ndarrax__"):
+        ToyRidge.load(tmp_path / "tag.pt")
+
+
+def test_paths_as_bytes_and_bad_destinations(tmp_path):
+    est, path, X = _saved_toy(tmp_path)
+    target = tmp_path / "b.pt"
+    est.save(bytes(target))  # as open() takes them; torch.save and torch.load do not
+    np.testing.assert_array_equal(ToyRidge.load(bytes(target)).predict(X), est.predict(X))
+    with pytest.raises(IsADirectoryError):
+        est.save(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        est.save(tmp_path / "no" / "m.pt")
+    with pytest.raises(TypeError, match="path must be a str or path-like"):
+        est.save(3)
+    from mlpapers.optim.scent import KLDRORegressor
+
+    KLDRORegressor(epochs=1, random_state=0).fit(*_data()).save(target)
+    with pytest.raises(TypeError, match=r"holds a saved KLDRORegressor, not KLDROClassifier; "
+                                        r"load it with KLDRORegressor.load"):
+        KLDROClassifier.load(target)
 
 
 def test_a_missing_file_stays_file_not_found_and_an_empty_one_is_a_value_error(tmp_path):

@@ -190,6 +190,10 @@ def decode(obj: Any) -> Any:
             return tuple(decode(v) for v in obj[_TUPLE_TAG])
         if keys == {_DICT_TAG}:
             return {k: decode(v) for k, v in obj[_DICT_TAG]}
+        tags = sorted(k for k in keys if isinstance(k, str) and k.startswith("__mlpapers_"))
+        if tags:  # encode stores a user dict with such keys under _DICT_TAG: damaged
+            raise ValueError(f"unknown or malformed entry {tags[0]!r} with keys "
+                             f"{sorted(map(str, keys))}")
         return {k: decode(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [decode(v) for v in obj]

@@ -331,3 +331,25 @@ def test_a_refit_without_validation_drops_the_previous_validation_score():
     assert hasattr(est, "best_validation_hit_rate_")
     _quiet(est.set_params(head="linear").fit, Q, ITEMS)
     assert est.best_validation_hit_rate_ is None and est.head_ is None
+
+
+@pytest.mark.parametrize("kind, name", [("rbe", "support_indices_"),
+                                        ("anncur", "support_indices_"),
+                                        ("adacur", "initial_anchors_")])
+def test_load_refuses_damaged_item_indices(tmp_path, kind, name):
+    # an index past the catalogue failed in load's take (or at the first query) with an
+    # IndexError; a float or repeated one the same way or later
+    est = _quiet(FACTORIES[kind](heavy, 256).fit, Q, ITEMS)
+    path = tmp_path / "r.pt"
+    est.save(path)
+    good = np.asarray(getattr(est, name))
+    for bad in (np.r_[good[:-1], len(ITEMS)], np.r_[good[:-1], -1], good.astype(np.float64),
+                np.r_[good[:-1], good[0]], good[None]):
+        payload = torch.load(path, weights_only=True)
+        payload["state"][name] = {"__mlpapers_ndarray__": torch.as_tensor(bad)}
+        torch.save(payload, tmp_path / "bad.pt")
+        with pytest.raises(ValueError, match=f"bad.pt.*not a valid.*{name} must hold distinct "
+                                             r"item indices in \[0, 40\)"):
+            type(est).load(tmp_path / "bad.pt", relevance_fn=heavy, items=ITEMS)
+    back = type(est).load(path, relevance_fn=heavy, items=ITEMS)
+    np.testing.assert_array_equal(back.predict(Q[:5]), est.predict(Q[:5]))

@@ -21,7 +21,13 @@ from mlpapers._utils import (
     to_numpy,
 )
 from mlpapers._utils._blocks import collect_row_blocks
-from mlpapers.retrieval.rbe._common import HeavyRankerMixin, length, take, warn_near_interpolation
+from mlpapers.retrieval.rbe._common import (
+    HeavyRankerMixin,
+    check_item_indices,
+    length,
+    take,
+    warn_near_interpolation,
+)
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
 from mlpapers.retrieval.rbe._kernels import _cur_query_weights, abs_max, stable_topk
 from mlpapers.retrieval.rbe._selection import SupportMethod, quiet_early_stop, select_support
@@ -357,6 +363,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         super()._set_state(state)
+        check_item_indices(self, "initial_anchors_")
         # files hold the matrix query-major: back to the item-major layout of fit
         self.anchor_relevance_ = np.asfortranarray(self.anchor_relevance_)
 

@@ -97,6 +97,18 @@ def take(seq: Any, idx: np.ndarray) -> Any:
     return [seq[int(i)] for i in idx]
 
 
+def check_item_indices(est: Any, name: str) -> None:
+    """Refuse a loaded ``est.<name>`` that is not a 1-D array of distinct item indices
+    in ``[0, n_items_)`` (a damaged file failed later, at :meth:`load`'s ``take`` or
+    at the first query, with an ``IndexError``)."""
+    idx = np.asarray(getattr(est, name))
+    n = int(est.n_items_)
+    if (idx.ndim != 1 or idx.dtype.kind not in "iu" or len(np.unique(idx)) != len(idx)
+            or (idx.size and not 0 <= int(idx.min()) <= int(idx.max()) < n)):
+        raise ValueError(f"{name} must hold distinct item indices in [0, {n}), got "
+                         f"{idx.dtype} values of shape {idx.shape}")
+
+
 def fresh(seq: Any) -> Any:
     """A new container holding the elements of ``seq`` (arrays, tensors, pandas objects
     and lists, whose type ``take`` keeps); other sequences are returned as given.

@@ -23,6 +23,7 @@ from mlpapers._utils import (
 from mlpapers._utils._blocks import block_rows_for, collect_row_blocks
 from mlpapers.retrieval.rbe._common import (
     HeavyRankerMixin,
+    check_item_indices,
     length,
     take,
     warn_near_interpolation,
@@ -629,6 +630,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         state["head_shift_"] = (None if head is None
                                 else state.get("head_shift_", np.zeros(2)))
         super()._set_state(state)
+        check_item_indices(self, "support_indices_")
         self.head_ = head_from_state(head, self._resolved_device)
 
 
