@@ -216,3 +216,22 @@ def test_reference_blur_helper_matches_a_2d_convolution():
     k = torch.outer(g, g) / g.sum() ** 2
     conv = F.conv2d(x[:, None], k[None, None], padding=2)[:, 0]
     torch.testing.assert_close(_reference_blur(x, 1.0, None, "zeros"), conv)
+
+
+def test_a_list_of_differently_sized_float_images_warns_once_about_their_range():
+    # each image was validated on its own: one range warning per image (1000 images,
+    # 1000 warnings, each quoting its own range), where one array of them warns once
+    rng = np.random.default_rng(0)
+    imgs = [rng.random((20 + i % 7, 24, 3)).astype(np.float32) * 255 for i in range(12)]
+    imgs[3] = (imgs[3] * 0 + 7).astype(np.uint8)  # integers are checked one by one
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        RADDetector(extractor="random", image_size=32, k_images=3).fit(imgs)
+    got = [str(w.message) for w in caught if "expected in [0, 1]" in str(w.message)]
+    lo = min(float(a.min()) for a in imgs if a.dtype.kind == "f")
+    hi = max(float(a.max()) for a in imgs)
+    assert len(got) == 1, got
+    assert got[0].startswith(f"X is floating point with values in [{lo:.4g}, {hi:.4g}];")
+    bad = [*imgs[:3], np.full((21, 24, 3), 300, np.int32)]
+    with pytest.raises(ValueError, match=r"integer values in \[300, 300\]"):
+        RADDetector(extractor="random", image_size=32, k_images=3).fit(bad)

@@ -39,7 +39,7 @@ def test_partial_fit_refuses_other_classes_than_the_first_call():
 
     X, y = _xy()
     clf = SCENTClassifier(n_negatives=1, random_state=0).partial_fit(X, y, classes=[0, 1])
-    with pytest.raises(ValueError, match="classes differ from those of the first call"):
+    with pytest.raises(ValueError, match="classes differ from the fitted classes_"):
         clf.partial_fit(X, y, classes=[0, 1, 2])
     clf.partial_fit(X, y, classes=[1, 0])  # the same set in another order is accepted
 
@@ -132,8 +132,13 @@ def test_divergence_errors_of_the_training_loops():
     X, y = _xy()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(FloatingPointError, match="diverged at epoch 2: non-finite scores"):
+        # (the weights overflow in epoch 1: caught at its end, before epoch 2's scores)
+        with pytest.raises(FloatingPointError, match="diverged at epoch 1: the weights"):
             SCENTClassifier(n_negatives=1, lr=1e38, epochs=3, random_state=0).fit(1e3 * X, y)
+        # finite weights, overflowing scores: stopped at the next batch
+        with pytest.raises(FloatingPointError, match="diverged at epoch 1: non-finite scores"):
+            SCENTClassifier(n_negatives=1, lr=1.0, batch_size=16, epochs=3,
+                            random_state=0).fit(1e20 * X, y)
         with pytest.raises(FloatingPointError, match="diverged at epoch 2; lower lr"):
             KLDRORegressor(lr=1e30, epochs=3, momentum=0, random_state=0).fit(
                 X, X[:, 0] + np.random.default_rng(1).normal(size=len(X)))

@@ -180,3 +180,69 @@ def test_partial_fit_continues_a_model_pickled_with_an_int_fit_intercept():
     assert not np.array_equal(old.coef_, before)
     with pytest.raises(TypeError, match="fit_intercept must be a bool"):
         SCENTClassifier(n_negatives=2, fit_intercept=1).partial_fit(X, y, classes=classes)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_a_fit_whose_last_step_overflows_the_weights_raises():
+    # the scores are checked before each step: an overflow in the last one returned
+    # infinite coef_ (predict_proba NaN) without an error or a warning
+    import pickle
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(100, 4)), rng.integers(0, 3, 100)
+    kw = dict(n_negatives=2, alpha=1.0, lr=100.0, lr_schedule="constant", random_state=0)
+    with pytest.raises(FloatingPointError, match="diverged at epoch 20: the weights"):
+        SCENTClassifier(epochs=20, **kw).fit(X, y)
+    # a partial_fit stream: the failed call rolls back to the last finite model
+    clf = SCENTClassifier(n_negatives=2, alpha=1.0, lr=5.0, random_state=0)
+    Xs = X * 1e-3
+    with pytest.raises(FloatingPointError):
+        for _ in range(200):
+            before = pickle.dumps(clf)
+            clf.partial_fit(Xs, y, classes=[0, 1, 2])
+    assert np.isfinite(clf.coef_).all()
+    np.testing.assert_array_equal(clf.coef_, pickle.loads(before).coef_)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_penalty_in_the_loss_curve_does_not_overflow_before_the_weights():
+    # 0.5 alpha |W|^2 was summed in float32: inf in loss_curve_ from |W| ~ 1e19 on
+    clf = SCENTClassifier(n_negatives=2, alpha=1.0, lr=1e-30, epochs=1, random_state=0)
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(20, 4)), rng.integers(0, 3, 20)
+    clf.partial_fit(X, y, classes=[0, 1, 2])
+    clf._W.data.fill_(3e19)
+    clf.partial_fit(X * 0, y)  # scores = intercepts: finite
+    want = 0.5 * float(np.sum(np.full(clf.coef_.shape, 3e19, np.float64) ** 2))
+    assert np.isfinite(clf.loss_curve_[-1]) and clf.loss_curve_[-1] >= 0.99 * want
+
+
+def test_momentum_switched_off_and_on_continues_alike_live_and_reloaded(tmp_path):
+    # a reloaded model dropped the saved heavy-ball buffers when resumed at momentum 0;
+    # the live optimizer kept them and used them again at momentum 0.9
+    import pickle
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(200, 6)), rng.integers(0, 5, 200)
+    a = SCENTClassifier(n_negatives=2, random_state=0, batch_size=64, momentum=0.9)
+    a.partial_fit(X, y, classes=np.arange(5))
+    a.save(tmp_path / "a.pt")
+    copies = [pickle.loads(pickle.dumps(a)), SCENTClassifier.load(tmp_path / "a.pt")]
+    for m in (a, *copies):
+        m.set_params(momentum=0.0).partial_fit(X, y)
+        m.set_params(momentum=0.9).partial_fit(X, y)
+    for m in copies:
+        np.testing.assert_array_equal(m.coef_, a.coef_)
+
+
+def test_in_batch_partial_fit_on_one_class_warns_that_nothing_trained():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6, 3))
+    clf = SCENTClassifier(negatives="in_batch", random_state=0)
+    with pytest.warns(UserWarning, match="trained nothing"):
+        clf.partial_fit(X[:1], [0], classes=[0, 1, 2])
+    assert not clf.coef_.any()
+    with pytest.warns(UserWarning, match="trained nothing"):
+        clf.partial_fit(X, [1] * 6)
+    clf.partial_fit(X, [0, 1, 2, 0, 1, 2])  # two classes in the batch: trains, no warning
+    assert clf.coef_.any()

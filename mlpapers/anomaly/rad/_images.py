@@ -138,6 +138,20 @@ def _check_pixel_range(t: torch.Tensor, name: str) -> None:
                       UserWarning, stacklevel=user_stacklevel())
 
 
+def _check_items_pixel_range(arrays: list[np.ndarray], name: str) -> None:
+    """:func:`_check_pixel_range` of a list of images taken together: integer items one
+    by one (an error), the float items' overall range once (one warning, not one per
+    image quoting each image's own range)."""
+    ranges = []
+    for a in arrays:
+        if a.dtype.kind == "f" and a.size:
+            ranges.append((float(a.min()), float(a.max())))
+        elif a.dtype.kind in "iu":
+            _check_pixel_range(torch.from_numpy(torch_compatible_array(a)), name)
+    if ranges:
+        _check_pixel_range(torch.tensor(ranges, dtype=torch.float64), name)
+
+
 def _to_unit(t: torch.Tensor) -> torch.Tensor:
     """Pixels as float32 in [0, 1]: booleans as 0/1, integers divided by 255, floats
     as they are (the range was checked by :func:`_check_pixel_range`)."""
@@ -236,7 +250,7 @@ def _item_to_chw(a: np.ndarray) -> np.ndarray:
     return a[:3] if a.shape[0] == 4 else a
 
 
-def _validate_images(X: Any, name: str = "X", size=None
+def _validate_images(X: Any, name: str = "X", size=None, *, check_range: bool = True
                      ) -> tuple[torch.Tensor, list[tuple[int, int]] | None]:
     """Validate images without converting them (see :func:`check_images`).
 
@@ -278,9 +292,10 @@ def _validate_images(X: Any, name: str = "X", size=None
         if len(shapes) > 1 and size is not None:
             # images of different sizes: each one validated, converted and resized to the
             # network input size on its own (what the extractor would do to it)
+            _check_items_pixel_range(arrays, name)  # one warning for all, as for an array
             out, sizes = [], []
             for a in arrays:
-                t, _ = _validate_images(a[None], name)
+                t, _ = _validate_images(a[None], name, check_range=False)
                 sizes.append((int(t.shape[-2]), int(t.shape[-1])))
                 out.append(_resize(_unit_rgb(t), size))
             return torch.cat(out), sizes
@@ -305,7 +320,8 @@ def _validate_images(X: Any, name: str = "X", size=None
                             "(n, C, H, W), or a list of images")
     t = check_tensor(X, name=name, ndim=(3, 4), dtype=None, min_samples=1)
     reject_single_hwc_image(t, name, fix="X[None] (or a list of images)")
-    _check_pixel_range(t, name)
+    if check_range:
+        _check_pixel_range(t, name)
     if t.ndim == 3:
         t = t[:, None]
     elif (layout := _channels_last(t.shape[1], t.shape[-1])) is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Literal, Self
 
 import numpy as np
@@ -17,6 +19,7 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
     encode_labels,
+    user_stacklevel,
     with_autograd,
 )
 from mlpapers.optim.scent._common import (
@@ -281,7 +284,7 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         self.classes_ = np.unique(y)
         if len(self.classes_) < 2:
             raise ValueError("SCENTClassifier needs samples of at least 2 classes in the data, "
-                             f"got 1 class: {self.classes_[0]!r}.")
+                             f"got 1 class: {self.classes_[0]!s}.")
         self._check_params(len(self.classes_))
         self._start_training(X.shape[0], X.shape[1])
         self.loss_curve_ = []
@@ -372,7 +375,8 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
             X, y = self._train_data(X, y, reset=False)
             if classes is not None and not np.array_equal(np.unique(self._to_numpy(classes)),
                                                           self.classes_):
-                raise ValueError("classes differ from those of the first call to partial_fit.")
+                raise ValueError("classes differ from the fitted classes_ (set by fit or by "
+                                 "the first call to partial_fit).")
             self._check_params(len(self.classes_))
             if not hasattr(self, "_torch_gen"):  # loaded from a file without generator states
                 self._init_fit()
@@ -403,6 +407,11 @@ class SCENTClassifier(SampledTrainingMixin, SoftmaxPredictionMixin, TorchEstimat
         # (labels outside classes: "not seen in fit" blamed a fit that never ran)
         self._run(X, encode_labels(y, self.classes_, seen_in="the classes of partial_fit"), index,
                   1, "constant")
+        if math.isnan(self.loss_curve_[-1]):  # no anchor had a negative: nothing moved
+            warnings.warn("this partial_fit call trained nothing: with negatives='in_batch' "
+                          "the negatives are the other classes of a batch, and no batch held "
+                          "2 classes; pass batches of several classes.", UserWarning,
+                          stacklevel=user_stacklevel())
         return self
 
     def _train_data(self, X, y, *, reset: bool) -> tuple[SparseRows | torch.Tensor, np.ndarray]:

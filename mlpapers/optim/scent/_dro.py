@@ -480,7 +480,7 @@ class KLDROClassifier(TensorTargetsScore, ClassifierMixin, _KLDROBase):
         self.classes_, yi = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError("KLDROClassifier needs samples of at least 2 classes, got 1 "
-                             f"class: {self.classes_[0]!r}.")
+                             f"class: {self.classes_[0]!s}.")
         return torch.as_tensor(yi.reshape(-1), dtype=torch.long, device=self._device)
 
     def _encode_eval(self, y, device):

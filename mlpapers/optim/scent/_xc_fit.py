@@ -88,7 +88,9 @@ class SampledTrainingMixin:
             load_nu(self._loss_fn, self.nu_)
             self._opt = self._new_optimizer()
             buffers = getattr(self, "_momentum_buffers", None)
-            if buffers is not None and self.momentum > 0:  # saved heavy-ball state
+            # saved heavy-ball state, also while momentum is 0: the live optimizer keeps
+            # its buffers through such calls and uses them again once momentum is back
+            if buffers is not None:
                 for p, buf in zip(self._params(), buffers):
                     if buf is not None:
                         self._opt.state[p]["momentum_buffer"] = buf.to(dev).clone()
@@ -170,7 +172,8 @@ class SampledTrainingMixin:
             grad = sparse_rows_grad(W, rows)
             if self.alpha > 0:
                 grad.add_(W, alpha=self.alpha)
-                value += 0.5 * self.alpha * float((W * W).sum())
+                # (in float64: the float32 sum of squares overflows from |W| ~ 1e19)
+                value += 0.5 * self.alpha * float(W.double().square().sum())
             self._W.grad = grad
         self._opt.step()
         return value * len(index), len(index)
@@ -199,6 +202,14 @@ class SampledTrainingMixin:
                     gammas.add(self._loss_fn)
                 step += 1
             self.n_iter_ += 1
+            if not (bool(torch.isfinite(self._W.detach()).all())
+                    and bool(torch.isfinite(self._b.detach()).all())):
+                # (the scores are checked before each step, so the last step's overflow
+                # returned infinite coef_ without a word)
+                raise FloatingPointError(
+                    f"SCENTClassifier(method={self.method!r}) diverged at epoch "
+                    f"{self.n_iter_}: the weights overflowed; lower lr (now {self.lr!r}) "
+                    "or standardise X.")
             self.loss_curve_.append(running / used + shift if used else float("nan"))
             self.gamma_curve_.append(gammas.mean())
             log.log(epoch=self.n_iter_, loss=self.loss_curve_[-1])
