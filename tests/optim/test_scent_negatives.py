@@ -95,7 +95,8 @@ def test_in_batch_drops_anchors_without_other_class():
     # an estimator whose batches hold a single class takes no step
     X = np.random.default_rng(0).normal(size=(20, 3))
     clf = SCENTClassifier(loss="negatives", negatives="in_batch", random_state=0)
-    clf.partial_fit(X, np.zeros(20, dtype=int), classes=[0, 1, 2])
+    with pytest.warns(UserWarning, match="trained nothing"):
+        clf.partial_fit(X, np.zeros(20, dtype=int), classes=[0, 1, 2])
     assert not clf.coef_.any() and np.isnan(clf.nu_).all()
 
 
