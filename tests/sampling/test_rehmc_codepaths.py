@@ -429,6 +429,21 @@ def test_complex_log_densities_are_refused(with_grad):
                           grad_log_prob=glp, random_state=0).sample(5, warmup=5)
 
 
+@pytest.mark.parametrize("with_grad", [False, True])
+def test_boolean_log_densities_are_refused(with_grad):
+    # a mask returned by mistake was read as the log densities 0 and 1, silently
+    kw = dict(grad_log_prob=lambda x: torch.zeros_like(x)) if with_grad else {}
+    with pytest.raises(TypeError, match=r"^log_prob must return real values, got "
+                                        r"torch.bool \(a mask\?\); for a density restricted"):
+        ReflectiveHMC(lambda x: (x < 0.5).all(-1), Box([0.0, 0.0], [1.0, 1.0]),
+                      random_state=0, **kw).sample(5, warmup=5)
+    if with_grad:
+        with pytest.raises(TypeError, match=r"^grad_log_prob must return real values, got "
+                                            r"torch.bool \(a mask\?\)\.$"):
+            ReflectiveHMC(lambda x: -0.5 * (x ** 2).sum(-1), Box([-1.0], [1.0]),
+                          grad_log_prob=lambda x: x > 0, random_state=0).sample(5, warmup=5)
+
+
 def test_hit_checks_the_brackets_and_faces_users_pass():
     """numpy t_max arrays passed unchecked (inf: a bounded ConvexSet "never left"; -1:
     the same), and arrays of another length than the points failed inside torch."""

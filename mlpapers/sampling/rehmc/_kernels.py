@@ -85,10 +85,15 @@ def _shape_error(name: str, expected: tuple, x: Tensor, got) -> ValueError:
                          f"({x.shape[0]}, {x.shape[1]}) input, got {shape}.{hint}")
 
 
-def _refuse_complex(name: str, out: Tensor) -> None:
-    # (.to(x) dropped the imaginary part, with only torch's casting warning)
+def _refuse_non_real(name: str, out: Tensor) -> None:
+    # (.to(x) dropped the imaginary part, with only torch's casting warning; and read a
+    # boolean mask as the log densities 0 and 1)
     if out.is_complex():
         raise TypeError(f"{name} must return real values, got {out.dtype}.")
+    if out.dtype == torch.bool:
+        hint = ("; for a density restricted to a region return torch.where(mask, value, "
+                "-inf), or pass the region as support" if name == "log_prob" else "")
+        raise TypeError(f"{name} must return real values, got torch.bool (a mask?){hint}.")
 
 
 def grad_only(grad_log_prob: GradLogProb, x: Tensor) -> Tensor:
@@ -107,7 +112,7 @@ def grad_only(grad_log_prob: GradLogProb, x: Tensor) -> Tensor:
     g = grad_log_prob(x.clone())
     if not isinstance(g, torch.Tensor) or g.shape != x.shape:
         raise _shape_error("grad_log_prob", tuple(x.shape), x, g)
-    _refuse_complex("grad_log_prob", g)
+    _refuse_non_real("grad_log_prob", g)
     if g.requires_grad:
         g = g.detach()
     if g.dtype != x.dtype or g.device != x.device:
@@ -145,7 +150,7 @@ def _log_prob_and_grad(log_prob: LogProb, x: Tensor,
             lp = log_prob(x.clone())
         if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
             raise _shape_error("log_prob", (x.shape[0],), x, lp)
-        _refuse_complex("log_prob", lp)
+        _refuse_non_real("log_prob", lp)
         # detached: a log_prob that switches autograd on inside returns a graph, which
         # the kept log densities would chain from one transition to the next (and the
         # run failed at its very end, converting them to numpy)
@@ -158,7 +163,7 @@ def _log_prob_and_grad(log_prob: LogProb, x: Tensor,
         lp = log_prob(xr.clone())
         if not isinstance(lp, torch.Tensor) or lp.shape != x.shape[:1]:
             raise _shape_error("log_prob", (x.shape[0],), x, lp)
-        _refuse_complex("log_prob", lp)
+        _refuse_non_real("log_prob", lp)
         if lp.requires_grad:
             (grad,) = torch.autograd.grad(lp, xr, torch.ones_like(lp))  # no sum node
         else:  # constant density (or one autograd cannot see through)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, overload
@@ -30,6 +31,7 @@ from mlpapers._utils import (
     check_positive,
     make_generators,
     on_inputs_device,
+    user_stacklevel,
 )
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.sampling.rehmc._container import _as_float_array
@@ -70,6 +72,20 @@ class _Polar(torch.autograd.Function):
         GV = G @ V
         outer = (GV - U @ (U.transpose(-2, -1) @ GV)) / S[..., None, :] @ Vh
         return inner + outer
+
+
+def _warn_if_detached(lg: Tensor) -> None:
+    """Warn when ``log_density``'s values vary over the chains but carry no autograd
+    graph: the wrapper's Gaussian term always has one, so the sampler's own check of
+    ``log_prob`` could not see that the user's part is cut off (its gradient is then
+    zero, and the chains random-walk: min ESS 11 against 552 on a von Mises-Fisher)."""
+    if lg.requires_grad or lg.numel() < 2 or bool((lg == lg[0]).all()):
+        return
+    warnings.warn(
+        "log_density's output is not connected to its input by autograd (it leaves torch, "
+        "e.g. through numpy or .detach()), but varies over the chains: its gradient is "
+        "taken as zero, so the chains stay exact but mix like a random walk. Write "
+        "log_density with torch operations.", UserWarning, stacklevel=user_stacklevel())
 
 
 @overload
@@ -491,6 +507,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         if resume is not None:
             _check_resume(resume, n, k)
         g = self.log_density
+        checked: list[bool] = []  # whether log_density's autograd graph was looked at (once)
 
         def log_prob(x):
             X = x.reshape(-1, n, k)
@@ -504,6 +521,9 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
                                         f"tensor to shape ({X.shape[0]},) (one value per "
                                         f"matrix, a torch tensor), got {got}; wrap a function "
                                         "of one matrix in torch.vmap.")
+                if not checked and x.requires_grad:
+                    checked.append(True)
+                    _warn_if_detached(lg)
                 out = out + lg
             return out
 

@@ -100,7 +100,8 @@ def start_state(log_prob: Callable, x: torch.Tensor, grad_log_prob: Callable | N
         culprit = failed[0] if failed else ("log_prob" if isinstance(exc, RuntimeError)
                                             else None)
         hint = None if culprit is None else _start_hint(exc, culprit, log_prob, x,
-                                                         with_grad=grad_log_prob is not None)
+                                                         with_grad=grad_log_prob is not None,
+                                                         density=name)
         if hint is not None:
             exc.add_note(hint)
         raise
@@ -171,11 +172,14 @@ def _looks_one_point(log_prob: Callable, x: torch.Tensor, with_grad: bool) -> bo
 
 
 def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor, *,
-                with_grad: bool = False) -> str | None:
+                with_grad: bool = False, density: str = "log_prob") -> str | None:
     """The note added to an exception of ``name`` (``log_prob`` or ``grad_log_prob``)
     at the starting points, or ``None`` when no hint applies (``with_grad``: a
-    ``grad_log_prob`` was given, so ``log_prob`` ran under ``torch.no_grad()``)."""
+    ``grad_log_prob`` was given, so ``log_prob`` ran under ``torch.no_grad()``).
+    ``density`` is what the user's function is called (``StiefelSampler``'s
+    ``log_density``, which has no ``grad_log_prob`` to suggest)."""
     shape = tuple(x.shape)
+    own = density == "log_prob"  # ReflectiveHMC's: grad_log_prob is an alternative
     if _is_float_dtype_mismatch(exc, x.dtype):
         if x.dtype == torch.float64:
             fix = ("The sampler's dtype defaults to torch.float64: for a float32 model pass "
@@ -192,10 +196,10 @@ def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor, 
         # autograd runs even in the caller's inference_mode (the draws must not depend
         # on it), and torch refuses tensors made in that mode (e.g. a matrix log_prob
         # multiplies by) in a differentiated computation
-        return ("log_prob uses a tensor created under torch.inference_mode(); the sampler "
-                "differentiates log_prob with autograd (whatever the caller's grad mode), "
+        return (f"{density} uses a tensor created under torch.inference_mode(); the sampler "
+                f"differentiates {density} with autograd (whatever the caller's grad mode), "
                 "which such tensors cannot enter. Create it outside inference_mode or "
-                ".clone() it there, or pass grad_log_prob.")
+                f".clone() it there{', or pass grad_log_prob' if own else ''}.")
     msg = str(exc).lower()
     if with_grad and isinstance(exc, RuntimeError) and "does not require grad" in msg:
         # with grad_log_prob, log_prob only gives the Metropolis test its values and runs
@@ -207,16 +211,17 @@ def _start_hint(exc: Exception, name: str, log_prob: Callable, x: torch.Tensor, 
     if isinstance(exc, RuntimeError) and "inplace operation" in msg:
         # (before the one-point test: a batched function modifying its input in place
         # also returns a scalar for one point)
-        return ("log_prob changed a tensor in place after using it in a differentiated "
+        return (f"{density} changed a tensor in place after using it in a differentiated "
                 "computation (autograd needs its old value): write x = x * 2, not "
-                "x.mul_(2). log_prob gets a copy of the chains, so it may change its input "
+                f"x.mul_(2). {density} gets a copy of the chains, so it may change its input "
                 "in place before using it.")
     if not with_grad and isinstance(exc, RuntimeError) and "numpy()" in msg and (
             "requires grad" in msg):
-        return ("log_prob leaves torch (numpy, scipy), so autograd cannot differentiate "
-                "it: write it with torch operations, or pass grad_log_prob (log_prob then "
-                "runs under torch.no_grad() and may call x.cpu().numpy(), and must still "
-                "return a torch tensor).")
+        return (f"{density} leaves torch (numpy, scipy), so autograd cannot differentiate "
+                "it: write it with torch operations" + (
+                    ", or pass grad_log_prob (log_prob then runs under torch.no_grad() and "
+                    "may call x.cpu().numpy(), and must still return a torch tensor)."
+                    if own else "."))
     if _looks_one_point(log_prob, x, with_grad):
         return (f"log_prob failed on the starting points, a tensor of shape {shape} (one "
                 "row per chain), but returns a scalar for one point x[0]: it looks written "
