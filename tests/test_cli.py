@@ -65,3 +65,25 @@ def test_bad_thread_count_exits_with_usage(threads, capsys):
         main(["demo", "--threads", threads])
     assert exc.value.code == 2
     assert "--threads" in capsys.readouterr().err
+
+
+def test_the_amips_demo_trains_with_the_clis_thread_count(monkeypatch, capsys):
+    # the demo set one thread itself, overriding --threads
+    import torch
+
+    from mlpapers.retrieval import amips
+
+    seen = []
+    fit = amips.AmortizedMIPS.fit
+
+    def recording_fit(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(amips.AmortizedMIPS, "fit", recording_fit)
+    before = torch.get_num_threads()
+    try:
+        assert main(["demo", "amips", "--quick", "--threads", "2"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2, 2]
