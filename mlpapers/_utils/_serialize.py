@@ -131,6 +131,10 @@ def encode(obj: Any, where: str) -> Any:
         return {_DTYPE_TAG: np.dtype(obj).str, "kind": "numpy type"}
     if isinstance(obj, type) and obj in _BUILTIN_TYPES.values():  # ``dtype=float``
         return {_DTYPE_TAG: obj.__name__, "kind": "builtin type"}
+    if type(obj).__module__.split(".")[0] == "pandas" and hasattr(obj, "to_numpy"):
+        # a DataFrame or Series given as an array-like parameter (delays, an
+        # assignment): saved as its values, which is what the estimator read of it
+        return encode(obj.to_numpy(), where)
     raise TypeError(
         f"cannot save {where} of type {type(obj).__name__}: only tensors, arrays, "
         "numbers, strings and containers of them can be saved safely. Use pickle for "

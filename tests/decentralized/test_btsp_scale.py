@@ -11,6 +11,7 @@ import pytest
 
 from mlpapers.decentralized.btsp import circulant_schedule
 from mlpapers.decentralized.btsp._search import _eval_one, _Links, anneal
+from tests._scale import peak_mb, requires_peak_rss
 
 TOPOLOGIES = ["ring", "exponential", "one_peer_exponential", "sparse_exponential",
               [[1], [2, 5]], [[3, 4], [1, 7, 11]]]
@@ -115,3 +116,20 @@ def test_anneal_reads_a_bounded_number_of_links_per_move():
     # (here 50 times more)
     assert _CountingDelays.reads <= n * n + n * K + n_iter * 4 * K
 
+
+
+@requires_peak_rss
+def test_the_mixing_matrices_are_held_once_in_float32():
+    # the float64 stack in virtual and in physical indices was kept beside the float32
+    # one the rounds use: 20 tau n^2 bytes (1.3 GB at n = 2048) for 4 tau n^2
+    n = 1024
+    setup = ("import numpy as np, torch\n"
+             "from mlpapers.decentralized.btsp import DecentralizedSGD\n"
+             f"r = np.random.default_rng(0); X = r.standard_normal((2 * {n}, 4)).astype('f4')\n"
+             f"y = r.integers(0, 2, 2 * {n})\n"
+             "DecentralizedSGD(n_nodes=16, n_rounds=1, random_state=0).fit(X[:64], y[:64])")
+    call = (f"DecentralizedSGD(n_nodes={n}, topology='one_peer_exponential', n_rounds=2, "
+            "random_state=0).fit(X, y)")
+    stack_mb = 10 * n * n * 4 / 2**20  # tau = log2(n) rounds in float32: 40 MB
+    peak = peak_mb(setup, call)
+    assert peak < 2.5 * stack_mb, (peak, stack_mb)

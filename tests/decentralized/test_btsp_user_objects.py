@@ -447,3 +447,46 @@ def test_an_unused_batch_statistics_layer_does_not_stop_a_fit():
 
     clf = _fit(_seeded(WithHead))
     assert clf.predict(X[:1]).shape == (1,)
+
+
+def test_node_of_is_an_int64_copy_of_the_callers_labels():
+    # it was a view of the caller's array (uint8 stayed uint8): changing the array after
+    # fit changed the fitted split
+    pd = pytest.importorskip("pandas")
+    labels = (np.arange(len(X)) % 3).astype(np.uint8)
+    for given in (labels, torch.from_numpy(labels.copy()), pd.Series(labels.copy())):
+        est = DecentralizedSGD(n_nodes=3, n_rounds=2, random_state=0).fit(X, Y, nodes=given)
+        assert est.node_of_.dtype == np.int64
+        given[:] = 0
+        assert np.bincount(est.node_of_).tolist() == [40, 40, 40]
+
+
+def test_consensus_distance_of_complex_parameters_counts_the_imaginary_parts():
+    import warnings
+
+    from mlpapers.decentralized.btsp._dsgd import consensus_distance
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 3, 2, dtype=torch.complex64, generator=g)
+    want = float(((w.to(torch.complex128) - w.to(torch.complex128).mean(0)).abs() ** 2)
+                 .sum((1, 2)).mean())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (torch's "discards the imaginary part")
+        got = consensus_distance({"w": w, "b": torch.zeros(4, 2)})
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_save_takes_pandas_array_like_parameters(tmp_path):
+    pd = pytest.importorskip("pandas")
+    from mlpapers.decentralized.btsp import make_delay_matrix
+
+    delays = make_delay_matrix(6, random_state=0)
+    assignment = np.random.default_rng(0).permutation(6)
+    est = DecentralizedSGD(delays=pd.DataFrame(delays), assignment=pd.Series(assignment),
+                           n_rounds=3, random_state=0).fit(X, Y)
+    est.save(tmp_path / "m.pt")
+    back = DecentralizedSGD.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(back.delays, delays)
+    np.testing.assert_array_equal(back.assignment, assignment)
+    np.testing.assert_array_equal(back.predict(X), est.predict(X))
+    np.testing.assert_array_equal(back.round_delays_, est.round_delays_)

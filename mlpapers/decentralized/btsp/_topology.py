@@ -235,12 +235,21 @@ def mixing_matrices(n: int, topology: TopologyLike = "exponential") -> np.ndarra
     """
     schedule = circulant_schedule(n, topology)
     W = np.zeros((len(schedule), n, n))
-    rows = np.arange(n)
     for l, skips in enumerate(schedule):
-        w = 1.0 / (len(skips) + 1)
-        W[l, rows, rows] += w
-        for s in skips:
-            W[l, rows, (rows - s) % n] += w
+        W[l] = round_mixing_matrix(n, skips)
+    return W
+
+
+def round_mixing_matrix(n: int, skips: Any) -> np.ndarray:
+    """The ``(n, n)`` float64 mixing matrix of one round of skips (virtual indices), as
+    in :func:`mixing_matrices`; one round at a time keeps a large network's memory at
+    one ``n x n`` matrix."""
+    W = np.zeros((n, n))
+    rows = np.arange(n)
+    w = 1.0 / (len(skips) + 1)
+    W[rows, rows] += w
+    for s in skips:
+        W[rows, (rows - s) % n] += w
     return W
 
 
