@@ -164,7 +164,9 @@ def _numbers_as_float64(arr: np.ndarray, name: str) -> np.ndarray:
     reports them as missing instead of as non-numbers. Dates and durations are refused
     (their integer encoding is not a feature)."""
     error = TypeError(f"{name} must contain numbers, got an array of dtype {arr.dtype}.")
-    if arr.dtype.kind in "mM":
+    if arr.dtype.kind in "mMUS":
+        # (string arrays refused even when they parse, as scikit-learn's check_array
+        # does: "1.5" read as a number hid a file loaded as text)
         raise error
     try:
         return arr.astype(np.float64)

@@ -117,6 +117,27 @@ def test_build_faiss_ivf_with_every_list_probed_is_exact():
     assert np.array_equal(found[:, 0], np.argmax(queries @ keys.T, axis=1))
 
 
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_build_faiss_ivf_refuses_keys_whose_squares_overflow_float32(metric):
+    # faiss's k-means threw "invalid cluster assignment" in C++: the process aborted
+    pytest.importorskip("faiss")
+    keys = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"database has keys of norm up to 4.69e\+19"):
+        build_faiss_ivf(keys * np.float32(1e19), n_lists=10, metric=metric)
+    index = build_faiss_ivf(keys * np.float32(1e18), n_lists=10, metric=metric)
+    assert index.ntotal == 300
+
+
+@pytest.mark.parametrize("n, want", [(20, 1), (300, 7), (1600, 40), (10_000, 100)])
+def test_build_faiss_ivf_default_lists_give_faiss_its_training_keys(n, want, capfd):
+    # int(sqrt(n)) lists left fewer than 39 keys per list below 1521 keys, and faiss
+    # printed a warning to stderr that Python cannot silence
+    pytest.importorskip("faiss")
+    keys = np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32)
+    index = build_faiss_ivf(keys)
+    assert index.nlist == want and "WARNING" not in capfd.readouterr().err
+
+
 def test_query_sampler_refuses_non_finite_anchors():
     from mlpapers.retrieval.amips import GaussianMixtureQuerySampler
 

@@ -137,14 +137,15 @@ def three_retrievers(data):
 
 
 @pytest.mark.parametrize("convert", [
-    lambda R: R.astype(object), _decimal, _fraction, lambda R: R.astype(str),
+    lambda R: R.astype(object), _decimal, _fraction,
     "nullable_to_numpy", "nullable_df",
-], ids=["object", "decimal", "fraction", "numeric_str", "nullable_to_numpy", "nullable_df"])
+], ids=["object", "decimal", "fraction", "nullable_to_numpy", "nullable_df"])
 def test_score_accepts_relevance_that_check_matrix_converts(data, three_retrievers, convert):
     """The shape-only check of the previous release refused every array whose dtype is
-    not a real number kind (object arrays of floats, Decimal or Fraction, numeric
-    strings, ``.to_numpy()`` of a nullable pandas frame) with "must hold real numbers",
-    which check_matrix had always converted. They score as the float array does."""
+    not a real number kind (object arrays of floats, Decimal or Fraction,
+    ``.to_numpy()`` of a nullable pandas frame) with "must hold real numbers",
+    which check_matrix had always converted. They score as the float array does.
+    (String arrays, numeric or not, are refused everywhere, as scikit-learn does.)"""
     if isinstance(convert, str):  # (pandas is optional)
         pd = pytest.importorskip("pandas")
         convert = {"nullable_to_numpy": lambda R: pd.DataFrame(R).astype("Float64").to_numpy(),
@@ -154,6 +155,14 @@ def test_score_accepts_relevance_that_check_matrix_converts(data, three_retrieve
     for est in three_retrievers:
         assert est.score(Q[60:], convert(R), n_neighbors=5) == est.score(
             Q[60:], R, n_neighbors=5)
+
+
+def test_score_refuses_string_relevance_as_check_array_does(data, three_retrievers):
+    Q, I = data
+    R = _tanh(Q[60:], I).astype(str)
+    for est in three_retrievers:
+        with pytest.raises(TypeError, match="must contain numbers, got an array of dtype <U"):
+            est.score(Q[60:], R, n_neighbors=5)
 
 
 def test_adacur_ridge_range_error_comes_before_the_first_round_heavy_calls(data):

@@ -353,3 +353,41 @@ def test_load_refuses_damaged_item_indices(tmp_path, kind, name):
             type(est).load(tmp_path / "bad.pt", relevance_fn=heavy, items=ITEMS)
     back = type(est).load(path, relevance_fn=heavy, items=ITEMS)
     np.testing.assert_array_equal(back.predict(Q[:5]), est.predict(Q[:5]))
+
+
+def test_neural_head_buffers_are_detached_from_their_inputs():
+    # the buffers kept the graph of inputs that required grad: a user's own training
+    # loop failed at its second backward, and deepcopy refused the head
+    import copy
+
+    from mlpapers.retrieval.rbe import NeuralRBEHead
+
+    g = torch.Generator().manual_seed(0)
+    E, v, pop = (torch.randn(6, 3, generator=g), torch.randn(6, generator=g),
+                 torch.randn(6, generator=g))
+    w = torch.randn(3, 3, requires_grad=True)
+    u = torch.randn(4, 3, generator=g) @ w
+    head = NeuralRBEHead(E.requires_grad_(True), v, pop, u.mean(0), u.std(0), hidden=8,
+                         generator=g)
+    assert all(not b.requires_grad for b in head.buffers())
+    opt = torch.optim.Adam(head.parameters(), 1e-3)
+    for _ in range(2):
+        loss = head(u.detach()).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert w.grad is None and E.grad is None
+    copy.deepcopy(head)
+
+
+def test_a_diverged_neural_head_without_validation_raises():
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((300, 5)), rng.standard_normal((200, 5))
+
+    def tanh_ranker(q, i):
+        return np.tanh(np.asarray(q) @ np.asarray(i).T)
+
+    est = RelevanceBasedRetriever(tanh_ranker, n_support=5, head="mlp", loss="mse", lr=1e6,
+                                  max_iter=50, validation_fraction=0, random_state=0)
+    with pytest.raises(FloatingPointError, match="the neural head diverged"):
+        _quiet(est.fit, A[:250], B)

@@ -106,3 +106,36 @@ def test_layout_errors_suggest_a_transpose_of_the_callers_array_type(shape, to_t
     got = eval(expr, {"X": torch.from_numpy(X) if to_torch else X})  # noqa: S307
     assert tuple(got.shape) == ((1,) * (len(shape) == 3) + (shape[0],) * (len(shape) == 4)
                                 + (shape[-1], *shape[-3:-1]))
+
+
+def test_a_type_error_inside_an_augment_is_not_blamed_on_its_signature():
+    # every TypeError during the call was reported as "augment must be callable as ...",
+    # also one raised by the augment's own code under the documented signature
+    from mlpapers.datasets import make_shifted_digits
+    from mlpapers.ssl import CLAPPEncoder, GlobalSSLEncoder
+
+    X, _ = make_shifted_digits(n_samples=8, random_state=0)
+
+    def buggy(x, generator):
+        return x + torch.rand(x.shape, generator=generator, dtype="float32")
+
+    def three(x, a, b):
+        return x
+
+    for cls in (CLAPPEncoder, GlobalSSLEncoder):
+        with pytest.raises(TypeError) as info:
+            cls(architecture="tiny", n_epochs=1, augment=buggy, random_state=0).fit(X)
+        assert "augment must be callable" not in str(info.value)
+        assert "rand()" in str(info.value)
+        with pytest.raises(TypeError, match=r"augment must be callable as augment\(x, "):
+            cls(architecture="tiny", n_epochs=1, augment=three, random_state=0).fit(X)
+
+
+def test_string_arrays_of_numbers_are_refused_as_scikit_learn_does():
+    from mlpapers.datasets import make_shifted_digits
+    from mlpapers.ssl import GlobalSSLEncoder
+
+    X, _ = make_shifted_digits(n_samples=8, random_state=0)
+    for bad in (X.astype(str), X.astype(bytes)):
+        with pytest.raises(TypeError, match="X must contain numbers, got an array of dtype"):
+            GlobalSSLEncoder(architecture="tiny", n_epochs=1).fit(bad)

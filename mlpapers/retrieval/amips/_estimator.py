@@ -579,7 +579,7 @@ class AmortizedMIPS(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _MIPSBase
         ----------
         n_lists : int or None, default=None
             Number of inverted lists, in ``[1, n_keys]``; ``None`` uses
-            ``int(sqrt(n_keys))``.
+            ``int(sqrt(n_keys))``, at most ``n_keys // 39`` (see :func:`build_faiss_ivf`).
 
         Returns
         -------

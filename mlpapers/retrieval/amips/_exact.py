@@ -272,6 +272,10 @@ class ExactMIPS(_MIPSBase):
         return [cls(batch_size=7)]
 
 
+#: training keys per k-means cell below which faiss warns (its ``min_points_per_centroid``)
+_FAISS_KEYS_PER_LIST = 39
+
+
 @on_inputs_device
 def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None,
                     metric: Metric = "ip") -> Any:
@@ -288,7 +292,9 @@ def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None,
     n_lists : int or None, default=None
         Number of inverted lists (k-means cells), an integer in ``[1, n_keys]``
         (k-means needs at least one key per cell); ``None`` uses ``int(sqrt(n_keys))``
-        (the official setting).
+        (the official setting), capped at ``n_keys // 39`` (at least 1): faiss's k-means
+        wants 39 training keys per cell and prints a warning to stderr, which Python
+        cannot silence, for fewer (except with a single list).
     metric : {"ip", "l2"}, default="ip"
         Inner product (the official setting, with an IP quantizer) or L2.
 
@@ -298,6 +304,18 @@ def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None,
         Trained and filled; set ``index.nprobe`` before ``index.search(q, k)``
         (``index.nprobe = n_lists`` visits every list: an exact search; the AMIPS
         paper's runs visit about 5% of the lists, ``max(1, round(0.05 * n_lists))``).
+        faiss computes in float32: the products of the queries with the keys must
+        stay in its range (keys and queries of norm around 1e19, such as the keys
+        :meth:`AmortizedMIPS.transform` predicts for such a database, overflow;
+        rescale both by a power of two, which changes no ranking), and exact ties
+        come out in faiss's order, not lowest index first as in :class:`ExactMIPS`.
+
+    Raises
+    ------
+    ValueError
+        For a database that is not finite, not 2-D or empty, an ``n_lists`` outside
+        ``[1, n_keys]``, or keys whose squared norms overflow float32 in faiss's
+        k-means (norm above about ``9e18``: faiss aborted the process).
 
     Examples
     --------
@@ -328,8 +346,16 @@ def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None,
     keys = np.ascontiguousarray(to_numpy(check_tensor(database, name="database", ndim=2,
                                                       dtype=torch.float32)))
     n, d = keys.shape
+    largest = float(np.sqrt(np.max(np.einsum("ij,ij->i", keys, keys, dtype=np.float64))))
+    if not 4 * largest**2 < float(np.finfo(np.float32).max):
+        # (k-means' squared distances, up to (2 max |k|)^2, overflowed float32: faiss
+        # threw "invalid cluster assignment" in C++ and the process aborted)
+        raise ValueError(f"database has keys of norm up to {largest:.3g}; faiss computes "
+                         "squared distances in float32, which overflow above a norm of "
+                         "about 9e18: rescale the keys (divide them by a power of two, "
+                         "which changes no ranking).")
     if n_lists is None:
-        n_lists = max(1, int(np.sqrt(n)))
+        n_lists = max(1, min(int(np.sqrt(n)), n // _FAISS_KEYS_PER_LIST))
     else:
         check_positive(n_lists, "n_lists", integer=True)
         if n_lists > n:
@@ -343,6 +369,8 @@ def build_faiss_ivf(database: ArrayLike, n_lists: int | None = None,
     else:
         quantizer = faiss.IndexFlatL2(d)
         index = faiss.IndexIVFFlat(quantizer, d, n_lists, faiss.METRIC_L2)
+    if n_lists == 1:  # one cell is the whole database: nothing to warn about
+        index.cp.min_points_per_centroid = 1
     index.train(keys)
     index.add(keys)
     return index

@@ -149,6 +149,11 @@ class NeuralRBEHead(nn.Module):
                              "constant support column).")
         check_positive(hidden, "hidden", strict=False, integer=True)
         self.hidden = int(hidden)
+        # fixed inputs: detached, so that a graph they came out of (or their own
+        # requires_grad) does not reach the buffers (a user's second backward failed,
+        # and deepcopy refused the non-leaf buffers)
+        embeddings, popularity = embeddings.detach(), popularity.detach()
+        query_mean, query_scale = query_mean.detach(), query_scale.detach()
         emb_mean = embeddings.mean(dim=0)
         emb_scale = embeddings.std(dim=0, correction=0)
         emb_scale = torch.where(emb_scale > 0, emb_scale, torch.ones_like(emb_scale))
@@ -398,4 +403,10 @@ def train_head(
         log.log(**entry)
     if has_val:
         head.load_state_dict(best_state)
+    elif not all(bool(torch.isfinite(p).all()) for p in head.parameters()):
+        # (with validation the best checkpoint is kept; without it a diverged head was
+        # kept silently, and every score was NaN)
+        raise FloatingPointError(f"the neural head diverged (loss {log.history[-1]['loss']} "
+                                 f"at step {log.history[-1]['step']}): lower lr, or keep "
+                                 "validation queries (validation_fraction > 0).")
     return log.history, best

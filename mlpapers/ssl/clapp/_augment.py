@@ -375,6 +375,19 @@ def takes_generator(fn: Callable) -> bool:
     return second.default is second.empty or second.name in _GENERATOR_NAMES
 
 
+def binds_its_call(fn: Callable) -> bool:
+    """Whether ``fn``'s signature takes the call :class:`UserAugment` makes (``(x,
+    generator)`` or ``(x)``, see :func:`takes_generator`): a ``TypeError`` from such a
+    call was raised inside ``fn``, not by the call itself. ``False`` when the
+    signature cannot be read."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        inspect.signature(target).bind(*(("x", "generator") if takes_generator(fn) else ("x",)))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 class UserAugment:
     """A user's ``augment(x, generator) -> x`` (or ``augment(x) -> x``) callable, called
     as the encoders promise.

@@ -30,7 +30,7 @@ from mlpapers._utils import (
 )
 from mlpapers._utils._blocks import collect_row_blocks
 from mlpapers.ssl.clapp import _distributed as _dist
-from mlpapers.ssl.clapp._augment import DefaultAugment, UserAugment
+from mlpapers.ssl.clapp._augment import DefaultAugment, UserAugment, binds_its_call
 from mlpapers.ssl.clapp._kernels import negative_indices
 from mlpapers.ssl.clapp._networks import VGGEncoder, check_architecture, pool_representations
 
@@ -222,8 +222,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                 first = first.clone()
             views = [first, augment(xb, gen)]
         except TypeError as exc:
-            if not custom:
-                raise
+            if not custom or binds_its_call(cast(Callable[..., Any], self.augment)):
+                raise  # raised inside the augment: its own error, unchanged
             raise TypeError(f"augment must be callable as augment(x, generator) -> x (or "
                             f"augment(x) -> x): {exc}") from exc
         if custom:
