@@ -154,3 +154,16 @@ def test_a_log_density_cut_off_from_autograd_warns_and_errors_name_it():
                        random_state=0).sample(5, n_chains=2, warmup=5)
     notes = " ".join(getattr(info.value, "__notes__", []))
     assert notes.startswith("log_density leaves torch") and "grad_log_prob" not in notes
+
+
+@pytest.mark.parametrize("n, k, low, high", [(3, 1, 0.96, 0.997), (5, 2, 0.96, 0.997),
+                                             (10, 3, 0.96, 0.997), (3, 3, 0.80, 0.88),
+                                             (10, 10, 0.80, 0.88)])
+def test_share_of_gaussian_matrices_within_the_default_bounds_is_as_documented(n, k, low, high):
+    # the docs said 80-90% for every (n, k): 96-99.7% for k < n
+    s = StiefelSampler(n=n, k=k)
+    a, b = s._bounds()
+    sv = np.linalg.svd(np.random.default_rng(0).standard_normal((20000, n, k)),
+                       compute_uv=False)
+    share = float(np.mean((sv.min(-1) >= a) & (sv.max(-1) <= b)))
+    assert low <= share <= high, share

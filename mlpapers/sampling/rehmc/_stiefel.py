@@ -355,8 +355,9 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         Manifold ``V(n, k)``, ``1 <= k <= n``.
     a, b : float, optional
         Conditioning bounds (defaults ``a = (sqrt(n) - sqrt(k - 1)) / 4`` and
-        ``b = sqrt(n) + sqrt(k) + 1``, around the Gaussian's singular values: 80-90%
-        of Gaussian ``n x k`` matrices lie within them, also for ``k = n``).
+        ``b = sqrt(n) + sqrt(k) + 1``, around the Gaussian's singular values: 96-99.7%
+        of Gaussian ``n x k`` matrices lie within them for ``k < n`` and 80-88% for
+        ``k = n``, measured on 20,000 draws for ``n`` up to 50).
     n_leapfrog, step_size, target_accept, jitter : optional
         As in :class:`ReflectiveHMC` (``n_leapfrog="auto"``: ChEES, by default).
     max_reflections, dtype, device, random_state, verbose : optional
