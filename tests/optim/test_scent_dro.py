@@ -121,3 +121,38 @@ def test_determinism_errors_and_save_load(tmp_path, diabetes):
     a.save(tmp_path / "dro.pt")
     back = KLDRORegressor.load(tmp_path / "dro.pt")
     np.testing.assert_array_equal(back.predict(X), a.predict(X))
+
+
+@pytest.mark.parametrize("offset", [1e7, 1e9])
+def test_regressor_fit_does_not_depend_on_a_target_offset(offset):
+    # y and the intercept were rounded to float32 at the size of the offset (steps of 1
+    # at 1e7, 64 at 1e9): the fit ended above its start, with a warning blaming lr
+    import warnings
+
+    from mlpapers.optim.scent import KLDRORegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    y = X @ [1.0, 2.0, 3.0] + rng.normal(size=200)
+    kw = dict(lam=1.0, epochs=40, lr=1e-3, random_state=0)
+    ref = KLDRORegressor(**kw).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = KLDRORegressor(**kw).fit(X, y + offset)
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-5)
+    assert est.intercept_ - offset == pytest.approx(ref.intercept_, abs=1e-6)
+    assert est.objective(X, y + offset) == pytest.approx(ref.objective(X, y), rel=1e-6)
+
+
+def test_pauc_objective_checks_lam_and_margin_set_after_fit():
+    from mlpapers.optim.scent import PartialAUCClassifier
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(50, 3))
+    y = (X[:, 0] > 0).astype(int)
+    clf = PartialAUCClassifier(epochs=2, random_state=0).fit(X, y)
+    for name, bad in [("lam", 0), ("lam", -1), ("lam", np.inf), ("margin", -1)]:
+        with pytest.raises(ValueError, match=name):
+            clf.set_params(**{name: bad}).objective(X, y)
+        clf.set_params(lam=0.1, margin=1.0)
+    assert np.isfinite(clf.objective(X, y))

@@ -232,10 +232,14 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         # are those of the unscaled problem, but losses of |y| ~ 1e20 (or 1e-25) no
         # longer overflow (or underflow) float32.
         t = self._target_unit(W0, b0, X64, y)
-        y_t = y / t if self._y_numeric else y
+        # the regressor's targets are also shifted by the initial intercept c (in
+        # float64, which the trained intercept absorbs exactly): y = 1e7 + noise rounded
+        # to float32 kept steps of 1 and the SGD saw mostly rounding noise
+        c = self._target_shift(W0, b0, mu)
+        y_t = (y - c) / t if self._y_numeric else y
         lam_t = float(self.lam) / (t * t)
         W = (W0 * scale / t).float().to(dev).requires_grad_(True)
-        b = ((b0 + W0 @ mu) / t).float().to(dev).requires_grad_(bool(self.fit_intercept))
+        b = ((b0 + W0 @ mu - c) / t).float().to(dev).requires_grad_(bool(self.fit_intercept))
         scale_f = scale.float().to(dev)
         self._check_lam(self._losses(W, b, X, y_t).detach(), lam_t)
         if isinstance(self.log_alpha, str):  # "auto"
@@ -276,7 +280,8 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
                 gammas.add(loss_fn)
                 step += 1
             with torch.no_grad():
-                Wo, bo = unscale(W.detach().double() * t, b.detach().double() * t, mu, scale)
+                Wo, bo = unscale(W.detach().double() * t, b.detach().double() * t + c, mu,
+                                 scale)
                 self.loss_curve_.append(float(self._dro_value(Wo, bo, X64, y)))
             if not math.isfinite(self.loss_curve_[-1]):
                 # (the last step's NaN weights reach no later batch's check: a one-epoch
@@ -288,7 +293,7 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
             log.log(epoch=epoch + 1, objective=self.loss_curve_[-1])
         self.n_iter_ = int(self.epochs)
         self.nu_ = float(loss_fn.nu[0]) if self.method != "bsgd" else float("nan")
-        self._store(*unscale(W.detach().double() * t, b.detach().double() * t, mu, scale))
+        self._store(*unscale(W.detach().double() * t, b.detach().double() * t + c, mu, scale))
         warn_if_worse_than_start(self, self.init_objective_, self.loss_curve_[-1],
                                  repr(self.init))
         return self
@@ -296,6 +301,10 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
     def _target_unit(self, W0, b0, X64, y) -> float:
         """The power of two ``t`` the regressor's SGD divides ``y`` by (1 otherwise)."""
         return 1.0
+
+    def _target_shift(self, W0, b0, mu) -> float:
+        """What the regressor's SGD subtracts from ``y`` before that (0 otherwise)."""
+        return 0.0
 
     def _check_lam(self, ell: torch.Tensor, lam_t: float) -> None:
         """Clear errors, before any step, where float32 cannot hold ``loss / lam``."""
@@ -384,6 +393,10 @@ class KLDRORegressor(TensorTargetsScore, RegressorMixin, _KLDROBase):
 
     def _losses(self, W, b, X, y):
         return (X.to(W.dtype) @ W + b - y.to(W.dtype)) ** 2
+
+    def _target_shift(self, W0, b0, mu) -> float:
+        # the initial model's intercept on the centred features: the targets' offset
+        return float(b0 + W0 @ mu) if self.fit_intercept else 0.0
 
     def _target_unit(self, W0, b0, X64, y) -> float:
         with torch.no_grad():

@@ -450,6 +450,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
             The objective (lower is better).
         """
         X64, y = self._validate_data(X, y, reset=False, dtype=torch.float64)
+        for name in ("lam", "margin"):  # read here (set_params after fit): NaN or 0.0
+            check_positive(getattr(self, name), name)
         y = np.asarray(y)
         pos = encode_labels(y, self.classes_, device=X64.device) == 1
         if bool(pos.all()) or not bool(pos.any()):  # (it failed with "math domain error")
