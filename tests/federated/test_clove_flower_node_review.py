@@ -289,3 +289,47 @@ def test_a_run_with_timeout_zero_and_ready_replies(monkeypatch):
                    timeout=0)
     assert [h["round"] for h in strategy.history_] == [1, 2]
     assert strategy.partitions_ == {31: 0, 32: 1, 33: 2}
+
+
+# -- 4. messages the grid does not push; integer buffers -----------------------------------
+
+class _DropTrainGrid(SimGrid):
+    """Flower's grids leave out the messages the link state refuses (a node gone), and
+    the HTTP grid pushes none of a request that is too large."""
+
+    def push_messages(self, msgs):
+        msgs = list(msgs)
+        return [] if msgs[0].message_type == "train" else super().push_messages(msgs)
+
+
+def test_messages_the_grid_did_not_push_stop_the_run(monkeypatch):
+    # the left-out nodes were silently not trained (a flat history_), or the losses
+    # round failed with a bare KeyError
+    _server_messages(monkeypatch)
+    app = make_client_app(lambda: torch.nn.Linear(D, 1), _data, lr=0.05)
+    grid = _DropTrainGrid(app, {11: {}, 12: {}, 13: {}})
+    strategy = CLoVEStrategy(n_clusters=2, min_nodes=3, random_state=0, poll_interval=0)
+    with pytest.raises(RuntimeError, match=r"the grid pushed 0 of 3 messages; node\(s\) "
+                                           r"\[11, 12, 13\] got none"):
+        strategy.start(grid, [ArrayRecord(_state(0)), ArrayRecord(_state(1))],
+                       num_rounds=1, timeout=math.inf)
+
+
+class _Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(D, 1)
+        self.register_buffer("step", torch.tensor(2**40 + 1, dtype=torch.int64))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_integer_buffers_reach_the_node_and_come_back_exactly():
+    # stacked through float32: 2**40 + 1 came back as 2**40
+    app = make_client_app(_Counter, _data, lr=0.05)
+    state = _Counter().state_dict()
+    reply = _call(app, {"arrays": ArrayRecord(state), "config": ConfigRecord({"seed": 0})},
+                  "train")
+    back = reply.content["arrays"].to_torch_state_dict()
+    assert back["step"].dtype == torch.int64 and int(back["step"]) == 2**40 + 1

@@ -232,12 +232,14 @@ class Engine:
                 h.remove()
         return any(single)
 
-    def check_batches(self, data: ClientData, name: str = "client") -> None:
+    def check_batches(self, data: ClientData, name: str = "client", *,
+                      single: bool = False) -> None:
         """Refuse what no batch split can train when a BatchNorm of the model gets one
         value per channel from one sample (see :meth:`_probe_batch_norm`):
         ``batch_size=1`` or a client of one sample (a batch of one sample fails in train
         mode). Other sizes train: a trailing batch of one sample joins the previous
-        batch. Models whose BatchNorms get several values per sample are not affected."""
+        batch. Models whose BatchNorms get several values per sample are not affected.
+        ``single``: ``data`` is the one ``name`` itself (a Flower node), not indexed."""
         if self.batch_norm is None:
             self.batch_norm = self._probe_batch_norm(data.X[0, :1])
         if not self.batch_norm:
@@ -250,8 +252,9 @@ class Engine:
                 "batch_size >= 2 (or None).")
         small = torch.nonzero(data.sizes < 2).flatten().tolist()
         if small:
+            who = f"this {name} holds" if single else f"{name}(s) {small[:10]} hold(s)"
             raise ValueError(
-                f"{name}(s) {small[:10]} hold(s) a single sample, but the model's "
+                f"{who} a single sample, but the model's "
                 "BatchNorm layers get one value per channel from a sample and need at "
                 f"least 2 samples per training batch (batch_size={self.batch_size}): "
                 f"give every {name} at least 2 samples or use a model without BatchNorm "

@@ -426,6 +426,16 @@ class CLoVEStrategy(Strategy):
         came after the last poll were reported missing, and ``timeout=0`` always failed).
         """
         ids = set(grid.push_messages(messages))
+        if len(ids) < len(messages):
+            # (Flower's grids leave out what the link state refused, or all of an HTTP
+            # push that was too large: the left-out nodes were silently not trained, or
+            # the losses round failed with a bare KeyError)
+            metas: list[Any] = [getattr(m, "metadata", m) for m in messages]
+            left = sorted(meta.dst_node_id for meta in metas
+                          if getattr(meta, "message_id", None) not in ids)
+            raise RuntimeError(f"the grid pushed {len(ids)} of {len(messages)} messages; "
+                               f"node(s) {left} got none (gone, or the message too large "
+                               "for the link).")
         replies: list[Message] = []
         deadline = time.monotonic() + timeout
         while ids:
@@ -860,7 +870,7 @@ def make_client_app(
         # message's seed: reproducible, and the node's own RNG is left as it was
         engine = Engine(template, loss, vectorize=False, optimizer=optimizer, lr=lr,
                         batch_size=batch_size, local_epochs=local_epochs, user_model=True)
-        engine.check_batches(data, name="node")  # BatchNorm: no batch of one sample
+        engine.check_batches(data, name="node", single=True)  # BatchNorm: batches of 2+
         return data, template, engine
 
     def stack(records: dict[str, Any], template: torch.nn.Module):
@@ -894,7 +904,10 @@ def make_client_app(
                                  "strategy from the model's own arrays, e.g. initial_arrays="
                                  "ArrayRecord(model_fn().state_dict()).")
             states.append(state)
-        return {k: torch.stack([s[k].float() for s in states]) for k in expected}
+        # floating arrays as the float32 of the simulation; integer and bool buffers as
+        # they are (a float32 round trip changed counters above 2**24)
+        return {k: torch.stack([s[k].float() if floating[k] else s[k] for s in states])
+                for k in expected}
 
     def metrics(context: Context, **values) -> MetricRecord:
         pid = _partition_metric(context.node_config.get("partition-id"))
