@@ -163,3 +163,25 @@ def test_flower_strategy_names_a_diverged_node(monkeypatch):
     with pytest.raises(FloatingPointError, match="node 11 reported a non-finite loss for "
                                                  "model 0 in round 1"):
         strategy.start(grid, ArrayRecord(dict(sd)), num_rounds=1)
+
+
+def test_hidden_layer_sizes_as_a_generator_builds_its_layers():
+    # the check consumed the generator: model="mlp" became a linear model
+    clients, _, _ = make_federated_linear(n_clusters=1, n_clients_per_cluster=2,
+                                          n_samples=20, random_state=0)
+    for given in ((h for h in [8, 4]), iter([8, 4]), [8, 4]):
+        est = FedAvg(model="mlp", hidden_layer_sizes=given, n_rounds=1,
+                     random_state=0).fit(clients)
+        widths = [m.out_features for m in est.models_[0].modules()
+                  if isinstance(m, torch.nn.Linear)]
+        assert widths == [8, 4, 1]
+    with pytest.raises(TypeError, match="ordered sequence"):
+        FedAvg(model="mlp", hidden_layer_sizes={8, 4}, n_rounds=1).fit(clients)
+
+
+def test_one_sample_as_a_vector_gets_the_reshape_hint():
+    clients, _, _ = make_federated_linear(n_clusters=1, n_clients_per_cluster=2,
+                                          n_samples=20, random_state=0)
+    est = FedAvg(n_rounds=1, random_state=0).fit(clients)
+    with pytest.raises(ValueError, match=r"one sample: pass X.reshape\(1, -1\)"):
+        est.predict(clients[0][0][0], client=0)

@@ -107,6 +107,13 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         hls = self.hidden_layer_sizes
         if isinstance(hls, numbers.Integral):
             hls = (hls,)
+        if isinstance(hls, (set, frozenset)):  # (no order: the layers' order was arbitrary)
+            raise TypeError(f"hidden_layer_sizes must be an ordered sequence of widths, "
+                            f"got a {type(hls).__name__}.")
+        if hasattr(hls, "__iter__") and not isinstance(hls, (str, bytes)):
+            # read once: a generator was consumed by the check below, and the model
+            # built without its hidden layers
+            hls = tuple(hls)
         if isinstance(hls, (str, bytes)) or not hasattr(hls, "__iter__") \
                 or not all(isinstance(h, numbers.Integral) and not isinstance(h, bool)
                            and int(h) > 0 for h in hls):

@@ -130,8 +130,13 @@ class _FederatedInferenceMixin:
         Xt = check_tensor(X, ndim=None, dtype=torch.float32, device=self._resolved_device,
                           owner=type(self).__name__)
         if tuple(Xt.shape[1:]) != tuple(self.input_shape_):
+            # (one sample as a vector: "samples of shape ()" named no fix)
+            one = (" (one sample: pass X.reshape(1, -1))"
+                   if Xt.ndim == 1 and len(self.input_shape_) == 1
+                   and Xt.shape[0] == self.input_shape_[0] else "")
             raise ValueError(f"X has samples of shape {tuple(Xt.shape[1:])}, but "
-                             f"{type(self).__name__} is expecting {tuple(self.input_shape_)}.")
+                             f"{type(self).__name__} is expecting "
+                             f"{tuple(self.input_shape_)}{one}.")
         return Xt
 
     def predict(self, X: ArrayLike, *, client: int | None = None,
