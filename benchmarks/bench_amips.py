@@ -256,8 +256,9 @@ if __name__ == "__main__":
         _parser.error("--no-synthetic with --no-wiki leaves nothing to run")
     # --quick runs one fixed small problem: options of the full runs would be ignored
     _ignored = [("--no-supportnet" if name == "supportnet" else f"--{name.replace('_', '-')}")
+                # (--supportnet-lr applies to the quick problem too)
                 for name in ("large", "no_wiki", "no_synthetic", "sizes", "batch", "wiki_docs",
-                             "steps", "width", "depth", "lr", "supportnet_lr", "supportnet")
+                             "steps", "width", "depth", "lr", "supportnet")
                 if getattr(_OPTIONS, name) != _parser.get_default(name)]
     if _OPTIONS.quick and _ignored:
         _parser.error(f"--quick runs a fixed small problem and ignores {', '.join(_ignored)}")

@@ -298,7 +298,7 @@ if __name__ == "__main__":
     _OPTIONS = _parser.parse_args()
     if _OPTIONS.no_synthetic and (_OPTIONS.no_wiki or (_OPTIONS.quick and not _OPTIONS.wiki)):
         _parser.error("--no-synthetic leaves no problem to run (the wiki one is skipped)")
-    _items = [800] if _OPTIONS.quick else [2000]
+    _items = [] if _OPTIONS.no_synthetic else [800] if _OPTIONS.quick else [2000]
     if not _OPTIONS.no_wiki and (_OPTIONS.wiki or not _OPTIONS.quick):
         _items.append(800 if _OPTIONS.quick else _OPTIONS.wiki_items)
     if _cutoff(_OPTIONS.quick) > min(_items):

@@ -553,6 +553,13 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
     torch.save(payload, where)
 
 
+def _is_zip(path: str) -> bool:
+    """Whether the file at ``path`` is a zip archive; an error opening it (permissions)
+    propagates (``zipfile.is_zipfile(path)`` reported it as "not a zip")."""
+    with open(path, "rb") as f:
+        return zipfile.is_zipfile(f)
+
+
 def _file_path(path: Any) -> str:
     """``path`` as a ``str`` (``bytes`` and path-likes decoded as ``open`` does:
     ``torch.save``/``torch.load`` take neither bytes nor their paths)."""
@@ -604,7 +611,7 @@ def _holds_meta_tensors(obj: Any) -> bool:
 def _load(path: str | os.PathLike, map_location: Any, trusted: type | None) -> BaseEstimator:
     where = _file_path(path)
     location = _check_map_location(map_location)
-    if os.path.isfile(where) and not zipfile.is_zipfile(where):
+    if os.path.isfile(where) and not _is_zip(where):
         # save writes torch's zip format; torch.load would first warn about a plain
         # pickle (e.g. pickle.dump of an estimator) and then refuse it
         raise ValueError(f"{where!r} is not a valid mlpapers estimator file: it is not the "

@@ -226,3 +226,20 @@ def test_load_to_a_device_name_that_is_unusable_blames_map_location(tmp_path):
     _, path, _ = _saved_toy(tmp_path)
     with pytest.raises(ValueError, match="map_location='nowhere'"):
         ToyRidge.load(path, map_location="nowhere")
+
+
+def test_a_file_that_cannot_be_opened_keeps_its_os_error(tmp_path, monkeypatch):
+    # zipfile.is_zipfile(path) swallowed the PermissionError: "not the zip archive"
+    import builtins
+
+    _, path, _ = _saved_toy(tmp_path)
+    real_open = builtins.open
+
+    def refusing_open(file, *args, **kwargs):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing_open)
+    with pytest.raises(PermissionError):
+        ToyRidge.load(path)

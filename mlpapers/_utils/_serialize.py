@@ -152,10 +152,26 @@ def generator_from_state(state: Any, legacy: bool = False
     if legacy:
         rs = np.random.RandomState()
         rs.set_state(state)
+        _check_state_kept(state, rs.get_state(legacy=False))
         return rs
     bit_gen = getattr(np.random, name)()
     bit_gen.state = state
+    _check_state_kept(state, bit_gen.state)
     return np.random.Generator(bit_gen)
+
+
+def _check_state_kept(given: Any, kept: Any) -> None:
+    """Refuse a state numpy did not keep as given: an integer out of its range (-1,
+    2**200) raised OverflowError in newer numpy and was wrapped silently in older."""
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+        return bool(a == b)
+
+    if not same(given, kept):
+        raise ValueError("the numpy generator state holds values out of its range")
 
 
 def _decode_rng(obj: dict) -> np.random.RandomState | np.random.Generator:

@@ -333,3 +333,27 @@ def test_integer_buffers_reach_the_node_and_come_back_exactly():
                   "train")
     back = reply.content["arrays"].to_torch_state_dict()
     assert back["step"].dtype == torch.int64 and int(back["step"]) == 2**40 + 1
+
+
+class _NoneForOneGrid(SimGrid):
+    """Flower's HTTP grid gives None in place of each message it could not push."""
+
+    def push_messages(self, msgs):
+        msgs = list(msgs)
+        ids = super().push_messages(msgs)
+        if msgs[0].message_type != "train":
+            return ids
+        return [None if m.dst_node_id == 12 else i for m, i in zip(msgs, ids)]
+
+
+def test_a_none_in_place_of_one_pushed_message_names_its_node(monkeypatch):
+    # set() of the ids kept the None as one id: no error, and the run polled for a
+    # reply to None until its timeout
+    _server_messages(monkeypatch)
+    app = make_client_app(lambda: torch.nn.Linear(D, 1), _data, lr=0.05)
+    grid = _NoneForOneGrid(app, {11: {}, 12: {}, 13: {}})
+    strategy = CLoVEStrategy(n_clusters=2, min_nodes=3, random_state=0, poll_interval=0)
+    with pytest.raises(RuntimeError, match=r"the grid pushed 2 of 3 messages; node\(s\) "
+                                           r"\[12\] got none"):
+        strategy.start(grid, [ArrayRecord(_state(0)), ArrayRecord(_state(1))],
+                       num_rounds=1, timeout=0.5)

@@ -12,6 +12,7 @@ import math
 import numbers
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -107,13 +108,11 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         hls = self.hidden_layer_sizes
         if isinstance(hls, numbers.Integral):
             hls = (hls,)
-        if isinstance(hls, (set, frozenset)):  # (no order: the layers' order was arbitrary)
-            raise TypeError(f"hidden_layer_sizes must be an ordered sequence of widths, "
-                            f"got a {type(hls).__name__}.")
-        if hasattr(hls, "__iter__") and not isinstance(hls, (str, bytes)):
-            # read once: a generator was consumed by the check below, and the model
-            # built without its hidden layers
-            hls = tuple(hls)
+        # a sequence (or an array): a generator was consumed by the check below and the
+        # model built without its hidden layers; a set has no order for its layers
+        if not isinstance(hls, (Sequence, np.ndarray)) and hasattr(hls, "__iter__"):
+            raise ValueError(f"hidden_layer_sizes must be a sequence of positive integers "
+                             f"(a list or tuple), got a {type(hls).__name__}.")
         if isinstance(hls, (str, bytes)) or not hasattr(hls, "__iter__") \
                 or not all(isinstance(h, numbers.Integral) and not isinstance(h, bool)
                            and int(h) > 0 for h in hls):

@@ -425,14 +425,19 @@ class CLoVEStrategy(Strategy):
         giving up (the loop stopped at the deadline without a last pull: replies that
         came after the last poll were reported missing, and ``timeout=0`` always failed).
         """
-        ids = set(grid.push_messages(messages))
+        pushed = list(grid.push_messages(messages))
+        ids = {i for i in pushed if i is not None}
         if len(ids) < len(messages):
-            # (Flower's grids leave out what the link state refused, or all of an HTTP
-            # push that was too large: the left-out nodes were silently not trained, or
-            # the losses round failed with a bare KeyError)
+            # (Flower's grids leave out what the link state refused, or give None in its
+            # place (HTTP), or push none of a request that is too large: the left-out
+            # nodes were silently not trained, or the losses round failed with a bare
+            # KeyError, or the run waited for a reply to None until its timeout)
             metas: list[Any] = [getattr(m, "metadata", m) for m in messages]
-            left = sorted(meta.dst_node_id for meta in metas
-                          if getattr(meta, "message_id", None) not in ids)
+            if len(pushed) == len(messages):  # positional, None where it failed
+                left = sorted(meta.dst_node_id for meta, i in zip(metas, pushed) if i is None)
+            else:
+                left = sorted(meta.dst_node_id for meta in metas
+                              if getattr(meta, "message_id", None) not in ids)
             raise RuntimeError(f"the grid pushed {len(ids)} of {len(messages)} messages; "
                                f"node(s) {left} got none (gone, or the message too large "
                                "for the link).")

@@ -172,8 +172,12 @@ class SampledTrainingMixin:
             grad = sparse_rows_grad(W, rows)
             if self.alpha > 0:
                 grad.add_(W, alpha=self.alpha)
-                # (in float64: the float32 sum of squares overflows from |W| ~ 1e19)
-                value += 0.5 * self.alpha * float(W.double().square().sum())
+                # (again in float64 where the float32 sum of squares overflows, from
+                # |W| ~ 1e19: a float64 copy every step cost 4x the float32 sum)
+                squares = float((W * W).sum())
+                if not math.isfinite(squares):
+                    squares = float(torch.linalg.vector_norm(W, dtype=torch.float64)) ** 2
+                value += 0.5 * self.alpha * squares
             self._W.grad = grad
         self._opt.step()
         return value * len(index), len(index)

@@ -101,12 +101,13 @@ def check_item_indices(est: Any, name: str) -> None:
     """Refuse a loaded ``est.<name>`` that is not a 1-D array of distinct item indices
     in ``[0, n_items_)`` (a damaged file failed later, at :meth:`load`'s ``take`` or
     at the first query, with an ``IndexError``)."""
-    idx = np.asarray(getattr(est, name))
-    n = int(est.n_items_)
-    if (idx.ndim != 1 or idx.dtype.kind not in "iu" or len(np.unique(idx)) != len(idx)
-            or (idx.size and not 0 <= int(idx.min()) <= int(idx.max()) < n)):
-        raise ValueError(f"{name} must hold distinct item indices in [0, {n}), got "
-                         f"{idx.dtype} values of shape {idx.shape}")
+    from mlpapers.retrieval.rbe._selection import check_support_indices
+
+    try:
+        check_support_indices(getattr(est, name), int(est.n_items_))
+    except ValueError as exc:
+        raise ValueError(f"{name} must hold distinct item indices in "
+                         f"[0, {int(est.n_items_)}): {exc}") from None
 
 
 def fresh(seq: Any) -> Any:
