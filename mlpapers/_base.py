@@ -547,9 +547,10 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
     where = _file_path(path)
     if os.path.isdir(where):
         raise IsADirectoryError(errno.EISDIR, "save needs a file path, not a directory", where)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(where))):
+    directory = os.path.dirname(os.path.abspath(where))
+    if not os.path.isdir(directory):
         raise FileNotFoundError(errno.ENOENT, "the directory to save into does not exist",
-                                os.path.dirname(os.path.abspath(where)))
+                                directory)
     torch.save(payload, where)
 
 

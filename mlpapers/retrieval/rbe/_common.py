@@ -27,6 +27,7 @@ from mlpapers._utils import (
     user_stacklevel,
 )
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts
+from mlpapers.retrieval.rbe._selection import check_support_indices
 
 if TYPE_CHECKING:  # the estimator base every retriever mixes this in with
     from mlpapers._base import TorchEstimatorMixin as _EstimatorBase
@@ -101,8 +102,6 @@ def check_item_indices(est: Any, name: str) -> None:
     """Refuse a loaded ``est.<name>`` that is not a 1-D array of distinct item indices
     in ``[0, n_items_)`` (a damaged file failed later, at :meth:`load`'s ``take`` or
     at the first query, with an ``IndexError``)."""
-    from mlpapers.retrieval.rbe._selection import check_support_indices
-
     try:
         check_support_indices(getattr(est, name), int(est.n_items_))
     except ValueError as exc:
