@@ -177,3 +177,20 @@ def test_bad_parameters(blobs):
         DecentralizedSGD(topology="star").fit(X, y)
     with pytest.raises(ValueError, match="nodes"):
         DecentralizedSGD(n_nodes=4).fit(X, y, nodes=np.full(len(y), 9))
+
+
+def test_score_sample_weight_is_routable(blobs):
+    # score applies sample_weight, so metadata routing must be able to request it
+    import sklearn
+    from sklearn.model_selection import cross_validate
+
+    X, y = blobs
+    w = np.random.default_rng(0).uniform(0.0, 3.0, len(y))
+    with sklearn.config_context(enable_metadata_routing=True):
+        est = DecentralizedSGD(n_nodes=4, n_rounds=10, random_state=0)
+        est.set_score_request(sample_weight=True)
+        res = cross_validate(est, X, y, cv=3, params={"sample_weight": w},
+                             return_estimator=True, return_indices=True)
+    for fitted, test, score in zip(res["estimator"], res["indices"]["test"],
+                                   res["test_score"]):
+        assert score == pytest.approx(fitted.score(X[test], y[test], sample_weight=w[test]))

@@ -371,3 +371,17 @@ def test_flattened_images_get_the_reshape_to_apply(digits, fitted):
         fitted.transform(flat[:3])
     with pytest.raises(ValueError, match="reshape flattened images"):
         fitted.transform(flat[:3].tolist())
+
+
+@pytest.mark.parametrize("cls", [CLAPPEncoder, GlobalSSLEncoder])
+def test_preserves_dtype_tag_matches_transform(digits, cls):
+    # scikit-learn reads the tag as "these input dtypes come back unchanged": the
+    # encoders are float32 networks, so float64 must not be listed
+    X = digits[0][:32]
+    enc = cls(architecture="tiny", n_epochs=1, batch_size=16, random_state=0).fit(X)
+    preserved = enc.__sklearn_tags__().transformer_tags.preserves_dtype
+    assert preserved
+    for dtype in (np.float32, np.float64):
+        out = enc.transform(X.astype(dtype))
+        assert out.dtype == np.float32
+        assert (np.dtype(dtype).name in preserved) == (out.dtype == dtype)

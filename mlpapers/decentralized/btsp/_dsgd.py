@@ -271,10 +271,9 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     True
     """
 
-    # nodes / eval_set are fit options, not routed metadata; score is unweighted here.
+    # nodes / eval_set are fit options, not routed metadata (score's sample_weight is).
     __metadata_request__fit = {"nodes": metadata_routing.UNUSED,
                                "eval_set": metadata_routing.UNUSED}
-    __metadata_request__score = {"sample_weight": metadata_routing.UNUSED}
 
     # load rebuilds the built-in model from ``model`` (params_ carry the widths)
     _REBUILD_PARAMS = ("model",)

@@ -106,6 +106,8 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
         tags.input_tags.two_d_array = False
         tags.input_tags.three_d_array = True
         tags.requires_fit = True
+        # the encoder is a float32 network: float64 images give float32 features
+        tags.transformer_tags.preserves_dtype = ["float32"]
         return tags
 
     # -- validation ---------------------------------------------------------------
