@@ -85,5 +85,13 @@ def _skip_member(app, what, name, obj, skip, options):
     return None
 
 
+def _drop_builtin_docstring(app, what, name, obj, options, lines):
+    """A module constant (a tuple of accepted names) has no docstring of its own:
+    autodoc would show the docstring of ``tuple``; the API page gives the text."""
+    if what == "data" and getattr(obj, "__doc__", None) is type(obj).__doc__:
+        lines.clear()
+
+
 def setup(app):
     app.connect("autodoc-skip-member", _skip_member)
+    app.connect("autodoc-process-docstring", _drop_builtin_docstring)

@@ -38,7 +38,7 @@ class GaussianMixtureQuerySampler:
     Examples
     --------
     >>> import numpy as np
-    >>> from mlpapers.datasets._mips import GaussianMixtureQuerySampler
+    >>> from mlpapers.retrieval.amips import GaussianMixtureQuerySampler
     >>> sampler = GaussianMixtureQuerySampler(np.eye(3), noise=0.1)
     >>> q = sampler(5, np.random.default_rng(0))
     >>> q.shape, np.allclose(np.linalg.norm(q, axis=1), 1.0)

@@ -105,7 +105,14 @@ _ATTRIBUTES = """labels_ : ndarray of int of shape (n_clients,)
         Column names of the clients' DataFrames (all alike); only set when the
         clients were DataFrames with string column names.
     n_clients_ : int
-        Number of training clients."""
+        Number of training clients.
+    loss_ : {"mse", "cross_entropy", "reconstruction"}
+        The loss trained, what ``loss="auto"`` resolved to.
+    input_shape_ : tuple of int
+        Shape of one client sample (without the sample axis).
+    n_outputs_ : int
+        Number of model outputs: classes (cross-entropy), target columns (MSE) or
+        input features (reconstruction)."""
 
 
 class _ClusteredBase(_FederatedBase):

@@ -317,7 +317,7 @@ class CLoVEStrategy(Strategy):
         or integer). A model that no node trained keeps its weights. Floating arrays
         are averaged in float64 and stored in the model's dtype; integer arrays
         (counters such as BatchNorm's ``num_batches_tracked``) take their maximum, as
-        in :class:`CLoVE`. The results replace ``models_`` in place.
+        in :class:`~mlpapers.federated.clove.CLoVE`. The results replace ``models_`` in place.
 
         Parameters
         ----------
@@ -467,9 +467,10 @@ class CLoVEStrategy(Strategy):
         """Run ``num_rounds`` CLoVE rounds.
 
         Waits for ``min_nodes`` nodes, then every round sends all K models to
-        every node, clusters the returned loss vectors (:func:`clove_assign`),
-        sends each node its assigned model to train and averages the replies per
-        model (:meth:`aggregate_train`).
+        every node, clusters the returned loss vectors
+        (:func:`~mlpapers.federated.clove.clove_assign`), sends each node its
+        assigned model to train and averages the replies per model
+        (:meth:`aggregate_train`).
 
         Parameters
         ----------
@@ -625,7 +626,7 @@ def _output_width(template: torch.nn.Module, X: torch.Tensor) -> tuple[int | Non
 
 
 def _node_data(X, y, loss: str, template: torch.nn.Module) -> ClientData:
-    """The node's ``(X, y)`` checked and encoded as :class:`~mlpapers.federated.CLoVE`
+    """The node's ``(X, y)`` checked and encoded as :class:`~mlpapers.federated.clove.CLoVE`
     checks and encodes a client's (same errors, same float32 tensors).
 
     A supervised loss without ``y`` used to train against ``X`` itself (``Y = X``
@@ -771,7 +772,7 @@ def make_client_app(
         ``model_fn() -> torch.nn.Module``: the architecture (same on every node); it
         is built under a float32 default dtype in a fork of the global torch RNG (the
         node's RNG state is left as it was) and cast to float32 like the data, as in
-        :class:`~mlpapers.federated.CLoVE`. Losses are computed in eval mode, local
+        :class:`~mlpapers.federated.clove.CLoVE`. Losses are computed in eval mode, local
         training runs in train mode with dropout drawn from a fork of the global RNG
         seeded by the message (``config["seed"]`` and the round); parameters with
         ``requires_grad=False`` are not trained. Nodes compute on the CPU (a module
@@ -779,15 +780,18 @@ def make_client_app(
     data_fn : callable
         ``data_fn(context) -> (X, y)`` (or ``(X, None)`` for the reconstruction loss):
         the node's training data, e.g. chosen by ``context.node_config["partition-id"]``.
-        Checked and cast to float32 as :class:`~mlpapers.federated.CLoVE` checks a
+        Checked and cast to float32 as :class:`~mlpapers.federated.clove.CLoVE` checks a
         client's data (finite values, matching lengths), so a node computes the loss
         vector the estimator computes for the same data and models.
     loss : {"mse", "cross_entropy", "reconstruction"}, default="mse"
         Cross-entropy needs 1D integer class indices ``0 .. C-1`` (integral floats
         are accepted), encoded the same way on every node: unlike the estimator, a
         node cannot encode arbitrary labels, as it sees only its own.
-    local_epochs, lr, batch_size, optimizer :
-        Local training, as in :class:`~mlpapers.federated.CLoVE`; the optimizer
+    local_epochs : int, default=1
+    lr : float, default=1e-2
+    batch_size : int or None, default=100
+    optimizer : {"adam", "sgd"}, default="adam"
+        Local training, as in :class:`~mlpapers.federated.clove.CLoVE`; the optimizer
         state is fresh every round. With BatchNorm layers that get one value per
         channel from a sample (``BatchNorm1d`` on ``(N, C)`` features), a lone last
         sample of an epoch joins the batch before it, and ``batch_size=1`` or a node
@@ -801,7 +805,7 @@ def make_client_app(
         model). It is built at once; ``data_fn`` and ``model_fn`` run per message.
         Its replies' metrics hold ``num-examples`` and, when the node's
         ``partition-id`` node config is an integer (or an integral float, sent as
-        the int), that ``partition-id`` (:attr:`CLoVEStrategy.partitions_`); an id
+        the int), that ``partition-id`` (``CLoVEStrategy.partitions_``); an id
         that is no integer (a string, a bool, ``0.5``) is left out, not converted.
 
     Raises
@@ -819,7 +823,7 @@ def make_client_app(
         ``(batch, C)``, or (any loss) a model output that is not finite, a model
         without trainable parameters (every parameter ``requires_grad=False``) or a
         model with a BatchNorm built with ``track_running_stats=False`` that runs,
-        as :class:`~mlpapers.federated.CLoVE` refuses them (a model output that is no
+        as :class:`~mlpapers.federated.clove.CLoVE` refuses them (a model output that is no
         floating-point tensor gives a ``TypeError``). These are raised at the
         node's first message, the losses round.
 

@@ -195,7 +195,7 @@ class _FederatedInferenceMixin:
 
         Parameters
         ----------
-        X, client, cluster :
+        X, client, cluster : array-like, int or None, int or None
             As in :meth:`predict` (the samples, and the training client whose model,
             or the model itself, is used).
 

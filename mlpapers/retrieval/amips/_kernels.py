@@ -828,7 +828,7 @@ def recall_at_k(y_true: ArrayLike | None, y_pred: ArrayLike, k: int, *,
         Ranked predicted indices.
     k : int
         Number of leading predictions examined, in ``[1, m]``.
-    queries, database, rtol, batch_size
+    queries, database, rtol, batch_size : optional
         Tie-aware mode, as in :func:`match_rate`.
 
     Returns
@@ -864,7 +864,7 @@ def mean_reciprocal_rank(y_true: ArrayLike | None, y_pred: ArrayLike, *,
         Exact top-1 indices (ignored in the tie-aware mode).
     y_pred : array-like of shape (n, m)
         Ranked predicted indices.
-    queries, database, rtol, batch_size
+    queries, database, rtol, batch_size : optional
         Tie-aware mode, as in :func:`match_rate`.
 
     Returns

@@ -93,6 +93,15 @@ class AnnCURRetriever(RelevanceBasedRetriever):
         Heavy-ranker pairs scored by ``fit`` (0 with ``relevance_matrix``).
     n_calls_per_query_ : int
         Online heavy calls per query (``n_support + n_rerank``).
+    support_items_ : sequence
+        ``items_`` at ``support_indices_``.
+    selection_scores_ : ndarray of shape (n_support,)
+        All NaN: random anchors have no selection score (kept for the
+        :class:`RelevanceBasedRetriever` interface).
+    head_, head_units_, head_shift_, best_validation_hit_rate_ : None
+        No neural head (``RelevanceBasedRetriever``'s interface).
+    history_ : list
+        Empty (no neural head is trained).
 
     References
     ----------

@@ -351,7 +351,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
         ``log g``: maps ``(C, n, k)`` tensors to ``(C,)`` (another shape raises
         ``ValueError``); ``None`` is uniform.
         See :func:`matrix_von_mises_fisher_log_density` and :func:`bingham_log_density`.
-    n, k : int
+    n, k : int, default=3, 1
         Manifold ``V(n, k)``, ``1 <= k <= n``.
     a, b : float, optional
         Conditioning bounds (defaults ``a = (sqrt(n) - sqrt(k - 1)) / 4`` and
