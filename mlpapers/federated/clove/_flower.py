@@ -788,8 +788,11 @@ def make_client_app(
         are accepted), encoded the same way on every node: unlike the estimator, a
         node cannot encode arbitrary labels, as it sees only its own.
     local_epochs : int, default=1
+        Local epochs per round.
     lr : float, default=1e-2
+        Local learning rate.
     batch_size : int or None, default=100
+        Local mini-batch size (``None``: full batch).
     optimizer : {"adam", "sgd"}, default="adam"
         Local training, as in :class:`~mlpapers.federated.clove.CLoVE`; the optimizer
         state is fresh every round. With BatchNorm layers that get one value per
