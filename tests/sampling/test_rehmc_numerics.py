@@ -134,13 +134,24 @@ def test_ball_radius_whose_square_under_or_overflows_is_a_clear_error(radius):
         Ball([0.0, 0.0], radius)
 
 
-def test_polytope_inradius_limit_is_absolute_and_documented():
-    # the Chebyshev LP (HiGHS, absolute tolerances) resolves a square of half-width 1e-11
-    # exactly; at 1e-12 the polytope is refused as flat, with the way out in the message
-    P = Polytope(SQUARE, np.full(4, 1e-11))
-    np.testing.assert_allclose(P.width(), 2e-11, rtol=1e-9)
-    with pytest.raises(ValueError, match=r"inradius 1e-12 is at most 1e-12.*rescaled"):
-        Polytope(SQUARE, np.full(4, 1e-12))
+@pytest.mark.parametrize("half_width", [1e-30, 1e-12, 1e20, 1e25])
+def test_polytope_chebyshev_centre_at_any_scale(half_width):
+    # the Chebyshev LP is solved for b / max|b|: at 1e-12 and below HiGHS's absolute
+    # tolerances refused the square as flat, at 1e20 and above it read b as infinite
+    # ("unbounded"); the right triangle's inradius is (2 - sqrt 2) / 2 of its legs
+    P = Polytope(SQUARE, np.full(4, half_width))
+    np.testing.assert_allclose(P.width(), 2 * half_width, rtol=1e-9)
+    T = Polytope([[-1.0, 0.0], [0.0, -1.0], [1.0, 1.0]], [0.0, 0.0, half_width])
+    center, radius = T._chebyshev()
+    r = (2 - np.sqrt(2)) / 2 * half_width
+    np.testing.assert_allclose(radius, r, rtol=1e-9)
+    np.testing.assert_allclose(center, [r, r], rtol=1e-9)
+
+
+def test_polytope_flat_relative_to_b_is_refused():
+    # two faces 1e-14 apart, at distance 1 from the origin: below the LP's resolution
+    with pytest.raises(ValueError, match=r"empty interior \(it is flat\).*at most 1e-12"):
+        Polytope(SQUARE, [1.0, 1.0, -1.0 + 1e-14, 1.0])
 
 
 def test_tiny_and_huge_supports_sample_in_scale():

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlpapers._utils import power_of_two_unit
+
 _MAX_RADIUS = 1e6  # cap of the Chebyshev radius: an unbounded polytope reaches it
 
 
@@ -20,9 +22,18 @@ def _chebyshev_lp(A: np.ndarray, b: np.ndarray, capped: bool = True):
     m, d = A.shape
     c = np.zeros(d + 1)
     c[-1] = -1.0  # maximise the radius
-    return linprog(c, A_ub=np.hstack([A, np.ones((m, 1))]), b_ub=b,
-                   bounds=[(None, None)] * d + [(0, _MAX_RADIUS if capped else None)],
-                   method="highs")
+    # solved for b / 2**e (the power of two at or below max|b|, outside [2**-20, 2**20])
+    # and scaled back exactly (the problem is homogeneous in (x, b)): HiGHS reads bounds
+    # of 1e20 as infinite (a bounded triangle with b = 1e21 came out "unbounded") and its
+    # tolerances are absolute (an inradius of 1e-13 read as 0); res.scale is 2**e
+    scale = power_of_two_unit(float(np.abs(b).max()) if b.size else 0.0, 20)
+    res = linprog(c, A_ub=np.hstack([A, np.ones((m, 1))]), b_ub=b / scale,
+                  bounds=[(None, None)] * d + [(0, _MAX_RADIUS / scale if capped else None)],
+                  method="highs")
+    if res.x is not None:
+        res.x = res.x * scale
+    res.scale = scale
+    return res
 
 
 def _is_unbounded(A: np.ndarray) -> bool:

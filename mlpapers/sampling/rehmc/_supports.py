@@ -389,10 +389,15 @@ class Polytope(ConvexContainer):
         if res.status != 0:
             raise ValueError(f"Polytope: Chebyshev-centre LP failed ({res.message}).")
         radius = float(res.x[-1])
-        if radius <= 1e-12:  # absolute: the LP solver's tolerances are absolute too
+        # the LP's tolerances are absolute in its units (b / res.scale, about max|b|);
+        # beyond 1 the bound stays absolute, as it was before b was rescaled
+        floor = 1e-12 * min(1.0, res.scale)
+        if radius <= floor:
             raise ValueError(f"Polytope {{A x <= b}} has an empty interior (it is flat): "
-                             f"its inradius {radius:.3g} is at most 1e-12 (a polytope that "
-                             "small needs its coordinates rescaled).")
+                             f"its inradius {radius:.3g} is at most {floor:.3g} (1e-12 of "
+                             "max|b| when that is below 1; a polytope that small next to "
+                             "its distance from the origin needs its coordinates shifted "
+                             "or rescaled).")
         center = res.x[:self.dim]
         if self._unbounded:
             # the LP's centre of an unbounded polytope can lie anywhere along its
