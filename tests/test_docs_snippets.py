@@ -132,3 +132,20 @@ def test_api_pages_list_every_public_name():
             missing[".".join(parts)] = names
     assert n_modules > 10
     assert not missing, missing
+
+
+def test_gallery_examples_import_only_public_names():
+    # users copy the gallery: an import from a private module (or of a private name)
+    # would teach them an interface that may change without notice
+    private = []
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mlpapers"):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("mlpapers")]
+            else:
+                continue
+            private += [f"{script.name}: {n}" for n in names
+                        if any(part.startswith("_") for part in n.split(".")[1:])]
+    assert not private, private
