@@ -282,6 +282,17 @@ def test_greedy_coreset_equals_reference():
     assert len(greedy_coreset(x, 500)) == 60  # clamped
 
 
+def test_greedy_coreset_assignment_is_the_nearest_selected_row():
+    x = torch.randn(80, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    sel, cover = greedy_coreset(x, 12, generator=torch.Generator().manual_seed(2),
+                                projection_dim=None, return_assignment=True)
+    assert torch.equal(sel, greedy_coreset(x, 12, generator=torch.Generator().manual_seed(2),
+                                           projection_dim=None))
+    d = torch.cdist(x, x[sel])
+    torch.testing.assert_close(d.gather(1, cover[:, None])[:, 0], d.amin(1))
+    assert torch.equal(cover[sel], torch.arange(12))  # a selected row covers itself
+
+
 def test_greedy_coreset_covering_radius_beats_random():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(400, 3, generator=g)

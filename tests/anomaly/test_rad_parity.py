@@ -92,6 +92,31 @@ def test_patchcore_decision_scores_are_leave_one_image_out_scores(textures):
     assert np.all(det.decision_scores_ > 0)
 
 
+def test_patchcore_coreset_leave_one_out_scores_with_duplicated_images(textures):
+    """With a coreset, an image's own memory patches leave with it and the patches of
+    other images they covered stand in: a training set holding every image twice
+    scores like refits without the image (its twin stays), not like an image with no
+    twin (the bare memory gave up to 10x the refitted scores)."""
+    X = np.concatenate([textures[0][:5]] * 2)
+    kw = dict(extractor="random", image_size=None, coreset_ratio=0.1, random_state=0)
+    det = PatchCoreDetector(**kw).fit(X)
+    loo = np.array([PatchCoreDetector(**kw).fit(np.delete(X, i, axis=0))
+                    .decision_function(X[i:i + 1])[0] for i in range(len(X))])
+    assert det.decision_scores_.max() <= 1.1 * loo.max()
+    assert det.threshold_ <= 1.1 * np.quantile(loo, 1 - det.contamination)
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.3])
+def test_patchcore_coreset_leave_one_out_lies_above_the_full_memory_one(textures, ratio):
+    """The stand-ins are patches of the other images, so the coreset's leave-one-out
+    scores are at least those against every patch of the other images."""
+    X_train = textures[0]
+    kw = dict(extractor="random", image_size=None, random_state=0)
+    full = PatchCoreDetector(coreset_ratio=1.0, **kw).fit(X_train).decision_scores_
+    det = PatchCoreDetector(coreset_ratio=ratio, **kw).fit(X_train)
+    assert np.all(det.decision_scores_ >= full - 1e-5)
+
+
 def test_patchcore_half_memory_equals_float32_memory_cast(textures):
     """PatchCore ``memory_dtype="float16"`` vs the float32 fit with its memory cast to
     float16 afterwards: same memory, same scores."""

@@ -97,7 +97,8 @@ def greedy_coreset(
     generator: torch.Generator | None = None,
     projection_dim: int | None = 128,
     verbose: int = 0,
-) -> torch.Tensor:
+    return_assignment: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy k-center coreset (the PatchCore memory subsampling).
 
     Starting from a random row, repeatedly add the row farthest from the
@@ -115,11 +116,16 @@ def greedy_coreset(
     projection_dim : int or None, default=128
     verbose : int, default=0
         Show a progress bar over the selections (one pass over the rows each).
+    return_assignment : bool, default=False
+        Also return each row's nearest selected row (the one that covers it).
 
     Returns
     -------
     LongTensor of shape (n_select,)
         Selected row indices, in selection order.
+    LongTensor of shape (P,)
+        Only with ``return_assignment``: for each row, the position in the selection
+        of its nearest selected row, in the (projected) distances of the selection.
     """
     P, C = features.shape
     n_select = max(1, min(int(n_select), P))
@@ -135,11 +141,15 @@ def greedy_coreset(
     selected[0] = first
     x2 = x.pow(2).sum(1)
     min_d = (x2 - 2.0 * (x @ x[first]) + x2[first]).clamp_min_(0.0)
+    assignment = (torch.zeros(P, dtype=torch.long, device=x.device) if return_assignment
+                  else None)
     for i in ProgressLogger(n_select, verbose=verbose, desc="greedy coreset"):
         if i == 0:
             continue
         nxt = torch.argmax(min_d)
         selected[i] = nxt
         d = (x2 - 2.0 * (x @ x[nxt]) + x2[nxt]).clamp_min_(0.0)
+        if assignment is not None:
+            assignment.masked_fill_(d < min_d, i)
         torch.minimum(min_d, d, out=min_d)
-    return selected
+    return (selected, assignment) if assignment is not None else selected
