@@ -41,6 +41,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     -------
     torch.device
         CUDA with an index: ``"cuda"`` and ``"auto"`` name the current CUDA device.
+
+    Raises
+    ------
+    ValueError
+        If ``device`` names no device, or one this machine cannot use (CUDA or MPS
+        missing, an index beyond the device count, ``"meta"``, or another type, e.g.
+        ``"xla"`` or ``"xpu"``, whose backend is not installed or has no device).
     """
     if device is None:
         return torch.device("cpu")
@@ -68,6 +75,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise ValueError(f"device={device!r} was requested but MPS is not available.")
     if dev.type == "meta":  # tensors without data: every result would be meaningless
         raise ValueError("device='meta' holds no data and cannot fit an estimator.")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        # the other types torch parses ('xla', 'xpu', 'hpu', 'privateuseone', ...) need a
+        # backend this build or machine may lack; probed so that they fail here, not with
+        # torch's RuntimeError, NotImplementedError, AssertionError or ModuleNotFoundError
+        # at the first tensor (and load does not call a valid file damaged)
+        try:
+            torch.empty(0, device=dev)
+        except Exception as exc:  # each backend fails in its own way
+            raise ValueError(f"device={device!r} was requested but the {dev.type!r} device "
+                             f"is not available here ({type(exc).__name__}); use 'cpu', "
+                             "'cuda' or 'auto'.") from exc
     return dev
 
 
@@ -247,8 +265,7 @@ def check_tensor(
             raise TypeError(f"{name} is a nested torch tensor, but {owner} needs one dense "
                             f"tensor: pad it, e.g. {name}.to_padded_tensor(0.0).")
         if t.is_meta:
-            raise ValueError(f"{name} is a torch tensor on the meta device, which holds no "
-                             "values: pass a tensor with data.")
+            raise meta_tensor_error(name)
         if t.is_quantized:
             raise TypeError(f"{name} is a quantized torch tensor ({t.dtype}), but {owner} "
                             f"needs real values: pass {name}.dequantize().")
@@ -389,12 +406,23 @@ def torch_compatible_array(a: Any) -> np.ndarray:
     return a.copy() if any(st < 0 for st in a.strides) else a
 
 
-def to_numpy(t: Any) -> np.ndarray:
+def meta_tensor_error(name: str, fix: str = "pass a tensor with data") -> ValueError:
+    """The error for a meta-device tensor given as ``name`` (its values do not exist:
+    torch's own "Cannot copy out of meta tensor" came from deep inside a conversion);
+    ``fix`` says what to do instead."""
+    return ValueError(f"{name} is a torch tensor on the meta device, which holds no "
+                      f"values: {fix}.")
+
+
+def to_numpy(t: Any, name: str = "the input") -> np.ndarray:
     """Return ``t`` as a numpy array (tensors are detached and moved to the CPU).
 
-    bfloat16 and float16 tensors become float32, since numpy has no bfloat16.
+    bfloat16 and float16 tensors become float32, since numpy has no bfloat16. A
+    meta-device tensor raises a ``ValueError`` naming ``name`` (the argument).
     """
     if isinstance(t, torch.Tensor):
+        if t.is_meta:
+            raise meta_tensor_error(name)
         t = t.detach()
         if t.dtype in (torch.bfloat16, torch.float16):
             t = t.float()

@@ -60,6 +60,14 @@ def _as_tensor(x: float | torch.Tensor, like: torch.Tensor, name: str,
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
+def _check_real_dtype(t: torch.Tensor, name: str) -> None:
+    """Raise a ``TypeError`` naming ``name`` unless ``t`` holds floating or integer
+    numbers: a boolean tensor is a mask, not scores or duals (torch refused its
+    subtraction with a message naming no argument, or reduced it as 0/1 silently)."""
+    if not (t.is_floating_point() or t.dtype in _INTEGER_DTYPES):
+        raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}.")
+
+
 def _check_number(value, name: str, *, low: float, high: float = math.inf,
                   low_open: bool = True, finite: bool = True) -> None:
     """A Python (or numpy) real step parameter in its documented range; tensors are the
@@ -110,8 +118,7 @@ def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
             if t.is_floating_point() or t.dtype in _INTEGER_DTYPES:
                 # from the Python values themselves (0.1 via float32 is not 0.1)
                 t = torch.as_tensor(x, dtype=dtype, device=device)
-        if not (t.is_floating_point() or t.dtype in _INTEGER_DTYPES):
-            raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}.")
+        _check_real_dtype(t, name)
         out.append(t.detach() if t.is_floating_point() else t.to(dtype))
     try:
         torch.broadcast_shapes(out[0].shape, out[1].shape)
@@ -174,6 +181,7 @@ def log_mean_exp(
     >>> float(log_mean_exp(torch.tensor([0.0, 0.0, 1e4])))  # no overflow
     9998.90...
     """
+    _check_real_dtype(scores, "log_mean_exp: scores")
     if scores.dim() == 0:
         raise ValueError("log_mean_exp: scores must have at least one dimension, got a "
                          "0-d tensor")
@@ -538,6 +546,8 @@ def softplus_dual_ratio(
     # checked: 1D scores (B,) broadcast against nu[:, None] to (B, B) and gave a wrong
     # ratio silently; a bad rho or mismatched shapes failed with cryptic errors
     _check_number(rho, "rho", low=0.0)
+    _check_real_dtype(scores, "scores")
+    _check_real_dtype(nu, "nu")
     if scores.ndim != 2:
         raise ValueError(f"scores must have shape (B, k), got {tuple(scores.shape)}.")
     if nu.shape != scores.shape[:1]:

@@ -26,6 +26,7 @@ from mlpapers._utils import (
     torch_compatible_array,
     user_stacklevel,
 )
+from mlpapers._utils._validation import meta_tensor_error
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts
 from mlpapers.retrieval.rbe._selection import check_support_indices
 
@@ -179,6 +180,10 @@ class HeavyRankerMixin(_EstimatorBase):
         # callable: fit and every search check it (_check_relevance_fn) before a heavy call
         relevance_fn = cast(Callable[[Any, Any], Any], self.relevance_fn)
         out = relevance_fn(queries, items)
+        if isinstance(out, torch.Tensor) and out.is_meta:
+            # (to_numpy's ValueError, read below as "not a numeric array", named no cause)
+            raise meta_tensor_error("relevance_fn's output",
+                                    "it must return scores with data")
         try:
             arr = to_numpy(out)
             if arr.dtype.kind not in "biuf":  # complex, strings, objects (None)

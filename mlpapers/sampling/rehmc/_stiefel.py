@@ -88,6 +88,11 @@ def _warn_if_detached(lg: Tensor) -> None:
         "log_density with torch operations.", UserWarning, stacklevel=user_stacklevel())
 
 
+#: the integer dtypes (numpy's kinds "i" and "u"), cast to float64 as arrays of them are
+_INTEGERS = tuple(getattr(torch, f"{kind}int{bits}") for kind in ("", "u")
+                  for bits in (8, 16, 32, 64) if hasattr(torch, f"{kind}int{bits}"))
+
+
 @overload
 def polar_factor(X: Tensor) -> Tensor: ...
 @overload
@@ -102,10 +107,17 @@ def polar_factor(X: ArrayLike) -> Tensor | np.ndarray:
     ----------
     X : torch.Tensor or array-like of shape (..., n, k)
         Matrices of full column rank (``k <= n``), batched over the leading
-        dimensions. A tensor keeps its dtype (a half-precision one is factored in
-        float32), device and autograd graph; anything
-        else is converted to a finite float64 array (``ValueError`` otherwise, or
-        for fewer than 2 dimensions).
+        dimensions. A floating tensor keeps its dtype (a half-precision one is
+        factored in float32), device and autograd graph, and an integer or boolean
+        one becomes float64; anything else is converted to a float64 array.
+
+    Raises
+    ------
+    TypeError
+        If ``X`` is not numeric (complex numbers included).
+    ValueError
+        If ``X`` holds NaN or infinity, has fewer than 2 dimensions or more columns
+        than rows.
 
     Returns
     -------
@@ -130,7 +142,21 @@ def polar_factor(X: ArrayLike) -> Tensor | np.ndarray:
             raise ValueError(f"X must have shape (..., n, k), got {X_np.shape}.")
         _check_tall(X_np.shape)
         return _Polar.apply(torch.from_numpy(X_np)).numpy()
+    # the checks of the array path: a complex tensor gave a complex "factor" without
+    # orthonormal columns, an integer or boolean one torch's "Expected a floating point
+    # tensor", NaN a _LinAlgError and an infinity a wrong factor, silently
+    if not (X.is_floating_point() or X.dtype == torch.bool or X.dtype in _INTEGERS):
+        raise TypeError(f"X must be numeric, got dtype {X.dtype}.")
+    if not X.is_floating_point():  # (as integer and boolean arrays are: float64)
+        X = X.to(torch.float32 if X.device.type == "mps" else torch.float64)
     _check_tall(X.shape)
+    if not X.is_meta and not bool(torch.isfinite(X.detach()).all()):
+        raise ValueError("X must be finite (no NaN or inf).")
+    return _polar(X)
+
+
+def _polar(X: Tensor) -> Tensor:
+    """:func:`polar_factor` of a floating tensor, unchecked (the sampler's own calls)."""
     if X.dtype in (torch.float16, torch.bfloat16):  # torch has no SVD in half precision
         return _Polar.apply(X.float()).to(X.dtype)
     return _Polar.apply(X)
@@ -448,7 +474,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             G = torch.from_numpy(rng.standard_normal((chains, n, k)))
             s = torch.linalg.svdvals(G)
             inside = (s[:, -1] > a) & (s[:, 0] < b)
-            return torch.where(inside[:, None, None], G, sigma * polar_factor(G)).reshape(
+            return torch.where(inside[:, None, None], G, sigma * _polar(G)).reshape(
                 chains, -1)
         return propose
 
@@ -514,7 +540,7 @@ class StiefelSampler(TorchEstimatorMixin, BaseEstimator):
             X = x.reshape(-1, n, k)
             out = -0.5 * (x * x).sum(-1)
             if g is not None:
-                lg = g(polar_factor(X))
+                lg = g(_polar(X))
                 if not isinstance(lg, torch.Tensor) or lg.shape != out.shape:
                     got = tuple(lg.shape) if isinstance(lg, torch.Tensor) else type(lg).__name__
                     # (a ContractError: the sampler adds no guess written for log_prob)
@@ -569,7 +595,7 @@ def polar_draws(X: Tensor) -> np.ndarray:
     shape = X.shape
     flat = X.reshape(-1, *shape[-2:])
     rows = block_rows_for(shape[-2] * shape[-1], POLAR_BLOCK_ELEMENTS)
-    Q = collect_row_blocks(lambda r: polar_factor(flat[r].to(torch.float64)).to(X.dtype),
+    Q = collect_row_blocks(lambda r: _polar(flat[r].to(torch.float64)).to(X.dtype),
                            flat.shape[0], rows)
     return Q.reshape(shape).numpy()
 
