@@ -26,6 +26,7 @@ estimator (for trusted files).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -188,11 +189,14 @@ class TorchEstimatorMixin:
         allowed = {ndim} if isinstance(ndim, int) else set(ndim)
         has_y = not (isinstance(y, str) and y == "no_validation")
         if has_y and isinstance(y, torch.Tensor):
-            y = to_numpy(y)  # detached, on the CPU (numpy cannot read grad/CUDA tensors)
+            y = to_numpy(y, "y")  # detached, on the CPU (numpy cannot read grad/CUDA tensors)
         if isinstance(X, torch.Tensor):
             # tensors have no column names: drops ``feature_names_in_`` on reset and
             # warns, as scikit-learn does for arrays, when fitted on a DataFrame
-            _check_feature_names(self, X, reset=reset)
+            if reset:
+                _check_feature_names(self, X, reset=True)
+            else:
+                check_feature_names(self, X)
             Xt = check_tensor(
                 X, ndim=tuple(allowed), dtype=torch_dtype, device=self._resolved_device,
                 allow_nan=allow_nan, min_samples=min_samples,
@@ -219,10 +223,20 @@ class TorchEstimatorMixin:
             ensure_min_samples=min_samples,
             ensure_all_finite="allow-nan" if allow_nan else True,
         )
+        # names on one side only: warned here at the user's call, and not again from
+        # inside scikit-learn (whose warning pointed at its validation module)
+        one_sided = not reset and (_get_feature_names(X) is None) != (
+            getattr(self, "feature_names_in_", None) is None)
+        if one_sided:
+            check_feature_names(self, X)
         # scikit-learn's finiteness check sums the data first: finite float32 values near
         # its maximum overflow that sum and numpy warned "invalid value encountered in
         # reduce" about valid data (the check then looks at each value and passes)
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"), (
+                warnings.catch_warnings() if one_sided else contextlib.nullcontext()):
+            if one_sided:
+                warnings.filterwarnings("ignore", "X (has|does not have valid) feature "
+                                        "names", UserWarning)
             if has_y:
                 X_np, y_np = validate_data(self, X, y, y_numeric=y_numeric,
                                            multi_output=multi_output, **kwargs)
@@ -416,10 +430,8 @@ def check_feature_names(estimator: BaseEstimator, X: Any, name: str = "X") -> No
     """scikit-learn's check of ``X``'s column names against ``feature_names_in_`` after
     fit (a warning for names on one side only, a ``ValueError`` for other names or
     order), with the messages naming the argument ``name`` rather than ``X`` (the
-    ``queries`` of a fit, the ``clients[i]`` of a federation)."""
-    if name == "X":
-        _check_feature_names(estimator, X, reset=False)
-        return
+    ``queries`` of a fit, the ``clients[i]`` of a federation). The warnings point at the
+    user's call (scikit-learn's pointed inside its validation module)."""
     fitted = getattr(estimator, "feature_names_in_", None)
     given = _get_feature_names(X)
     owner = type(estimator).__name__
@@ -431,6 +443,8 @@ def check_feature_names(estimator: BaseEstimator, X: Any, name: str = "X") -> No
     elif given is None:
         warnings.warn(f"{name} does not have valid feature names, but {owner} was fitted "
                       "with feature names", UserWarning, stacklevel=user_stacklevel())
+    elif name == "X":  # (the warnings above are scikit-learn's, at the user's call)
+        _check_feature_names(estimator, X, reset=False)  # its error, listing the names
     elif not np.array_equal(given, fitted):
         raise ValueError(f"the feature names of {name} should match those passed during "
                          f"fit, in the same order: got {list(given)}, fitted on "

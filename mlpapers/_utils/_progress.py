@@ -16,7 +16,8 @@ class ProgressLogger:
     total : int
         Number of steps (epochs, rounds, iterations).
     verbose : int or bool, default=0
-        ``0`` hides the bar; anything truthy shows it with the last metrics.
+        ``0`` (or less) hides the bar; anything else truthy shows it with the last
+        metrics.
     desc : str, optional
         Label shown in front of the bar.
 
@@ -45,13 +46,21 @@ class ProgressLogger:
     def __iter__(self):
         # leave=True: the bar's final metrics stay in the log when the loop ends
         self._bar = bar = tqdm(
-            range(self.total), desc=self.desc, disable=not self.verbose, leave=True,
+            range(self.total), desc=self.desc, disable=not self._shows(), leave=True,
             dynamic_ncols=True,
         )
         try:
             yield from bar
         finally:
             bar.close()
+
+    def _shows(self) -> bool:
+        """Whether the bar is shown: a verbosity above 0 (a negative number, which the
+        estimators refuse, hides it as 0 does, rather than showing it)."""
+        v = self.verbose
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+            return bool(v > 0)
+        return bool(v)
 
     def log(self, **metrics: Any) -> None:
         """Record ``metrics`` and show the numeric ones on the bar."""

@@ -24,6 +24,7 @@ from mlpapers._utils import (
     check_bool,
     check_in_options,
     check_positive,
+    check_verbose,
     resolve_dtype,
     to_numpy,
     user_stacklevel,
@@ -142,6 +143,8 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
 
     # -- parameter checks ---------------------------------------------------
     def _check_common_params(self) -> None:
+        # also at scoring (set_params after fit): verbose=-1 or "yes" showed the bars
+        check_verbose(self.verbose)
         check_image_size(self.image_size)
         check_positive(self.smoothing_sigma, "smoothing_sigma", strict=False)
         check_fraction(self.contamination, "contamination", 0.5, zero_allowed=False)
@@ -618,7 +621,7 @@ class BaseImageDetector(TorchEstimatorMixin, OutlierMixin, BaseEstimator):
         float
             The area under the ROC curve of the image scores, in [0, 1].
         """
-        y = to_numpy(y)  # (a tensor on a GPU or requiring grad too)
+        y = to_numpy(y, "y")  # (a tensor on a GPU or requiring grad too)
         # checked here, before the extraction: scikit-learn's roc_auc_score returns NaN
         # with a warning for a single class (>= 1.8) or raises (older versions); labels
         # in {-1, 1} are refused, as scikit-learn's outlier convention (-1 = outlier)

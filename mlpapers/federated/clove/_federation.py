@@ -212,6 +212,7 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
         frozen = False
         freeze_after = getattr(self, "freeze_after", None)
         log = ProgressLogger(self.n_rounds, self.verbose, desc=type(self).__name__)
+        overflowed = False  # float32 overflow of the losses warned about (once per fit)
         for t in log:
             start = time.perf_counter()
             part = self._participants(n, M)
@@ -226,12 +227,12 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                 if new.any():  # late clients: their lowest-loss model
                     Ln = self._to_numpy(engine.loss_matrix(states, data.take(
                         torch.as_tensor(part[new], device=self._device))))
-                    self._check_losses(Ln, part[new], t)
+                    overflowed = self._check_losses(Ln, part[new], t, overflowed)
                     assignment[part[new]] = ifca_assign(Ln)
                 a_part = assignment[part]
             else:
                 L = self._to_numpy(engine.loss_matrix(states, pdata)).astype(np.float64)
-                self._check_losses(L, part, t)
+                overflowed = self._check_losses(L, part, t, overflowed)
                 if t == 0 and getattr(self, "first_assignment", "loss") == "random" \
                         and M > 1:  # (one model: nothing to draw, as FedAvg draws nothing)
                     a_part = random_assignment(len(part), M, self._numpy_gen)
@@ -261,7 +262,8 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
 
         final = engine.loss_matrix(states, data)
         self.loss_vectors_ = self._to_numpy(final).astype(np.float64)
-        self._check_losses(self.loss_vectors_, np.arange(n), "the final evaluation")
+        self._check_losses(self.loss_vectors_, np.arange(n), "the final evaluation",
+                           overflowed)
         missing = assignment < 0
         if missing.any():
             assignment[missing] = ifca_assign(self.loss_vectors_[missing])
@@ -344,24 +346,28 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
                 f"client(s) {ids[:10]} is not finite; lower lr (now {self.lr}) or "
                 "standardise the data.")
 
-    def _check_losses(self, L: np.ndarray, clients: np.ndarray, when) -> None:
+    def _check_losses(self, L: np.ndarray, clients: np.ndarray, when,
+                      warned: bool = False) -> bool:
         """Non-finite losses would make the clustering fail (or silently pick a model).
 
         An algorithm whose assignment ignores the losses (FedAvg) only stops on NaN; an
-        infinite loss there is a float32 overflow of a model that still trains (warned).
+        infinite loss there is a float32 overflow of a model that still trains (warned,
+        unless ``warned``: once per fit, not once per round). Returns whether that
+        warning has been given (now or before, ``warned``).
         """
         bad = ~np.isfinite(L)
         if not bad.any():
-            return
+            return warned
         i, j = np.argwhere(bad)[0]
         where = f"round {when}" if isinstance(when, (int, np.integer)) else when
         advice = (f"lower lr (now {self.lr}) or rescale the data (e.g. standardise X "
                   "and y).")
         if not self._assigns_by_loss and not np.isnan(L).any():
-            warnings.warn(f"{type(self).__name__}: some training losses overflow float32 "
-                          "(the models train in float32) and are recorded as inf; "
-                          + advice, RuntimeWarning, stacklevel=user_stacklevel())
-            return
+            if not warned:
+                warnings.warn(f"{type(self).__name__}: some training losses overflow "
+                              "float32 (the models train in float32) and are recorded as "
+                              "inf; " + advice, RuntimeWarning, stacklevel=user_stacklevel())
+            return True
         raise FloatingPointError(
             f"{type(self).__name__}: the training loss of model {j} on client "
             f"{int(clients[i])} is not finite in {where}: a model diverged, or the loss "

@@ -11,6 +11,7 @@ none of its own.
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -18,10 +19,16 @@ import numpy as np
 import torch
 from sklearn.metrics import r2_score
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import _check_feature_names
+from sklearn.utils.validation import _get_feature_names
 
 from mlpapers._base import check_feature_names
-from mlpapers._utils import ArrayLike, check_tensor, encode_labels, on_cpu_default_device
+from mlpapers._utils import (
+    ArrayLike,
+    check_tensor,
+    encode_labels,
+    on_cpu_default_device,
+    user_stacklevel,
+)
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._data import (
     _split_client,
@@ -76,6 +83,35 @@ def _check_index(value, name: str, stop: int) -> None:
         raise ValueError(f"{name} must be an integer in [0, {stop}), got {value!r}.")
 
 
+def _check_client_feature_names(est: Any, clients: list[Any] | tuple[Any, ...]) -> None:
+    """:func:`check_feature_names` of each client's ``X`` against ``est``'s fitted names,
+    with one warning for all the clients that have names on one side only (arrays
+    scored by a model fitted on DataFrames, or the reverse), as ``fit`` warns once for
+    a mix: a warning per client repeated the same advice ``n_clients`` times. Other
+    names or another order of a client raise ``ValueError``, naming it."""
+    fitted = getattr(est, "feature_names_in_", None)
+    one_sided = []
+    for i, item in enumerate(clients):
+        X = _split_client(item)[0]
+        if (_get_feature_names(X) is None) != (fitted is None):
+            one_sided.append(i)
+        else:
+            check_feature_names(est, X, f"clients[{i}]")
+    if not one_sided:
+        return
+    first = f"clients[{one_sided[0]}]"
+    if fitted is None:
+        what, others, fitted_with = "has feature names", "as do", "without"
+    else:
+        what, others, fitted_with = "does not have valid feature names", "nor do", "with"
+    if len(one_sided) > 1:
+        shown = ", ".join(map(str, one_sided[:10])) + (", ..." if len(one_sided) > 10 else "")
+        what += (f", {others} {len(one_sided) - 1} other clients ({len(one_sided)} of "
+                 f"{len(clients)} clients: [{shown}])")
+    warnings.warn(f"{first} {what}, but {type(est).__name__} was fitted {fitted_with} "
+                  "feature names", UserWarning, stacklevel=user_stacklevel())
+
+
 class _FederatedInferenceMixin:
     """Prediction, new-client assignment and scoring with the fitted per-cluster models."""
 
@@ -125,8 +161,9 @@ class _FederatedInferenceMixin:
     def _check_X(self, X) -> torch.Tensor:
         self._check_fitted()
         # columns of a DataFrame must match ``feature_names_in_`` (warns or raises as in
-        # scikit-learn); tensors/arrays on a model fitted on DataFrames warn
-        _check_feature_names(self, X, reset=False)
+        # scikit-learn); tensors/arrays on a model fitted on DataFrames warn (at the
+        # user's call)
+        check_feature_names(self, X)
         Xt = check_tensor(X, ndim=None, dtype=torch.float32, device=self._resolved_device,
                           owner=type(self).__name__)
         if tuple(Xt.shape[1:]) != tuple(self.input_shape_):
@@ -229,7 +266,7 @@ class _FederatedInferenceMixin:
         return self._to_numpy(out.reshape(Xt.shape) if self.loss_ == "reconstruction" else out)
 
     def _client_loss_vector(self, X, y) -> np.ndarray:
-        _check_feature_names(self, X, reset=False)
+        check_feature_names(self, X)
         # always an explicit pair: a bare X that is a 2-row tuple is not a client pair
         fed = validate_clients([(X, y)], ndim=None,
                                device=self._resolved_device, owner=type(self).__name__,
@@ -303,8 +340,7 @@ class _FederatedInferenceMixin:
         """
         self._check_fitted()
         if isinstance(clients, (list, tuple)):
-            for i, item in enumerate(clients):
-                check_feature_names(self, _split_client(item)[0], f"clients[{i}]")
+            _check_client_feature_names(self, clients)
         fed = validate_clients(clients, ndim=None, device=self._resolved_device,
                                owner=type(self).__name__, input_shape=tuple(self.input_shape_),
                                supervised=self._needs_targets())
