@@ -414,7 +414,8 @@ def _libauc_available():
 
 def _libauc_pauc(Xtr, ytr, Xte, yte, epochs, lr, seed, lam=1.0, margin=1.0, bs=32):
     """LibAUC's SOX-style ``pAUC_DRO_Loss`` + ``SOPAs`` on the same objective and batches
-    (32 positives and 32 random negatives per step, sigmoid scores, no bias)."""
+    (32 positives and 32 distinct negatives per step from passes over a shuffled order,
+    sigmoid scores, no bias)."""
     from libauc.losses import pAUC_DRO_Loss
     from libauc.optimizers import SOPAs
     from sklearn.metrics import roc_auc_score
@@ -430,11 +431,15 @@ def _libauc_pauc(Xtr, ytr, Xte, yte, epochs, lr, seed, lam=1.0, margin=1.0, bs=3
                             device="cpu")
     opt = SOPAs(model.parameters(), loss_fn=loss_fn, mode="sgd", lr=lr, momentum=0.9,
                 weight_decay=0.0, device="cpu")
+    neg_order, neg_at = torch.randperm(len(neg), generator=gen), 0
     for _ in range(epochs):
         perm = torch.randperm(len(pos), generator=gen)
         for i in range(0, len(pos), bs):
             ip = perm[i:i + bs]
-            jn = torch.randint(0, len(neg), (bs,), generator=gen)
+            if neg_at + bs > len(neg):  # distinct negatives per step, as the estimator's
+                neg_order, neg_at = torch.randperm(len(neg), generator=gen), 0
+            jn = neg_order[neg_at:neg_at + bs]
+            neg_at += bs
             xb = torch.cat([Xp[ip], Xn[jn]])
             yb = torch.cat([torch.ones(len(ip)), torch.zeros(bs)])[:, None]
             index = torch.cat([ip, torch.zeros(bs, dtype=torch.long)])

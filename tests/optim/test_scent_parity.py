@@ -60,6 +60,37 @@ def test_pauc_loss_curve_is_the_objective(seed):
     assert clf.loss_curve_[-1] == pytest.approx(clf.objective(X, y), rel=1e-9)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pauc_with_every_sample_per_step_is_exact_gradient_descent(seed):
+    """batch_size = n_pos and n_negatives = n_neg with BSGD: every step sees every pair
+    (the negatives used to be drawn with replacement: 8 of 8 held repeats, and the
+    "full-batch" fit was noisy SGD that ended above its start)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((12, 2))
+    X = (X - X.mean(0)) / X.std(0)  # the estimator's preconditioner is then the identity
+    y = np.r_[np.ones(4), np.zeros(8)].astype(int)
+    lam, margin, lr, steps = 0.5, 1.0, 0.5, 5
+    clf = PartialAUCClassifier(lam=lam, margin=margin, method="bsgd", lr=lr, momentum=0.0,
+                               lr_schedule="constant", epochs=steps, batch_size=4,
+                               n_negatives=8, random_state=seed).fit(X, y)
+    Xt = torch.tensor(X)
+    w = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    curve = []
+    for _ in range(steps):
+        h = torch.sigmoid(Xt @ w)
+        ell = torch.clamp(margin - (h[:4, None] - h[None, 4:]), min=0) ** 2 / lam
+        f = lam * (torch.logsumexp(ell, 1) - np.log(8)).mean()
+        (g,) = torch.autograd.grad(f, [w])
+        with torch.no_grad():
+            w -= lr * g
+            h = torch.sigmoid(Xt @ w)
+            ell = torch.clamp(margin - (h[:4, None] - h[None, 4:]), min=0) ** 2 / lam
+            curve.append(float(lam * (torch.logsumexp(ell, 1) - np.log(8)).mean()))
+    np.testing.assert_allclose(clf.loss_curve_, curve, rtol=1e-5)
+    np.testing.assert_allclose(clf.coef_, w.detach().numpy(), rtol=1e-4, atol=1e-6)
+    assert np.all(np.diff(clf.loss_curve_) < 0)
+
+
 # -- SCENTClassifier --------------------------------------------------------------------
 @pytest.mark.parametrize("kw", [dict(), dict(fit_intercept=True, momentum=0.5),
                                 dict(method="sox"), dict(method="umax", lr=0.05),

@@ -101,7 +101,8 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
     batch_size : int, default=32
         Positives per step.
     n_negatives : int, default=32
-        Negatives per step (at most the number of negatives).
+        Distinct negatives per step (at most the number of negatives): consecutive
+        slices of a shuffled order of the negatives, reshuffled when fewer remain.
     gamma, dual_lr, delta, rho : float
         Baseline parameters (defaults 0.9, 0.1, 1.0, 1e-3).
         Each method reads only its own parameters (``log_alpha`` SCENT's,
@@ -289,12 +290,19 @@ class PartialAUCClassifier(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         with torch.no_grad():  # w = 0: every pair loss is margin^2
             self.init_objective_ = float(self._objective_t(w.double(), Xp64, Xn64))
         log = ProgressLogger(self.epochs, self.verbose, desc="PartialAUCClassifier")
+        # negatives come in passes over a shuffled order, k distinct ones per step (as
+        # LibAUC's DualSampler shuffles them), so k = n_neg is every negative at every
+        # step; drawn with replacement, 8 of 8 held repeats in all but 0.24 % of steps
+        neg_order, neg_at = torch.randperm(n_neg, generator=self._torch_gen), 0
         for epoch in log:
             perm = torch.randperm(n_pos, generator=self._torch_gen)
             gammas = GammaMeter()
             for start in range(0, n_pos, bs):
                 idx = perm[start:start + bs]
-                neg = torch.randint(0, n_neg, (k,), generator=self._torch_gen).to(dev)
+                if neg_at + k > n_neg:  # (the tail of a pass waits for the next one)
+                    neg_order, neg_at = torch.randperm(n_neg, generator=self._torch_gen), 0
+                neg = neg_order[neg_at:neg_at + k].to(dev)
+                neg_at += k
                 set_lrs(opt, loss_fn, self, lr_factor(self.lr_schedule, step, total))
                 opt.zero_grad()
                 ell = self._pair_losses(w, Xp[idx.to(dev)], Xn[neg])
