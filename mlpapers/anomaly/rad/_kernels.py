@@ -169,7 +169,10 @@ def retrieve_neighbours(
     # the chosen k, by decreasing (matmul) cosine; the order inside the set does not
     # change any score
     key = sim.masked_fill(~chosen, -torch.inf)
-    return torch.sort(key, dim=1, descending=True, stable=True).indices[:, :k]
+    # a copy: the slice was a view that kept the whole (B, N) int64 sort alive, and the
+    # callers keep every batch's result (RAD's fit grew with n_train**2: +593 MB at 8000
+    # 16 px images, +244 MB now)
+    return torch.sort(key, dim=1, descending=True, stable=True).indices[:, :k].clone()
 
 
 def _float32_matmuls_are_ieee() -> bool:
