@@ -125,6 +125,21 @@ def test_topk_keeps_k_columns_with_nan_scores():
     assert bool(torch.isnan(s[0, :2]).all()) and s[0, 2] == 5.0
 
 
+@pytest.mark.parametrize("block", [1, 7, 2**22])
+def test_topk_of_crowded_rows_in_blocks_is_the_stable_sort(monkeypatch, block):
+    # crowded rows (ties straddling the k-th place) are resolved in blocks of rows whose
+    # copies stay within BLOCK_ELEMENTS; any blocking gives the stable-sort order
+    from mlpapers.retrieval.amips import _kernels
+
+    monkeypatch.setattr(_kernels, "BLOCK_ELEMENTS", block * 50)
+    g = torch.Generator().manual_seed(0)
+    sim = torch.randint(0, 4, (23, 50), generator=g).float()  # many ties
+    s, i = _topk_lowest_index(sim, 5)
+    ref = torch.from_numpy(np.argsort(-sim.numpy(), axis=1, kind="stable")[:, :5])
+    assert torch.equal(i, ref)
+    assert torch.equal(s, sim.gather(1, ref))
+
+
 @pytest.mark.parametrize("kq", [(1e-160, 1e-160), (1e160, 1.0), (1e200, 1e100),
                                 (1e-300, 1e-300)])
 def test_tie_aware_match_rate_at_extreme_float64_scales(kq):

@@ -346,17 +346,22 @@ def _topk_lowest_index(sim: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     s, i = sim.topk(k + extra, dim=1, largest=True, sorted=True)
     crowded = s[:, k - 1] == s[:, -1] if extra else s.new_zeros(len(s), dtype=torch.bool)
     s, i = s[:, :k], i[:, :k]
-    if bool(crowded.any()):
+    crowded_rows = crowded.nonzero()[:, 0]
+    # in blocks of rows: the copies, masks and running count of whole rows below were
+    # made for every crowded row of the chunk at once (duplicated keys: 1.7 GB peak
+    # against 0.2 GB, for a chunk bounded at 256 MiB)
+    block = block_rows_for(sim.shape[1], BLOCK_ELEMENTS)
+    for start in range(0, len(crowded_rows), block):
         # keep everything above the k-th value, then the lowest-index keys tied with it
         # (a mask and a cumsum: linear in N, unlike a full sort of the row)
-        rows = crowded.nonzero()[:, 0]
+        rows = crowded_rows[start:start + block]
         sub, kth = sim[rows], s[rows, k - 1:k]
         # NaN (an overflow inf - inf) is ranked first by topk: counted above the k-th,
         # or fewer than k keys were kept (a reshape error)
         above = (sub > kth) | sub.isnan()
         tied = sub == kth
         need = k - above.sum(dim=1, keepdim=True)
-        keep = above | (tied & (tied.cumsum(dim=1) <= need))
+        keep = above | (tied & (tied.cumsum(dim=1, dtype=torch.int32) <= need))
         idx = keep.nonzero()[:, 1].reshape(len(rows), k)  # row-major: ascending per row
         s[rows], i[rows] = sub.gather(1, idx), idx
     order = i.argsort(dim=1)
