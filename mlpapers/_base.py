@@ -225,8 +225,7 @@ class TorchEstimatorMixin:
         )
         # names on one side only: warned here at the user's call, and not again from
         # inside scikit-learn (whose warning pointed at its validation module)
-        one_sided = not reset and (_get_feature_names(X) is None) != (
-            getattr(self, "feature_names_in_", None) is None)
+        one_sided = not reset and feature_names_one_sided(self, X)
         if one_sided:
             check_feature_names(self, X)
         # scikit-learn's finiteness check sums the data first: finite float32 values near
@@ -432,23 +431,40 @@ def check_feature_names(estimator: BaseEstimator, X: Any, name: str = "X") -> No
     order), with the messages naming the argument ``name`` rather than ``X`` (the
     ``queries`` of a fit, the ``clients[i]`` of a federation). The warnings point at the
     user's call (scikit-learn's pointed inside its validation module)."""
+    if feature_names_one_sided(estimator, X):
+        warn_feature_names_one_sided(estimator, name)
+        return
     fitted = getattr(estimator, "feature_names_in_", None)
     given = _get_feature_names(X)
-    owner = type(estimator).__name__
-    if given is None and fitted is None:
+    if given is None or fitted is None:  # (neither has names)
         return
-    if fitted is None:
-        warnings.warn(f"{name} has feature names, but {owner} was fitted without feature "
-                      "names", UserWarning, stacklevel=user_stacklevel())
-    elif given is None:
-        warnings.warn(f"{name} does not have valid feature names, but {owner} was fitted "
-                      "with feature names", UserWarning, stacklevel=user_stacklevel())
-    elif name == "X":  # (the warnings above are scikit-learn's, at the user's call)
+    if name == "X":
         _check_feature_names(estimator, X, reset=False)  # its error, listing the names
     elif not np.array_equal(given, fitted):
         raise ValueError(f"the feature names of {name} should match those passed during "
                          f"fit, in the same order: got {list(given)}, fitted on "
                          f"{list(fitted)}.")
+
+
+def feature_names_one_sided(estimator: BaseEstimator, X: Any) -> bool:
+    """Whether exactly one of ``X`` and the fit had column names (scikit-learn warns)."""
+    return (_get_feature_names(X) is None) != (
+        getattr(estimator, "feature_names_in_", None) is None)
+
+
+def warn_feature_names_one_sided(estimator: BaseEstimator, name: str,
+                                 others: str = "") -> None:
+    """scikit-learn's warning for column names on one side only, naming the argument
+    ``name``, at the user's call; ``others`` names further arguments in the same case
+    (``"3 other clients"``), so that one warning covers them all."""
+    if getattr(estimator, "feature_names_in_", None) is None:
+        what, also, fitted = "has feature names", "as do", "without"
+    else:
+        what, also, fitted = "does not have valid feature names", "nor do", "with"
+    if others:
+        what += f", {also} {others}"
+    warnings.warn(f"{name} {what}, but {type(estimator).__name__} was fitted {fitted} "
+                  "feature names", UserWarning, stacklevel=user_stacklevel())
 
 
 def restore_on_failure(fit: F) -> F:

@@ -23,6 +23,7 @@ from mlpapers._utils._random import (
 from mlpapers._utils._typing import ArrayLike, RandomStateLike
 from mlpapers._utils._units import power_of_two_unit, power_of_two_units, row_power_of_two
 from mlpapers._utils._validation import (
+    TORCH_INTEGER_DTYPES,
     check_bool,
     check_finite,
     check_in_options,
@@ -34,6 +35,7 @@ from mlpapers._utils._validation import (
     common_float_dtype,
     float32_within_range,
     holds_only_zero_one,
+    meta_tensor_error,
     probe_module,
     reject_flat_image_table,
     reject_single_hwc_image,
@@ -46,6 +48,7 @@ from mlpapers._utils._validation import (
 from mlpapers._utils._warnings import user_stacklevel
 
 __all__ = [
+    "TORCH_INTEGER_DTYPES",
     "ArrayLike",
     "RandomStateLike",
     "autograd_enabled",
@@ -75,6 +78,7 @@ __all__ = [
     "common_float_dtype",
     "holds_only_zero_one",
     "make_generators",
+    "meta_tensor_error",
     "power_of_two_unit",
     "power_of_two_units",
     "row_power_of_two",

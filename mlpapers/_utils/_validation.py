@@ -406,6 +406,13 @@ def torch_compatible_array(a: Any) -> np.ndarray:
     return a.copy() if any(st < 0 for st in a.strides) else a
 
 
+#: torch's integer dtypes (numpy's kinds "i" and "u"; the wider unsigned ones where this
+#: torch has them)
+TORCH_INTEGER_DTYPES: tuple[torch.dtype, ...] = tuple(
+    getattr(torch, f"{kind}int{bits}") for kind in ("", "u") for bits in (8, 16, 32, 64)
+    if hasattr(torch, f"{kind}int{bits}"))
+
+
 def meta_tensor_error(name: str, fix: str = "pass a tensor with data") -> ValueError:
     """The error for a meta-device tensor given as ``name`` (its values do not exist:
     torch's own "Cannot copy out of meta tensor" came from deep inside a conversion);

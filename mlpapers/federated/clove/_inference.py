@@ -11,7 +11,6 @@ none of its own.
 from __future__ import annotations
 
 import numbers
-import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -19,15 +18,17 @@ import numpy as np
 import torch
 from sklearn.metrics import r2_score
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import _get_feature_names
 
-from mlpapers._base import check_feature_names
+from mlpapers._base import (
+    check_feature_names,
+    feature_names_one_sided,
+    warn_feature_names_one_sided,
+)
 from mlpapers._utils import (
     ArrayLike,
     check_tensor,
     encode_labels,
     on_cpu_default_device,
-    user_stacklevel,
 )
 from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_blocks
 from mlpapers.federated.clove._data import (
@@ -89,27 +90,21 @@ def _check_client_feature_names(est: Any, clients: list[Any] | tuple[Any, ...]) 
     scored by a model fitted on DataFrames, or the reverse), as ``fit`` warns once for
     a mix: a warning per client repeated the same advice ``n_clients`` times. Other
     names or another order of a client raise ``ValueError``, naming it."""
-    fitted = getattr(est, "feature_names_in_", None)
     one_sided = []
     for i, item in enumerate(clients):
         X = _split_client(item)[0]
-        if (_get_feature_names(X) is None) != (fitted is None):
+        if feature_names_one_sided(est, X):
             one_sided.append(i)
         else:
             check_feature_names(est, X, f"clients[{i}]")
     if not one_sided:
         return
-    first = f"clients[{one_sided[0]}]"
-    if fitted is None:
-        what, others, fitted_with = "has feature names", "as do", "without"
-    else:
-        what, others, fitted_with = "does not have valid feature names", "nor do", "with"
+    others = ""
     if len(one_sided) > 1:
         shown = ", ".join(map(str, one_sided[:10])) + (", ..." if len(one_sided) > 10 else "")
-        what += (f", {others} {len(one_sided) - 1} other clients ({len(one_sided)} of "
-                 f"{len(clients)} clients: [{shown}])")
-    warnings.warn(f"{first} {what}, but {type(est).__name__} was fitted {fitted_with} "
-                  "feature names", UserWarning, stacklevel=user_stacklevel())
+        others = (f"{len(one_sided) - 1} other clients ({len(one_sided)} of "
+                  f"{len(clients)} clients: [{shown}])")
+    warn_feature_names_one_sided(est, f"clients[{one_sided[0]}]", others)
 
 
 class _FederatedInferenceMixin:

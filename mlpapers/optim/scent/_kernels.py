@@ -19,7 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlpapers._utils import check_real, holds_only_zero_one, on_inputs_device, requires_tensors
+from mlpapers._utils import (
+    TORCH_INTEGER_DTYPES,
+    check_real,
+    holds_only_zero_one,
+    on_inputs_device,
+    requires_tensors,
+)
 
 __all__ = [
     "asgd_update",
@@ -57,14 +63,11 @@ def _as_tensor(x: float | torch.Tensor, like: torch.Tensor, name: str,
     return torch.tensor(float(x), device=like.device, dtype=like.dtype)
 
 
-_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-
-
 def _check_real_dtype(t: torch.Tensor, name: str) -> None:
     """Raise a ``TypeError`` naming ``name`` unless ``t`` holds floating or integer
     numbers: a boolean tensor is a mask, not scores or duals (torch refused its
     subtraction with a message naming no argument, or reduced it as 0/1 silently)."""
-    if not (t.is_floating_point() or t.dtype in _INTEGER_DTYPES):
+    if not (t.is_floating_point() or t.dtype in TORCH_INTEGER_DTYPES):
         raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}.")
 
 
@@ -115,7 +118,7 @@ def _as_float_pair(nu, lme) -> tuple[torch.Tensor, torch.Tensor]:
             t = torch.as_tensor(x, device=device)
         else:
             t = torch.as_tensor(x, device=device)
-            if t.is_floating_point() or t.dtype in _INTEGER_DTYPES:
+            if t.is_floating_point() or t.dtype in TORCH_INTEGER_DTYPES:
                 # from the Python values themselves (0.1 via float32 is not 0.1)
                 t = torch.as_tensor(x, dtype=dtype, device=device)
         _check_real_dtype(t, name)

@@ -22,11 +22,11 @@ from mlpapers._base import save as _save
 from mlpapers._utils import (
     ArrayLike,
     check_positive,
+    meta_tensor_error,
     to_numpy,
     torch_compatible_array,
     user_stacklevel,
 )
-from mlpapers._utils._validation import meta_tensor_error
 from mlpapers.retrieval.rbe._kernels import check_matrix, hit_counts
 from mlpapers.retrieval.rbe._selection import check_support_indices
 

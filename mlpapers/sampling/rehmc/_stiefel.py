@@ -26,6 +26,7 @@ from sklearn.base import BaseEstimator
 
 from mlpapers._base import TorchEstimatorMixin
 from mlpapers._utils import (
+    TORCH_INTEGER_DTYPES,
     ArrayLike,
     RandomStateLike,
     check_positive,
@@ -88,11 +89,6 @@ def _warn_if_detached(lg: Tensor) -> None:
         "log_density with torch operations.", UserWarning, stacklevel=user_stacklevel())
 
 
-#: the integer dtypes (numpy's kinds "i" and "u"), cast to float64 as arrays of them are
-_INTEGERS = tuple(getattr(torch, f"{kind}int{bits}") for kind in ("", "u")
-                  for bits in (8, 16, 32, 64) if hasattr(torch, f"{kind}int{bits}"))
-
-
 @overload
 def polar_factor(X: Tensor) -> Tensor: ...
 @overload
@@ -145,7 +141,7 @@ def polar_factor(X: ArrayLike) -> Tensor | np.ndarray:
     # the checks of the array path: a complex tensor gave a complex "factor" without
     # orthonormal columns, an integer or boolean one torch's "Expected a floating point
     # tensor", NaN a _LinAlgError and an infinity a wrong factor, silently
-    if not (X.is_floating_point() or X.dtype == torch.bool or X.dtype in _INTEGERS):
+    if not (X.is_floating_point() or X.dtype == torch.bool or X.dtype in TORCH_INTEGER_DTYPES):
         raise TypeError(f"X must be numeric, got dtype {X.dtype}.")
     if not X.is_floating_point():  # (as integer and boolean arrays are: float64)
         X = X.to(torch.float32 if X.device.type == "mps" else torch.float64)

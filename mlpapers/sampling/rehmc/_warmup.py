@@ -292,20 +292,20 @@ def initial_points(container: ConvexContainer, support, x0, n_chains: int, dtype
             x = torch.where(bad[:, None], new.to(x), x)
         raise ValueError("could not find starting points in the support (400 random points "
                          "of the container missed it); pass x0 or check the support.")
-    try:
-        x0_np = to_numpy(x0, "x0") if isinstance(x0, torch.Tensor) else np.asarray(x0)
-    except (TypeError, ValueError) as exc:
-        if isinstance(x0, torch.Tensor) and x0.is_meta:
-            raise  # (to_numpy's message: x0 holds no values)
-        raise TypeError(f"x0 must be a numeric array-like, got {x0!r}.") from exc
+    if isinstance(x0, torch.Tensor):  # (a meta tensor: to_numpy's ValueError)
+        x0_np = to_numpy(x0, "x0")
+    else:
+        try:
+            x0_np = np.asarray(x0)
+        except (TypeError, ValueError) as exc:  # (a ragged list)
+            raise TypeError(f"x0 must be a numeric array-like, got {x0!r}.") from exc
     # a complex x0 lost its imaginary part in the cast to a real dtype (numpy's
     # ComplexWarning or torch's UserWarning the only sign)
     check_real(x0_np, "x0")
-    if not isinstance(x0, torch.Tensor):
-        try:
-            x0_np = x0_np.astype(np.float64)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"x0 must be a numeric array-like, got {x0!r}.") from exc
+    try:
+        x0_np = x0_np.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"x0 must be a numeric array-like, got {x0!r}.") from exc
     # a copy: torch warns on a read-only array (and x0 must not alias the chains)
     x = torch.tensor(x0_np).to(dtype=dtype, device=device)
     given = tuple(x.shape)  # (named in the error, not the shape of its expansion)
