@@ -17,7 +17,7 @@ from mlpapers.federated.clove._kernels import (
     random_assignment,
     weighted_model_average,
 )
-from mlpapers.federated.clove._models import make_loss_fn, per_sample_loss
+from mlpapers.federated.clove._models import make_sample_loss_fn, per_sample_loss
 
 finite = st.floats(0.0, 10.0, allow_nan=False, width=32)
 
@@ -178,18 +178,18 @@ def test_batched_adam_matches_torch_adam():
 def test_batched_loss_matrix_matches_a_loop_and_chunks():
     torch.manual_seed(0)
     module = torch.nn.Linear(3, 2)
-    K, n, m = 3, 5, 7
+    K, n = 3, 5
     params = {"weight": torch.randn(K, 2, 3), "bias": torch.randn(K, 2)}
-    X, Y = torch.randn(n, m, 3), torch.randn(n, m, 2)
     sizes = torch.tensor([7, 3, 5, 1, 6])
-    mask = torch.arange(m)[None] < sizes[:, None]
-    fn = make_loss_fn(module, "mse")
-    full = batched_loss_matrix(fn, params, X, Y, mask)
-    tiny = batched_loss_matrix(fn, params, X, Y, mask, max_elements=1)
+    X, Y = torch.randn(int(sizes.sum()), 3), torch.randn(int(sizes.sum()), 2)
+    starts = torch.cumsum(sizes, 0) - sizes
+    fn = make_sample_loss_fn(module, "mse")
+    full = batched_loss_matrix(fn, params, X, Y, sizes)
+    tiny = batched_loss_matrix(fn, params, X, Y, sizes, max_elements=1)
     torch.testing.assert_close(full, tiny)
     for i in range(n):
         for j in range(K):
-            x, y = X[i, : sizes[i]], Y[i, : sizes[i]]
+            x, y = X[starts[i]:starts[i] + sizes[i]], Y[starts[i]:starts[i] + sizes[i]]
             out = x @ params["weight"][j].T + params["bias"][j]
             ref = per_sample_loss(out, x, y, "mse").mean()
             torch.testing.assert_close(full[i, j], ref)

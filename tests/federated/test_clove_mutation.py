@@ -9,43 +9,46 @@ import pytest
 import torch
 
 from mlpapers.federated.clove._kernels import batched_loss_matrix
-from mlpapers.federated.clove._models import make_loss_fn, per_sample_loss
+from mlpapers.federated.clove._models import make_sample_loss_fn, per_sample_loss
 
 
 # -- batched kernels ---------------------------------------------------------------------
 @pytest.mark.parametrize("max_elements", [2688, 4037, 10**9])
-def test_batched_loss_matrix_chunks_respect_the_element_bound(monkeypatch, max_elements):
-    # documented: K * chunk * m * features <= max_elements (clients in chunks), every
-    # client evaluated exactly once, in order
-    K, n, m, f = 3, 40, 7, 16  # K m f = 336: 2688 and 4037 allow a few clients per chunk
+def test_batched_loss_matrix_blocks_respect_the_element_bound(monkeypatch, max_elements):
+    # documented: K * rows * 4 * features <= max_elements (rows of all clients in blocks,
+    # whatever the clients' sizes), every row evaluated exactly once, in order
+    K, f = 3, 16  # K 4 f = 192: 2688 and 4037 allow 14 and 21 rows per block
+    sizes = torch.tensor([60, 1, 7, 3, 200, 2])  # a client larger than a block too
+    N = int(sizes.sum())
     torch.manual_seed(0)
     module = torch.nn.Linear(f, 2)
     params = {"weight": torch.randn(K, 2, f), "bias": torch.randn(K, 2)}
-    X, Y = torch.randn(n, m, f), torch.randn(n, m, 2)
-    mask = torch.ones(n, m, dtype=torch.bool)
-    real_vmap, chunks = torch.func.vmap, []
+    X, Y = torch.randn(N, f), torch.randn(N, 2)
+    real_vmap, blocks = torch.func.vmap, []
 
     def recording_vmap(fn, in_dims=0, **kw):
         mapped = real_vmap(fn, in_dims=in_dims, **kw)
-        if in_dims == (0, None, None, None):  # the outer map over models gets a chunk
+        if in_dims == (0, None, None):  # the map over models gets a block of rows
 
-            def call(p, x, y, msk):
-                chunks.append(x.shape[0])
-                return mapped(p, x, y, msk)
+            def call(p, x, y):
+                blocks.append(x)
+                return mapped(p, x, y)
 
             return call
         return mapped
 
     monkeypatch.setattr(torch.func, "vmap", recording_vmap)
-    out = batched_loss_matrix(make_loss_fn(module, "mse"), params, X, Y, mask,
+    out = batched_loss_matrix(make_sample_loss_fn(module, "mse"), params, X, Y, sizes,
                               max_elements=max_elements)
-    assert sum(chunks) == n
-    assert max(K * c * m * f for c in chunks) <= max(max_elements, K * m * f)
-    if max_elements < K * n * m * f:
-        assert len(chunks) > 1
-    for i in range(n):
+    torch.testing.assert_close(torch.cat(blocks), X, rtol=0, atol=0)  # once each, in order
+    assert max(K * len(x) * 4 * f for x in blocks) <= max(max_elements, K * 4 * f)
+    if max_elements < K * N * 4 * f:
+        assert len(blocks) > 1
+    starts = torch.cumsum(sizes, 0) - sizes
+    for i in range(len(sizes)):
+        x, y = X[starts[i]:starts[i] + sizes[i]], Y[starts[i]:starts[i] + sizes[i]]
         for j in range(K):
-            ref = per_sample_loss(X[i] @ params["weight"][j].T + params["bias"][j], X[i], Y[i],
+            ref = per_sample_loss(x @ params["weight"][j].T + params["bias"][j], x, y,
                                   "mse").mean()
             torch.testing.assert_close(out[i, j], ref)
 

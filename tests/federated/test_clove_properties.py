@@ -45,7 +45,7 @@ from mlpapers.federated.clove._kernels import (
     random_assignment,
     weighted_model_average,
 )
-from mlpapers.federated.clove._models import build_module, make_loss_fn
+from mlpapers.federated.clove._models import build_module, make_sample_loss_fn
 
 N = int(os.environ.get("PROP_EXAMPLES", 15))
 prop = settings(max_examples=N, deadline=None,
@@ -353,19 +353,19 @@ def test_weighted_average_is_a_per_model_convex_combination(case, rnd, c):
 def test_batched_loss_matrix_does_not_depend_on_the_chunk_size(n, K, m, d, max_el, seed):
     g = torch.Generator().manual_seed(seed)
     template = build_module("linear", d, 1, ())
-    loss_fn = make_loss_fn(template, "mse")
+    loss_fn = make_sample_loss_fn(template, "mse")
     params = {k: torch.randn((K, *v.shape), generator=g, dtype=torch.float64)
               for k, v in template.state_dict().items()}
-    X = torch.randn(n, m, d, generator=g, dtype=torch.float64)
-    Y = torch.randn(n, m, 1, generator=g, dtype=torch.float64)
     sizes = torch.randint(1, m + 1, (n,), generator=g)
-    mask = torch.arange(m)[None, :] < sizes[:, None]
-    full = batched_loss_matrix(loss_fn, params, X, Y, mask, max_elements=10**12)
-    chunked = batched_loss_matrix(loss_fn, params, X, Y, mask, max_elements=max_el)
+    X = torch.randn(int(sizes.sum()), d, generator=g, dtype=torch.float64)  # back to back
+    Y = torch.randn(int(sizes.sum()), 1, generator=g, dtype=torch.float64)
+    starts = torch.cumsum(sizes, 0) - sizes
+    full = batched_loss_matrix(loss_fn, params, X, Y, sizes, max_elements=10**12)
+    chunked = batched_loss_matrix(loss_fn, params, X, Y, sizes, max_elements=max_el)
     torch.testing.assert_close(chunked, full, rtol=1e-12, atol=1e-12)
-    # brute force: the masked mean squared error of each model on each client
+    # brute force: the mean squared error of each model on each client's rows
     for i, j in itertools.product(range(n), range(K)):
-        x, y = X[i, : sizes[i]], Y[i, : sizes[i]]
+        x, y = X[starts[i]:starts[i] + sizes[i]], Y[starts[i]:starts[i] + sizes[i]]
         pred = x @ params["weight"][j].T + params["bias"][j]
         assert float(full[i, j]) == pytest.approx(float(((pred - y) ** 2).mean()), rel=1e-10)
 

@@ -16,8 +16,8 @@ states = stack_states(mods)
 engine = Engine(mods[0], "mse", vectorize=True, optimizer="adam", lr=0.01, batch_size=100,
                 local_epochs=1, max_elements=2 ** 22)
 g = torch.Generator().manual_seed(0)
-data = ClientData(torch.randn(n, m, d, generator=g), torch.randn(n, m, 1, generator=g),
-                  torch.ones(n, m, dtype=torch.bool), torch.full((n,), m))
+data = ClientData(torch.randn(n * m, d, generator=g), torch.randn(n * m, 1, generator=g),
+                  torch.full((n,), m))
 """
 
 
@@ -51,10 +51,10 @@ def test_chunked_loss_matrix_is_the_unchunked_one():
     g = torch.Generator().manual_seed(1)
     sizes = torch.tensor([6, 3, 5, 6, 1, 2, 6, 4, 6])
     mask = torch.arange(m)[None, :] < sizes[:, None]
-    data = ClientData(torch.randn(n, m, d, generator=g), torch.randint(0, 2, (n, m), generator=g),
-                      mask, sizes)
+    X, Y = torch.randn(n, m, d, generator=g), torch.randint(0, 2, (n, m), generator=g)
+    data = ClientData(X[mask], Y[mask], sizes)  # the real rows, back to back
     kw = dict(vectorize=True, optimizer="adam", lr=0.01, batch_size=None, local_epochs=1)
-    tiny = Engine(mods[0], "cross_entropy", max_elements=1, **kw)  # one client per chunk
+    tiny = Engine(mods[0], "cross_entropy", max_elements=1, **kw)  # one row per block
     full = Engine(mods[0], "cross_entropy", max_elements=10 ** 12, **kw)
     loop = Engine(mods[0], "cross_entropy", **{**kw, "vectorize": False})
     torch.testing.assert_close(tiny.loss_matrix(states, data), full.loss_matrix(states, data))
@@ -162,3 +162,45 @@ def test_models_without_one_output_row_per_input_row_run_on_all_rows(monkeypatch
     with torch.no_grad():
         whole = flat(X).reshape(10, -1)
     assert torch.equal(_inference._forward_in_blocks(flat, X, 6), whole)
+
+
+# one client far larger than the others: memory follows the clients' total size
+_ONE_LARGE = """
+import numpy as np
+from mlpapers.federated import CLoVE
+rng = np.random.default_rng(0)
+clients = [(rng.standard_normal((20, 10)).astype(np.float32), rng.standard_normal(20))
+           for _ in range(100)]
+clients.append((rng.standard_normal((40000, 10)).astype(np.float32),
+                rng.standard_normal(40000)))
+est = CLoVE(n_clusters=2, n_rounds=1, model="linear", random_state=0)
+"""
+
+
+@requires_peak_rss
+def test_fit_memory_follows_the_total_size_not_the_largest_client():
+    # every client was padded to the largest one: 101 x 40,000 x 10 float32 for X and
+    # again for y, plus the (101, 40,000) sort keys of every epoch (467 MB in all). Back
+    # to back the data are 1.7 MB; a tiny fit's own start-up (vmap, allocator) is about
+    # 50 MB of the bound (87 MB measured).
+    assert peak_mb(_ONE_LARGE, "est.fit(clients)") < 200
+
+
+_LARGE_LOSS = _ENGINE.replace("K, d, n, m = 4, 10, 40, 500", "K, d, n, m = 2, 10, 1, 50000")
+
+
+@requires_peak_rss
+def test_loss_matrix_memory_is_bounded_for_a_client_larger_than_a_block():
+    # a block held at least one whole client: 2 models x 50,000 rows x (512 + 513)
+    # activations of the width-512 MLP (395 MB measured); in blocks of rows of all
+    # clients it is the 2^22-element bound (16 MB) plus the 2 MB of data (47 MB measured)
+    assert peak_mb(_LARGE_LOSS, "engine.loss_matrix(states, data)") < 100
+
+
+@requires_peak_rss
+def test_assign_memory_is_bounded_for_a_large_client():
+    # assign ran each model on all 100,000 rows at once (399 MB measured through the
+    # width-512 MLP); now in predict's blocks of 2^22 activation values (21 MB measured)
+    setup = _FITTED + "y = np.zeros(len(X), dtype=np.float32)\n"
+    assert peak_mb(setup.replace("(X, (y > 0).astype(int))", "(X, y)"),
+                   "est.assign(X, y)") < 100

@@ -268,8 +268,9 @@ class _FederatedInferenceMixin:
                                input_shape=tuple(self.input_shape_),
                                supervised=self._needs_targets(), single=True)
         data = self._encode_new(fed)
+        # rows in blocks of predict's size: a large client no longer runs in one pass
         engine = Engine(self._template, self.loss_, vectorize=False, optimizer="sgd", lr=1.0,
-                        batch_size=None, local_epochs=1,
+                        batch_size=None, local_epochs=1, max_elements=_PREDICT_ELEMENTS,
                         user_model=not isinstance(self.model, str))
         return self._to_numpy(engine.loss_matrix(self._states, data))[0]
 

@@ -6,7 +6,8 @@ clients, and are vectorised with :func:`torch.func.vmap`. The assignment rules
 (numpy loss matrices -> model of each client) live in ``_assign`` and are
 re-exported here.
 
-Shapes: ``n`` clients, ``K`` models, ``m`` padded samples per client, ``b`` batch size.
+Shapes: ``n`` clients, ``K`` models, ``N`` samples of all clients (stored back to
+back), ``m`` samples of the largest client, ``b`` batch size.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mlpapers._utils._blocks import block_rows_for, collect_row_blocks
+from mlpapers._utils._blocks import block_rows_for, row_blocks
 from mlpapers.federated.clove._assign import (  # re-exported: importable from here as before
     choose_n_clusters,
     clove_assign,
@@ -30,6 +31,7 @@ __all__ = [
     "batched_adam_step",
     "batched_loss_matrix",
     "choose_n_clusters",
+    "client_mean_losses",
     "clove_assign",
     "ifca_assign",
     "match_clusters",
@@ -43,62 +45,110 @@ Params = dict[str, torch.Tensor]
 # ---------------------------------------------------------------------------
 # batched client kernels (torch)
 # ---------------------------------------------------------------------------
-def batched_loss_matrix(
-    loss_fn: Callable[..., torch.Tensor],
-    params: Params,
+def client_mean_losses(
+    sample_losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     X: torch.Tensor,
     Y: torch.Tensor,
-    mask: torch.Tensor,
+    sizes: torch.Tensor,
     *,
-    max_elements: int = 2**25,
-    sample_elements: int | None = None,
+    block_rows: int,
+    whole_clients: bool = False,
 ) -> torch.Tensor:
-    """Mean loss of every model on every client, as one vmapped computation.
+    """Mean per-sample loss of every client, over blocks of rows of all clients.
 
     Parameters
     ----------
-    loss_fn : callable
-        ``loss_fn(params, x, y, mask) -> scalar`` for one model and one client:
-        ``x`` is ``m x ...``, ``y`` is ``m x ...``, ``mask`` is ``m`` (bool); the
-        masked mean loss.
+    sample_losses : callable
+        ``sample_losses(x, y)`` returns the losses of the rows ``x`` (targets ``y``),
+        shape ``(..., rows)``: one loss per row, for one model or for a leading axis
+        of models.
+    X, Y : Tensor of shape (N, ...)
+        The clients' rows back to back (:class:`~._engine.ClientData`).
+    sizes : long Tensor of shape (n,)
+        Rows of each client, in order (all positive).
+    block_rows : int
+        Rows per call of ``sample_losses``: blocks cross client boundaries, so one
+        large client costs no more memory than many small ones.
+    whole_clients : bool, default=False
+        One call per client on all its rows instead (``block_rows`` unused), for a
+        model whose output rows do not match its input rows: a reconstruction
+        returned flat or transposed, which is compared with its input by size only.
+
+    Returns
+    -------
+    Tensor of shape (..., n)
+        The per-client means, in the losses' dtype, summed in float64 (a float32 sum
+        of many finite losses could overflow where their mean does not).
+    """
+    offsets = torch.cumsum(sizes, 0)
+    sums: torch.Tensor | None = None
+    dtype: torch.dtype | None = None
+    blocks = (slice(int(a), int(b)) for a, b in zip(offsets - sizes, offsets)) \
+        if whole_clients else row_blocks(int(offsets[-1]), block_rows)
+    for rows in blocks:
+        losses = sample_losses(X[rows], Y[rows])
+        if sums is None:  # (allocated once, before the loop keeps anything else)
+            dtype = losses.dtype
+            sums = losses.new_zeros((*losses.shape[:-1], sizes.shape[0]),
+                                    dtype=torch.float64)
+        owner = torch.searchsorted(offsets, torch.arange(
+            rows.start, rows.stop, device=offsets.device), right=True)
+        sums.index_add_(-1, owner, losses.to(torch.float64))
+    assert sums is not None and dtype is not None  # (N >= 1: no client is empty)
+    return (sums / sizes.to(torch.float64)).to(dtype)
+
+
+def batched_loss_matrix(
+    sample_loss_fn: Callable[..., torch.Tensor],
+    params: Params,
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    sizes: torch.Tensor,
+    *,
+    max_elements: int = 2**25,
+    sample_elements: int | None = None,
+    whole_clients: bool = False,
+) -> torch.Tensor:
+    """Mean loss of every model on every client, vmapped over the models.
+
+    Parameters
+    ----------
+    sample_loss_fn : callable
+        ``sample_loss_fn(params, x, y) -> (rows,)``: the per-sample losses of one
+        model on a block of rows.
     params : dict of str to Tensor
         Stacked model parameters, each ``K x ...``.
-    X : Tensor of shape (n, m, ...)
-        Padded client inputs.
-    Y : Tensor of shape (n, m, ...)
-        Padded client targets.
-    mask : bool Tensor of shape (n, m)
-        ``True`` on real samples.
+    X, Y : Tensor of shape (N, ...)
+        The clients' inputs and targets, back to back.
+    sizes : long Tensor of shape (n,)
+        Samples of each client.
     max_elements : int, default=2**25
-        Memory bound: clients are processed in chunks with
-        ``K * chunk * m * max(4 * features, sample_elements) <= max_elements`` (at
-        least one client per chunk).
+        Memory bound: rows are processed in blocks of
+        ``K * rows * max(4 * features, sample_elements) <= max_elements`` (at least
+        one row), whatever the clients' sizes.
     sample_elements : int, optional
         Elements of the intermediate tensors of one sample under one model (the
         model's activations, see :func:`~._models.activation_elements`). Default
         ``4 * features``, a margin for the loss's intermediates that a model wider
         than its input exceeds: an MLP of width 512 on 10 features held 13 times
-        the bound (3.3 GB for 200 clients of 500 samples and 10 models).
+        the bound when blocks were sized by the input alone.
+    whole_clients : bool, default=False
+        One block per client (see :func:`client_mean_losses`).
 
     Returns
     -------
     Tensor of shape (n, K)
     """
     K = next(iter(params.values())).shape[0]
-    n, m = mask.shape
-    per_sample = 4 * int(np.prod(X.shape[2:], dtype=np.int64))
+    per_sample = 4 * int(np.prod(X.shape[1:], dtype=np.int64))
     if sample_elements is not None:
         per_sample = max(per_sample, int(sample_elements))
-    per_client = max(1, K * m * per_sample)
-    chunk = block_rows_for(per_client, max_elements, cap=n)
-    over_clients = torch.func.vmap(loss_fn, in_dims=(None, 0, 0, 0))
-    over_models = torch.func.vmap(over_clients, in_dims=(0, None, None, None))
+    over_models = torch.func.vmap(sample_loss_fn, in_dims=(0, None, None))
     with torch.no_grad():
-        # each chunk's (chunk, K) losses are copied into one output allocated once: a
-        # list of them, each allocated after a chunk's large transients, would pin
-        # new heap memory per chunk (see mlpapers._utils._blocks)
-        return collect_row_blocks(
-            lambda sl: over_models(params, X[sl], Y[sl], mask[sl]).T, n, chunk)
+        return client_mean_losses(
+            lambda x, y: over_models(params, x, y), X, Y, sizes,
+            block_rows=block_rows_for(K * per_sample, max_elements, cap=X.shape[0]),
+            whole_clients=whole_clients).T
 
 
 def batched_adam_step(
@@ -198,24 +248,37 @@ def n_steps_per_epoch(sizes: torch.Tensor, batch_size: int) -> int:
 
 
 def epoch_permutations(
-    sizes: torch.Tensor, m: int, generator: torch.Generator, device: torch.device
+    sizes: torch.Tensor, generator: torch.Generator, device: torch.device
 ) -> torch.Tensor:
-    """Independent random orders of each client's samples, padding last.
+    """Independent random orders of each client's samples, back to back.
+
+    The order of client ``i`` sorts uniform keys drawn for ``m = max(sizes)`` slots of
+    which its first ``sizes[i]`` count, so the orders are those of one ``(n, m)`` draw,
+    but the keys are drawn for blocks of clients at a time (the same stream of random
+    numbers): memory follows the clients' total size, not ``n x`` the largest one.
 
     Parameters
     ----------
     sizes : long Tensor of shape (n,)
-        Number of real samples of each client.
-    m : int
-        Padded length.
+        Number of samples of each client.
 
     Returns
     -------
-    long Tensor of shape (n, m)
-        Row ``i`` starts with a random permutation of ``0 .. sizes[i] - 1``.
+    long Tensor of shape (sum(sizes),)
+        Entries ``offsets[i] .. offsets[i] + sizes[i] - 1`` (``offsets`` the
+        cumulative sizes before client ``i``) are a permutation of
+        ``0 .. sizes[i] - 1``.
     """
-    n = sizes.shape[0]
-    keys = torch.rand(n, m, generator=generator, dtype=torch.float32).to(device)
-    pad = torch.arange(m, device=device)[None, :] >= sizes.to(device)[:, None]
-    keys = keys.masked_fill(pad, 2.0)
-    return keys.argsort(dim=1, stable=True)
+    sizes = sizes.cpu()
+    n, m = sizes.shape[0], int(sizes.max())
+    out = torch.empty(int(sizes.sum()), dtype=torch.long)
+    start = 0
+    for clients in row_blocks(n, block_rows_for(m, 2**20, cap=n)):
+        keys = torch.rand(clients.stop - clients.start, m, generator=generator,
+                          dtype=torch.float32)
+        real = torch.arange(m)[None, :] < sizes[clients, None]
+        order = keys.masked_fill(~real, 2.0).argsort(dim=1, stable=True)
+        taken = order[real]  # row by row: each client's first sizes[i] slots
+        out[start:start + taken.shape[0]] = taken
+        start += taken.shape[0]
+    return out.to(device)

@@ -1,8 +1,10 @@
 """Built-in client models and their per-client losses.
 
 A *model spec* is one of ``"linear"``, ``"logistic"``, ``"mlp"``, ``"autoencoder"``
-or a callable ``f(n_features, n_outputs) -> torch.nn.Module``. Losses are masked
-means over a client's (padded) samples so that they vectorise over clients.
+or a callable ``f(n_features, n_outputs) -> torch.nn.Module``. Losses are per-sample
+(summed per client over blocks of rows for the loss matrix) or masked means over a
+batch of each client's samples (local training), so that they vectorise over models
+and clients.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mlpapers._utils._ambient import default_dtype
 
 __all__ = ["BUILTIN_MODELS", "LOSSES", "activation_elements", "build_module",
            "build_user_module", "check_model_output", "frozen_names", "make_loss_fn",
-           "per_sample_loss", "row_elements",
+           "make_sample_loss_fn", "per_sample_loss", "row_elements",
            "tied_aliases"]
 
 #: The built-in client models and training losses (BUILTIN_MODELS, LOSSES list them).
@@ -216,9 +218,9 @@ def per_sample_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
     return (out.reshape(x.shape) - x).pow(2).reshape(x.shape[0], -1).mean(1)
 
 
-def make_loss_fn(module: nn.Module, kind: str, aliases: Iterable[str] = (),
-                 copy_input: bool = False) -> Callable[..., torch.Tensor]:
-    """Functional masked mean loss ``f(params, x, y, mask) -> scalar`` of ``module``.
+def make_sample_loss_fn(module: nn.Module, kind: str, aliases: Iterable[str] = (),
+                        copy_input: bool = False) -> Callable[..., torch.Tensor]:
+    """Functional per-sample loss ``f(params, x, y) -> (m,)`` of ``module``.
 
     ``params`` is a dict of the module's parameters (and buffers) for *one* model;
     the function is meant to be wrapped by :func:`torch.func.vmap`/``grad``. The
@@ -229,11 +231,24 @@ def make_loss_fn(module: nn.Module, kind: str, aliases: Iterable[str] = (),
     """
     drop = frozenset(aliases)
 
-    def loss_fn(params, x, y, mask):
+    def sample_loss_fn(params, x, y):
         if drop:
             params = {k: v for k, v in params.items() if k not in drop}
         out = torch.func.functional_call(module, params, (x.clone() if copy_input else x,))
-        loss = per_sample_loss(out, x, y, kind)
+        return per_sample_loss(out, x, y, kind)
+
+    return sample_loss_fn
+
+
+def make_loss_fn(module: nn.Module, kind: str, aliases: Iterable[str] = (),
+                 copy_input: bool = False) -> Callable[..., torch.Tensor]:
+    """Functional masked mean loss ``f(params, x, y, mask) -> scalar`` of ``module``:
+    the mean of :func:`make_sample_loss_fn`'s losses over the samples where ``mask``
+    is true (a batch of one client, whose unused slots ``mask`` leaves out)."""
+    sample_loss_fn = make_sample_loss_fn(module, kind, aliases, copy_input)
+
+    def loss_fn(params, x, y, mask):
+        loss = sample_loss_fn(params, x, y)
         w = mask.to(loss.dtype)
         return (loss * w).sum() / w.sum().clamp_min(1.0)
 

@@ -1,0 +1,100 @@
+"""CLoVE's clients stored back to back: the same draws and losses as padded clients."""
+
+import pytest
+import torch
+
+from mlpapers.federated.clove._engine import ClientData, Engine, stack_states
+from mlpapers.federated.clove._kernels import epoch_permutations
+
+
+def _padded_orders(sizes, generator):
+    """The reference: one (n, m) draw of keys, padding sorted last, as one tensor."""
+    m = int(sizes.max())
+    keys = torch.rand(len(sizes), m, generator=generator, dtype=torch.float32)
+    pad = torch.arange(m)[None, :] >= sizes[:, None]
+    return keys.masked_fill(pad, 2.0).argsort(dim=1, stable=True)
+
+
+@pytest.mark.parametrize("sizes", [[3, 1, 7, 2], [2**19, 5, 2**19 - 1, 1, 9]])
+def test_epoch_orders_are_those_of_one_padded_draw(sizes):
+    # the second case holds 2 clients per block of keys: three blocks drawn in turn give
+    # the numbers of one (n, m) draw
+    sizes = torch.tensor(sizes)
+    flat = epoch_permutations(sizes, torch.Generator().manual_seed(5), torch.device("cpu"))
+    ref = _padded_orders(sizes, torch.Generator().manual_seed(5))
+    assert flat.shape == (int(sizes.sum()),)
+    start = 0
+    for i, n_i in enumerate(sizes.tolist()):
+        order = flat[start:start + n_i]
+        assert torch.equal(order, ref[i, :n_i])
+        assert torch.equal(order.sort().values, torch.arange(n_i))  # a permutation
+        start += n_i
+
+
+def test_take_is_the_chosen_clients_back_to_back():
+    g = torch.Generator().manual_seed(0)
+    Xs = [torch.randn(s, 3, generator=g) for s in (4, 1, 6, 2)]
+    Ys = [torch.randn(s, 2, generator=g) for s in (4, 1, 6, 2)]
+    data = ClientData.from_lists(Xs, Ys, torch.device("cpu"))
+    idx = [2, 0, 3]
+    part = data.take(torch.tensor(idx))
+    ref = ClientData.from_lists([Xs[i] for i in idx], [Ys[i] for i in idx],
+                                torch.device("cpu"))
+    for got, want in ((part.X, ref.X), (part.Y, ref.Y), (part.sizes, ref.sizes),
+                      (part.offsets, ref.offsets)):
+        assert torch.equal(got, want)
+    for k, i in enumerate(idx):
+        assert torch.equal(part.client(k)[0], Xs[i])
+    assert data.take(torch.arange(4)) is data
+    unsup = ClientData.from_lists(Xs, None, torch.device("cpu")).take(torch.tensor([1, 2]))
+    assert unsup.Y is unsup.X
+
+
+class _Transposed(torch.nn.Module):
+    """A reconstruction returned transposed: checked by its size only."""
+
+    def __init__(self, d, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.lin = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.lin(x).T.contiguous()
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_a_model_without_one_row_per_input_row_is_scored_one_client_at_a_time(vectorize):
+    # blocks of rows would mix the clients inside its output; each client alone is what
+    # its training batches see, whatever the block size
+    d, sizes = 3, [5, 2, 7]
+    g = torch.Generator().manual_seed(1)
+    Xs = [torch.randn(s, d, generator=g) for s in sizes]
+    data = ClientData.from_lists(Xs, None, torch.device("cpu"))
+    mods = [_Transposed(d, seed) for seed in (0, 1)]
+    states = stack_states(mods)
+    kw = dict(vectorize=vectorize, optimizer="sgd", lr=0.1, batch_size=None, local_epochs=1,
+              user_model=True)
+    for max_elements in (1, 10**9):
+        got = Engine(_Transposed(d, 2), "reconstruction", max_elements=max_elements,
+                     **kw).loss_matrix(states, data)
+        with torch.no_grad():
+            want = torch.tensor([[float((m(x).reshape(x.shape) - x).pow(2).mean())
+                                  for m in mods] for x in Xs])
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_a_finite_mean_loss_stays_finite_when_its_float32_sum_overflows(vectorize):
+    # 100 samples of loss 9e36 each: their float32 sum (9e38) overflows, their mean does
+    # not; the sums are kept in float64
+    template = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        template.weight.fill_(1.0)
+        template.bias.zero_()
+    X = torch.full((100, 1), 3e18)
+    data = ClientData.from_lists([X], [torch.zeros(100, 1)], torch.device("cpu"))
+    engine = Engine(template, "mse", vectorize=vectorize, optimizer="sgd", lr=0.1,
+                    batch_size=None, local_epochs=1)
+    L = engine.loss_matrix(stack_states([template]), data)
+    assert torch.isfinite(L).all()
+    assert float(L[0, 0]) == pytest.approx(9e36, rel=1e-6)
