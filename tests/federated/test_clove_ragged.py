@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mlpapers.federated.clove._engine import ClientData, Engine, stack_states
-from mlpapers.federated.clove._kernels import epoch_permutations
+from mlpapers.federated.clove._kernels import batch_pieces, epoch_permutations
 
 
 def _padded_orders(sizes, generator):
@@ -62,11 +62,13 @@ class _Transposed(torch.nn.Module):
         return self.lin(x).T.contiguous()
 
 
+@pytest.mark.parametrize("d", [2, 3])
 @pytest.mark.parametrize("vectorize", [True, False])
-def test_a_model_without_one_row_per_input_row_is_scored_one_client_at_a_time(vectorize):
+def test_a_model_without_one_row_per_input_row_is_scored_one_client_at_a_time(vectorize, d):
     # blocks of rows would mix the clients inside its output; each client alone is what
-    # its training batches see, whatever the block size
-    d, sizes = 3, [5, 2, 7]
+    # its training batches see, whatever the block size (with 2 features, a transposed
+    # output of 2 rows has 2 rows too)
+    sizes = [5, 2, 7]
     g = torch.Generator().manual_seed(1)
     Xs = [torch.randn(s, d, generator=g) for s in sizes]
     data = ClientData.from_lists(Xs, None, torch.device("cpu"))
@@ -98,3 +100,52 @@ def test_a_finite_mean_loss_stays_finite_when_its_float32_sum_overflows(vectoriz
     L = engine.loss_matrix(stack_states([template]), data)
     assert torch.isfinite(L).all()
     assert float(L[0, 0]) == pytest.approx(9e36, rel=1e-6)
+
+
+@pytest.mark.parametrize("lo, hi, budget", [(0, 9, 1000), (0, 9, 7), (2, 6, 5), (0, 9, 1),
+                                            (4, 9, 3)])
+def test_batch_pieces_cover_each_clients_slots_once_within_the_budget(lo, hi, budget):
+    sizes = torch.tensor([9, 1, 4, 9, 6, 3, 9])
+    seen = torch.zeros(len(sizes), hi, dtype=torch.long)
+    pieces = list(batch_pieces(sizes, lo, hi, budget))
+    for sel, c0, c1 in pieces:
+        who = torch.arange(len(sizes)) if sel is None else sel
+        assert lo <= c0 < c1 <= hi
+        assert len(who) * (c1 - c0) <= budget or (len(who) == 1 or c1 - c0 == 1)
+        if sel is not None:  # only clients with samples left, and no padding slot
+            assert bool((sizes[who] >= c1).all())
+        seen[who, c0:c1] += 1
+    if len(sizes) * (hi - lo) <= budget:
+        assert [p[0] for p in pieces] == [None]
+    else:
+        for i, n_i in enumerate(sizes.tolist()):
+            want = torch.zeros(hi, dtype=torch.long)
+            want[lo:min(hi, n_i)] = 1
+            assert torch.equal(seen[i], want)
+
+
+@pytest.mark.parametrize("optimizer, batch_size", [("adam", None), ("sgd", None),
+                                                   ("adam", 4)])
+def test_training_in_pieces_is_training_in_one_pass(optimizer, batch_size):
+    # a step whose batch exceeds the element budget is summed over pieces (gradient
+    # accumulation): the same update up to float rounding, and the loop's
+    from mlpapers.federated.clove._models import build_module
+
+    g = torch.Generator().manual_seed(3)
+    sizes = [3, 40, 1, 17, 2]
+    Xs = [torch.randn(s, 4, generator=g) for s in sizes]
+    Ys = [torch.randn(s, 1, generator=g) for s in sizes]
+    data = ClientData.from_lists(Xs, Ys, torch.device("cpu"))
+    template = build_module("mlp", 4, 1, (8,), seed=0)
+    states = stack_states([template])
+    assignment = torch.zeros(len(sizes), dtype=torch.long)
+    kw = dict(optimizer=optimizer, lr=0.05, batch_size=batch_size, local_epochs=2)
+    out = {}
+    for name, vectorize, max_elements in (("one pass", True, 10**9), ("pieces", True, 200),
+                                          ("loop", False, 10**9)):
+        engine = Engine(template, "mse", vectorize=vectorize, max_elements=max_elements, **kw)
+        out[name] = engine.local_train(states, assignment, data,
+                                       torch.Generator().manual_seed(0))
+    for k in out["one pass"]:
+        torch.testing.assert_close(out["pieces"][k], out["one pass"][k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out["loop"][k], out["one pass"][k], rtol=1e-5, atol=1e-6)

@@ -204,3 +204,21 @@ def test_assign_memory_is_bounded_for_a_large_client():
     setup = _FITTED + "y = np.zeros(len(X), dtype=np.float32)\n"
     assert peak_mb(setup.replace("(X, (y > 0).astype(int))", "(X, y)"),
                    "est.assign(X, y)") < 100
+
+
+@requires_peak_rss
+def test_full_batch_training_memory_follows_the_total_size():
+    # batch_size=None made every vectorised step a (201, 80,000) batch, each client
+    # filled up to the largest one (1.18 GB measured); in pieces that end where a client
+    # runs out, no filler slot is computed (103 MB measured, 116 MB for the per-client
+    # loop)
+    setup = """
+import numpy as np
+from mlpapers.federated import IFCA
+rng = np.random.default_rng(0)
+clients = [(rng.normal(size=(s, 10)).astype(np.float32), rng.normal(size=s))
+           for s in [20] * 200 + [80000]]
+est = IFCA(n_clusters=2, model="linear", batch_size=None, n_rounds=1, vectorize=True,
+           random_state=0)
+"""
+    assert peak_mb(setup, "est.fit(clients)") < 250

@@ -29,6 +29,7 @@ from mlpapers._utils import (
 )
 from mlpapers._utils._blocks import block_rows_for
 from mlpapers.federated.clove._kernels import (
+    batch_pieces,
     batched_adam_step,
     batched_loss_matrix,
     client_mean_losses,
@@ -37,7 +38,6 @@ from mlpapers.federated.clove._kernels import (
 )
 from mlpapers.federated.clove._models import (
     frozen_names,
-    make_loss_fn,
     make_sample_loss_fn,
     per_sample_loss,
     row_elements,
@@ -180,8 +180,9 @@ class Engine:
             trained = copy.deepcopy(template).train()
             self._sample_loss_fn = make_sample_loss_fn(evaluated, kind, self.aliases,
                                                        self.user_model)
-            self._train_loss_fn = make_loss_fn(trained, kind, self.aliases, self.user_model)
-        self._activations: dict[tuple[int, ...], int] = {}
+            self._train_sample_loss_fn = make_sample_loss_fn(trained, kind, self.aliases,
+                                                             self.user_model)
+        self._activations: dict[tuple[tuple[int, ...], torch.dtype], int] = {}
 
     # -- losses ------------------------------------------------------------
     def loss_matrix(self, states: Params, data: ClientData) -> torch.Tensor:
@@ -213,17 +214,19 @@ class Engine:
         return out
 
     def _rows_aligned(self, data: ClientData) -> bool:
-        """Whether the model's output has one row per input row (probed once, on two
-        rows in eval mode). A reconstruction is only checked by its size at fit: one
+        """Whether the model's output has one row per input row (probed once, on one
+        and on two rows in eval mode: a transposed output of two features has two rows
+        for two inputs). A reconstruction is only checked by its size at fit: one
         returned flat or transposed mixes the rows of a block, so its losses are taken
         one client at a time, as its training batches are."""
         if self.row_aligned is None:
             if self.kind != "reconstruction" or data.X.shape[0] < 2:
                 return True  # (other losses check the output's shape (batch, outputs))
-            x = data.X[:2]
-            with seeded_global_rng(0, x.device), torch.no_grad():
-                out = copy.deepcopy(self.template).eval()(self._input(x))
-            self.row_aligned = out.ndim > 0 and out.shape[0] == 2
+            module = copy.deepcopy(self.template).eval()
+            with seeded_global_rng(0, data.X.device), torch.no_grad():
+                outs = [module(self._input(data.X[:r])) for r in (1, 2)]
+            self.row_aligned = all(out.ndim > 0 and out.shape[0] == r
+                                   for r, out in zip((1, 2), outs))
         return self.row_aligned
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
@@ -234,10 +237,10 @@ class Engine:
     def _sample_elements(self, X: torch.Tensor) -> int:
         """Values one sample holds through the template (cached per input shape): the
         loss matrix's blocks are sized by them, not by the input width alone."""
-        shape = tuple(X.shape[1:])
-        if shape not in self._activations:
-            self._activations[shape] = row_elements(self.template, shape)
-        return self._activations[shape]
+        key = (tuple(X.shape[1:]), X.dtype)
+        if key not in self._activations:
+            self._activations[key] = row_elements(self.template, key[0], X.dtype)
+        return self._activations[key]
 
     # -- local training --------------------------------------------------------
     def _probe_batch_norm(self, x: torch.Tensor) -> bool:
@@ -363,48 +366,30 @@ class Engine:
 
     def _train_vmap(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
         n, m = data.n_clients, int(data.sizes.max())
-        first, last = data.offsets[:, None], (data.sizes - 1)[:, None]
-        # Client losses depend only on their own parameter slice, so the gradient
-        # of their sum w.r.t. the stacked parameters is every client's gradient.
-        # "different": each client draws its own dropout masks ("error" refused them)
-        loss_fn = torch.func.vmap(self._train_loss_fn, randomness="different")
         keys = [k for k in P if k in self.trainable]  # not frozen, aliases or buffers
-
-        def grad_fn(P, xb, yb, valid):
-            leaves = {k: P[k].detach().requires_grad_(True) for k in keys}
-            with torch.enable_grad():
-                total = loss_fn({**P, **leaves}, xb, yb, valid).sum()
-                # a parameter the forward never uses (a spare layer) gets a zero
-                # gradient, which leaves it unchanged under SGD and Adam, as the loop
-                # path's optimizers (its .grad stays None) do
-                grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True,
-                                            materialize_grads=True)
-            return dict(zip(leaves, grads))
-
+        # rows (client x batch slot) that one forward and backward pass may hold: a step
+        # whose batch is larger (full batches of one large client) runs in pieces
+        budget = max(1, self.max_elements // self._sample_elements(data.X))
         m1 = {k: torch.zeros_like(P[k]) for k in keys}
         m2 = {k: torch.zeros_like(P[k]) for k in keys}
         count = torch.zeros(n, dtype=torch.long, device=data.X.device)
         sizes = data.sizes.cpu()
         for perm in perms:
             for s in range(steps):
-                pos = torch.arange(s * b, min((s + 1) * b, m), device=perm.device)[None, :]
+                lo, hi = s * b, min((s + 1) * b, m)
                 # only the clients with samples left are computed: one client larger
                 # than the others would otherwise cost n x its steps
-                busy = torch.nonzero(sizes > s * b).flatten()
-                part = None if busy.shape[0] == n else busy.to(data.X.device)
-                at = slice(None) if part is None else part
-                # a client past its end fills its slots with its own last sample (masked
-                # out of the loss): its own data, so a loss finite on it stays finite
-                rows = first[at] + perm[first[at] + torch.minimum(pos, last[at])]
-                valid = pos < data.sizes[at, None]
-                xb, yb = data.X[rows], data.Y[rows]
-                if part is None:
-                    self._step(P, keys, grad_fn(P, xb, yb, valid), m1, m2, count)
+                busy = torch.nonzero(sizes > lo).flatten()
+                if busy.shape[0] == n:
+                    g = self._batch_grads(P, keys, data, perm, busy, lo, hi, budget)
+                    self._step(P, keys, g, m1, m2, count)
                     continue
+                part = busy.to(data.X.device)
                 Pp = {k: v[part] for k, v in P.items()}
                 m1p, m2p = {k: m1[k][part] for k in keys}, {k: m2[k][part] for k in keys}
                 count_p = count[part]
-                self._step(Pp, keys, grad_fn(Pp, xb, yb, valid), m1p, m2p, count_p)
+                g = self._batch_grads(Pp, keys, data, perm, busy, lo, hi, budget)
+                self._step(Pp, keys, g, m1p, m2p, count_p)
                 for k in keys:
                     P[k][part], m1[k][part], m2[k][part] = Pp[k], m1p[k], m2p[k]
                 count[part] = count_p
@@ -412,6 +397,52 @@ class Engine:
             if alias in P and name in P:
                 P[alias] = P[name].clone()
         return P
+
+    def _batch_grads(self, P: Params, keys: list[str], data: ClientData, perm: torch.Tensor,
+                     clients: torch.Tensor, lo: int, hi: int, budget: int) -> Params:
+        """Gradients of each client's mean loss over its batch slots ``[lo, hi)``.
+
+        ``P`` holds the models of ``clients`` (CPU indices), in order. Client losses
+        depend only on their own parameter slice, so the gradient of their sum with
+        respect to the stacked parameters is every client's gradient. A batch of more
+        than ``budget`` rows is summed over pieces (:func:`batch_pieces`).
+        """
+        device = data.X.device
+        sizes = data.sizes.cpu()[clients]
+        dtype = P[keys[0]].dtype
+        # each client's mean runs over its slots in [lo, hi) (at least one: it is busy)
+        denom = (sizes - lo).clamp(1, hi - lo).to(device=device, dtype=dtype)
+        # "different": each client draws its own dropout masks ("error" refused them)
+        losses = torch.func.vmap(self._train_sample_loss_fn, randomness="different")
+        out: Params | None = None
+        for sel, c0, c1 in batch_pieces(sizes, lo, hi, budget):
+            at = None if sel is None else sel.to(device)
+            who = clients.to(device) if at is None else clients.to(device)[at]
+            first, last = data.offsets[who, None], (data.sizes[who] - 1)[:, None]
+            pos = torch.arange(c0, c1, device=device)[None, :]
+            # a client past its end fills its slots with its own last sample (masked
+            # out of the loss): its own data, so a loss finite on it stays finite
+            rows = first + perm[first + torch.minimum(pos, last)]
+            valid = pos < data.sizes[who, None]
+            Pq = P if at is None else {k: v[at] for k, v in P.items()}
+            leaves = {k: Pq[k].detach().requires_grad_(True) for k in keys}
+            with torch.enable_grad():
+                loss = losses({**Pq, **leaves}, data.X[rows], data.Y[rows])
+                total = ((loss * valid.to(loss.dtype)).sum(1)
+                         / (denom if at is None else denom[at])).sum()
+                # a parameter the forward never uses (a spare layer) gets a zero
+                # gradient, which leaves it unchanged under SGD and Adam, as the loop
+                # path's optimizers (its .grad stays None) do
+                grads = dict(zip(leaves, torch.autograd.grad(
+                    total, list(leaves.values()), allow_unused=True, materialize_grads=True)))
+            if at is None:
+                return grads  # (the whole batch in one piece)
+            if out is None:
+                out = {k: torch.zeros_like(P[k]) for k in keys}
+            for k in keys:
+                out[k].index_add_(0, at, grads[k])
+        assert out is not None  # (a busy client has a slot in [lo, hi))
+        return out
 
     def _step(self, P: Params, keys: list[str], g: Params, m1: Params, m2: Params,
               count: torch.Tensor) -> None:

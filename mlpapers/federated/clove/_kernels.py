@@ -13,7 +13,7 @@ back), ``m`` samples of the largest client, ``b`` batch size.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from mlpapers.federated.clove._assign import (  # re-exported: importable from h
 )
 
 __all__ = [
+    "batch_pieces",
     "batched_adam_step",
     "batched_loss_matrix",
     "choose_n_clusters",
@@ -240,6 +241,33 @@ def weighted_model_average(
         shape = (-1,) + (1,) * (old.ndim - 1)
         out[name] = torch.where(has.view(shape), avg, old)
     return out
+
+
+def batch_pieces(sizes: torch.Tensor, lo: int, hi: int, budget: int
+                 ) -> Iterator[tuple[torch.Tensor | None, int, int]]:
+    """Pieces of one training step's batch slots ``[lo, hi)`` of clients of ``sizes``
+    that hold at most ``budget`` rows (client x slot) each, where possible.
+
+    Yields ``(clients, c0, c1)``: the positions in ``sizes`` of the clients that have
+    samples in slot ``c0`` (``None`` for all of them, when the whole batch is one
+    piece) and the slots ``[c0, c1)``. A piece ends where one of its clients runs out
+    of samples, so the next piece leaves that client out and padding is never
+    computed; a piece is one slot wide at least, and holds one client at least.
+    """
+    if sizes.shape[0] * (hi - lo) <= budget:
+        yield None, lo, hi
+        return
+    c0 = lo
+    while c0 < hi:
+        left = torch.nonzero(sizes > c0).flatten()
+        if left.shape[0] == 0:
+            return
+        group = min(left.shape[0], budget)
+        end = int(sizes[left].min())  # (> c0) the first of them to run out
+        c1 = min(hi, end, c0 + max(1, budget // group))
+        for g0 in range(0, left.shape[0], group):
+            yield left[g0:g0 + group], c0, c1
+        c0 = c1
 
 
 def n_steps_per_epoch(sizes: torch.Tensor, batch_size: int) -> int:

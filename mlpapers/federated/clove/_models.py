@@ -1,10 +1,9 @@
 """Built-in client models and their per-client losses.
 
 A *model spec* is one of ``"linear"``, ``"logistic"``, ``"mlp"``, ``"autoencoder"``
-or a callable ``f(n_features, n_outputs) -> torch.nn.Module``. Losses are per-sample
-(summed per client over blocks of rows for the loss matrix) or masked means over a
-batch of each client's samples (local training), so that they vectorise over models
-and clients.
+or a callable ``f(n_features, n_outputs) -> torch.nn.Module``. Losses are per sample,
+so that they vectorise over models and clients (the engine masks and averages them per
+client).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from mlpapers._utils import probe_module, seeded_linear
 from mlpapers._utils._ambient import default_dtype
 
 __all__ = ["BUILTIN_MODELS", "LOSSES", "activation_elements", "build_module",
-           "build_user_module", "check_model_output", "frozen_names", "make_loss_fn",
+           "build_user_module", "check_model_output", "frozen_names",
            "make_sample_loss_fn", "per_sample_loss", "row_elements",
            "tied_aliases"]
 
@@ -187,12 +186,14 @@ def activation_elements(module: nn.Module, x: torch.Tensor) -> int:
     return int(total)
 
 
-def row_elements(template: nn.Module, input_shape: Sequence[int]) -> int:
+def row_elements(template: nn.Module, input_shape: Sequence[int],
+                 dtype: torch.dtype = torch.float32) -> int:
     """Values one sample holds through ``template``: its input plus the outputs of the
-    leaf modules (:func:`activation_elements` on one zero sample)."""
+    leaf modules (:func:`activation_elements` on one zero sample of ``dtype``, the
+    data's)."""
     shape = tuple(int(v) for v in input_shape)
     param = next(template.parameters(), None)
-    x = torch.zeros((1, *shape), dtype=torch.float32,
+    x = torch.zeros((1, *shape), dtype=dtype,
                     device=None if param is None else param.device)
     return int(np.prod(shape, dtype=np.int64)) + activation_elements(template, x)
 
@@ -238,21 +239,6 @@ def make_sample_loss_fn(module: nn.Module, kind: str, aliases: Iterable[str] = (
         return per_sample_loss(out, x, y, kind)
 
     return sample_loss_fn
-
-
-def make_loss_fn(module: nn.Module, kind: str, aliases: Iterable[str] = (),
-                 copy_input: bool = False) -> Callable[..., torch.Tensor]:
-    """Functional masked mean loss ``f(params, x, y, mask) -> scalar`` of ``module``:
-    the mean of :func:`make_sample_loss_fn`'s losses over the samples where ``mask``
-    is true (a batch of one client, whose unused slots ``mask`` leaves out)."""
-    sample_loss_fn = make_sample_loss_fn(module, kind, aliases, copy_input)
-
-    def loss_fn(params, x, y, mask):
-        loss = sample_loss_fn(params, x, y)
-        w = mask.to(loss.dtype)
-        return (loss * w).sum() / w.sum().clamp_min(1.0)
-
-    return loss_fn
 
 
 def tied_aliases(module: nn.Module) -> dict[str, str]:
