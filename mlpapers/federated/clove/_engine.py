@@ -368,8 +368,11 @@ class Engine:
         n, m = data.n_clients, int(data.sizes.max())
         keys = [k for k in P if k in self.trainable]  # not frozen, aliases or buffers
         # rows (client x batch slot) that one forward and backward pass may hold: a step
-        # whose batch is larger (full batches of one large client) runs in pieces
-        budget = max(1, self.max_elements // self._sample_elements(data.X))
+        # whose batch is larger (full batches of one large client) runs in pieces; not
+        # for a model whose output rows do not match its input rows (a piece would split
+        # the rows it mixes)
+        budget = max(1, self.max_elements // self._sample_elements(data.X)) \
+            if self._rows_aligned(data) else n * m
         m1 = {k: torch.zeros_like(P[k]) for k in keys}
         m2 = {k: torch.zeros_like(P[k]) for k in keys}
         count = torch.zeros(n, dtype=torch.long, device=data.X.device)

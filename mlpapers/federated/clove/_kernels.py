@@ -250,9 +250,11 @@ def batch_pieces(sizes: torch.Tensor, lo: int, hi: int, budget: int
 
     Yields ``(clients, c0, c1)``: the positions in ``sizes`` of the clients that have
     samples in slot ``c0`` (``None`` for all of them, when the whole batch is one
-    piece) and the slots ``[c0, c1)``. A piece ends where one of its clients runs out
-    of samples, so the next piece leaves that client out and padding is never
-    computed; a piece is one slot wide at least, and holds one client at least.
+    piece) and the slots ``[c0, c1)``. A piece is as wide as the budget allows, but
+    ends earlier, where one of its clients runs out of samples, if more than half of
+    its slots would otherwise lie past its clients' ends (filler slots, computed and
+    masked out): the next piece leaves the finished clients out. A piece is one slot
+    wide at least, and holds one client at least.
     """
     if sizes.shape[0] * (hi - lo) <= budget:
         yield None, lo, hi
@@ -263,8 +265,15 @@ def batch_pieces(sizes: torch.Tensor, lo: int, hi: int, budget: int
         if left.shape[0] == 0:
             return
         group = min(left.shape[0], budget)
-        end = int(sizes[left].min())  # (> c0) the first of them to run out
-        c1 = min(hi, end, c0 + max(1, budget // group))
+        widest = min(hi, c0 + max(1, budget // group))
+        # real slots of a piece ending at e: sum over its clients of min(size, e) - c0
+        ends = sizes[left].clamp(max=widest).sort().values
+        below = torch.cumsum(ends, 0)
+        cand = torch.unique(ends)  # (sorted; the last is widest or the longest client)
+        n_below = torch.searchsorted(ends, cand)  # clients ending before each candidate
+        real = torch.where(n_below > 0, below[(n_below - 1).clamp(min=0)], 0) \
+            + (left.shape[0] - n_below) * cand - left.shape[0] * c0
+        c1 = int(cand[2 * real >= left.shape[0] * (cand - c0)].max())
         for g0 in range(0, left.shape[0], group):
             yield left[g0:g0 + group], c0, c1
         c0 = c1
