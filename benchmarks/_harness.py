@@ -31,7 +31,9 @@ lists them with the common ones::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -63,6 +65,11 @@ class Case:
         Override of the repeat count.
     note : str
         Free text shown in the table (e.g. "peer: faiss").
+    fixed : bool
+        The counts are part of the case's design (it times itself inside ``fn`` or
+        caches its work): ``--repeats``/``--warmup`` do not change them. Otherwise a
+        ``--repeats``/``--warmup`` given on the command line replaces ``warmup`` and
+        ``repeats`` (they are the case's defaults, not limits).
     """
 
     name: str
@@ -70,6 +77,21 @@ class Case:
     warmup: int | None = None
     repeats: int | None = None
     note: str = ""
+    fixed: bool = False
+
+
+@dataclass(frozen=True)
+class PerGroup:
+    """A baseline per group of rows: row ``"wiki: x"`` is compared with ``"wiki: <name>"``,
+    a row without ``sep`` with ``name`` itself (a script running several problems, each
+    with its own reference row, e.g. ``PerGroup("brute force")``)."""
+
+    name: str
+    sep: str = ": "
+
+    def __call__(self, row: str) -> str:
+        head, found, _ = row.partition(self.sep)
+        return f"{head}{self.sep}{self.name}" if found else self.name
 
 
 @dataclass
@@ -183,25 +205,33 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def format_table(results: Sequence[Result], baseline: str | None = None) -> str:
+def format_table(results: Sequence[Result], baseline: str | PerGroup | None = None) -> str:
     """Markdown table: metrics, median time, peak memory, and ratios to ``baseline``.
 
-    A metric ratio is shown only where the baseline's value is positive and the row's is
-    not negative ("–" otherwise): ratios of signed values do not order the rows.
+    ``baseline`` is a row name, or a :class:`PerGroup` (each group of rows against its
+    own reference row). A metric ratio is shown only where the baseline's value is
+    positive and the row's is not negative ("–" otherwise): ratios of signed values do
+    not order the rows.
     """
     metric_names: list[str] = []
     for r in results:
         metric_names += [m for m in r.metrics if m not in metric_names]
-    base = next((r for r in results if r.name == baseline), None)
+    by_name = {r.name: r for r in results}
+    base_of = baseline if isinstance(baseline, PerGroup) else (lambda _row: baseline)
+    bases = [by_name.get(base_of(r.name)) for r in results]
+    label = baseline.name if isinstance(baseline, PerGroup) else baseline
     headers = ["method", *metric_names, "time (s)", "peak mem (MB)"]
-    if base is not None:
-        headers += [f"time / {base.name}", *(f"{m} / {base.name}" for m in metric_names)]
+    show = any(b is not None for b in bases)
+    if show:
+        headers += [f"time / {label}", *(f"{m} / {label}" for m in metric_names)]
     headers.append("note")
     rows = []
-    for r in results:
+    for r, base in zip(results, bases):
         row = [r.name, *(_fmt(r.metrics.get(m, float("nan"))) for m in metric_names),
                _fmt(r.time_s), _fmt(r.peak_mem_mb)]
-        if base is not None:
+        if show and base is None:  # a group without its reference row
+            row += ["–"] * (1 + len(metric_names))
+        elif show:
             row.append(_fmt(r.time_s / base.time_s) if base.time_s > 0 else "–")
             for m in metric_names:
                 a, b = r.metrics.get(m, float("nan")), base.metrics.get(m, float("nan"))
@@ -275,49 +305,126 @@ def writable_file(text: str) -> str:
     return text
 
 
-def benchmark_parser(title: str, *,
-                     parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+def env_threads(default: int = 1) -> int:
+    """Torch threads from ``BENCH_THREADS`` (``default`` when unset); a bad value stops
+    the script with a message naming the variable (it used to end in a traceback from
+    ``int()`` or ``torch.set_num_threads``)."""
+    text = os.environ.get("BENCH_THREADS", "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(f"error: BENCH_THREADS must be a positive integer, got {text!r}")
+    return value
+
+
+def _json_safe(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as ``None``: ``json.dump`` writes them as bare
+    ``NaN``/``Infinity`` tokens, which are not JSON (strict parsers reject the file)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def write_json(path: str, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as strict JSON (NaN and infinities as ``null``)."""
+    with open(path, "w") as f:
+        json.dump(_json_safe(payload), f, indent=2, allow_nan=False)
+
+
+def read_results(path: str) -> dict[str, Any]:
+    """A payload written by :func:`benchmark_main`, its ``results`` as :class:`Result`
+    (``null`` numbers, NaN when written, read back as NaN)."""
+    with open(path) as f:
+        payload = json.load(f)
+    nan = float("nan")
+    results = []
+    for d in payload["results"]:
+        d = dict(d)
+        d["metrics"] = {k: nan if v is None else v for k, v in d["metrics"].items()}
+        d["time_s"] = nan if d["time_s"] is None else d["time_s"]
+        d["peak_mem_mb"] = nan if d["peak_mem_mb"] is None else d["peak_mem_mb"]
+        results.append(Result(**d))
+    payload["results"] = results
+    return payload
+
+
+_HELP = {
+    "--quick": "small sizes for a smoke run",
+    "--out": "write results as JSON to this path",
+    "--repeats": "timed repeats of every row (>= 1; default 3, 1 with --quick, or the "
+                 "row's own count where the script sets one)",
+    "--warmup": "untimed warm-up runs of every row (>= 0; default 1, 0 with --quick, or "
+                "the row's own count where the script sets one)",
+}
+
+
+def benchmark_parser(title: str, *, parents: Sequence[argparse.ArgumentParser] = (),
+                     help_text: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """The command line of a benchmark: ``--quick``, ``--out``, ``--repeats``,
     ``--warmup``, and the options of the ``parents`` (built with ``add_help=False``),
-    all listed by ``--help``."""
+    all listed by ``--help``. ``help_text`` replaces the help text of the common options
+    (a script whose rows use one of them differently says so there)."""
+    texts = {**_HELP, **(help_text or {})}
     parser = argparse.ArgumentParser(description=title, parents=list(parents))
-    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    parser.add_argument("--out", type=writable_file,
-                        help="write results as JSON to this path")
+    parser.add_argument("--quick", action="store_true", help=texts["--quick"])
+    parser.add_argument("--out", type=writable_file, help=texts["--out"])
     parser.add_argument("--repeats", type=int_at_least(1), default=None,
-                        help="timed repeats per case (>= 1)")
+                        help=texts["--repeats"])
     parser.add_argument("--warmup", type=int_at_least(0), default=None,
-                        help="warm-up runs per case (>= 0)")
+                        help=texts["--warmup"])
     return parser
+
+
+def _given_counts(cases: Sequence[Case], args: argparse.Namespace) -> list[Case]:
+    """``cases`` with the ``--repeats``/``--warmup`` of the command line in place of
+    their own counts (a script's per-row counts are defaults: they used to override
+    the options silently), except for ``fixed`` cases."""
+    given = {k: None for k in ("repeats", "warmup") if getattr(args, k) is not None}
+    return [c if c.fixed or not given else dataclasses.replace(c, **given) for c in cases]
 
 
 def benchmark_main(
     make_cases: Callable[[bool], Sequence[Case]],
     *,
-    baseline: str | None,
+    baseline: str | PerGroup | None,
     title: str,
     argv: list[str] | None = None,
     args: argparse.Namespace | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> list[Result]:
     """Run the cases, print and save the table.
 
     ``args`` are the options parsed by :func:`benchmark_parser` (a script with
     options of its own parses them first); without them ``argv`` (default: the
-    command line) is parsed here.
+    command line) is parsed here. The JSON of ``--out`` records every option but
+    ``--out`` under ``settings``, updated with ``settings`` (values the script
+    derived from them, e.g. the epochs a default stands for), so that runs made with
+    different settings can be told apart.
     """
     if args is None:
         args = benchmark_parser(title).parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
-    cases = make_cases(args.quick)
+    cases = _given_counts(make_cases(args.quick), args)
     print(f"# {title}{' (quick)' if args.quick else ''}", file=sys.stderr)
     results = run_cases(cases, warmup=warmup, repeats=repeats)
     print(f"\n## {title}\n")
     print(format_table(results, baseline))
     if args.out:
-        payload = {"title": title, "quick": args.quick, "baseline": baseline,
+        options = {k: v for k, v in vars(args).items() if k != "out"}
+        base = (baseline if baseline is None or isinstance(baseline, str)
+                else {"per_group": baseline.name, "sep": baseline.sep})
+        payload = {"title": title, "quick": args.quick, "baseline": base,
+                   "settings": {**options, **(settings or {})},
                    "environment": environment(),
                    "results": [r.__dict__ for r in results]}
-        with open(args.out, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_json(args.out, payload)
     return results

@@ -181,6 +181,21 @@ def dataset_cases(name, keys, Q_test, train_queries, *, steps, width, depth, lr,
     return cases
 
 
+def synthetic_sizes(opts: argparse.Namespace) -> list[int]:
+    """Database sizes of the full run: ``--sizes`` (default 10000), plus 100000 with
+    ``--large`` (it used to be dropped silently with ``--sizes``), each once."""
+    if opts.no_synthetic:
+        return []
+    sizes = list(opts.sizes or [10_000]) + ([100_000] if opts.large else [])
+    return list(dict.fromkeys(sizes))
+
+
+def size_label(n: int) -> str:
+    """``syn10k`` for a multiple of 1000, else the exact size (``syn1500``): ``n // 1000``
+    labelled 500 ``syn0k`` and 1000 and 1500 both ``syn1k``."""
+    return f"syn{n // 1000}k" if n % 1000 == 0 else f"syn{n}"
+
+
 def make_cases(quick: bool):
     opts = _OPTIONS
     torch.set_num_threads(opts.threads)
@@ -195,13 +210,10 @@ def make_cases(quick: bool):
         cases += dataset_cases("syn2k", keys, Q, sampler, steps=200, width=128, depth=4,
                                lr=1e-2, batch=512, nprobes=(1, 4))
         return cases
-    sizes = [] if opts.no_synthetic else [10_000, 100_000] if opts.large else [10_000]
-    if opts.sizes and not opts.no_synthetic:
-        sizes = opts.sizes
-    for n in sizes:
+    for n in synthetic_sizes(opts):
         keys, Q, sampler = make_mips_problem(n, 64, n_queries=4096, n_anchors=64,
                                              random_state=0)
-        cases += dataset_cases(f"syn{n // 1000}k", keys, Q, sampler, steps=opts.steps,
+        cases += dataset_cases(size_label(n), keys, Q, sampler, steps=opts.steps,
                                width=opts.width, depth=opts.depth, lr=opts.lr,
                                batch=opts.batch, nprobes=(1, 2, 4, 8, 16),
                                train_supportnet=opts.supportnet)
@@ -228,7 +240,11 @@ _OPTIONS = argparse.Namespace(threads=2, large=False, no_wiki=False, no_syntheti
                               wiki_docs=None, sizes=None, batch=1024, supportnet_lr=None,
                               steps=3000, width=256, depth=4, lr=3e-3, supportnet=True)
 
-if __name__ == "__main__":
+TITLE = "Amortized MIPS vs exact search and faiss"
+
+
+def main(argv=None):
+    global _OPTIONS
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--threads", type=int_at_least(1), default=2)
     extra.add_argument("--large", action="store_true", help="also N = 100k")
@@ -249,17 +265,20 @@ if __name__ == "__main__":
     extra.add_argument("--supportnet-lr", type=positive_float, default=None,
                        help="peak learning rate of SupportNet (default: --lr)")
     extra.add_argument("--no-supportnet", dest="supportnet", action="store_false")
-    _TITLE = "Amortized MIPS vs exact search and faiss"
-    _parser = benchmark_parser(_TITLE, parents=[extra])
-    _OPTIONS = _parser.parse_args()
+    parser = benchmark_parser(TITLE, parents=[extra])
+    _OPTIONS = parser.parse_args(argv)
     if _OPTIONS.no_synthetic and _OPTIONS.no_wiki:
-        _parser.error("--no-synthetic with --no-wiki leaves nothing to run")
+        parser.error("--no-synthetic with --no-wiki leaves nothing to run")
     # --quick runs one fixed small problem: options of the full runs would be ignored
-    _ignored = [("--no-supportnet" if name == "supportnet" else f"--{name.replace('_', '-')}")
-                # (--supportnet-lr applies to the quick problem too)
-                for name in ("large", "no_wiki", "no_synthetic", "sizes", "batch", "wiki_docs",
+    ignored = [("--no-supportnet" if name == "supportnet" else f"--{name.replace('_', '-')}")
+               # (--supportnet-lr applies to the quick problem too)
+               for name in ("large", "no_wiki", "no_synthetic", "sizes", "batch", "wiki_docs",
                              "steps", "width", "depth", "lr", "supportnet")
-                if getattr(_OPTIONS, name) != _parser.get_default(name)]
-    if _OPTIONS.quick and _ignored:
-        _parser.error(f"--quick runs a fixed small problem and ignores {', '.join(_ignored)}")
-    benchmark_main(make_cases, baseline=None, title=_TITLE, args=_OPTIONS)
+               if getattr(_OPTIONS, name) != parser.get_default(name)]
+    if _OPTIONS.quick and ignored:
+        parser.error(f"--quick runs a fixed small problem and ignores {', '.join(ignored)}")
+    return benchmark_main(make_cases, baseline=None, title=TITLE, args=_OPTIONS)
+
+
+if __name__ == "__main__":
+    main()

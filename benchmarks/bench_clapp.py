@@ -29,7 +29,9 @@ script ends with the verdicts on the goals of the issue. On a slow machine the a
 can be split over runs with ``--arms "CLAPP,CLAPP++" --out part1.json`` (the random-init
 row, the reference of the ratios, is always included; each arm is deterministic, so
 the split changes no accuracy) and the parts merged into one table and verdict with
-``--merge part1.json part2.json ...``; ``--epochs N`` overrides the training epochs.
+``--merge part1.json part2.json ...`` (``--out`` writes the merge; files of runs with other
+settings than the arms, recorded in each ``--out`` file, are refused); ``--epochs N``
+overrides the training epochs (also with ``--quick``, whose default is 2).
 ``--probe-pool G`` probes every arm on features average-pooled to a G x G grid per
 block, whatever grid its loss used, as the official evaluation does (it pools every
 model with the same kernels); by default each arm is probed on its training grids
@@ -50,11 +52,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import (  # noqa: E402
     Case,
-    Result,
     benchmark_main,
     benchmark_parser,
+    env_threads,
+    environment,
     format_table,
     int_at_least,
+    read_results,
+    write_json,
 )
 
 from mlpapers.datasets import make_shifted_digits  # noqa: E402
@@ -87,8 +92,7 @@ def _probe(enc, Xtr, ytr, Xte, yte, layers="all") -> float:
 
 def make_cases(quick: bool):
     n_train, n_test = (300, 200) if quick else (800, 400)
-    epochs = 2 if quick else (EPOCHS or EPOCHS_DEFAULT)
-    seeds = [0] if quick else [0, 1, 2]
+    epochs, seeds = _epochs(quick), _seeds(quick)
     X, y = make_shifted_digits(n_samples=n_train + n_test, random_state=0)
     Xtr, ytr, Xte, yte = X[:n_train], y[:n_train], X[n_train:], y[n_train:]
 
@@ -191,23 +195,63 @@ def goal_verdicts(results) -> list[str]:
     return lines
 
 
-def _merge(paths: list[str]) -> list:
-    """Results of several ``--out`` files, one row per arm (first occurrence wins)."""
-    import json
+def _epochs(quick: bool) -> int:
+    """``--epochs``, else 2 for a smoke run and ``EPOCHS_DEFAULT`` for a full one."""
+    return EPOCHS or (2 if quick else EPOCHS_DEFAULT)
 
-    seen, results = set(), []
+
+def _seeds(quick: bool) -> list[int]:
+    return [0] if quick else [0, 1, 2]
+
+
+#: Settings a merge may differ in: which arms ran (each arm is deterministic).
+_MERGEABLE = ("arms", "merge")
+
+
+def _merge(paths: list[str]) -> dict:
+    """The payload of several ``--out`` files, one row per arm (first occurrence wins).
+
+    Rows can only be compared when they were measured alike: files of another benchmark
+    (title) or with other settings than the arms (``--probe-pool``, ``--epochs``,
+    ``--quick``, threads, ...) are refused, since e.g. a "random init" row probed with
+    another pooling flips the verdicts of goal 1.
+    """
+    payloads = []
     for path in paths:
         try:
-            with open(path) as f:
-                rows = [Result(**d) for d in json.load(f)["results"]]
+            payload = read_results(path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SystemExit(f"--merge: {path} is not a results file written by --out "
                              f"({type(exc).__name__}: {exc})") from None
-        for r in rows:
+        if payload.get("title") != TITLE:
+            raise SystemExit(f"--merge: {path} holds {payload.get('title')!r}, "
+                             f"not {TITLE!r}")
+        if "settings" not in payload:
+            raise SystemExit(f"--merge: {path} does not record its settings (written by an "
+                             "older version of this script); rerun it")
+        payloads.append((path, payload))
+
+    def comparable(payload):
+        return {k: v for k, v in payload["settings"].items() if k not in _MERGEABLE}
+
+    first_path, first = payloads[0]
+    for path, payload in payloads[1:]:
+        a, b = comparable(first), comparable(payload)
+        diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if diff:
+            detail = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in diff)
+            raise SystemExit(f"--merge: {first_path} and {path} were run with different "
+                             f"settings ({detail}); only the arms may differ")
+    seen, results = set(), []
+    for _, payload in payloads:
+        for r in payload["results"]:
             if r.name not in seen:
                 seen.add(r.name)
                 results.append(r)
-    return results
+    arms = ",".join(r.name for r in results if r.name != "random init")
+    return {"title": TITLE, "quick": first["quick"], "baseline": "random init",
+            "settings": {**first["settings"], "arms": arms, "merge": None},
+            "merged_from": list(paths), "environment": environment(), "results": results}
 
 
 ARMS: list[str] | None = None
@@ -216,31 +260,57 @@ PROBE_POOL: int | None = None
 TITLE = "CLAPP: local vs global self-supervised learning (shifted digits)"
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> list:
+    global ARMS, EPOCHS, PROBE_POOL
     import torch
 
-    # one torch thread, as the docs' table was measured (like the other benchmarks; the
-    # default of two on this machine would also change the float sums, hence the digits)
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--arms", help="comma-separated arms to run (the random-init row "
                                       "is always included)")
     extra.add_argument("--probe-pool", type=int_at_least(1), default=None, metavar="G",
                        help="probe every arm on features pooled to a G x G grid")
     extra.add_argument("--epochs", type=int_at_least(1), default=None,
-                       help=f"training epochs (default {EPOCHS_DEFAULT})")
+                       help=f"training epochs (default {EPOCHS_DEFAULT}, 2 with --quick)")
     extra.add_argument("--merge", nargs="+", metavar="JSON",
-                       help="merge the tables of earlier --out runs (runs nothing)")
-    _args = benchmark_parser(TITLE, parents=[extra]).parse_args()
-    if _args.merge:
-        _results = _merge(_args.merge)
+                       help="merge the tables of earlier --out runs made with the same "
+                            "settings but the arms (runs nothing; --out writes the merge)")
+    parser = benchmark_parser(TITLE, parents=[extra])
+    args = parser.parse_args(argv)
+    if args.merge:
+        # a merge runs nothing: options of a run would be ignored (the merged files
+        # carry their own settings, --quick included)
+        ignored = [f"--{k.replace('_', '-')}" for k in ("arms", "probe_pool", "epochs",
+                                                         "quick", "repeats", "warmup")
+                   if getattr(args, k) != parser.get_default(k)]
+        if ignored:
+            parser.error(f"--merge runs nothing and cannot use {', '.join(ignored)} "
+                         "(the merged files carry their own settings)")
+        payload = _merge(args.merge)
+        results, quick = payload["results"], payload["quick"]
         print(f"## {TITLE} (merged)\n")
-        print(format_table(_results, "random init"))
+        print(format_table(results, "random init"))
+        if args.out:
+            write_json(args.out, {**payload, "results": [r.__dict__ for r in results]})
+        epochs = payload["settings"].get("epochs")
     else:
-        ARMS = (None if _args.arms is None
-                else [n.strip() for n in _args.arms.split(",") if n.strip()])
-        PROBE_POOL, EPOCHS = _args.probe_pool, _args.epochs
-        _results = benchmark_main(make_cases, baseline="random init", title=TITLE, args=_args)
-    if _args.quick:
-        print("\n(quick smoke run: 2 epochs, 1 seed; the verdicts below mean nothing)")
-    print("\n" + "\n".join(goal_verdicts(_results)))
+        # one torch thread, as the docs' table was measured (like the other benchmarks;
+        # the default of two on this machine would also change the float sums, hence
+        # the digits); set after parsing, so that --help works whatever BENCH_THREADS
+        torch.set_num_threads(env_threads(1))
+        ARMS = (None if args.arms is None
+                else [n.strip() for n in args.arms.split(",") if n.strip()])
+        PROBE_POOL, EPOCHS = args.probe_pool, args.epochs
+        quick, epochs = args.quick, _epochs(args.quick)
+        # the values the defaults stand for, so that --merge compares like with like
+        settings = {"epochs": epochs, "seeds": _seeds(quick), "threads": torch.get_num_threads(),
+                    **SETTINGS}
+        results = benchmark_main(make_cases, baseline="random init", title=TITLE, args=args,
+                                 settings=settings)
+    if quick:
+        print(f"\n(quick smoke run: {epochs} epochs, 1 seed; the verdicts below mean nothing)")
+    print("\n" + "\n".join(goal_verdicts(results)))
+    return results
+
+
+if __name__ == "__main__":
+    main()

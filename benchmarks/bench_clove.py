@@ -23,7 +23,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import Case, benchmark_main  # noqa: E402
+from _harness import Case, benchmark_main, benchmark_parser, env_threads  # noqa: E402
 
 from mlpapers.datasets import make_federated_digits, make_federated_linear  # noqa: E402
 from mlpapers.federated import IFCA, CLoVE, FedAvg  # noqa: E402
@@ -134,7 +134,15 @@ def make_cases(quick: bool):
     return cases
 
 
+TITLE = "CLoVE vs IFCA vs FedAvg (clustered federated learning)"
+
+
+def main(argv: list[str] | None = None):
+    args = benchmark_parser(TITLE).parse_args(argv)
+    # after parsing, so that --help works whatever BENCH_THREADS holds
+    torch.set_num_threads(env_threads(1))
+    return benchmark_main(make_cases, baseline=None, title=TITLE, args=args)
+
+
 if __name__ == "__main__":
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
-    benchmark_main(make_cases, baseline=None,
-                   title="CLoVE vs IFCA vs FedAvg (clustered federated learning)")
+    main()

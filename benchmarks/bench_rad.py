@@ -201,10 +201,12 @@ def _speed_cases(label: str, det: RADDetector, X_test, repeats: int) -> list[Cas
     names = {"loop": "per-position loop", "auto": "vectorised auto (default)",
              "shared": "vectorised shared", "tiled": "vectorised tiled",
              "gather": "vectorised gather"}
+    # fixed: the study times itself (``repeats`` interleaved runs) and runs once; a
+    # harness repeat would time the cached result
     return ([Case(f"{label} feature extraction only", lambda: {"ms_per_image": extract_ms},
-                  warmup=0, repeats=1)]
-            + [Case(f"{label} matching: {names[m]}", lambda m=m: speed(m), warmup=0, repeats=1)
-               for m in ("loop", *KERNELS)])
+                  warmup=0, repeats=1, fixed=True)]
+            + [Case(f"{label} matching: {names[m]}", lambda m=m: speed(m), warmup=0, repeats=1,
+                    fixed=True) for m in ("loop", *KERNELS)])
 
 
 def _defaults_speed_cases(quick: bool) -> list[Case]:
@@ -217,7 +219,15 @@ def _defaults_speed_cases(quick: bool) -> list[Case]:
     kw = ({"extractor": "efficientnet-lite0", "image_size": 224} if HAS_PRETRAINED
           else {"extractor": "random", "image_size": 224})
     det = RADDetector(k_images=k, pos_radius=1, **kw).fit(X_train)
-    return _speed_cases("RAD defaults", det, X_test, repeats=1 if quick else 5)
+    return _speed_cases("RAD defaults", det, X_test, repeats=_study_repeats(quick, 1))
+
+
+def _study_repeats(quick: bool, quick_default: int) -> int:
+    """Interleaved runs of a speed study: ``--repeats``, else ``quick_default`` with
+    ``--quick`` and 5 in full runs (the option used to be ignored by the studies)."""
+    if _OPTIONS.repeats is not None:
+        return _OPTIONS.repeats
+    return quick_default if quick else 5
 
 
 def make_cases(quick: bool) -> list[Case]:
@@ -239,7 +249,7 @@ def make_cases(quick: bool) -> list[Case]:
 
     if _OPTIONS.speed_only:
         return (_speed_cases("RAD", rad().fit(X_train), X_test[: (4 if quick else 16)],
-                             repeats=2 if quick else 5)
+                             repeats=_study_repeats(quick, 2))
                 + _defaults_speed_cases(quick))
     cases = [
         Case("RAD (multi-class)", lambda: _evaluate(rad(), *data)),
@@ -294,18 +304,33 @@ def make_cases(quick: bool) -> list[Case]:
 
     # speed: vectorised positional matching vs the per-position loop (same features)
     cases += _speed_cases("RAD", rad().fit(X_train), X_test[: (4 if quick else 16)],
-                          repeats=2 if quick else 5)
+                          repeats=_study_repeats(quick, 2))
     cases += _defaults_speed_cases(quick)
     return cases
 
 
-_OPTIONS = argparse.Namespace(threads=None, speed_only=False)
+_OPTIONS = argparse.Namespace(threads=None, speed_only=False, repeats=None)
 
-if __name__ == "__main__":
+def main(argv=None):
+    global _OPTIONS
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads")
     extra.add_argument("--speed-only", action="store_true", help="only the speed studies")
-    _TITLE = ("RAD vs PatchCore on procedural textures"
-              + (" (EfficientNet-Lite0)" if HAS_PRETRAINED else " (random-conv)"))
-    _OPTIONS = benchmark_parser(_TITLE, parents=[extra]).parse_args()
-    benchmark_main(make_cases, baseline="PatchCore (multi-class)", title=_TITLE, args=_OPTIONS)
+    title = ("RAD vs PatchCore on procedural textures"
+             + (" (EfficientNet-Lite0)" if HAS_PRETRAINED else " (random-conv)"))
+    parser = benchmark_parser(title, parents=[extra], help_text={
+        "--repeats": "timed repeats (>= 1; default 3, 1 with --quick) of the quality rows; "
+                     "the speed studies (matching rows) keep the minimum over this many "
+                     "interleaved runs (default 5, 2 with --quick, 1 for the defaults' "
+                     "study with --quick)",
+        "--warmup": "warm-up runs (>= 0; default 1, 0 with --quick) of the quality rows; "
+                    "the speed studies (feature extraction and matching rows) have none"})
+    _OPTIONS = parser.parse_args(argv)
+    if _OPTIONS.speed_only and _OPTIONS.warmup is not None:
+        parser.error("--warmup applies to the quality rows, which --speed-only does not run")
+    return benchmark_main(make_cases, baseline="PatchCore (multi-class)", title=title,
+                          args=_OPTIONS)
+
+
+if __name__ == "__main__":
+    main()

@@ -46,21 +46,30 @@ is compiled once before the timed run (pytensor caches it on disk).
 * ``--repeats N``: time every row N times (same seed, so the same draws) and keep the
   median wall time; on a loaded machine single runs vary by up to 2x.
 
-Usage: ``python benchmarks/bench_rehmc.py [--quick | --sweep | --seeds | --corner]
+``--quick`` shrinks every mode (fewer draws; 2 seeds with ``--seeds``).
+
+Usage: ``python benchmarks/bench_rehmc.py [--quick] [--sweep | --seeds | --corner]
 [--repeats N] [--out results.json]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
 
 import numpy as np
 import torch
-from _harness import Case, environment, format_table, int_at_least, run_cases, writable_file
+from _harness import (
+    Case,
+    environment,
+    format_table,
+    int_at_least,
+    run_cases,
+    writable_file,
+    write_json,
+)
 from scipy import stats
 from scipy.special import ndtr
 
@@ -356,10 +365,13 @@ def chain_cases(d: int, n: int, warm: int) -> list[Case]:
                     "max R-hat": float(np.nanmax(rhat_fn(res.samples)))}
         return fn
 
-    return [Case("1 chain", run(1), warmup=0, repeats=1, note="L=10"),
-            Case("64 chains", run(64), warmup=0, repeats=1, note="L=10"),
-            Case("2 chains, auto", run(2, "auto"), warmup=0, repeats=1, note="ChEES"),
-            Case("64 chains, auto", run(64, "auto"), warmup=0, repeats=1, note="ChEES")]
+    # these rows do not time themselves (no _timed): the table's time column is their
+    # measurement, so the harness repeats them --repeats times and keeps the median
+    once = dict(warmup=0, repeats=REPEATS[0])
+    return [Case("1 chain", run(1), **once, note="L=10"),
+            Case("64 chains", run(64), **once, note="L=10"),
+            Case("2 chains, auto", run(2, "auto"), **once, note="ChEES"),
+            Case("64 chains, auto", run(64, "auto"), **once, note="ChEES")]
 
 
 def ill_cases(n: int, warm: int) -> list[Case]:
@@ -550,7 +562,8 @@ def seed_cases(n: int, warm: int, chains: tuple[int, ...] = (2, 4, 16),
                     "ratio max": float(ratio.max())}
         return fn
 
-    return [Case(f"{name}, {c} chains", run(lp, cont, sup, c), warmup=0, repeats=1)
+    # no _timed inside: the harness times these rows --repeats times (median)
+    return [Case(f"{name}, {c} chains", run(lp, cont, sup, c), warmup=0, repeats=REPEATS[0])
             for name, (lp, cont, sup) in targets.items() for c in chains]
 
 
@@ -566,14 +579,19 @@ CORNER_LOGIT_BATCHES = (("auto", "identity", 256), (10, "diag", 256))
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes for a smoke run (also with --sweep, --seeds or "
+                             "--corner)")
     parser.add_argument("--out", type=writable_file, help="write the tables as JSON here")
-    parser.add_argument("--sweep", action="store_true",
-                        help="only the fixed-versus-auto sweep behind the default")
-    parser.add_argument("--seeds", action="store_true",
-                        help="only the fixed-versus-auto comparison over 4 seeds")
-    parser.add_argument("--corner", action="store_true",
-                        help="only the d=50 corner table (the issue's goal)")
+    # one table each: two of them used to run only the first silently
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sweep", action="store_true",
+                      help="only the fixed-versus-auto sweep behind the default")
+    mode.add_argument("--seeds", action="store_true",
+                      help="only the fixed-versus-auto comparison over 4 seeds (2 with "
+                           "--quick)")
+    mode.add_argument("--corner", action="store_true",
+                      help="only the d=50 corner table (the issue's goal)")
     parser.add_argument("--repeats", type=int_at_least(1), default=1,
                         help="timed runs per row (median wall time; the draws are the same)")
     args = parser.parse_args(argv)
@@ -583,22 +601,32 @@ def main(argv=None):
     # for the hard-rejection baseline and for short quick runs) would only repeat it
     warnings.filterwarnings("ignore", message="the chains disagree", category=RuntimeWarning)
     q = args.quick
+    # --quick scales every mode down (it used to run --sweep/--seeds/--corner at full
+    # size while the JSON said quick)
     if args.sweep:
-        return _run_groups([("Fixed n_leapfrog=10 versus auto", sweep_cases(1000, 500), None)],
+        return _run_groups([("Fixed n_leapfrog=10 versus auto",
+                             sweep_cases(*((200, 100) if q else (1000, 500))), None)],
                            q, args.out)
     if args.seeds:
-        return _run_groups([("auto / n_leapfrog=10 over seeds", seed_cases(500, 300), None)],
+        return _run_groups([("auto / n_leapfrog=10 over seeds",
+                             seed_cases(*((100, 100) if q else (500, 300)),
+                                        seeds=2 if q else 4), None)],
                            q, args.out)
     groups = [("Truncated Gaussian in a box corner, d=10", corner_cases(10, *(
         (300, 200) if q else (1000, 500)), peers=not q), "ReflectiveHMC d=10")]
-    corner50 = ("Truncated Gaussian in a box corner, d=50",
-                corner_cases(50, 1000, 500, variants=((5, "identity"), (10, "diag")),
-                             batches=CORNER_BATCHES, logit_batches=CORNER_LOGIT_BATCHES),
-                "ReflectiveHMC d=50")
     if args.corner:
+        corner50 = ("Truncated Gaussian in a box corner, d=50",
+                    corner_cases(50, *((300, 200) if q else (1000, 500)), peers=not q,
+                                 variants=((5, "identity"), (10, "diag")),
+                                 batches=CORNER_BATCHES, logit_batches=CORNER_LOGIT_BATCHES),
+                    "ReflectiveHMC d=50")
         return _run_groups([corner50], q, args.out)
     if not q:
-        groups.append(corner50)
+        groups.append(("Truncated Gaussian in a box corner, d=50",
+                       corner_cases(50, 1000, 500, variants=((5, "identity"), (10, "diag")),
+                                    batches=CORNER_BATCHES,
+                                    logit_batches=CORNER_LOGIT_BATCHES),
+                       "ReflectiveHMC d=50"))
         groups.append(("Badly scaled truncated Gaussian, d=20", ill_cases(1000, 500),
                        "ReflectiveHMC"))
     groups.append(("Chains in one batch (d=50)", chain_cases(50, *((100, 100) if q else
@@ -609,7 +637,7 @@ def main(argv=None):
 
 
 def _run_groups(groups, q, out):
-    payload = {"environment": environment(), "quick": q, "groups": []}
+    payload = {"environment": environment(), "quick": q, "repeats": REPEATS[0], "groups": []}
     for title, cases, base in groups:
         print(f"# {title}", file=sys.stderr)
         results = run_cases(cases)
@@ -618,8 +646,7 @@ def _run_groups(groups, q, out):
         payload["groups"].append({"title": title, "baseline": base,
                                   "results": [r.__dict__ for r in results]})
     if out:
-        with open(out, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_json(out, payload)  # NaN (a row without a metric) as null: strict JSON
 
 
 if __name__ == "__main__":

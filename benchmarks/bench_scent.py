@@ -44,19 +44,37 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import os
+import re
+import sys
 import time
 import warnings
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _harness import Case, benchmark_main, writable_file
+from _harness import Case, benchmark_main, benchmark_parser, writable_file
 
 from mlpapers.datasets import make_extreme_classification
 from mlpapers.optim.scent import KLDRORegressor, SCENTClassifier
 from mlpapers.optim.scent._xc import exact_objective
 
 METHODS = ("scent", "sox", "bsgd", "asgd", "umax", "asgd_softplus")
+
+
+def _grid_search(grid, run, key):
+    """``run(lr)`` for every step size of ``grid``; returns the ``lr`` minimising ``key`` of
+    its result and ``{lr: result}``. The warnings of the discarded step sizes (a step too
+    large for the task warns, then loses) are dropped; those of the kept one re-issued."""
+    results, caught = {}, {}
+    for lr in grid:
+        with warnings.catch_warnings(record=True) as caught[lr]:
+            warnings.simplefilter("always")
+            results[lr] = run(lr)
+    best = min(grid, key=lambda lr: key(results[lr]))
+    for w in caught[best]:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return best, results
 
 
 # -- 1. extreme classification ----------------------------------------------------------
@@ -198,11 +216,14 @@ def _xc_tuned_cases(ev, reference, sampled, ref_name, epochs, seeds, grid, exten
                     tms.append(t)
 
             runs = {}
-            for lr in grid:
+
+            def first_epochs(lr):
                 runs[lr] = (train(lr, 0), [], [], [], [])
                 epochs_of(*runs[lr], epochs)
-            best = min(grid, key=lambda lr: (not math.isfinite(runs[lr][1][epochs - 1]),
-                                             runs[lr][1][epochs - 1]))
+                return runs[lr][1][epochs - 1]
+
+            best, _ = _grid_search(grid, first_epochs,
+                                   key=lambda obj: (not math.isfinite(obj), obj))
             upto = max_epochs if can_extend else epochs
             per_seed = [runs[best]] + [(train(best, s), [], [], [], []) for s in seeds[1:]]
             objs, ces, accs, times, t_hit, e_hit = [], [], [], [], [], []
@@ -342,8 +363,8 @@ def _dro_cases(quick):
         def fn():
             out = {}
             for lam in lams:
-                first = {lr: fit(method, lam, lr, 0) for lr in grid}
-                best = min(grid, key=first.get)
+                best, first = _grid_search(grid, lambda lr, lam=lam: fit(method, lam, lr, 0),
+                                           key=lambda value: value)
                 vals = [first[best]] + [fit(method, lam, best, s) for s in seeds[1:]]
                 out[f"gap lam={lam:g}"] = float(np.mean(vals) - opt[lam])
             return out
@@ -383,8 +404,7 @@ def _pauc_cases(quick):
         return clf.objective(Xtr, ytr), clf.score(Xte, yte)
 
     def tuned(train):
-        first = {lr: train(lr, 0) for lr in grid}
-        best = min(grid, key=lambda lr: first[lr][0])
+        best, first = _grid_search(grid, lambda lr: train(lr, 0), key=lambda r: r[0])
         runs = [first[best]] + [train(best, s) for s in seeds[1:]]
         return {"pAUC objective": float(np.mean([r[0] for r in runs])),
                 "test pAUC(FPR<=0.3)": float(np.nanmean([r[1] for r in runs])), "lr": best}
@@ -470,22 +490,57 @@ SECTIONS = (
 )
 
 
+def _section_path(out: str, key: str) -> str:
+    """``out`` with ``_<key>`` added to its stem: ``res.json`` -> ``res_dro.json``,
+    ``noext`` -> ``noext_dro`` (``out.replace(".json", ...)`` wrote every section of a
+    name without ".json" to one file and renamed directories containing ".json")."""
+    root, ext = os.path.splitext(out)
+    return f"{root}_{key}{ext}"
+
+
+def _show_once(caught) -> None:
+    """Each kind of warning once, on one line, with how often it came: a kept run warns
+    after every epoch with a new loss in the text (the library's source line, printed
+    by default, adds nothing here). Warnings differing only in numbers are one kind."""
+    kinds: dict[tuple, list] = {}
+    for w in caught:
+        key = (w.category, w.filename, w.lineno, re.sub(r"\d[\d.e+-]*", "#", str(w.message)))
+        kinds.setdefault(key, []).append(w)
+    for same in kinds.values():
+        more = f" ({len(same) - 1} more like it)" if len(same) > 1 else ""
+        print(f"warning: {same[0].category.__name__}: {same[0].message}{more}",
+              file=sys.stderr)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=writable_file,
-                        help="JSON path; one file per section (suffix _xc, ...)")
-    parser.add_argument("--only", choices=[s[0] for s in SECTIONS], action="append")
-    args, rest = parser.parse_known_args(argv)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--only", choices=[s[0] for s in SECTIONS], action="append",
+                       help="run only this section (repeatable; default: all)")
+    # one parser for every option (a second one inside benchmark_main used to parse the
+    # rest: --help did not list --repeats/--warmup, a bad option printed its usage)
+    parser = benchmark_parser(__doc__.splitlines()[0], parents=[extra], help_text={
+        "--out": "JSON path; one file per section, named with _<section> added to the "
+                 "stem (res.json -> res_xc.json, res_dro.json, ...)",
+        "--repeats": "timed repeats of every row (>= 1; default 1: a row is its whole "
+                     "step-size grid and every seed)",
+        "--warmup": "untimed warm-up runs of every row (>= 0; default 0)"})
+    args = parser.parse_args(argv)
+    sections = [s for s in SECTIONS if not args.only or s[0] in args.only]
+    if args.out:
+        for key, *_ in sections:
+            try:
+                writable_file(_section_path(args.out, key))
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"argument --out: {exc}")
     torch.set_num_threads(1)  # ratios are measured with one thread
-    warnings.filterwarnings("ignore", message="The number of unique classes")
-    for key, make, baseline, title in SECTIONS:
-        if args.only and key not in args.only:
-            continue
-        sub = (["--quick"] if args.quick else []) + ["--repeats", "1", "--warmup", "0"] + rest
-        if args.out:
-            sub += ["--out", args.out.replace(".json", f"_{key}.json")]
-        benchmark_main(make, baseline=baseline, title=title, argv=sub)
+    for key, make, baseline, title in sections:
+        section = argparse.Namespace(**{**vars(args), "out": args.out and _section_path(
+            args.out, key)})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", message="The number of unique classes")
+            benchmark_main(make, baseline=baseline, title=title, args=section)
+        _show_once(caught)
         _print_curves()
 
 

@@ -156,3 +156,68 @@ def test_cuda_peak_memory_is_the_extra_above_entry(monkeypatch):
     with _PeakMemory() as mem:
         state["peak"] = state["allocated"] + 10 * 2**20  # a case that used 10 MiB more
     assert 10 <= mem.extra_mb < 20
+
+
+def test_given_repeats_and_warmup_replace_the_cases_own_counts():
+    """Rows with their own counts (``warmup=0, repeats=1``) ignored ``--repeats 3``."""
+    calls = {"own": 0, "fixed": 0}
+
+    def count(name):
+        return lambda: calls.__setitem__(name, calls[name] + 1) or {}
+
+    cases = [Case("own", count("own"), warmup=0, repeats=1),
+             Case("fixed", count("fixed"), warmup=0, repeats=1, fixed=True)]
+    benchmark_main(lambda quick: cases, baseline=None, title="T",
+                   argv=["--repeats", "3", "--warmup", "1"])
+    assert calls == {"own": 4, "fixed": 1}
+    calls.update(own=0)
+    benchmark_main(lambda quick: cases, baseline=None, title="T", argv=[])
+    assert calls["own"] == 1  # without the options, the case's own counts
+
+
+def test_out_is_strict_json_with_nan_as_null(tmp_path):
+    """``json.dump`` wrote bare ``NaN`` tokens (clove's first_round_ari1, rad's pixel_auroc)."""
+    from _harness import read_results
+
+    out = tmp_path / "r.json"
+    benchmark_main(lambda quick: [Case("a", lambda: {"m": float("nan"), "k": float("inf")})],
+                   baseline=None, title="T", argv=["--quick", "--out", str(out)])
+
+    def refuse(token):
+        raise ValueError(token)
+    data = json.loads(out.read_text(), parse_constant=refuse)
+    assert data["results"][0]["metrics"] == {"m": None, "k": None}
+    back = read_results(str(out))["results"][0]
+    assert back.metrics["m"] != back.metrics["m"]  # NaN again
+
+
+def test_out_records_the_options_and_the_scripts_settings(tmp_path):
+    import argparse
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--probe-pool", type=int, default=None)
+    args = benchmark_parser("T", parents=[extra]).parse_args(
+        ["--quick", "--probe-pool", "1", "--out", str(tmp_path / "r.json")])
+    benchmark_main(lambda quick: [Case("a", lambda: {})], baseline=None, title="T",
+                   args=args, settings={"epochs": 2})
+    settings = json.loads((tmp_path / "r.json").read_text())["settings"]
+    assert settings == {"probe_pool": 1, "quick": True, "repeats": None, "warmup": None,
+                        "epochs": 2}
+
+
+def test_a_baseline_per_group_of_rows():
+    """Each problem's rows against its own reference row ("wiki: brute force")."""
+    from _harness import PerGroup, Result
+
+    res = [Result("brute force", 1.0, [1.0], 0.0, {"hit": 1.0}),
+           Result("A B=20", 2.0, [2.0], 0.0, {"hit": 0.5}),
+           Result("wiki: brute force", 4.0, [4.0], 0.0, {"hit": 1.0}),
+           Result("wiki: A B=20", 2.0, [2.0], 0.0, {"hit": 0.25}),
+           Result("other: A", 2.0, [2.0], 0.0, {"hit": 0.25})]
+    table = format_table(res, PerGroup("brute force"))
+    header = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    col = {h: i for i, h in enumerate(header)}
+    assert _row(table, "A B=20")[col["time / brute force"]] == "2"
+    assert _row(table, "wiki: A B=20")[col["time / brute force"]] == "0.5"
+    assert _row(table, "wiki: A B=20")[col["hit / brute force"]] == "0.25"
+    assert _row(table, "other: A")[col["time / brute force"]] == "–"  # no reference row
