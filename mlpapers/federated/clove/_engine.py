@@ -383,35 +383,34 @@ class Engine:
                 # only the clients with samples left are computed: one client larger
                 # than the others would otherwise cost n x its steps
                 busy = torch.nonzero(sizes > lo).flatten()
-                if busy.shape[0] == n:
-                    g = self._batch_grads(P, keys, data, perm, busy, lo, hi, budget)
-                    self._step(P, keys, g, m1, m2, count)
-                    continue
-                part = busy.to(data.X.device)
-                Pp = {k: v[part] for k, v in P.items()}
-                m1p, m2p = {k: m1[k][part] for k in keys}, {k: m2[k][part] for k in keys}
-                count_p = count[part]
-                g = self._batch_grads(Pp, keys, data, perm, busy, lo, hi, budget)
+                part = None if busy.shape[0] == n else busy.to(data.X.device)
+                Pp, m1p, m2p, count_p = (P, m1, m2, count) if part is None else (
+                    {k: v[part] for k, v in P.items()}, {k: m1[k][part] for k in keys},
+                    {k: m2[k][part] for k in keys}, count[part])
+                g = self._batch_grads(Pp, keys, data, perm, busy, sizes[busy], lo, hi, budget)
                 self._step(Pp, keys, g, m1p, m2p, count_p)
-                for k in keys:
-                    P[k][part], m1[k][part], m2[k][part] = Pp[k], m1p[k], m2p[k]
-                count[part] = count_p
+                if part is not None:
+                    for k in keys:
+                        P[k][part], m1[k][part], m2[k][part] = Pp[k], m1p[k], m2p[k]
+                    count[part] = count_p
         for alias, name in self.aliases.items():  # a tied parameter's other names
             if alias in P and name in P:
                 P[alias] = P[name].clone()
         return P
 
     def _batch_grads(self, P: Params, keys: list[str], data: ClientData, perm: torch.Tensor,
-                     clients: torch.Tensor, lo: int, hi: int, budget: int) -> Params:
+                     clients: torch.Tensor, sizes: torch.Tensor, lo: int, hi: int,
+                     budget: int) -> Params:
         """Gradients of each client's mean loss over its batch slots ``[lo, hi)``.
 
-        ``P`` holds the models of ``clients`` (CPU indices), in order. Client losses
-        depend only on their own parameter slice, so the gradient of their sum with
-        respect to the stacked parameters is every client's gradient. A batch of more
-        than ``budget`` rows is summed over pieces (:func:`batch_pieces`).
+        ``P`` holds the models of ``clients`` (CPU indices, their ``sizes`` on the CPU
+        too), in order. Client losses depend only on their own parameter slice, so the
+        gradient of their sum with respect to the stacked parameters is every client's
+        gradient. A batch of more than ``budget`` rows is summed over pieces
+        (:func:`batch_pieces`).
         """
         device = data.X.device
-        sizes = data.sizes.cpu()[clients]
+        clients = clients.to(device)
         dtype = P[keys[0]].dtype
         # each client's mean runs over its slots in [lo, hi) (at least one: it is busy)
         denom = (sizes - lo).clamp(1, hi - lo).to(device=device, dtype=dtype)
@@ -420,7 +419,7 @@ class Engine:
         out: Params | None = None
         for sel, c0, c1 in batch_pieces(sizes, lo, hi, budget):
             at = None if sel is None else sel.to(device)
-            who = clients.to(device) if at is None else clients.to(device)[at]
+            who = clients if at is None else clients[at]
             first, last = data.offsets[who, None], (data.sizes[who] - 1)[:, None]
             pos = torch.arange(c0, c1, device=device)[None, :]
             # a client past its end fills its slots with its own last sample (masked
