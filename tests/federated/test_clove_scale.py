@@ -209,8 +209,8 @@ def test_assign_memory_is_bounded_for_a_large_client():
 @requires_peak_rss
 def test_full_batch_training_memory_follows_the_total_size():
     # batch_size=None made every vectorised step a (201, 80,000) batch, each client
-    # filled up to the largest one (1.18 GB measured); in pieces that end where the small
-    # clients run out, the large one trains alone (100 MB measured, 116 MB for the
+    # filled up to the largest one (1.2 GB measured); in pieces that end where the small
+    # clients run out, the large one trains alone (100 MB measured, 93 MB for the
     # per-client loop)
     setup = """
 import numpy as np
