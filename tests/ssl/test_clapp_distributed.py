@@ -1,15 +1,12 @@
 """CLAPPEncoder under ``torchrun``: sharding, gradient averaging, identical ranks."""
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from mlpapers.ssl.clapp._distributed import dist_world, shard
+from tests.ssl._torchrun import run_two_ranks
 
 SCRIPT = Path(__file__).with_name("_ddp_script.py")
 
@@ -29,22 +26,8 @@ def test_single_process_is_not_distributed():
     assert dist_world() is None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torchrun_two_ranks_end_identical_and_loss_decreases(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(SCRIPT),
-           str(tmp_path)]
-    try:
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired as exc:                      # pragma: no cover
-        pytest.fail(f"torchrun timed out:\n{exc.stdout}\n{exc.stderr}")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_two_ranks(SCRIPT, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert r0["world"] == r1["world"] == 2
     for key in ("encoder", "heads"):
@@ -55,3 +38,29 @@ def test_torchrun_two_ranks_end_identical_and_loss_decreases(tmp_path):
             assert torch.equal(r0[key][name], r1[key][name]), (key, name)
     assert r0["history"] == r1["history"]                         # global loss history
     assert r0["history"][-1] < r0["history"][0]
+
+
+@pytest.mark.parametrize("outcomes, passes", [
+    ([(0, "")], True),
+    ([(1, "exitcode  : -6 (pid: 2)"), (0, "")], True),       # native crash, then clean
+    ([(1, "exitcode  : -6 (pid: 2)")] * 2, False),            # crashes twice
+    ([(1, "exitcode  : 1 (pid: 2)"), (0, "")], False),        # Python error: no relaunch
+])
+def test_torchrun_launcher_relaunches_once_only_after_a_native_crash(monkeypatch, outcomes,
+                                                                      passes):
+    import subprocess
+
+    from tests.ssl import _torchrun
+
+    runs = iter(outcomes)
+
+    def launch(*args):
+        returncode, stderr = next(runs)
+        return subprocess.CompletedProcess([], returncode, stdout="", stderr=stderr)
+
+    monkeypatch.setattr(_torchrun, "_launch", launch)
+    if passes:
+        _torchrun.run_two_ranks(SCRIPT)
+    else:
+        with pytest.raises(AssertionError):
+            _torchrun.run_two_ranks(SCRIPT)

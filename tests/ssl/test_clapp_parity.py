@@ -10,6 +10,7 @@ import torch
 from mlpapers.datasets import make_shifted_digits
 from mlpapers.ssl import CLAPPEncoder, GlobalSSLEncoder
 from mlpapers.ssl.clapp import _distributed as _dist
+from tests.ssl._torchrun import run_two_ranks
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +115,6 @@ def test_torchrun_two_ranks_equal_one_process_averaging_the_shard_gradients(tmp_
     shards ``perm[r::2]``, the mean of the two shards' layer-local gradients, one AdamW
     step; and the history as the mean loss over both shards. Identical views
     (``augment=None``) and ``"next"`` negatives make the replay deterministic."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
     from mlpapers.ssl.clapp._distributed import shard
     from mlpapers.ssl.clapp._kernels import negative_indices
 
@@ -126,15 +122,7 @@ def test_torchrun_two_ranks_equal_one_process_averaging_the_shard_gradients(tmp_
               batch_size=4, lr=1e-2, random_state=0)
     script = tmp_path / "worker.py"
     script.write_text(_DDP_WORKER)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={port}", str(script),
-           str(tmp_path / "out.pt"), repr(kw)]
-    res = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                         capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_two_ranks(script, str(tmp_path / "out.pt"), repr(kw))
     got = torch.load(tmp_path / "out.pt", weights_only=True)
 
     X = torch.as_tensor(make_shifted_digits(n_samples=8, random_state=0)[0])
