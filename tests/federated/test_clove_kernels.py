@@ -163,8 +163,13 @@ def test_batched_adam_matches_torch_adam():
     m1, m2 = {"w": torch.zeros(n, d)}, {"w": torch.zeros(n, d)}
     count = torch.zeros(n, dtype=torch.long)
     for g, act in zip(grads, active):
-        count += act.long()
-        batched_adam_step(P, {"w": g}, m1, m2, count, act, lr=0.1)
+        # as the engine does: gather the clients with a batch left, step, scatter back
+        at = act.nonzero().squeeze(1)
+        sub = [{"w": t["w"][at]} for t in (P, m1, m2)]
+        count[at] += 1
+        batched_adam_step(*sub[:1], {"w": g[at]}, *sub[1:], count[at], lr=0.1)
+        for t, u in zip((P, m1, m2), sub):
+            t["w"][at] = u["w"]
     for i in range(n):
         w = torch.nn.Parameter(p0[i].clone())
         opt = torch.optim.Adam([w], lr=0.1)

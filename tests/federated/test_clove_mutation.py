@@ -65,10 +65,9 @@ def test_batched_adam_matches_torch_adam_at_gradients_near_eps():
     m1 = {"w": torch.zeros(n, d, dtype=torch.float64)}
     m2 = {"w": torch.zeros(n, d, dtype=torch.float64)}
     count = torch.zeros(n, dtype=torch.long)
-    act = torch.ones(n, dtype=torch.bool)
     for g in grads:
         count += 1
-        batched_adam_step(P, {"w": g}, m1, m2, count, act, lr=0.1)
+        batched_adam_step(P, {"w": g}, m1, m2, count, lr=0.1)
     for i in range(n):
         w = torch.nn.Parameter(p0[i].clone())
         opt = torch.optim.Adam([w], lr=0.1)

@@ -454,8 +454,7 @@ class Engine:
                 P[k].copy_(P[k] - self.lr * g[k])
             return
         count += 1
-        batched_adam_step({k: P[k] for k in keys}, g, m1, m2, count,
-                          torch.ones_like(count, dtype=torch.bool), lr=self.lr)
+        batched_adam_step({k: P[k] for k in keys}, g, m1, m2, count, lr=self.lr)
 
     def _train_loop(self, P: Params, data: ClientData, perms, b: int, steps: int) -> Params:
         module = copy.deepcopy(self.template)

@@ -158,17 +158,17 @@ def batched_adam_step(
     exp_avg: Params,
     exp_avg_sq: Params,
     step: torch.Tensor,
-    active: torch.Tensor,
     *,
     lr: float,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> None:
-    """One Adam step on stacked per-client parameters, in place, for active clients.
+    """One Adam step on stacked per-client parameters, in place.
 
     Same arithmetic as :class:`torch.optim.Adam` (bias-corrected, ``eps`` added
-    after the square root); inactive clients (no batch left this epoch) keep
-    their parameters and moments.
+    after the square root). Every client given takes a step: the engine passes
+    only the clients that have a batch left this epoch (gathered, then scattered
+    back), so the others keep their parameters and moments.
 
     Parameters
     ----------
@@ -176,7 +176,6 @@ def batched_adam_step(
         Each ``n x ...``; ``params`` and the moments are updated in place.
     step : Tensor of shape (n,)
         Per-client step counts *after* this step's increment.
-    active : bool Tensor of shape (n,)
     """
     b1, b2 = betas
     bc1 = 1 - b1 ** step.clamp_min(1).to(torch.float64)
@@ -184,14 +183,13 @@ def batched_adam_step(
     for name, p in params.items():
         g = grads[name]
         shape = (-1,) + (1,) * (p.ndim - 1)
-        act = active.view(shape)
         m = exp_avg[name]
         v = exp_avg_sq[name]
-        m.copy_(torch.where(act, b1 * m + (1 - b1) * g, m))
-        v.copy_(torch.where(act, b2 * v + (1 - b2) * g * g, v))
+        m.copy_(b1 * m + (1 - b1) * g)
+        v.copy_(b2 * v + (1 - b2) * g * g)
         step_size = (lr / bc1).to(p.dtype).view(shape)
         denom = (v.sqrt() / bc2.sqrt().to(p.dtype).view(shape)) + eps
-        p.copy_(torch.where(act, p - step_size * m / denom, p))
+        p.copy_(p - step_size * m / denom)
 
 
 def weighted_model_average(
