@@ -68,3 +68,23 @@ def _nearest_inner_point(A: np.ndarray, b: np.ndarray, radius: float = 1.0
     res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=[(None, None)] * d + [(0, None)],
                   method="highs")
     return res.x[:d] if res.status == 0 else None
+
+
+def _extreme_points(A: np.ndarray, b: np.ndarray, n_pairs: int = 4) -> np.ndarray:
+    """Points of the bounded ``{A x <= b}`` (unit rows) that maximise and minimise
+    ``u_k^T x`` for ``n_pairs`` fixed generic directions ``u_k`` (a generator seeded by
+    the shape, so the same polytope always gets the same points): ``2 n_pairs`` LPs,
+    shape ``(<= 2 n_pairs, d)`` (an LP that fails adds no row). Along a generic direction
+    the optimum of a long, thin polytope lies at one of its far ends, which rays in
+    random directions from the centre almost never reach."""
+    from scipy.optimize import linprog
+
+    m, d = A.shape
+    dirs = np.random.default_rng([m, d]).standard_normal((n_pairs, d))
+    scale = power_of_two_unit(float(np.abs(b).max()) if b.size else 0.0, 20)
+    ends = []
+    for u in np.concatenate([dirs, -dirs]):
+        res = linprog(-u, A_ub=A, b_ub=b / scale, bounds=[(None, None)] * d, method="highs")
+        if res.status == 0:
+            ends.append(res.x * scale)
+    return np.asarray(ends, dtype=np.float64).reshape(-1, d)
