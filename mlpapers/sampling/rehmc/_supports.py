@@ -514,7 +514,7 @@ class Polytope(ConvexContainer):
         if self._unbounded:
             return super().random_interior(n, gen)
         if getattr(self, "_ends", None) is None:  # (absent from older pickles)
-            self._ends = _extreme_points(self.A, self.b)
+            self._ends = self._boundary_ends()
         ends = torch.as_tensor(self._ends)
         if len(ends) == 0:
             return super().random_interior(n, gen)
@@ -522,6 +522,16 @@ class Polytope(ConvexContainer):
         pick = torch.randint(len(ends), (n,), generator=gen)
         frac = torch.rand(n, 1, generator=gen, dtype=torch.float64) * 0.9
         return c + frac * (ends[pick] - c)
+
+    def _boundary_ends(self) -> np.ndarray:
+        """The extreme points, each moved to where the ray from the Chebyshev centre
+        towards it leaves the polytope by :meth:`hit` (an LP optimum may lie outside by
+        the solver's tolerance, 1e-7 of ``max|b|``, which is more than the width of a
+        thin polytope far from the origin), or kept where the ray reaches it first."""
+        ends = torch.as_tensor(_extreme_points(self.A, self.b))
+        c = torch.as_tensor(self._center).expand_as(ends)
+        t = self.hit(c, ends - c)[0]
+        return (c + t.clamp(0.0, 1.0)[:, None] * (ends - c)).numpy()
 
     def width(self) -> float:
         """Diameter of the largest inscribed ball (twice the Chebyshev radius).
