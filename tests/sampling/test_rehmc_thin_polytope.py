@@ -64,3 +64,21 @@ def test_unbounded_polytope_keeps_its_start_near_the_origin():
     x = orthant.random_interior(32, torch.Generator().manual_seed(0))
     assert bool(orthant.contains(x).all())
     assert float(x.abs().max()) < 3.0
+
+
+@pytest.mark.parametrize("lo, w, h", [(5e7, 1.0, 1e-4), (-1e9, 10.0, 1e-3)])
+def test_narrow_polytope_far_from_the_origin_gets_its_own_centre(lo, w, h):
+    """``[lo, lo + w] x [0, h]``, narrower than 1e-7 of its distance from the origin:
+    the LP's absolute tolerances (in units of max|b|) put the Chebyshev centre at
+    ``(lo + w/2, w/2)``, outside, with radius ``w/2``; sampling then raised "could not
+    find starting points". Solved again about the first centre, the exact one."""
+    poly = Polytope(SQUARE, np.array([lo + w, -lo, h, 0.0]))
+    centre = poly.interior_point()
+    assert centre[1] == pytest.approx(h / 2, rel=1e-6)
+    assert poly.width() == pytest.approx(h, rel=1e-6)
+    assert poly._scaled_width(np.array([1.0, 1.0])) == pytest.approx(h, rel=1e-6)
+    draws = np.asarray(ReflectiveHMC(_uniform, poly, mass="diag", random_state=0)
+                       .sample(500).samples).reshape(-1, 2)
+    assert bool(poly.contains(torch.as_tensor(draws)).all())
+    assert abs((draws[:, 0] - lo).mean() - w / 2) < 0.1 * w
+    assert abs((draws[:, 1].mean()) - h / 2) < 0.1 * h

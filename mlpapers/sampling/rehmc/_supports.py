@@ -390,6 +390,17 @@ class Polytope(ConvexContainer):
             raise ValueError("Polytope {A x <= b} is empty (the constraints are infeasible).")
         if res.status != 0:
             raise ValueError(f"Polytope: Chebyshev-centre LP failed ({res.message}).")
+        slack = self.b - self.A @ res.x[:self.dim]
+        if slack.min() < res.x[-1] * (1 - 1e-6):
+            # the LP's tolerances are absolute in units of max|b|: a polytope narrower
+            # than 1e-7 of its distance from the origin ([5e7, 5e7 + 1] x [0, 1e-4])
+            # got a centre outside it. Solved again about that centre, where max|b| is
+            # the polytope's own size (the problem is translation-invariant)
+            again = _chebyshev_lp(self.A, slack, capped=self._unbounded)
+            if again.status == 0:
+                again.x = np.concatenate([res.x[:self.dim] + again.x[:self.dim],
+                                          again.x[-1:]])
+                res = again
         radius = float(res.x[-1])
         # the LP's tolerances are absolute in its units (b / res.scale, about max|b|);
         # beyond 1 the bound stays absolute, as it was before b was rescaled
@@ -418,7 +429,10 @@ class Polytope(ConvexContainer):
         norms = np.linalg.norm(A, axis=1)
         # (a positive scaling keeps the polytope bounded or not)
         unbounded = getattr(self, "_unbounded", None)
-        res = _chebyshev_lp(A / norms[:, None], self.b / norms,
+        # about the centre (x = centre + scale y): the inradius does not move, and the
+        # LP's absolute tolerances are not spent on the polytope's distance from 0
+        slack = self.b - self.A @ self._center
+        res = _chebyshev_lp(A / norms[:, None], slack / norms,
                             capped=_is_unbounded(self.A) if unbounded is None else unbounded)
         return 2.0 * float(res.x[-1]) if res.status == 0 else None
 
@@ -528,7 +542,9 @@ class Polytope(ConvexContainer):
         towards it leaves the polytope by :meth:`hit` (an LP optimum may lie outside by
         the solver's tolerance, 1e-7 of ``max|b|``, which is more than the width of a
         thin polytope far from the origin), or kept where the ray reaches it first."""
-        ends = torch.as_tensor(_extreme_points(self.A, self.b))
+        # (solved about the centre, as the second Chebyshev LP)
+        ends = torch.as_tensor(_extreme_points(self.A, self.b - self.A @ self._center)
+                               + self._center)
         c = torch.as_tensor(self._center).expand_as(ends)
         t = self.hit(c, ends - c)[0]
         return (c + t.clamp(0.0, 1.0)[:, None] * (ends - c)).numpy()
