@@ -9,7 +9,9 @@ doubly stochastic mixing matrix of the round.
 from __future__ import annotations
 
 import copy
+import math
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from fractions import Fraction
@@ -18,6 +20,7 @@ from typing import Literal, Self
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
 from torch import nn
@@ -34,6 +37,7 @@ from mlpapers._utils import (
     check_positive,
     encode_labels,
     to_numpy,
+    user_stacklevel,
 )
 from mlpapers._utils._ambient import with_autograd
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
@@ -397,6 +401,13 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         FloatingPointError
             When the node models are no longer finite (checked whenever ``history_``
             records a round): the run diverged; lower ``lr``.
+
+        Warns
+        -----
+        ConvergenceWarning
+            When the last recorded loss is more than twice that of the best constant
+            predictor (the entropy of the recorded labels' class frequencies):
+            standardise ``X``, run more rounds, or change ``lr``.
         """
         n, perm, D = self._check_params()
         self._init_fit()
@@ -522,6 +533,7 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                          average_buffers(base, buffers, has_data).items()}
         self.sim_time_ = clock(int(self.n_rounds))
         self.history_ = logger.history
+        self._warn_if_not_learned(ye)
         # (a copy in int64, as documented: the labels may be a view of the caller's array)
         self.node_of_ = node_of.astype(np.int64)
         # the architecture predict runs (a user's module as it was at this fit: changing
@@ -532,6 +544,23 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         with _PREDICT_MODULES_LOCK:
             _PREDICT_MODULES.pop(self, None)
         return self
+
+    def _warn_if_not_learned(self, y: torch.Tensor) -> None:
+        """``ConvergenceWarning`` when the last recorded loss is more than twice that of
+        the best constant predictor (the entropy of the class frequencies of ``y``), as
+        CLoVE, IFCA and FedAvg warn: features offset by 1e6 gave a loss of 1.4e11 and a
+        constant prediction without a word."""
+        freq = torch.bincount(y.cpu(), minlength=len(self.classes_)).double() / len(y)
+        freq = freq[freq > 0]
+        reference = float(-(freq * freq.log()).sum())
+        final = float(self.history_[-1]["loss"])
+        if reference > 0 and math.isfinite(final) and final > 2.0 * reference:
+            warnings.warn(
+                f"{type(self).__name__}: the final loss ({final:.4g}) is more than twice "
+                f"that of a constant predictor ({reference:.4g}, the entropy of the class "
+                f"frequencies): the average model did not learn. Standardise X, run more "
+                f"rounds or raise lr if the loss fell slowly, and lower lr (now "
+                f"{self.lr!r}) if it grew.", ConvergenceWarning, stacklevel=user_stacklevel())
 
     @staticmethod
     def _evaluate(module, params, frozen, buffers, X, y) -> tuple[float, float]:
