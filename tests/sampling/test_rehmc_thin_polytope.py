@@ -82,3 +82,13 @@ def test_narrow_polytope_far_from_the_origin_gets_its_own_centre(lo, w, h):
     assert bool(poly.contains(torch.as_tensor(draws)).all())
     assert abs((draws[:, 0] - lo).mean() - w / 2) < 0.1 * w
     assert abs((draws[:, 1].mean()) - h / 2) < 0.1 * h
+
+
+def test_no_extreme_point_falls_back_to_chords(monkeypatch):
+    """Every extreme-point LP failing leaves the centre-plus-chord starting points."""
+    import mlpapers.sampling.rehmc._supports as supports
+
+    monkeypatch.setattr(supports, "_extreme_points", lambda A, b: np.zeros((0, 2)))
+    square = Polytope(SQUARE, np.ones(4))
+    x = square.random_interior(16, torch.Generator().manual_seed(0))
+    assert x.shape == (16, 2) and bool(square.contains(x).all())

@@ -545,6 +545,8 @@ class Polytope(ConvexContainer):
         # (solved about the centre, as the second Chebyshev LP)
         ends = torch.as_tensor(_extreme_points(self.A, self.b - self.A @ self._center)
                                + self._center)
+        if len(ends) == 0:  # (every LP failed: random_interior falls back to chords)
+            return ends.numpy()
         c = torch.as_tensor(self._center).expand_as(ends)
         t = self.hit(c, ends - c)[0]
         return (c + t.clamp(0.0, 1.0)[:, None] * (ends - c)).numpy()
