@@ -26,6 +26,7 @@ from mlpapers.retrieval.rbe._common import (
     check_item_indices,
     length,
     take,
+    warn_common_offset,
     warn_near_interpolation,
 )
 from mlpapers.retrieval.rbe._estimator import RelevanceBasedRetriever
@@ -317,6 +318,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         N = length(items, "items")
         self._check_params(N)
         R, n_calls = self._offline_relevance(train_queries, items, relevance_matrix)
+        warn_common_offset(R, "ADACUR's Gram-matrix solve")
         # the last round's solve has n_calls unknowns per query on the anchor queries
         warn_near_interpolation(int(self.n_calls), R.shape[0], float(self.ridge),
                                 "the n_calls anchor items of each query")

@@ -26,6 +26,7 @@ from mlpapers.retrieval.rbe._common import (
     check_item_indices,
     length,
     take,
+    warn_common_offset,
     warn_near_interpolation,
 )
 from mlpapers.retrieval.rbe._heads import (
@@ -298,6 +299,8 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         N = length(items, "items")
         self._check_params(N)
         R, n_calls = self._offline_relevance(train_queries, items, relevance_matrix)
+        if not self.standardize:
+            warn_common_offset(R, "the uncentred pseudo-inverse (standardize=False)")
         fit_rows = np.arange(n_q)
         val_rows = np.arange(0)
         # Queries are held out only to select a training checkpoint: with max_iter=0
