@@ -13,6 +13,14 @@ from mlpapers._utils import power_of_two_unit
 _MAX_RADIUS = 1e6  # cap of the Chebyshev radius: an unbounded polytope reaches it
 
 
+def _rhs_unit(b: np.ndarray) -> float:
+    """The power of two the right-hand sides are divided by before HiGHS sees them (the
+    one at or below max|b|, outside [2**-20, 2**20]; 1 inside): its bounds of 1e20 read
+    as infinite and its tolerances are absolute, so a problem is solved at unit scale
+    and its solution scaled back exactly (the LPs are homogeneous in (x, b))."""
+    return power_of_two_unit(float(np.abs(b).max()) if b.size else 0.0, 20)
+
+
 def _chebyshev_lp(A: np.ndarray, b: np.ndarray, capped: bool = True):
     """Chebyshev-centre LP of ``{A x <= b}`` with unit rows: ``res.x = (centre, radius)``,
     the radius capped at ``_MAX_RADIUS`` when ``capped`` (an unbounded polytope's LP has
@@ -22,11 +30,9 @@ def _chebyshev_lp(A: np.ndarray, b: np.ndarray, capped: bool = True):
     m, d = A.shape
     c = np.zeros(d + 1)
     c[-1] = -1.0  # maximise the radius
-    # solved for b / 2**e (the power of two at or below max|b|, outside [2**-20, 2**20])
-    # and scaled back exactly (the problem is homogeneous in (x, b)): HiGHS reads bounds
-    # of 1e20 as infinite (a bounded triangle with b = 1e21 came out "unbounded") and its
-    # tolerances are absolute (an inradius of 1e-13 read as 0); res.scale is 2**e
-    scale = power_of_two_unit(float(np.abs(b).max()) if b.size else 0.0, 20)
+    # at unit scale (_rhs_unit): unscaled, a bounded triangle with b = 1e21 came out
+    # "unbounded" and an inradius of 1e-13 read as 0; res.scale is the unit
+    scale = _rhs_unit(b)
     res = linprog(c, A_ub=np.hstack([A, np.ones((m, 1))]), b_ub=b / scale,
                   bounds=[(None, None)] * d + [(0, _MAX_RADIUS / scale if capped else None)],
                   method="highs")
@@ -81,7 +87,7 @@ def _extreme_points(A: np.ndarray, b: np.ndarray, n_pairs: int = 4) -> np.ndarra
 
     m, d = A.shape
     dirs = np.random.default_rng([m, d]).standard_normal((n_pairs, d))
-    scale = power_of_two_unit(float(np.abs(b).max()) if b.size else 0.0, 20)
+    scale = _rhs_unit(b)  # (as for the Chebyshev LP)
     ends = []
     for u in np.concatenate([dirs, -dirs]):
         res = linprog(-u, A_ub=A, b_ub=b / scale, bounds=[(None, None)] * d, method="highs")
