@@ -60,7 +60,7 @@ class AnnCURRetriever(RelevanceBasedRetriever):
         extra heavy calls per query; 0: no re-ranking).
     ridge : float, default=0.0
         Ridge penalty of the linear solve (0: pseudo-inverse).
-    rcond : float or None, default=None
+    rcond : float in [0, 1) or None, default=None
         Relative cutoff of the pseudo-inverse when ``ridge == 0``.
     standardize : bool, default=False
         Centre/scale the anchor relevances and fit an item intercept, as in
@@ -197,7 +197,7 @@ class AdaCURRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimator):
         ``center=False`` to match the plain CUR approximation.
     ridge : float, default=0.0
         Ridge penalty of the per-query solve (0: pseudo-inverse).
-    rcond : float or None, default=None
+    rcond : float in [0, 1) or None, default=None
         Relative singular-value cutoff of the pseudo-inverse (see
         :func:`cur_query_weights`).
     batch_size : int, default=1024

@@ -99,7 +99,7 @@ class RelevanceBasedRetriever(HeavyRankerMixin, TorchEstimatorMixin, BaseEstimat
         ``n_rerank=n_items`` is exact search).
     ridge : float, default=0.0
         Ridge penalty of the linear solve (0: pseudo-inverse).
-    rcond : float or None, default=None
+    rcond : float in [0, 1) or None, default=None
         Relative cutoff of the pseudo-inverse when ``ridge == 0``.
     standardize : bool, default=True
         Centre/scale the support relevances and fit an item intercept (an affine

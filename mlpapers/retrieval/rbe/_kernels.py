@@ -26,6 +26,7 @@ from mlpapers._utils._blocks import BLOCK_ELEMENTS, block_rows_for, collect_row_
 
 __all__ = [
     "abs_max",
+    "check_rcond",
     "cur_query_weights",
     "fit_linear_embeddings",
     "hit_rate",
@@ -33,6 +34,22 @@ __all__ = [
     "stable_topk",
     "topk_scores",
 ]
+
+
+def check_rcond(rcond: Any) -> None:
+    """``rcond`` is a relative singular-value cutoff: ``None`` or a real number in [0, 1).
+
+    A cutoff of 1 or more drops every singular value (the largest too), so the
+    pseudo-inverse is zero and every item scores alike: refused rather than returning
+    a ranking without signal.
+    """
+    if rcond is None:
+        return
+    if not isinstance(rcond, numbers.Real) or isinstance(rcond, bool):
+        raise TypeError(f"rcond must be a real number in [0, 1) or None, got {rcond!r}.")
+    if not 0.0 <= rcond < 1.0:
+        raise ValueError(f"rcond must be in [0, 1) (a relative cutoff; 1 or more drops "
+                         f"every singular value) or None, got {rcond!r}.")
 
 
 def abs_max(t: torch.Tensor) -> float:
@@ -79,7 +96,7 @@ def fit_linear_embeddings(
         Training relevance to all items.
     ridge : float, default=0.0
         Ridge penalty :math:`\lambda` on the embedding coefficients.
-    rcond : float or None
+    rcond : float in [0, 1) or None
         Relative singular-value cutoff of the pseudo-inverse (``ridge == 0``);
         ``None`` uses ``max(n_queries, k) * eps`` and, with ``standardize``, also drops
         the directions that the rounding error of the centring can create: the
@@ -144,8 +161,7 @@ def fit_linear_embeddings(
     dtype = common_float_dtype(R_sup, R, min_bits=32)
     R_sup, R = R_sup.to(dtype), R.to(dtype)
     check_positive(ridge, "ridge", strict=False)
-    if rcond is not None:
-        check_positive(rcond, "rcond", strict=False)
+    check_rcond(rcond)
     return _fit_linear_embeddings(R_sup, R, ridge, rcond, standardize)
 
 
@@ -245,8 +261,8 @@ def cur_query_weights(
     ridge : float, default=0.0
         Ridge penalty :math:`\lambda \ge 0` added to the eigenvalues of :math:`G`
         that the cutoff keeps (0: the pseudo-inverse).
-    rcond : float or None, default=None
-        Relative singular-value cutoff of :math:`A_{:,I}` (``>= 0``); ``None`` uses
+    rcond : float in [0, 1) or None, default=None
+        Relative singular-value cutoff of :math:`A_{:,I}`; ``None`` uses
         ``sqrt(max(m, n_a) * eps)``.
 
     Returns
@@ -308,8 +324,7 @@ def cur_query_weights(
     if gram is not None:
         gram = gram.to(dtype)
     check_positive(ridge, "ridge", strict=False)
-    if rcond is not None:
-        check_positive(rcond, "rcond", strict=False)
+    check_rcond(rcond)
     # in power-of-two units (exact): the Gram matrix of C near 1e-160 underflowed (NaN
     # weights) and near 1e160 overflowed (eigh failed). With C / c and u / v the weights
     # are w c / v, for the ridge / c^2 and the Gram matrix / c^2

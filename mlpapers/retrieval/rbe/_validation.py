@@ -15,6 +15,7 @@ from mlpapers._utils import (
     check_learning_rate,
     check_positive,
 )
+from mlpapers.retrieval.rbe._kernels import check_rcond
 from mlpapers.retrieval.rbe._selection import SUPPORT_METHODS, check_support_indices
 
 __all__ = ["check_adacur_params", "check_head_params", "check_retriever_params",
@@ -40,8 +41,7 @@ def check_solve_params(est) -> None:
     """``ridge``, ``rcond`` and ``batch_size``: read by ``fit`` and again at inference
     (ADACUR solves per query), where a value set after fit is checked too."""
     check_positive(est.ridge, "ridge", strict=False)
-    if est.rcond is not None:
-        check_positive(est.rcond, "rcond", strict=False)
+    check_rcond(est.rcond)
     check_positive(est.batch_size, "batch_size", integer=True)
 
 
