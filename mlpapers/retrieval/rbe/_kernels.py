@@ -47,7 +47,7 @@ def check_rcond(rcond: Any) -> None:
         return
     if not isinstance(rcond, numbers.Real) or isinstance(rcond, bool):
         raise TypeError(f"rcond must be a real number in [0, 1) or None, got {rcond!r}.")
-    if not 0.0 <= rcond < 1.0:
+    if not 0.0 <= float(rcond) < 1.0:
         raise ValueError(f"rcond must be in [0, 1) (a relative cutoff; 1 or more drops "
                          f"every singular value) or None, got {rcond!r}.")
 
