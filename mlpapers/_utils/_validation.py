@@ -506,6 +506,17 @@ def check_learning_rate(value: Any, name: str = "lr", *, adam: bool = False) -> 
     return value
 
 
+def check_float32_param(value: Any, name: str, *, strict: bool = True) -> None:
+    """A positive (``strict``) or non-negative number the float32 training multiplies
+    weights or losses by: at most float32's largest value. Torch refused a larger one
+    only at the first step ("value cannot be converted to type float without
+    overflow"), or it became inf and the fit returned NaN coefficients."""
+    check_positive(value, name, strict=strict)
+    if value > _FLOAT32_MAX:
+        raise ValueError(f"{name} must be at most {_FLOAT32_MAX:.3g} (float32 training), got "
+                         f"{value!r}.")
+
+
 def check_bool(value: Any, name: str) -> bool:
     """Check a switch: ``True`` or ``False`` (a numpy bool too), never a truthy stand-in.
 

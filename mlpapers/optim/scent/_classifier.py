@@ -16,17 +16,14 @@ from mlpapers._utils import (
     ArrayLike,
     RandomStateLike,
     check_bool,
+    check_float32_param,
     check_in_options,
     check_positive,
     encode_labels,
     user_stacklevel,
     with_autograd,
 )
-from mlpapers.optim.scent._common import (
-    TensorTargetsScore,
-    check_common_params,
-    check_float32_param,
-)
+from mlpapers.optim.scent._common import TensorTargetsScore, check_common_params
 from mlpapers.optim.scent._loss import Method
 from mlpapers.optim.scent._sparse_input import (
     SparseArrayLike,

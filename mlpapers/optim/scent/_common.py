@@ -46,18 +46,6 @@ def check_common_params(est) -> None:
         raise ValueError(f"log_alpha must be None or a finite real number, got {la!r}.")
 
 
-def check_float32_param(value, name: str, *, strict: bool = True) -> None:
-    """A positive (``strict``) or non-negative number the float32 training multiplies
-    weights or losses by: at most float32's largest value. Torch refused a larger one
-    only at the first step ("value cannot be converted to type float without
-    overflow"), or it became inf and the fit returned NaN coefficients."""
-    check_positive(value, name, strict=strict)
-    bound = float(torch.finfo(torch.float32).max)
-    if value > bound:
-        raise ValueError(f"{name} must be at most {bound:.3g} (float32 training), got "
-                         f"{value!r}.")
-
-
 def make_loss(est, n_anchors: int, log_alpha: float, temperature: float = 1.0):
     return EntropicRiskLoss(
         n_anchors, method=est.method, log_alpha=float(log_alpha), temperature=temperature,

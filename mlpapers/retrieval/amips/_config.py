@@ -7,7 +7,13 @@ from typing import Literal, TypeAlias, get_args
 
 import torch
 
-from mlpapers._utils import check_bool, check_in_options, check_learning_rate, check_positive
+from mlpapers._utils import (
+    check_bool,
+    check_float32_param,
+    check_in_options,
+    check_learning_rate,
+    check_positive,
+)
 from mlpapers.retrieval.amips._kernels import METRICS
 from mlpapers.retrieval.amips._networks import (
     AMIPSNetwork,
@@ -40,8 +46,8 @@ def check_amips_params(est) -> None:
         raise ValueError(f"wx_inject must be >= 0 (0 or False: no re-injection), "
                          f"got {est.wx_inject!r}.")
     check_activation(est.negative_slope, est.beta)
-    check_positive(est.score_weight, "score_weight", strict=False)
-    check_positive(est.target_weight, "target_weight", strict=False)
+    check_float32_param(est.score_weight, "score_weight", strict=False)
+    check_float32_param(est.target_weight, "target_weight", strict=False)
     if est.score_weight == 0 and est.target_weight == 0:
         raise ValueError("score_weight and target_weight cannot both be 0.")
     check_positive(est.n_steps, "n_steps", integer=True)

@@ -38,6 +38,7 @@ from torch import nn
 
 from mlpapers._utils import (
     check_bool,
+    check_float32_param,
     check_positive,
     common_float_dtype,
     on_inputs_device,
@@ -104,7 +105,9 @@ def check_activation(negative_slope: float, beta: float) -> None:
     check_positive(negative_slope, "negative_slope", strict=False)
     if negative_slope >= 1:
         raise ValueError(f"negative_slope must be in [0, 1), got {negative_slope}.")
-    check_positive(beta, "beta")
+    # softplus takes beta as a float32 scalar: torch refused a larger one with "value
+    # cannot be converted to type float without overflow"
+    check_float32_param(beta, "beta")
 
 
 def _soft_leaky_relu(x: torch.Tensor, negative_slope: float, beta: float) -> torch.Tensor:

@@ -171,6 +171,8 @@ def train_amips(
     ``create_graph=True``. ``callback(step, current_eval_model)`` is called after each step
     (used for learning curves; the model passed is the EMA when enabled).
 
+    Raises ``FloatingPointError`` when the loss is not finite at a logged step.
+
     Returns
     -------
     model : nn.Module
@@ -216,6 +218,14 @@ def train_amips(
                 for pe, p in zip(ema.parameters(), model.parameters()):
                     pe.lerp_(p, 1.0 - ema_decay)
         if step % log_every == 0 or step == n_steps - 1:
+            if not math.isfinite(loss.item()):
+                # the NaN-zeroed gradients then leave the weights as they are: without
+                # this the fit returned an untrained model, with inf in history_
+                raise FloatingPointError(
+                    f"{desc} training loss is not finite at step {step} (score loss "
+                    f"{s_loss.item():.3g}, key loss {k_loss.item():.3g}); lower "
+                    f"score_weight (now {score_weight!r}), target_weight (now "
+                    f"{target_weight!r}) or lr (now {lr!r}).")
             logger.log(step=step, loss=loss.item(), score_loss=s_loss.item(),
                        key_loss=k_loss.item(), lr=lr_t)
         if callback is not None:
