@@ -26,7 +26,6 @@ estimator (for trusted files).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import inspect
@@ -45,7 +44,9 @@ from sklearn.utils.validation import (
     _check_n_features,
     _check_y,
     _get_feature_names,
+    check_array,
     check_is_fitted,
+    check_X_y,
     validate_data,
 )
 
@@ -231,12 +232,21 @@ class TorchEstimatorMixin:
         # scikit-learn's finiteness check sums the data first: finite float32 values near
         # its maximum overflow that sum and numpy warned "invalid value encountered in
         # reduce" about valid data (the check then looks at each value and passes)
-        with np.errstate(over="ignore", invalid="ignore"), (
-                warnings.catch_warnings() if one_sided else contextlib.nullcontext()):
+        with np.errstate(over="ignore", invalid="ignore"):
             if one_sided:
-                warnings.filterwarnings("ignore", "X (has|does not have valid) feature "
-                                        "names", UserWarning)
-            if has_y:
+                # validate_data without its name check (warned above): a warnings filter
+                # to silence it is process-wide, and calls overlapping in two threads
+                # restored each other's filters, leaving an "ignore" installed for good
+                checks = {k: v for k, v in kwargs.items() if k != "reset"}
+                if has_y:
+                    X_np, y_np = check_X_y(X, y, y_numeric=y_numeric,
+                                           multi_output=multi_output, estimator=self,
+                                           **checks)
+                else:
+                    X_np = check_array(X, estimator=self, **checks)
+                if checks["ensure_2d"]:  # (the count of other inputs is checked below)
+                    self._count_features(X_np, reset=False)
+            elif has_y:
                 X_np, y_np = validate_data(self, X, y, y_numeric=y_numeric,
                                            multi_output=multi_output, **kwargs)
             else:
