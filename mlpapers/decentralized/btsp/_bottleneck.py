@@ -22,6 +22,7 @@ from mlpapers._utils import (
     check_bool,
     check_in_options,
     check_positive,
+    check_random_state,
     check_seed,
     to_numpy,
 )
@@ -423,8 +424,10 @@ def bottleneck_tsp(
         ``delays`` then marks a missing link).
     restarts : int, default=4
         Random restarts of the cycle search per threshold.
-    random_state : int, Generator or None
-        Seed of the randomised cycle search.
+    random_state : int, Generator, RandomState or None
+        Seed of the randomised cycle search; ``None`` draws one seed from numpy's
+        global ``RandomState`` (as scikit-learn does, so ``np.random.seed`` makes the
+        call reproducible).
 
     Returns
     -------
@@ -469,6 +472,10 @@ def bottleneck_tsp(
     if method == "exact":
         tour, b = _exact_minimax(E)
         return tour, b, theta
+    if random_state is None or isinstance(random_state, np.random.RandomState):
+        # scikit-learn's None: one seed from numpy's global RandomState, so that
+        # np.random.seed makes the call reproducible (default_rng(None) read OS entropy)
+        random_state = int(check_random_state(random_state).randint(0, 2**31 - 1))
     rng = np.random.default_rng(random_state)
     theta_s = theta if not directed else _theta_star(S)
     tour = _two_approx_tour(S, theta_s, rng, restarts)
