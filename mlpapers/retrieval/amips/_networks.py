@@ -27,6 +27,7 @@ scalar potential, the output itself for KeyNet (with the Euler score
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -827,30 +828,24 @@ def _value_and_grad(model: nn.Module, x: torch.Tensor, create_graph: bool
             value = model(x)
             (grad,) = torch.autograd.grad(value.sum(), x, create_graph=True)
         return value, grad
-    if _has_train_mode_state(model):
-        # a user's model with BatchNorm in train mode updates its running statistics
-        # in forward, which torch.func.grad refuses ("attempted to call in-place
-        # operation ... that would mutate a captured tensor"): plain autograd, as a
-        # forward in train mode does (the statistics are updated), no graph kept
-        with torch.inference_mode(False), torch.enable_grad():
-            xi = usable_outside_inference(x).detach().requires_grad_(True)
-            value = model(xi)
-            (grad,) = torch.autograd.grad(value.sum(), xi)
+    if any(t.is_inference() for t in itertools.chain(model.parameters(), model.buffers())):
+        # a module built under torch.inference_mode(): autograd cannot save its weights
+        # for backward, torch.func.grad can use them (it refuses saved-tensor hooks)
+        def total(inp):
+            v = model(inp)
+            return v.sum(), v
+
+        grad, value = torch.func.grad(total, has_aux=True)(x.detach())
         return value.detach(), grad.detach()
-    # inference path: torch.func works under no_grad and keeps no graph afterwards
-    def total(inp):
-        v = model(inp)
-        return v.sum(), v
-
-    grad, value = torch.func.grad(total, has_aux=True)(x.detach())
+    # no graph kept (inference, or the caller's no_grad / inference_mode): plain autograd
+    # on a detached copy, the graph dropped afterwards; the same values as torch.func.grad,
+    # bitwise, which refused the caller's saved-tensor hooks (autograd.graph.save_on_cpu)
+    # and a user's BatchNorm in train mode (its forward updates statistics in place)
+    with torch.inference_mode(False), torch.enable_grad():
+        xi = usable_outside_inference(x).detach().requires_grad_(True)
+        value = model(xi)
+        (grad,) = torch.autograd.grad(value.sum(), xi)
     return value.detach(), grad.detach()
-
-
-def _has_train_mode_state(model: nn.Module) -> bool:
-    """Whether a batch-norm layer in train mode tracks running statistics (its forward
-    then updates them in place)."""
-    return any(isinstance(m, nn.modules.batchnorm._NormBase) and m.training
-               and m.track_running_stats for m in model.modules())
 
 
 #: The networks :class:`AmortizedMIPS` builds (``model_``).
