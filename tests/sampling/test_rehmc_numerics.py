@@ -103,7 +103,10 @@ def test_float32_start_rounded_outside_the_box_is_a_clear_error():
     assert hmc.sample(5, x0=[[0.8]], n_chains=1, warmup=0).samples.min() >= 0.7
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "float16"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "float16",
+                                   # not float dtypes: the message lists only the two
+                                   # (it listed float16 and bfloat16 too, refused next)
+                                   "int32", torch.int64, "banana"])
 def test_half_precision_is_refused_before_any_work(dtype):
     calls = []
 

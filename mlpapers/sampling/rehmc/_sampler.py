@@ -273,7 +273,11 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                 raise ValueError(f"jitter must be in [0, 1) with an integer n_leapfrog (the "
                                  f"step size is multiplied by U(1 - jitter, 1 + jitter)), "
                                  f"got {self.jitter!r}.")
-        if resolve_dtype(self.dtype) not in (torch.float32, torch.float64):
+        try:
+            sampler_dtype = resolve_dtype(self.dtype) in (torch.float32, torch.float64)
+        except TypeError:  # (not a float dtype: its list names dtypes refused below)
+            sampler_dtype = False
+        if not sampler_dtype:
             # float16 resolves a position near 10 to 0.008 and an energy to 3 digits (2% of
             # the draws landed outside a ball, before proposals were tested), and numpy has
             # no bfloat16 (the run failed at its very end, converting the draws)
