@@ -514,9 +514,11 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
                 params = mix(params, W_t[t % len(schedule)])
             if (t + 1) % int(self.eval_every) == 0 or t + 1 == int(self.n_rounds):
                 if not all(bool(torch.isfinite(v).all()) for v in params.values()):
+                    decay = (f", lower weight_decay (now {self.weight_decay})"
+                             if self.weight_decay else "")
                     raise FloatingPointError(
                         f"DecentralizedSGD diverged by round {t + 1}: non-finite node "
-                        f"parameters; lower lr (now {self.lr}) or standardise X.")
+                        f"parameters; lower lr (now {self.lr}){decay} or standardise X.")
                 avg_buffers = average_buffers(base, buffers, has_data)
                 loss, acc = self._evaluate(base, params, frozen, avg_buffers,
                                            Xe.clone() if user else Xe, ye)

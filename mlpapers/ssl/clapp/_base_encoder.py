@@ -467,11 +467,13 @@ class _SSLImageEncoder(TorchEstimatorMixin, TransformerMixin, BaseEstimator,
                                                   for p in params)):
                 # no BatchNorm: the scores z^T B c grow like the square of the pixel
                 # scale, and a NaN model would give NaN features without a word
+                decay = (f", or lower weight_decay (now {self.weight_decay})"
+                         if self.weight_decay else "")
                 raise FloatingPointError(
                     f"{type(self).__name__} diverged in epoch {epoch}: non-finite losses or "
                     f"weights (images with values up to {float(X.abs().max()):.3g}). Scale "
                     "the images to a moderate range such as [0, 1] (the network has no "
-                    "normalisation layer), or lower lr.")
+                    f"normalisation layer), or lower lr (now {self.lr}){decay}.")
             log.log(epoch=epoch, loss=float(sum(per)),
                     **{name: v for name, v in zip(self._loss_names, per)})
         opt.zero_grad(set_to_none=True)       # no stale gradients on the fitted modules
