@@ -232,6 +232,12 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         # are those of the unscaled problem, but losses of |y| ~ 1e20 (or 1e-25) no
         # longer overflow (or underflow) float32.
         t = self._target_unit(W0, b0, X64, y)
+        v = float((W0 * scale).abs().max()) if W0.numel() else 0.0
+        if t > 1.0 and 0.0 < v < math.inf and v / t < 2.0 ** -120:
+            # a near-perfect fit under a huge lam: the t that keeps lam / t^2 in range
+            # put the weights below float32's normal range (lam=1e150 returned zero
+            # coefficients); the weights keep theirs, and lam / t^2 is checked below
+            t = math.ldexp(1.0, math.frexp(v)[1] + 120)
         # the regressor's targets are also shifted by the initial intercept c (in
         # float64, which the trained intercept absorbs exactly): y = 1e7 + noise rounded
         # to float32 kept steps of 1 and the SGD saw mostly rounding noise
@@ -241,7 +247,8 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         W = (W0 * scale / t).float().to(dev).requires_grad_(True)
         b = ((b0 + W0 @ mu - c) / t).float().to(dev).requires_grad_(bool(self.fit_intercept))
         scale_f = scale.float().to(dev)
-        self._check_lam(self._losses(W, b, X, y_t).detach(), lam_t)
+        self._check_lam(self._losses(W, b, X, y_t).detach(), lam_t,
+                        lambda: float(self._losses(W0, b0, X64, y).mean()))
         if isinstance(self.log_alpha, str):  # "auto"
             with torch.no_grad():
                 log_alpha = -float(log_mean_exp(self._losses(W0, b0, X64, y) / self.lam))
@@ -306,13 +313,16 @@ class _KLDROBase(TorchEstimatorMixin, BaseEstimator):
         """What the regressor's SGD subtracts from ``y`` before that (0 otherwise)."""
         return 0.0
 
-    def _check_lam(self, ell: torch.Tensor, lam_t: float) -> None:
-        """Clear errors, before any step, where float32 cannot hold ``loss / lam``."""
+    def _check_lam(self, ell: torch.Tensor, lam_t: float,
+                   mean_loss: Callable[[], float]) -> None:
+        """Clear errors, before any step, where float32 cannot hold ``loss / lam``
+        (``ell``: the scaled float32 losses; ``mean_loss()``: the unscaled mean, in
+        float64, for the message)."""
         big = float(torch.finfo(torch.float32).max)
         if lam_t > big:
             raise ValueError(
                 f"lam={self.lam!r} is too large for the float32 SGD of {type(self).__name__}: "
-                f"lam is in units of the loss (mean initial loss {float(ell.mean()):.3g}), "
+                f"lam is in units of the loss (mean initial loss {mean_loss():.3g}), "
                 "and any lam far above it gives the ERM solution.")
         if not bool(torch.isfinite(ell / lam_t).all()):
             raise ValueError(
