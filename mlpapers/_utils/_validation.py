@@ -449,7 +449,7 @@ def check_positive(value: Any, name: str, *, strict: bool = True, integer: bool 
     strict : bool, default=True
         Require ``value > 0`` (else ``value >= 0``).
     integer : bool, default=False
-        Require an integer (booleans are rejected).
+        Require an integer (booleans are rejected) of at most ``2**63 - 1``.
 
     Returns
     -------
@@ -466,8 +466,16 @@ def check_positive(value: Any, name: str, *, strict: bool = True, integer: bool 
         # ("must be > 0, got inf" contradicted itself)
         raise ValueError(f"{name} must be {'' if finite else 'finite and '}{bound}, got "
                          f"{value!r}.")
+    if isinstance(value, numbers.Integral) and integer and int(value) > _INDEX_MAX:
+        # a count or size beyond any index: tqdm, range and torch's shapes failed on it
+        # with errors that did not name the parameter
+        raise ValueError(f"{name} must be at most 2**63 - 1 (a count or size), got "
+                         f"{value!r}.")
     return value
 
+
+#: the largest count or size (torch's int64 shapes, Python's ssize_t ranges)
+_INDEX_MAX = 2**63 - 1
 
 #: the largest learning rate an optimiser can apply to float32 weights
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)

@@ -146,7 +146,9 @@ def _explicit_schedule(n: int, topology: Any) -> Schedule:
         red = set()
         for s in skips:
             if isinstance(s, bool) or not isinstance(s, numbers.Integral):
-                raise TypeError(f"skips must be integers, got {s!r} in round {l}.")
+                raise TypeError(f"topology skips must be integers, got {s!r} in round {l} "
+                                "(each round lists its skips: a circulant schedule, "
+                                "not a mixing matrix).")
             if int(s) % n == 0:
                 raise ValueError(f"skip {s} in round {l} is 0 modulo n={n}: a node cannot "
                                  "send to itself.")
