@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any, TypeAlias
@@ -88,20 +89,31 @@ class ImageFiles:
                 hw.append((int(image.height), int(image.width)))
         self.sizes = None if len(set(hw)) == 1 else hw
         self.shape = (len(hw), 3, *(hw[0] if self.sizes is None else self.size))
-        self._warned: set[type] = set()
+        self._warned = False
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: slice) -> torch.Tensor:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        # the batch's pixel-range warnings are collected in this thread only (not with
+        # warnings.catch_warnings, which swaps the process-wide filters: calls
+        # overlapping in threads left "always" installed and every later warning of
+        # the process captured); one per call is given, as for an array input
+        caught: list[str] = []
+        _collected.warnings = caught
+        try:
             images = _validate_images(self.paths[index], self.name, self.size)[0]
-        for w in caught:  # as for an array input: one warning of each kind per call
-            if w.category not in self._warned:
-                self._warned.add(w.category)
-                warnings.warn(w.message, w.category, stacklevel=user_stacklevel())
+        finally:
+            _collected.warnings = None
+        if caught and not self._warned:
+            self._warned = True
+            warnings.warn(caught[0], UserWarning, stacklevel=user_stacklevel())
         return images
+
+
+#: per thread: ``warnings`` is the list an :class:`ImageFiles` batch collects the
+#: pixel-range warnings in, or ``None`` (they are given at once)
+_collected = threading.local()
 
 
 # float pixels are expected in [0, 1]: a maximum above _FLOAT_HIGH looks like 0-255
@@ -131,11 +143,15 @@ def _check_pixel_range(t: torch.Tensor, name: str) -> None:
         return
     low, high = (float(v) for v in torch.aminmax(t))
     if high > _FLOAT_HIGH or low < _FLOAT_LOW:
-        warnings.warn(f"{name} is floating point with values in [{low:.4g}, {high:.4g}]; float "
-                      "images are expected in [0, 1] (divide 0-255 pixel values by 255, "
-                      "or pass uint8; do not normalise them, the extractor does: map "
-                      "images in [-1, 1] back with (X + 1) / 2).",
-                      UserWarning, stacklevel=user_stacklevel())
+        message = (f"{name} is floating point with values in [{low:.4g}, {high:.4g}]; "
+                   "float images are expected in [0, 1] (divide 0-255 pixel values by 255, "
+                   "or pass uint8; do not normalise them, the extractor does: map "
+                   "images in [-1, 1] back with (X + 1) / 2).")
+        sink = getattr(_collected, "warnings", None)
+        if sink is not None:  # an ImageFiles batch: given once per call
+            sink.append(message)
+        else:
+            warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
 
 
 def _check_items_pixel_range(arrays: list[np.ndarray], name: str) -> None:
