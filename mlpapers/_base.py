@@ -26,11 +26,14 @@ estimator (for trusted files).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
 import numbers
 import os
+import shutil
+import uuid
 import warnings
 import zipfile
 from typing import TYPE_CHECKING, Any, Self, cast
@@ -368,7 +371,9 @@ class TorchEstimatorMixin:
         Parameters
         ----------
         path : str or path-like
-            Destination file (overwritten if it exists; its directory must exist).
+            Destination file (overwritten if it exists; its directory must exist). The
+            file is written to a temporary file in the same folder and moved into place
+            once complete, so a save that fails leaves an existing file unchanged.
         """
         save(self, path)
 
@@ -591,7 +596,33 @@ def save(estimator: BaseEstimator, path: str | os.PathLike) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(errno.ENOENT, "the directory to save into does not exist",
                                 directory)
-    torch.save(payload, where)
+    _write_atomically(payload, where)
+
+
+def _write_atomically(payload: dict, where: str) -> None:
+    """``torch.save(payload, where)`` through a temporary file in the same folder, moved
+    over ``where`` only once complete: a write that fails (disk full, file size limit,
+    an interrupt) leaves an existing file as it was and no partial file (writing in
+    place truncated the previous model to an unloadable fragment)."""
+    target = os.path.realpath(where)  # through a symbolic link, as writing in place did
+    tmp = os.path.join(os.path.dirname(target),
+                       f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    try:
+        # created like any new file (the umask applies), never over an existing one
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            try:
+                torch.save(payload, f)
+            except RuntimeError as exc:  # torch's writer reports a failed write so
+                raise OSError(errno.EIO, f"the file could not be written (is the disk "
+                              f"full, or the file size limited?): {exc}", where) from exc
+        if os.path.exists(target):
+            shutil.copymode(target, tmp)  # the replaced file's permissions
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def _is_zip(path: str) -> bool:
