@@ -133,16 +133,20 @@ class TorchEstimatorMixin:
                 "these parameters, so the file would hold another model. Set them back, "
                 "or fit again.")
 
-    def _init_fit(self) -> None:
+    def _init_fit(self) -> tuple[torch.Generator, np.random.Generator] | None:
+        """Check ``verbose``, resolve the device and seed this call's generators
+        (``_torch_gen``, ``_numpy_gen``); returns them too, so that a call can hold its
+        own even if another thread starts a call on the same object."""
         check_verbose(getattr(self, "verbose", 0))
         self._record_rebuild_params()
         self._device = resolve_device(getattr(self, "device", "cpu"))
         if self._uses_random_state:
-            self._torch_gen, self._numpy_gen = make_generators(
-                getattr(self, "random_state", None), device="cpu"
-            )
-        else:  # unused, but a value make_generators refuses is refused here too
-            check_seed(getattr(self, "random_state", None))
+            gens = make_generators(getattr(self, "random_state", None), device="cpu")
+            self._torch_gen, self._numpy_gen = gens
+            return gens
+        # unused, but a value make_generators refuses is refused here too
+        check_seed(getattr(self, "random_state", None))
+        return None
 
     @property
     def _resolved_device(self) -> torch.device:

@@ -395,10 +395,13 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
         if warmup is not None:
             check_positive(warmup, "warmup", strict=False, integer=True)
         check_positive(thin, "thin", integer=True)
-        self._init_fit()
+        # this call's generator and device, held locally: another thread's call on the
+        # same sampler replaces the attributes
+        gens = self._init_fit()
+        assert gens is not None  # (a sampler draws)
+        gen = gens[0]
         dtype = resolve_dtype(self.dtype)
         dev = self._device
-        gen = self._torch_gen
         # (both checked by _check_params)
         container = cast(ConvexContainer, self.container)
         log_prob = cast(Callable, self.log_prob)
@@ -522,9 +525,13 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
                            label=self._progress_label)
         eps, inv_mass, traj = warm.eps, warm.inv_mass, warm.trajectory_length
         kept = draws.kept_fraction()
-        self.step_size_ = to_numpy(eps).astype(np.float64)
-        self.inv_mass_ = to_numpy(inv_mass).astype(np.float64)
-        self.trajectory_length_ = float(traj) if auto_len and traj is not None else None
+        # the result is built from this call's values, not read back from the attributes
+        # (a call on the same sampler in another thread may have replaced them)
+        step_size = to_numpy(eps).astype(np.float64)
+        inv_mass_np = to_numpy(inv_mass).astype(np.float64)
+        trajectory = float(traj) if auto_len and traj is not None else None
+        self.step_size_, self.inv_mass_ = step_size, inv_mass_np
+        self.trajectory_length_ = trajectory
         self.n_features_in_ = d
         res = SampleResult(
             samples=to_numpy(draws.samples),
@@ -532,12 +539,12 @@ class ReflectiveHMC(TorchEstimatorMixin, BaseEstimator):
             n_reflections=draws.n_reflections.cpu().numpy(),
             n_divergent=draws.n_divergent.cpu().numpy(),
             kept_fraction=kept,
-            step_size=self.step_size_.copy(),
-            inv_mass=self.inv_mass_.copy(),
+            step_size=step_size.copy(),
+            inv_mass=inv_mass_np.copy(),
             n_iterations=draws.n_iterations,
             n_leapfrog=n_leapfrog if auto_len else int(n_leapfrog),
             warmup_divergent=warm.n_divergent.cpu().numpy(),
-            trajectory_length=self.trajectory_length_,
+            trajectory_length=trajectory,
             mean_leapfrog=draws.mean_leapfrog,
             last_state=to_numpy(draws.x).copy(),
             sampler_state=final_sampler_state(gen, n_calls, shift, draws.n_recorded, start),
