@@ -46,7 +46,7 @@ from mlpapers._utils._validation import (
     to_numpy,
     torch_compatible_array,
 )
-from mlpapers._utils._warnings import user_stacklevel
+from mlpapers._utils._warnings import user_stacklevel, warn_if_worse_than_constant
 
 __all__ = [
     "TORCH_INTEGER_DTYPES",
@@ -94,4 +94,5 @@ __all__ = [
     "to_numpy",
     "torch_compatible_array",
     "user_stacklevel",
+    "warn_if_worse_than_constant",
 ]

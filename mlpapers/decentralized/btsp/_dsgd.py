@@ -9,9 +9,7 @@ doubly stochastic mixing matrix of the round.
 from __future__ import annotations
 
 import copy
-import math
 import threading
-import warnings
 import weakref
 from collections.abc import Sequence
 from fractions import Fraction
@@ -20,7 +18,6 @@ from typing import Literal, Self
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
 from torch import nn
@@ -37,7 +34,7 @@ from mlpapers._utils import (
     check_positive,
     encode_labels,
     to_numpy,
-    user_stacklevel,
+    warn_if_worse_than_constant,
 )
 from mlpapers._utils._ambient import with_autograd
 from mlpapers.decentralized.btsp._bottleneck import bottleneck_delay
@@ -554,15 +551,12 @@ class DecentralizedSGD(TorchEstimatorMixin, ClassifierMixin, BaseEstimator):
         constant prediction without a word."""
         freq = torch.bincount(y.cpu(), minlength=len(self.classes_)).double() / len(y)
         freq = freq[freq > 0]
-        reference = float(-(freq * freq.log()).sum())
-        final = float(self.history_[-1]["loss"])
-        if reference > 0 and math.isfinite(final) and final > 2.0 * reference:
-            warnings.warn(
-                f"{type(self).__name__}: the final loss ({final:.4g}) is more than twice "
-                f"that of a constant predictor ({reference:.4g}, the entropy of the class "
-                f"frequencies): the average model did not learn. Standardise X, run more "
-                f"rounds or raise lr if the loss fell slowly, and lower lr (now "
-                f"{self.lr!r}) if it grew.", ConvergenceWarning, stacklevel=user_stacklevel())
+        warn_if_worse_than_constant(
+            self, float(self.history_[-1]["loss"]), float(-(freq * freq.log()).sum()),
+            loss="final loss", reference_name="the entropy of the class frequencies",
+            learner="the average model",
+            advice=(f"Standardise X, run more rounds or raise lr if the loss fell slowly, "
+                    f"and lower lr (now {self.lr!r}) if it grew."))
 
     @staticmethod
     def _evaluate(module, params, frozen, buffers, X, y) -> tuple[float, float]:

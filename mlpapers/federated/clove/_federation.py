@@ -18,7 +18,6 @@ from typing import Any, Self
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 from sklearn.utils import metadata_routing
 from sklearn.utils.multiclass import check_classification_targets
@@ -30,6 +29,7 @@ from mlpapers._utils import (
     check_in_options,
     check_positive,
     user_stacklevel,
+    warn_if_worse_than_constant,
 )
 from mlpapers._utils._ambient import with_autograd
 from mlpapers._utils._modules import refusing_layers, without_running_statistics
@@ -319,16 +319,14 @@ class _FederatedBase(_FederatedInferenceMixin, TorchEstimatorMixin, BaseEstimato
             return
         chosen = self.loss_vectors_[np.arange(len(self.labels_)), self.labels_]
         final = float((chosen * sizes).sum() / sizes.sum())
-        # an infinite loss is float32 overflow, already warned about (or raised) above
-        if reference > 0 and math.isfinite(final) and final > 2.0 * reference:
-            warnings.warn(
-                f"{type(self).__name__}: the final training loss ({final:.4g}) is more "
-                f"than twice that of a constant predictor ({reference:.4g}, {name}): the "
-                f"models did not learn. Standardise X (and y for a regression: a model "
-                f"starts near 0 and takes many steps to reach an offset, also one that "
-                f"differs per cluster), run more rounds or raise lr if the loss fell "
-                f"slowly, and lower lr (now {self.lr!r}) if it grew.",
-                ConvergenceWarning, stacklevel=user_stacklevel())
+        # (an infinite loss is float32 overflow, already warned about or raised above)
+        warn_if_worse_than_constant(
+            self, final, reference, loss="final training loss", reference_name=name,
+            learner="the models",
+            advice=(f"Standardise X (and y for a regression: a model starts near 0 and "
+                    f"takes many steps to reach an offset, also one that differs per "
+                    f"cluster), run more rounds or raise lr if the loss fell slowly, and "
+                    f"lower lr (now {self.lr!r}) if it grew."))
 
     # -- helpers ----------------------------------------------------------------
     def _check_updates(self, client_states: dict[str, torch.Tensor], clients: np.ndarray,
